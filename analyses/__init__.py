@@ -1,0 +1,2 @@
+"""analyses"""
+__all__: list[str] = []

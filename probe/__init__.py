@@ -1,0 +1,23 @@
+"""probe: models, real attention extraction, from-scratch attention and its verification."""
+
+from .extract import extract, iter_extract
+from .loading import LoadedModel, cache_dir, load_model
+from .registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotAvailable, model_table
+from .types import AttentionMap, Level
+from .words import to_word_level, word_spans
+
+__all__ = [
+    "AttentionMap",
+    "DEFAULT_MODEL",
+    "KNOWN_MODELS",
+    "Level",
+    "LoadedModel",
+    "ModelNotAvailable",
+    "cache_dir",
+    "extract",
+    "iter_extract",
+    "load_model",
+    "model_table",
+    "to_word_level",
+    "word_spans",
+]

@@ -1,0 +1,205 @@
+"""Real attention out of a real model: batched, right-padded, padding removed per text.
+
+Texts are tokenised one by one and padded on the right by us (no pad token needed, and a decoder's
+positions start at 0 whatever the batch), then run through the model's base (no LM head: the
+logits over a 262k vocabulary would cost more than the attention). Within a window of batches
+texts are sorted by length so padding stays small; results come back in input order.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+import torch
+
+from .loading import LoadedModel
+from .types import AttentionMap, Level
+from .words import Segmenter, assign_words, to_word_level
+
+__all__ = ["Encoded", "encode", "extract", "iter_extract", "forward_batch", "base_model", "check_texts"]
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One tokenised text: ids, the tokens' character spans, and which are special."""
+
+    text: str
+    ids: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+    special: tuple[bool, ...]
+
+
+def check_texts(texts: str | Iterable[str]) -> list[str]:
+    """The texts as a list; a clear error for a non-string or an empty text (naming its index)."""
+    return list(_checked_stream(texts))
+
+
+def _check_one(i: int, t: object) -> None:
+    if not isinstance(t, str):
+        raise TypeError(f"text {i} is a {type(t).__name__}, not a str; pass strings (decode bytes first)")
+    if not t.strip():
+        raise ValueError(f"text {i} is empty; every text needs at least one non-space character")
+
+
+def _checked_stream(texts: str | Iterable[str]) -> Iterator[str]:
+    if isinstance(texts, str):
+        texts = [texts]
+    for i, t in enumerate(texts):
+        _check_one(i, t)
+        yield t
+
+
+def encode(lm: LoadedModel, text: str, *, truncate: bool = False) -> Encoded:
+    """Tokenise one text with its special tokens, checking the model's context limit."""
+    tok = lm.tokenizer
+    enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True, add_special_tokens=True)
+    ids = list(enc["input_ids"])
+    limit = lm.max_length
+    if len(ids) > limit:
+        if not truncate:
+            raise ValueError(
+                f"the text starting {text[:40]!r} has {len(ids)} tokens; {lm.name} takes at most {limit}. "
+                "Split it, or pass truncate=True (CLI: --truncate) to keep its first tokens."
+            )
+        warnings.warn(f"{lm.name}: truncating a text of {len(ids)} tokens to the model's limit of {limit}", stacklevel=3)
+        enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True, truncation=True, max_length=limit)
+        ids = list(enc["input_ids"])
+    special = [bool(s) for s in enc["special_tokens_mask"]]
+    spans = [(0, 0) if s else (int(a), int(b)) for (a, b), s in zip(enc["offset_mapping"], special)]
+    return Encoded(text=text, ids=tuple(ids), spans=tuple(spans), special=tuple(special))
+
+
+def base_model(lm: LoadedModel) -> torch.nn.Module:
+    """The transformer without its task head (LlamaForCausalLM -> LlamaModel)."""
+    m = lm.model
+    return getattr(m, getattr(m, "base_model_prefix", ""), m)
+
+
+def pad_batch(items: Sequence[Encoded], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded `input_ids` and `attention_mask`, both (B, T)."""
+    t_max = max(len(e.ids) for e in items)
+    ids = torch.zeros(len(items), t_max, dtype=torch.long)
+    mask = torch.zeros(len(items), t_max, dtype=torch.long)
+    for i, e in enumerate(items):
+        ids[i, : len(e.ids)] = torch.tensor(e.ids)
+        mask[i, : len(e.ids)] = 1
+    return ids.to(device), mask.to(device)
+
+
+@torch.inference_mode()
+def forward_batch(lm: LoadedModel, items: Sequence[Encoded]) -> tuple[torch.Tensor, ...]:
+    """Attention of every layer for one batch: a tuple of (B, nh, T, T), one per layer."""
+    ids, mask = pad_batch(items, lm.device)
+    out = base_model(lm)(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False)
+    att = getattr(out, "attentions", None)
+    if not att or any(a is None for a in att):
+        raise RuntimeError(
+            f"{lm.name} returned no attention weights although it runs eager attention "
+            f"(implementation {lm.config._attn_implementation!r}); this model class does not expose them."
+        )
+    return att
+
+
+def iter_extract(
+    lm: LoadedModel,
+    texts: str | Iterable[str],
+    *,
+    batch_size: int = 8,
+    level: Level = "token",
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    store_dtype: torch.dtype = torch.float32,
+    truncate: bool = False,
+    segmenter: Segmenter | None = None,
+    window: int = 16,
+) -> Iterator[AttentionMap]:
+    """Yield one `AttentionMap` per text, in input order, holding only one window of batches at a time.
+
+    `layers`/`heads` keep only those rows/columns of `[layer, head, query, key]`; `store_dtype`
+    (e.g. torch.float16) halves what is kept. Both shrink the O(T²) attention per head.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    if level not in ("token", "word"):
+        raise ValueError(f"level must be 'token' or 'word', got {level!r}")
+    n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    layer_idx = _select(layers, n_layers, "layer")
+    head_idx = _select(heads, n_heads, "head")
+    pending: list[str] = []
+    for text in _checked_stream(texts):
+        pending.append(text)
+        if len(pending) == batch_size * window:
+            yield from _run_window(lm, pending, batch_size, level, layer_idx, head_idx, store_dtype, truncate, segmenter)
+            pending = []
+    if pending:
+        yield from _run_window(lm, pending, batch_size, level, layer_idx, head_idx, store_dtype, truncate, segmenter)
+
+
+def extract(lm: LoadedModel, texts: str | Iterable[str], **kwargs) -> list[AttentionMap]:
+    """Attention of each text as a list of `AttentionMap` (`[layer, head, query, key]`, no padding).
+
+    >>> from probe import load_model, extract                       # doctest: +SKIP
+    >>> [m] = extract(load_model("minilm"), "The animal didn't cross the street")  # doctest: +SKIP
+    >>> m.attention.shape, m.labels[:3]                               # doctest: +SKIP
+    (torch.Size([6, 12, 10, 10]), ('[CLS]', 'The', 'animal'))
+    """
+    return list(iter_extract(lm, texts, **kwargs))
+
+
+def _select(chosen: Sequence[int] | None, n: int, what: str) -> list[int]:
+    if chosen is None:
+        return list(range(n))
+    out = sorted(set(int(c) for c in chosen))
+    bad = [c for c in out if not 0 <= c < n]
+    if bad or not out:
+        raise ValueError(f"{what}s {bad or '[]'} out of range: the model has {what}s 0..{n - 1}")
+    return out
+
+
+def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, truncate, segmenter):
+    encoded = [encode(lm, t, truncate=truncate) for t in texts]
+    order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))
+    results: dict[int, AttentionMap] = {}
+    all_layers = len(layer_idx) == lm.config.num_hidden_layers
+    all_heads = len(head_idx) == lm.config.num_attention_heads
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        att = forward_batch(lm, [encoded[i] for i in chunk])
+        picked = torch.stack([att[layer] for layer in layer_idx], dim=1)  # (B, L, nh, T, T)
+        if not all_heads:
+            picked = picked[:, :, head_idx]
+        for b, i in enumerate(chunk):
+            n = len(encoded[i].ids)
+            a = picked[b, :, :, :n, :n].to("cpu", store_dtype, copy=True)  # [layer, head, query, key]
+            amap = _make_map(lm, encoded[i], a, segmenter, () if all_layers else tuple(layer_idx),
+                             () if all_heads else tuple(head_idx))
+            results[i] = to_word_level(amap) if level == "word" else amap
+        del att, picked
+    for i in range(len(texts)):
+        yield results.pop(i)
+
+
+def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads) -> AttentionMap:
+    unit_of_token, unit_spans, _ = assign_words(enc.text, enc.spans, enc.special, segmenter)
+    raw = lm.tokenizer.convert_ids_to_tokens(list(enc.ids))
+    labels = tuple(
+        r if sp or not enc.text[a:b].strip() else enc.text[a:b].strip()
+        for r, (a, b), sp in zip(raw, enc.spans, enc.special)
+    )
+    return AttentionMap(
+        text=enc.text,
+        level="token",
+        labels=labels,
+        spans=enc.spans,
+        special=enc.special,
+        attention=attention,
+        causal=lm.is_causal,
+        word_index=tuple(unit_of_token),
+        word_spans=tuple(unit_spans),
+        token_ids=enc.ids,
+        layers=layers,
+        heads=heads,
+        meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")},
+    )

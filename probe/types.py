@@ -1,0 +1,95 @@
+"""The data that leaves `probe`: attention of one text, at token or word level.
+
+Everything downstream (analyses, reports) takes these plain objects — tensors and strings —
+never a model. Tensor order is always `[layer, head, query, key]`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+
+__all__ = ["AttentionMap", "Level"]
+
+Level = Literal["token", "word"]
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionMap:
+    """Attention of one text: `attention[layer, head, query, key]`, padding removed.
+
+    Units are sub-word tokens (`level="token"`) or words (`level="word"`). Special tokens
+    ([CLS], [SEP], <bos>) are units of their own at both levels and flagged in `special`.
+
+    >>> import torch
+    >>> a = torch.full((1, 1, 2, 2), 0.5)
+    >>> m = AttentionMap(text="hi you", level="word", labels=("hi", "you"), spans=((0, 2), (3, 6)),
+    ...                  special=(False, False), attention=a, causal=False)
+    >>> m.n_layers, m.n_heads, len(m)
+    (1, 1, 2)
+    """
+
+    text: str
+    level: Level
+    labels: tuple[str, ...]  # display string of each unit
+    spans: tuple[tuple[int, int], ...]  # (start, end) character span in `text`; (0, 0) for specials
+    special: tuple[bool, ...]
+    attention: torch.Tensor  # [layer, head, query, key]
+    causal: bool  # decoder (query i sees keys <= i) or encoder
+    word_index: tuple[int, ...] = ()  # token level: the word unit each token belongs to
+    word_spans: tuple[tuple[int, int], ...] = ()  # token level: character span of each word unit
+    token_ids: tuple[int, ...] = ()  # token level: vocabulary ids
+    layers: tuple[int, ...] = ()  # model layer index of each row of `attention` (all when empty)
+    heads: tuple[int, ...] = ()  # model head index of each column (all when empty)
+    meta: dict = field(default_factory=dict)  # model name, dtype, ... (never tensors)
+
+    def __post_init__(self) -> None:
+        n = len(self.labels)
+        if self.attention.dim() != 4:
+            raise ValueError(f"attention must be [layer, head, query, key], got shape {tuple(self.attention.shape)}")
+        if self.attention.shape[-1] != n or self.attention.shape[-2] != n:
+            raise ValueError(f"attention is {tuple(self.attention.shape)} but there are {n} units")
+        if not (len(self.spans) == len(self.special) == n):
+            raise ValueError("labels, spans and special must have one entry per unit")
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    @property
+    def n_layers(self) -> int:
+        return self.attention.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.attention.shape[1]
+
+    @property
+    def layer_ids(self) -> tuple[int, ...]:
+        return self.layers or tuple(range(self.n_layers))
+
+    @property
+    def head_ids(self) -> tuple[int, ...]:
+        return self.heads or tuple(range(self.n_heads))
+
+    def find(self, word: str, occurrence: int = 0) -> int:
+        """Index of the `occurrence`-th unit whose text equals `word` (case-insensitive)."""
+        hits = [i for i, lab in enumerate(self.labels) if not self.special[i] and _norm(lab) == _norm(word)]
+        if occurrence >= len(hits):
+            raise KeyError(f"{word!r} occurs {len(hits)} time(s) among {self.level}s {list(self.labels)}")
+        return hits[occurrence]
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        shown = " ".join(f"<code>{escape(t)}</code>" for t in self.labels[:60])
+        more = " …" if len(self) > 60 else ""
+        return (
+            f"<div><b>AttentionMap</b> ({self.level} level, {self.n_layers} layers × {self.n_heads} heads, "
+            f"{len(self)} units, {'causal' if self.causal else 'bidirectional'})<br>{shown}{more}</div>"
+        )
+
+
+def _norm(s: str) -> str:
+    return s.strip().lower()

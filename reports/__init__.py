@@ -1,0 +1,2 @@
+"""reports"""
+__all__: list[str] = []
