@@ -1,6 +1,6 @@
 """probe: models, real attention extraction, from-scratch attention and its verification."""
 
-from .extract import extract, iter_extract
+from .extract import extract, extract_ids, iter_extract
 from .loading import LoadedModel, cache_dir, load_model
 from .registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotAvailable, model_table
 from .types import AttentionMap, Level
@@ -15,6 +15,7 @@ __all__ = [
     "ModelNotAvailable",
     "cache_dir",
     "extract",
+    "extract_ids",
     "iter_extract",
     "load_model",
     "model_table",

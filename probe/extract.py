@@ -18,7 +18,7 @@ from .loading import LoadedModel
 from .types import AttentionMap, Level
 from .words import Segmenter, assign_words, to_word_level
 
-__all__ = ["Encoded", "encode", "extract", "iter_extract", "forward_batch", "base_model", "check_texts"]
+__all__ = ["Encoded", "encode", "extract", "extract_ids", "iter_extract", "forward_batch", "base_model", "check_texts"]
 
 
 @dataclass(frozen=True)
@@ -203,3 +203,46 @@ def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads) -> Attentio
         heads=heads,
         meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")},
     )
+
+
+def extract_ids(
+    lm: LoadedModel,
+    sequences: Sequence[Sequence[int]],
+    *,
+    batch_size: int = 8,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    store_dtype: torch.dtype = torch.float32,
+) -> list[AttentionMap]:
+    """Token-level attention for given token-id sequences (e.g. repeated random tokens for induction).
+
+    The ids go in as they are: no special tokens are added. Units are tokens; spans are empty.
+    """
+    special_ids = set(getattr(lm.tokenizer, "all_special_ids", []))
+    vocab = lm.config.vocab_size
+    encoded = []
+    for i, seq in enumerate(sequences):
+        ids = tuple(int(t) for t in seq)
+        if not ids or any(not 0 <= t < vocab for t in ids):
+            raise ValueError(f"sequence {i} is empty or has ids outside the vocabulary 0..{vocab - 1}")
+        if len(ids) > lm.max_length:
+            raise ValueError(f"sequence {i} has {len(ids)} tokens; {lm.name} takes at most {lm.max_length}")
+        encoded.append(Encoded(text="", ids=ids, spans=((0, 0),) * len(ids), special=tuple(t in special_ids for t in ids)))
+    layer_idx = _select(layers, lm.config.num_hidden_layers, "layer")
+    head_idx = _select(heads, lm.config.num_attention_heads, "head")
+    out = []
+    for start in range(0, len(encoded), batch_size):
+        chunk = encoded[start : start + batch_size]
+        att = forward_batch(lm, chunk)
+        picked = torch.stack([att[layer] for layer in layer_idx], dim=1)[:, :, head_idx]  # (B, L, H, T, T)
+        for b, enc in enumerate(chunk):
+            n = len(enc.ids)
+            out.append(AttentionMap(
+                text="", level="token", labels=tuple(lm.tokenizer.convert_ids_to_tokens(list(enc.ids))),
+                spans=enc.spans, special=enc.special,
+                attention=picked[b, :, :, :n, :n].to("cpu", store_dtype, copy=True),  # [layer, head, query, key]
+                causal=lm.is_causal, word_index=tuple(range(n)), token_ids=enc.ids,
+                layers=() if layers is None else tuple(layer_idx), heads=() if heads is None else tuple(head_idx),
+                meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")},
+            ))
+    return out

@@ -1,0 +1,1 @@
+"""One module per `headscope` subcommand, each exposing a click command named `cli`."""

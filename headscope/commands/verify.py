@@ -1,0 +1,41 @@
+"""`headscope verify`: recompute every layer from scratch and compare with the model."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..common import echo_json, fail, load_or_fail, model_options
+
+
+@click.command()
+@click.option("--model", "model_name", default="minilm", show_default=True, help="Packaged name, folder or hub id.")
+@click.option("--text", "texts", multiple=True, help="Text to verify on (repeatable); default: built-in examples.")
+@click.option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@model_options
+def cli(model_name: str, texts: tuple[str, ...], truncate: bool, as_json: bool, device: str, dtype: str) -> None:
+    """Exit 0 only when every head of every layer matches the from-scratch attention."""
+    from probe.adapters import UnsupportedArchitecture, UnsupportedFeature
+    from probe.verify import verify
+
+    lm = load_or_fail(model_name, device, dtype)
+    try:
+        result = verify(lm, list(texts) or None, truncate=truncate)
+    except (UnsupportedArchitecture, UnsupportedFeature) as exc:
+        fail(f"{model_name}: {exc}", code=3)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
+    if as_json:
+        echo_json(result.to_dict())
+    else:
+        click.echo(f"{result.model} ({result.family}, {result.dtype}), {result.n_texts} texts, {result.n_tokens} tokens")
+        click.echo(f"{'layer':>5} {'max|Δ| probs':>13} {'rel':>9} {'max|Δ| out':>11} {'rel':>9}  ok")
+        for c in result.layers:
+            click.echo(f"{c.layer:>5} {c.max_abs_err:>13.2e} {c.max_rel_err:>9.1e} {c.max_abs_err_output:>11.2e} "
+                       f"{c.max_rel_err_output:>9.1e}  {'yes' if c.passed else 'NO'}")
+        click.echo(result.summary())
+        click.echo(f"tolerances: probabilities |Δ| <= {result.tolerance:g}, output max|Δ|/max|ref| <= "
+                   f"{result.tolerance_output:g}; recomputation took {result.overhead:.2f}x the forward pass")
+    sys.exit(0 if result.passed else 1)

@@ -1,0 +1,56 @@
+"""What every command shares: model options, loading with a clear error, JSON output."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from typing import Any
+
+import click
+
+__all__ = ["model_options", "load_or_fail", "echo_json", "fail"]
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Print `message` to stderr and exit with `code` — no traceback wall."""
+    click.echo(f"headscope: {message}", err=True)
+    sys.exit(code)
+
+
+def model_options(fn):
+    """--model, --device, --dtype, the way every command takes them."""
+    fn = click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
+                      show_default=True, help="Weights and compute dtype.")(fn)
+    fn = click.option("--device", type=click.Choice(["cpu", "cuda", "mps", "auto"]), default="cpu", show_default=True,
+                      help="Where to run; 'auto' spreads a model too large for one GPU via accelerate's device_map.")(fn)
+    return fn
+
+
+def load_or_fail(name: str, device: str = "cpu", dtype: str = "float32"):
+    """Load a model; an unknown or missing one exits with the list of offline models."""
+    from probe import ModelNotAvailable, load_model
+
+    try:
+        return load_model(name, device=device, dtype=dtype)
+    except ModelNotAvailable as exc:
+        fail(str(exc))
+    except RuntimeError as exc:
+        fail(str(exc))
+
+
+def _clean(obj: Any) -> Any:
+    """JSON-safe: NaN/inf become null (strict JSON has no NaN)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        return _clean(obj.item())
+    return obj
+
+
+def echo_json(obj: Any) -> None:
+    click.echo(json.dumps(_clean(obj), indent=2, ensure_ascii=False))
