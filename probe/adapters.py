@@ -33,6 +33,7 @@ class Adapter:
     out_proj: Callable  # (base_model, i) -> W_O module (its output is the block's output)
     layer_spec: Callable  # (base_model, i, config) -> LayerSpec
     check: Callable  # (config) -> None, raises UnsupportedFeature
+    position_embedding: Callable | None = None  # (base_model) -> absolute position embedding module, if any
 
     def n_layers(self, config) -> int:
         return config.num_hidden_layers
@@ -69,6 +70,7 @@ BERT = Adapter(
     out_proj=lambda base, i: base.encoder.layer[i].attention.output.dense,
     layer_spec=_bert_spec,
     check=_bert_check,
+    position_embedding=lambda base: base.embeddings.position_embeddings,
 )
 
 
@@ -102,6 +104,7 @@ GPT2 = Adapter(
     out_proj=lambda base, i: base.h[i].attn.c_proj,
     layer_spec=_gpt2_spec,
     check=_gpt2_check,
+    position_embedding=lambda base: base.wpe,
 )
 
 

@@ -200,8 +200,9 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: s
         kwargs["gguf_file"] = gguf_file
     if device == "auto":
         kwargs["device_map"] = "auto"
-    verbosity = hf_logging.get_verbosity()
+    verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # GGUF conversion and tied-weight notices are not the user's problem
+    hf_logging.disable_progress_bar()
     try:
         config = AutoConfig.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
         causal = any(a.endswith("ForCausalLM") for a in (config.architectures or [])) or getattr(
@@ -214,6 +215,8 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: s
         raise ModelNotAvailable(not_available_message(name, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")) from exc
     finally:
         hf_logging.set_verbosity(verbosity)
+        if bars:
+            hf_logging.enable_progress_bar()
     if device in ("cuda", "mps"):
         model = model.to(device)
     if not getattr(tok, "is_fast", False):
@@ -254,6 +257,7 @@ def _cached_conversion(label: str, path: Path, gguf_file: str) -> tuple[Path, bo
         warnings.warn(f"headscope: cache entry {entry} is unusable ({problem}); rebuilding it.", stacklevel=3)
         shutil.rmtree(entry, ignore_errors=True)
     entry.parent.mkdir(parents=True, exist_ok=True)
+    log.warning("headscope: converting %s from GGUF to fp32 once (about a minute); cached in %s", label, entry)
     tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".", suffix=".tmp", dir=entry.parent))
     try:
         model, tok = _from_folder(str(path), gguf_file, torch.float32, "cpu", label)

@@ -12,6 +12,7 @@ query pieces, so rows still sum to 1.
 
 from __future__ import annotations
 
+import bisect
 import re
 from typing import Callable, Sequence
 
@@ -53,66 +54,65 @@ def assign_words(
 ) -> tuple[list[int], list[tuple[int, int]], list[bool]]:
     """Group tokens into word units.
 
-    Returns `(unit_of_token, unit_spans, unit_special)`: each special token is a unit of its own,
-    every other token joins the word holding its first non-space character (a whitespace-only token
-    joins the next word, else the previous one).
+    Returns `(unit_of_token, unit_spans, unit_special)`: each special token is a unit of its own;
+    every other token joins the word holding its first non-space character. A token that spans
+    several words (SentencePiece's "北京") merges them into one unit; a whitespace-only token joins
+    the next word, else the previous one.
+
+    >>> assign_words("我爱北京", [(0, 1), (1, 2), (2, 4)], [False] * 3)
+    ([0, 1, 2], [(0, 1), (1, 2), (2, 4)], [False, False, False])
     """
     words = word_spans(text, segmenter)
-    starts = [a for a, _ in words]
-    word_of_token: list[int | None] = []
-    for (a, b), sp in zip(token_spans, special):
-        if sp:
-            word_of_token.append(None)
-            continue
-        first = next((i for i in range(a, b) if not text[i].isspace()), None)
-        word_of_token.append(_word_containing(first, words, starts) if first is not None else -1)
-    _attach_orphans(word_of_token, special)
+    touched = [_words_touched(text, a, b, words) for (a, b) in token_spans]  # per token: word ids, [] if none
+    _attach_orphans(touched, special)
 
     unit_of_token: list[int] = []
     unit_spans: list[tuple[int, int]] = []
     unit_special: list[bool] = []
-    unit_for_word: dict[int, int] = {}
-    for t, w in enumerate(word_of_token):
-        if w is None:
+    unit_of_word: dict[int, int] = {}
+    for t, ws in enumerate(touched):
+        if special[t]:
             unit_of_token.append(len(unit_spans))
             unit_spans.append((0, 0))
             unit_special.append(True)
-        elif w in unit_for_word:
-            u = unit_for_word[w]
-            unit_of_token.append(u)
-            a, b = unit_spans[u]
-            unit_spans[u] = (min(a, token_spans[t][0]), max(b, token_spans[t][1]))
-        else:
-            unit_for_word[w] = len(unit_spans)
-            unit_of_token.append(len(unit_spans))
-            unit_spans.append(tuple(token_spans[t]))
+            continue
+        known = [unit_of_word[w] for w in ws if w in unit_of_word]
+        u = min(known) if known else len(unit_spans)
+        if not known:
+            unit_spans.append(tuple(token_spans[t]) if ws[0] < 0 else words[ws[0]])
             unit_special.append(False)
-    # A word's span is the word itself, not its tokens' (which may carry a leading space).
-    for w, u in unit_for_word.items():
-        if w >= 0:
-            unit_spans[u] = words[w]
+        for w in ws:
+            unit_of_word[w] = u
+            a, b = unit_spans[u]
+            wa, wb = token_spans[t] if w < 0 else words[w]
+            unit_spans[u] = (min(a, wa), max(b, wb))
+        unit_of_token.append(u)
     return unit_of_token, unit_spans, unit_special
 
 
-def _word_containing(pos: int, words: list[tuple[int, int]], starts: list[int]) -> int:
-    import bisect
+def _words_touched(text: str, a: int, b: int, words: list[tuple[int, int]]) -> list[int]:
+    """Ids of the words holding a non-space character of [a, b), in order."""
+    hits: list[int] = []
+    i = max(bisect.bisect_right(words, (a, len(text) + 1)) - 1, 0)
+    while i < len(words) and words[i][0] < b:
+        wa, wb = words[i]
+        if any(not text[c].isspace() for c in range(max(a, wa), min(b, wb))):
+            hits.append(i)
+        i += 1
+    return hits
 
-    i = bisect.bisect_right(starts, pos) - 1
-    if i >= 0 and words[i][0] <= pos < words[i][1]:
-        return i
-    return -1  # a character no word holds (e.g. a control character): treated like whitespace
 
-
-def _attach_orphans(word_of_token: list[int | None], special: Sequence[bool]) -> None:
-    n = len(word_of_token)
+def _attach_orphans(touched: list[list[int]], special: Sequence[bool]) -> None:
+    """A token on no word (whitespace, a control character) joins the next word, else the previous."""
+    n = len(touched)
     for t in range(n):
-        if word_of_token[t] != -1:
+        if special[t] or touched[t]:
             continue
-        nxt = next((word_of_token[j] for j in range(t + 1, n) if word_of_token[j] not in (None, -1)), None)
-        prev = next((word_of_token[j] for j in range(t - 1, -1, -1) if word_of_token[j] not in (None, -1)), None)
+        nxt = next((touched[j][0] for j in range(t + 1, n) if not special[j] and touched[j]), None)
+        prev = next((touched[j][-1] for j in range(t - 1, -1, -1) if not special[j] and touched[j]), None)
         chosen = nxt if nxt is not None else prev
-        # A text of only whitespace tokens has no word at all: give the token a word of its own.
-        word_of_token[t] = chosen if chosen is not None else -(t + 2)
+        # Only whitespace tokens: the token becomes a word of its own (a negative id no word has).
+        touched[t] = [chosen if chosen is not None else -(t + 1)]
 
 
 def to_word_level(amap: AttentionMap) -> AttentionMap:
@@ -124,7 +124,7 @@ def to_word_level(amap: AttentionMap) -> AttentionMap:
     >>> m = AttentionMap(text="ab c", level="token", labels=("a", "##b", "c"), spans=((0, 1), (1, 2), (3, 4)),
     ...                  special=(False,) * 3, attention=a, causal=False, word_index=(0, 0, 1))
     >>> to_word_level(m).attention[0, 0]
-    tensor([[0.6500, 0.3500],
+    tensor([[0.6750, 0.3250],
             [0.7000, 0.3000]])
     """
     if amap.level == "word":

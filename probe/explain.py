@@ -1,0 +1,224 @@
+"""The lessons' questions, answered with the from-scratch attention on a real model.
+
+- `explain`: for one query token of one head, each key's raw score q·k, the scaled score, the
+  softmax weight, and the head's output as the weighted sum of values.
+- `scale_effect`: what dividing by √d does — each head's entropy and max weight with and without it.
+- `permutation_check`: with position information removed, permuting the input permutes the attention.
+
+All three start from the real layer input captured by `verify.capture`, so they show the model's
+own numbers, not a re-implementation's guess.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import pandas as pd
+import torch
+
+from .adapters import adapter_for
+from .extract import Encoded, base_model, encode
+from .loading import LoadedModel
+from .scratch import attention_from_scratch
+from .verify import capture
+
+__all__ = ["Explanation", "explain", "scale_effect", "PermutationCheck", "permutation_check"]
+
+
+@dataclass(frozen=True, eq=False)
+class Explanation:
+    """Step-by-step attention of one query token in one head, with the model's real numbers."""
+
+    text: str
+    query: str
+    query_index: int
+    layer: int
+    head: int
+    scale: float
+    table: pd.DataFrame  # one row per key: key, raw_score, scaled_score, weight, value_norm, contribution_norm
+    output_norm: float  # ‖Σ_j w_j v_j‖
+    model_weight_max_abs_err: float  # our weights vs the model's own attention for this row
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.table
+
+    def summary(self) -> str:
+        top = self.table.sort_values("weight", ascending=False).head(3)
+        parts = ", ".join(f"{k!r} {w:.3f}" for k, w in zip(top["key"], top["weight"]))
+        return (f"L{self.layer}H{self.head}, query {self.query!r}: scores q·k × {self.scale:.4g}, softmax → "
+                f"largest weights {parts}; output norm {self.output_norm:.3f} "
+                f"(matches the model's weights to {self.model_weight_max_abs_err:.1e})")
+
+    def _repr_html_(self) -> str:
+        return f"<p>{self.summary()}</p>" + self.table.to_html(index=False, float_format=lambda x: f"{x:.4f}")
+
+
+def _capture_one(lm: LoadedModel, text: str):
+    adapter = adapter_for(lm.config)
+    enc = encode(lm, text)
+    return adapter, enc, capture(lm, [enc], adapter)
+
+
+def _labels(lm: LoadedModel, enc: Encoded) -> list[str]:
+    raw = lm.tokenizer.convert_ids_to_tokens(list(enc.ids))
+    return [r if sp or not enc.text[a:b].strip() else enc.text[a:b].strip()
+            for r, (a, b), sp in zip(raw, enc.spans, enc.special)]
+
+
+def _find_token(labels: list[str], enc: Encoded, token: str | int, occurrence: int) -> int:
+    if isinstance(token, int):
+        if not 0 <= token < len(labels):
+            raise ValueError(f"token index {token} out of range 0..{len(labels) - 1}")
+        return token
+    want = token.strip().lower()
+    hits = [i for i, lab in enumerate(labels) if lab.lower() == want]
+    if not hits:  # a word split into pieces: take the piece where the word starts
+        hits = [i for i, (a, _) in enumerate(enc.spans)
+                if not enc.special[i] and enc.text[a:a + len(want)].lower() == want
+                and (a == 0 or not enc.text[a - 1].isalnum())]
+    if occurrence >= len(hits):
+        raise ValueError(f"token {token!r} occurs {len(hits)} time(s) in {labels}; pick one of those tokens")
+    return hits[occurrence]
+
+
+@torch.inference_mode()
+def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: int, occurrence: int = 0) -> Explanation:
+    """Walk through softmax(q·kᵀ/√d)·v for `token` as the query in head `layer`.`head`.
+
+    >>> from probe import load_model                                          # doctest: +SKIP
+    >>> e = explain(load_model("minilm"), "The animal didn't cross the street because it was too tired.",
+    ...             token="it", layer=2, head=3)                              # doctest: +SKIP
+    >>> e.table.columns.tolist()                                              # doctest: +SKIP
+    ['key', 'raw_score', 'scaled_score', 'weight', 'value_norm', 'contribution_norm']
+    """
+    adapter, enc, cap = _capture_one(lm, text)
+    n_layers, n_heads = adapter.n_layers(lm.config), lm.config.num_attention_heads
+    if not (0 <= layer < n_layers and 0 <= head < n_heads):
+        raise ValueError(f"layer {layer}, head {head} out of range: {lm.name} has {n_layers} layers x {n_heads} heads")
+    labels = _labels(lm, enc)
+    q_idx = _find_token(labels, enc, token, occurrence)
+    spec = adapter.layer_spec(base_model(lm), layer, lm.config)
+    res = attention_from_scratch(cap.inputs[layer], spec, cap.key_valid)
+    scaled = res.scores[0, head, q_idx]  # (T,) scores after × scale, before the mask
+    raw = scaled / spec.scale
+    weights = res.probs[0, head, q_idx]  # (T,)
+    values = _values(cap.inputs[layer], spec)[0, head]  # (T, hs)
+    contrib = weights[:, None] * values  # (T, hs): each key's share of the output
+    table = pd.DataFrame({
+        "key": labels,
+        "raw_score": raw.tolist(),
+        "scaled_score": scaled.tolist(),
+        "weight": weights.tolist(),
+        "value_norm": values.norm(dim=-1).tolist(),
+        "contribution_norm": contrib.norm(dim=-1).tolist(),
+    })
+    if spec.causal:  # keys after the query are masked: their scores never enter the softmax
+        table.loc[q_idx + 1:, ["raw_score", "scaled_score"]] = float("nan")
+    model_row = cap.probs[layer][0, head, q_idx]
+    return Explanation(
+        text=text, query=labels[q_idx], query_index=q_idx, layer=layer, head=head, scale=spec.scale, table=table,
+        output_norm=float(contrib.sum(0).norm()), model_weight_max_abs_err=float((model_row - weights).abs().max()),
+    )
+
+
+def _values(x: torch.Tensor, spec) -> torch.Tensor:
+    """V per query head, (B, nh, T, hs), repeating grouped KV heads like the attention does."""
+    B, T, _ = x.shape
+    v = x @ spec.wv.T.to(x.dtype)
+    if spec.bv is not None:
+        v = v + spec.bv.to(x.dtype)
+    v = v.view(B, T, spec.n_kv_heads, spec.head_dim).transpose(1, 2)
+    return v.repeat_interleave(spec.n_heads // spec.n_kv_heads, dim=1)
+
+
+def _row_stats(probs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Mean entropy (nats) and mean max weight per head over the real query rows: each (nh,)."""
+    p = probs[0, :, :n, :n]  # [head, query, key]
+    ent = -(p * torch.log(p.clamp_min(1e-30))).sum(-1)
+    return ent.mean(-1), p.amax(-1).mean(-1)
+
+
+@torch.inference_mode()
+def scale_effect(lm: LoadedModel, text: str, *, layers: list[int] | None = None) -> pd.DataFrame:
+    """Per (layer, head): entropy and max weight with the 1/√d scale and without it.
+
+    Without the scale the scores grow with √d and the softmax saturates: entropy falls, the max
+    weight rises toward 1 — the lessons' reason for dividing.
+    """
+    adapter, enc, cap = _capture_one(lm, text)
+    n = len(enc.ids)
+    rows = []
+    for layer in layers if layers is not None else range(adapter.n_layers(lm.config)):
+        spec = adapter.layer_spec(base_model(lm), layer, lm.config)
+        x = cap.inputs[layer]
+        with_scale = _row_stats(attention_from_scratch(x, spec, cap.key_valid).probs, n)
+        without = _row_stats(attention_from_scratch(x, spec, cap.key_valid, use_scale=False).probs, n)
+        for h in range(spec.n_heads):
+            rows.append({
+                "layer": layer, "head": h, "scale": spec.scale,
+                "entropy_scaled": float(with_scale[0][h]), "entropy_unscaled": float(without[0][h]),
+                "max_weight_scaled": float(with_scale[1][h]), "max_weight_unscaled": float(without[1][h]),
+            })
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class PermutationCheck:
+    """Does permuting the tokens permute layer `layer`'s attention? (max |P(πx) − πP(x)π|)"""
+
+    layer: int
+    n_tokens: int
+    permutation: tuple[int, ...]
+    max_dev_without_positions: float  # ~1e-7: attention itself is permutation-equivariant
+    max_dev_with_positions: float  # large: positions are what tell the model the order
+
+    def summary(self) -> str:
+        return (f"layer {self.layer}, {self.n_tokens} tokens shuffled: without position information the attention "
+                f"is permuted exactly (max |Δ| = {self.max_dev_without_positions:.1e}); with positions it changes "
+                f"(max |Δ| = {self.max_dev_with_positions:.2f})")
+
+
+@torch.inference_mode()
+def permutation_check(lm: LoadedModel, text: str, *, layer: int = 0, seed: int = 0) -> PermutationCheck:
+    """Shuffle the tokens of `text` and compare layer `layer`'s attention with the shuffled original.
+
+    "Without positions" removes every source of order: absolute position embeddings are zeroed
+    for the forward pass (a hook on the embedding's output, the weights untouched), rotary is
+    skipped, and the causal/sliding mask is dropped (a mask encodes order too). Layer 0 is the
+    default because for a decoder the real forward pass still applies its causal mask before
+    deeper layers.
+    """
+    adapter = adapter_for(lm.config)
+    enc = encode(lm, text)
+    n = len(enc.ids)
+    if n < 3:
+        raise ValueError("permutation_check needs a text of at least 3 tokens")
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    shuffled = Encoded(text=enc.text, ids=tuple(enc.ids[i] for i in perm), spans=tuple(enc.spans[i] for i in perm),
+                       special=tuple(enc.special[i] for i in perm))
+    spec = adapter.layer_spec(base_model(lm), layer, lm.config)
+    no_order = dataclasses.replace(spec, causal=False, sliding_window=None)
+
+    def probs(e: Encoded, positions: bool) -> torch.Tensor:
+        cap = _capture_without_positions(lm, adapter, e) if not positions else capture(lm, [e], adapter)
+        s = spec if positions else no_order
+        return attention_from_scratch(cap.inputs[layer], s, cap.key_valid, use_positions=positions).probs[0]
+
+    def deviation(positions: bool) -> float:
+        p, p_shuffled = probs(enc, positions), probs(shuffled, positions)  # [head, query, key]
+        return float((p_shuffled - p[:, perm][:, :, perm]).abs().max())
+
+    return PermutationCheck(layer=layer, n_tokens=n, permutation=tuple(perm.tolist()),
+                            max_dev_without_positions=deviation(False), max_dev_with_positions=deviation(True))
+
+
+def _capture_without_positions(lm: LoadedModel, adapter, enc: Encoded):
+    if adapter.position_embedding is None:  # rotary: no position enters the layer input
+        return capture(lm, [enc], adapter)
+    module = adapter.position_embedding(base_model(lm))
+    handle = module.register_forward_hook(lambda mod, args, out: torch.zeros_like(out))
+    try:
+        return capture(lm, [enc], adapter)
+    finally:
+        handle.remove()

@@ -1,0 +1,226 @@
+"""Extraction, words, from-scratch attention and verification on tiny random models: seconds, no weights."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from probe import AttentionMap, extract, extract_ids, to_word_level, word_spans
+from probe.adapters import UnsupportedArchitecture, UnsupportedFeature, adapter_for
+from probe.explain import explain, permutation_check, scale_effect
+from probe.scratch import build_mask, stable_softmax
+from probe.tiny import tiny_model
+from probe.verify import verify
+
+TEXTS = [
+    "The animal didn't cross the street because it was too tired.",
+    "我爱北京天安门",
+    "Is it 42?",
+]
+
+
+def test_shapes_rows_and_specials(tiny):
+    maps = extract(tiny, TEXTS, batch_size=2)
+    assert [m.text for m in maps] == TEXTS  # input order survives length sorting
+    for m in maps:
+        L, H = tiny.config.num_hidden_layers, tiny.config.num_attention_heads
+        assert m.attention.shape == (L, H, len(m), len(m))
+        torch.testing.assert_close(m.attention.sum(-1), torch.ones(L, H, len(m)), atol=1e-5, rtol=0)
+        assert len(m.word_index) == len(m)
+        for (a, b), sp in zip(m.spans, m.special):
+            assert (a, b) == (0, 0) if sp else 0 <= a < b <= len(m.text)
+
+
+def test_decoders_are_causal(tiny):
+    [m] = extract(tiny, TEXTS[0])
+    upper = torch.triu(torch.ones(len(m), len(m), dtype=torch.bool), diagonal=1)
+    if tiny.is_causal:
+        assert m.attention[..., upper].abs().max() == 0
+    else:
+        assert m.attention[..., upper].min() > 0
+
+
+def test_batch_equals_single(tiny):
+    batched = extract(tiny, TEXTS, batch_size=3)
+    for text, b in zip(TEXTS, batched):
+        [single] = extract(tiny, text, batch_size=1)
+        torch.testing.assert_close(b.attention, single.attention, atol=1e-5, rtol=0)
+
+
+def test_layer_head_selection_and_store_dtype(tiny):
+    [full] = extract(tiny, TEXTS[0])
+    [part] = extract(tiny, TEXTS[0], layers=[1], heads=[0, 2], store_dtype=torch.float16)
+    assert part.attention.dtype == torch.float16 and part.layer_ids == (1,) and part.head_ids == (0, 2)
+    torch.testing.assert_close(part.attention.float(), full.attention[1:2][:, [0, 2]], atol=1e-3, rtol=0)
+    with pytest.raises(ValueError, match="out of range"):
+        extract(tiny, TEXTS[0], layers=[99])
+
+
+def test_word_level_rows_sum_to_one(tiny):
+    [w] = extract(tiny, TEXTS[0], level="word")
+    assert w.level == "word"
+    words = [lab for lab, sp in zip(w.labels, w.special) if not sp]
+    # Words come from the text; a token spanning two words (a tiny SentencePiece's "tired.") merges them.
+    assert "".join(words) == TEXTS[0].replace(" ", "")
+    assert {"animal", "didn't", "street", "it"} <= set(words)
+    torch.testing.assert_close(w.attention.sum(-1), torch.ones(w.attention.shape[:-1]), atol=1e-5, rtol=0)
+    assert w.labels[w.find("it")] == "it"
+
+
+def test_chinese_one_word_per_character(tiny):
+    [w] = extract(tiny, "我爱北京天安门", level="word")
+    words = [lab for lab, sp in zip(w.labels, w.special) if not sp]
+    assert "".join(words) == "我爱北京天安门"
+    if tiny.model_type == "bert":  # WordPiece splits CJK per character; the tiny BPEs learned "我爱北京" whole
+        assert words == list("我爱北京天安门")
+
+
+def test_word_aggregation_known_answer():
+    a = torch.tensor([[[[0.5, 0.25, 0.25], [0.2, 0.4, 0.4], [0.1, 0.6, 0.3]]]])  # [layer, head, query, key]
+    m = AttentionMap(text="ab c", level="token", labels=("a", "##b", "c"), spans=((0, 1), (1, 2), (3, 4)),
+                     special=(False,) * 3, attention=a, causal=False, word_index=(0, 0, 1), word_spans=((0, 2), (3, 4)))
+    w = to_word_level(m)
+    # keys summed within a word, queries averaged: row "ab" = mean([.5+.25, .25], [.2+.4, .4]) = [.675, .325]
+    torch.testing.assert_close(w.attention[0, 0], torch.tensor([[0.675, 0.325], [0.70, 0.30]]))
+    assert w.labels == ("ab", "c")
+    assert torch.equal(m.attention, a)  # the caller's tensor is untouched
+
+
+def test_multiword_token_merges_words():
+    from probe.words import assign_words
+
+    units, spans, _ = assign_words("我爱北京", [(0, 1), (1, 2), (2, 4)], [False] * 3)
+    assert units == [0, 1, 2] and spans[2] == (2, 4)
+
+
+def test_custom_segmenter():
+    text = "我爱北京天安门"
+    assert word_spans(text, lambda t: [(0, 1), (1, 2), (2, 4), (4, 7)]) == [(0, 1), (1, 2), (2, 4), (4, 7)]
+    with pytest.raises(ValueError, match="overlapping"):
+        word_spans(text, lambda t: [(0, 3), (2, 4)])
+
+
+@pytest.mark.parametrize("bad, err, match", [
+    ("", ValueError, "text 0 is empty"),
+    ("   ", ValueError, "empty"),
+    (b"bytes", TypeError, "not a str"),
+    (["ok", 3], TypeError, "text 1 is a int"),
+])
+def test_bad_input(tiny, bad, err, match):
+    with pytest.raises(err, match=match):
+        extract(tiny, bad)
+
+
+def test_context_limit_errors_or_truncates(tiny):
+    long = "word " * 300  # the tiny configs take 128 positions
+    with pytest.raises(ValueError, match="takes at most 128"):
+        extract(tiny, long)
+    with pytest.warns(UserWarning, match="truncating"):
+        [m] = extract(tiny, long, truncate=True)
+    assert len(m) == 128
+
+
+def test_extract_ids(tiny):
+    [m] = extract_ids(tiny, [[5, 6, 7, 5, 6, 7]])
+    assert m.attention.shape[-1] == 6 and m.token_ids == (5, 6, 7, 5, 6, 7)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        extract_ids(tiny, [[10**7]])
+
+
+# --- from-scratch attention -----------------------------------------------------------------
+
+
+def test_stable_softmax_does_not_overflow():
+    p = stable_softmax(torch.tensor([[1e4, 1e4 - 1.0, -float("inf")]]))
+    assert torch.isfinite(p).all() and p[0, 2] == 0
+    torch.testing.assert_close(p.sum(-1), torch.ones(1))
+
+
+def test_mask_causal_sliding_padding():
+    m = build_mask(torch.tensor([[1, 1, 1, 1, 0]]), causal=True, sliding_window=2, dtype=torch.float32)[0, 0]
+    allowed = torch.isfinite(m)
+    assert allowed[3].tolist() == [False, False, True, True, False]  # window 2: keys 2, 3 only
+    assert not allowed[:, 4].any()  # the padded key is never visible
+
+
+def test_verify_passes_on_every_family(tiny):
+    v = verify(tiny, TEXTS)  # batched: padding is exercised
+    assert v.passed, v.to_frame()
+    assert v.max_abs_err < 1e-6 and len(v.layers) == tiny.config.num_hidden_layers
+    assert "attention verified" in v.summary()
+
+
+def test_gemma3_sliding_window_beyond_window():
+    lm = tiny_model("gemma3")  # sliding_window=4 on layers 0 and 1
+    text = "The cat sat on the mat, and the dog sat on the log!"
+    [m] = extract(lm, text)
+    assert len(m) > 8
+    assert m.attention[0, :, 8, :5].abs().max() == 0  # query 8 cannot see keys more than 3 back
+    assert m.attention[2, :, 8, :5].abs().max() > 0  # the global layer can
+    assert verify(lm, [text]).passed
+
+
+def test_wrong_adapter_fails_verification(tiny):
+    good = adapter_for(tiny.config)
+
+    def no_scale(base, i, cfg):
+        return dataclasses.replace(good.layer_spec(base, i, cfg), scale=1.0)
+
+    broken = dataclasses.replace(good, layer_spec=no_scale)
+    v = verify(tiny, TEXTS[:1], adapter=broken)
+    assert not v.passed and v.max_abs_err > 1e-3
+    assert "NOT verified" in v.summary()
+
+
+def test_wrong_rotary_base_fails_verification():
+    lm = tiny_model("llama")
+    good = adapter_for(lm.config)
+
+    def wrong_rope(base, i, cfg):
+        spec = good.layer_spec(base, i, cfg)
+        return dataclasses.replace(spec, inv_freq=spec.inv_freq * 0.5)
+
+    assert not verify(lm, TEXTS[:1], adapter=dataclasses.replace(good, layer_spec=wrong_rope)).passed
+
+
+def test_unsupported_architecture_and_features():
+    from transformers import Gemma3TextConfig, LlamaConfig, T5Config
+
+    with pytest.raises(UnsupportedArchitecture, match="supported families: bert"):
+        adapter_for(T5Config())
+    with pytest.raises(UnsupportedFeature, match="softcapping"):
+        adapter_for(Gemma3TextConfig(attn_logit_softcapping=50.0))
+    with pytest.raises(UnsupportedFeature, match="rope_type='yarn'"):
+        adapter_for(LlamaConfig(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}))
+
+
+def test_llama3_rope_scaling_verifies():
+    lm = tiny_model("llama", rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                              "original_max_position_embeddings": 16})
+    assert verify(lm, TEXTS).passed
+
+
+# --- the lessons' experiments ---------------------------------------------------------------
+
+
+def test_explain_matches_model(tiny):
+    e = explain(tiny, TEXTS[0], token="it", layer=1, head=2)
+    assert e.query == "it" and e.model_weight_max_abs_err < 1e-6
+    assert abs(e.table["weight"].sum() - 1) < 1e-5
+    torch.testing.assert_close(torch.tensor(e.table["scaled_score"].dropna().values),
+                               torch.tensor(e.table["raw_score"].dropna().values) * e.scale, rtol=1e-5, atol=1e-6,
+                               check_dtype=False)
+    with pytest.raises(ValueError, match="occurs 0 time"):
+        explain(tiny, TEXTS[0], token="zebra", layer=0, head=0)
+
+
+def test_scale_effect_saturates_softmax():
+    df = scale_effect(tiny_model("gemma3", std=0.5), TEXTS[0])
+    assert (df["max_weight_unscaled"] >= df["max_weight_scaled"] - 1e-6).mean() > 0.9
+
+
+def test_permutation_equivariance_without_positions(tiny):
+    r = permutation_check(tiny, TEXTS[0])
+    assert r.max_dev_without_positions < 1e-5
+    assert r.max_dev_with_positions > 10 * r.max_dev_without_positions
