@@ -1,0 +1,24 @@
+# The README's two commands: `make report` (set up, then the main job on the default model) and
+# `make test`. Both set up .venv first; setup is skipped when nothing it depends on changed.
+PY := .venv/bin/python
+OUT ?= headscope-report
+MODEL ?= minilm
+
+.PHONY: setup report test browser bench
+setup: .venv/.setup-done
+.venv/.setup-done: pyproject.toml scripts/setup.sh
+	bash scripts/setup.sh
+	touch $@
+
+report: setup
+	.venv/bin/headscope run --model $(MODEL) --out $(OUT) --force
+
+# Debian's Chromium for the report's browser tests (best effort: the tests skip, saying why, without it).
+browser:
+	@command -v chromium >/dev/null || [ "$$(id -u)" != 0 ] || (apt-get -qq update && DEBIAN_FRONTEND=noninteractive apt-get -qq install -y chromium >/dev/null) || echo "make: could not install chromium; browser tests will be skipped" >&2
+
+test: setup browser
+	$(PY) -m pytest -q
+
+bench: setup
+	$(PY) benchmarks/run.py
