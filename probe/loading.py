@@ -109,7 +109,8 @@ def load_model(
         path, gguf_file, source = _user_path(name)
     converted = False
     if gguf_file is not None and use_cache:
-        folder, converted = _cached_conversion(spec.name if spec else Path(name).stem, path, gguf_file)
+        # Named after the file, not the alias, so a packaged name and its path share one entry.
+        folder, converted = _cached_conversion(f"{Path(path).name}-{Path(gguf_file).stem}", path, gguf_file)
         model, tok = _from_folder(str(folder), None, torch_dtype, device, name)
     else:
         model, tok = _from_folder(str(path), gguf_file, torch_dtype, device, name)
@@ -186,9 +187,28 @@ def _user_path(name: str) -> tuple[Path | str, str | None, str]:
         if not (p / "config.json").exists() and len(ggufs) == 1:
             return p, ggufs[0].name, f"local GGUF file {ggufs[0]}"
         return p, None, f"local folder {p}"
-    if name.count("/") == 1 and not name.startswith((".", "/")):
+    if name.count("/") == 1 and not name.startswith((".", "/", "~")):
         return name, None, f"Hugging Face hub id {name}"
     raise ModelNotAvailable(not_available_message(name, "not a known model name, a local folder or a hub id"))
+
+
+def _is_hub_id(path: str) -> bool:
+    return isinstance(path, str) and path.count("/") == 1 and not Path(path).exists()
+
+
+def _hub_unreachable() -> str | None:
+    """Why the hub cannot be reached (offline mode, no DNS), or None; checked before the slow retries."""
+    import socket
+    from urllib.parse import urlparse
+
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return "HF_HUB_OFFLINE is set and the model is not in the local hub cache"
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return f"no network: {host} cannot be resolved, and the model is not in the local hub cache"
+    return None
 
 
 def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: str, name: str):
@@ -204,6 +224,14 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: s
     hf_logging.set_verbosity_error()  # GGUF conversion and tied-weight notices are not the user's problem
     hf_logging.disable_progress_bar()
     try:
+        if _is_hub_id(path):
+            # Try the local hub cache first; go online only where the hub can be reached at all.
+            try:
+                AutoConfig.from_pretrained(path, local_files_only=True)
+            except OSError:
+                why = _hub_unreachable()
+                if why:
+                    raise ModelNotAvailable(not_available_message(name, why)) from None
         config = AutoConfig.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
         causal = any(a.endswith("ForCausalLM") for a in (config.architectures or [])) or getattr(
             config, "model_type", ""

@@ -105,3 +105,21 @@ def test_cli_explain_minilm():
     assert res.exit_code == 0, res.output
     out = json.loads(res.output)
     assert out["query"] == "it" and abs(sum(k["weight"] for k in out["keys"]) - 1) < 1e-5
+
+
+def test_hub_id_without_network_fails_fast_and_clearly(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelNotAvailable, match="HF_HUB_OFFLINE is set"):
+        load_model("someone/not-in-the-cache")
+
+
+@pytest.mark.slow
+def test_local_folder_and_gguf_file_load():
+    from probe.registry import locate
+
+    folder = locate(KNOWN_MODELS["minilm"])
+    lm = load_model(str(folder))
+    assert lm.config.num_hidden_layers == 6 and lm.source.startswith("local folder")
+    gguf = locate(KNOWN_MODELS["smollm2"])
+    lm = load_model(str(gguf))  # converted once into the cache, like the packaged name
+    assert lm.config.num_attention_heads == 9 and lm.source.startswith("local GGUF")
