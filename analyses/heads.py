@@ -1,0 +1,447 @@
+"""What each attention head does, measured over a corpus: one number per (layer, head) and metric.
+
+Scores stream: `HeadScoreAccumulator.update(amap)` folds one `AttentionMap` (`[layer, head, query,
+key]`) into float64 sums and counts per (layer, head), so memory does not grow with the corpus.
+`score_corpus(maps)` does the whole loop. Nothing here touches a model: feed it maps from
+`probe.iter_extract` (texts) and `probe.extract_ids` (repeated random tokens, for induction).
+
+Metrics (each a mean over query rows; `n` counts those rows; no row -> NaN with n = 0):
+
+- previous_token / next_token: `A[q, q-1]` / `A[q, q+1]`, over the queries that have that neighbour.
+  next_token is not applicable to causal (decoder) attention: NaN, n = 0.
+- self: `A[q, q]`, over all queries.
+- first_token, cls, sep, punctuation: attention to a set of keys, `Σ_{k∈S} A[q, k]`. The sets:
+  first_token = position 0 whatever it is; cls = the run of special units at the start ([CLS],
+  <bos>); sep = the run of special units at the end ([SEP], </s>, <eos>); punctuation = units whose
+  label is made only of Unicode punctuation (category P*: . , ! ? " 。 …; not $ + %). Queries inside
+  the set are left out (a sink attending to itself is `self`), and so are queries that cannot see
+  the set (causal queries before it). A text without such a unit adds nothing: a model without a
+  BOS (SmolLM2) gets cls = NaN with n = 0, not 0.
+- entropy: `-Σ_k A[q, k] ln A[q, k]` in nats; normalized_entropy divides it by `ln(visible keys)`
+  (q + 1 keys for a causal row, all keys otherwise), so 1 means uniform over what the row can see;
+  max_weight: `max_k A[q, k]` ("confidence", Voita et al. 2019). These three skip rows that see a
+  single key (the first causal row has no choice to make).
+- duplicate_token, induction: decoders only, on repeated random token sequences, with
+  TransformerLens's `head_detector` "mul" score `Σ A⊙P / Σ A` (see `analyses.induction`), averaged
+  over sequences; always on tokens with every key (TransformerLens's defaults). NaN for encoders.
+
+Settings. `level="word"` aggregates tokens to words first (Clark et al. 2019: sum over key pieces,
+mean over query pieces, `probe.to_word_level`); `level="token"` scores sub-word tokens.
+`include_special=True` keeps [CLS]/[SEP]/<bos> as ordinary units. The default, word level with
+special tokens included, is Clark et al.'s. With `include_special=False` special units are removed
+as queries and as keys, and every remaining row is renormalised to sum to 1 over the remaining
+keys — the head's attention among the text's own units; cls and sep are then NaN (n = 0) and
+first_token means the first non-special unit.
+
+Roles come from documented thresholds (`THRESHOLDS`): a head gets a role when its score reaches the
+threshold, and the roles table keeps the score beside the label.
+
+>>> import torch
+>>> from probe.types import AttentionMap
+>>> a = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])[None, None]  # prev-token
+>>> m = AttentionMap(text="a b c", level="token", labels=("a", "b", "c"), spans=((0, 1), (2, 3), (4, 5)),
+...                  special=(False,) * 3, attention=a, causal=True, meta={"model": "toy"})
+>>> s = score_corpus([m], level="token")
+>>> float(s.grid("previous_token").iloc[0, 0]), float(s.grid("next_token").iloc[0, 0])
+(1.0, nan)
+>>> list(s.roles["role"])
+['previous-token head', 'first-token sink', 'confident head']
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Literal, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from probe.types import AttentionMap
+from probe.words import to_word_level
+
+from .induction import detection_pattern, pattern_score
+
+__all__ = [
+    "METRICS",
+    "ROLE_LABELS",
+    "THRESHOLDS",
+    "DEFAULT_LEVEL",
+    "DEFAULT_INCLUDE_SPECIAL",
+    "HeadScores",
+    "HeadScoreAccumulator",
+    "score_corpus",
+    "assign_roles",
+    "is_punctuation",
+    "settings_note",
+]
+
+# Order of the table and of the CLI listing.
+METRICS: tuple[str, ...] = (
+    "previous_token", "next_token", "self", "first_token", "cls", "sep", "punctuation",
+    "entropy", "normalized_entropy", "max_weight", "duplicate_token", "induction",
+)
+_CORPUS_METRICS = METRICS[:10]
+_PATTERN_METRICS = METRICS[10:]
+
+DEFAULT_LEVEL: Literal["token", "word"] = "word"  # Clark et al. 2019 aggregate to words ...
+DEFAULT_INCLUDE_SPECIAL = True  # ... and keep [CLS]/[SEP]
+
+# A head gets the role when its score is >= the threshold. 0.5 for attention shares is Clark et al.'s
+# "more than half of its attention" (previous/next token heads, [SEP] heads). A perfect induction or
+# duplicate-token head scores about 0.5 under TransformerLens's definition (the first copy has nothing
+# to match), so 0.25 means about half its attention in the second copy goes to the target.
+THRESHOLDS: Mapping[str, float] = {
+    "previous_token": 0.5,
+    "next_token": 0.5,
+    "self": 0.5,
+    "first_token": 0.5,
+    "cls": 0.5,
+    "sep": 0.5,
+    "punctuation": 0.5,
+    "normalized_entropy": 0.8,
+    "max_weight": 0.8,
+    "duplicate_token": 0.25,
+    "induction": 0.25,
+}
+ROLE_LABELS: Mapping[str, str] = {
+    "previous_token": "previous-token head",
+    "next_token": "next-token head",
+    "self": "self (current-token) head",
+    "first_token": "first-token sink",
+    "cls": "[CLS]/BOS sink",
+    "sep": "[SEP]/EOS sink",
+    "punctuation": "punctuation head",
+    "normalized_entropy": "broad head",
+    "max_weight": "confident head",
+    "duplicate_token": "duplicate-token head",
+    "induction": "induction head",
+}
+
+_TABLE_COLUMNS = ["model", "layer", "head", "metric", "value", "n"]
+_ROLE_COLUMNS = ["model", "layer", "head", "role", "metric", "value", "threshold"]
+
+
+def settings_note(level: str, include_special: bool) -> str:
+    """One line naming the setting, and whether it is Clark et al.'s default."""
+    units = "words (tokens aggregated as in Clark et al. 2019)" if level == "word" else "sub-word tokens"
+    special = ("special tokens kept as units" if include_special
+               else "special tokens removed and rows renormalised")
+    default = level == DEFAULT_LEVEL and include_special == DEFAULT_INCLUDE_SPECIAL
+    return f"{units}; {special}" + (" — the default, as Clark et al. 2019" if default else "")
+
+
+def is_punctuation(label: str) -> bool:
+    """True when `label` (stripped) is non-empty and only Unicode punctuation (category P*).
+
+    >>> [is_punctuation(s) for s in (".", "?!", "。", '"', "$", "a.", " ")]
+    [True, True, True, True, False, False, False]
+    """
+    s = label.strip()
+    return bool(s) and all(unicodedata.category(c).startswith("P") for c in s)
+
+
+@dataclass(frozen=True, eq=False)
+class HeadScores:
+    """Per-head scores over a corpus: a tidy `table` (`model, layer, head, metric, value, n`) and `roles`.
+
+    `n` is the number of query rows a value averages over (NaN with n = 0: not applicable, e.g.
+    next_token for a decoder). `level`/`include_special` state how the numbers were computed.
+    """
+
+    model: str
+    n_layers: int
+    n_heads: int
+    level: str
+    include_special: bool
+    table: pd.DataFrame
+    roles: pd.DataFrame
+    n_texts: int = 0
+    n_sequences: int = 0  # repeated random sequences behind duplicate_token / induction
+    meta: dict = field(default_factory=dict)  # e.g. how the induction sequences were drawn
+
+    @property
+    def metrics(self) -> list[str]:
+        return [m for m in METRICS if m in set(self.table["metric"])]
+
+    @property
+    def setting(self) -> str:
+        return settings_note(self.level, self.include_special)
+
+    def _rows(self, metric: str) -> pd.DataFrame:
+        if metric not in METRICS:
+            raise KeyError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+        return self.table[self.table["metric"] == metric]
+
+    def grid(self, metric: str) -> pd.DataFrame:
+        """Values of `metric` as a layer × head frame (index = layer, columns = head)."""
+        return self._rows(metric).pivot(index="layer", columns="head", values="value")
+
+    def top(self, metric: str, k: int = 3) -> pd.DataFrame:
+        """The `k` heads with the highest `metric` (NaN left out), best first."""
+        rows = self._rows(metric).dropna(subset=["value"])
+        return rows.sort_values(["value", "layer", "head"], ascending=[False, True, True]).head(k).reset_index(drop=True)
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.table
+
+    def save(self, path: str | Path) -> Path:
+        """Write the full table to .csv or .parquet (by the file's suffix)."""
+        path = Path(path)
+        if path.suffix == ".csv":
+            self.table.to_csv(path, index=False)
+        elif path.suffix == ".parquet":
+            self.table.to_parquet(path, index=False)
+        else:
+            raise ValueError(f"cannot write {path.name}: use a .csv or .parquet file name")
+        return path
+
+    def to_dict(self, *, k: int = 3, table: bool = True) -> dict:
+        """JSON-ready: settings, the top `k` heads per metric, the roles and (with `table`) every value."""
+        out = {
+            "model": self.model, "n_layers": self.n_layers, "n_heads": self.n_heads, "level": self.level,
+            "include_special": self.include_special, "setting": self.setting, "n_texts": self.n_texts,
+            "n_sequences": self.n_sequences, "meta": dict(self.meta), "thresholds": dict(THRESHOLDS),
+            "top": {m: _records(self.top(m, k)[["layer", "head", "value", "n"]]) for m in self.metrics},
+            "roles": _records(self.roles),
+        }
+        if table:
+            out["table"] = _records(self.table)
+        return out
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        rows = []
+        for m in self.metrics:
+            t = self.top(m, 3)
+            cells = ", ".join(f"L{r.layer}.H{r.head} {r.value:.3f}" for r in t.itertuples()) or "not applicable"
+            rows.append({"metric": m, "top heads": cells})
+        body = pd.DataFrame(rows).to_html(index=False)  # pandas escapes cell text
+        return (f"<div><b>HeadScores</b> {escape(self.model)}: {self.n_layers} layers × {self.n_heads} heads, "
+                f"{self.n_texts} texts, {len(self.roles)} roles<br><i>{escape(self.setting)}</i>{body}</div>")
+
+    def plot(self, metric: str):
+        """Heat map of `metric` over layers × heads (`reports.figures.score_grid`)."""
+        from reports.figures import score_grid
+
+        return score_grid(self, metric)
+
+
+def _records(df: pd.DataFrame) -> list[dict]:
+    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
+            for r in df.to_dict(orient="records")]
+
+
+class HeadScoreAccumulator:
+    """Streaming sums per (layer, head): `update(amap)` for corpus texts, `update_repeated(amap)` for
+    repeated random token sequences, then `result()`. Keeps only `[layer, head, metric]` float64 sums.
+
+    Maps are not modified. Token-level maps are aggregated to words when `level="word"`.
+    """
+
+    def __init__(self, *, model: str | None = None, level: Literal["token", "word"] = DEFAULT_LEVEL,
+                 include_special: bool = DEFAULT_INCLUDE_SPECIAL) -> None:
+        if level not in ("token", "word"):
+            raise ValueError(f"level must be 'token' or 'word', got {level!r}")
+        self.model = model
+        self.level = level
+        self.include_special = bool(include_special)
+        self._layers: tuple[int, ...] | None = None
+        self._heads: tuple[int, ...] | None = None
+        self._sums: torch.Tensor | None = None  # [layer, head, metric] float64
+        self._corpus: torch.Tensor | None = None  # view of the text metrics' columns of _sums
+        self._counts = torch.zeros(len(METRICS), dtype=torch.float64)  # query rows behind each metric
+        self._n_texts = 0
+        self._n_sequences = 0
+
+    def update(self, amap: AttentionMap) -> None:
+        """Fold in one text's attention (`[layer, head, query, key]`)."""
+        amap = self._prepare(amap)
+        special = list(amap.special)
+        punct = [is_punctuation(lab) and not sp for lab, sp in zip(amap.labels, special)]
+        a = amap.attention.float()
+        if not self.include_special and any(special):
+            keep = [i for i, sp in enumerate(special) if not sp]
+            a, punct, special = _drop_special(a, keep), [punct[i] for i in keep], [False] * len(keep)
+        sums, counts = _corpus_sums(a, causal=amap.causal, special=special, punct=punct)
+        self._corpus.add_(sums)  # float32 sums of one map into float64 totals
+        self._counts[: len(_CORPUS_METRICS)] += counts
+        self._n_texts += 1
+
+    def update_repeated(self, amap: AttentionMap) -> None:
+        """Fold in one repeated random sequence (token level, decoders) for duplicate_token/induction."""
+        if amap.level != "token" or len(amap.token_ids) != len(amap):
+            raise ValueError("induction scores need a token-level map with its token_ids; use probe.extract_ids")
+        if not amap.causal:
+            raise ValueError("duplicate-token and induction scores are defined for decoders (causal attention), "
+                             "as in TransformerLens; this map is bidirectional")
+        self._check_shape(amap)
+        a = amap.attention
+        for j, kind in enumerate(_PATTERN_METRICS):
+            self._sums[..., len(_CORPUS_METRICS) + j] += pattern_score(a, detection_pattern(amap.token_ids, kind))
+            self._counts[len(_CORPUS_METRICS) + j] += len(amap)
+        self._n_sequences += 1
+
+    def result(self, *, thresholds: Mapping[str, float] | None = None, meta: Mapping | None = None) -> HeadScores:
+        """The scores so far as a `HeadScores` (the accumulator can keep going afterwards)."""
+        if self._sums is None:
+            raise ValueError("no attention maps were given; pass at least one text")
+        values = self._sums.clone()
+        n_corpus = len(_CORPUS_METRICS)
+        values[..., :n_corpus] /= self._counts[:n_corpus]  # 0/0 -> NaN: not applicable
+        values[..., n_corpus:] /= self._n_sequences if self._n_sequences else float("nan")
+        table = _tidy(self.model or "", self._layers, self._heads, values, self._counts)
+        return HeadScores(
+            model=self.model or "", n_layers=len(self._layers), n_heads=len(self._heads), level=self.level,
+            include_special=self.include_special, table=table, roles=assign_roles(table, thresholds),
+            n_texts=self._n_texts, n_sequences=self._n_sequences, meta=dict(meta or {}),
+        )
+
+    def _prepare(self, amap: AttentionMap) -> AttentionMap:
+        if self.level == "word" and amap.level == "token":
+            amap = to_word_level(amap)
+        elif self.level == "token" and amap.level == "word":
+            raise ValueError("level='token' was asked for but this map is already word level; "
+                             "extract with level='token'")
+        self._check_shape(amap)
+        return amap
+
+    def _check_shape(self, amap: AttentionMap) -> None:
+        if self.model is None:
+            self.model = str(amap.meta.get("model", ""))
+        if self._sums is None:
+            self._layers, self._heads = amap.layer_ids, amap.head_ids
+            self._sums = torch.zeros(amap.n_layers, amap.n_heads, len(METRICS), dtype=torch.float64)
+            self._corpus = self._sums[..., : len(_CORPUS_METRICS)]  # a view: the text metrics
+        elif (amap.layer_ids, amap.head_ids) != (self._layers, self._heads):
+            raise ValueError(f"this map has layers {amap.layer_ids} and heads {amap.head_ids}, the earlier ones "
+                             f"{self._layers} and {self._heads}; extract every text with the same layers/heads")
+
+
+def score_corpus(
+    maps: Iterable[AttentionMap],
+    *,
+    repeated: Iterable[AttentionMap] = (),
+    model: str | None = None,
+    level: Literal["token", "word"] = DEFAULT_LEVEL,
+    include_special: bool = DEFAULT_INCLUDE_SPECIAL,
+    thresholds: Mapping[str, float] | None = None,
+    progress: bool = False,
+    total: int | None = None,
+) -> HeadScores:
+    """Scores of every head over `maps` (one per text), plus induction scores over `repeated` maps.
+
+    Maps are consumed one at a time, so a generator such as `probe.iter_extract` keeps memory flat.
+    """
+    acc = HeadScoreAccumulator(model=model, level=level, include_special=include_special)
+    if progress:
+        from tqdm.auto import tqdm
+
+        maps = tqdm(maps, total=total, desc="heads", unit="text")
+    for amap in maps:
+        acc.update(amap)
+    for amap in repeated:
+        acc.update_repeated(amap)
+    return acc.result(thresholds=thresholds)
+
+
+def assign_roles(table: pd.DataFrame, thresholds: Mapping[str, float] | None = None) -> pd.DataFrame:
+    """One row per (head, role) whose score reaches its threshold (defaults: `THRESHOLDS`)."""
+    chosen = dict(THRESHOLDS if thresholds is None else thresholds)
+    unknown = sorted(set(chosen) - set(ROLE_LABELS))
+    if unknown:
+        raise ValueError(f"no role is defined for {unknown}; thresholds can be set for {sorted(ROLE_LABELS)}")
+    limit = table["metric"].map(chosen)
+    hit = table[limit.notna() & (table["value"] >= limit)].copy()
+    hit["role"] = hit["metric"].map(ROLE_LABELS)
+    hit["threshold"] = hit["metric"].map(chosen).astype(float)
+    order = {m: i for i, m in enumerate(METRICS)}
+    hit = hit.sort_values(["metric", "value"], key=lambda c: c.map(order) if c.name == "metric" else -c)
+    return hit[_ROLE_COLUMNS].reset_index(drop=True)
+
+
+# --- per-map sums -------------------------------------------------------------------------------
+
+
+def _drop_special(a: torch.Tensor, keep: list[int]) -> torch.Tensor:
+    """`[layer, head, query, key]` with only the `keep` queries and keys, rows renormalised to 1."""
+    idx = torch.tensor(keep, dtype=torch.long)
+    a = a.index_select(-2, idx).index_select(-1, idx)
+    return a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
+
+
+def _corpus_sums(a: torch.Tensor, *, causal: bool, special: Sequence[bool],
+                 punct: Sequence[bool]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums over query rows of each corpus metric, `[layer, head, metric]` float32, and the row counts.
+
+    A handful of tensor ops per map, none per head; the order is `_CORPUS_METRICS`.
+    """
+    n_layers, n_heads, t, _ = a.shape  # [layer, head, query, key]
+    if t == 0:
+        return torch.zeros(n_layers, n_heads, len(_CORPUS_METRICS)), torch.zeros(len(_CORPUS_METRICS), dtype=torch.float64)
+    w = torch.tensor(_weights(special, punct, causal), dtype=a.dtype)  # [unit, 10], see _weights
+    targets, queries, rows = w[:, :4], w[:, 4:8], w[:, 8:10]
+    # 0·ln(tiny) = 0 stands in for 0·ln 0 (masked keys); twice as fast as torch.special.xlogy on CPU
+    entropy = -(a * a.clamp_min(torch.finfo(a.dtype).tiny).log()).sum(-1)  # [layer, head, query], nats
+    sums = torch.cat([
+        a.diagonal(-1, -2, -1).sum(-1, keepdim=True),  # previous_token
+        a.diagonal(1, -2, -1).sum(-1, keepdim=True),  # next_token (0 under a causal mask; its count is 0 there)
+        a.diagonal(0, -2, -1).sum(-1, keepdim=True),  # self
+        (a @ targets * queries).sum(-2),  # first_token, cls, sep, punctuation
+        entropy @ rows,  # entropy, normalized_entropy
+        a.amax(-1) @ rows[:, :1],  # max_weight
+    ], -1)
+    n_sets = queries.sum(0).tolist()
+    n_rows = float(t - 1 if causal else (t if t >= 2 else 0))  # rows that see >= 2 keys
+    counts = [t - 1, 0 if causal else t - 1, t, *n_sets, n_rows, n_rows, n_rows]
+    return sums, torch.tensor(counts, dtype=torch.float64)
+
+
+def _weights(special: Sequence[bool], punct: Sequence[bool], causal: bool) -> list[list[float]]:
+    """Per unit, ten 0/1 (or weight) columns, built in plain Python (one tensor per map, not ten):
+
+    0-3  key in the set first_token / cls (leading specials) / sep (trailing specials) / punctuation;
+    4-7  query counted for that set: outside it, and able to see one of its keys (causal: after its start);
+    8    row counted for entropy and max_weight (sees >= 2 keys);
+    9    the same divided by ln(visible keys), for normalized_entropy.
+    """
+    t = len(special)
+    lead = _run_length(special)
+    trail = min(_run_length(special[::-1]), t - lead)
+    marks = [i for i, p in enumerate(punct) if p]
+    starts = (0, 0 if lead else t, t - trail if trail else t, marks[0] if marks else t)  # each set's first key
+    out = []
+    for i in range(t):
+        member = (i == 0, i < lead, i >= t - trail, bool(punct[i]))
+        seen = [not m and starts[j] < t and (not causal or i >= starts[j]) for j, m in enumerate(member)]
+        visible = i + 1 if causal else t
+        row = visible >= 2
+        out.append([*map(float, member), *map(float, seen), float(row), 1 / math.log(visible) if row else 0.0])
+    return out
+
+
+def _run_length(flags: Sequence[bool]) -> int:
+    n = 0
+    for f in flags:
+        if not f:
+            break
+        n += 1
+    return n
+
+
+def _tidy(model: str, layers: Sequence[int], heads: Sequence[int], values: torch.Tensor,
+          counts: torch.Tensor) -> pd.DataFrame:
+    n_l, n_h, n_m = values.shape  # [layer, head, metric]
+    metric_major = values.permute(2, 0, 1).reshape(-1).numpy()
+    return pd.DataFrame({
+        "model": model,
+        "layer": np.tile(np.repeat(np.asarray(layers, dtype=np.int64), n_h), n_m),
+        "head": np.tile(np.asarray(heads, dtype=np.int64), n_l * n_m),
+        "metric": np.repeat(np.asarray(METRICS, dtype=object), n_l * n_h),
+        "value": metric_major.astype(np.float64),
+        "n": np.repeat(counts.numpy().astype(np.int64), n_l * n_h),
+    })[_TABLE_COLUMNS]

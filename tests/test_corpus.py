@@ -1,0 +1,84 @@
+"""Corpus reading: the built-in sentences, text files and JSON Lines, errors with line numbers."""
+
+import json
+
+import pytest
+
+from analyses.corpus import CorpusError, builtin_corpus, iter_corpus, read_corpus
+
+
+def test_builtin_corpus_is_large_varied_and_clean():
+    texts = builtin_corpus()
+    assert len(texts) >= 300
+    assert len(set(texts)) == len(texts), "duplicate sentences"
+    assert all(t == t.strip() and t for t in texts)
+    assert sum(t.endswith("?") for t in texts) >= 40  # questions
+    assert sum(any(c.isdigit() for c in t) for t in texts) >= 40  # numbers
+    assert sum(t.startswith('"') for t in texts) >= 40  # dialogue
+    assert sum(t.count(",") + t.count(";") >= 2 for t in texts) >= 40  # lists
+    assert sum(sum(not c.isalnum() and not c.isspace() for c in t) >= 6 for t in texts) >= 30  # punctuation-heavy
+
+
+def test_text_file_skips_empty_lines_and_strips(tmp_path):
+    f = tmp_path / "c.txt"
+    f.write_bytes("\ufeffFirst text.\r\n\r\n   \n  Second one  \nThird\n".encode("utf-8"))
+    assert read_corpus(f) == ["First text.", "Second one", "Third"]
+
+
+def test_text_file_bad_utf8_names_the_line(tmp_path):
+    f = tmp_path / "c.txt"
+    f.write_bytes(b"fine\n\nalso fine\nbad \xff byte\n")
+    with pytest.raises(CorpusError, match=r"line 4: not valid UTF-8 \(byte 0xff at column 5\)") as err:
+        read_corpus(f)
+    assert err.value.line == 4 and err.value.path == str(f)
+
+
+def test_jsonl_reads_text_fields_and_skips_empty_lines(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_text(json.dumps({"text": "One.", "id": 1}) + "\n\n" + json.dumps({"text": "Two?"}) + "\n", encoding="utf-8")
+    assert read_corpus(f) == ["One.", "Two?"]
+
+
+@pytest.mark.parametrize("line, message", [
+    ('{"text": "ok"', "line 3: not valid JSON"),
+    ('["a list"]', "line 3: expected an object"),
+    ('{"body": "x", "id": 2}', "line 3: the object has no \"text\" field \\(its keys: 'body', 'id'\\)"),
+    ('{"text": 42}', "line 3: \"text\" is a JSON int, not a string"),
+    ('{"text": "   "}', "line 3: \"text\" is empty"),
+])
+def test_jsonl_bad_line_names_its_number(tmp_path, line, message):
+    f = tmp_path / "c.jsonl"
+    f.write_text('{"text": "first"}\n\n' + line + "\n", encoding="utf-8")
+    with pytest.raises(CorpusError, match=message):
+        read_corpus(f)
+
+
+def test_reading_streams_until_the_bad_line(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_text('{"text": "a"}\n{"text": "b"}\nnot json\n', encoding="utf-8")
+    it = iter_corpus(f)
+    assert [next(it), next(it)] == ["a", "b"]
+    with pytest.raises(CorpusError, match="line 3"):
+        next(it)
+
+
+def test_format_choice_and_refusals(tmp_path):
+    f = tmp_path / "c.data"
+    f.write_text('{"text": "a"}\n', encoding="utf-8")
+    assert read_corpus(f) == ['{"text": "a"}']  # plain text by default
+    assert read_corpus(f, format="jsonl") == ["a"]
+    j = tmp_path / "c.json"
+    j.write_text('[{"text": "a"}]', encoding="utf-8")
+    with pytest.raises(ValueError, match="JSON Lines"):
+        read_corpus(j)
+    with pytest.raises(ValueError, match="format must be"):
+        read_corpus(f, format="csv")
+
+
+def test_empty_and_missing_files(tmp_path):
+    f = tmp_path / "empty.txt"
+    f.write_text("\n  \n", encoding="utf-8")
+    with pytest.raises(CorpusError, match="no texts"):
+        read_corpus(f)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        read_corpus(tmp_path / "nope.txt")
