@@ -18,7 +18,7 @@ from .loading import LoadedModel
 from .types import AttentionMap, Level
 from .words import Segmenter, assign_words, to_word_level
 
-__all__ = ["Encoded", "encode", "extract", "extract_ids", "iter_extract", "forward_batch", "base_model", "check_texts"]
+__all__ = ["Encoded", "encode", "encode_many", "extract", "extract_ids", "iter_extract", "forward_batch", "base_model", "check_texts"]
 
 
 @dataclass(frozen=True)
@@ -53,22 +53,31 @@ def _checked_stream(texts: str | Iterable[str]) -> Iterator[str]:
 
 def encode(lm: LoadedModel, text: str, *, truncate: bool = False) -> Encoded:
     """Tokenise one text with its special tokens, checking the model's context limit."""
-    tok = lm.tokenizer
-    enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True, add_special_tokens=True)
-    ids = list(enc["input_ids"])
-    limit = lm.max_length
-    if len(ids) > limit:
-        if not truncate:
-            raise ValueError(
-                f"the text starting {text[:40]!r} has {len(ids)} tokens; {lm.name} takes at most {limit}. "
-                "Split it, or pass truncate=True (CLI: --truncate) to keep its first tokens."
-            )
-        warnings.warn(f"{lm.name}: truncating a text of {len(ids)} tokens to the model's limit of {limit}", stacklevel=3)
-        enc = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True, truncation=True, max_length=limit)
-        ids = list(enc["input_ids"])
-    special = [bool(s) for s in enc["special_tokens_mask"]]
-    spans = [(0, 0) if s else (int(a), int(b)) for (a, b), s in zip(enc["offset_mapping"], special)]
-    return Encoded(text=text, ids=tuple(ids), spans=tuple(spans), special=tuple(special))
+    return encode_many(lm, [text], truncate=truncate)[0]
+
+
+def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False) -> list[Encoded]:
+    """Tokenise texts in one call of the (Rust) fast tokenizer, checking the context limit of each."""
+    tok, limit = lm.tokenizer, lm.max_length
+    enc = tok(list(texts), return_offsets_mapping=True, return_special_tokens_mask=True, add_special_tokens=True)
+    out = []
+    for i, text in enumerate(texts):
+        ids, offsets, special = enc["input_ids"][i], enc["offset_mapping"][i], enc["special_tokens_mask"][i]
+        if len(ids) > limit:
+            if not truncate:
+                raise ValueError(
+                    f"the text starting {text[:40]!r} has {len(ids)} tokens; {lm.name} takes at most {limit}. "
+                    "Split it, or pass truncate=True (CLI: --truncate) to keep its first tokens."
+                )
+            warnings.warn(f"{lm.name}: truncating a text of {len(ids)} tokens to the model's limit of {limit}",
+                          stacklevel=3)
+            cut = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True, truncation=True,
+                      max_length=limit)
+            ids, offsets, special = cut["input_ids"], cut["offset_mapping"], cut["special_tokens_mask"]
+        flags = tuple(bool(s) for s in special)
+        spans = tuple((0, 0) if s else (int(a), int(b)) for (a, b), s in zip(offsets, flags))
+        out.append(Encoded(text=text, ids=tuple(ids), spans=spans, special=flags))
+    return out
 
 
 def base_model(lm: LoadedModel) -> torch.nn.Module:
@@ -159,7 +168,7 @@ def _select(chosen: Sequence[int] | None, n: int, what: str) -> list[int]:
 
 
 def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, truncate, segmenter):
-    encoded = [encode(lm, t, truncate=truncate) for t in texts]
+    encoded = encode_many(lm, texts, truncate=truncate)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))
     results: dict[int, AttentionMap] = {}
     all_layers = len(layer_idx) == lm.config.num_hidden_layers

@@ -18,7 +18,7 @@ from typing import Sequence
 import torch
 
 from .adapters import Adapter, adapter_for
-from .extract import Encoded, base_model, check_texts, encode, pad_batch
+from .extract import Encoded, base_model, check_texts, encode_many, pad_batch
 from .loading import LoadedModel
 from .scratch import attention_from_scratch
 
@@ -196,7 +196,7 @@ def verify(
     """
     adapter = adapter or adapter_for(lm.config)
     texts = check_texts(DEFAULT_TEXTS if texts is None else texts)
-    encoded = [encode(lm, t, truncate=truncate) for t in texts]
+    encoded = encode_many(lm, texts, truncate=truncate)
     n_layers = adapter.n_layers(lm.config)
     worst = [[0.0, 0.0, 0.0, 0.0] for _ in range(n_layers)]  # abs, rel, abs_out, rel_out
     t_fwd = t_re = 0.0
