@@ -1,0 +1,604 @@
+"""Which heads let a source word (a pronoun) look at the word it refers to — and how sure we can be.
+
+The pipeline, each step a plain function:
+
+1. `candidate_attention(amap, example)` -> `[layer, head, candidate]`: attention from the source
+   unit(s) to each candidate's units (a multi-unit name sums over its units — or only its last
+   word with `head_word=True`; a source of several units averages over them, as Clark et al. 2019
+   do for word-level attention).
+2. `ProbeScores`: those tensors stacked to `[example, layer, head, candidate]`.
+3. `head_picks` / `head_correct`: each head picks the candidate with the most attention (an exact
+   tie is no pick and counts as wrong) -> correctness `[example, layer, head]`.
+4. `score_probe`: per-head accuracy with Wilson intervals, baselines (nearest preceding candidate,
+   first candidate, chance), honest selection and permutation tests, a verdict in words.
+
+What is tested (see `score_probe`). Selection: the head with the most correct examples on k-1
+folds (k-fold by `group`, so a Winograd pair never straddles the split; ties by a fixed seeded
+order of heads) is scored on the held-out fold; pooled over folds, every example is scored once by
+a head chosen without it (`heldout_accuracy`). `p_value` is a one-sided permutation test of that
+whole procedure against the best baseline on the same examples: under H0 (no head's attention
+tells more than the baseline), each permutation swaps head and baseline outcomes per example (a
+sign flip of the per-example difference, the same for all L x H heads; against chance: redraws the
+answer among the candidates), re-runs the k-fold choice and recomputes the pooled held-out score.
+Re-running the choice matters: testing the pooled held-out outcomes as if independent is not valid
+(the fold choices share data; on pure noise that test rejected 7 times in 40 at alpha = 0.05).
+`p_value_max` corroborates with a Westfall-Young max-T test over all heads on all examples (same
+flips, statistic = the best head's advantage), which accounts for the L x H choice with no split.
+With a separate held-out set (`heldout=`), the head is chosen on `data` alone, so `p_value` is the
+plain paired test of its held-out outcomes.
+
+Decoders are causal: a pronoun only sees earlier words, so examples with a candidate after the
+source are excluded for them (and counted in `excluded`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Iterable, Literal, Sequence
+
+import pandas as pd
+import torch
+
+from probe.types import AttentionMap
+
+from .relations import RelationExample, first_choice, nearest_choice
+from .stats import cv_choices, cv_relabel_p, cv_signflip_p, group_folds, relabel_max_p, signflip_max_p, wilson
+
+__all__ = [
+    "ProbeResult",
+    "ProbeScores",
+    "Excluded",
+    "MIN_HELDOUT",
+    "CAUSAL_REASON",
+    "concat_scores",
+    "candidate_attention",
+    "collect_scores",
+    "head_picks",
+    "head_correct",
+    "head_rank",
+    "select_head",
+    "cross_validate",
+    "score_probe",
+    "drill_down",
+    "blind_pairs",
+]
+
+MIN_HELDOUT = 20  # below this many held-out examples no head is crowned
+CAUSAL_REASON = "a candidate is not before the source (a decoder sees only earlier words)"
+Baseline = Literal["nearest", "first", "chance"]
+_BASELINE_WORDS = {"nearest": "nearest-candidate", "first": "first-candidate", "chance": "chance"}
+
+
+class Excluded(ValueError):
+    """An example that cannot be scored on this map; `reason` is short and shared by similar cases."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+
+
+# --------------------------------------------------------------------------------------------
+# 1. From an AttentionMap to attention per candidate
+
+
+def _units(amap: AttentionMap, span: tuple[int, int]) -> list[int]:
+    """Non-special units whose character span overlaps `span`."""
+    s, e = span
+    return [i for i, (a, b) in enumerate(amap.spans) if not amap.special[i] and a < e and s < b]
+
+
+def _last_word(amap: AttentionMap, units: list[int]) -> list[int]:
+    if amap.level == "word" or len(amap.word_index) != len(amap):
+        return units[-1:]
+    last = amap.word_index[units[-1]]
+    return [u for u in units if amap.word_index[u] == last]
+
+
+def candidate_attention(amap: AttentionMap, ex: RelationExample, *, head_word: bool = False) -> torch.Tensor:
+    """Attention from the source to each candidate, `[layer, head, candidate]`.
+
+    Raises `Excluded` when a word has no unit in the map (e.g. cut by truncation), when candidates
+    share a unit, or when the map is causal and a candidate is not before the source.
+
+    >>> import torch
+    >>> from analyses.relations import parse_example
+    >>> ex = parse_example({"text": "Mary met John and she", "pronoun": "she", "candidates": ["Mary", "John"],
+    ...                     "answer": "Mary"})
+    >>> att = torch.zeros(1, 1, 5, 5); att[0, 0, 4] = torch.tensor([0.6, 0.1, 0.2, 0.0, 0.1])
+    >>> m = AttentionMap(text=ex.text, level="word", labels=("Mary", "met", "John", "and", "she"),
+    ...                  spans=((0, 4), (5, 8), (9, 13), (14, 17), (18, 21)), special=(False,) * 5,
+    ...                  attention=att, causal=True)
+    >>> candidate_attention(m, ex)
+    tensor([[[0.6000, 0.2000]]])
+    """
+    src = _units(amap, ex.source_span)
+    if not src:
+        raise Excluded("source not in the map (truncated?)", ex.origin)
+    cands = []
+    for j, span in enumerate(ex.candidate_spans):
+        units = _units(amap, span)
+        if not units:
+            raise Excluded("candidate not in the map (truncated?)", f"{ex.origin} {ex.candidates[j]!r}")
+        cands.append(_last_word(amap, units) if head_word else units)
+    flat = [u for c in cands for u in c]
+    if len(set(flat)) != len(flat) or set(flat) & set(src):
+        raise Excluded("candidates or source share a unit", ex.origin)
+    if amap.causal and max(flat) >= min(src):
+        raise Excluded(CAUSAL_REASON, ex.origin)
+    rows = amap.attention[:, :, src, :].float().mean(dim=2)  # [layer, head, key]: mean over the source's units
+    return torch.stack([rows[:, :, c].sum(dim=-1) for c in cands], dim=-1)  # [layer, head, candidate]
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Scores of a whole set
+
+
+@dataclass(frozen=True, eq=False)
+class ProbeScores:
+    """Attention to each candidate for a set of examples: `scores[example, layer, head, candidate]`.
+
+    Examples with fewer candidates than the widest are padded with NaN. `layer_ids`/`head_ids` are
+    the model's indices of the layer/head axes; `excluded` counts examples left out, by reason.
+    """
+
+    examples: tuple[RelationExample, ...]
+    scores: torch.Tensor  # [example, layer, head, candidate]
+    model: str = ""
+    level: str = "word"
+    layer_ids: tuple[int, ...] = ()
+    head_ids: tuple[int, ...] = ()
+    excluded: dict = field(default_factory=dict)
+    causal: bool = False  # the maps came from a decoder (the source saw only earlier words)
+
+    def __post_init__(self) -> None:
+        if self.scores.dim() != 4 or self.scores.shape[0] != len(self.examples):
+            raise ValueError(f"scores must be [example, layer, head, candidate] with {len(self.examples)} examples, "
+                             f"got {tuple(self.scores.shape)}")
+        if not self.layer_ids:
+            object.__setattr__(self, "layer_ids", tuple(range(self.scores.shape[1])))
+        if not self.head_ids:
+            object.__setattr__(self, "head_ids", tuple(range(self.scores.shape[2])))
+
+    def __len__(self) -> int:
+        return len(self.examples)
+
+    @property
+    def answers(self) -> torch.Tensor:
+        return torch.tensor([e.answer for e in self.examples], dtype=torch.long)
+
+    @property
+    def n_candidates(self) -> torch.Tensor:
+        return torch.tensor([e.n_candidates for e in self.examples], dtype=torch.long)
+
+    def subset(self, keep: Sequence[bool]) -> "ProbeScores":
+        """The examples where `keep` is true (same model, level, heads; exclusions kept as they were)."""
+        idx = [i for i, k in enumerate(keep) if k]
+        return replace(self, examples=tuple(self.examples[i] for i in idx), scores=self.scores[idx])
+
+
+def concat_scores(parts: Sequence[ProbeScores]) -> ProbeScores:
+    """One `ProbeScores` from several of the same model and heads (exclusion counts added up)."""
+    if not parts:
+        raise ValueError("nothing to concatenate")
+    first = parts[0]
+    for p in parts[1:]:
+        if (p.layer_ids, p.head_ids) != (first.layer_ids, first.head_ids):
+            raise ValueError("scores to concatenate must cover the same layers and heads")
+    width = max(p.scores.shape[-1] for p in parts)
+    padded = [torch.nn.functional.pad(p.scores, (0, width - p.scores.shape[-1]), value=float("nan")) for p in parts]
+    excluded: Counter = Counter()
+    for p in parts:
+        excluded.update(p.excluded)
+    return replace(first, examples=tuple(e for p in parts for e in p.examples), scores=torch.cat(padded),
+                   excluded=dict(excluded))
+
+
+def collect_scores(
+    pairs: Iterable[tuple[RelationExample, AttentionMap]],
+    *,
+    head_word: bool = False,
+    excluded: dict | None = None,
+) -> ProbeScores:
+    """Stack `candidate_attention` over (example, map) pairs; unscorable examples are counted, not fatal."""
+    kept: list[RelationExample] = []
+    rows: list[torch.Tensor] = []
+    counts = Counter(excluded or {})
+    model, level, layer_ids, head_ids, causal = "", "word", (), (), False
+    for ex, amap in pairs:
+        try:
+            rows.append(candidate_attention(amap, ex, head_word=head_word))
+        except Excluded as exc:
+            counts[exc.reason] += 1
+            continue
+        kept.append(ex)
+        model, level = amap.meta.get("model", model), amap.level
+        layer_ids, head_ids, causal = amap.layer_ids, amap.head_ids, amap.causal
+    if not rows:
+        return ProbeScores(examples=(), scores=torch.zeros(0, max(len(layer_ids), 1), max(len(head_ids), 1), 2),
+                           model=model, level=level, excluded=dict(counts))
+    width = max(r.shape[-1] for r in rows)
+    scores = torch.full((len(rows), *rows[0].shape[:2], width), float("nan"))
+    for i, r in enumerate(rows):
+        scores[i, :, :, : r.shape[-1]] = r
+    return ProbeScores(examples=tuple(kept), scores=scores, model=model, level=level, layer_ids=tuple(layer_ids),
+                       head_ids=tuple(head_ids), excluded=dict(counts), causal=causal)
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Picks, correctness and selection ([example, layer, head])
+
+
+def head_picks(scores: torch.Tensor) -> torch.Tensor:
+    """The candidate each head attends to most, `[example, layer, head]`; -1 on an exact tie.
+
+    >>> head_picks(torch.tensor([[[[0.2, 0.7]], [[0.4, 0.4]]]]))
+    tensor([[[ 1],
+             [-1]]])
+    """
+    filled = torch.nan_to_num(scores, nan=-torch.inf)
+    top = filled.topk(2, dim=-1)
+    pick = top.indices[..., 0]
+    return torch.where(top.values[..., 0] > top.values[..., 1], pick, torch.full_like(pick, -1))
+
+
+def head_correct(scores: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
+    """Whether each head picks the answer, bool `[example, layer, head]`."""
+    return head_picks(scores) == answers[:, None, None]
+
+
+def head_rank(n_layers: int, n_heads: int, *, seed: int = 0) -> torch.Tensor:
+    """A fixed random order of the heads, `[layer * n_heads + head]`, that breaks ties in accuracy.
+
+    It depends on the seed only, never on the data, so the permutation tests can re-run the very
+    same selection (a data-driven tie-break such as the attention margin could not be permuted).
+    """
+    return torch.randperm(n_layers * n_heads, generator=torch.Generator().manual_seed(seed)).to(torch.float64)
+
+
+def select_head(correct: torch.Tensor, rank: torch.Tensor | None = None) -> tuple[int, int]:
+    """Axis positions (layer, head) of the most accurate head; ties go to the higher `rank`.
+
+    >>> c = torch.tensor([[[True, False], [True, True]]])      # [example=1, layer=2, head=2]
+    >>> select_head(c, torch.tensor([0.0, 1.0, 3.0, 2.0]))
+    (1, 0)
+    """
+    n_heads = correct.shape[2]
+    flat = correct.flatten(1).to(torch.float64).sum(0)  # [layer * head]
+    rank = torch.zeros_like(flat) if rank is None else torch.as_tensor(rank, dtype=torch.float64)
+    best = int((flat * (flat.numel() + 1) + rank).argmax())
+    return divmod(best, n_heads)
+
+
+def cross_validate(
+    correct: torch.Tensor, folds: Sequence[int], rank: torch.Tensor | None = None
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
+    """Choose a head on all folds but one, score it on that one.
+
+    Returns `(heldout_correct [example], heldout_head [example, 2], choice per fold)`; every
+    example is scored once, by the head chosen without it.
+    """
+    n_heads = correct.shape[2]
+    rank = torch.zeros(correct.shape[1] * n_heads, dtype=torch.float64) if rank is None else rank
+    fold = torch.tensor(list(folds))
+    choices = [divmod(c, n_heads) for c in cv_choices(correct.flatten(1), folds, rank)]
+    out = torch.zeros(correct.shape[0], dtype=torch.bool)
+    which = torch.zeros(correct.shape[0], 2, dtype=torch.long)
+    for f, (li, hi) in zip(sorted(set(fold.tolist())), choices):
+        test = fold == f
+        out[test] = correct[test, li, hi]
+        which[test] = torch.tensor([li, hi])
+    return out, which, choices
+
+
+# --------------------------------------------------------------------------------------------
+# 4. The result
+
+
+@dataclass(frozen=True, eq=False)
+class ProbeResult:
+    """Which head follows a word-to-word relation, with held-out accuracy, baselines and a verdict.
+
+    `heads` has one row per head: `layer, head, accuracy, correct, n, ci_low, ci_high` over all
+    examples (a plain description; the interval does not account for choosing among heads — the
+    held-out numbers do). `examples` is the drill-down for the best head: one row per
+    (example, candidate) with `example, text, source, candidate, attention, chosen, correct`, where
+    `chosen` marks the candidate the head attends to most and `correct` the right answer.
+    """
+
+    model: str
+    task: str
+    level: str
+    n: int
+    heads: pd.DataFrame
+    best_head: tuple[int, int] | None
+    heldout_accuracy: float | None
+    heldout_correct: int
+    heldout_n: int
+    ci95: tuple[float, float] | None
+    baselines: dict
+    p_value: float | None
+    verdict: str
+    examples: pd.DataFrame
+    best_baseline: str = ""
+    beats_baseline: bool = False
+    p_value_max: float | None = None
+    fold_heads: tuple[tuple[int, int], ...] = ()
+    selection: str = ""
+    excluded: dict = field(default_factory=dict)
+    n_permutations: int = 0
+    alpha: float = 0.05
+    notes: tuple[str, ...] = ()
+    data: ProbeScores | None = field(default=None, repr=False)
+
+    def to_frame(self) -> pd.DataFrame:
+        """The per-head table."""
+        return self.heads
+
+    def drill_down(self, layer: int, head: int) -> pd.DataFrame:
+        """Each example with the attention of head (`layer`, `head`) (model indices) to each candidate."""
+        if self.data is None:
+            raise ValueError("this result carries no per-example scores (it was rebuilt from a summary)")
+        return drill_down(self.data, layer, head)
+
+    def to_dict(self) -> dict:
+        """JSON-ready summary (NaN-free except where a value is genuinely missing: None)."""
+        return {
+            "model": self.model,
+            "task": self.task,
+            "level": self.level,
+            "n": self.n,
+            "best_head": None if self.best_head is None else {"layer": self.best_head[0], "head": self.best_head[1]},
+            "heldout_accuracy": self.heldout_accuracy,
+            "heldout_correct": self.heldout_correct,
+            "heldout_n": self.heldout_n,
+            "ci95": None if self.ci95 is None else list(self.ci95),
+            "baselines": dict(self.baselines),
+            "best_baseline": self.best_baseline,
+            "beats_baseline": self.beats_baseline,
+            "p_value": self.p_value,
+            "p_value_max": self.p_value_max,
+            "n_permutations": self.n_permutations,
+            "alpha": self.alpha,
+            "selection": self.selection,
+            "fold_heads": [{"layer": l, "head": h} for l, h in self.fold_heads],
+            "excluded": dict(self.excluded),
+            "notes": list(self.notes),
+            "verdict": self.verdict,
+            "heads": self.heads.to_dict(orient="records"),
+        }
+
+    def plot(self, *, ax=None):
+        """Per-head accuracy grid (see `reports.figures.probe_grid`)."""
+        from reports.figures import probe_grid
+
+        return probe_grid(self, ax=ax)
+
+    def _repr_html_(self) -> str:
+        from html import escape
+
+        top = self.heads.sort_values(["accuracy", "layer", "head"], ascending=[False, True, True]).head(5)
+        base = ", ".join(f"{k} {v:.0%}" for k, v in self.baselines.items())
+        return (
+            f"<div><b>{escape(self.task)}</b> on <code>{escape(self.model)}</code> ({escape(self.level)} level, "
+            f"n = {self.n})<br><i>{escape(self.verdict)}</i><br>baselines: {escape(base)}"
+            f"{top.to_html(index=False, float_format=lambda x: f'{x:.3f}')}</div>"
+        )
+
+
+def drill_down(data: ProbeScores, layer: int, head: int) -> pd.DataFrame:
+    """One row per (example, candidate) for head (`layer`, `head`) in model indices."""
+    try:
+        li, hi = data.layer_ids.index(layer), data.head_ids.index(head)
+    except ValueError:
+        raise ValueError(f"head L{layer}H{head} is not in these scores (layers {list(data.layer_ids)}, "
+                         f"heads {list(data.head_ids)})") from None
+    picks = head_picks(data.scores[:, li : li + 1, hi : hi + 1])[:, 0, 0]
+    rows = []
+    for i, ex in enumerate(data.examples):
+        for j, cand in enumerate(ex.candidates):
+            rows.append({
+                "example": ex.id, "text": ex.text, "source": ex.source, "candidate": cand,
+                "attention": float(data.scores[i, li, hi, j]), "chosen": int(picks[i]) == j, "correct": ex.answer == j,
+            })
+    return pd.DataFrame(rows, columns=["example", "text", "source", "candidate", "attention", "chosen", "correct"])
+
+
+def _head_table(data: ProbeScores, correct: torch.Tensor) -> pd.DataFrame:
+    n = correct.shape[0]
+    hits = correct.sum(0)  # [layer, head]
+    rows = []
+    for li, layer in enumerate(data.layer_ids):
+        for hi, head in enumerate(data.head_ids):
+            k = int(hits[li, hi])
+            lo, up = wilson(k, n) if n else (float("nan"), float("nan"))
+            rows.append({"layer": layer, "head": head, "accuracy": k / n if n else float("nan"), "correct": k, "n": n,
+                         "ci_low": lo, "ci_high": up})
+    return pd.DataFrame(rows, columns=["layer", "head", "accuracy", "correct", "n", "ci_low", "ci_high"])
+
+
+def _baseline_outcomes(examples: Sequence[RelationExample]) -> dict[str, torch.Tensor]:
+    """Per-example outcome of each baseline: 0/1 for nearest and first, the expected 1/k for chance."""
+    ans = torch.tensor([e.answer for e in examples], dtype=torch.long)
+    return {
+        "nearest": (torch.tensor([nearest_choice(e) for e in examples], dtype=torch.long) == ans).float(),
+        "first": (torch.tensor([first_choice(e) for e in examples], dtype=torch.long) == ans).float(),
+        "chance": torch.tensor([1.0 / e.n_candidates for e in examples]),
+    }
+
+
+def _pick_baseline(outcomes: dict[str, torch.Tensor]) -> str:
+    # The strongest comparator on the same examples; on a tie a paired baseline beats chance.
+    return max(outcomes, key=lambda k: (float(outcomes[k].sum()), k != "chance"))
+
+
+def _name(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def _fmt_p(p: float) -> str:
+    return "p < 0.001" if p < 0.001 else f"p = {p:.2g}"
+
+
+@dataclass(frozen=True, eq=False)
+class _Selection:
+    """How the head was chosen and the outcomes it is judged on."""
+
+    eval_data: ProbeScores  # the examples the chosen head is scored on
+    correct: torch.Tensor  # [example, layer, head] on eval_data
+    heldout_correct: torch.Tensor  # [example]: the chosen head's outcome on each eval example
+    heldout_pick: torch.Tensor | None  # [example]: its pick (separate held-out set only)
+    choices: list[tuple[int, int]]  # axis positions chosen (one per fold, or one)
+    folds: list[int] | None  # fold of each example under k-fold
+    description: str
+    usable: bool
+
+
+def _select(data: ProbeScores, heldout: ProbeScores | None, correct: torch.Tensor, rank: torch.Tensor,
+            folds: int, seed: int) -> _Selection:
+    if heldout is not None:
+        if (heldout.layer_ids, heldout.head_ids) != (data.layer_ids, data.head_ids):
+            raise ValueError("the held-out scores must cover the same layers and heads as the selection data")
+        li, hi = select_head(correct, rank) if len(data) else (0, 0)
+        eval_correct = head_correct(heldout.scores, heldout.answers)
+        return _Selection(heldout, eval_correct, eval_correct[:, li, hi], head_picks(heldout.scores)[:, li, hi],
+                          [(li, hi)], None, f"chosen on {len(data)} examples, scored on {len(heldout)} others",
+                          len(data) > 0 and len(heldout) > 0)
+    n_groups = len(set(e.group for e in data.examples))
+    k = min(folds, n_groups)
+    if k < 2:
+        return _Selection(data, correct, torch.zeros(len(data), dtype=torch.bool), None, [], None,
+                          f"no split possible ({n_groups} group(s))", False)
+    fold_of = group_folds([e.group for e in data.examples], k, seed=seed)
+    h_correct, _, choices = cross_validate(correct, fold_of, rank)
+    return _Selection(data, correct, h_correct, None, choices, fold_of, f"{k}-fold by group ({n_groups} groups)", True)
+
+
+def _p_values(sel: _Selection, base: str, baseline: torch.Tensor, rank: torch.Tensor, n_perm: int,
+              seed: int) -> tuple[float, float]:
+    """(`p_value`, `p_value_max`) of the chosen head against baseline `base` (see the module docstring)."""
+    ev = sel.eval_data
+    all_picks = head_picks(ev.scores).flatten(1)  # [example, layer * head]
+    kw = dict(n_perm=n_perm, seed=seed)
+    if base == "chance":
+        p_max = relabel_max_p(all_picks, ev.answers, ev.n_candidates, **kw)
+        if sel.folds is None:
+            return relabel_max_p(sel.heldout_pick[:, None], ev.answers, ev.n_candidates, **kw), p_max
+        return cv_relabel_p(all_picks, ev.answers, ev.n_candidates, sel.folds, rank, **kw), p_max
+    diff = sel.correct.flatten(1).to(torch.float64) - baseline.to(torch.float64)[:, None]
+    p_max = signflip_max_p(diff, **kw)
+    if sel.folds is None:
+        return signflip_max_p(sel.heldout_correct.to(torch.float64) - baseline, **kw), p_max
+    return cv_signflip_p(diff, sel.folds, rank, **kw), p_max
+
+
+def score_probe(
+    data: ProbeScores,
+    *,
+    task: str,
+    heldout: ProbeScores | None = None,
+    folds: int = 5,
+    n_perm: int = 10_000,
+    seed: int = 0,
+    alpha: float = 0.05,
+    min_heldout: int = MIN_HELDOUT,
+    noun: str = "pronouns",
+) -> ProbeResult:
+    """Per-head accuracy, honest selection, baselines, permutation tests and a verdict.
+
+    Selection: without `heldout`, k-fold by group (`folds`, fewer when there are fewer groups);
+    `best_head` is the head chosen on all of `data` and `fold_heads` the choice of each fold. With
+    `heldout`, the head is chosen on all of `data` and scored on `heldout` (same model and heads).
+    Baselines and tests use the held-out examples (under k-fold: all of them). Fewer than
+    `min_heldout` held-out examples: no head is crowned (`best_head` None) and the verdict says so.
+    `seed` fixes the folds, the order that breaks ties between equally accurate heads, and the
+    permutations.
+    """
+    correct = head_correct(data.scores, data.answers)  # [example, layer, head]
+    rank = head_rank(len(data.layer_ids), len(data.head_ids), seed=seed)
+    heads = _head_table(data, correct)
+    sel = _select(data, heldout, correct, rank, folds, seed)
+    ev, n_eval = sel.eval_data, len(sel.eval_data)
+    outcomes = _baseline_outcomes(ev.examples) if n_eval else {}
+    baselines = {k: float(outcomes[k].mean()) if n_eval else float("nan") for k in ("nearest", "first", "chance")}
+    best = None
+    if len(data):
+        li, hi = select_head(correct, rank)
+        best = (data.layer_ids[li], data.head_ids[hi])
+    fold_heads = tuple((data.layer_ids[l], data.head_ids[h]) for l, h in sel.choices)
+    common = dict(model=data.model or ev.model, task=task, level=data.level, n=len(data), heads=heads,
+                  baselines=baselines, selection=sel.description, fold_heads=fold_heads, n_permutations=n_perm,
+                  alpha=alpha, excluded=_merge_excluded(data, heldout), notes=_notes(ev), data=data)
+    drill = drill_down(data, *(best or (data.layer_ids[0], data.head_ids[0])))
+    c = int(sel.heldout_correct.sum())
+
+    if not sel.usable or n_eval < min_heldout:
+        where = f", the best head on all data, {_name(*best)}, gets {int(heads.correct.max())}/{len(data)}" if best else ""
+        verdict = (f"too few examples to crown a head: {n_eval} held-out example(s), at least {min_heldout} needed"
+                   f"{where} — not a claim.")
+        return ProbeResult(best_head=None, heldout_accuracy=None, heldout_correct=c if sel.usable else 0,
+                           heldout_n=n_eval if sel.usable else 0, ci95=None, p_value=None, verdict=verdict,
+                           examples=drill, **common)
+
+    base = _pick_baseline(outcomes)
+    p, p_max = _p_values(sel, base, outcomes[base], rank, n_perm, seed)
+    acc, ci = c / n_eval, wilson(c, n_eval)
+    beats = p < alpha and acc > baselines[base]
+    verdict = _verdict(best, fold_heads, c, n_eval, ci, base, float(outcomes[base].sum()), p, p_max,
+                       len(data.layer_ids) * len(data.head_ids), beats, noun, heldout is not None)
+    return ProbeResult(best_head=best, heldout_accuracy=acc, heldout_correct=c, heldout_n=n_eval, ci95=ci,
+                       p_value=p, p_value_max=p_max, best_baseline=base, beats_baseline=beats, verdict=verdict,
+                       examples=drill, **common)
+
+
+def blind_pairs(data: ProbeScores) -> int:
+    """How many examples a decoder cannot tell from a partner in their group that has another answer.
+
+    With causal attention the source sees only the text up to itself; when two examples of a group
+    share that prefix and the same candidates but differ in their answer (a Winograd pair whose
+    deciding word comes after the pronoun), every head picks the same candidate for both.
+    """
+    if not data.causal:
+        return 0
+    seen: dict[tuple, set[int]] = {}
+    for ex in data.examples:
+        key = (ex.group, ex.text[: ex.source_span[1]], ex.candidate_spans)
+        seen.setdefault(key, set()).add(ex.answer)
+    return sum(len(seen[(e.group, e.text[: e.source_span[1]], e.candidate_spans)]) > 1 for e in data.examples)
+
+
+def _notes(data: ProbeScores) -> tuple[str, ...]:
+    blind = blind_pairs(data)
+    if not blind:
+        return ()
+    return (f"{blind} of {len(data)} examples read the same as a partner with the other answer up to the source: "
+            f"a decoder's attention there cannot separate them, so on those no head can do better than half.",)
+
+
+def _merge_excluded(data: ProbeScores, heldout: ProbeScores | None) -> dict:
+    if heldout is None:
+        return dict(data.excluded)
+    return {**{f"selection: {k}": v for k, v in data.excluded.items()},
+            **{f"held-out: {k}": v for k, v in heldout.excluded.items()}}
+
+
+def _verdict(best, fold_heads, c, n, ci, base, base_correct, p, p_max, n_heads, beats, noun, split) -> str:
+    base_word = _BASELINE_WORDS[base]
+    base_count = f"{base_correct:.0f}/{n}" if base != "chance" else f"{base_correct:.1f}/{n} expected"
+    did = f"resolves {c}/{n} held-out {noun}" if noun == "pronouns" else f"picks the target in {c}/{n} held-out {noun}"
+    stats = f"({c / n:.0%}, 95% CI {ci[0]:.0%}–{ci[1]:.0%})"
+    where = "the held-out set" if split else "all examples"
+    tests = f"{_fmt_p(p)}; max-T over all {n_heads} heads on {where}: {_fmt_p(p_max)}"
+    if split:
+        chosen = f"{_name(*best)} (chosen on the selection set)"
+    else:
+        tally = Counter(fold_heads)
+        if len(tally) == 1 and best in tally:
+            chosen = f"{_name(*best)} (chosen in all {len(fold_heads)} folds)"
+        else:
+            picks = ", ".join(f"{_name(*h)} in {k}" for h, k in tally.most_common())
+            chosen = f"the head chosen on the other folds ({picks} of {len(fold_heads)} folds; {_name(*best)} on all data)"
+    if beats:
+        return f"{chosen} {did} {stats}, above the {base_word} baseline ({base_count}) at {tests}."
+    return (f"no head beats the baselines: {chosen} {did} {stats}; the {base_word} baseline gets {base_count} "
+            f"({tests}).")
