@@ -130,8 +130,16 @@ class Verification:
 
         return pd.DataFrame([asdict(c) for c in self.layers])
 
+    def plot(self, **kwargs):
+        """Max |Δ| per layer against the tolerance: `reports.figures.verification_plot`."""
+        from reports.figures import verification_plot
+
+        return verification_plot(self, **kwargs)
+
     def _repr_html_(self) -> str:
-        return f"<p><b>{self.summary()}</b></p>" + self.to_frame().to_html(index=False)
+        from html import escape
+
+        return f"<p><b>{escape(self.summary())}</b></p>" + self.to_frame().to_html(index=False)
 
 
 @dataclass(frozen=True, eq=False)

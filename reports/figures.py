@@ -1,0 +1,443 @@
+"""Figures of attention, head scores, probes and verification — the same from the CLI and a notebook.
+
+Every function takes plain results (`AttentionMap`, `HeadScores`, `ProbeResult`, `Verification`,
+DataFrames), never a model, and returns a `matplotlib.figure.Figure`. Figures are built with
+`Figure()` rather than pyplot: no global figure registry, no backend choice, nothing shown twice in
+Jupyter, where they display through `_repr_png_` as the very PNG the report writes. Text is drawn
+with fonts that cover CJK, Arabic and emoji (`reports.fonts`).
+
+Head and layer arguments are model indices (`amap.layer_ids` / `amap.head_ids`), so a map that
+kept only some heads is addressed the same way as a full one.
+"""
+
+from __future__ import annotations
+
+import functools
+import io
+import math
+import textwrap
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from .fonts import font_context
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.figure import Figure
+    import pandas as pd
+
+    from probe.types import AttentionMap
+    from probe.verify import Verification
+
+__all__ = [
+    "attention_heatmap",
+    "model_view",
+    "score_grid",
+    "probe_grid",
+    "probe_drilldown",
+    "verification_plot",
+    "best_heads",
+    "display_label",
+    "to_png",
+]
+
+_MASKED = "#eeeeee"  # cells a causal model cannot attend to
+
+
+def display_label(label: str) -> str:
+    """A token as a readable axis label: whitespace made visible, never empty.
+
+    >>> display_label("\\n"), display_label(" "), display_label("Ġthe")
+    ('↵', '␣', 'Ġthe')
+    """
+    shown = label.replace("\n", "↵").replace("\t", "⇥").replace("\r", "")
+    return shown if shown.strip() else "␣"
+
+
+def to_png(fig: Figure, *, dpi: int = 100) -> bytes:
+    """The figure as PNG bytes, drawn under matplotlib's defaults whatever the caller's rcParams.
+
+    Save a figure once: constrained layout refines itself on every draw, so a second save of the
+    same Figure may differ by a pixel (a fresh figure from the same data is identical).
+    """
+    buf = io.BytesIO()
+    with font_context(""):  # some sizes (font.size) are read at draw time
+        # constrained layout already fits the figure; bbox_inches="tight" would draw it twice
+        fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
+    return buf.getvalue()
+
+
+@functools.lru_cache(maxsize=1)
+def _figure_class():
+    from matplotlib.figure import Figure
+
+    class ReportFigure(Figure):
+        """A matplotlib Figure that Jupyter shows as the same PNG the report writes (`to_png`).
+
+        Figures made without pyplot get no display hook from the inline backend; `_repr_png_`
+        gives them one, without touching matplotlib's global state.
+        """
+
+        def _repr_png_(self) -> bytes:
+            return to_png(self)
+
+    return ReportFigure
+
+
+def _new_figure(width: float, height: float, **kwargs) -> Figure:
+    return _figure_class()(figsize=(width, height), **kwargs)
+
+
+def _figure(width: float, height: float, ax: Axes | None) -> tuple[Figure, Axes]:
+    if ax is not None:
+        return ax.figure, ax
+    fig = _new_figure(width, height, layout="constrained")
+    return fig, fig.add_subplot()
+
+
+def _index(ids: Sequence[int], wanted: int, what: str) -> int:
+    try:
+        return list(ids).index(wanted)
+    except ValueError:
+        raise ValueError(f"{what} {wanted} is not in this map; it holds {what}s {list(ids)}") from None
+
+
+def _upright(label: str) -> bool:
+    """Whether a column label reads better upright: one character, or two wide (CJK) ones.
+
+    >>> _upright("我爱"), _upright("."), _upright("it")
+    (True, True, False)
+    """
+    import unicodedata
+
+    return len(label) == 1 or (len(label) == 2 and all(unicodedata.east_asian_width(c) in "WF" for c in label))
+
+
+def _label_size(n: int) -> float:
+    """Font size (points) that keeps n labels legible at the cell size `_cell` gives."""
+    return 10.0 if n <= 24 else max(6.0, 10.0 - (n - 24) / 10)
+
+
+def _cell(n: int) -> float:
+    """Inches per heatmap cell: roomy for short texts, tighter (never cramped) for long ones."""
+    return 0.34 if n <= 24 else max(0.2, 0.34 - (n - 24) * 0.004)
+
+
+# ---------------------------------------------------------------- attention of one head
+
+
+def attention_heatmap(
+    amap: AttentionMap,
+    layer: int,
+    head: int,
+    *,
+    ax: Axes | None = None,
+    title: str | None = None,
+    cmap: str = "Blues",
+) -> Figure:
+    """Attention of one head: rows = query units, columns = key units, a label on every row and column.
+
+    Causal models leave the upper triangle unseen: it is drawn in grey, not as zero attention.
+
+    >>> import torch
+    >>> from probe.types import AttentionMap
+    >>> a = torch.tensor([[[[0.9, 0.1], [0.3, 0.7]]]])          # [layer, head, query, key]
+    >>> m = AttentionMap(text="我爱", level="word", labels=("我", "爱"), spans=((0, 1), (1, 2)),
+    ...                  special=(False, False), attention=a, causal=False)
+    >>> fig = attention_heatmap(m, 0, 0)
+    >>> [t.get_text() for t in fig.axes[0].get_xticklabels()]
+    ['我', '爱']
+    """
+    import seaborn as sns
+
+    li, hi = _index(amap.layer_ids, layer, "layer"), _index(amap.head_ids, head, "head")
+    weights = amap.attention[li, hi].detach().float().cpu().numpy()  # [query, key]
+    n = len(amap)
+    labels = [display_label(t) for t in amap.labels]
+    mask = np.triu(np.ones((n, n), dtype=bool), k=1) if amap.causal else None
+    side = n * _cell(n)
+    with font_context("".join(labels) + str(title or "") + str(amap.meta.get("model", ""))):
+        fig, ax = _figure(side + 2.4, side + 1.4, ax)
+        ax.set_facecolor(_MASKED)
+        sns.heatmap(weights, ax=ax, mask=mask, vmin=0.0, vmax=1.0, cmap=cmap, square=True,
+                    xticklabels=labels, yticklabels=labels, linewidths=0.0,
+                    cbar_kws={"label": "attention weight", "shrink": 0.6 if n > 12 else 0.9})
+        size = _label_size(n)
+        ax.tick_params(axis="x", labelsize=size, length=0)
+        for tick in ax.get_xticklabels():  # one character (or two CJK ones) upright, the rest vertical
+            tick.set_rotation(0 if _upright(tick.get_text()) else 90)
+        ax.tick_params(axis="y", labelrotation=0, labelsize=size, length=0)
+        ax.set_xlabel("key (attended to)")
+        ax.set_ylabel("query (attending)")
+        model = amap.meta.get("model", "")
+        ax.set_title(title or f"{model + ' · ' if model else ''}layer {layer} head {head} · {amap.level} level",
+                     fontsize=11)
+    return fig
+
+
+def model_view(amap: AttentionMap, *, cmap: str = "viridis", max_width: float = 16.0) -> Figure:
+    """Small multiples: every head of every layer for one text (rows = layers, columns = heads).
+
+    Drawn as one image (one tile per head), so 30 × 9 heads cost the same as 6 × 12. The colour
+    scale is square-root so weak but structured patterns stay visible.
+    """
+    from matplotlib.colors import PowerNorm
+
+    att = amap.attention.detach().float().cpu().numpy()  # [layer, head, query, key]
+    n_l, n_h, n, _ = att.shape
+    gap = max(1, n // 8)
+    tile = n + gap
+    mosaic = np.full((n_l * tile - gap, n_h * tile - gap), np.nan)
+    for i in range(n_l):
+        for j in range(n_h):
+            block = att[i, j].copy()
+            if amap.causal:
+                block[np.triu_indices(n, k=1)] = np.nan
+            mosaic[i * tile : i * tile + n, j * tile : j * tile + n] = block
+    width = min(max_width, 1.0 + 0.9 * n_h)
+    height = width * (n_l / n_h) * 0.98 + 0.9
+    with font_context(amap.text + str(amap.meta.get("model", ""))):
+        fig, ax = _figure(width + 1.0, height, None)
+        ax.set_facecolor("white")
+        img = ax.imshow(mosaic, cmap=cmap, norm=PowerNorm(0.5, vmin=0, vmax=1), interpolation="nearest")
+        ax.set_xticks([j * tile + n / 2 - 0.5 for j in range(n_h)], [str(h) for h in amap.head_ids], fontsize=8)
+        ax.set_yticks([i * tile + n / 2 - 0.5 for i in range(n_l)], [str(l) for l in amap.layer_ids], fontsize=8)
+        ax.tick_params(length=0, labeltop=True, labelbottom=False)
+        ax.set_xlabel("head")
+        ax.set_ylabel("layer")
+        for side in ax.spines.values():
+            side.set_visible(False)
+        fig.colorbar(img, ax=ax, shrink=min(0.6, 4.0 / height), label="attention weight (√ scale)")
+        text = amap.text if len(amap.text) <= 70 else amap.text[:67] + "…"
+        model = amap.meta.get("model", "")
+        ax.set_title(f"{model + ': ' if model else ''}every head on “{text}” ({amap.level} level)", fontsize=10)
+    return fig
+
+
+# ---------------------------------------------------------------- layer x head grids
+
+
+def _grid_heatmap(ax: Axes, grid: pd.DataFrame, *, vmin: float, vmax: float, cmap: str, center: float | None,
+                  fmt: str, label: str) -> None:
+    """One cell per (layer, head), numbers in the cells while they stay legible; NaN cells grey.
+
+    Plain `imshow` with fixed margins rather than seaborn + constrained layout: a report draws a
+    dozen of these per model, and this is about twice as fast.
+    """
+    import matplotlib as mpl
+    import seaborn  # noqa: F401  (registers the rocket / mako / vlag colour maps)
+    from matplotlib.colors import Normalize, TwoSlopeNorm
+
+    values = grid.to_numpy(dtype=float)
+    n_l, n_h = values.shape
+    colours = mpl.colormaps[cmap].with_extremes(bad=_MASKED)
+    norm = (TwoSlopeNorm(center, vmin, vmax) if center is not None and vmin < center < vmax
+            else Normalize(vmin, vmax if vmax > vmin else vmin + 1))
+    img = ax.imshow(np.ma.masked_invalid(values), cmap=colours, norm=norm, aspect="auto", interpolation="nearest")
+    if values.size <= 150:
+        size = 7 if n_h <= 12 else 6
+        for (i, j), v in np.ndenumerate(values):
+            if math.isfinite(v):
+                r, g, b, _ = colours(norm(v))
+                ink = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
+                ax.text(j, i, format(v, fmt), ha="center", va="center", fontsize=size, color=ink)
+    ax.set_xticks(range(n_h), [str(h) for h in grid.columns])
+    ax.set_yticks(range(n_l), [str(l) for l in grid.index])
+    ax.set_xticks(np.arange(n_h + 1) - 0.5, minor=True)
+    ax.set_yticks(np.arange(n_l + 1) - 0.5, minor=True)
+    ax.grid(which="minor", color="white", linewidth=0.8)
+    ax.tick_params(which="both", length=0)
+    for side in ax.spines.values():
+        side.set_visible(False)
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    ax.figure.colorbar(img, ax=ax, shrink=0.8 if n_l <= 12 else 0.4, label=label, pad=0.02)
+
+
+def _outline(ax: Axes, grid: pd.DataFrame, cells: Sequence[tuple[int, int]], colour: str = "#d62728") -> None:
+    """Box the (layer, head) cells, the grid's index/columns being model indices."""
+    from matplotlib.patches import Rectangle
+
+    rows, cols = list(grid.index), list(grid.columns)
+    for rank, (layer, head) in enumerate(cells):
+        if layer in rows and head in cols:
+            r, c = rows.index(layer), cols.index(head)
+            ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor=colour,
+                                   lw=2.6 if rank == 0 else 1.6, clip_on=False, zorder=4))  # above the grid lines
+
+
+def _grid_size(grid: pd.DataFrame) -> tuple[float, float]:
+    n_l, n_h = grid.shape
+    return min(14.0, 2.2 + 0.62 * n_h), min(16.0, 1.6 + (0.42 if n_l <= 12 else 0.3) * n_l)
+
+
+def _grid_figure(grid: pd.DataFrame, ax: Axes | None) -> tuple[Figure, Axes]:
+    """A figure for a grid with fixed margins (inches), unless the caller gave the axes."""
+    if ax is not None:
+        return ax.figure, ax
+    w, h = _grid_size(grid)
+    fig = _new_figure(w, h)
+    fig.subplots_adjust(left=0.75 / w, right=1 - 0.1 / w, bottom=0.55 / h, top=1 - 0.62 / h)
+    return fig, fig.add_subplot()
+
+
+def best_heads(scores: Any, metric: str, k: int = 3) -> list[tuple[int, int, float]]:
+    """The k most notable heads of `metric` as (layer, head, value), best first.
+
+    Uses `scores.top` (the analyses decide what "best" means); NaN cells never rank.
+    """
+    top = scores.top(metric, k=k)
+    if top is None or len(top) == 0:
+        return []
+    return [(int(r.layer), int(r.head), float(r.value)) for r in top.itertuples() if not math.isnan(float(r.value))]
+
+
+def score_grid(scores: Any, metric: str, *, ax: Axes | None = None, k: int = 3) -> Figure:
+    """Layer × head grid of one head score (`HeadScores.grid(metric)`), the k top heads boxed.
+
+    Cells where the metric does not apply (NaN, e.g. next_token for a decoder) stay grey.
+    """
+    grid = scores.grid(metric)
+    values = grid.to_numpy(dtype=float)
+    finite = values[np.isfinite(values)]
+    if metric == "entropy":
+        vmax, cmap, label = (float(finite.max()) if finite.size else 1.0), "mako_r", "entropy (nats)"
+    else:
+        vmax, cmap, label = 1.0, "rocket_r", metric.replace("_", " ")
+    best = best_heads(scores, metric, k)
+    with font_context(f"{scores.model}{metric}"):
+        fig, ax = _grid_figure(grid, ax)
+        _grid_heatmap(ax, grid, vmin=0.0, vmax=vmax, cmap=cmap, center=None, fmt=".2f", label=label)
+        _outline(ax, grid, [(l, h) for l, h, _ in best])
+        head = f"{scores.model} · {metric.replace('_', ' ')} ({scores.level} level)"
+        if not finite.size:
+            sub = "not applicable to this model"
+        else:
+            sub = "top: " + ", ".join(f"L{l}H{h} {v:.2f}" for l, h, v in best)
+        ax.set_title(f"{head}\n{sub}", fontsize=10)
+    return fig
+
+
+def probe_grid(result: Any, *, ax: Axes | None = None) -> Figure:
+    """Per-head accuracy of a probe (`ProbeResult.heads`) as a layer × head grid, best head boxed.
+
+    The colour scale is centred on the chance baseline: blue above chance, red below.
+    """
+    heads = result.heads
+    grid = heads.pivot(index="layer", columns="head", values="accuracy").sort_index().sort_index(axis=1)
+    chance = result.baselines.get("chance") if result.baselines else None
+    with font_context(f"{result.model}{result.task}{result.verdict}"):
+        fig, ax = _grid_figure(grid, ax)
+        _grid_heatmap(ax, grid, vmin=0.0, vmax=1.0, cmap="vlag_r", center=chance, fmt=".2f",
+                      label="accuracy (all examples)")
+        if result.best_head is not None:
+            _outline(ax, grid, [tuple(result.best_head)], colour="black")
+        ax.set_title(f"{result.model} · {result.task} (n={result.n})\n{_probe_headline(result)}", fontsize=10)
+    return fig
+
+
+def _probe_headline(result: Any) -> str:
+    if result.best_head is None or result.heldout_accuracy is None:
+        return result.verdict
+    layer, head = result.best_head
+    ci = f" [{result.ci95[0]:.0%}–{result.ci95[1]:.0%}]" if result.ci95 else ""
+    base = ", ".join(f"{k} {v:.0%}" for k, v in (result.baselines or {}).items()
+                     if v is not None and math.isfinite(v))
+    return (f"selected L{layer}H{head} · held-out accuracy {result.heldout_accuracy:.0%}{ci}, "
+            f"n={result.heldout_n} · baselines: {base}")
+
+
+def probe_drilldown(result: Any, *, max_examples: int = 12, ax: Axes | None = None) -> Figure:
+    """The selected head, example by example: its attention from the source word to each candidate.
+
+    One group of bars per example (`ProbeResult.examples`: `chosen` = the candidate the head
+    attends to most, `correct` = the right answer), headed by the sentence. The chosen bar is dark
+    blue when it is the answer and red when it is not; the answer's label is marked ✓. One axis,
+    one scale for every example.
+    """
+    ex = result.examples
+    ids = _drilldown_examples(ex, max_examples)
+    shown = ex[ex["example"].isin(ids)]
+    chars = "".join(map(str, shown[["text", "source", "candidate"]].to_numpy().ravel()))
+    with font_context(chars + f"✓{result.model}{result.task}"):
+        fig, ax = _figure(9.0, 0.9 + 0.21 * (len(shown) + 1.6 * len(ids)), ax)
+        if not ids:
+            ax.text(0.5, 0.5, "no examples", ha="center", va="center")
+            ax.set_axis_off()
+            return fig
+        y, ticks, names, right = 0.0, [], [], 0
+        for eid in ids:
+            rows = shown[shown["example"] == eid]
+            first = rows.iloc[0]
+            text = str(first["text"])
+            text = text if len(text) <= 100 else text[:97] + "…"
+            ax.text(0, y - 0.15, f"“{text}” — from “{first['source']}”", fontsize=8, va="bottom", ha="left",
+                    transform=ax.get_yaxis_transform())
+            y += 0.45
+            for r in rows.itertuples():
+                colour = ("#1f4e9c" if r.correct else "#d62728") if r.chosen else "#c9d6e8"
+                ax.barh(y, float(r.attention) if r.attention == r.attention else 0.0, color=colour, height=0.72)
+                ticks.append(y)
+                names.append(display_label(str(r.candidate)) + (" ✓" if r.correct else ""))
+                right += bool(r.chosen and r.correct)
+                y += 1.0
+            y += 0.9
+        ax.set_yticks(ticks, names, fontsize=8)
+        ax.set_ylim(y - 0.6, -0.9)
+        top = float(np.nanmax(shown["attention"].astype(float).to_numpy(), initial=0.0))
+        ax.set_xlim(0, max(top * 1.1, 1e-6))
+        ax.set_xlabel("attention from the source word to the candidate", fontsize=8)
+        ax.tick_params(axis="x", labelsize=7)
+        ax.grid(axis="x", color="#eeeeee")
+        ax.set_axisbelow(True)
+        layer_head = f"L{result.best_head[0]}H{result.best_head[1]}" if result.best_head else "no head selected"
+        total = ex["example"].nunique()
+        ax.set_title(f"{result.model} · {result.task} · head {layer_head}\n{len(ids)} of {total} examples "
+                     f"(wrong ones first): the answer gets the most attention in {right}", fontsize=10)
+    return fig
+
+
+def _drilldown_examples(ex: pd.DataFrame, k: int) -> list:
+    """Up to k example ids: the head's mistakes first (up to half), then the rest, in data order."""
+    ok = ex.groupby("example", sort=False).apply(lambda g: bool((g["chosen"] & g["correct"]).any()),
+                                                 include_groups=False)
+    wrong = [e for e, good in ok.items() if not good][: k // 2]
+    rest = [e for e in ok.index if e not in set(wrong)]
+    return (wrong + rest)[:k]
+
+
+# ---------------------------------------------------------------- verification
+
+
+def verification_plot(verification: Verification, *, ax: Axes | None = None) -> Figure:
+    """Max |Δ| per layer between the model's attention and ours (log scale), tolerance drawn."""
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    frame = verification.to_frame()
+    floor = 1e-12  # an exact match (Δ = 0) still gets a visible bar on a log axis
+    with font_context(verification.summary() + verification.model):
+        fig, ax = _figure(min(12.0, 4.5 + 0.25 * len(frame)), 3.4, ax)
+        x = frame["layer"].to_numpy()
+        colours = ["#2ca02c" if p else "#d62728" for p in frame["passed"]]
+        ax.bar(x, np.maximum(frame["max_abs_err"].to_numpy(dtype=float), floor), color=colours, width=0.7,
+               label="attention probabilities: max |Δ|")
+        ax.plot(x, np.maximum(frame["max_rel_err_output"].to_numpy(dtype=float), floor), "o-", color="#555555",
+                ms=3, lw=1, label="block output: max |Δ| / max |ref|")
+        ax.axhline(verification.tolerance, color="#d62728", ls="--", lw=1,
+                   label=f"tolerance {verification.tolerance:g}")
+        ax.set_yscale("log")
+        # Plain "1e-05" tick labels: mathtext ones would print as "$\mathdefault{...}$" with parse_math off.
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:.0e}"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+        worst = float(np.nanmax(frame[["max_abs_err", "max_rel_err_output"]].to_numpy(dtype=float), initial=floor))
+        lowest = float(np.nanmin(frame[["max_abs_err", "max_rel_err_output"]].to_numpy(dtype=float), initial=1.0))
+        ax.set_ylim(max(floor, lowest) / 5, max(worst, verification.tolerance) * 300)  # room for the legend
+        ax.set_xlabel("layer")
+        ax.set_ylabel("error")
+        ax.set_xticks(x if len(x) <= 32 else x[::2])
+        ax.legend(fontsize=7, loc="upper left", framealpha=0.9)
+        width = fig.get_figwidth()
+        ax.set_title(textwrap.fill(verification.summary(), int(width * 12)), fontsize=9,
+                     color="black" if verification.passed else "#d62728")
+    return fig
