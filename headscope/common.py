@@ -54,3 +54,36 @@ def _clean(obj: Any) -> Any:
 
 def echo_json(obj: Any) -> None:
     click.echo(json.dumps(_clean(obj), indent=2, ensure_ascii=False))
+
+
+def verify_step(lm, *, enabled: bool = True) -> dict:
+    """Verify `lm`'s attention before an analysis, so every result says what it stands on.
+
+    Returns {"summary", "passed", "max_abs_err"} for the output. A mismatch is reported on stderr
+    and makes the command exit 1 after its output (`finish`); an architecture without an
+    adapter is stated, not hidden.
+    """
+    from probe.adapters import UnsupportedArchitecture, UnsupportedFeature
+    from probe.verify import verify
+
+    if not enabled:
+        return {"summary": "attention not verified (--no-verify)", "passed": None, "max_abs_err": None}
+    try:
+        v = verify(lm)
+    except (UnsupportedArchitecture, UnsupportedFeature) as exc:
+        return {"summary": f"attention not verified: {exc}", "passed": None, "max_abs_err": None}
+    if not v.passed:
+        click.echo(f"headscope: {v.summary()} — run `headscope verify --model {lm.name}` for the per-layer table",
+                   err=True)
+    return {"summary": v.summary(), "passed": v.passed, "max_abs_err": v.max_abs_err}
+
+
+def finish(verification: dict) -> None:
+    """Exit 1 when the attention behind the output failed verification (the output is still printed)."""
+    if verification.get("passed") is False:
+        sys.exit(1)
+
+
+def verify_option(fn):
+    return click.option("--no-verify", is_flag=True,
+                        help="Skip recomputing the attention from scratch before the analysis.")(fn)

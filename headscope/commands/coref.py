@@ -14,7 +14,7 @@ from typing import Sequence
 
 import click
 
-from ..common import echo_json, fail, load_or_fail, model_options
+from ..common import echo_json, fail, finish, load_or_fail, model_options, verify_option, verify_step
 
 __all__ = ["cli", "run_probe", "extract_scores", "run_command", "probe_options", "TOO_LONG"]
 
@@ -113,7 +113,7 @@ def run_probe(lm, examples: Sequence, *, task: str, level: str = "word", head_wo
 
 def probe_options(fn):
     """The options `coref` and `probe` share (after `--data`, before `--device`/`--dtype`)."""
-    fn = model_options(fn)
+    fn = verify_option(model_options(fn))
     for opt in reversed([
         click.option("--model", "model_name", default="minilm", show_default=True, help="Packaged name, folder or hub id."),
         click.option("--heldout", "heldout_path", default=None,
@@ -173,7 +173,7 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, model_
                 heldout_path: str | None, level: str, head_word: bool, folds: int, n_perm: int, seed: int,
                 limit: int | None, batch_size: int, show_head: str | None, out_path: Path | None, as_json: bool,
                 device: str, dtype: str, ablate: bool = False, n_random: int = 19,
-                template: str | None = None) -> None:
+                template: str | None = None, verify: bool = True) -> None:
     """What `headscope coref` and `headscope probe` do, given their built-in default sets.
 
     `template` is the continuation prompt of the causal check (`--ablate`).
@@ -194,6 +194,7 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, model_
     if held is not None and len(sets) != 1:
         fail("--heldout needs a single --data file to choose the head on")
     lm = load_or_fail(model_name, device, dtype)
+    verification = verify_step(lm, enabled=verify)
     progress = not as_json and sys.stderr.isatty()
     try:
         kw = dict(folds=folds, n_perm=n_perm, seed=seed, noun=noun)
@@ -213,7 +214,8 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, model_
         causal = _causal(lm, main, n_random, seed, batch_size, template) if ablate else None
     except (ValueError, RuntimeError) as exc:
         fail(f"{model_name}: {exc}")
-    _emit(main, parts, head, out_path, as_json, causal)
+    _emit(main, parts, head, out_path, as_json, causal, verification)
+    finish(verification)
 
 
 def _causal(lm, result, n_random: int, seed: int, batch_size: int, template: str) -> dict:
@@ -232,7 +234,7 @@ def _causal(lm, result, n_random: int, seed: int, batch_size: int, template: str
     return {**check.to_dict(), "prompt_template": template, "task": result.task}
 
 
-def _emit(main, parts, head, out_path, as_json, causal=None) -> None:
+def _emit(main, parts, head, out_path, as_json, causal=None, verification=None) -> None:
     import pandas as pd
 
     results = [main, *parts]
@@ -258,8 +260,12 @@ def _emit(main, parts, head, out_path, as_json, causal=None) -> None:
             obj["drill_down"] = {"layer": head[0], "head": head[1], "examples": drill.to_dict(orient="records")}
         if causal is not None:
             obj["causal"] = causal
+        if verification is not None:
+            obj["verification"] = verification
         echo_json(obj)
         return
+    if verification is not None:
+        click.echo(verification["summary"])
     for r in parts + [main]:
         _print_result(r)
     if drill is not None:
@@ -299,10 +305,10 @@ def _print_drill(drill, head) -> None:
                    "Default: both built-in sets, each scored and also together.")
 @probe_options
 def cli(data_spec, model_name, heldout_path, level, head_word, folds, n_perm, seed, limit, batch_size, show_head,
-        out_path, ablate, n_random, as_json, device, dtype) -> None:
+        out_path, ablate, n_random, as_json, device, dtype, no_verify) -> None:
     """Which head lets a pronoun attend to the word it refers to — held-out accuracy, baselines, p-value."""
     run_command(builtin=("agreement", "winograd"), combined_task="coref-builtin", noun="pronouns",
                 model_name=model_name, data_spec=data_spec, heldout_path=heldout_path, level=level,
                 head_word=head_word, folds=folds, n_perm=n_perm, seed=seed, limit=limit, batch_size=batch_size,
                 show_head=show_head, out_path=out_path, as_json=as_json, device=device, dtype=dtype,
-                ablate=ablate, n_random=n_random)
+                ablate=ablate, n_random=n_random, verify=not no_verify)

@@ -13,7 +13,7 @@ from typing import Iterable, Literal, Mapping
 
 import click
 
-from ..common import echo_json, fail, load_or_fail, model_options
+from ..common import echo_json, fail, finish, load_or_fail, model_options, verify_option, verify_step
 
 __all__ = ["cli", "run_heads", "induction_inputs"]
 
@@ -122,9 +122,10 @@ def induction_inputs(lm, *, n_sequences: int = 20, length: int = 50, seed: int =
 @click.option("--no-progress", is_flag=True, help="No progress bar on stderr.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print one JSON object (settings, top heads, roles); the full table goes to --out.")
+@verify_option
 @model_options
 def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, induction_seqs, induction_length,
-        seed, out_path, truncate, no_progress, as_json, device, dtype) -> None:
+        seed, out_path, truncate, no_progress, as_json, device, dtype, no_verify) -> None:
     """Score every head over a corpus: previous/next token, self, sinks, punctuation, entropy, induction."""
     from itertools import islice
 
@@ -147,6 +148,7 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
     if limit:
         texts, total = islice(texts, limit), min(total, limit)
     lm = load_or_fail(model_name, device, dtype)
+    verification = verify_step(lm, enabled=not no_verify)
     try:
         scores = run_heads(lm, texts, level=level, include_special=include_special, batch_size=batch_size,
                            induction_sequences=induction_seqs, induction_length=induction_length, seed=seed,
@@ -159,9 +161,11 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
         except (OSError, ImportError) as exc:
             fail(f"could not write {out_path}: {exc}")
     if as_json:
-        echo_json(scores.to_dict(k=k, table=False) | {"out": out_path})
-        return
-    _print(scores, k, source, out_path)
+        echo_json(scores.to_dict(k=k, table=False) | {"out": out_path, "verification": verification})
+    else:
+        click.echo(verification["summary"])
+        _print(scores, k, source, out_path)
+    finish(verification)
 
 
 def _print(scores, k: int, source: str, out_path: str | None) -> None:
