@@ -1,0 +1,180 @@
+"""Items 1-3 of issue #7: head analyses vs the bare forward passes, vs the naive peer loop, and
+verification vs the plain forward pass. All in this process, same inputs, interleaved repeats.
+
+- `heads_vs_bare`: `headscope.commands.heads.run_heads` (what `headscope heads` and the notebook API
+  run: texts stream through `probe.iter_extract` into `analyses.heads.HeadScoreAccumulator`, plus the
+  repeated random sequences for decoders) against a loop of `base(input_ids, attention_mask,
+  output_attentions=True)` over the very same padded batches, tokenised beforehand. The bare loop
+  gets no tokenisation, no LM head and no scoring, so the ratio is everything ours adds.
+- `heads_vs_naive`: the way peer scripts do it — one text at a time through the model, every full
+  attention tensor kept in a list, the same scores computed afterwards.
+- `verify_vs_forward`: `probe.verify.verify` (a hooked forward pass plus the from-scratch
+  recomputation of every layer) against the plain forward pass over the same batches.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from common import MB, Row, interleaved, judge, median
+
+__all__ = ["same_batches", "bare_loop", "heads_vs_bare", "naive_scores", "heads_vs_naive", "verify_vs_forward"]
+
+HEADS_TARGET, HEADS_WIDE = 1.25, 1.6  # item 1: <= 1.25x; the run fails beyond 1.6x
+VERIFY_TARGET, VERIFY_WIDE = 1.0, 1.5  # item 3: <= 1.0x extra; fails beyond 1.5x extra
+
+
+def same_batches(lm, texts: Sequence[str], *, batch_size: int, window: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """The (input_ids, attention_mask) batches `probe.iter_extract` builds for `texts`: windows of
+    `batch_size * window` texts, each sorted by token count, cut into batches, right-padded."""
+    from probe.extract import encode, pad_batch
+
+    batches = []
+    step = batch_size * window
+    for w in range(0, len(texts), step):
+        encoded = [encode(lm, t) for t in texts[w : w + step]]
+        encoded.sort(key=lambda e: len(e.ids))  # stable, as iter_extract's sorted(range(n), key=len)
+        batches += [pad_batch(encoded[s : s + batch_size], lm.device) for s in range(0, len(encoded), batch_size)]
+    return batches
+
+
+def id_batches(lm, sequences: Sequence[Sequence[int]], *, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Padded batches of raw token-id sequences, as `probe.extract_ids` runs them (input order)."""
+    from probe.extract import Encoded, pad_batch
+
+    encoded = [Encoded(text="", ids=tuple(s), spans=((0, 0),) * len(s), special=(False,) * len(s)) for s in sequences]
+    return [pad_batch(encoded[s : s + batch_size], lm.device) for s in range(0, len(encoded), batch_size)]
+
+
+@torch.inference_mode()
+def bare_loop(lm, batches, *, output_attentions: bool = True) -> None:
+    """Only the forward passes: the model's base over each prepared batch."""
+    from probe.extract import base_model
+
+    base = base_model(lm)
+    for ids, mask in batches:
+        base(input_ids=ids, attention_mask=mask, output_attentions=output_attentions, use_cache=False)
+
+
+def heads_vs_bare(lm, texts: Sequence[str], *, batch_size: int = 8, window: int = 4, induction_sequences: int = 20,
+                  induction_length: int = 50, repeats: int = 5) -> Row:
+    """Item 1: `run_heads` over `texts` (+ induction sequences for decoders) / the bare forward loop."""
+    from headscope.commands.heads import induction_inputs, run_heads
+
+    n_ind = induction_sequences if lm.is_causal else 0
+    batches = same_batches(lm, texts, batch_size=batch_size, window=window)
+    if n_ind:
+        sequences, _ = induction_inputs(lm, n_sequences=n_ind, length=induction_length)
+        batches += id_batches(lm, sequences, batch_size=batch_size)
+    times = interleaved({
+        "ours": lambda: run_heads(lm, texts, batch_size=batch_size, window=window, induction_sequences=n_ind,
+                                  induction_length=induction_length),
+        "bare": lambda: bare_loop(lm, batches),
+    }, repeats)
+    ours, bare = median(times["ours"]), median(times["bare"])
+    ratio = ours / bare
+    met, wide = judge(ratio, HEADS_TARGET, HEADS_WIDE)
+    tokens = sum(int(m.sum()) for _, m in batches)
+    setting = (f"{len(texts)} texts{f' + {n_ind} induction seqs of 2x{induction_length}' if n_ind else ''}, "
+               f"batch {batch_size}, window {window}, {tokens} tokens, median of {repeats}")
+    return Row("1", "head analyses / bare forward loop", lm.name, setting, ratio, "x", f"<= {HEADS_TARGET}x", met, wide,
+               f"ours {ours:.2f} s, bare model(**batch, output_attentions=True) {bare:.2f} s",
+               data={"seconds_ours": times["ours"], "seconds_bare": times["bare"], "tokens": tokens})
+
+
+def _naive_map(lm, text: str, enc, attention: torch.Tensor):
+    """An `AttentionMap` from what the naive loop kept (the same labels and words as `probe.extract`)."""
+    from probe.types import AttentionMap
+    from probe.words import assign_words
+
+    ids = enc["input_ids"][0].tolist()
+    special = tuple(bool(s) for s in enc["special_tokens_mask"][0].tolist())
+    spans = tuple((0, 0) if s else (int(a), int(b)) for (a, b), s in zip(enc["offset_mapping"][0].tolist(), special))
+    word_index, word_spans, _ = assign_words(text, spans, special)
+    raw = lm.tokenizer.convert_ids_to_tokens(ids)
+    labels = tuple(r if sp or not text[a:b].strip() else text[a:b].strip() for r, (a, b), sp in zip(raw, spans, special))
+    return AttentionMap(text=text, level="token", labels=labels, spans=spans, special=special, attention=attention,
+                        causal=lm.is_causal, word_index=tuple(word_index), word_spans=tuple(word_spans),
+                        token_ids=tuple(ids), meta={"model": lm.name})
+
+
+def naive_scores(lm, texts: Sequence[str]):
+    """The peer way: one text at a time, `torch.stack(out.attentions)` of each kept in a list, the
+    scores (the same `HeadScoreAccumulator`, default settings) computed afterwards.
+
+    Returns (HeadScores, bytes of attention kept at once).
+    """
+    from analyses.heads import HeadScoreAccumulator
+    from probe.extract import base_model
+
+    base, tok = base_model(lm), lm.tokenizer
+    kept = []
+    with torch.inference_mode():
+        for text in texts:
+            enc = tok(text, return_tensors="pt", return_offsets_mapping=True, return_special_tokens_mask=True)
+            out = base(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], output_attentions=True,
+                       use_cache=False)
+            kept.append((text, enc, torch.stack(out.attentions)[:, 0]))  # [layer, head, query, key]
+    acc = HeadScoreAccumulator(model=lm.name)
+    for text, enc, att in kept:
+        acc.update(_naive_map(lm, text, enc, att))
+    return acc.result(), sum(a.numel() * a.element_size() for _, _, a in kept)
+
+
+def heads_vs_naive(lm, texts: Sequence[str], *, batch_size: int = 8, window: int = 4, repeats: int = 3) -> Row:
+    """Item 2: speed-up of `run_heads` (corpus part) over the naive loop; the scores must agree."""
+    from headscope.commands.heads import run_heads
+
+    results: dict = {}
+
+    def ours():
+        results["ours"] = run_heads(lm, texts, batch_size=batch_size, window=window, induction_sequences=0)
+
+    def naive():
+        results["naive"], results["kept"] = naive_scores(lm, texts)
+
+    times = interleaved({"ours": ours, "naive": naive}, repeats)
+    t_ours, t_naive = median(times["ours"]), median(times["naive"])
+    a, b = results["ours"].table["value"].to_numpy(), results["naive"].table["value"].to_numpy()
+    both = ~(_isnan(a) | _isnan(b))
+    agree = float(abs(a[both] - b[both]).max()) if both.any() else math.nan
+    setting = f"{len(texts)} texts, ours batch {batch_size}; naive batch 1, all attention kept; median of {repeats}"
+    return Row("2", "naive per-text loop / head analyses (speed-up)", lm.name, setting, t_naive / t_ours, "x",
+               detail=(f"naive {t_naive:.2f} s, ours {t_ours:.2f} s; naive kept {results['kept'] / MB:.0f} MB of attention "
+                       f"at once, ours one window; scores agree to max|Δ| {agree:.1e}"),
+               data={"seconds_ours": times["ours"], "seconds_naive": times["naive"], "kept_bytes": results["kept"],
+                     "max_abs_diff_scores": agree})
+
+
+def _isnan(x):
+    import numpy as np
+
+    return np.isnan(x.astype(float))
+
+
+def verify_vs_forward(lm, texts: Sequence[str], *, batch_size: int = 8, repeats: int = 3) -> Row:
+    """Item 3: extra time of `probe.verify.verify` over the plain forward pass of the same batches."""
+    from probe.extract import encode, pad_batch
+    from probe.verify import verify
+
+    encoded = [encode(lm, t) for t in texts]
+    batches = [pad_batch(encoded[s : s + batch_size], lm.device) for s in range(0, len(encoded), batch_size)]
+    results: dict = {}
+
+    def ours():
+        results["v"] = verify(lm, texts, batch_size=batch_size)
+
+    times = interleaved({"verify": ours, "plain": lambda: bare_loop(lm, batches, output_attentions=False)}, repeats)
+    t_v, t_p = median(times["verify"]), median(times["plain"])
+    extra = (t_v - t_p) / t_p
+    met, wide = judge(extra, VERIFY_TARGET, VERIFY_WIDE)
+    v = results["v"]
+    setting = f"{len(texts)} texts, batch {batch_size}, {v.n_tokens} tokens, median of {repeats}"
+    return Row("3", "verification extra time / plain forward", lm.name, setting, extra, "x", f"<= {VERIFY_TARGET}x extra",
+               met, wide,
+               f"verify {t_v:.2f} s (its recompute/forward {v.overhead:.2f}), plain forward {t_p:.2f} s; {v.summary()}",
+               data={"seconds_verify": times["verify"], "seconds_plain": times["plain"], "passed": v.passed,
+                     "max_abs_err": v.max_abs_err, "internal_overhead": v.overhead})
