@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from typing import Any
 
@@ -39,21 +38,11 @@ def load_or_fail(name: str, device: str = "cpu", dtype: str = "float32"):
         fail(str(exc))
 
 
-def _clean(obj: Any) -> Any:
-    """JSON-safe: NaN/inf become null (strict JSON has no NaN)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
-        return _clean(obj.item())
-    return obj
-
-
 def echo_json(obj: Any) -> None:
-    click.echo(json.dumps(_clean(obj), indent=2, ensure_ascii=False))
+    """Strict JSON on stdout (NaN/inf as null), the same cleaning as the report's data block."""
+    from reports.html import json_safe
+
+    click.echo(json.dumps(json_safe(obj), indent=2, ensure_ascii=False))
 
 
 def verify_step(lm, *, enabled: bool = True) -> dict:

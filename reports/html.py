@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from probe.verify import Verification
 
 __all__ = [
+    "json_safe",
     "ModelSection",
     "FigureFile",
     "Report",
@@ -377,16 +378,16 @@ def _hash(text: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii") + "'"
 
 
-def _json_safe(obj: Any) -> Any:
+def json_safe(obj: Any) -> Any:
     """Strict JSON: NaN/inf become null (JSON.parse rejects NaN)."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
-        return {str(k): _json_safe(v) for k, v in obj.items()}
+        return {str(k): json_safe(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
+        return [json_safe(v) for v in obj]
     if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
-        return _json_safe(obj.item())
+        return json_safe(obj.item())
     return obj
 
 
@@ -394,7 +395,7 @@ def _script_json(obj: Any) -> str:
     """JSON that is safe inside <script>: <, >, &, ' escaped as \\u003c ... (jinja2's htmlsafe dumps)."""
     from jinja2.utils import htmlsafe_json_dumps
 
-    return str(htmlsafe_json_dumps(_json_safe(obj), dumps=functools.partial(json.dumps, separators=(",", ":"),
+    return str(htmlsafe_json_dumps(json_safe(obj), dumps=functools.partial(json.dumps, separators=(",", ":"),
                                                                             ensure_ascii=False, allow_nan=False)))
 
 

@@ -26,7 +26,7 @@ from typing import Sequence
 
 import click
 
-from ..common import _clean, fail, load_or_fail, model_options
+from ..common import fail, load_or_fail, model_options
 
 __all__ = ["cli", "REPORT_SENTENCES", "RunSettings", "analyse_model", "corpus_stats", "write_atomic"]
 
@@ -336,7 +336,7 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
         records.append(record)
         del lm  # one model in memory at a time
 
-    from reports.html import build_report
+    from reports.html import build_report, json_safe
 
     t0 = time.perf_counter()
     the_versions = versions()
@@ -360,7 +360,7 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
         report.write(folder)
         run_record["seconds"] = {"report": round(seconds_report, 3),
                                  "total": round(time.perf_counter() - t_start, 3)}
-        (folder / "run.json").write_text(json.dumps(_clean(run_record), indent=2, ensure_ascii=False) + "\n",
+        (folder / "run.json").write_text(json.dumps(json_safe(run_record), indent=2, ensure_ascii=False) + "\n",
                                          encoding="utf-8")
 
     try:
