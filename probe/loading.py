@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import tempfile
+import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -99,8 +100,6 @@ def load_model(
         raise ValueError(f"device must be cpu, cuda, mps or auto, got {device!r}")
     _check_device(device)
     torch_dtype = _DTYPES[dtype]
-    import time
-
     t0 = time.perf_counter()
     spec = KNOWN_MODELS.get(name)
     if spec is not None:
