@@ -299,16 +299,29 @@ def _print_drill(drill, head) -> None:
         click.echo(f"  [{ex_id}] {first.source!r}: {marks}   | {first.text[:80]}")
 
 
-@click.command()
-@click.option("--data", "data_spec", default=None,
-              help="Probe JSONL or GAP .tsv (told apart by content), or a built-in set: agreement, winograd. "
-                   "Default: both built-in sets, each scored and also together.")
-@probe_options
-def cli(data_spec, model_name, heldout_path, level, head_word, folds, n_perm, seed, limit, batch_size, show_head,
-        out_path, ablate, n_random, as_json, device, dtype, no_verify) -> None:
-    """Which head lets a pronoun attend to the word it refers to — held-out accuracy, baselines, p-value."""
-    run_command(builtin=("agreement", "winograd"), combined_task="coref-builtin", noun="pronouns",
-                model_name=model_name, data_spec=data_spec, heldout_path=heldout_path, level=level,
-                head_word=head_word, folds=folds, n_perm=n_perm, seed=seed, limit=limit, batch_size=batch_size,
-                show_head=show_head, out_path=out_path, as_json=as_json, device=device, dtype=dtype,
-                ablate=ablate, n_random=n_random, verify=not no_verify)
+def probe_command(*, builtin: Sequence[str], combined_task: str, noun: str, data_help: str, doc: str,
+                  template: str = "COREF_TEMPLATE") -> click.Command:
+    """A probe command (`coref`, `probe`): the shared options, run on its own built-in sets.
+
+    `template` names the continuation prompt in `analyses.relations`, looked up only when the
+    command runs, so `headscope --help` does not import torch.
+    """
+
+    @click.command(help=doc)
+    @click.option("--data", "data_spec", default=None, help=data_help)
+    @probe_options
+    def command(data_spec, no_verify, **options) -> None:
+        from analyses import relations
+
+        run_command(builtin=builtin, combined_task=combined_task, noun=noun, data_spec=data_spec,
+                    template=getattr(relations, template), verify=not no_verify, **options)
+
+    return command
+
+
+cli = probe_command(
+    builtin=("agreement", "winograd"), combined_task="coref-builtin", noun="pronouns",
+    data_help="Probe JSONL or GAP .tsv (told apart by content), or a built-in set: agreement, winograd. "
+              "Default: both built-in sets, each scored and also together.",
+    doc="Which head lets a pronoun attend to the word it refers to — held-out accuracy, baselines, p-value.",
+)
