@@ -98,9 +98,18 @@ def pad_batch(items: Sequence[Encoded], device: torch.device) -> tuple[torch.Ten
 
 
 @torch.inference_mode()
-def forward_batch(lm: LoadedModel, items: Sequence[Encoded]) -> tuple[torch.Tensor, ...]:
-    """Attention of every layer for one batch: a tuple of (B, nh, T, T), one per layer."""
+def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[int] | None = None) -> list[torch.Tensor]:
+    """Attention of the chosen layers (all by default) for one batch: a list of (B, nh, T, T).
+
+    When only some layers are wanted, hooks on those layers' attention modules catch their weights
+    and the model is asked for none, so the other layers' O(T²) tensors are never kept alive.
+    """
+    wanted = list(range(lm.config.num_hidden_layers)) if layers is None else list(layers)
     ids, mask = pad_batch(items, lm.device)
+    if len(wanted) < lm.config.num_hidden_layers:
+        caught = _forward_hooked(lm, ids, mask, wanted)
+        if caught is not None:
+            return caught
     out = base_model(lm)(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False)
     att = getattr(out, "attentions", None)
     if not att or any(a is None for a in att):
@@ -108,7 +117,34 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded]) -> tuple[torch.Tens
             f"{lm.name} returned no attention weights although it runs eager attention "
             f"(implementation {lm.config._attn_implementation!r}); this model class does not expose them."
         )
-    return att
+    return [att[layer] for layer in wanted]
+
+
+def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int]) -> list[torch.Tensor] | None:
+    """The wanted layers' weights caught from their attention modules; None where that cannot work."""
+    from .adapters import UnsupportedArchitecture, UnsupportedFeature, adapter_for
+
+    try:
+        adapter = adapter_for(lm.config)
+    except (UnsupportedArchitecture, UnsupportedFeature):
+        return None
+    base = base_model(lm)
+    caught: dict[int, torch.Tensor | None] = {}
+
+    def grab(layer):
+        def hook(module, args, out):
+            caught[layer] = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+        return hook
+
+    handles = [adapter.attention(base, layer).register_forward_hook(grab(layer)) for layer in wanted]
+    try:
+        base(input_ids=ids, attention_mask=mask, output_attentions=False, use_cache=False)
+    finally:
+        for h in handles:
+            h.remove()
+    if any(caught.get(layer) is None for layer in wanted):
+        return None
+    return [caught[layer] for layer in wanted]
 
 
 def iter_extract(
@@ -175,8 +211,8 @@ def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, 
     all_heads = len(head_idx) == lm.config.num_attention_heads
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        att = forward_batch(lm, [encoded[i] for i in chunk])
-        picked = torch.stack([att[layer] for layer in layer_idx], dim=1)  # (B, L, nh, T, T)
+        att = forward_batch(lm, [encoded[i] for i in chunk], layer_idx)
+        picked = torch.stack(att, dim=1)  # (B, L, nh, T, T)
         if not all_heads:
             picked = picked[:, :, head_idx]
         for b, i in enumerate(chunk):
@@ -242,8 +278,10 @@ def extract_ids(
     out = []
     for start in range(0, len(encoded), batch_size):
         chunk = encoded[start : start + batch_size]
-        att = forward_batch(lm, chunk)
-        picked = torch.stack([att[layer] for layer in layer_idx], dim=1)[:, :, head_idx]  # (B, L, H, T, T)
+        att = forward_batch(lm, chunk, layer_idx)
+        picked = torch.stack(att, dim=1)  # (B, L, nh, T, T)
+        if len(head_idx) < lm.config.num_attention_heads:
+            picked = picked[:, :, head_idx]  # (B, L, H, T, T)
         for b, enc in enumerate(chunk):
             n = len(enc.ids)
             out.append(AttentionMap(

@@ -224,3 +224,17 @@ def test_permutation_equivariance_without_positions(tiny):
     r = permutation_check(tiny, TEXTS[0])
     assert r.max_dev_without_positions < 1e-5
     assert r.max_dev_with_positions > 10 * r.max_dev_without_positions
+
+
+def test_chosen_layers_are_caught_by_hooks_and_match(tiny):
+    from probe.extract import _forward_hooked, encode, pad_batch
+
+    enc = [encode(tiny, TEXTS[0]), encode(tiny, TEXTS[2])]
+    ids, mask = pad_batch(enc, tiny.device)
+    with torch.inference_mode():
+        caught = _forward_hooked(tiny, ids, mask, [1])
+    assert caught is not None  # only layer 1 was kept: the model was asked for no attention at all
+    full = extract(tiny, [TEXTS[0], TEXTS[2]], batch_size=2)
+    part = extract(tiny, [TEXTS[0], TEXTS[2]], batch_size=2, layers=[1])
+    for f, p in zip(full, part):
+        torch.testing.assert_close(p.attention, f.attention[1:2], atol=1e-6, rtol=0)
