@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 
 from .adapters import adapter_for
-from .extract import Encoded, base_model, encode
+from .extract import Encoded, base_model, encode, token_labels
 from .loading import LoadedModel
 from .scratch import attention_from_scratch
 from .verify import capture
@@ -60,12 +60,6 @@ def _capture_one(lm: LoadedModel, text: str):
     return adapter, enc, capture(lm, [enc], adapter)
 
 
-def _labels(lm: LoadedModel, enc: Encoded) -> list[str]:
-    raw = lm.tokenizer.convert_ids_to_tokens(list(enc.ids))
-    return [r if sp or not enc.text[a:b].strip() else enc.text[a:b].strip()
-            for r, (a, b), sp in zip(raw, enc.spans, enc.special)]
-
-
 def _find_token(labels: list[str], enc: Encoded, token: str | int, occurrence: int) -> int:
     if isinstance(token, int):
         if not 0 <= token < len(labels):
@@ -96,14 +90,14 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
     n_layers, n_heads = adapter.n_layers(lm.config), lm.config.num_attention_heads
     if not (0 <= layer < n_layers and 0 <= head < n_heads):
         raise ValueError(f"layer {layer}, head {head} out of range: {lm.name} has {n_layers} layers x {n_heads} heads")
-    labels = _labels(lm, enc)
+    labels = list(token_labels(lm, enc))
     q_idx = _find_token(labels, enc, token, occurrence)
     spec = adapter.layer_spec(base_model(lm), layer, lm.config)
     res = attention_from_scratch(cap.inputs[layer], spec, cap.key_valid)
     scaled = res.scores[0, head, q_idx]  # (T,) scores after × scale, before the mask
     raw = scaled / spec.scale
     weights = res.probs[0, head, q_idx]  # (T,)
-    values = _values(cap.inputs[layer], spec)[0, head]  # (T, hs)
+    values = res.values[0, head]  # (T, hs)
     contrib = weights[:, None] * values  # (T, hs): each key's share of the output
     table = pd.DataFrame({
         "key": labels,
@@ -120,16 +114,6 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
         text=text, query=labels[q_idx], query_index=q_idx, layer=layer, head=head, scale=spec.scale, table=table,
         output_norm=float(contrib.sum(0).norm()), model_weight_max_abs_err=float((model_row - weights).abs().max()),
     )
-
-
-def _values(x: torch.Tensor, spec) -> torch.Tensor:
-    """V per query head, (B, nh, T, hs), repeating grouped KV heads like the attention does."""
-    B, T, _ = x.shape
-    v = x @ spec.wv.T.to(x.dtype)
-    if spec.bv is not None:
-        v = v + spec.bv.to(x.dtype)
-    v = v.view(B, T, spec.n_kv_heads, spec.head_dim).transpose(1, 2)
-    return v.repeat_interleave(spec.n_heads // spec.n_kv_heads, dim=1)
 
 
 def _row_stats(probs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -226,13 +226,16 @@ def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, 
         yield results.pop(i)
 
 
+def token_labels(lm: LoadedModel, enc: Encoded) -> tuple[str, ...]:
+    """Display string per token: its text in the input, or the raw piece for specials and byte pieces."""
+    raw = lm.tokenizer.convert_ids_to_tokens(list(enc.ids))
+    return tuple(r if sp or not enc.text[a:b].strip() else enc.text[a:b].strip()
+                 for r, (a, b), sp in zip(raw, enc.spans, enc.special))
+
+
 def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads) -> AttentionMap:
     unit_of_token, unit_spans, _ = assign_words(enc.text, enc.spans, enc.special, segmenter)
-    raw = lm.tokenizer.convert_ids_to_tokens(list(enc.ids))
-    labels = tuple(
-        r if sp or not enc.text[a:b].strip() else enc.text[a:b].strip()
-        for r, (a, b), sp in zip(raw, enc.spans, enc.special)
-    )
+    labels = token_labels(lm, enc)
     return AttentionMap(
         text=enc.text,
         level="token",

@@ -54,6 +54,7 @@ class LayerSpec:
 class ScratchResult:
     scores: torch.Tensor  # (B, nh, T, T) scaled, before masking
     probs: torch.Tensor  # (B, nh, T, T) attention probabilities
+    values: torch.Tensor  # (B, nh, T, hs) V per query head (grouped KV heads repeated)
     heads_out: torch.Tensor  # (B, nh, T, hs) P·V per head
     output: torch.Tensor  # (B, T, D) after the head concat and W_O
 
@@ -153,7 +154,7 @@ def attention_from_scratch(
     heads_out = probs @ v  # (B, nh, T, hs)
     y = heads_out.transpose(1, 2).reshape(B, T, nh * hs)  # concat heads: (B, T, nh*hs)
     out = _add_bias(y @ spec.wo.T.to(dt), spec.bo)  # (B, T, D)
-    return ScratchResult(scores=scores, probs=probs, heads_out=heads_out, output=out)
+    return ScratchResult(scores=scores, probs=probs, values=v, heads_out=heads_out, output=out)
 
 
 def _add_bias(t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
