@@ -40,7 +40,7 @@ from typing import Iterable, Literal, Sequence
 import pandas as pd
 import torch
 
-from probe.types import AttentionMap
+from headscope.probe.types import AttentionMap
 
 from .relations import RelationExample, first_choice, nearest_choice
 from .stats import cv_choices, cv_relabel_p, cv_signflip_p, group_folds, relabel_max_p, signflip_max_p, wilson
@@ -102,7 +102,7 @@ def candidate_attention(amap: AttentionMap, ex: RelationExample, *, head_word: b
     share a unit, or when the map is causal and a candidate is not before the source.
 
     >>> import torch
-    >>> from analyses.relations import parse_example
+    >>> from headscope.analyses.relations import parse_example
     >>> ex = parse_example({"text": "Mary met John and she", "pronoun": "she", "candidates": ["Mary", "John"],
     ...                     "answer": "Mary"})
     >>> att = torch.zeros(1, 1, 5, 5); att[0, 0, 4] = torch.tensor([0.6, 0.1, 0.2, 0.0, 0.1])
@@ -370,7 +370,7 @@ class ProbeResult:
 
     def plot(self, *, ax=None):
         """Per-head accuracy grid (see `reports.figures.probe_grid`)."""
-        from reports.figures import probe_grid
+        from headscope.reports.figures import probe_grid
 
         return probe_grid(self, ax=ax)
 

@@ -37,7 +37,7 @@ Roles come from documented thresholds (`THRESHOLDS`): a head gets a role when it
 threshold, and the roles table keeps the score beside the label.
 
 >>> import torch
->>> from probe.types import AttentionMap
+>>> from headscope.probe.types import AttentionMap
 >>> a = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])[None, None]  # prev-token
 >>> m = AttentionMap(text="a b c", level="token", labels=("a", "b", "c"), spans=((0, 1), (2, 3), (4, 5)),
 ...                  special=(False,) * 3, attention=a, causal=True, meta={"model": "toy"})
@@ -60,8 +60,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from probe.types import AttentionMap
-from probe.words import to_word_level
+from headscope.probe.types import AttentionMap
+from headscope.probe.words import to_word_level
 
 from .induction import detection_pattern, pattern_score
 
@@ -226,7 +226,7 @@ class HeadScores:
 
     def plot(self, metric: str):
         """Heat map of `metric` over layers × heads (`reports.figures.score_grid`)."""
-        from reports.figures import score_grid
+        from headscope.reports.figures import score_grid
 
         return score_grid(self, metric)
 

@@ -37,7 +37,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Literal, Sequence
 
-from probe.words import word_spans
+from headscope.probe.words import word_spans
 
 __all__ = [
     "RelationExample",

@@ -135,7 +135,7 @@ def corpus(n: int) -> list[str]:
 
 def cycled(n: int) -> Iterator[str]:
     """The built-in corpus cycled to `n` texts, lazily (a generator keeps a 30,000-text run flat)."""
-    from analyses.corpus import builtin_corpus
+    from headscope.analyses.corpus import builtin_corpus
 
     return islice(cycle(builtin_corpus()), n)
 
@@ -143,10 +143,10 @@ def cycled(n: int) -> Iterator[str]:
 def load(name: str):
     """A `probe.LoadedModel`: `tiny-<family>` is `probe.tiny.tiny_model(family)`, anything else `probe.load_model`."""
     if name.startswith("tiny-"):
-        from probe.tiny import tiny_model
+        from headscope.probe.tiny import tiny_model
 
         return tiny_model(name.removeprefix("tiny-"))
-    from probe import load_model
+    from headscope.probe import load_model
 
     return load_model(name)
 

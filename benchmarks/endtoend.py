@@ -93,7 +93,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     import torch  # noqa: F401  (imports are not load time)
     import transformers  # noqa: F401
 
-    from probe import load_model
+    from headscope.probe import load_model
 
     t0 = time.perf_counter()
     lm = load_model(args.model, use_cache=not args.no_cache)

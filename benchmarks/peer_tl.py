@@ -87,7 +87,7 @@ def _load(name: str, scratch: str):
     lm = load(name)
     if not name.startswith("tiny-"):
         return lm
-    from probe import load_model
+    from headscope.probe import load_model
 
     lm.model.save_pretrained(scratch)
     lm.tokenizer.save_pretrained(scratch)
@@ -127,9 +127,9 @@ def _sequences(lm, bridge, n: int, length: int, seed: int) -> list[tuple[str, li
 def _ours(lm, seqs, batch_size: int) -> dict:
     import torch
 
-    from analyses.heads import HeadScoreAccumulator
-    from analyses.induction import detection_pattern, pattern_score
-    from probe import extract_ids
+    from headscope.analyses.heads import HeadScoreAccumulator
+    from headscope.analyses.induction import detection_pattern, pattern_score
+    from headscope.probe import extract_ids
 
     acc = HeadScoreAccumulator(model=lm.name, level="token")
     prev = None

@@ -28,11 +28,11 @@ def _target(what: str, lm, n: int, tokens: int) -> Callable[[], object]:
         texts = corpus(n)
         return lambda: run_heads(lm, texts)
     if what == "verify":
-        from probe.verify import verify
+        from headscope.probe.verify import verify
 
         texts = corpus(n)
         return lambda: verify(lm, texts)
-    from probe import extract
+    from headscope.probe import extract
     from scaling import text_of_tokens
 
     text = text_of_tokens(lm, tokens)

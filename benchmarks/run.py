@@ -81,7 +81,7 @@ def _available(name: str) -> str | None:
     """None when `name` can be loaded here, else the reason and the install command."""
     if name.startswith("tiny-"):
         return None
-    from probe.registry import KNOWN_MODELS, is_available
+    from headscope.probe.registry import KNOWN_MODELS, is_available
 
     spec = KNOWN_MODELS.get(name)
     if spec is None or is_available(spec):

@@ -39,7 +39,7 @@ def _option_kwargs(lm, option: str) -> dict:
 
 def text_of_tokens(lm, n_tokens: int) -> str:
     """A text from the built-in corpus that `lm` tokenises into exactly `n_tokens` tokens (specials included)."""
-    from analyses.corpus import builtin_corpus
+    from headscope.analyses.corpus import builtin_corpus
 
     from transformers.utils import logging as hf_logging
 
@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     p.add_argument("--repeats", type=int, default=3, help="timed runs per length and option (1 from T >= 512)")
     args = p.parse_args(argv)
-    from probe import extract
+    from headscope.probe import extract
 
     lm = load(args.model)
     records, skipped = [], []

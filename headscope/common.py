@@ -28,7 +28,7 @@ def model_options(fn):
 
 def load_or_fail(name: str, device: str = "cpu", dtype: str = "float32"):
     """Load a model; an unknown or missing one exits with the list of offline models."""
-    from probe import ModelNotAvailable, load_model
+    from headscope.probe import ModelNotAvailable, load_model
 
     try:
         return load_model(name, device=device, dtype=dtype)
@@ -40,7 +40,7 @@ def load_or_fail(name: str, device: str = "cpu", dtype: str = "float32"):
 
 def echo_json(obj: Any) -> None:
     """Strict JSON on stdout (NaN/inf as null), the same cleaning as the report's data block."""
-    from reports.html import json_safe
+    from headscope.reports.html import json_safe
 
     click.echo(json.dumps(json_safe(obj), indent=2, ensure_ascii=False))
 
@@ -52,8 +52,8 @@ def verify_step(lm, *, enabled: bool = True) -> dict:
     and makes the command exit 1 after its output (`finish`); an architecture without an
     adapter is stated, not hidden.
     """
-    from probe.adapters import UnsupportedArchitecture, UnsupportedFeature
-    from probe.verify import verify
+    from headscope.probe.adapters import UnsupportedArchitecture, UnsupportedFeature
+    from headscope.probe.verify import verify
 
     if not enabled:
         return {"summary": "attention not verified (--no-verify)", "passed": None, "max_abs_err": None}

@@ -80,7 +80,7 @@ def _find_token(labels: list[str], enc: Encoded, token: str | int, occurrence: i
 def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: int, occurrence: int = 0) -> Explanation:
     """Walk through softmax(q·kᵀ/√d)·v for `token` as the query in head `layer`.`head`.
 
-    >>> from probe import load_model                                          # doctest: +SKIP
+    >>> from headscope.probe import load_model                                          # doctest: +SKIP
     >>> e = explain(load_model("minilm"), "The animal didn't cross the street because it was too tired.",
     ...             token="it", layer=2, head=3)                              # doctest: +SKIP
     >>> e.table.columns.tolist()                                              # doctest: +SKIP

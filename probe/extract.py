@@ -185,7 +185,7 @@ def iter_extract(
 def extract(lm: LoadedModel, texts: str | Iterable[str], **kwargs) -> list[AttentionMap]:
     """Attention of each text as a list of `AttentionMap` (`[layer, head, query, key]`, no padding).
 
-    >>> from probe import load_model, extract                       # doctest: +SKIP
+    >>> from headscope.probe import load_model, extract                       # doctest: +SKIP
     >>> [m] = extract(load_model("minilm"), "The animal didn't cross the street")  # doctest: +SKIP
     >>> m.attention.shape, m.labels[:3]                               # doctest: +SKIP
     (torch.Size([6, 12, 10, 10]), ('[CLS]', 'The', 'animal'))

@@ -82,13 +82,13 @@ class AttentionMap:
 
     def to_frame(self, layer: int, head: int):
         """One head as a query × key DataFrame labelled by units (a notebook view)."""
-        from reports.notebook import attention_frame  # reports draws; probe only hands over data
+        from headscope.reports.notebook import attention_frame  # reports draws; probe only hands over data
 
         return attention_frame(self, layer, head)
 
     def plot(self, layer: int, head: int, **kwargs):
         """Heatmap of one head (rows = queries, columns = keys): `reports.figures.attention_heatmap`."""
-        from reports.figures import attention_heatmap
+        from headscope.reports.figures import attention_heatmap
 
         return attention_heatmap(self, layer, head, **kwargs)
 

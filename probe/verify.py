@@ -132,7 +132,7 @@ class Verification:
 
     def plot(self, **kwargs):
         """Max |Δ| per layer against the tolerance: `reports.figures.verification_plot`."""
-        from reports.figures import verification_plot
+        from headscope.reports.figures import verification_plot
 
         return verification_plot(self, **kwargs)
 
@@ -198,7 +198,7 @@ def verify(
 ) -> Verification:
     """Recompute every layer of `lm` from scratch on `texts` and compare with the model.
 
-    >>> from probe import load_model                                   # doctest: +SKIP
+    >>> from headscope.probe import load_model                                   # doctest: +SKIP
     >>> verify(load_model("minilm")).summary()                         # doctest: +SKIP
     'attention verified: max |Δ| = 2.4e-07 over 6 layers × 12 heads (tolerance 1e-05, float32)'
     """

@@ -119,7 +119,7 @@ def to_word_level(amap: AttentionMap) -> AttentionMap:
     """Aggregate a token-level map to words: keys summed, queries averaged (rows keep summing to 1).
 
     >>> import torch
-    >>> from probe.types import AttentionMap
+    >>> from headscope.probe.types import AttentionMap
     >>> a = torch.tensor([[[[0.5, 0.25, 0.25], [0.2, 0.4, 0.4], [0.1, 0.6, 0.3]]]])
     >>> m = AttentionMap(text="ab c", level="token", labels=("a", "##b", "c"), spans=((0, 1), (1, 2), (3, 4)),
     ...                  special=(False,) * 3, attention=a, causal=False, word_index=(0, 0, 1))

@@ -27,8 +27,8 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     import pandas as pd
 
-    from probe.types import AttentionMap
-    from probe.verify import Verification
+    from headscope.probe.types import AttentionMap
+    from headscope.probe.verify import Verification
 
 __all__ = [
     "attention_heatmap",
@@ -141,7 +141,7 @@ def attention_heatmap(
     Causal models leave the upper triangle unseen: it is drawn in grey, not as zero attention.
 
     >>> import torch
-    >>> from probe.types import AttentionMap
+    >>> from headscope.probe.types import AttentionMap
     >>> a = torch.tensor([[[[0.9, 0.1], [0.3, 0.7]]]])          # [layer, head, query, key]
     >>> m = AttentionMap(text="我爱", level="word", labels=("我", "爱"), spans=((0, 1), (1, 2)),
     ...                  special=(False, False), attention=a, causal=False)

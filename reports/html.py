@@ -31,8 +31,8 @@ import pandas as pd
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-    from probe.types import AttentionMap
-    from probe.verify import Verification
+    from headscope.probe.types import AttentionMap
+    from headscope.probe.verify import Verification
 
 __all__ = [
     "json_safe",
@@ -193,7 +193,7 @@ def _heatmap_level(section: ModelSection) -> str:
 
 
 def _at_level(amap: AttentionMap, level: str) -> AttentionMap:
-    from probe.words import to_word_level
+    from headscope.probe.words import to_word_level
 
     if level == "word" and amap.level == "token" and len(amap.word_index) == len(amap):
         return to_word_level(amap)

@@ -5,7 +5,7 @@ d3 from a CDN (cdnjs.cloudflare.com), so those two views need a network connecti
 that shows the notebook; everything else here (and the headscope report) works offline.
 
 >>> import torch
->>> from probe.types import AttentionMap
+>>> from headscope.probe.types import AttentionMap
 >>> m = AttentionMap(text="a b", level="word", labels=("a", "b"), spans=((0, 1), (2, 3)),
 ...                  special=(False, False), attention=torch.tensor([[[[1.0, 0.0], [0.25, 0.75]]]]), causal=True)
 >>> attention_frame(m, 0, 0)
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Literal, Sequence
 if TYPE_CHECKING:
     import pandas as pd
 
-    from probe.types import AttentionMap
+    from headscope.probe.types import AttentionMap
 
 __all__ = ["head_view", "model_view", "bertviz_inputs", "attention_frame", "CDN_NOTE"]
 

@@ -8,7 +8,7 @@ SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared"
 
 @functools.lru_cache(maxsize=None)
 def _tiny(family: str):
-    from probe.tiny import tiny_model
+    from headscope.probe.tiny import tiny_model
 
     return tiny_model(family)
 
@@ -21,8 +21,8 @@ def tiny(request):
 
 @functools.lru_cache(maxsize=None)
 def _real(name: str):
-    from probe import load_model
-    from probe.registry import KNOWN_MODELS, is_available
+    from headscope.probe import load_model
+    from headscope.probe.registry import KNOWN_MODELS, is_available
 
     if not is_available(KNOWN_MODELS[name]):
         pytest.fail(f"packaged model {name} is not installed; run scripts/setup.sh")

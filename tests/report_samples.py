@@ -10,13 +10,13 @@ import functools
 
 import torch
 
-from analyses.coref import ProbeScores, score_probe
-from analyses.heads import score_corpus
-from analyses.relations import parse_example
-from probe.types import AttentionMap
-from probe.verify import LayerCheck, Verification
-from probe.words import word_spans
-from reports.html import ModelSection, build_report
+from headscope.analyses.coref import ProbeScores, score_probe
+from headscope.analyses.heads import score_corpus
+from headscope.analyses.relations import parse_example
+from headscope.probe.types import AttentionMap
+from headscope.probe.verify import LayerCheck, Verification
+from headscope.probe.words import word_spans
+from headscope.reports.html import ModelSection, build_report
 
 INJECTED = '<script>alert(1)</script> "><img src=x onerror="window.__xss=1">'
 SENTENCES = (

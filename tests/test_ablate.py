@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from probe.ablate import ablate_heads, causal_check, option_logprobs, output_projections
-from probe.tiny import tiny_model
+from headscope.probe.ablate import ablate_heads, causal_check, option_logprobs, output_projections
+from headscope.probe.tiny import tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -152,8 +152,8 @@ def test_arrow_keys_step_through_heads_once_the_heatmap_has_focus(page):
 
 
 def test_a_word_level_only_map_ignores_the_token_toggle(browser, tmp_path):
-    from probe.words import to_word_level
-    from reports.html import ModelSection, build_report
+    from headscope.probe.words import to_word_level
+    from headscope.reports.html import ModelSection, build_report
 
     words = to_word_level(R.token_map("The animal didn't cross"))
     build_report([ModelSection(model="w", maps=(words,))]).write(tmp_path)

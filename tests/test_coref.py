@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from analyses.coref import (
+from headscope.analyses.coref import (
     CAUSAL_REASON,
     Excluded,
     ProbeResult,
@@ -22,9 +22,9 @@ from analyses.coref import (
     score_probe,
     select_head,
 )
-from analyses.relations import builtin_set, parse_example
-from analyses.stats import Z95, group_folds, relabel_max_p, signflip_max_p, wilson
-from probe.types import AttentionMap
+from headscope.analyses.relations import builtin_set, parse_example
+from headscope.analyses.stats import Z95, group_folds, relabel_max_p, signflip_max_p, wilson
+from headscope.probe.types import AttentionMap
 
 # --------------------------------------------------------------------------------------------
 # statistics
@@ -315,7 +315,7 @@ def test_runner_on_tiny_models(tiny):
 
 def test_decoder_crop_changes_no_number():
     from headscope.commands.coref import extract_scores
-    from probe.tiny import tiny_model
+    from headscope.probe.tiny import tiny_model
 
     lm = tiny_model("llama")
     examples = builtin_set("winograd")[:6]
@@ -327,7 +327,7 @@ def test_decoder_crop_changes_no_number():
 
 def test_runner_counts_texts_longer_than_the_context():
     from headscope.commands.coref import TOO_LONG, extract_scores
-    from probe.tiny import tiny_model
+    from headscope.probe.tiny import tiny_model
 
     lm = tiny_model("bert")  # 128 positions
     long = parse_example({"text": "Ann met Bea " + "and then " * 80 + "she left.", "pronoun": "she",
@@ -341,7 +341,7 @@ def test_cli_json_keys(monkeypatch, tmp_path):
 
     import headscope.commands.coref as coref_cmd
     from headscope.cli import cli
-    from probe.tiny import tiny_model
+    from headscope.probe.tiny import tiny_model
 
     lm = tiny_model("gpt2")
     monkeypatch.setattr(coref_cmd, "load_or_fail", lambda name, device, dtype: lm)
@@ -393,7 +393,7 @@ def test_cli_causal_check_on_a_tiny_decoder(monkeypatch):
 
     import headscope.commands.coref as coref_cmd
     from headscope.cli import cli
-    from probe.tiny import tiny_model
+    from headscope.probe.tiny import tiny_model
 
     lm = tiny_model("llama")
     monkeypatch.setattr(coref_cmd, "load_or_fail", lambda name, device, dtype: lm)
@@ -411,7 +411,7 @@ def test_cli_causal_check_on_a_tiny_decoder(monkeypatch):
 
 def test_a_decoder_with_nothing_to_score_says_so():
     from headscope.commands.coref import extract_scores
-    from probe.tiny import tiny_model
+    from headscope.probe.tiny import tiny_model
 
     lm = tiny_model("llama")
     after = parse_example({"text": "Before she left, Ann met Bea.", "pronoun": "she", "pronoun_occurrence": 0,

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from analyses.corpus import CorpusError, builtin_corpus, iter_corpus, read_corpus
+from headscope.analyses.corpus import CorpusError, builtin_corpus, iter_corpus, read_corpus
 
 
 def test_builtin_corpus_is_large_varied_and_clean():

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 import report_samples as R
-from probe.types import AttentionMap
-from reports import figures as F
-from reports.fonts import families_for, font_context, font_families, font_for, missing_glyphs
+from headscope.probe.types import AttentionMap
+from headscope.reports import figures as F
+from headscope.reports.fonts import families_for, font_context, font_families, font_for, missing_glyphs
 
 
 def _pixels(fig) -> np.ndarray:

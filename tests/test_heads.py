@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from analyses.heads import (
+from headscope.analyses.heads import (
     DEFAULT_INCLUDE_SPECIAL,
     DEFAULT_LEVEL,
     METRICS,
@@ -22,8 +22,8 @@ from analyses.heads import (
     is_punctuation,
     score_corpus,
 )
-from analyses.induction import detection_pattern, pattern_score, repeated_random_tokens
-from probe.types import AttentionMap
+from headscope.analyses.induction import detection_pattern, pattern_score, repeated_random_tokens
+from headscope.probe.types import AttentionMap
 
 CORPUS_METRICS = METRICS[:10]
 
@@ -472,7 +472,7 @@ def test_head_scores_serialise(tmp_path):
 
 def test_run_heads_tiny(tiny):
     from headscope.commands.heads import run_heads
-    from probe.tiny import TINY_CORPUS
+    from headscope.probe.tiny import TINY_CORPUS
 
     s = run_heads(tiny, TINY_CORPUS[:5], induction_sequences=3, induction_length=6, batch_size=2)
     assert s.n_texts == 5 and s.model == tiny.name
@@ -495,8 +495,8 @@ def test_run_heads_tiny(tiny):
 
 def test_run_heads_equals_notebook_path():
     from headscope.commands.heads import induction_inputs, run_heads
-    from probe import extract, extract_ids
-    from probe.tiny import TINY_CORPUS, tiny_model
+    from headscope.probe import extract, extract_ids
+    from headscope.probe.tiny import TINY_CORPUS, tiny_model
 
     lm = tiny_model("llama")
     texts = list(TINY_CORPUS)
@@ -512,7 +512,7 @@ def test_cli_matches_runner(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
     import headscope.commands.heads as cmd
-    from probe.tiny import tiny_model
+    from headscope.probe.tiny import tiny_model
 
     lm = tiny_model("bert")
     monkeypatch.setattr(cmd, "load_or_fail", lambda name, device, dtype: lm)
@@ -550,7 +550,7 @@ def test_cli_defaults_are_the_analysis_defaults():
 @pytest.mark.slow
 def test_smollm2_previous_token_and_induction_against_raw_loops(smollm2):
     """Batched, padded, streamed analysis == plain loops over one unpadded forward pass per input."""
-    from analyses.corpus import builtin_corpus
+    from headscope.analyses.corpus import builtin_corpus
     from headscope.commands.heads import induction_inputs, run_heads
 
     texts = builtin_corpus()[::53][:6]
@@ -588,7 +588,7 @@ def test_smollm2_previous_token_and_induction_against_raw_loops(smollm2):
 
 @pytest.mark.slow
 def test_minilm_heads_are_stable_over_corpus_halves(minilm):
-    from analyses.corpus import builtin_corpus
+    from headscope.analyses.corpus import builtin_corpus
     from headscope.commands.heads import run_heads
 
     texts = builtin_corpus()[:120]

@@ -6,9 +6,9 @@ import pytest
 from click.testing import CliRunner
 
 from headscope.cli import cli
-from probe import ModelNotAvailable, load_model, loading
-from probe.registry import KNOWN_MODELS, model_table
-from probe.tiny import tiny_model
+from headscope.probe import ModelNotAvailable, load_model, loading
+from headscope.probe.registry import KNOWN_MODELS, model_table
+from headscope.probe.tiny import tiny_model
 
 
 def test_registry_lists_packaged_models():
@@ -115,7 +115,7 @@ def test_hub_id_without_network_fails_fast_and_clearly(monkeypatch):
 
 @pytest.mark.slow
 def test_local_folder_and_gguf_file_load():
-    from probe.registry import locate
+    from headscope.probe.registry import locate
 
     folder = locate(KNOWN_MODELS["minilm"])
     lm = load_model(str(folder))

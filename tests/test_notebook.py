@@ -11,7 +11,7 @@ NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / "examples" / "quickstar
 
 def test_bertviz_views_take_an_extracted_map():
     import report_samples as R
-    from reports.notebook import bertviz_inputs, head_view, model_view
+    from headscope.reports.notebook import bertviz_inputs, head_view, model_view
 
     amap = R.token_map("The cat sat down", layers=2, heads=3)
     attention, tokens = bertviz_inputs(amap)

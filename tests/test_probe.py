@@ -5,12 +5,12 @@ import dataclasses
 import pytest
 import torch
 
-from probe import AttentionMap, extract, extract_ids, to_word_level, word_spans
-from probe.adapters import UnsupportedArchitecture, UnsupportedFeature, adapter_for
-from probe.explain import explain, permutation_check, scale_effect
-from probe.scratch import build_mask, stable_softmax
-from probe.tiny import tiny_model
-from probe.verify import verify
+from headscope.probe import AttentionMap, extract, extract_ids, to_word_level, word_spans
+from headscope.probe.adapters import UnsupportedArchitecture, UnsupportedFeature, adapter_for
+from headscope.probe.explain import explain, permutation_check, scale_effect
+from headscope.probe.scratch import build_mask, stable_softmax
+from headscope.probe.tiny import tiny_model
+from headscope.probe.verify import verify
 
 TEXTS = [
     "The animal didn't cross the street because it was too tired.",
@@ -87,7 +87,7 @@ def test_word_aggregation_known_answer():
 
 
 def test_multiword_token_merges_words():
-    from probe.words import assign_words
+    from headscope.probe.words import assign_words
 
     units, spans, _ = assign_words("我爱北京", [(0, 1), (1, 2), (2, 4)], [False] * 3)
     assert units == [0, 1, 2] and spans[2] == (2, 4)
@@ -227,7 +227,7 @@ def test_permutation_equivariance_without_positions(tiny):
 
 
 def test_chosen_layers_are_caught_by_hooks_and_match(tiny):
-    from probe.extract import _forward_hooked, encode, pad_batch
+    from headscope.probe.extract import _forward_hooked, encode, pad_batch
 
     enc = [encode(tiny, TEXTS[0]), encode(tiny, TEXTS[2])]
     ids, mask = pad_batch(enc, tiny.device)

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from probe import extract
-from probe.verify import verify
+from headscope.probe import extract
+from headscope.probe.verify import verify
 
 pytestmark = pytest.mark.slow
 

@@ -5,7 +5,7 @@ from collections import Counter
 
 import pytest
 
-from analyses.relations import (
+from headscope.analyses.relations import (
     BUILTIN_SETS,
     ProbeDataError,
     builtin_set,

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 
 import report_samples as R
-from reports.html import ModelSection, build_report, explorer_data, report_tables, slug
+from headscope.reports.html import ModelSection, build_report, explorer_data, report_tables, slug
 
 
 @pytest.fixture(scope="module")

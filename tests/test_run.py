@@ -16,7 +16,7 @@ from headscope.cli import cli
 from headscope.commands import run as run_mod
 
 def _small_probe() -> str:
-    from analyses.relations import builtin_path
+    from headscope.analyses.relations import builtin_path
 
     return str(builtin_path("agreement"))
 
@@ -28,7 +28,7 @@ FAST = ["--limit", "4", "--permutations", "100", "--induction-seqs", "2", "--qui
 
 @functools.lru_cache(maxsize=None)
 def _tiny(family: str):
-    from probe.tiny import tiny_model
+    from headscope.probe.tiny import tiny_model
 
     return tiny_model(family)
 
@@ -91,13 +91,13 @@ def quick_report(tiny_models, monkeypatch):
     """The run without its analyses and drawing: for tests of where and how the folder is written."""
     import pandas as pd
 
-    from reports.html import ModelSection, Report
+    from headscope.reports.html import ModelSection, Report
 
     def analyse(lm, texts, probe_sets, settings, **kw):
         return ModelSection(model=lm.name), {"model": lm.name, "verified": True}
 
     monkeypatch.setattr(run_mod, "analyse_model", analyse)
-    monkeypatch.setattr("reports.html.build_report", lambda sections, **kw: Report(
+    monkeypatch.setattr("headscope.reports.html.build_report", lambda sections, **kw: Report(
         html="<p>report</p>", figures=(), tables={"t": pd.DataFrame({"a": [1]})}))
 
 
@@ -116,16 +116,16 @@ def test_existing_folder_needs_force_and_is_replaced_whole(quick_report, tmp_pat
 
 
 def test_failed_verification_is_written_then_exits_nonzero(tiny_models, tmp_path, monkeypatch):
-    import probe.verify
+    import headscope.probe.verify
     from report_samples import verification
 
-    real = probe.verify.verify
+    real = headscope.probe.verify.verify
 
     def broken(lm, texts=None, **kw):
         v = real(lm, texts, **kw)
         return verification(v.model, passed=False, layers=len(v.layers))
 
-    monkeypatch.setattr(probe.verify, "verify", broken)
+    monkeypatch.setattr(headscope.probe.verify, "verify", broken)
     out = tmp_path / "report"
     result = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", str(out), *FAST])
     assert result.exit_code == 1
@@ -135,7 +135,7 @@ def test_failed_verification_is_written_then_exits_nonzero(tiny_models, tmp_path
 
 
 def test_an_interrupted_write_leaves_no_half_report(quick_report, tmp_path, monkeypatch):
-    from reports.html import Report
+    from headscope.reports.html import Report
 
     def half_then_interrupt(self, folder):
         (folder / "index.html").write_text("half")

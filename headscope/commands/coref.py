@@ -36,9 +36,9 @@ def extract_scores(lm, examples: Sequence, *, level: str = "word", head_word: bo
     """
     import torch
 
-    from probe import iter_extract
+    from headscope.probe import iter_extract
 
-    from analyses.coref import CAUSAL_REASON, collect_scores
+    from headscope.analyses.coref import CAUSAL_REASON, collect_scores
 
     excluded: Counter = Counter()
     limit = lm.max_length
@@ -85,7 +85,7 @@ def extract_scores(lm, examples: Sequence, *, level: str = "word", head_word: bo
 
 def _cropped(ex) -> str:
     """The text up to the end of the word that holds the end of the source."""
-    from probe import word_spans
+    from headscope.probe import word_spans
 
     end = ex.source_span[1]
     return ex.text[: max([end] + [b for a, b in word_spans(ex.text) if a < end <= b])]
@@ -98,7 +98,7 @@ def run_probe(lm, examples: Sequence, *, task: str, level: str = "word", head_wo
 
     With `heldout` (a second list of examples) the head is chosen on `examples` and scored there.
     """
-    from analyses.coref import score_probe
+    from headscope.analyses.coref import score_probe
 
     data = extract_scores(lm, examples, level=level, head_word=head_word, batch_size=batch_size, progress=progress)
     test = None
@@ -146,7 +146,7 @@ def probe_options(fn):
 
 def _load_set(spec: str, limit: int | None):
     """(task name, examples) for a built-in name or a file path."""
-    from analyses.relations import BUILTIN_SETS, builtin_set, read_probe_file
+    from headscope.analyses.relations import BUILTIN_SETS, builtin_set, read_probe_file
 
     if spec in BUILTIN_SETS:
         examples, task = builtin_set(spec), BUILTIN_SETS[spec][1]
@@ -178,8 +178,8 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, model_
 
     `template` is the continuation prompt of the causal check (`--ablate`).
     """
-    from analyses.coref import concat_scores, score_probe
-    from analyses.relations import COREF_TEMPLATE, ProbeDataError
+    from headscope.analyses.coref import concat_scores, score_probe
+    from headscope.analyses.relations import COREF_TEMPLATE, ProbeDataError
 
     template = template or COREF_TEMPLATE
     head = _parse_head(show_head)
@@ -220,8 +220,8 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, model_
 
 def _causal(lm, result, n_random: int, seed: int, batch_size: int, template: str) -> dict:
     """The causal check on the examples the head was chosen on; a dict for the output."""
-    from analyses.relations import continuation
-    from probe.ablate import causal_check
+    from headscope.analyses.relations import continuation
+    from headscope.probe.ablate import causal_check
 
     if result.best_head is None:
         return {"skipped": "no head was selected, so there is nothing to ablate"}
@@ -311,7 +311,7 @@ def probe_command(*, builtin: Sequence[str], combined_task: str, noun: str, data
     @click.option("--data", "data_spec", default=None, help=data_help)
     @probe_options
     def command(data_spec, no_verify, **options) -> None:
-        from analyses import relations
+        from headscope.analyses import relations
 
         run_command(builtin=builtin, combined_task=combined_task, noun=noun, data_spec=data_spec,
                     template=getattr(relations, template), verify=not no_verify, **options)

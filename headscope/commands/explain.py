@@ -22,9 +22,9 @@ def cli(text, model_name, token, occurrence, layer, head, scale_effect, permutat
     """Explain how head LAYER.HEAD builds TOKEN's output in TEXT: scores, scaling, softmax, values."""
     import pandas as pd
 
-    from probe.adapters import UnsupportedArchitecture, UnsupportedFeature
-    from probe.explain import explain, permutation_check
-    from probe.explain import scale_effect as scale_table
+    from headscope.probe.adapters import UnsupportedArchitecture, UnsupportedFeature
+    from headscope.probe.explain import explain, permutation_check
+    from headscope.probe.explain import scale_effect as scale_table
 
     lm = load_or_fail(model_name, device, dtype)
     try:

@@ -46,13 +46,13 @@ def run_heads(
     the progress bar; `source` names the corpus in `meta`. `induction_sequences=0` skips the
     repeated-token scores. Returns `analyses.heads.HeadScores`.
 
-    >>> from probe.tiny import tiny_model
+    >>> from headscope.probe.tiny import tiny_model
     >>> s = run_heads(tiny_model("llama"), ["The cat sat.", "A dog ran!"], induction_sequences=2, induction_length=5)
     >>> s.n_texts, s.n_sequences, s.level
     (2, 2, 'word')
     """
-    from analyses.heads import HeadScoreAccumulator
-    from probe import extract_ids, iter_extract
+    from headscope.analyses.heads import HeadScoreAccumulator
+    from headscope.probe import extract_ids, iter_extract
 
     acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special)
     maps = iter_extract(lm, texts, batch_size=batch_size, level=level, truncate=truncate, window=window)
@@ -85,7 +85,7 @@ def induction_inputs(lm, *, n_sequences: int = 20, length: int = 50, seed: int =
     TransformerLens's `to_tokens` prepends BOS. Random tokens are drawn from the vocabulary without
     special or added tokens.
     """
-    from analyses.induction import repeated_random_tokens
+    from headscope.analyses.induction import repeated_random_tokens
 
     tok = lm.tokenizer
     enc = tok("a", add_special_tokens=True, return_special_tokens_mask=True)
@@ -129,7 +129,7 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
     """Score every head over a corpus: previous/next token, self, sinks, punctuation, entropy, induction."""
     from itertools import islice
 
-    from analyses.corpus import CorpusError, builtin_corpus, iter_corpus
+    from headscope.analyses.corpus import CorpusError, builtin_corpus, iter_corpus
 
     if out_path and Path(out_path).suffix not in (".csv", ".parquet"):
         fail(f"--out {out_path}: use a .csv or .parquet file name")
@@ -169,7 +169,7 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
 
 
 def _print(scores, k: int, source: str, out_path: str | None) -> None:
-    from analyses.heads import METRICS
+    from headscope.analyses.heads import METRICS
 
     click.echo(f"{scores.model}: {scores.n_layers} layers × {scores.n_heads} heads, {scores.n_texts} texts from {source}")
     click.echo(f"setting: {scores.setting}")

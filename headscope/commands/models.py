@@ -11,7 +11,7 @@ from ..common import echo_json
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of a table.")
 def cli(as_json: bool) -> None:
     """List the known models, their family, where the weights come from and if they are installed."""
-    from probe.registry import model_table
+    from headscope.probe.registry import model_table
 
     rows = model_table()
     if as_json:

@@ -84,8 +84,8 @@ def _say(message: str, quiet: bool) -> None:
 
 def _read_inputs(corpus_path: str | None, coref_path: str | None, limit: int | None):
     """Corpus texts and probe sets, read (and checked) before any model is loaded."""
-    from analyses.corpus import CorpusError, builtin_corpus, read_corpus
-    from analyses.relations import BUILTIN_SETS, ProbeDataError, builtin_set, read_probe_file
+    from headscope.analyses.corpus import CorpusError, builtin_corpus, read_corpus
+    from headscope.analyses.relations import BUILTIN_SETS, ProbeDataError, builtin_set, read_probe_file
 
     try:
         texts = builtin_corpus() if corpus_path is None else read_corpus(corpus_path)
@@ -124,10 +124,10 @@ def analyse_model(lm, texts: Sequence[str], probe_sets: Sequence[tuple[str, list
 
     Returns `(ModelSection, record)`: the report's view and the run.json entry.
     """
-    from probe import extract
-    from probe.adapters import UnsupportedArchitecture, UnsupportedFeature
-    from probe.verify import verify
-    from reports.html import ModelSection
+    from headscope.probe import extract
+    from headscope.probe.adapters import UnsupportedArchitecture, UnsupportedFeature
+    from headscope.probe.verify import verify
+    from headscope.reports.html import ModelSection
 
     from .heads import run_heads
 
@@ -176,7 +176,7 @@ def analyse_model(lm, texts: Sequence[str], probe_sets: Sequence[tuple[str, list
 
 def _run_probes(lm, probe_sets, settings: RunSettings) -> list:
     """One result per set, and — with several sets — one for all of them together (shown first)."""
-    from analyses.coref import concat_scores, score_probe
+    from headscope.analyses.coref import concat_scores, score_probe
 
     from .coref import extract_scores
 
@@ -195,7 +195,7 @@ def corpus_stats(tokenizer, corpora: Sequence[tuple[str, str, Sequence[str]]]):
     """
     import pandas as pd
 
-    from probe.words import word_spans
+    from headscope.probe.words import word_spans
 
     rows = []
     for name, source, texts in corpora:
@@ -336,7 +336,7 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
         records.append(record)
         del lm  # one model in memory at a time
 
-    from reports.html import build_report, json_safe
+    from headscope.reports.html import build_report, json_safe
 
     t0 = time.perf_counter()
     the_versions = versions()
