@@ -40,7 +40,7 @@ def load_or_fail(name: str, device: str = "cpu", dtype: str = "float32"):
 
 def echo_json(obj: Any) -> None:
     """Strict JSON on stdout (NaN/inf as null), the same cleaning as the report's data block."""
-    from headscope.reports.html import json_safe
+    from headscope.probe.types import json_safe
 
     click.echo(json.dumps(json_safe(obj), indent=2, ensure_ascii=False))
 

@@ -6,14 +6,57 @@ never a model. Tensor order is always `[layer, head, query, key]`.
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
-__all__ = ["AttentionMap", "Level"]
+__all__ = ["AttentionMap", "Level", "head_name", "parse_head", "json_safe"]
 
 Level = Literal["token", "word"]
+
+_HEAD = re.compile(r"\s*L(\d+)\s*H(\d+)\s*|\s*(\d+)\s*,\s*(\d+)\s*", re.IGNORECASE)
+
+
+def head_name(layer: int, head: int) -> str:
+    """The one way a head is written: `L1H3` (0-based layer and head).
+
+    >>> head_name(1, 3)
+    'L1H3'
+    """
+    return f"L{int(layer)}H{int(head)}"
+
+
+def parse_head(spec: str) -> tuple[int, int]:
+    """`(layer, head)` from `L1H3` (any case; `1,3` is accepted too), the inverse of `head_name`.
+
+    >>> parse_head("L16H0"), parse_head("l2h5"), parse_head("3,5")
+    ((16, 0), (2, 5), (3, 5))
+    """
+    m = _HEAD.fullmatch(spec) if isinstance(spec, str) else None
+    if m is None:
+        raise ValueError(f"{spec!r} is not a head name; write LAYERHHEAD such as L1H3 (0-based layer and head)")
+    layer, head = m.group(1, 2) if m.group(1) is not None else m.group(3, 4)
+    return int(layer), int(head)
+
+
+def json_safe(obj: Any) -> Any:
+    """Strict JSON for every output (CLI, run.json, the report's data block): NaN/inf become null.
+
+    >>> json_safe({"a": float("nan"), "b": (1, 2.5), 3: torch.tensor(1.5)})
+    {'a': None, 'b': [1, 2.5], '3': 1.5}
+    """
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): json_safe(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [json_safe(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        return json_safe(obj.item())
+    return obj
 
 
 @dataclass(frozen=True, eq=False)

@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import pandas as pd
 
+from headscope.probe.types import json_safe
+
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
     from headscope.probe.verify import Verification
 
 __all__ = [
-    "json_safe",
     "ModelSection",
     "FigureFile",
     "Report",
@@ -376,19 +377,6 @@ def _static(name: str) -> str:
 
 def _hash(text: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii") + "'"
-
-
-def json_safe(obj: Any) -> Any:
-    """Strict JSON: NaN/inf become null (JSON.parse rejects NaN)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [json_safe(v) for v in obj]
-    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
-        return json_safe(obj.item())
-    return obj
 
 
 def _script_json(obj: Any) -> str:

@@ -336,7 +336,8 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
         records.append(record)
         del lm  # one model in memory at a time
 
-    from headscope.reports.html import build_report, json_safe
+    from headscope.probe.types import json_safe
+    from headscope.reports.html import build_report
 
     t0 = time.perf_counter()
     the_versions = versions()
