@@ -49,10 +49,10 @@ def verify_step(lm, *, enabled: bool = True) -> dict:
     """Verify `lm`'s attention before an analysis, so every result says what it stands on.
 
     Returns {"summary", "passed", "max_abs_err"} for the output. A mismatch is reported on stderr
-    and makes the command exit 1 after its output (`finish`); an architecture without an
-    adapter is stated, not hidden.
+    and makes the command exit 1 after its output (`finish`); an architecture no family
+    covers is stated, not hidden.
     """
-    from headscope.probe.adapters import UnsupportedArchitecture, UnsupportedFeature
+    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
     from headscope.probe.verify import verify
 
     if not enabled:

@@ -2,14 +2,13 @@
 
 Attention weight is not importance: a head can look at the right word and not matter. Here a
 head is *zero-ablated* — its slice of the input to the attention output projection (the
-concatenated head outputs, `o_proj` / `c_proj` / BERT's `attention.output.dense`) is set to zero at
-every position — and a decoder's preference between continuations is measured before and after,
+concatenated head outputs; each family in `probe/families/` names that module) is set to zero
+at every position — and a decoder's preference between continuations is measured before and after,
 against ablating random heads of the same number.
 """
 
 from __future__ import annotations
 
-import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
@@ -17,31 +16,21 @@ from typing import Iterable, Iterator, Sequence
 import numpy as np
 import torch
 
+from .extract import base_model
+from .families import UnsupportedArchitecture, family_of_type
 from .loading import LoadedModel
 
 __all__ = ["output_projections", "ablate_heads", "option_logprobs", "CausalCheck", "causal_check"]
 
-# Modules whose input is the concatenation of the heads' outputs, per family.
-_OUT_PROJ = (
-    re.compile(r"(?:^|\.)layers\.(\d+)\.self_attn\.o_proj$"),  # Llama, Gemma 3, Mistral, Qwen
-    re.compile(r"(?:^|\.)layer\.(\d+)\.attention\.output\.dense$"),  # BERT
-    re.compile(r"(?:^|\.)h\.(\d+)\.attn\.c_proj$"),  # GPT-2
-)
-
 
 def output_projections(lm: LoadedModel) -> dict[int, torch.nn.Module]:
     """Layer index -> the module that mixes that layer's heads (its input is `[..., head * head_dim]`)."""
-    found: dict[int, torch.nn.Module] = {}
-    for name, module in lm.model.named_modules():
-        for pattern in _OUT_PROJ:
-            m = pattern.search(name)
-            if m:
-                found[int(m.group(1))] = module
-    if len(found) != lm.config.num_hidden_layers:
-        raise ValueError(f"{lm.name}: cannot find the attention output projection of every layer "
-                         f"(found {len(found)} of {lm.config.num_hidden_layers}); head ablation supports "
-                         "Llama/Gemma/BERT/GPT-2-style models")
-    return found
+    try:
+        family = family_of_type(lm.model_type)
+    except UnsupportedArchitecture as exc:
+        raise ValueError(f"{lm.name}: cannot find the attention output projections for head ablation; {exc}") from None
+    base = base_model(lm)
+    return {i: family.out_proj(base, i) for i in range(family.n_layers(lm.config))}
 
 
 def _head_dim(lm: LoadedModel) -> int:

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from .adapters import adapter_for
 from .extract import Encoded, base_model, encode, token_labels
+from .families import Family, family_for
 from .loading import LoadedModel
 from .scratch import attention_from_scratch
 from .verify import capture
@@ -55,9 +55,9 @@ class Explanation:
 
 
 def _capture_one(lm: LoadedModel, text: str):
-    adapter = adapter_for(lm.config)
+    family = family_for(lm.config)
     enc = encode(lm, text)
-    return adapter, enc, capture(lm, [enc], adapter)
+    return family, enc, capture(lm, [enc], family)
 
 
 def _find_token(labels: list[str], enc: Encoded, token: str | int, occurrence: int) -> int:
@@ -86,13 +86,13 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
     >>> e.table.columns.tolist()                                              # doctest: +SKIP
     ['key', 'raw_score', 'scaled_score', 'weight', 'value_norm', 'contribution_norm']
     """
-    adapter, enc, cap = _capture_one(lm, text)
-    n_layers, n_heads = adapter.n_layers(lm.config), lm.config.num_attention_heads
+    family, enc, cap = _capture_one(lm, text)
+    n_layers, n_heads = family.n_layers(lm.config), lm.config.num_attention_heads
     if not (0 <= layer < n_layers and 0 <= head < n_heads):
         raise ValueError(f"layer {layer}, head {head} out of range: {lm.name} has {n_layers} layers x {n_heads} heads")
     labels = list(token_labels(lm, enc))
     q_idx = _find_token(labels, enc, token, occurrence)
-    spec = adapter.layer_spec(base_model(lm), layer, lm.config)
+    spec = family.layer_spec(base_model(lm), layer, lm.config)
     res = attention_from_scratch(cap.inputs[layer], spec, cap.key_valid)
     scaled = res.scores[0, head, q_idx]  # (T,) scores after × scale, before the mask
     raw = scaled / spec.scale
@@ -130,11 +130,11 @@ def scale_effect(lm: LoadedModel, text: str, *, layers: list[int] | None = None)
     Without the scale the scores grow with √d and the softmax saturates: entropy falls, the max
     weight rises toward 1 — the lessons' reason for dividing.
     """
-    adapter, enc, cap = _capture_one(lm, text)
+    family, enc, cap = _capture_one(lm, text)
     n = len(enc.ids)
     rows = []
-    for layer in layers if layers is not None else range(adapter.n_layers(lm.config)):
-        spec = adapter.layer_spec(base_model(lm), layer, lm.config)
+    for layer in layers if layers is not None else range(family.n_layers(lm.config)):
+        spec = family.layer_spec(base_model(lm), layer, lm.config)
         x = cap.inputs[layer]
         with_scale = _row_stats(attention_from_scratch(x, spec, cap.key_valid).probs, n)
         without = _row_stats(attention_from_scratch(x, spec, cap.key_valid, use_scale=False).probs, n)
@@ -173,7 +173,7 @@ def permutation_check(lm: LoadedModel, text: str, *, layer: int = 0, seed: int =
     default because for a decoder the real forward pass still applies its causal mask before
     deeper layers.
     """
-    adapter = adapter_for(lm.config)
+    family = family_for(lm.config)
     enc = encode(lm, text)
     n = len(enc.ids)
     if n < 3:
@@ -181,11 +181,11 @@ def permutation_check(lm: LoadedModel, text: str, *, layer: int = 0, seed: int =
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     shuffled = Encoded(text=enc.text, ids=tuple(enc.ids[i] for i in perm), spans=tuple(enc.spans[i] for i in perm),
                        special=tuple(enc.special[i] for i in perm))
-    spec = adapter.layer_spec(base_model(lm), layer, lm.config)
+    spec = family.layer_spec(base_model(lm), layer, lm.config)
     no_order = dataclasses.replace(spec, causal=False, sliding_window=None)
 
     def probs(e: Encoded, positions: bool) -> torch.Tensor:
-        cap = _capture_without_positions(lm, adapter, e) if not positions else capture(lm, [e], adapter)
+        cap = _capture_without_positions(lm, family, e) if not positions else capture(lm, [e], family)
         s = spec if positions else no_order
         return attention_from_scratch(cap.inputs[layer], s, cap.key_valid, use_positions=positions).probs[0]
 
@@ -197,12 +197,12 @@ def permutation_check(lm: LoadedModel, text: str, *, layer: int = 0, seed: int =
                             max_dev_without_positions=deviation(False), max_dev_with_positions=deviation(True))
 
 
-def _capture_without_positions(lm: LoadedModel, adapter, enc: Encoded):
-    if adapter.position_embedding is None:  # rotary: no position enters the layer input
-        return capture(lm, [enc], adapter)
-    module = adapter.position_embedding(base_model(lm))
+def _capture_without_positions(lm: LoadedModel, family: Family, enc: Encoded):
+    if family.position_embedding is None:  # rotary: no position enters the layer input
+        return capture(lm, [enc], family)
+    module = family.position_embedding(base_model(lm))
     handle = module.register_forward_hook(lambda mod, args, out: torch.zeros_like(out))
     try:
-        return capture(lm, [enc], adapter)
+        return capture(lm, [enc], family)
     finally:
         handle.remove()

@@ -14,6 +14,7 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
+from .families import UnsupportedArchitecture, UnsupportedFeature, family_for
 from .loading import LoadedModel
 from .types import AttentionMap, Level
 from .words import Segmenter, assign_words, to_word_level
@@ -122,10 +123,8 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
 
 def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int]) -> list[torch.Tensor] | None:
     """The wanted layers' weights caught from their attention modules; None where that cannot work."""
-    from .adapters import UnsupportedArchitecture, UnsupportedFeature, adapter_for
-
     try:
-        adapter = adapter_for(lm.config)
+        family = family_for(lm.config)
     except (UnsupportedArchitecture, UnsupportedFeature):
         return None
     base = base_model(lm)
@@ -136,7 +135,7 @@ def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int]) -> list[torch
             caught[layer] = out[1] if isinstance(out, tuple) and len(out) > 1 else None
         return hook
 
-    handles = [adapter.attention(base, layer).register_forward_hook(grab(layer)) for layer in wanted]
+    handles = [family.attention(base, layer).register_forward_hook(grab(layer)) for layer in wanted]
     try:
         base(input_ids=ids, attention_mask=mask, output_attentions=False, use_cache=False)
     finally:

@@ -22,6 +22,7 @@ from typing import Literal
 
 import torch
 
+from .families import SUPPORTED_TYPES
 from .registry import KNOWN_MODELS, ModelNotAvailable, ModelSpec, locate, not_available_message
 
 __all__ = ["LoadedModel", "load_model", "cache_dir", "Device", "DType"]
@@ -55,7 +56,7 @@ class LoadedModel:
 
     @property
     def is_causal(self) -> bool:
-        return bool(getattr(self.model.config, "is_decoder", False)) or self.model_type not in _ENCODER_TYPES
+        return bool(getattr(self.model.config, "is_decoder", False)) or not encoder_only(self.config)
 
     @property
     def max_length(self) -> int:
@@ -67,7 +68,18 @@ class LoadedModel:
         return int(limit)
 
 
-_ENCODER_TYPES = {"bert", "roberta", "electra", "xlm-roberta", "distilbert", "camembert", "mpnet", "deberta"}
+def encoder_only(config) -> bool:
+    """True for a bidirectional encoder (built with `AutoModel`, never asked for a next word)."""
+    family = SUPPORTED_TYPES.get(getattr(config, "model_type", None))
+    if family is not None:
+        return family.kind == "encoder"
+    # A type no family covers (extractable, not verifiable): an encoder is what transformers can
+    # build with a masked-LM head and no causal-LM head.
+    from transformers.models.auto import modeling_auto
+
+    model_type = getattr(config, "model_type", None)
+    return (model_type in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
+            and model_type not in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
 def cache_dir() -> Path:
@@ -232,9 +244,7 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: s
                 if why:
                     raise ModelNotAvailable(not_available_message(name, why)) from None
         config = AutoConfig.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
-        causal = any(a.endswith("ForCausalLM") for a in (config.architectures or [])) or getattr(
-            config, "model_type", ""
-        ) not in _ENCODER_TYPES
+        causal = any(a.endswith("ForCausalLM") for a in (config.architectures or [])) or not encoder_only(config)
         cls = AutoModelForCausalLM if causal else AutoModel
         tok = AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
         model = cls.from_pretrained(path, **kwargs)

@@ -1,7 +1,7 @@
 """Attention from scratch, top to bottom, in plain torch ops.
 
 Given one layer's input `x` and that layer's own weights (a `LayerSpec`, filled in by the
-architecture adapters), recompute what the model's attention block does:
+architecture families in `probe/families/`), recompute what the model's attention block does:
 
     q, k, v = x Wqᵀ + bq, x Wkᵀ + bk, x Wvᵀ + bv           project
     split into heads (grouped-query: a KV head serves several query heads)
@@ -17,7 +17,6 @@ implementation the real model is checked against.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -122,7 +121,8 @@ def attention_from_scratch(
     """One attention layer on input `x` (B, T, D); `key_valid` (B, T) is 1 for real tokens.
 
     `use_scale=False` drops the 1/√d factor and `use_positions=False` drops rotary positions —
-    the two experiments the lessons describe (softmax saturation, permutation equivariance).
+    the two experiments of `probe.explain.scale_effect` and `permutation_check` (softmax saturation,
+    permutation equivariance).
     """
     B, T, D = x.shape
     nh, nkv, hs = spec.n_heads, spec.n_kv_heads, spec.head_dim
@@ -160,18 +160,3 @@ def attention_from_scratch(
 def _add_bias(t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     return t if bias is None else t + bias.to(t.dtype)
 
-
-def default_inv_freq(theta: float, dim: int) -> torch.Tensor:
-    """Rotary frequencies θ^(-2i/d), i = 0 .. d/2-1, in float32 as transformers computes them."""
-    return 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim))
-
-
-def llama3_inv_freq(base: torch.Tensor, factor: float, low: float, high: float, original_max: int) -> torch.Tensor:
-    """Llama 3.1 rope scaling: long wavelengths slowed by `factor`, a smooth ramp in between."""
-    low_wavelen, high_wavelen = original_max / low, original_max / high
-    wavelen = 2 * math.pi / base
-    scaled = torch.where(wavelen > low_wavelen, base / factor, base)
-    smooth = (original_max / wavelen - low) / (high - low)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < high_wavelen) & ~(wavelen > low_wavelen)
-    return torch.where(medium, smoothed, scaled)

@@ -1,5 +1,7 @@
 """Tiny randomly initialised models of each family, with tokenizers trained on the spot.
 
+Each family declares its tiny config, tokenizer kind and Auto class in `probe/families/`.
+
 For tests and examples that must run in seconds with no download, as transformers' own tests do.
 Weights are drawn wider than the usual init so that attention is far from uniform — a from-scratch
 bug then shows up as a real mismatch.
@@ -7,15 +9,12 @@ bug then shows up as a real mismatch.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import torch
 
+from .families import FAMILIES, SUPPORTED_TYPES, Family, TokenizerKind
 from .loading import LoadedModel
 
 __all__ = ["tiny_model", "tiny_tokenizer", "TINY_CORPUS"]
-
-Family = Literal["bert", "gpt2", "llama", "gemma3"]
 
 TINY_CORPUS = (
     "The animal didn't cross the street because it was too tired.",
@@ -29,7 +28,7 @@ TINY_CORPUS = (
 )
 
 
-def tiny_tokenizer(kind: Literal["wordpiece", "bytebpe", "sentencepiece"]):
+def tiny_tokenizer(kind: TokenizerKind):
     """A fast tokenizer of the given kind, trained in milliseconds on `TINY_CORPUS`."""
     from tokenizers import ByteLevelBPETokenizer, SentencePieceBPETokenizer, processors
     from tokenizers.implementations import BertWordPieceTokenizer
@@ -58,49 +57,36 @@ def tiny_tokenizer(kind: Literal["wordpiece", "bytebpe", "sentencepiece"]):
     raise ValueError(f"unknown tokenizer kind {kind!r}")
 
 
-def _config(family: Family, vocab: int, **overrides):
-    from transformers import BertConfig, Gemma3TextConfig, GPT2Config, LlamaConfig
-
-    if family == "bert":
-        cfg = BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                         intermediate_size=64, max_position_embeddings=128)
-    elif family == "gpt2":
-        cfg = GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=0, eos_token_id=0)
-    elif family == "llama":
-        cfg = LlamaConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)
-    elif family == "gemma3":
-        cfg = Gemma3TextConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
-                               sliding_window=4, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                               max_position_embeddings=128)
-    else:
-        raise ValueError(f"unknown family {family!r}; choose bert, gpt2, llama or gemma3")
-    for k, v in overrides.items():
-        setattr(cfg, k, v)
-    return cfg
+def _family(name: str) -> Family:
+    if name in FAMILIES:
+        return FAMILIES[name]
+    if name in SUPPORTED_TYPES:
+        return SUPPORTED_TYPES[name]
+    raise ValueError(f"unknown family or model type {name!r}; choose a family ({', '.join(FAMILIES)}) "
+                     f"or a model type ({', '.join(sorted(SUPPORTED_TYPES))})")
 
 
-def tiny_model(family: Family, *, seed: int = 0, std: float = 0.2, **config_overrides) -> LoadedModel:
-    """A `LoadedModel` of a 2-3 layer random model of `family`, ready for extract() and verify().
+def tiny_model(name: str, *, seed: int = 0, std: float = 0.2, **config_overrides) -> LoadedModel:
+    """A `LoadedModel` of a 2-3 layer random model of family (or model type) `name`, ready for extract() and verify().
 
     >>> lm = tiny_model("llama")
     >>> lm.config.num_hidden_layers, lm.is_causal
     (2, True)
     """
-    from transformers import AutoModel, AutoModelForCausalLM
+    import transformers
 
-    kind = {"bert": "wordpiece", "gpt2": "bytebpe", "llama": "bytebpe", "gemma3": "sentencepiece"}[family]
-    tok = tiny_tokenizer(kind)
-    cfg = _config(family, len(tok), **config_overrides)
+    family = _family(name)
+    tok = tiny_tokenizer(family.tokenizer)
+    cfg = family.tiny_config(len(tok))
+    for key, value in config_overrides.items():
+        setattr(cfg, key, value)
     cfg.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     cfg.bos_token_id, cfg.eos_token_id = tok.bos_token_id, tok.eos_token_id
     torch.manual_seed(seed)
-    cls = AutoModel if family == "bert" else AutoModelForCausalLM
-    model = cls.from_config(cfg, attn_implementation="eager")
+    model = getattr(transformers, family.auto_class).from_config(cfg, attn_implementation="eager")
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, std)
     model.eval()
-    return LoadedModel(name=f"tiny-{family}", model=model, tokenizer=tok, source="random init",
+    return LoadedModel(name=f"tiny-{family.name}", model=model, tokenizer=tok, source="random init",
                        dtype=torch.float32, device=torch.device("cpu"))

@@ -17,8 +17,8 @@ from typing import Sequence
 
 import torch
 
-from .adapters import Adapter, adapter_for
 from .extract import Encoded, base_model, check_texts, encode_many, pad_batch
+from .families import Family, family_for
 from .loading import LoadedModel
 from .scratch import attention_from_scratch
 
@@ -154,10 +154,10 @@ class Captured:
 
 
 @torch.inference_mode()
-def capture(lm: LoadedModel, items: Sequence[Encoded], adapter: Adapter) -> Captured:
+def capture(lm: LoadedModel, items: Sequence[Encoded], family: Family) -> Captured:
     """Run the real model once with hooks on every attention block."""
     base = base_model(lm)
-    n = adapter.n_layers(lm.config)
+    n = family.n_layers(lm.config)
     inputs: list = [None] * n
     outputs: list = [None] * n
     handles = []
@@ -173,8 +173,8 @@ def capture(lm: LoadedModel, items: Sequence[Encoded], adapter: Adapter) -> Capt
         return hook
 
     for i in range(n):
-        handles.append(adapter.attention(base, i).register_forward_pre_hook(grab_input(i), with_kwargs=True))
-        handles.append(adapter.out_proj(base, i).register_forward_hook(grab_output(i)))
+        handles.append(family.attention(base, i).register_forward_pre_hook(grab_input(i), with_kwargs=True))
+        handles.append(family.out_proj(base, i).register_forward_hook(grab_output(i)))
     ids, mask = pad_batch(items, lm.device)
     try:
         t0 = time.perf_counter()
@@ -194,7 +194,7 @@ def verify(
     *,
     batch_size: int = 8,
     truncate: bool = False,
-    adapter: Adapter | None = None,
+    family: Family | None = None,
 ) -> Verification:
     """Recompute every layer of `lm` from scratch on `texts` and compare with the model.
 
@@ -202,19 +202,19 @@ def verify(
     >>> verify(load_model("minilm")).summary()                         # doctest: +SKIP
     'attention verified: max |Δ| = 2.4e-07 over 6 layers × 12 heads (tolerance 1e-05, float32)'
     """
-    adapter = adapter or adapter_for(lm.config)
+    family = family or family_for(lm.config)
     texts = check_texts(DEFAULT_TEXTS if texts is None else texts)
     encoded = encode_many(lm, texts, truncate=truncate)
-    n_layers = adapter.n_layers(lm.config)
+    n_layers = family.n_layers(lm.config)
     worst = [[0.0, 0.0, 0.0, 0.0] for _ in range(n_layers)]  # abs, rel, abs_out, rel_out
     t_fwd = t_re = 0.0
     for start in range(0, len(encoded), batch_size):
         batch = encoded[start : start + batch_size]
-        cap = capture(lm, batch, adapter)
+        cap = capture(lm, batch, family)
         t_fwd += cap.seconds
         t0 = time.perf_counter()
         for i in range(n_layers):
-            errs = _compare_layer(adapter, lm, cap, i, [len(e.ids) for e in batch])
+            errs = _compare_layer(family, lm, cap, i, [len(e.ids) for e in batch])
             worst[i] = [max(a, b) for a, b in zip(worst[i], errs)]
         t_re += time.perf_counter() - t0
     tol_p, tol_o = tolerances(lm.dtype)
@@ -223,7 +223,7 @@ def verify(
     )
     return Verification(
         model=lm.name,
-        family=adapter.family,
+        family=family.name,
         dtype=str(lm.dtype).replace("torch.", ""),
         tolerance=tol_p,
         tolerance_output=tol_o,
@@ -237,8 +237,8 @@ def verify(
 
 
 @torch.inference_mode()
-def _compare_layer(adapter: Adapter, lm: LoadedModel, cap: Captured, i: int, lengths: list[int]) -> list[float]:
-    spec = adapter.layer_spec(base_model(lm), i, lm.config)
+def _compare_layer(family: Family, lm: LoadedModel, cap: Captured, i: int, lengths: list[int]) -> list[float]:
+    spec = family.layer_spec(base_model(lm), i, lm.config)
     x = cap.inputs[i]
     ours = attention_from_scratch(x, spec, cap.key_valid.to(x.device))
     abs_p = abs_o = ref_p = ref_o = 0.0

@@ -22,7 +22,7 @@ def cli(text, model_name, token, occurrence, layer, head, scale_effect, permutat
     """Explain how head LAYER.HEAD builds TOKEN's output in TEXT: scores, scaling, softmax, values."""
     import pandas as pd
 
-    from headscope.probe.adapters import UnsupportedArchitecture, UnsupportedFeature
+    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
     from headscope.probe.explain import explain, permutation_check
     from headscope.probe.explain import scale_effect as scale_table
 

@@ -125,7 +125,7 @@ def analyse_model(lm, texts: Sequence[str], probe_sets: Sequence[tuple[str, list
     Returns `(ModelSection, record)`: the report's view and the run.json entry.
     """
     from headscope.probe import extract
-    from headscope.probe.adapters import UnsupportedArchitecture, UnsupportedFeature
+    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
     from headscope.probe.verify import verify
     from headscope.reports.html import ModelSection
 

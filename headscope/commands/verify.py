@@ -17,7 +17,7 @@ from ..common import echo_json, fail, load_or_fail, model_options
 @model_options
 def cli(model_name: str, texts: tuple[str, ...], truncate: bool, as_json: bool, device: str, dtype: str) -> None:
     """Exit 0 only when every head of every layer matches the from-scratch attention."""
-    from headscope.probe.adapters import UnsupportedArchitecture, UnsupportedFeature
+    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
     from headscope.probe.verify import verify
 
     lm = load_or_fail(model_name, device, dtype)
