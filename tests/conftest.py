@@ -3,6 +3,8 @@ import pathlib
 
 import pytest
 
+from headscope.probe.families import FAMILIES
+
 SHARED = pathlib.Path(__file__).resolve().parents[1].parent / "shared"
 
 
@@ -13,7 +15,7 @@ def _tiny(family: str):
     return tiny_model(family)
 
 
-@pytest.fixture(params=["bert", "gpt2", "llama", "gemma3"])
+@pytest.fixture(params=sorted(FAMILIES))
 def tiny(request):
     """A tiny random LoadedModel of each family (built once per session)."""
     return _tiny(request.param)

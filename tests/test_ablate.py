@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from headscope.probe.ablate import ablate_heads, causal_check, option_logprobs, output_projections
+from headscope.probe.families import FAMILIES
 from headscope.probe.tiny import tiny_model
 
 
@@ -25,7 +26,7 @@ def _capture(module):
     return seen, module.register_forward_hook(hook)
 
 
-@pytest.mark.parametrize("family", ["bert", "gpt2", "llama", "gemma3"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_ablation_zeroes_exactly_the_heads_slice(family):
     lm = tiny_model(family)
     proj = output_projections(lm)
@@ -92,12 +93,52 @@ def test_option_logprobs_match_a_direct_computation():
     assert got[1] == pytest.approx(got[0][:1])
 
 
-def test_causal_check_on_a_tiny_decoder(llama):
-    prompts = ["Mary told John that she left. She is", "The dog chased the cat. It was"]
-    options = [(" Mary", " John"), (" the dog", " the cat")]
-    check = causal_check(llama, prompts, options, [0, 1], [(1, 3)], n_random=4, seed=1)
-    assert check.n == 2 and len(check.random_deltas) == 4 and check.heads == ((1, 3),)
-    assert 0.2 <= check.p_value <= 1.0 and check.verdict.startswith("ablating L1H3 moves the preference")
-    before = option_logprobs(llama, prompts, options)
-    assert check.preference_before == pytest.approx(((before[0][0] - before[0][1]) + (before[1][1] - before[1][0])) / 2)
+PROMPTS = ["Mary told John that she left. She is", "The dog chased the cat. It was"]
+OPTIONS = [(" Mary", " John"), (" the dog", " the cat")]
+ANSWERS = [0, 1]
+
+
+def _preference_by_hand(logps):
+    # log P(right) - log P(the other option), two options per prompt, answers 0 and 1
+    return [logps[0][0] - logps[0][1], logps[1][1] - logps[1][0]]
+
+
+def _silence_heads_except(lm, keep: set[tuple[int, int]]):
+    """Zero the output-projection columns of every head not in `keep`: ablating one of them changes nothing."""
+    hd = lm.config.head_dim
+    with torch.no_grad():
+        for layer, proj in output_projections(lm).items():
+            for h in range(lm.config.num_attention_heads):
+                if (layer, h) not in keep:
+                    proj.weight[:, h * hd : (h + 1) * hd] = 0
+
+
+def test_causal_check_against_heads_that_cannot_matter():
+    # Only L1H3 writes to the residual stream; every random set ablates heads whose output is
+    # multiplied by zero columns, so each random delta is exactly 0. With ties counted as "at least
+    # as large a drop", p = 1/(1+n) when ablating L1H3 lowers the preference, and 1 otherwise.
+    lm = tiny_model("llama", seed=3)
+    _silence_heads_except(lm, {(1, 3)})
+    n_random = 4
+    check = causal_check(lm, PROMPTS, OPTIONS, ANSWERS, [(1, 3)], n_random=n_random, seed=1)
+    before = _preference_by_hand(option_logprobs(lm, PROMPTS, OPTIONS))
+    with ablate_heads(lm, [(1, 3)]):
+        after = _preference_by_hand(option_logprobs(lm, PROMPTS, OPTIONS))
+    expected_delta = sum(a - b for a, b in zip(after, before)) / 2
+    assert check.n == 2 and check.heads == ((1, 3),) and check.random_deltas == (0.0,) * n_random
+    assert check.preference_before == pytest.approx(sum(before) / 2)
+    assert check.delta == pytest.approx(expected_delta) and abs(check.delta) > 1e-4
+    assert check.p_value == (1 / (1 + n_random) if check.delta < 0 else 1.0)
+    assert check.verdict.startswith("ablating L1H3 moves the preference")
     assert check.to_dict()["heads"] == [{"layer": 1, "head": 3}]
+
+
+def test_causal_check_when_no_head_can_matter():
+    # Every head's output columns are zero: no ablation changes anything, all deltas tie at 0 and
+    # the p-value (1 + #ties) / (1 + n) is exactly 1.
+    lm = tiny_model("llama", seed=3)
+    _silence_heads_except(lm, set())
+    check = causal_check(lm, PROMPTS, OPTIONS, ANSWERS, [(0, 1), (1, 2)], n_random=3, seed=0)
+    assert check.delta == 0.0 and check.random_deltas == (0.0, 0.0, 0.0) and check.p_value == 1.0
+    assert check.preference_after == check.preference_before
+    assert check.verdict.endswith("not a larger drop than random heads give (p = 1).")

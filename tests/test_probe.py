@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headscope.probe import AttentionMap, extract, extract_ids, to_word_level, word_spans
-from headscope.probe.adapters import UnsupportedArchitecture, UnsupportedFeature, adapter_for
+from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature, family_for
 from headscope.probe.explain import explain, permutation_check, scale_effect
 from headscope.probe.scratch import build_mask, stable_softmax
 from headscope.probe.tiny import tiny_model
@@ -160,38 +160,38 @@ def test_gemma3_sliding_window_beyond_window():
     assert verify(lm, [text]).passed
 
 
-def test_wrong_adapter_fails_verification(tiny):
-    good = adapter_for(tiny.config)
+def test_wrong_family_fails_verification(tiny):
+    good = family_for(tiny.config)
 
     def no_scale(base, i, cfg):
         return dataclasses.replace(good.layer_spec(base, i, cfg), scale=1.0)
 
     broken = dataclasses.replace(good, layer_spec=no_scale)
-    v = verify(tiny, TEXTS[:1], adapter=broken)
+    v = verify(tiny, TEXTS[:1], family=broken)
     assert not v.passed and v.max_abs_err > 1e-3
     assert "NOT verified" in v.summary()
 
 
 def test_wrong_rotary_base_fails_verification():
     lm = tiny_model("llama")
-    good = adapter_for(lm.config)
+    good = family_for(lm.config)
 
     def wrong_rope(base, i, cfg):
         spec = good.layer_spec(base, i, cfg)
         return dataclasses.replace(spec, inv_freq=spec.inv_freq * 0.5)
 
-    assert not verify(lm, TEXTS[:1], adapter=dataclasses.replace(good, layer_spec=wrong_rope)).passed
+    assert not verify(lm, TEXTS[:1], family=dataclasses.replace(good, layer_spec=wrong_rope)).passed
 
 
 def test_unsupported_architecture_and_features():
     from transformers import Gemma3TextConfig, LlamaConfig, T5Config
 
     with pytest.raises(UnsupportedArchitecture, match="supported families: bert"):
-        adapter_for(T5Config())
+        family_for(T5Config())
     with pytest.raises(UnsupportedFeature, match="softcapping"):
-        adapter_for(Gemma3TextConfig(attn_logit_softcapping=50.0))
+        family_for(Gemma3TextConfig(attn_logit_softcapping=50.0))
     with pytest.raises(UnsupportedFeature, match="rope_type='yarn'"):
-        adapter_for(LlamaConfig(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}))
+        family_for(LlamaConfig(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}))
 
 
 def test_llama3_rope_scaling_verifies():

@@ -1,0 +1,197 @@
+"""The family registry: one file per family, found by discovery; rotary types by name; docs from the registry."""
+
+import ast
+import io
+import json
+import math
+import pathlib
+import re
+import sys
+import tokenize
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import headscope.probe.families as families
+from headscope.cli import cli
+from headscope.probe import loading
+from headscope.probe.families import FAMILIES, SUPPORTED_TYPES, UnsupportedFeature, family_for, family_of_type
+from headscope.probe.rotary import inv_freq
+from headscope.probe.tiny import tiny_model
+from headscope.probe.verify import verify
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+FAMILY_DIR = ROOT / "probe" / "families"
+
+
+def test_registry_names_are_the_module_files():
+    files = {p.stem for p in FAMILY_DIR.glob("*.py") if not p.name.startswith("_")}
+    assert set(FAMILIES) == files
+    for name, family in FAMILIES.items():
+        assert family.name == name and family.model_types
+        assert all(SUPPORTED_TYPES[t] is family for t in family.model_types)
+    assert len(SUPPORTED_TYPES) == sum(len(f.model_types) for f in FAMILIES.values())  # no type in two families
+
+
+def test_a_module_dropped_into_the_package_is_registered(tmp_path, monkeypatch):
+    (tmp_path / "toy.py").write_text(
+        "import dataclasses\n"
+        "from headscope.probe.families.gpt2 import FAMILY as _GPT2\n"
+        "FAMILY = dataclasses.replace(_GPT2, name='toy', model_types=('toy_type',))\n"
+    )
+    monkeypatch.setattr(families, "__path__", [*families.__path__, str(tmp_path)])
+    try:
+        found = families._discover()
+    finally:
+        sys.modules.pop("headscope.probe.families.toy", None)
+    assert sorted(found) == sorted([*FAMILIES, "toy"]) and found["toy"].model_types == ("toy_type",)
+
+
+def test_a_module_named_unlike_its_family_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "wrongname.py").write_text("from headscope.probe.families.gpt2 import FAMILY\n")
+    monkeypatch.setattr(families, "__path__", [*families.__path__, str(tmp_path)])
+    try:
+        with pytest.raises(ValueError, match="declares family 'gpt2'; name the file after it"):
+            families._discover()
+    finally:
+        sys.modules.pop("headscope.probe.families.wrongname", None)
+
+
+def _string_literals(path: pathlib.Path):
+    """(value, is a `family=` keyword argument) for every plain string literal in a Python file."""
+    toks = list(tokenize.generate_tokens(io.StringIO(path.read_text(encoding="utf-8")).readline))
+    for k, tok in enumerate(toks):
+        if tok.type != tokenize.STRING:
+            continue
+        try:
+            value = ast.literal_eval(tok.string)
+        except ValueError:  # an f-string
+            continue
+        yield value, k >= 2 and toks[k - 1].string == "=" and toks[k - 2].string == "family"
+
+
+def test_each_model_type_is_named_in_one_file_only():
+    # A family name that is also a model type ("bert") may name the family elsewhere (`family="bert"`).
+    where: dict[str, set[str]] = {t: set() for t in SUPPORTED_TYPES}
+    for path in sorted((ROOT / "probe").rglob("*.py")):
+        for value, names_family in _string_literals(path):
+            if value in where and not names_family:
+                where[value].add(path.relative_to(ROOT).as_posix())
+    for model_type, family in SUPPORTED_TYPES.items():
+        assert where[model_type] == {f"probe/families/{family.name}.py"}, model_type
+
+
+@pytest.mark.parametrize("model_type", sorted(SUPPORTED_TYPES))
+def test_tiny_model_by_model_type_is_its_family_model(model_type):
+    family = SUPPORTED_TYPES[model_type]
+    lm = tiny_model(model_type)
+    assert lm.name == f"tiny-{family.name}"
+    assert family_for(lm.config) is family
+    assert lm.is_causal == (family.kind != "encoder")
+    assert (family.auto_class == "AutoModel") == (family.kind == "encoder")
+
+
+def test_tiny_model_of_an_unknown_name_lists_the_choices():
+    with pytest.raises(ValueError, match=r"unknown family or model type 'nope'; choose a family \(bert, "):
+        tiny_model("nope")
+
+
+def test_encoder_only_from_the_registry_and_from_transformers_for_other_types():
+    from transformers import AutoConfig
+
+    for model_type, family in SUPPORTED_TYPES.items():
+        assert loading.encoder_only(AutoConfig.for_model(model_type)) == (family.kind == "encoder")
+    for model_type, encoder in [("distilbert", True), ("mpnet", True), ("deberta", True), ("t5", False),
+                                ("phi3", False), ("bart", False)]:
+        assert loading.encoder_only(AutoConfig.for_model(model_type)) == encoder, model_type
+
+
+def _config(cls: str, **kwargs):
+    import transformers
+
+    return getattr(transformers, cls)(**kwargs)
+
+
+@pytest.mark.parametrize("cls, kwargs, message", [
+    ("BertConfig", {"position_embedding_type": "relative_key"}, "relative position scores are not reproduced"),
+    ("BertConfig", {"is_decoder": True}, "BERT used as a decoder"),
+    ("GPT2Config", {"add_cross_attention": True}, "GPT-2 with cross-attention"),
+    ("LlamaConfig", {"pretraining_tp": 2}, "pretraining_tp > 1"),
+    ("LlamaConfig", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     "partial rotary"),
+    ("Gemma3TextConfig", {"use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
+    ("Gemma3TextConfig", {"attn_logit_softcapping": 50.0}, "softcapping is not reproduced"),
+])
+def test_each_refused_feature_is_named(cls, kwargs, message):
+    with pytest.raises(UnsupportedFeature, match=re.escape(message)):
+        family_for(_config(cls, **kwargs))
+
+
+def test_unknown_rope_type_names_the_supported_ones():
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0})
+    with pytest.raises(UnsupportedFeature, match=re.escape("rope_type='yarn' is not reproduced (supported: default, "
+                                                           "linear, llama3)")):
+        inv_freq(cfg, 8)
+
+
+class _Cfg:
+    def __init__(self, **rope):
+        self.rope_parameters = rope
+
+
+def test_rope_frequencies_by_hand():
+    # θ^(-2i/d) for θ = 100, d = 4: i = 0, 1 -> 1, 1/10
+    torch.testing.assert_close(inv_freq(_Cfg(rope_type="default", rope_theta=100.0), 4), torch.tensor([1.0, 0.1]))
+    torch.testing.assert_close(inv_freq(_Cfg(rope_type="linear", rope_theta=100.0, factor=4.0), 4),
+                               torch.tensor([0.25, 0.025]))
+    # llama3 with original length 64, low 1, high 4: wavelengths under 64/4 = 16 keep their frequency,
+    # over 64/1 = 64 are slowed by `factor`, and between them the ramp is (64/λ - 1) / 3.
+    p = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+             original_max_position_embeddings=64)
+    base = inv_freq(_Cfg(rope_type="default", rope_theta=10000.0), 16)
+    got = inv_freq(_Cfg(**p), 16)
+    for f, g in zip(base.tolist(), got.tolist()):
+        wavelen = 2 * math.pi / f
+        if wavelen < 16:
+            assert g == pytest.approx(f)
+        elif wavelen > 64:
+            assert g == pytest.approx(f / 8)
+        else:
+            s = (64 / wavelen - 1) / 3
+            assert g == pytest.approx((1 - s) * f / 8 + s * f)
+    assert (got < base).any() and (got == base).any()  # both regimes occur at this size
+
+
+def test_linear_rope_scaling_verifies():
+    lm = tiny_model("llama", rope_parameters={"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0})
+    assert verify(lm, ["The cat sat on the mat, and the dog sat on the log!"]).passed
+
+
+def test_readme_table_is_the_registry():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    found = re.search(r"<!-- families:start -->\n(.*?)<!-- families:end -->", readme, re.S)
+    assert found, "README.md lacks the <!-- families:start --> / <!-- families:end --> markers"
+    assert found.group(1) == families.coverage_markdown(), (
+        "README.md's family table differs from probe/families/; replace the lines between the markers with the "
+        "output of: python -c 'from headscope.probe.families import coverage_markdown; print(coverage_markdown(), end=\"\")'"
+    )
+
+
+def test_models_families_cli():
+    res = CliRunner().invoke(cli, ["models", "--families", "--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.output)
+    assert {r["model_type"] for r in rows} == set(SUPPORTED_TYPES)
+    for r in rows:
+        family = family_of_type(r["model_type"])
+        assert r == {"model_type": r["model_type"], "family": family.name, "file": f"probe/families/{family.name}.py",
+                     "kind": family.kind, "features": list(family.features)}
+        assert (ROOT / r["file"]).is_file()
+    table = CliRunner().invoke(cli, ["models", "--families"])
+    assert table.exit_code == 0
+    lines = table.output.splitlines()
+    assert lines[0].split()[:3] == ["model", "type", "family"] and len(lines) == 1 + len(SUPPORTED_TYPES)
+    assert any(line.split()[:3] == ["gemma3_text", "gemma3", "decoder"] for line in lines)
