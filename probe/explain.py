@@ -1,4 +1,4 @@
-"""The lessons' questions, answered with the from-scratch attention on a real model.
+"""How attention works, shown on a real model with the from-scratch attention: three experiments.
 
 - `explain`: for one query token of one head, each key's raw score q·k, the scaled score, the
   softmax weight, and the head's output as the weighted sum of values.
@@ -128,7 +128,7 @@ def scale_effect(lm: LoadedModel, text: str, *, layers: list[int] | None = None)
     """Per (layer, head): entropy and max weight with the 1/√d scale and without it.
 
     Without the scale the scores grow with √d and the softmax saturates: entropy falls, the max
-    weight rises toward 1 — the lessons' reason for dividing.
+    weight rises toward 1 — the reason attention divides by √d.
     """
     family, enc, cap = _capture_one(lm, text)
     n = len(enc.ids)

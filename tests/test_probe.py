@@ -201,7 +201,7 @@ def test_llama3_rope_scaling_verifies():
     assert verify(lm, TEXTS).passed
 
 
-# --- the lessons' experiments ---------------------------------------------------------------
+# --- explain's experiments: one head's scores, the 1/√d scale, permutation without positions ---
 
 
 def test_explain_matches_model(tiny):
