@@ -70,14 +70,14 @@ class LoadedModel:
 
 def encoder_only(config) -> bool:
     """True for a bidirectional encoder (built with `AutoModel`, never asked for a next word)."""
-    family = SUPPORTED_TYPES.get(getattr(config, "model_type", None))
+    model_type = getattr(config, "model_type", None)
+    family = SUPPORTED_TYPES.get(model_type)
     if family is not None:
         return family.kind == "encoder"
     # A type no family covers (extractable, not verifiable): an encoder is what transformers can
     # build with a masked-LM head and no causal-LM head.
     from transformers.models.auto import modeling_auto
 
-    model_type = getattr(config, "model_type", None)
     return (model_type in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
             and model_type not in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
