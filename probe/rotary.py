@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from .families import UnsupportedFeature
+from .errors import UnsupportedFeature
 
 __all__ = ["ROPE_INV_FREQ", "rope_params", "inv_freq", "default_inv_freq", "llama3_inv_freq"]
 

@@ -5,23 +5,30 @@ architecture families in `probe/families/`), recompute what the model's attentio
 
     q, k, v = x Wqᵀ + bq, x Wkᵀ + bk, x Wvᵀ + bv           project
     split into heads (grouped-query: a KV head serves several query heads)
-    optional per-head RMS norm of q and k (Gemma 3), rotary positions (Llama, Gemma 3)
+    optional RMS norm of q and k (per head, or over the whole projection)
+    rotary positions on all or the first `rotary_dim` dims of each head (half-split or interleaved)
     scores = q kᵀ · scale                                   (√d or the model's own scalar)
+    scores += position bias                                 ALiBi slopes, T5 relative buckets
+    scores = c · tanh(scores / c)                           logit softcapping (Gemma 2)
     scores += mask                                          padding, causal, sliding window
     P = softmax(scores), written out: subtract the row max, exp, normalise
     y = P v, heads concatenated, out = y Woᵀ + bo
 
 No `scaled_dot_product_attention`, no transformers attention code: this is the independent
-implementation the real model is checked against.
+implementation the real model is checked against. Cross-attention is the same computation with
+keys and values projected from another sequence (`kv=`, the encoder's output).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from typing import Callable, Literal
 
 import torch
 
-__all__ = ["LayerSpec", "ScratchResult", "attention_from_scratch", "stable_softmax", "rotary_cos_sin", "build_mask"]
+__all__ = ["LayerSpec", "ScratchResult", "attention_from_scratch", "stable_softmax", "rotary_cos_sin", "build_mask",
+           "alibi_slopes", "relative_position_buckets"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -42,18 +49,29 @@ class LayerSpec:
     scale: float
     causal: bool
     sliding_window: int | None = None  # key j visible from query i only if i - j < window
-    inv_freq: torch.Tensor | None = None  # (hs/2,) rotary frequencies; None = no rotary
-    rope_scaling: float = 1.0  # multiplies cos and sin (1.0 for default, linear and llama3 rope)
-    q_norm: torch.Tensor | None = None  # (hs,) Gemma-style RMS norm weight, applied as (1 + w)
+    local_window: int | None = None  # bidirectional band: key j visible from query i only if |i - j| <= window
+    # Rotary frequencies (rotary_dim/2,), or a function of the sequence length T for rope types whose
+    # frequencies depend on it (dynamic NTK, longrope); None = no rotary.
+    inv_freq: torch.Tensor | Callable[[int], torch.Tensor] | None = None
+    rope_scaling: float = 1.0  # multiplies cos and sin (the attention factor of yarn and longrope)
+    rotary_dim: int | None = None  # rotate only the first rotary_dim dims of a head (partial rotary); None = all
+    rotary_interleaved: bool = False  # pairs (x0, x1), (x2, x3), ... (GPT-J) instead of (x_i, x_{i+d/2})
+    q_norm: torch.Tensor | None = None  # RMS norm weight of q: (hs,) per head, or (nh*hs,) over the projection
     k_norm: torch.Tensor | None = None
     norm_eps: float = 1e-6
+    norm_offset: float = 1.0  # the norm multiplies by (offset + w): 1 for Gemma's (1 + w), 0 for a plain w
+    norm_scope: Literal["head", "projection"] = "head"  # OLMo 2 normalises the whole projection before the split
+    # Additive per-head score bias from positions, a function (T_query, T_key) -> (nh, T_query, T_key):
+    # ALiBi slopes, T5's bucketed relative bias.
+    score_bias: Callable[[int, int], torch.Tensor] | None = None
+    softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) before masking (Gemma 2)
 
 
 @dataclass(frozen=True, eq=False)
 class ScratchResult:
-    scores: torch.Tensor  # (B, nh, T, T) scaled, before masking
-    probs: torch.Tensor  # (B, nh, T, T) attention probabilities
-    values: torch.Tensor  # (B, nh, T, hs) V per query head (grouped KV heads repeated)
+    scores: torch.Tensor  # (B, nh, T, S) scaled, position-biased and softcapped, before masking
+    probs: torch.Tensor  # (B, nh, T, S) attention probabilities (S = T for self-attention)
+    values: torch.Tensor  # (B, nh, S, hs) V per query head (grouped KV heads repeated)
     heads_out: torch.Tensor  # (B, nh, T, hs) P·V per head
     output: torch.Tensor  # (B, T, D) after the head concat and W_O
 
@@ -70,42 +88,114 @@ def stable_softmax(scores: torch.Tensor) -> torch.Tensor:
     return e / e.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(e.dtype).tiny)
 
 
-def rotary_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, scaling: float = 1.0):
-    """cos and sin tables, (T, hs), in the half-split layout transformers uses (not interleaved)."""
-    angles = positions[:, None].to(inv_freq.dtype) * inv_freq[None, :]  # (T, hs/2)
-    emb = torch.cat([angles, angles], dim=-1)  # (T, hs)
+def rotary_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, scaling: float = 1.0, *, interleaved: bool = False):
+    """cos and sin tables, (T, d), d = 2 × len(inv_freq): half-split layout (angle i at i and i + d/2),
+    or interleaved (angle i at 2i and 2i + 1, GPT-J)."""
+    angles = positions[:, None].to(inv_freq.dtype) * inv_freq[None, :]  # (T, d/2)
+    if interleaved:
+        emb = angles.repeat_interleave(2, dim=-1)  # (T, d)
+    else:
+        emb = torch.cat([angles, angles], dim=-1)  # (T, d)
     return emb.cos() * scaling, emb.sin() * scaling
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x: (B, n, T, hs); each pair (x_i, x_{i+hs/2}) turns by its angle.
-    half = x.shape[-1] // 2
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False) -> torch.Tensor:
+    # x: (B, n, T, d); each pair (x_i, x_{i+d/2}), or (x_{2i}, x_{2i+1}) interleaved, turns by its angle.
+    if interleaved:
+        pairs = x.unflatten(-1, (-1, 2))  # (B, n, T, d/2, 2)
+        rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
+    else:
+        half = x.shape[-1] // 2
+        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
     return x * cos + rotated * sin
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+def _apply_rotary(q: torch.Tensor, k: torch.Tensor, spec: LayerSpec, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """q, k (B, n, T, hs) with rotary positions on their first `rotary_dim` dims; the rest pass unchanged."""
+    inv_freq = spec.inv_freq(T) if callable(spec.inv_freq) else spec.inv_freq
+    cos, sin = rotary_cos_sin(inv_freq.float(), torch.arange(T), spec.rope_scaling, interleaved=spec.rotary_interleaved)
+    cos, sin = cos.to(q.dtype), sin.to(q.dtype)
+    d = spec.rotary_dim or q.shape[-1]
+    if d == q.shape[-1]:
+        return _rotate(q, cos, sin, interleaved=spec.rotary_interleaved), _rotate(k, cos, sin, interleaved=spec.rotary_interleaved)
+    turned = [torch.cat([_rotate(t[..., :d], cos, sin, interleaved=spec.rotary_interleaved), t[..., d:]], dim=-1)
+              for t in (q, k)]
+    return turned[0], turned[1]
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 1.0) -> torch.Tensor:
     xf = x.float()
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (normed * (1.0 + weight.float())).to(x.dtype)
+    return (normed * (offset + weight.float())).to(x.dtype)
 
 
-def build_mask(key_valid: torch.Tensor, *, causal: bool, sliding_window: int | None, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask (B, 1, T, T): 0 where query i may see key j, -inf elsewhere.
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """ALiBi's per-head slopes (Press et al. 2022): a geometric sequence from 2^(-8/n) for n a power of
+    two; otherwise the closest power of two's slopes, then every other slope of the next one.
+
+    >>> alibi_slopes(4)
+    tensor([0.2500, 0.0625, 0.0156, 0.0039])
+    >>> [round(float(s), 4) for s in alibi_slopes(6)]
+    [0.25, 0.0625, 0.0156, 0.0039, 0.5, 0.125]
+    """
+    closest = 2 ** math.floor(math.log2(n_heads))
+    base = 2.0 ** (-8.0 / closest)
+    slopes = [base ** (i + 1) for i in range(closest)]
+    if closest < n_heads:
+        extra = 2.0 ** (-4.0 / closest)  # the slopes of 2 × closest heads, odd powers only
+        slopes += [extra ** (2 * i + 1) for i in range(n_heads - closest)]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+def relative_position_buckets(relative: torch.Tensor, *, bidirectional: bool, n_buckets: int,
+                              max_distance: int) -> torch.Tensor:
+    """T5's bucket of each relative position `key - query`: exact buckets for small distances,
+    logarithmic ones up to `max_distance`, the last bucket beyond; half the buckets per direction when
+    `bidirectional` (an encoder), only the past when not (a decoder).
+
+    >>> relative_position_buckets(torch.tensor([-3, -1, 0, 1, 3]), bidirectional=True, n_buckets=8, max_distance=16)
+    tensor([2, 1, 0, 5, 6])
+    """
+    buckets = torch.zeros_like(relative)
+    if bidirectional:
+        n_buckets //= 2
+        buckets = buckets + (relative > 0).long() * n_buckets
+        distance = relative.abs()
+    else:
+        distance = (-relative).clamp_min(0)  # only keys before the query have a distance
+    exact = n_buckets // 2
+    is_small = distance < exact
+    log_ratio = torch.log(distance.float().clamp_min(1) / exact) / math.log(max_distance / exact)
+    large = (exact + (log_ratio * (n_buckets - exact)).long()).clamp_max(n_buckets - 1)
+    return buckets + torch.where(is_small, distance, large)
+
+
+def build_mask(key_valid: torch.Tensor, *, causal: bool, sliding_window: int | None, dtype: torch.dtype,
+               local_window: int | None = None, n_queries: int | None = None) -> torch.Tensor:
+    """Additive mask (B, 1, Tq, Tk): 0 where query i may see key j, -inf elsewhere. Tk is the length of
+    `key_valid`; Tq = Tk unless the keys come from another sequence (cross-attention).
 
     >>> build_mask(torch.tensor([[1, 1, 0]]), causal=True, sliding_window=None, dtype=torch.float32)[0, 0]
     tensor([[0., -inf, -inf],
             [0., 0., -inf],
             [0., 0., -inf]])
+    >>> build_mask(torch.tensor([[1, 1, 1]]), causal=False, sliding_window=None, local_window=1,
+    ...            dtype=torch.float32)[0, 0]
+    tensor([[0., 0., -inf],
+            [0., 0., 0.],
+            [-inf, 0., 0.]])
     """
-    T = key_valid.shape[-1]
-    i = torch.arange(T)[:, None]
-    j = torch.arange(T)[None, :]
-    allowed = key_valid.bool()[:, None, None, :].expand(-1, 1, T, T)  # (B, 1, T, T)
+    Tk = key_valid.shape[-1]
+    Tq = Tk if n_queries is None else n_queries
+    i = torch.arange(Tq)[:, None]
+    j = torch.arange(Tk)[None, :]
+    allowed = key_valid.bool()[:, None, None, :].expand(-1, 1, Tq, Tk)  # (B, 1, Tq, Tk)
     if causal:
         allowed = allowed & (j <= i)
     if sliding_window is not None:
         allowed = allowed & (i - j < sliding_window)
+    if local_window is not None:
+        allowed = allowed & ((i - j).abs() <= local_window)
     mask = torch.zeros(allowed.shape, dtype=dtype)
     return mask.masked_fill(~allowed, float("-inf"))
 
@@ -117,39 +207,51 @@ def attention_from_scratch(
     *,
     use_scale: bool = True,
     use_positions: bool = True,
+    kv: torch.Tensor | None = None,
 ) -> ScratchResult:
-    """One attention layer on input `x` (B, T, D); `key_valid` (B, T) is 1 for real tokens.
+    """One attention layer on input `x` (B, T, D); `key_valid` (B, S) is 1 for real key tokens.
 
-    `use_scale=False` drops the 1/√d factor and `use_positions=False` drops rotary positions —
-    the two experiments of `probe.explain.scale_effect` and `permutation_check` (softmax saturation,
-    permutation equivariance).
+    Self-attention: keys and values come from `x` too (S = T). Cross-attention: from `kv` (B, S, D),
+    the encoder's output. `use_scale=False` drops the 1/√d factor and `use_positions=False` drops
+    rotary positions and position biases — the two experiments of `probe.explain.scale_effect` and
+    `permutation_check` (softmax saturation, permutation equivariance).
     """
     B, T, D = x.shape
+    source = x if kv is None else kv
+    S = source.shape[1]
     nh, nkv, hs = spec.n_heads, spec.n_kv_heads, spec.head_dim
     dt = x.dtype
 
     q = x @ spec.wq.T.to(dt)  # (B, T, nh*hs)
-    k = x @ spec.wk.T.to(dt)  # (B, T, nkv*hs)
-    v = x @ spec.wv.T.to(dt)  # (B, T, nkv*hs)
+    k = source @ spec.wk.T.to(dt)  # (B, S, nkv*hs)
+    v = source @ spec.wv.T.to(dt)  # (B, S, nkv*hs)
     q, k, v = _add_bias(q, spec.bq), _add_bias(k, spec.bk), _add_bias(v, spec.bv)
+    if spec.q_norm is not None and spec.norm_scope == "projection":
+        q = _rms_norm(q, spec.q_norm, spec.norm_eps, spec.norm_offset)
+        k = _rms_norm(k, spec.k_norm, spec.norm_eps, spec.norm_offset)
     q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-    k = k.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
-    v = v.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
+    k = k.view(B, S, nkv, hs).transpose(1, 2)  # (B, nkv, S, hs)
+    v = v.view(B, S, nkv, hs).transpose(1, 2)  # (B, nkv, S, hs)
 
-    if spec.q_norm is not None:
-        q, k = _rms_norm(q, spec.q_norm, spec.norm_eps), _rms_norm(k, spec.k_norm, spec.norm_eps)
+    if spec.q_norm is not None and spec.norm_scope == "head":
+        q = _rms_norm(q, spec.q_norm, spec.norm_eps, spec.norm_offset)
+        k = _rms_norm(k, spec.k_norm, spec.norm_eps, spec.norm_offset)
     if spec.inv_freq is not None and use_positions:
-        cos, sin = rotary_cos_sin(spec.inv_freq.float(), torch.arange(T), spec.rope_scaling)
-        q, k = _rotate(q, cos.to(dt), sin.to(dt)), _rotate(k, cos.to(dt), sin.to(dt))
+        q, k = _apply_rotary(q, k, spec, T)
 
     group = nh // nkv  # grouped-query attention: KV head g serves query heads g*group .. g*group+group-1
     k = k.repeat_interleave(group, dim=1)  # (B, nh, T, hs)
     v = v.repeat_interleave(group, dim=1)  # (B, nh, T, hs)
 
     scale = spec.scale if use_scale else 1.0
-    scores = (q @ k.transpose(-2, -1)) * scale  # (B, nh, T, T)
-    mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=dt)
-    probs = stable_softmax(scores + mask)  # (B, nh, T, T)
+    scores = (q @ k.transpose(-2, -1)) * scale  # (B, nh, T, S)
+    if spec.score_bias is not None and use_positions:
+        scores = scores + spec.score_bias(T, S).to(dt)  # (nh, T, S) broadcast over the batch
+    if spec.softcap is not None:
+        scores = spec.softcap * torch.tanh(scores / spec.softcap)
+    mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=dt,
+                      local_window=spec.local_window, n_queries=T)
+    probs = stable_softmax(scores + mask)  # (B, nh, T, S)
 
     heads_out = probs @ v  # (B, nh, T, hs)
     y = heads_out.transpose(1, 2).reshape(B, T, nh * hs)  # concat heads: (B, T, nh*hs)

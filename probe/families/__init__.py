@@ -21,6 +21,7 @@ from typing import Any, Callable, Literal
 
 import torch
 
+from ..errors import UnsupportedArchitecture, UnsupportedFeature
 from ..scratch import LayerSpec
 
 __all__ = [
@@ -31,14 +32,6 @@ __all__ = [
 Kind = Literal["encoder", "decoder", "encoder-decoder"]
 TokenizerKind = Literal["wordpiece", "bytebpe", "sentencepiece"]
 AutoClass = Literal["AutoModel", "AutoModelForCausalLM"]
-
-
-class UnsupportedArchitecture(ValueError):
-    """No family for this model type."""
-
-
-class UnsupportedFeature(ValueError):
-    """The model uses an attention feature its family does not reproduce."""
 
 
 @dataclass(frozen=True)
