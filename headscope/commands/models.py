@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import click
 
-from ..common import echo_json
+from ..common import echo_json, json_option, out_option, write_table
 
 
 @click.command()
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON list instead of a table.")
-def cli(as_json: bool) -> None:
+@out_option
+@json_option
+def cli(out_path, as_json: bool) -> None:
     """List the known models, their family, where the weights come from and if they are installed."""
     from headscope.probe.registry import model_table
 
     rows = model_table()
+    if out_path:
+        import pandas as pd
+
+        write_table(pd.DataFrame(rows), out_path)
     if as_json:
         echo_json(rows)
         return
