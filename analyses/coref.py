@@ -40,7 +40,7 @@ from typing import Iterable, Literal, Sequence
 import pandas as pd
 import torch
 
-from headscope.probe.types import AttentionMap
+from headscope.probe.types import AttentionMap, head_name
 
 from .relations import RelationExample, first_choice, nearest_choice
 from .stats import cv_choices, cv_relabel_p, cv_signflip_p, group_folds, relabel_max_p, signflip_max_p, wilson
@@ -391,7 +391,7 @@ def drill_down(data: ProbeScores, layer: int, head: int) -> pd.DataFrame:
     try:
         li, hi = data.layer_ids.index(layer), data.head_ids.index(head)
     except ValueError:
-        raise ValueError(f"head L{layer}H{head} is not in these scores (layers {list(data.layer_ids)}, "
+        raise ValueError(f"head {head_name(layer, head)} is not in these scores (layers {list(data.layer_ids)}, "
                          f"heads {list(data.head_ids)})") from None
     picks = head_picks(data.scores[:, li : li + 1, hi : hi + 1])[:, 0, 0]
     rows = []
@@ -430,10 +430,6 @@ def _baseline_outcomes(examples: Sequence[RelationExample]) -> dict[str, torch.T
 def _pick_baseline(outcomes: dict[str, torch.Tensor]) -> str:
     # The strongest comparator on the same examples; on a tie a paired baseline beats chance.
     return max(outcomes, key=lambda k: (float(outcomes[k].sum()), k != "chance"))
-
-
-def _name(layer: int, head: int) -> str:
-    return f"L{layer}H{head}"
 
 
 def _fmt_p(p: float) -> str:
@@ -533,7 +529,7 @@ def score_probe(
     c = int(sel.heldout_correct.sum())
 
     if not sel.usable or n_eval < min_heldout:
-        where = f", the best head on all data, {_name(*best)}, gets {int(heads.correct.max())}/{len(data)}" if best else ""
+        where = f", the best head on all data, {head_name(*best)}, gets {int(heads.correct.max())}/{len(data)}" if best else ""
         verdict = (f"too few examples to crown a head: {n_eval} held-out example(s), at least {min_heldout} needed"
                    f"{where} — not a claim.")
         return ProbeResult(best_head=None, heldout_accuracy=None, heldout_correct=c if sel.usable else 0,
@@ -590,14 +586,14 @@ def _verdict(best, fold_heads, c, n, ci, base, base_correct, p, p_max, n_heads, 
     where = "the held-out set" if split else "all examples"
     tests = f"{_fmt_p(p)}; max-T over all {n_heads} heads on {where}: {_fmt_p(p_max)}"
     if split:
-        chosen = f"{_name(*best)} (chosen on the selection set)"
+        chosen = f"{head_name(*best)} (chosen on the selection set)"
     else:
         tally = Counter(fold_heads)
         if len(tally) == 1 and best in tally:
-            chosen = f"{_name(*best)} (chosen in all {len(fold_heads)} folds)"
+            chosen = f"{head_name(*best)} (chosen in all {len(fold_heads)} folds)"
         else:
-            picks = ", ".join(f"{_name(*h)} in {k}" for h, k in tally.most_common())
-            chosen = f"the head chosen on the other folds ({picks} of {len(fold_heads)} folds; {_name(*best)} on all data)"
+            picks = ", ".join(f"{head_name(*h)} in {k}" for h, k in tally.most_common())
+            chosen = f"the head chosen on the other folds ({picks} of {len(fold_heads)} folds; {head_name(*best)} on all data)"
     if beats:
         return f"{chosen} {did} {stats}, above the {base_word} baseline ({base_count}) at {tests}."
     return (f"no head beats the baselines: {chosen} {did} {stats}; the {base_word} baseline gets {base_count} "

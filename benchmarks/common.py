@@ -35,11 +35,11 @@ Status = Literal["ok", "skipped", "error"]
 class Row:
     """One figure of the results table: what ran, the number, its target and whether it was met.
 
-    `met` is None where the issue sets no target (a figure to report) or the benchmark did not run;
+    `met` is None where no target is set (a figure to report) or the benchmark did not run;
     `wide_miss` marks a target missed by the wide margin that makes the run exit non-zero.
     """
 
-    key: str  # the issue's item number and a letter: "1a", "4", ...
+    key: str  # the benchmark's number and a letter: "1a", "4", ...
     benchmark: str
     model: str
     setting: str  # sizes, batch size, options: enough to rerun it
@@ -135,7 +135,7 @@ def corpus(n: int) -> list[str]:
 
 def cycled(n: int) -> Iterator[str]:
     """The built-in corpus cycled to `n` texts, lazily (a generator keeps a 30,000-text run flat)."""
-    from headscope.analyses.corpus import builtin_corpus
+    from headscope import builtin_corpus
 
     return islice(cycle(builtin_corpus()), n)
 
@@ -146,9 +146,9 @@ def load(name: str):
         from headscope.probe.tiny import tiny_model
 
         return tiny_model(name.removeprefix("tiny-"))
-    from headscope.probe import load_model
+    import headscope as hs
 
-    return load_model(name)
+    return hs.load(name)
 
 
 def _cpu_model() -> str:

@@ -1,11 +1,11 @@
-"""Item 6 of issue #7: `headscope run` end to end, cold and warm, and the GGUF cache's effect on load time.
+"""Benchmark 6: `headscope run` end to end, cold and warm, and the GGUF cache's effect on load time.
 
 - `headscope run --model M --out DIR --force` (what `make report` runs), in fresh processes: cold with
   empty caches (a new `HEADSCOPE_CACHE`, so a GGUF model is converted first, and a new
   `MPLCONFIGDIR`, so matplotlib rebuilds its font cache), then warm with the same caches again.
 - Load time of each GGUF model, each in a fresh process (`python benchmarks/endtoend.py load`):
   cold (an empty cache: reassemble/convert, save, load), warm (from the cache), and without the cache
-  (`load_model(..., use_cache=False)`: transformers dequantises the GGUF on every load).
+  (`hs.load(..., use_cache=False)`: transformers dequantises the GGUF on every load).
 
 The temporary caches live in `.bench/` (git-ignored) and are removed afterwards.
 """
@@ -93,10 +93,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     import torch  # noqa: F401  (imports are not load time)
     import transformers  # noqa: F401
 
-    from headscope.probe import load_model
+    import headscope as hs
 
     t0 = time.perf_counter()
-    lm = load_model(args.model, use_cache=not args.no_cache)
+    lm = hs.load(args.model, use_cache=not args.no_cache)
     seconds = time.perf_counter() - t0
     child_output({"model": lm.name, "seconds": seconds, "converted": bool(lm.timings.get("converted_gguf"))})
 

@@ -1,8 +1,8 @@
-"""Item 4 of issue #7: peak memory of the streaming head analyses for growing corpora.
+"""Benchmark 4: peak memory of the streaming head analyses for growing corpora.
 
 Each corpus size runs in a fresh process (`python benchmarks/memory.py --n N`), so the figures do not
 lean on each other. The child loads the model, warms up on a few texts, then streams N texts (the
-built-in corpus cycled, from a generator: nothing per text is kept) through `run_heads` while a
+built-in corpus cycled, from a generator: nothing per text is kept) through `headscope.heads` while a
 thread samples RSS. Its peak during that phase is the figure; the whole process's peak (VmHWM, which
 also holds the model load) is reported beside it.
 """
@@ -53,14 +53,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--window", type=int, default=4)
     args = p.parse_args(argv)
-    from headscope.commands.heads import run_heads
+    import headscope as hs
 
     lm = load(args.model)
-    run_heads(lm, corpus(min(args.n, 2 * args.batch_size)), batch_size=args.batch_size, window=args.window,
+    hs.heads(lm, corpus(min(args.n, 2 * args.batch_size)), batch_size=args.batch_size, window=args.window,
               induction_sequences=0)  # first-call allocations and lazy caches happen here, not below
     with PeakRss(0.02) as rss:
         t0 = time.perf_counter()
-        scores = run_heads(lm, cycled(args.n), batch_size=args.batch_size, window=args.window, induction_sequences=0)
+        scores = hs.heads(lm, cycled(args.n), batch_size=args.batch_size, window=args.window, induction_sequences=0)
         seconds = time.perf_counter() - t0
     assert scores.n_texts == args.n, (scores.n_texts, args.n)
     child_output({

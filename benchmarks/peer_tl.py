@@ -1,4 +1,4 @@
-"""Item 7 of issue #7: TransformerLens's `head_detector.detect_head` side by side with ours.
+"""Benchmark 7: TransformerLens's `head_detector.detect_head` side by side with ours.
 
 TransformerLens (`transformer-lens` on PyPI) is an optional benchmark dependency, never a runtime
 one: this file runs as a child process in whichever interpreter has it (this one, or the
@@ -87,11 +87,11 @@ def _load(name: str, scratch: str):
     lm = load(name)
     if not name.startswith("tiny-"):
         return lm
-    from headscope.probe import load_model
+    import headscope as hs
 
     lm.model.save_pretrained(scratch)
     lm.tokenizer.save_pretrained(scratch)
-    return load_model(scratch)
+    return hs.load(scratch)
 
 
 def _bridge(lm):
@@ -165,9 +165,11 @@ def _peer_cached(bridge, seqs) -> dict:
 
 
 def _top(grid) -> str:
+    from headscope.probe.types import head_name
+
     flat = int(grid.argmax())
     layer, head = divmod(flat, grid.shape[1])
-    return f"L{layer}.H{head} {float(grid[layer, head]):.3f}"
+    return f"{head_name(layer, head)} {float(grid[layer, head]):.3f}"
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -3,7 +3,7 @@
     .venv-bench/bin/python benchmarks/profiling.py heads --model minilm --n 371
     .venv-bench/bin/python benchmarks/profiling.py verify --model smollm2 --n 16
 
-`heads` is `run_heads` over the built-in corpus (item 1), `verify` is `probe.verify.verify` (item 3),
+`heads` is `headscope.heads` over the built-in corpus (item 1), `verify` is `probe.verify.verify` (item 3),
 `extract` is `probe.extract` of one text of `--tokens` tokens (item 5). Uses pyinstrument when this
 interpreter has it (`benchmarks/setup_peer.sh` puts it in .venv-bench), else cProfile. A warm-up run
 comes first, so first-call costs stay out of the profile.
@@ -23,12 +23,12 @@ from common import corpus, load  # noqa: E402
 
 def _target(what: str, lm, n: int, tokens: int) -> Callable[[], object]:
     if what == "heads":
-        from headscope.commands.heads import run_heads
+        import headscope as hs
 
         texts = corpus(n)
-        return lambda: run_heads(lm, texts)
+        return lambda: hs.heads(lm, texts)
     if what == "verify":
-        from headscope.probe.verify import verify
+        from headscope import verify
 
         texts = corpus(n)
         return lambda: verify(lm, texts)

@@ -1,4 +1,4 @@
-"""headscope's benchmarks (issue #7) from one command: `make bench`, i.e. `.venv/bin/python benchmarks/run.py`.
+"""headscope's benchmarks from one command: `make bench`, i.e. `.venv/bin/python benchmarks/run.py`.
 
 Every figure is a ratio or a size measured in this run, on the same inputs, median of several
 repeats (see benchmarks/README.md). A full run writes the table to `benchmarks/results.md` (and
@@ -230,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="\n".join(__doc__.splitlines()[2:]))
     p.add_argument("--quick", action="store_true", help="smoke run: tiny random models, tiny sizes, one repeat")
-    p.add_argument("--only", default=",".join(ITEMS), help="comma-separated issue items to run (default: all)")
+    p.add_argument("--only", default=",".join(ITEMS), help="comma-separated benchmark numbers to run (default: all)")
     p.add_argument("--repeats", type=int, default=None, help="repeats per timing (default 3; 1 with --quick)")
     p.add_argument("--out", type=Path, default=None,
                    help="folder for results.md/results.json (default: benchmarks/ for a full run, .bench/quick "

@@ -1,4 +1,4 @@
-"""Item 5 of issue #7: time and peak memory of extraction as the sequence grows, T = 64 ... 2,048.
+"""Benchmark 5: time and peak memory of extraction as the sequence grows, T = 64 ... 2,048.
 
 Attention is O(T²) per head, and `probe.extract` can keep only what is asked: chosen `layers`/`heads`
 and a `store_dtype` for what it keeps. One text of exactly T tokens (the built-in corpus joined and
@@ -39,7 +39,7 @@ def _option_kwargs(lm, option: str) -> dict:
 
 def text_of_tokens(lm, n_tokens: int) -> str:
     """A text from the built-in corpus that `lm` tokenises into exactly `n_tokens` tokens (specials included)."""
-    from headscope.analyses.corpus import builtin_corpus
+    from headscope import builtin_corpus
 
     from transformers.utils import logging as hf_logging
 

@@ -1,7 +1,7 @@
-"""Items 1-3 of issue #7: head analyses vs the bare forward passes, vs the naive peer loop, and
+"""Benchmarks 1-3: head analyses vs the bare forward passes, vs the naive peer loop, and
 verification vs the plain forward pass. All in this process, same inputs, interleaved repeats.
 
-- `heads_vs_bare`: `headscope.commands.heads.run_heads` (what `headscope heads` and the notebook API
+- `heads_vs_bare`: `headscope.heads` (what `headscope heads` and the notebook API
   run: texts stream through `probe.iter_extract` into `analyses.heads.HeadScoreAccumulator`, plus the
   repeated random sequences for decoders) against a loop of `base(input_ids, attention_mask,
   output_attentions=True)` over the very same padded batches, tokenised beforehand. The bare loop
@@ -61,16 +61,16 @@ def bare_loop(lm, batches, *, output_attentions: bool = True) -> None:
 
 def heads_vs_bare(lm, texts: Sequence[str], *, batch_size: int = 8, window: int = 4, induction_sequences: int = 20,
                   induction_length: int = 50, repeats: int = 5) -> Row:
-    """Item 1: `run_heads` over `texts` (+ induction sequences for decoders) / the bare forward loop."""
-    from headscope.commands.heads import induction_inputs, run_heads
+    """Item 1: `headscope.heads` over `texts` (+ induction sequences for decoders) / the bare forward loop."""
+    import headscope as hs
 
     n_ind = induction_sequences if lm.is_causal else 0
     batches = same_batches(lm, texts, batch_size=batch_size, window=window)
     if n_ind:
-        sequences, _ = induction_inputs(lm, n_sequences=n_ind, length=induction_length)
+        sequences, _ = hs.induction_inputs(lm, n_sequences=n_ind, length=induction_length)
         batches += id_batches(lm, sequences, batch_size=batch_size)
     times = interleaved({
-        "ours": lambda: run_heads(lm, texts, batch_size=batch_size, window=window, induction_sequences=n_ind,
+        "ours": lambda: hs.heads(lm, texts, batch_size=batch_size, window=window, induction_sequences=n_ind,
                                   induction_length=induction_length),
         "bare": lambda: bare_loop(lm, batches),
     }, repeats)
@@ -125,13 +125,13 @@ def naive_scores(lm, texts: Sequence[str]):
 
 
 def heads_vs_naive(lm, texts: Sequence[str], *, batch_size: int = 8, window: int = 4, repeats: int = 3) -> Row:
-    """Item 2: speed-up of `run_heads` (corpus part) over the naive loop; the scores must agree."""
-    from headscope.commands.heads import run_heads
+    """Item 2: speed-up of `headscope.heads` (corpus part) over the naive loop; the scores must agree."""
+    import headscope as hs
 
     results: dict = {}
 
     def ours():
-        results["ours"] = run_heads(lm, texts, batch_size=batch_size, window=window, induction_sequences=0)
+        results["ours"] = hs.heads(lm, texts, batch_size=batch_size, window=window, induction_sequences=0)
 
     def naive():
         results["naive"], results["kept"] = naive_scores(lm, texts)
@@ -158,7 +158,7 @@ def _isnan(x):
 def verify_vs_forward(lm, texts: Sequence[str], *, batch_size: int = 8, repeats: int = 3) -> Row:
     """Item 3: extra time of `probe.verify.verify` over the plain forward pass of the same batches."""
     from headscope.probe.extract import encode, pad_batch
-    from headscope.probe.verify import verify
+    from headscope import verify
 
     encoded = [encode(lm, t) for t in texts]
     batches = [pad_batch(encoded[s : s + batch_size], lm.device) for s in range(0, len(encoded), batch_size)]

@@ -1,3 +1,68 @@
-"""headscope: the command line that wires probe -> analyses -> reports."""
+"""headscope: real attention from pretrained models, verified from scratch, analysed head by head.
+
+    >>> import headscope as hs                                                   # doctest: +SKIP
+    >>> lm = hs.load("minilm")                                                   # doctest: +SKIP
+    >>> maps = hs.extract(lm, ["The animal didn't cross the street because it was too tired."], level="word")  # doctest: +SKIP
+    >>> hs.verify(lm).passed, hs.heads(lm, hs.builtin_corpus()[:20]).top("previous_token", 3)  # doctest: +SKIP
+
+Importing headscope loads no model, reads no file and does not import torch: the workflows in
+`headscope.api` import what they need when they run, and the result types below are looked up
+on first use.
+"""
+
 __version__ = "0.1.0"
-__all__ = ["__version__"]
+
+from .api import (  # noqa: E402
+    REPORT_SENTENCES,
+    ModelAnalysis,
+    RunSettings,
+    analyse_model,
+    builtin_corpus,
+    builtin_set,
+    causal,
+    corpus_stats,
+    coref,
+    explain,
+    extract,
+    extract_scores,
+    heads,
+    induction_inputs,
+    load,
+    probe_sets,
+    read_corpus,
+    read_probe_file,
+    relation_probe,
+    verify,
+    versions,
+)
+
+# Result types, imported from their home module on first use (they need torch).
+_RESULT_TYPES = {
+    "LoadedModel": "headscope.probe.loading",
+    "AttentionMap": "headscope.probe.types",
+    "Verification": "headscope.probe.verify",
+    "Explanation": "headscope.probe.explain",
+    "HeadScores": "headscope.analyses.heads",
+    "ProbeScores": "headscope.analyses.coref",
+    "ProbeResult": "headscope.analyses.coref",
+    "RelationExample": "headscope.analyses.relations",
+}
+
+__all__ = [
+    "__version__", "load", "extract", "verify", "explain", "heads", "induction_inputs", "extract_scores", "coref",
+    "relation_probe", "probe_sets", "causal", "corpus_stats", "versions", "builtin_corpus", "builtin_set",
+    "read_corpus", "read_probe_file", "analyse_model", "ModelAnalysis", "RunSettings", "REPORT_SENTENCES",
+    *_RESULT_TYPES,
+]
+
+
+def __getattr__(name: str):
+    if name in _RESULT_TYPES:
+        import importlib
+
+        return getattr(importlib.import_module(_RESULT_TYPES[name]), name)
+    raise AttributeError(f"module 'headscope' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_RESULT_TYPES))

@@ -1,19 +1,16 @@
-"""The `headscope` command: a thin layer that wires probe -> analyses -> reports.
+"""The `headscope` command: thin wrappers over the public API (`headscope.api`).
 
 Each subcommand lives in `headscope/commands/<name>.py` and exposes a click command `cli`.
 """
 
 from __future__ import annotations
 
-import importlib
 import warnings
 
 import click
 
 from . import __version__
-
-# Subcommand modules, in the order `headscope --help` lists them.
-_COMMANDS = ("models", "verify", "explain", "heads", "coref", "probe", "run")
+from .commands import coref, explain, heads, models, probe, run, verify
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -22,13 +19,9 @@ def cli() -> None:
     """Look inside the attention heads of real pretrained models."""
 
 
-for _name in _COMMANDS:
-    try:
-        _module = importlib.import_module(f"headscope.commands.{_name}")
-    except ModuleNotFoundError as exc:  # a command whose module is not written yet
-        if exc.name != f"headscope.commands.{_name}":
-            raise
-        continue
+# In the order `headscope --help` lists them.
+for _name, _module in {"models": models, "verify": verify, "explain": explain, "heads": heads, "coref": coref,
+                       "probe": probe, "run": run}.items():
     cli.add_command(_module.cli, name=_name)
 
 

@@ -1,14 +1,23 @@
-"""What every command shares: model options, loading with a clear error, JSON output."""
+"""What every command shares: one option set, loading with a clear error, table and JSON output.
+
+The options are defined once here, as decorators, so that every command spells them the same:
+`--model`, `--device`, `--dtype`, `--quiet`, `--json` and `--out FILE` (a table; its suffix picks
+the format).
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 import click
 
-__all__ = ["model_options", "load_or_fail", "echo_json", "fail"]
+__all__ = [
+    "fail", "model_option", "models_option", "device_options", "quiet_option", "json_option", "out_option",
+    "TABLE_WRITERS", "write_table", "load_or_fail", "echo_json", "verify_option", "verify_step", "finish", "say",
+]
 
 
 def fail(message: str, code: int = 2) -> None:
@@ -17,8 +26,25 @@ def fail(message: str, code: int = 2) -> None:
     sys.exit(code)
 
 
-def model_options(fn):
-    """--model, --device, --dtype, the way every command takes them."""
+# ---------------------------------------------------------------- options
+
+
+_MODEL_HELP = "Packaged name, folder or hub id."
+
+
+def model_option(fn):
+    """--model NAME (default minilm)."""
+    return click.option("--model", "model_name", default="minilm", show_default=True, help=_MODEL_HELP)(fn)
+
+
+def models_option(fn):
+    """--model NAME, repeatable (or comma-separated): the commands that compare models side by side."""
+    return click.option("--model", "models", multiple=True, default=("minilm",), show_default=True,
+                        help=f"{_MODEL_HELP} Repeat (or separate with commas) to compare models side by side.")(fn)
+
+
+def device_options(fn):
+    """--device and --dtype, the way every command takes them."""
     fn = click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
                       show_default=True, help="Weights and compute dtype.")(fn)
     fn = click.option("--device", type=click.Choice(["cpu", "cuda", "mps", "auto"]), default="cpu", show_default=True,
@@ -26,15 +52,87 @@ def model_options(fn):
     return fn
 
 
+def quiet_option(fn):
+    """--quiet: no progress on stderr (--no-progress is kept as a hidden alias)."""
+    fn = click.option("--no-progress", "quiet", is_flag=True, hidden=True)(fn)
+    return click.option("--quiet", "quiet", is_flag=True, help="No progress on stderr.")(fn)
+
+
+def json_option(fn):
+    """--json: one JSON object on stdout instead of text."""
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")(fn)
+
+
+def verify_option(fn):
+    return click.option("--no-verify", is_flag=True,
+                        help="Skip recomputing the attention from scratch before the analysis.")(fn)
+
+
+# ---------------------------------------------------------------- tables
+
+
+def _write_csv(table, path: Path) -> None:
+    table.to_csv(path, index=False)
+
+
+def _write_parquet(table, path: Path) -> None:
+    table.to_parquet(path, index=False)
+
+
+def _write_json(table, path: Path) -> None:
+    from headscope.probe.types import json_safe
+
+    rows = json_safe(table.to_dict(orient="records"))
+    path.write_text(json.dumps(rows, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+# A table's file format, by the suffix of --out.
+TABLE_WRITERS: dict[str, Callable[[Any, Path], None]] = {
+    ".csv": _write_csv,
+    ".parquet": _write_parquet,
+    ".json": _write_json,
+}
+
+
+def _check_table_path(ctx, param, value: Path | None) -> Path | None:
+    if value is not None and value.suffix not in TABLE_WRITERS:
+        fail(f"--out {value}: use a {', '.join(TABLE_WRITERS)} file name")
+    return value
+
+
+def out_option(fn):
+    """--out FILE: the command's full table, as .csv, .parquet or .json (checked before any compute)."""
+    return click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                        callback=_check_table_path, expose_value=True,
+                        help="Write the full table here: .csv, .parquet or .json by the suffix.")(fn)
+
+
+def write_table(table, path: Path) -> None:
+    """Write a DataFrame to `path` in the format its suffix names; a failure is one error line."""
+    path = Path(path)
+    try:
+        TABLE_WRITERS[path.suffix](table, path)
+    except (OSError, ImportError) as exc:
+        fail(f"could not write {path}: {getattr(exc, 'strerror', None) or exc}")
+
+
+# ---------------------------------------------------------------- running
+
+
+def say(message: str, *, quiet: bool) -> None:
+    """A progress line on stderr, unless --quiet."""
+    if not quiet:
+        click.echo(message, err=True)
+
+
 def load_or_fail(name: str, device: str = "cpu", dtype: str = "float32"):
     """Load a model; an unknown or missing one exits with the list of offline models."""
-    from headscope.probe import ModelNotAvailable, load_model
+    from headscope.api import load
+    from headscope.probe import ModelNotAvailable
 
     try:
-        return load_model(name, device=device, dtype=dtype)
-    except ModelNotAvailable as exc:
-        fail(str(exc))
-    except RuntimeError as exc:
+        return load(name, device=device, dtype=dtype)
+    except (ModelNotAvailable, RuntimeError) as exc:
         fail(str(exc))
 
 
@@ -49,11 +147,11 @@ def verify_step(lm, *, enabled: bool = True) -> dict:
     """Verify `lm`'s attention before an analysis, so every result says what it stands on.
 
     Returns {"summary", "passed", "max_abs_err"} for the output. A mismatch is reported on stderr
-    and makes the command exit 1 after its output (`finish`); an architecture no family
-    covers is stated, not hidden.
+    and makes the command exit 1 after its output (`finish`); an architecture without a
+    family is stated, not hidden.
     """
+    from headscope.api import verify
     from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
-    from headscope.probe.verify import verify
 
     if not enabled:
         return {"summary": "attention not verified (--no-verify)", "passed": None, "max_abs_err": None}
@@ -71,8 +169,3 @@ def finish(verification: dict) -> None:
     """Exit 1 when the attention behind the output failed verification (the output is still printed)."""
     if verification.get("passed") is False:
         sys.exit(1)
-
-
-def verify_option(fn):
-    return click.option("--no-verify", is_flag=True,
-                        help="Skip recomputing the attention from scratch before the analysis.")(fn)

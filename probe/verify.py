@@ -12,7 +12,7 @@ relative errors are normwise (max |Δ| / max |reference|).
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from typing import Sequence
 
 import torch
@@ -65,7 +65,6 @@ class Verification:
     layers: tuple[LayerCheck, ...]
     seconds_forward: float
     seconds_recompute: float
-    notes: tuple[str, ...] = field(default=())
 
     @property
     def passed(self) -> bool:
@@ -121,7 +120,6 @@ class Verification:
             "seconds_recompute": self.seconds_recompute,
             "overhead": self.overhead,
             "summary": self.summary(),
-            "notes": list(self.notes),
             "layers": [asdict(c) for c in self.layers],
         }
 

@@ -366,13 +366,13 @@ def _cell(v: Any, digits: int) -> str:
 def _environment():
     import jinja2
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("reports", "templates"), autoescape=True,
+    env = jinja2.Environment(loader=jinja2.PackageLoader(__package__, "templates"), autoescape=True,
                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
     return env
 
 
 def _static(name: str) -> str:
-    return resources.files("reports").joinpath("static", name).read_text(encoding="utf-8")
+    return resources.files(__package__).joinpath("static", name).read_text(encoding="utf-8")
 
 
 def _hash(text: str) -> str:

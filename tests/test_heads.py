@@ -471,7 +471,7 @@ def test_head_scores_serialise(tmp_path):
 
 
 def test_run_heads_tiny(tiny):
-    from headscope.commands.heads import run_heads
+    from headscope import heads as run_heads
     from headscope.probe.tiny import TINY_CORPUS
 
     s = run_heads(tiny, TINY_CORPUS[:5], induction_sequences=3, induction_length=6, batch_size=2)
@@ -494,7 +494,7 @@ def test_run_heads_tiny(tiny):
 
 
 def test_run_heads_equals_notebook_path():
-    from headscope.commands.heads import induction_inputs, run_heads
+    from headscope import heads as run_heads, induction_inputs
     from headscope.probe import extract, extract_ids
     from headscope.probe.tiny import TINY_CORPUS, tiny_model
 
@@ -511,6 +511,7 @@ def test_run_heads_equals_notebook_path():
 def test_cli_matches_runner(tmp_path, monkeypatch):
     from click.testing import CliRunner
 
+    import headscope as hs
     import headscope.commands.heads as cmd
     from headscope.probe.tiny import tiny_model
 
@@ -522,12 +523,12 @@ def test_cli_matches_runner(tmp_path, monkeypatch):
     res = CliRunner().invoke(cmd.cli, ["--model", "x", "--corpus", str(corpus), "--out", str(out), "--no-progress"])
     assert res.exit_code == 0, res.output
     assert "3 texts" in res.output and "Clark et al. 2019" in res.output and "previous_token" in res.output
-    expected = cmd.run_heads(lm, ["The cat sat.", "Is it 42?", "No, no!"]).table
+    expected = hs.heads(lm, ["The cat sat.", "Is it 42?", "No, no!"]).table
     pd.testing.assert_frame_equal(pd.read_csv(out), expected, check_dtype=False)
 
     res = CliRunner().invoke(cmd.cli, ["--corpus", str(corpus), "--json", "--no-progress", "--level", "token",
                                        "--no-special", "--top", "2"])
-    d = json.loads(res.output)
+    d = json.loads(res.stdout)
     assert d["level"] == "token" and d["include_special"] is False and len(d["top"]["self"]) == 2
 
     bad = tmp_path / "bad.jsonl"
@@ -535,13 +536,13 @@ def test_cli_matches_runner(tmp_path, monkeypatch):
     res = CliRunner().invoke(cmd.cli, ["--corpus", str(bad), "--no-progress"])
     assert res.exit_code == 2 and "line 2" in res.output
     res = CliRunner().invoke(cmd.cli, ["--out", str(tmp_path / "t.xlsx")])
-    assert res.exit_code == 2 and ".csv or .parquet" in res.output
+    assert res.exit_code == 2 and ".csv, .parquet, .json" in res.output
 
 
 def test_cli_defaults_are_the_analysis_defaults():
-    import headscope.commands.heads as cmd
+    from headscope import api
 
-    assert (cmd.CLI_LEVEL, cmd.CLI_INCLUDE_SPECIAL) == (DEFAULT_LEVEL, DEFAULT_INCLUDE_SPECIAL)
+    assert (api.DEFAULT_LEVEL, api.DEFAULT_INCLUDE_SPECIAL) == (DEFAULT_LEVEL, DEFAULT_INCLUDE_SPECIAL)
 
 
 # --- real models ---------------------------------------------------------------------------------
@@ -551,7 +552,7 @@ def test_cli_defaults_are_the_analysis_defaults():
 def test_smollm2_previous_token_and_induction_against_raw_loops(smollm2):
     """Batched, padded, streamed analysis == plain loops over one unpadded forward pass per input."""
     from headscope.analyses.corpus import builtin_corpus
-    from headscope.commands.heads import induction_inputs, run_heads
+    from headscope import heads as run_heads, induction_inputs
 
     texts = builtin_corpus()[::53][:6]
     s = run_heads(smollm2, texts, level="token", induction_sequences=3, induction_length=15, seed=5, batch_size=4)
@@ -589,7 +590,7 @@ def test_smollm2_previous_token_and_induction_against_raw_loops(smollm2):
 @pytest.mark.slow
 def test_minilm_heads_are_stable_over_corpus_halves(minilm):
     from headscope.analyses.corpus import builtin_corpus
-    from headscope.commands.heads import run_heads
+    from headscope import heads as run_heads
 
     texts = builtin_corpus()[:120]
     halves = [run_heads(minilm, texts[i::2], batch_size=16) for i in (0, 1)]

@@ -4,28 +4,56 @@ from __future__ import annotations
 
 import click
 
-from ..common import echo_json, fail, load_or_fail, model_options
+from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
+                      write_table)
+
+
+def _layer_head(layer: int | None, spec: str) -> tuple[int, int]:
+    """(layer, head) from `--head L2H3` (or `2,3`), or from `--layer 2 --head 3`."""
+    from headscope.probe.types import parse_head
+
+    if spec.strip().isdigit():
+        if layer is None:
+            fail(f"--head {spec}: give the layer too, as --head LAYERH{spec.strip()} (e.g. L2H{spec.strip()}) "
+                 "or with --layer")
+        return layer, int(spec)
+    try:
+        parsed = parse_head(spec)
+    except ValueError as exc:
+        fail(f"--head: {exc}")
+    if layer is not None and layer != parsed[0]:
+        fail(f"--layer {layer} and --head {spec} name different layers; give one of them")
+    return parsed
 
 
 @click.command()
 @click.argument("text")
-@click.option("--model", "model_name", default="minilm", show_default=True, help="Packaged name, folder or hub id.")
+@model_option
 @click.option("--token", required=True, help="The query token (a word of TEXT; a split word starts at its first piece).")
 @click.option("--occurrence", default=0, show_default=True, help="Which occurrence of --token (0-based).")
-@click.option("--layer", type=int, required=True)
-@click.option("--head", type=int, required=True)
-@click.option("--scale-effect", is_flag=True, help="Also show every head of --layer with and without the 1/√d scale.")
+@click.option("--head", "head_spec", required=True, metavar="LxHy",
+              help="The head, e.g. L2H3 or 2,3 (model indices, from 0); a bare number is a head of --layer.")
+@click.option("--layer", type=int, default=None, help="The layer, when --head is a bare head number.")
+@click.option("--scale-effect", is_flag=True, help="Also show every head of the layer with and without the 1/√d scale.")
 @click.option("--permutation", is_flag=True, help="Also show that attention without positions is permutation-equivariant.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@model_options
-def cli(text, model_name, token, occurrence, layer, head, scale_effect, permutation, as_json, device, dtype) -> None:
-    """Explain how head LAYER.HEAD builds TOKEN's output in TEXT: scores, scaling, softmax, values."""
+@out_option
+@json_option
+@device_options
+def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, permutation, out_path, as_json, device,
+        dtype) -> None:
+    """Explain how one head builds TOKEN's output in TEXT: scores, scaling, softmax, values.
+
+    --out writes the per-key table.
+    """
     import pandas as pd
 
+    from headscope.api import explain
     from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
-    from headscope.probe.explain import explain, permutation_check
+    from headscope.probe.explain import permutation_check
     from headscope.probe.explain import scale_effect as scale_table
+    from headscope.probe.types import head_name
 
+    layer, head = _layer_head(layer, head_spec)
     lm = load_or_fail(model_name, device, dtype)
     try:
         e = explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence)
@@ -35,6 +63,8 @@ def cli(text, model_name, token, occurrence, layer, head, scale_effect, permutat
         fail(f"{model_name}: {exc}", code=3)
     except (TypeError, ValueError) as exc:
         fail(str(exc))
+    if out_path:
+        write_table(e.table, out_path)
     if as_json:
         out = {"model": lm.name, "text": text, "query": e.query, "layer": layer, "head": head, "scale": e.scale,
                "output_norm": e.output_norm, "model_weight_max_abs_err": e.model_weight_max_abs_err,
@@ -47,7 +77,7 @@ def cli(text, model_name, token, occurrence, layer, head, scale_effect, permutat
         echo_json(out)
         return
     with pd.option_context("display.max_rows", 500, "display.width", 120):
-        click.echo(f"{lm.name} L{layer}H{head}, query {e.query!r} (token {e.query_index}); scale = {e.scale:.6g}")
+        click.echo(f"{lm.name} {head_name(layer, head)}, query {e.query!r} (token {e.query_index}); scale = {e.scale:.6g}")
         click.echo(e.table.to_string(index=False, float_format=lambda x: f"{x:9.4f}"))
         click.echo(e.summary())
         if scales is not None:

@@ -1,4 +1,4 @@
-"""`headscope verify`: recompute every layer from scratch and compare with the model."""
+"""`headscope verify`: recompute every layer from scratch and compare with the model (`headscope.verify`)."""
 
 from __future__ import annotations
 
@@ -6,19 +6,25 @@ import sys
 
 import click
 
-from ..common import echo_json, fail, load_or_fail, model_options
+from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
+                      write_table)
 
 
 @click.command()
-@click.option("--model", "model_name", default="minilm", show_default=True, help="Packaged name, folder or hub id.")
+@model_option
 @click.option("--text", "texts", multiple=True, help="Text to verify on (repeatable); default: built-in examples.")
 @click.option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
-@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@model_options
-def cli(model_name: str, texts: tuple[str, ...], truncate: bool, as_json: bool, device: str, dtype: str) -> None:
-    """Exit 0 only when every head of every layer matches the from-scratch attention."""
+@out_option
+@json_option
+@device_options
+def cli(model_name: str, texts: tuple[str, ...], truncate: bool, out_path, as_json: bool, device: str,
+        dtype: str) -> None:
+    """Exit 0 only when every head of every layer matches the from-scratch attention.
+
+    --out writes the per-layer table.
+    """
+    from headscope.api import verify
     from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
-    from headscope.probe.verify import verify
 
     lm = load_or_fail(model_name, device, dtype)
     try:
@@ -27,6 +33,8 @@ def cli(model_name: str, texts: tuple[str, ...], truncate: bool, as_json: bool, 
         fail(f"{model_name}: {exc}", code=3)
     except (TypeError, ValueError) as exc:
         fail(str(exc))
+    if out_path:
+        write_table(result.to_frame(), out_path)
     if as_json:
         echo_json(result.to_dict())
     else:

@@ -1,0 +1,566 @@
+"""The public headscope API: the workflows that compose extraction (`probe`) and analysis (`analyses`).
+
+    >>> import headscope as hs                                                   # doctest: +SKIP
+    >>> lm = hs.load("minilm")                                                   # doctest: +SKIP
+    >>> hs.verify(lm).passed                                                     # doctest: +SKIP
+    True
+    >>> scores = hs.heads(lm, hs.builtin_corpus()[:20])                          # doctest: +SKIP
+    >>> result = hs.coref(lm, hs.builtin_set("agreement"))                       # doctest: +SKIP
+
+Every function takes a loaded model (`hs.load`) and plain data, and returns a result object that
+renders itself in Jupyter. The CLI commands are thin wrappers over these functions. torch and
+transformers are imported when a function runs, not when `headscope` is imported, so
+`import headscope` and `headscope --help` stay instant.
+"""
+
+from __future__ import annotations
+
+import platform
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
+
+__all__ = [
+    "load", "extract", "verify", "explain", "heads", "induction_inputs", "extract_scores", "coref",
+    "relation_probe", "probe_sets", "causal", "corpus_stats", "versions", "builtin_corpus", "builtin_set",
+    "read_corpus", "read_probe_file", "analyse_model", "ModelAnalysis", "RunSettings", "REPORT_SENTENCES",
+    "TOO_LONG", "DEFAULT_LEVEL", "DEFAULT_INCLUDE_SPECIAL",
+]
+
+Level = Literal["token", "word"]
+
+# analyses.heads.DEFAULT_LEVEL / DEFAULT_INCLUDE_SPECIAL (Clark et al. 2019), spelled out so that
+# `import headscope` does not import torch; tests/test_heads.py checks they agree.
+DEFAULT_LEVEL: Level = "word"
+DEFAULT_INCLUDE_SPECIAL = True
+
+TOO_LONG = "longer than the model's context"
+
+# The sentences of the explorer and the attention figures: the it -> animal sentence, its "too
+# wide" twin (where "it" is the street), and the textbook 我爱北京天安门.
+REPORT_SENTENCES = (
+    "The animal didn't cross the street because it was too tired.",
+    "The animal didn't cross the street because it was too wide.",
+    "我爱北京天安门",
+)
+
+
+# ---------------------------------------------------------------- models, attention, verification
+
+
+def load(name: str = "minilm", *, device: str = "cpu", dtype: str = "float32", use_cache: bool = True):
+    """Load a packaged model name, a local folder, a .gguf file or a hub id -> `LoadedModel`.
+
+    >>> lm = load("minilm")                                                       # doctest: +SKIP
+    >>> lm.name, lm.is_causal                                                     # doctest: +SKIP
+    ('minilm', False)
+    """
+    from headscope.probe import load_model
+
+    return load_model(name, device=device, dtype=dtype, use_cache=use_cache)
+
+
+def extract(lm, texts: str | Iterable[str], *, level: Level = "token", **options) -> list:
+    """One `AttentionMap` per text, attention `[layer, head, query, key]` (see `probe.extract`).
+
+    `options`: batch_size, layers, heads, store_dtype, truncate, segmenter.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> [m] = extract(tiny_model("bert"), "The cat sat.", level="word")
+    >>> m.labels[1:4], tuple(m.attention.shape[:2])
+    (('The', 'cat', 'sat'), (2, 4))
+    """
+    from headscope.probe import extract as _extract
+
+    return _extract(lm, texts, level=level, **options)
+
+
+def verify(lm, texts: str | Sequence[str] | None = None, *, truncate: bool = False, **options):
+    """Recompute every layer's attention from scratch and compare with the model -> `Verification`.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> verify(tiny_model("llama")).passed
+    True
+    """
+    from headscope.probe.verify import verify as _verify
+
+    return _verify(lm, texts, truncate=truncate, **options)
+
+
+def explain(lm, text: str, *, token: str | int, layer: int, head: int, occurrence: int = 0):
+    """softmax(q·kᵀ/√d)·v for `token` as the query of one head, with the real numbers -> `Explanation`.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> e = explain(tiny_model("bert"), "The cat sat.", token="cat", layer=1, head=2)
+    >>> e.query, round(float(e.table["weight"].sum()), 6)
+    ('cat', 1.0)
+    """
+    from headscope.probe.explain import explain as _explain
+
+    return _explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence)
+
+
+# ---------------------------------------------------------------- head scores
+
+
+def heads(
+    lm,
+    texts: Iterable[str],
+    *,
+    level: Level = DEFAULT_LEVEL,
+    include_special: bool = DEFAULT_INCLUDE_SPECIAL,
+    batch_size: int = 8,
+    window: int = 4,
+    induction_sequences: int = 20,
+    induction_length: int = 50,
+    seed: int = 0,
+    truncate: bool = False,
+    thresholds: Mapping[str, float] | None = None,
+    progress: bool = False,
+    total: int | None = None,
+    source: str | None = None,
+):
+    """Score every head of `lm` over `texts`, plus induction for decoders -> `HeadScores`.
+
+    Texts stream through `probe.iter_extract` into `analyses.heads.HeadScoreAccumulator`; only
+    `window` batches of attention are alive at once (sorted by length together: less padding).
+    For decoders, repeated random token sequences (`induction_inputs`) give the duplicate-token
+    and induction scores; `induction_sequences=0` skips them. `total` sizes the progress bar
+    (stderr); `source` names the corpus in `meta`.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> s = heads(tiny_model("llama"), ["The cat sat.", "A dog ran!"], induction_sequences=2, induction_length=5)
+    >>> s.n_texts, s.n_sequences, s.level
+    (2, 2, 'word')
+    """
+    from headscope.analyses.heads import HeadScoreAccumulator
+    from headscope.probe import extract_ids, iter_extract
+
+    acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special)
+    maps = iter_extract(lm, texts, batch_size=batch_size, level=level, truncate=truncate, window=window)
+    if progress:
+        from tqdm.auto import tqdm
+
+        maps = tqdm(maps, total=total, desc=f"{lm.name} heads", unit="text")
+    for amap in maps:
+        acc.update(amap)
+    meta: dict = {"corpus": source, "batch_size": batch_size, "causal": lm.is_causal}
+    if lm.is_causal and induction_sequences > 0:
+        sequences, prefix = induction_inputs(lm, n_sequences=induction_sequences, length=induction_length, seed=seed)
+        for start in range(0, len(sequences), batch_size):  # one batch of maps alive at a time
+            for amap in extract_ids(lm, sequences[start : start + batch_size], batch_size=batch_size):
+                acc.update_repeated(amap)
+        meta["induction"] = {
+            "sequences": induction_sequences, "length": induction_length, "seed": seed, "prefix": list(prefix),
+            "prefix_tokens": lm.tokenizer.convert_ids_to_tokens(list(prefix)),
+        }
+    else:
+        meta["induction"] = None
+    return acc.result(thresholds=thresholds, meta=meta)
+
+
+def induction_inputs(lm, *, n_sequences: int = 20, length: int = 50, seed: int = 0):
+    """Repeated random token sequences for `lm` and the prefix they start with: `(sequences, prefix)`.
+
+    The prefix is whatever special tokens the tokenizer itself puts at the start of a text (Gemma's
+    <bos>; nothing for SmolLM2, which adds none), so the sequences begin the way texts do, as
+    TransformerLens's `to_tokens` prepends BOS. Random tokens are drawn from the vocabulary without
+    special or added tokens.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> seqs, prefix = induction_inputs(tiny_model("llama"), n_sequences=2, length=3)
+    >>> len(seqs), all(s[len(prefix):][:3] == s[len(prefix):][3:] for s in seqs)
+    (2, True)
+    """
+    from headscope.analyses.induction import repeated_random_tokens
+
+    tok = lm.tokenizer
+    enc = tok("a", add_special_tokens=True, return_special_tokens_mask=True)
+    prefix = []
+    for i, sp in zip(enc["input_ids"], enc["special_tokens_mask"]):
+        if not sp:
+            break
+        prefix.append(int(i))
+    excluded = set(getattr(tok, "all_special_ids", [])) | set(getattr(tok, "added_tokens_decoder", {}) or {})
+    size = min(len(tok), lm.config.vocab_size)
+    candidates = [i for i in range(size) if i not in excluded]
+    return repeated_random_tokens(candidates, n_sequences=n_sequences, length=length, seed=seed, prefix=prefix), prefix
+
+
+# ---------------------------------------------------------------- relation and coreference probes
+
+
+def extract_scores(lm, examples: Sequence, *, level: Level = "word", head_word: bool = False, batch_size: int = 8,
+                   crop: bool = True, progress: bool = False):
+    """Attention from each example's source to each candidate on `lm` -> `analyses.coref.ProbeScores`.
+
+    Texts are deduplicated and run shortest first (little padding); an example that cannot be
+    scored is counted in `excluded` by reason: longer than the context, a candidate after the
+    source for a decoder, a word cut from the map. The result keeps the input order.
+
+    `crop` (decoders only): run each text only up to the end of the source's word. A causal
+    model's attention from the source does not depend on anything after it, so this changes no
+    number (as long as the tokenizer does not merge a token across that word boundary, which
+    byte-level BPE never does) and saves the cost of the rest of a long paragraph.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> data = extract_scores(tiny_model("bert"), builtin_set("agreement")[:3])
+    >>> len(data), tuple(data.scores.shape[1:3])
+    (3, (2, 4))
+    """
+    from headscope.analyses.coref import CAUSAL_REASON, collect_scores
+    from headscope.probe import iter_extract
+
+    excluded: Counter = Counter()
+    keep = []
+    for ex in examples:
+        if lm.is_causal and not all(ex.preceding()):
+            excluded[CAUSAL_REASON] += 1
+        else:
+            keep.append(ex)
+    model_text = {id(ex): _cropped(ex) if crop and lm.is_causal else ex.text for ex in keep}
+    texts = list(dict.fromkeys(model_text[id(ex)] for ex in keep))
+    length = {t: len(lm.tokenizer(t)["input_ids"]) for t in texts}
+    too_long = {t for t in texts if length[t] > lm.max_length}
+    if too_long:
+        excluded[f"{TOO_LONG} ({lm.max_length} tokens)"] = sum(model_text[id(ex)] in too_long for ex in keep)
+        keep = [ex for ex in keep if model_text[id(ex)] not in too_long]
+        texts = [t for t in texts if t not in too_long]
+    texts.sort(key=lambda t: length[t])
+    by_text: dict[str, list] = {}
+    for ex in keep:
+        by_text.setdefault(model_text[id(ex)], []).append(ex)
+
+    def pairs():
+        maps = iter_extract(lm, texts, level=level, batch_size=batch_size, window=2)
+        if progress:
+            from tqdm import tqdm
+
+            maps = tqdm(maps, total=len(texts), desc=f"{lm.name} attention", unit="text", file=sys.stderr)
+        for text, amap in zip(texts, maps):
+            for ex in by_text[text]:
+                yield ex, amap
+
+    data = collect_scores(pairs(), head_word=head_word, excluded=dict(excluded))
+    if not len(data):
+        return _no_scores(lm, data, level)
+    position = {id(ex): i for i, ex in enumerate(examples)}
+    order = sorted(range(len(data)), key=lambda i: position[id(data.examples[i])])
+    return replace(data, examples=tuple(data.examples[i] for i in order), scores=data.scores[order],
+                   model=data.model or lm.name, level=level)
+
+
+def _no_scores(lm, data, level: str):
+    """Nothing scored: keep the model's real layers and heads so that tables still name them."""
+    import torch
+
+    n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    return replace(data, scores=torch.zeros(0, n_layers, n_heads, 2), layer_ids=tuple(range(n_layers)),
+                   head_ids=tuple(range(n_heads)), model=lm.name, level=level, causal=lm.is_causal)
+
+
+def _cropped(ex) -> str:
+    """The text up to the end of the word that holds the end of the source."""
+    from headscope.probe import word_spans
+
+    end = ex.source_span[1]
+    return ex.text[: max([end] + [b for a, b in word_spans(ex.text) if a < end <= b])]
+
+
+def relation_probe(lm, examples: Sequence, *, task: str, level: Level = "word", head_word: bool = False,
+                   heldout: Sequence | None = None, folds: int = 5, n_perm: int = 10_000, seed: int = 0,
+                   batch_size: int = 8, noun: str = "examples", progress: bool = False):
+    """Which head lets a source word attend to its target: extraction, then `analyses.coref.score_probe`.
+
+    The head is chosen by group k-fold on `examples`; with `heldout` (a second list of examples)
+    it is chosen on all of `examples` and scored on `heldout`. Returns a `ProbeResult`.
+    (Named `relation_probe`, not `probe`, because `headscope.probe` is the extraction subpackage.)
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> r = relation_probe(tiny_model("bert"), builtin_set("verb-subject")[:20], task="verb-subject", n_perm=200)
+    >>> r.n, len(r.heads)
+    (20, 8)
+    """
+    from headscope.analyses.coref import score_probe
+
+    kw = dict(level=level, head_word=head_word, batch_size=batch_size, progress=progress)
+    data = extract_scores(lm, examples, **kw)
+    test = None if heldout is None else extract_scores(lm, heldout, **kw)
+    return score_probe(data, task=task, heldout=test, folds=folds, n_perm=n_perm, seed=seed, noun=noun)
+
+
+def coref(lm, examples: Sequence, *, task: str = "coref", noun: str = "pronouns", **options):
+    """Which head lets a pronoun attend to the word it refers to -> `ProbeResult` (see `relation_probe`).
+
+    >>> import headscope as hs                                                    # doctest: +SKIP
+    >>> hs.coref(hs.load("minilm"), hs.builtin_set("agreement"), task="coref-agreement").verdict  # doctest: +SKIP
+    """
+    return relation_probe(lm, examples, task=task, noun=noun, **options)
+
+
+def probe_sets(lm, sets: Sequence[tuple[str, Sequence]], *, heldout: tuple[str, Sequence] | None = None,
+               combined_task: str = "combined", level: Level = "word", head_word: bool = False, folds: int = 5,
+               n_perm: int = 10_000, seed: int = 0, batch_size: int = 8, noun: str = "examples",
+               progress: bool = False):
+    """Score named probe sets `[(task, examples), ...]` on one model -> `(main, parts)`.
+
+    With several sets each is scored on its own (`parts`) and `main` scores them together as
+    `combined_task`; with one set `main` is that set and `parts` is empty. With `heldout` (one set
+    only) `main` is the head chosen on all of the set and scored on `heldout`, and `parts` keeps
+    the k-fold result inside the set: one extraction, two honest answers.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> main, parts = probe_sets(tiny_model("bert"), [("a", builtin_set("agreement")[:16]),
+    ...                                                ("w", builtin_set("winograd")[:16])], n_perm=200)
+    >>> main.task, main.n, [p.n for p in parts]
+    ('combined', 32, [16, 16])
+    """
+    from headscope.analyses.coref import concat_scores, score_probe
+
+    if heldout is not None and len(sets) != 1:
+        raise ValueError("a held-out set needs a single set to choose the head on")
+    ex_kw = dict(level=level, head_word=head_word, batch_size=batch_size, progress=progress)
+    kw = dict(folds=folds, n_perm=n_perm, seed=seed, noun=noun)
+    if heldout is not None:
+        (task, examples), (h_task, h_examples) = sets[0], heldout
+        data, test = (extract_scores(lm, exs, **ex_kw) for exs in (examples, h_examples))
+        return score_probe(data, task=f"{task}->{h_task}", heldout=test, **kw), [score_probe(data, task=task, **kw)]
+    data = [extract_scores(lm, exs, **ex_kw) for _, exs in sets]
+    parts = [score_probe(d, task=task, **kw) for d, (task, _) in zip(data, sets, strict=True)] if len(sets) > 1 else []
+    main = score_probe(concat_scores(data), task=combined_task if len(sets) > 1 else sets[0][0], **kw)
+    return main, parts
+
+
+def causal(lm, result, *, template: str | None = None, n_random: int = 19, seed: int = 0,
+           batch_size: int = 8) -> dict:
+    """Ablate `result`'s best head and compare the model's preference between the candidates
+    with random head sets (decoders), on the examples the head was chosen on -> a dict.
+
+    `template` is the continuation prompt (default: `analyses.relations.COREF_TEMPLATE`).
+    """
+    from headscope.analyses.relations import COREF_TEMPLATE, continuation
+    from headscope.probe.ablate import causal_check
+
+    template = template or COREF_TEMPLATE
+    if result.best_head is None:
+        return {"skipped": "no head was selected, so there is nothing to ablate"}
+    if not lm.is_causal:
+        return {"skipped": f"{lm.name} is an encoder: it does not predict a continuation to compare"}
+    examples = result.data.examples
+    prompts, options = zip(*(continuation(ex, template=template) for ex in examples))
+    check = causal_check(lm, prompts, options, [ex.answer for ex in examples], [result.best_head],
+                         n_random=n_random, seed=seed, batch_size=batch_size)
+    return {**check.to_dict(), "prompt_template": template, "task": result.task}
+
+
+# ---------------------------------------------------------------- data
+
+
+def builtin_corpus() -> list[str]:
+    """The packaged corpus for head scores, one text per entry."""
+    from headscope.analyses.corpus import builtin_corpus as _builtin
+
+    return _builtin()
+
+
+def read_corpus(path) -> list[str]:
+    """Texts from a file: one per line, or JSONL with a 'text' field (`CorpusError` names a bad line)."""
+    from headscope.analyses.corpus import read_corpus as _read
+
+    return _read(path)
+
+
+def builtin_set(name: str) -> list:
+    """A packaged probe set by name: agreement, winograd, verb-subject -> list of `RelationExample`.
+
+    >>> len(builtin_set("agreement"))
+    70
+    """
+    from headscope.analyses.relations import builtin_set as _builtin
+
+    return _builtin(name)
+
+
+def read_probe_file(path) -> list:
+    """Probe examples from a JSONL file or a GAP .tsv (told apart by content)."""
+    from headscope.analyses.relations import read_probe_file as _read
+
+    return _read(path)
+
+
+def corpus_stats(tokenizer, corpora: Sequence[tuple[str, str, Sequence[str]]]):
+    """One row per `(name, source, texts)`: texts, words, tokens (with special tokens), tokens per
+    word, longest text -> DataFrame. `tokenizer` is any Hugging Face tokenizer.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> corpus_stats(tiny_model("bert").tokenizer, [("c", "here", ["The cat sat.", "Hi"])])[["texts", "words"]].values.tolist()
+    [[2, 5]]
+    """
+    import pandas as pd
+
+    from headscope.probe.words import word_spans
+
+    rows = []
+    for name, source, texts in corpora:
+        texts = list(texts)
+        tokens = [len(ids) for ids in tokenizer(texts)["input_ids"]] if texts else []
+        words = [len(word_spans(t)) for t in texts]
+        rows.append({
+            "corpus": name, "source": source, "texts": len(texts), "words": sum(words), "tokens": sum(tokens),
+            "tokens_per_word": sum(tokens) / max(sum(words), 1),
+            "mean_tokens": sum(tokens) / max(len(texts), 1), "max_tokens": max(tokens, default=0),
+        })
+    return pd.DataFrame(rows)
+
+
+_VERSIONED = ("torch", "transformers", "numpy", "pandas", "matplotlib", "seaborn", "jinja2", "gguf")
+
+
+def versions() -> dict:
+    """Versions of everything that shapes the numbers (None for a package that is not installed)."""
+    from importlib import metadata
+
+    from . import __version__
+
+    out: dict[str, Any] = {"headscope": __version__, "python": platform.python_version(),
+                           "platform": platform.platform()}
+    for dist in _VERSIONED:
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = None
+    return out
+
+
+# ---------------------------------------------------------------- one model, everything (`headscope run`)
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a run did, as recorded in run.json and the report."""
+
+    corpus: str  # "built-in" or a path
+    coref: str  # "built-in (agreement, winograd)" or a path
+    texts: tuple[str, ...]
+    level: str = "word"
+    include_special: bool = True
+    limit: int | None = None
+    induction_sequences: int = 20
+    permutations: int = 10_000
+    folds: int = 5
+    seed: int = 0
+    batch_size: int = 8
+    device: str = "cpu"
+    dtype: str = "float32"
+    truncate: bool = False
+
+
+@dataclass(frozen=True)
+class ModelAnalysis:
+    """Everything `analyse_model` found for one model: the inputs of its report section and run.json entry."""
+
+    model: str
+    verification: Any  # probe.verify.Verification, or None where it could not run
+    scores: Any  # analyses.heads.HeadScores
+    probes: tuple  # ProbeResult, the combined one first when there are several sets
+    maps: tuple  # AttentionMap of the report sentences, token level
+    corpus: Any  # corpus_stats DataFrame
+    info: dict
+    notes: tuple[str, ...] = ()
+    seconds: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        """The run.json entry of this model."""
+        v = self.verification
+        return {
+            "model": self.model, "info": self.info,
+            "verification": None if v is None else v.to_dict(),
+            "verified": v is not None and v.passed,
+            "heads": self.scores.to_dict(table=False),
+            "probes": [{k: val for k, val in p.to_dict().items() if k != "heads"} for p in self.probes],
+            "notes": list(self.notes), "seconds": dict(self.seconds),
+        }
+
+
+class _Stages:
+    """Wall time of each named stage, in seconds."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def run(self, name: str, fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.seconds[name] = round(time.perf_counter() - t0, 3)
+
+
+def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], settings: RunSettings,
+                  *, load_seconds: float = 0.0, progress: bool = False,
+                  log: Callable[[str], None] | None = None) -> ModelAnalysis:
+    """Verification, head scores over `texts`, the probe sets `[(task, examples), ...]` and the maps
+    of the report sentences, for one loaded model.
+
+    An architecture that cannot be verified is noted, not fatal. `log` receives one line per
+    finished stage; `progress` shows bars on stderr.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> s = RunSettings(corpus="c", coref="p", texts=("The cat sat.",), permutations=100, induction_sequences=0)
+    >>> a = analyse_model(tiny_model("bert"), ["A dog ran."] * 4, [("t", builtin_set("agreement")[:16])], s)
+    >>> a.verification.passed, [p.task for p in a.probes], len(a.maps)
+    (True, ['t'], 1)
+    """
+    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
+
+    say = log or (lambda message: None)
+    stage = _Stages()
+    stage.seconds["load"] = round(load_seconds, 3)
+    notes: list[str] = []
+    try:
+        verification = stage.run("verify", verify, lm, truncate=settings.truncate)
+        say(f"{lm.name}: {verification.summary()} ({stage.seconds['verify']:.1f} s)")
+    except (UnsupportedArchitecture, UnsupportedFeature) as exc:
+        verification = None
+        notes.append(f"verification could not run: {exc}")
+        say(f"{lm.name}: verification could not run: {exc}")
+
+    scores = stage.run("heads", heads, lm, texts, level=settings.level, include_special=settings.include_special,
+                       batch_size=settings.batch_size, induction_sequences=settings.induction_sequences,
+                       seed=settings.seed, truncate=settings.truncate, progress=progress, total=len(texts))
+    scores.meta["corpus"] = settings.corpus
+    say(f"{lm.name}: head scores over {scores.n_texts} texts, {len(scores.roles)} roles "
+        f"({stage.seconds['heads']:.1f} s)")
+
+    main, parts = stage.run("coref", probe_sets, lm, sets,
+                            combined_task="coref-builtin", level=settings.level, folds=settings.folds,
+                            n_perm=settings.permutations, seed=settings.seed, batch_size=settings.batch_size,
+                            noun="pronouns")
+    probes = [main, *parts]  # the combined result first when there are several sets
+    say(f"{lm.name}: coreference probe ({stage.seconds['coref']:.1f} s)")
+    for p in probes:
+        say(f"  {p.task}: {p.verdict}")
+
+    maps = stage.run("sentences", extract, lm, list(settings.texts), level="token", truncate=settings.truncate)
+    sentences = "--text" if settings.texts != REPORT_SENTENCES else "built-in"
+    corpus = corpus_stats(lm.tokenizer, [("heads corpus", settings.corpus, texts),
+                                          *[(f"probe: {task}", settings.coref, [e.text for e in exs])
+                                            for task, exs in sets],
+                                          ("report sentences", sentences, list(settings.texts))])
+    info = _model_info(lm, verification, stage.seconds)
+    return ModelAnalysis(model=lm.name, verification=verification, scores=scores, probes=tuple(probes),
+                         maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds))
+
+
+def _model_info(lm, verification, seconds: dict) -> dict:
+    cfg = lm.config
+    return {
+        "source": lm.source, "architecture": getattr(cfg, "model_type", "unknown"),
+        "family": getattr(verification, "family", None), "causal": lm.is_causal,
+        "layers": getattr(cfg, "num_hidden_layers", None), "heads": getattr(cfg, "num_attention_heads", None),
+        "kv_heads": getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_attention_heads", None),
+        "parameters": sum(p.numel() for p in lm.model.parameters()), "context": lm.max_length,
+        "dtype": str(lm.dtype).replace("torch.", ""), "device": str(lm.device), "seconds": dict(seconds),
+    }
