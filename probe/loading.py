@@ -8,6 +8,7 @@ an entry that fails the manifest is deleted and rebuilt, never used.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -82,6 +83,23 @@ def encoder_only(config) -> bool:
             and model_type not in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
 
 
+TINY_PREFIX = "tiny:"
+
+
+def _tiny(name: str, *, device: str, dtype: str) -> LoadedModel:
+    from .tiny import tiny_model  # tiny builds LoadedModels, so it is imported only when asked for
+
+    model_type = name[len(TINY_PREFIX):]
+    if model_type not in SUPPORTED_TYPES:
+        raise ModelNotAvailable(f"no tiny model for {model_type!r}; tiny: takes a verified model type: "
+                                f"{', '.join(sorted(SUPPORTED_TYPES))} (see `headscope models --families`)")
+    lm = tiny_model(model_type)
+    if device == "auto":
+        device = "cpu"
+    model = lm.model.to(device=device, dtype=_DTYPES[dtype])
+    return dataclasses.replace(lm, name=name, model=model, dtype=_DTYPES[dtype], device=torch.device(device))
+
+
 def cache_dir() -> Path:
     """Where converted GGUF models live: $HEADSCOPE_CACHE, else $XDG_CACHE_HOME/headscope, else ~/.cache/headscope."""
     if os.environ.get("HEADSCOPE_CACHE"):
@@ -97,7 +115,10 @@ def load_model(
     dtype: DType = "float32",
     use_cache: bool = True,
 ) -> LoadedModel:
-    """Load `name` (a packaged model, a local folder or a hub id) with eager attention.
+    """Load `name` (a packaged model, a local folder, a hub id, or `tiny:MODEL_TYPE`) with eager attention.
+
+    `tiny:MODEL_TYPE` (e.g. `tiny:llama`) builds the seeded random test model of that type offline, in
+    seconds (`probe.tiny.tiny_model`): a way to see what a family does without a download.
 
     `device="auto"` hands placement to accelerate's `device_map="auto"`, which spreads a model
     that is larger than one GPU over the GPUs (and CPU) it finds.
@@ -111,6 +132,8 @@ def load_model(
     if device not in ("cpu", "cuda", "mps", "auto"):
         raise ValueError(f"device must be cpu, cuda, mps or auto, got {device!r}")
     _check_device(device)
+    if name.startswith(TINY_PREFIX):
+        return _tiny(name, device=device, dtype=dtype)
     torch_dtype = _DTYPES[dtype]
     t0 = time.perf_counter()
     spec = KNOWN_MODELS.get(name)

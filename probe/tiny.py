@@ -37,19 +37,19 @@ def tiny_tokenizer(kind: TokenizerKind):
     corpus = list(TINY_CORPUS) * 4
     if kind == "wordpiece":
         raw = BertWordPieceTokenizer(lowercase=True)
-        raw.train_from_iterator(corpus, vocab_size=400, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+        raw.train_from_iterator(corpus, vocab_size=400, show_progress=False, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
         cls_id, sep_id = raw.token_to_id("[CLS]"), raw.token_to_id("[SEP]")
         raw.post_processor = processors.BertProcessing(("[SEP]", sep_id), ("[CLS]", cls_id))
         return PreTrainedTokenizerFast(tokenizer_object=raw._tokenizer, cls_token="[CLS]", sep_token="[SEP]",
                                        pad_token="[PAD]", unk_token="[UNK]", mask_token="[MASK]")
     if kind == "bytebpe":
         raw = ByteLevelBPETokenizer(trim_offsets=True)
-        raw.train_from_iterator(corpus, vocab_size=400, special_tokens=["<|endoftext|>"])
+        raw.train_from_iterator(corpus, vocab_size=400, show_progress=False, special_tokens=["<|endoftext|>"])
         return PreTrainedTokenizerFast(tokenizer_object=raw._tokenizer, eos_token="<|endoftext|>",
                                        bos_token="<|endoftext|>")
     if kind == "sentencepiece":
         raw = SentencePieceBPETokenizer()
-        raw.train_from_iterator(corpus, vocab_size=400, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"])
+        raw.train_from_iterator(corpus, vocab_size=400, show_progress=False, special_tokens=["<pad>", "<eos>", "<bos>", "<unk>"])
         bos = raw.token_to_id("<bos>")
         raw.post_processor = processors.TemplateProcessing(single="<bos> $A", special_tokens=[("<bos>", bos)])
         return PreTrainedTokenizerFast(tokenizer_object=raw._tokenizer, bos_token="<bos>", eos_token="<eos>",

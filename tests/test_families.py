@@ -195,3 +195,26 @@ def test_models_families_cli():
     lines = table.output.splitlines()
     assert lines[0].split()[:3] == ["model", "type", "family"] and len(lines) == 1 + len(SUPPORTED_TYPES)
     assert any(line.split()[:3] == ["gemma3_text", "gemma3", "decoder"] for line in lines)
+
+
+@pytest.mark.parametrize("model_type", sorted(SUPPORTED_TYPES))
+def test_tiny_prefix_builds_every_verified_type_and_verify_json_is_clean(model_type):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+
+    result = CliRunner().invoke(cli, ["verify", "--model", f"tiny:{model_type}", "--json"])
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.stdout)  # nothing but the JSON object on stdout
+    assert record["model"] == f"tiny:{model_type}" and record["passed"] is True
+    assert record["max_abs_err"] <= record["tolerance"]
+
+
+def test_tiny_prefix_refuses_an_unknown_type_in_one_line():
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+
+    result = CliRunner().invoke(cli, ["verify", "--model", "tiny:no-such-type"])
+    assert result.exit_code == 2 and "tiny: takes a verified model type" in result.output
+    assert "Traceback" not in result.output
