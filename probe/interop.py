@@ -54,11 +54,11 @@ def from_hf(
     >>> maps = from_hf(out, enc, tok, text=texts)                                   # doctest: +SKIP
     """
     layers = _hf_attentions(outputs)
-    ids = _rows(encoding["input_ids"])
-    mask = _rows(encoding["attention_mask"]) if _has(encoding, "attention_mask") else [[1] * len(r) for r in ids]
+    ids, batched = _rows(encoding["input_ids"])
+    rows = lambda key: _rows(encoding[key], batched)[0] if _has(encoding, key) else None  # noqa: E731
+    mask = rows("attention_mask") or [[1] * len(r) for r in ids]
     texts = _texts(text, len(ids))
-    offsets = _rows(encoding["offset_mapping"]) if _has(encoding, "offset_mapping") else None
-    specials = _rows(encoding["special_tokens_mask"]) if _has(encoding, "special_tokens_mask") else None
+    offsets, specials = rows("offset_mapping"), rows("special_tokens_mask")
     if layers[0].shape[0] != len(ids):
         raise ValueError(f"the outputs hold {layers[0].shape[0]} rows but the encoding {len(ids)}; pass the "
                          "encoding that went into this forward pass")
@@ -108,8 +108,8 @@ def from_transformer_lens(
     if n_layers is None:
         n_layers = getattr(getattr(model, "cfg", None), "n_layers", None)
     layers = _tl_patterns(cache, n_layers)
-    ids = _rows(tokens)
-    mask = _rows(attention_mask) if attention_mask is not None else [[1] * len(r) for r in ids]
+    ids, batched = _rows(tokens)
+    mask = _rows(attention_mask, batched)[0] if attention_mask is not None else [[1] * len(r) for r in ids]
     texts = _texts(text, len(ids))
     if texts is not None and tokenizer is None:
         raise ValueError("text= needs the tokenizer (pass tokenizer=, or a cache whose .model has one)")
@@ -241,14 +241,16 @@ def _has(encoding, key: str) -> bool:
         return False
 
 
-def _rows(x) -> list[list]:
-    """A batch of rows as nested lists, from a tensor, an array or lists; one row when given one."""
-    if hasattr(x, "tolist"):
-        x = x.tolist()
-    x = list(x)
-    if x and not isinstance(x[0], (list, tuple)):
-        return [x]
-    return [list(r) for r in x]
+def _rows(x, batched: bool | None = None) -> tuple[list[list], bool]:
+    """`(rows, batched)`: a batch as nested lists, from a tensor, an array or lists.
+
+    Whether `x` is a batch is read off the ids (`batched=None`: their first entry is a row) and then
+    imposed on the fields that go with them, whose entries are pairs (offsets) even unbatched.
+    """
+    x = list(x.tolist() if hasattr(x, "tolist") else x)
+    if batched is None:
+        batched = bool(x) and isinstance(x[0], (list, tuple))
+    return ([list(r) for r in x] if batched else [x]), batched
 
 
 def _texts(text, n: int) -> list[str] | None:

@@ -137,3 +137,14 @@ def test_from_hf_round_trips_minilm(minilm):
     for level in ("token", "word"):
         for g, w in zip(from_hf(out, enc, tok, text=TEXTS, level=level), extract(minilm, TEXTS, level=level)):
             _same_map(g, w)
+
+
+def test_from_hf_unbatched_encoding():
+    from headscope.probe.tiny import tiny_model
+
+    lm = tiny_model("llama")
+    enc = lm.tokenizer(TEXTS[0], return_offsets_mapping=True, return_special_tokens_mask=True)  # plain lists
+    with torch.no_grad():
+        out = lm.model(input_ids=torch.tensor([enc["input_ids"]]), output_attentions=True)
+    [got] = from_hf(out, enc, lm.tokenizer, text=TEXTS[0])
+    _same_map(got, extract(lm, TEXTS[0])[0])
