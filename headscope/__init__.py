@@ -36,8 +36,9 @@ from .api import (  # noqa: E402
     versions,
 )
 
-# Result types, imported from their home module on first use (they need torch).
-_RESULT_TYPES = {
+# Result types and the workflows that live in their own module, imported from their home module on
+# first use (they need torch).
+_LAZY = {
     "LoadedModel": "headscope.probe.loading",
     "AttentionMap": "headscope.probe.types",
     "Verification": "headscope.probe.verify",
@@ -46,23 +47,30 @@ _RESULT_TYPES = {
     "ProbeScores": "headscope.analyses.coref",
     "ProbeResult": "headscope.analyses.coref",
     "RelationExample": "headscope.analyses.relations",
+    "HeadComparison": "headscope.analyses.compare",
+    "GenerationAttention": "headscope.generate",
+    "compare_models": "headscope.compare",
+    "generate_attention": "headscope.generate",
+    "from_hf": "headscope.probe.interop",
+    "from_transformer_lens": "headscope.probe.interop",
+    "long_frame": "headscope.probe.interop",
 }
 
 __all__ = [
     "__version__", "load", "extract", "verify", "explain", "heads", "induction_inputs", "extract_scores", "coref",
     "relation_probe", "probe_sets", "causal", "corpus_stats", "versions", "builtin_corpus", "builtin_set",
     "read_corpus", "read_probe_file", "analyse_model", "ModelAnalysis", "RunSettings", "REPORT_SENTENCES",
-    *_RESULT_TYPES,
+    *_LAZY,
 ]
 
 
 def __getattr__(name: str):
-    if name in _RESULT_TYPES:
+    if name in _LAZY:
         import importlib
 
-        return getattr(importlib.import_module(_RESULT_TYPES[name]), name)
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'headscope' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_RESULT_TYPES))
+    return sorted(set(globals()) | set(_LAZY))

@@ -227,7 +227,12 @@ def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, 
 
 def token_labels(lm: LoadedModel, enc: Encoded) -> tuple[str, ...]:
     """Display string per token: its text in the input, or the raw piece for specials and byte pieces."""
-    raw = lm.tokenizer.convert_ids_to_tokens(list(enc.ids))
+    return tokenizer_labels(lm.tokenizer, enc)
+
+
+def tokenizer_labels(tokenizer, enc: Encoded) -> tuple[str, ...]:
+    """`token_labels` from the tokenizer alone (for attention computed outside headscope)."""
+    raw = tokenizer.convert_ids_to_tokens(list(enc.ids))
     return tuple(r if sp or not enc.text[a:b].strip() else enc.text[a:b].strip()
                  for r, (a, b), sp in zip(raw, enc.spans, enc.special))
 

@@ -120,6 +120,9 @@ def load_model(
     `tiny:MODEL_TYPE` (e.g. `tiny:llama`) builds the seeded random test model of that type offline, in
     seconds (`probe.tiny.tiny_model`): a way to see what a family does without a download.
 
+    A hub id may name a revision (branch, tag or commit), `org/model@step1000`, to compare
+    checkpoints of one model.
+
     `device="auto"` hands placement to accelerate's `device_map="auto"`, which spreads a model
     that is larger than one GPU over the GPUs (and CPU) it finds.
 
@@ -137,17 +140,23 @@ def load_model(
     torch_dtype = _DTYPES[dtype]
     t0 = time.perf_counter()
     spec = KNOWN_MODELS.get(name)
+    revision = None
     if spec is not None:
         path, gguf_file, source = _packaged_path(spec)
     else:
-        path, gguf_file, source = _user_path(name)
+        base, revision = split_revision(name)
+        path, gguf_file, source = _user_path(base)
+        if revision is not None:
+            if not source.startswith("Hugging Face hub id"):
+                raise ModelNotAvailable(f"{name}: @REVISION applies to hub ids (org/model@rev) only; {base} is a {source}")
+            source += f" at revision {revision}"
     converted = False
     if gguf_file is not None and use_cache:
         # Named after the file, not the alias, so a packaged name and its path share one entry.
         folder, converted = _cached_conversion(f"{Path(path).name}-{Path(gguf_file).stem}", path, gguf_file)
         model, tok = _from_folder(str(folder), None, torch_dtype, device, name)
     else:
-        model, tok = _from_folder(str(path), gguf_file, torch_dtype, device, name)
+        model, tok = _from_folder(str(path), gguf_file, torch_dtype, device, name, revision=revision)
     model.eval()
     _require_eager(model, name)
     dev = next(model.parameters()).device
@@ -212,6 +221,20 @@ def _assemble_gemma(spec: ModelSpec) -> Path:
     return folder
 
 
+def split_revision(name: str) -> tuple[str, str | None]:
+    """`("org/model", "rev")` from `org/model@rev`; a name without `@`, or an existing path, as it is.
+
+    >>> split_revision("EleutherAI/pythia-70m@step1000"), split_revision("minilm")
+    (('EleutherAI/pythia-70m', 'step1000'), ('minilm', None))
+    """
+    if "@" not in name or Path(name).expanduser().exists():
+        return name, None
+    base, _, revision = name.rpartition("@")
+    if not base or not revision:
+        raise ModelNotAvailable(f"{name!r}: write a revision as NAME@REVISION, e.g. EleutherAI/pythia-70m@step1000")
+    return base, revision
+
+
 def _user_path(name: str) -> tuple[Path | str, str | None, str]:
     p = Path(name).expanduser()
     if p.is_file() and p.suffix == ".gguf":
@@ -245,13 +268,16 @@ def _hub_unreachable() -> str | None:
     return None
 
 
-def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: str, name: str):
+def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: str, name: str, *,
+                 revision: str | None = None):
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     kwargs: dict = {"attn_implementation": "eager", "dtype": dtype}
     if gguf_file:
         kwargs["gguf_file"] = gguf_file
+    at = {"revision": revision} if revision else {}  # a hub checkpoint: config, tokenizer and weights alike
+    kwargs.update(at)
     if device == "auto":
         kwargs["device_map"] = "auto"
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
@@ -261,15 +287,15 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: s
         if _is_hub_id(path):
             # Try the local hub cache first; go online only where the hub can be reached at all.
             try:
-                AutoConfig.from_pretrained(path, local_files_only=True)
+                AutoConfig.from_pretrained(path, local_files_only=True, **at)
             except OSError:
                 why = _hub_unreachable()
                 if why:
                     raise ModelNotAvailable(not_available_message(name, why)) from None
-        config = AutoConfig.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
+        config = AutoConfig.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}), **at)
         causal = any(a.endswith("ForCausalLM") for a in (config.architectures or [])) or not encoder_only(config)
         cls = AutoModelForCausalLM if causal else AutoModel
-        tok = AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
+        tok = AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}), **at)
         model = cls.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelNotAvailable(not_available_message(name, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")) from exc

@@ -1,0 +1,90 @@
+"""`headscope compare A B`: which heads changed between two checkpoints, with intervals over texts.
+
+A thin wrapper over `headscope.compare.compare_models`; the rule for "changed" is in
+`analyses.compare`.
+"""
+
+from __future__ import annotations
+
+from itertools import islice
+
+import click
+
+from ..common import echo_json, fail, json_option, load_or_fail, device_options, verify_option, verify_step
+
+__all__ = ["cli"]
+
+
+@click.command()
+@click.argument("model_a")
+@click.argument("model_b")
+@click.option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None,
+              help="Text file (one text per line) or JSONL with a 'text' field; default: the built-in corpus.")
+@click.option("--level", type=click.Choice(["token", "word"]), default="word", show_default=True,
+              help="Score sub-word tokens or words (Clark et al. 2019 aggregation).")
+@click.option("--special/--no-special", "include_special", default=True, show_default=True,
+              help="Keep [CLS]/[SEP]/<bos> as units, or drop them and renormalise each row.")
+@click.option("--limit", type=click.IntRange(min=2), default=None, help="Use only the first N texts.")
+@click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05,
+              show_default=True, help="Family-wise error rate over all (head, metric) pairs (Holm).")
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
+@json_option
+@verify_option
+@device_options
+def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, batch_size, truncate, as_json,
+        device, dtype, no_verify) -> None:
+    """Compare every head of MODEL_A and MODEL_B (names, folders, GGUF files or hub ids, NAME@REVISION)."""
+    from headscope.analyses.corpus import CorpusError, builtin_corpus, read_corpus
+
+    try:
+        texts, source = ((builtin_corpus(), "built-in corpus") if corpus_path is None
+                         else (read_corpus(corpus_path), str(corpus_path)))
+    except (CorpusError, OSError, ValueError) as exc:
+        fail(str(exc))
+    texts = list(islice(texts, limit)) if limit else texts
+    if len(texts) < 2:
+        fail(f"{source} holds {len(texts)} text; intervals over texts need at least 2")
+    from headscope.compare import compare_models
+
+    lm_a, lm_b = load_or_fail(model_a, device, dtype), load_or_fail(model_b, device, dtype)
+    checks = {"a": verify_step(lm_a, enabled=not no_verify), "b": verify_step(lm_b, enabled=not no_verify)}
+    try:
+        result = compare_models(lm_a, lm_b, texts, level=level, include_special=include_special, alpha=alpha,
+                                batch_size=batch_size, truncate=truncate)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
+    if as_json:
+        echo_json(result.to_dict() | {"corpus": source, "verification": checks})
+    else:
+        for key, check in checks.items():
+            click.echo(f"{key}: {check['summary']}")
+        _print(result, source)
+    if any(c["passed"] is False for c in checks.values()):
+        raise SystemExit(1)
+
+
+def _print(result, source: str) -> None:
+    from headscope.probe.types import head_name
+
+    click.echo(f"A = {result.a}, B = {result.b}: {result.n_texts} texts from {source}; differences are B - A")
+    click.echo(result.rule)
+    changed = result.changed()
+    heads = result.changed_heads()
+    click.echo(f"changed: {len(changed)} (head, metric) pairs in {len(heads)} heads"
+               + (f": {', '.join(head_name(l, h) for l, h in heads)}" if heads else ""))
+    for r in changed.head(30).itertuples():
+        click.echo(f"  {head_name(r.layer, r.head):<7} {r.metric:<19} a {r.a:.3f}  b {r.b:.3f}  "
+                   f"diff {r.diff:+.3f}  95% CI [{r.ci_low:+.3f}, {r.ci_high:+.3f}]")
+    if len(changed) > 30:
+        click.echo(f"  (+{len(changed) - 30} more; --json lists every pair)")
+    roles = result.roles_changed
+    click.echo(f"roles changed: {len(roles)}" if len(roles) else "roles changed: none")
+    for r in roles.itertuples():
+        click.echo(f"  {head_name(r.layer, r.head):<7} {r.role}: {'A only' if r.in_a else 'B only'}")
+    for metric in dict.fromkeys(changed["metric"]):
+        grid = result.grid(metric)
+        click.echo(f"{metric} difference (B - A), layer × head:")
+        click.echo("  layer " + " ".join(f"{'H' + str(h):>7}" for h in grid.columns))
+        for layer, row in grid.iterrows():
+            click.echo(f"  {layer:>5} " + " ".join(f"{v:+7.3f}" for v in row))

@@ -1,0 +1,62 @@
+"""Compare two checkpoints of one model over a corpus: load both, check they match, score, compare.
+
+`compare_models("EleutherAI/pythia-70m@step1000", "EleutherAI/pythia-70m@step3000", texts)` — or two
+local folders, two GGUF files, or two `LoadedModel`s — reads every text with both models, scores each
+head on each text alone (`analyses.compare.per_text_scores`) and compares them head by head
+(`analyses.compare.compare_scores`: differences with 95% intervals over texts, Holm-corrected).
+
+Both models must have the same architecture (family, layers, heads) and tokenize every text into
+the same tokens; otherwise the heads or the units would not correspond and `IncompatibleModels`
+says which.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Literal
+
+from headscope.analyses.compare import ALPHA, HeadComparison, compare_scores, per_text_scores
+from headscope.analyses.heads import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL
+from headscope.probe import LoadedModel, iter_extract, load_model
+from headscope.probe.extract import check_texts, encode_many
+
+__all__ = ["IncompatibleModels", "compare_models", "check_compatible"]
+
+
+class IncompatibleModels(ValueError):
+    """The two models' heads or tokens do not correspond, so a head-by-head comparison means nothing."""
+
+
+def compare_models(
+    a: str | LoadedModel,
+    b: str | LoadedModel,
+    texts: str | Iterable[str],
+    *,
+    level: Literal["token", "word"] = DEFAULT_LEVEL,
+    include_special: bool = DEFAULT_INCLUDE_SPECIAL,
+    alpha: float = ALPHA,
+    batch_size: int = 8,
+    truncate: bool = False,
+    device: str = "cpu",
+    dtype: str = "float32",
+) -> HeadComparison:
+    """Per-head metric differences B - A over `texts` (see `analyses.compare` for the rule)."""
+    texts = check_texts(texts)
+    lm_a = a if isinstance(a, LoadedModel) else load_model(a, device=device, dtype=dtype)
+    lm_b = b if isinstance(b, LoadedModel) else load_model(b, device=device, dtype=dtype)
+    check_compatible(lm_a, lm_b, texts, truncate=truncate)
+    tables = [per_text_scores(iter_extract(lm, texts, batch_size=batch_size, level=level, truncate=truncate),
+                              level=level, include_special=include_special) for lm in (lm_a, lm_b)]
+    return compare_scores(*tables, a_name=lm_a.name, b_name=lm_b.name, alpha=alpha)
+
+
+def check_compatible(a: LoadedModel, b: LoadedModel, texts: list[str], *, truncate: bool = False) -> None:
+    """Raise `IncompatibleModels` unless both have the same family, layers, heads and tokens for `texts`."""
+    shape = lambda lm: (lm.model_type, lm.config.num_hidden_layers, lm.config.num_attention_heads)  # noqa: E731
+    if shape(a) != shape(b):
+        (ta, la, ha), (tb, lb, hb) = shape(a), shape(b)
+        raise IncompatibleModels(f"{a.name} is {ta} with {la} layers × {ha} heads but {b.name} is {tb} with "
+                                 f"{lb} layers × {hb} heads; compare checkpoints of one architecture")
+    for ea, eb in zip(encode_many(a, texts, truncate=truncate), encode_many(b, texts, truncate=truncate)):
+        if ea.ids != eb.ids:
+            raise IncompatibleModels(f"{a.name} and {b.name} tokenize the text starting {ea.text[:40]!r} differently "
+                                     f"({len(ea.ids)} vs {len(eb.ids)} tokens); compare models that share a tokenizer")
