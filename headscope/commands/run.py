@@ -161,8 +161,8 @@ def analyse_model(lm, texts: Sequence[str], probe_sets: Sequence[tuple[str, list
                                           ("report sentences", "--text" if settings.texts != REPORT_SENTENCES
                                            else "built-in", list(settings.texts))])
     info = _model_info(lm, verification, stage.seconds)
-    section = ModelSection(model=lm.name, maps=tuple(maps), verification=verification, scores=scores,
-                           probes=tuple(probes), corpus=corpus, info=info, notes=tuple(notes))
+    section = ModelSection(model=lm.name, maps=tuple(maps), word_maps=_word_maps(maps), verification=verification,
+                           scores=scores, probes=tuple(probes), corpus=corpus, info=info, notes=tuple(notes))
     record = {
         "model": lm.name, "info": info,
         "verification": None if verification is None else verification.to_dict(),
@@ -172,6 +172,15 @@ def analyse_model(lm, texts: Sequence[str], probe_sets: Sequence[tuple[str, list
         "notes": notes, "seconds": dict(stage.seconds),
     }
     return section, record
+
+
+def _word_maps(maps) -> tuple:
+    """The report sentences at word level, when every token knows its word (the report draws both levels)."""
+    from headscope.probe import to_word_level
+
+    if all(len(m.word_index) == len(m) for m in maps):
+        return tuple(to_word_level(m) for m in maps)
+    return ()
 
 
 def _run_probes(lm, probe_sets, settings: RunSettings) -> list:
