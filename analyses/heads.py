@@ -37,7 +37,7 @@ Every metric, its role and the role's threshold are defined once, in `analyses.m
 head gets a role when its score reaches the threshold, and the roles table keeps the score beside the label.
 
 >>> import torch
->>> from headscope.probe.types import AttentionMap
+>>> from headscope.probe.types import AttentionMap, head_name
 >>> a = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])[None, None]  # prev-token
 >>> m = AttentionMap(text="a b c", level="token", labels=("a", "b", "c"), spans=((0, 1), (2, 3), (4, 5)),
 ...                  special=(False,) * 3, attention=a, causal=True, meta={"model": "toy"})
@@ -60,7 +60,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headscope.probe.types import AttentionMap
+from headscope.probe.types import AttentionMap, head_name
 from headscope.probe.words import to_word_level
 
 from .induction import detection_pattern, pattern_score
@@ -187,7 +187,7 @@ class HeadScores:
         rows = []
         for m in self.metrics:
             t = self.top(m, 3)
-            cells = ", ".join(f"L{r.layer}.H{r.head} {r.value:.3f}" for r in t.itertuples()) or "not applicable"
+            cells = ", ".join(f"{head_name(r.layer, r.head)} {r.value:.3f}" for r in t.itertuples()) or "not applicable"
             rows.append({"metric": m, "top heads": cells})
         body = pd.DataFrame(rows).to_html(index=False)  # pandas escapes cell text
         return (f"<div><b>HeadScores</b> {escape(self.model)}: {self.n_layers} layers × {self.n_heads} heads, "

@@ -8,6 +8,10 @@ with fonts that cover CJK, Arabic and emoji (`reports.fonts`).
 
 Head and layer arguments are model indices (`amap.layer_ids` / `amap.head_ids`), so a map that
 kept only some heads is addressed the same way as a full one.
+
+`plot(result, **kw)` picks the figure by the result's type. `FIGURES` lists the report's figures:
+each entry names the part of a report section it draws, how, its file stem and caption; the report
+(`reports.html`) draws what the registry lists, so a new report figure is one entry.
 """
 
 from __future__ import annotations
@@ -549,7 +553,7 @@ def _heatmap_panels(section: Any) -> Iterable[Panel]:
 
 def _mosaic_panels(section: Any) -> Iterable[Panel]:
     if section.maps:
-        yield Panel((section.maps[0],), {"text": section.maps[0].text}, section.maps[0])
+        yield Panel((section.maps[0],), {"text": section.maps[0].text}, section.maps)  # the first of the sentences
 
 
 FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (

@@ -1,7 +1,8 @@
 """The report: one self-contained HTML file, its figures as PNG files, its tables as CSV files.
 
-`build_report(sections)` takes one `ModelSection` per model (plain results: AttentionMaps,
-Verification, HeadScores, ProbeResults, DataFrames — never a model) and returns a `Report`;
+`build_report(sections)` takes one `ModelSection` per model (plain results: AttentionMaps at the
+levels to draw, Verification, HeadScores, ProbeResults, DataFrames — never a model) and returns a
+`Report`; its figures are those `reports.figures.FIGURES` lists;
 `Report.write(folder)` puts `index.html`, `figures/*.png` and `*.csv` into a folder.
 
 The HTML works offline from disk: no CDN and no request of any kind. A Content-Security-Policy
@@ -139,14 +140,27 @@ class Report:
 
 
 def _figures_for(section: ModelSection, name: str, *, dpi: int) -> list[FigureFile]:
-    """Every figure of one model, in `FIGURES` order, files named `<name>-<stem>.png`."""
+    """Every figure of one model, files named `<name>-<stem>.png`.
+
+    Ordered by report section (in `FIGURES` order), and within one the figures of one result stay
+    together (a probe's grid, then its drill-down), results in the order they first appear.
+    """
     out: list[FigureFile] = []
     for spec in FIGURES.values():
         for panel in spec.panels(section):
             png = to_png(spec.draw(*panel.args), dpi=dpi)
             out.append(FigureFile(f"{name}-{spec.stem.format(**panel.words)}.png", spec.caption.format(**panel.words),
                                   png, spec.group, section.model, compact_png(png), panel.result))
-    return out
+    groups = list(dict.fromkeys(spec.group for spec in FIGURES.values()))
+    results: list[Any] = []  # each result once, by identity (results need not be hashable)
+    for f in out:
+        if not any(f.result is r for r in results):
+            results.append(f.result)
+
+    def place(f: FigureFile) -> tuple[int, int]:
+        return groups.index(f.group), next(i for i, r in enumerate(results) if r is f.result)
+
+    return sorted(out, key=place)
 
 
 def _file_names(sections: Sequence[ModelSection]) -> list[str]:

@@ -223,5 +223,5 @@ def test_probe_figures_sit_beside_their_probe():
         if f.group == "probe":
             where = probe_part.index(f.data_uri)
             assert (a < where < b) == (f.result is first) and (where > b) == (f.result is second)
-    assert {f.name for f in report.figures} == {"m-probe-task-a-grid.png", "m-probe-task-a-drilldown.png",
-                                                "m-probe-task-b-grid.png", "m-probe-task-b-drilldown.png"}
+    assert [f.name for f in report.figures] == ["m-probe-task-a-grid.png", "m-probe-task-a-drilldown.png",
+                                                "m-probe-task-b-grid.png", "m-probe-task-b-drilldown.png"]
