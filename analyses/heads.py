@@ -37,7 +37,7 @@ Every metric, its role and the role's threshold are defined once, in `analyses.m
 head gets a role when its score reaches the threshold, and the roles table keeps the score beside the label.
 
 >>> import torch
->>> from headscope.probe.types import AttentionMap, head_name
+>>> from headscope.probe.types import AttentionMap
 >>> a = torch.tensor([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])[None, None]  # prev-token
 >>> m = AttentionMap(text="a b c", level="token", labels=("a", "b", "c"), spans=((0, 1), (2, 3), (4, 5)),
 ...                  special=(False,) * 3, attention=a, causal=True, meta={"model": "toy"})

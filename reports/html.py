@@ -375,7 +375,7 @@ def build_report(
         style=Markup(style),
         script=Markup(script),
         data=Markup(data),
-        models=[_model_view(s, figs) for s, figs in zip(sections, per_model)],
+        models=[_template_model(s, figs) for s, figs in zip(sections, per_model)],
         failed=[s.model for s in sections if s.verification is not None and not s.verification.passed],
         settings=_flat(settings or {}),
         versions=_flat(versions or {}),
@@ -400,7 +400,7 @@ def _flat(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
     return out
 
 
-def _model_view(s: ModelSection, figs: Sequence[FigureFile]) -> dict:
+def _template_model(s: ModelSection, figs: Sequence[FigureFile]) -> dict:
     """What the template needs of one model, numbers already formatted."""
     by_group: dict[str, list[FigureFile]] = {}
     for f in figs:
