@@ -34,7 +34,7 @@ class CorpusError(ValueError):
 def builtin_corpus() -> list[str]:
     """The built-in English corpus: several hundred hand-written sentences (news-like, dialogue,
     lists, numbers, questions, punctuation-heavy lines), one text each."""
-    source = resources.files("analyses") / "data" / "corpus.txt"
+    source = resources.files("headscope.analyses") / "data" / "corpus.txt"
     with resources.as_file(source) as path:
         return read_corpus(path, format="txt")
 

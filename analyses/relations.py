@@ -347,7 +347,7 @@ def builtin_path(name: str) -> Path:
     """Path of a built-in data set (`agreement`, `winograd`, `verb-subject`)."""
     if name not in BUILTIN_SETS:
         raise ProbeDataError(f"unknown built-in set {name!r}; choose one of {sorted(BUILTIN_SETS)}")
-    return Path(str(resources.files("analyses") / "data" / BUILTIN_SETS[name][0]))
+    return Path(str(resources.files("headscope.analyses") / "data" / BUILTIN_SETS[name][0]))
 
 
 def builtin_set(name: str) -> list[RelationExample]:
