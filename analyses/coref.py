@@ -368,12 +368,6 @@ class ProbeResult:
             "heads": self.heads.to_dict(orient="records"),
         }
 
-    def plot(self, *, ax=None):
-        """Per-head accuracy grid (see `reports.figures.probe_grid`)."""
-        from headscope.reports.figures import probe_grid
-
-        return probe_grid(self, ax=ax)
-
     def _repr_html_(self) -> str:
         from html import escape
 

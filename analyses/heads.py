@@ -33,8 +33,8 @@ as queries and as keys, and every remaining row is renormalised to sum to 1 over
 keys — the head's attention among the text's own units; cls and sep are then NaN (n = 0) and
 first_token means the first non-special unit.
 
-Roles come from documented thresholds (`THRESHOLDS`): a head gets a role when its score reaches the
-threshold, and the roles table keeps the score beside the label.
+Every metric, its role and the role's threshold are defined once, in `analyses.metrics.METRICS`; a
+head gets a role when its score reaches the threshold, and the roles table keeps the score beside the label.
 
 >>> import torch
 >>> from headscope.probe.types import AttentionMap
@@ -60,10 +60,11 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headscope.probe.types import AttentionMap
+from headscope.probe.types import AttentionMap, head_name
 from headscope.probe.words import to_word_level
 
 from .induction import detection_pattern, pattern_score
+from .metrics import METRICS, ROLE_LABELS, THRESHOLDS, MetricName
 
 __all__ = [
     "METRICS",
@@ -79,47 +80,15 @@ __all__ = [
     "settings_note",
 ]
 
-# Order of the table and of the CLI listing.
-METRICS: tuple[str, ...] = (
-    "previous_token", "next_token", "self", "first_token", "cls", "sep", "punctuation",
-    "entropy", "normalized_entropy", "max_weight", "duplicate_token", "induction",
-)
-_CORPUS_METRICS = METRICS[:10]
-_PATTERN_METRICS = METRICS[10:]
-
 DEFAULT_LEVEL: Literal["token", "word"] = "word"  # Clark et al. 2019 aggregate to words ...
 DEFAULT_INCLUDE_SPECIAL = True  # ... and keep [CLS]/[SEP]
 
-# A head gets the role when its score is >= the threshold. 0.5 for attention shares is Clark et al.'s
-# "more than half of its attention" (previous/next token heads, [SEP] heads). A perfect induction or
-# duplicate-token head scores about 0.5 under TransformerLens's definition (the first copy has nothing
-# to match), so 0.25 means about half its attention in the second copy goes to the target.
-THRESHOLDS: Mapping[str, float] = {
-    "previous_token": 0.5,
-    "next_token": 0.5,
-    "self": 0.5,
-    "first_token": 0.5,
-    "cls": 0.5,
-    "sep": 0.5,
-    "punctuation": 0.5,
-    "normalized_entropy": 0.8,
-    "max_weight": 0.8,
-    "duplicate_token": 0.25,
-    "induction": 0.25,
-}
-ROLE_LABELS: Mapping[str, str] = {
-    "previous_token": "previous-token head",
-    "next_token": "next-token head",
-    "self": "self (current-token) head",
-    "first_token": "first-token sink",
-    "cls": "[CLS]/BOS sink",
-    "sep": "[SEP]/EOS sink",
-    "punctuation": "punctuation head",
-    "normalized_entropy": "broad head",
-    "max_weight": "confident head",
-    "duplicate_token": "duplicate-token head",
-    "induction": "induction head",
-}
+# Columns of the accumulator's sums, in table order, and which of them each kind of input fills.
+_COLUMN: dict[MetricName, int] = {name: i for i, name in enumerate(METRICS)}
+_CORPUS: tuple[MetricName, ...] = tuple(name for name, m in METRICS.items() if m.kind == "corpus")
+_PATTERN: tuple[MetricName, ...] = tuple(name for name, m in METRICS.items() if m.kind == "pattern")
+_CORPUS_COLUMNS = torch.tensor([_COLUMN[name] for name in _CORPUS])
+_PATTERN_COLUMNS = torch.tensor([_COLUMN[name] for name in _PATTERN])
 
 _TABLE_COLUMNS = ["model", "layer", "head", "metric", "value", "n"]
 _ROLE_COLUMNS = ["model", "layer", "head", "role", "metric", "value", "threshold"]
@@ -218,17 +187,11 @@ class HeadScores:
         rows = []
         for m in self.metrics:
             t = self.top(m, 3)
-            cells = ", ".join(f"L{r.layer}.H{r.head} {r.value:.3f}" for r in t.itertuples()) or "not applicable"
+            cells = ", ".join(f"{head_name(r.layer, r.head)} {r.value:.3f}" for r in t.itertuples()) or "not applicable"
             rows.append({"metric": m, "top heads": cells})
         body = pd.DataFrame(rows).to_html(index=False)  # pandas escapes cell text
         return (f"<div><b>HeadScores</b> {escape(self.model)}: {self.n_layers} layers × {self.n_heads} heads, "
                 f"{self.n_texts} texts, {len(self.roles)} roles<br><i>{escape(self.setting)}</i>{body}</div>")
-
-    def plot(self, metric: str):
-        """Heat map of `metric` over layers × heads (`reports.figures.score_grid`)."""
-        from headscope.reports.figures import score_grid
-
-        return score_grid(self, metric)
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -253,7 +216,6 @@ class HeadScoreAccumulator:
         self._layers: tuple[int, ...] | None = None
         self._heads: tuple[int, ...] | None = None
         self._sums: torch.Tensor | None = None  # [layer, head, metric] float64
-        self._corpus: torch.Tensor | None = None  # view of the text metrics' columns of _sums
         self._counts = torch.zeros(len(METRICS), dtype=torch.float64)  # query rows behind each metric
         self._n_texts = 0
         self._n_sequences = 0
@@ -268,8 +230,8 @@ class HeadScoreAccumulator:
             keep = [i for i, sp in enumerate(special) if not sp]
             a, punct, special = _drop_special(a, keep), [punct[i] for i in keep], [False] * len(keep)
         sums, counts = _corpus_sums(a, causal=amap.causal, special=special, punct=punct)
-        self._corpus.add_(sums)  # float32 sums of one map into float64 totals
-        self._counts[: len(_CORPUS_METRICS)] += counts
+        self._sums[..., _CORPUS_COLUMNS] += sums  # float32 sums of one map into float64 totals
+        self._counts[_CORPUS_COLUMNS] += counts
         self._n_texts += 1
 
     def update_repeated(self, amap: AttentionMap) -> None:
@@ -281,9 +243,9 @@ class HeadScoreAccumulator:
                              "as in TransformerLens; this map is bidirectional")
         self._check_shape(amap)
         a = amap.attention
-        for j, kind in enumerate(_PATTERN_METRICS):
-            self._sums[..., len(_CORPUS_METRICS) + j] += pattern_score(a, detection_pattern(amap.token_ids, kind))
-            self._counts[len(_CORPUS_METRICS) + j] += len(amap)
+        for name in _PATTERN:  # each pattern metric is scored with the detection pattern of its name
+            self._sums[..., _COLUMN[name]] += pattern_score(a, detection_pattern(amap.token_ids, name))
+            self._counts[_COLUMN[name]] += len(amap)
         self._n_sequences += 1
 
     def result(self, *, thresholds: Mapping[str, float] | None = None, meta: Mapping | None = None) -> HeadScores:
@@ -291,9 +253,8 @@ class HeadScoreAccumulator:
         if self._sums is None:
             raise ValueError("no attention maps were given; pass at least one text")
         values = self._sums.clone()
-        n_corpus = len(_CORPUS_METRICS)
-        values[..., :n_corpus] /= self._counts[:n_corpus]  # 0/0 -> NaN: not applicable
-        values[..., n_corpus:] /= self._n_sequences if self._n_sequences else float("nan")
+        values[..., _CORPUS_COLUMNS] /= self._counts[_CORPUS_COLUMNS]  # 0/0 -> NaN: not applicable
+        values[..., _PATTERN_COLUMNS] /= self._n_sequences if self._n_sequences else float("nan")
         table = _tidy(self.model or "", self._layers, self._heads, values, self._counts)
         return HeadScores(
             model=self.model or "", n_layers=len(self._layers), n_heads=len(self._heads), level=self.level,
@@ -316,7 +277,6 @@ class HeadScoreAccumulator:
         if self._sums is None:
             self._layers, self._heads = amap.layer_ids, amap.head_ids
             self._sums = torch.zeros(amap.n_layers, amap.n_heads, len(METRICS), dtype=torch.float64)
-            self._corpus = self._sums[..., : len(_CORPUS_METRICS)]  # a view: the text metrics
         elif (amap.layer_ids, amap.head_ids) != (self._layers, self._heads):
             raise ValueError(f"this map has layers {amap.layer_ids} and heads {amap.head_ids}, the earlier ones "
                              f"{self._layers} and {self._heads}; extract every text with the same layers/heads")
@@ -376,52 +336,76 @@ def _drop_special(a: torch.Tensor, keep: list[int]) -> torch.Tensor:
 
 def _corpus_sums(a: torch.Tensor, *, causal: bool, special: Sequence[bool],
                  punct: Sequence[bool]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sums over query rows of each corpus metric, `[layer, head, metric]` float32, and the row counts.
-
-    A handful of tensor ops per map, none per head; the order is `_CORPUS_METRICS`.
+    """Sums over query rows of each corpus metric, `[layer, head, metric]` float32 in `_CORPUS` order,
+    and the row counts. A handful of tensor ops per map, none per head.
     """
     n_layers, n_heads, t, _ = a.shape  # [layer, head, query, key]
     if t == 0:
-        return torch.zeros(n_layers, n_heads, len(_CORPUS_METRICS)), torch.zeros(len(_CORPUS_METRICS), dtype=torch.float64)
-    w = torch.tensor(_weights(special, punct, causal), dtype=a.dtype)  # [unit, 10], see _weights
-    targets, queries, rows = w[:, :4], w[:, 4:8], w[:, 8:10]
+        return torch.zeros(n_layers, n_heads, len(_CORPUS)), torch.zeros(len(_CORPUS), dtype=torch.float64)
+    w = _weights(special, punct, causal)
+    key_sets = tuple(w.targets)
+    s = len(key_sets)
+    table = torch.tensor([[*(w.targets[m][i] for m in key_sets), *(w.queries[m][i] for m in key_sets),
+                           w.rows[i], w.rows_over_log[i]] for i in range(t)], dtype=a.dtype)  # [unit, 2·set + 2]
+    targets, queries, rows = table[:, :s], table[:, s:2 * s], table[:, 2 * s:]  # [key, set], [query, set], [query, 2]
     # 0·ln(tiny) = 0 stands in for 0·ln 0 (masked keys); twice as fast as torch.special.xlogy on CPU
     entropy = -(a * a.clamp_min(torch.finfo(a.dtype).tiny).log()).sum(-1)  # [layer, head, query], nats
-    sums = torch.cat([
-        a.diagonal(-1, -2, -1).sum(-1, keepdim=True),  # previous_token
-        a.diagonal(1, -2, -1).sum(-1, keepdim=True),  # next_token (0 under a causal mask; its count is 0 there)
-        a.diagonal(0, -2, -1).sum(-1, keepdim=True),  # self
-        (a @ targets * queries).sum(-2),  # first_token, cls, sep, punctuation
-        entropy @ rows,  # entropy, normalized_entropy
-        a.amax(-1) @ rows[:, :1],  # max_weight
-    ], -1)
-    n_sets = queries.sum(0).tolist()
+    shares = (a @ targets * queries).sum(-2)  # [layer, head, set]: one matmul for every key set
+    entropies = entropy @ rows  # [layer, head, 2]: entropy, normalized_entropy
     n_rows = float(t - 1 if causal else (t if t >= 2 else 0))  # rows that see >= 2 keys
-    counts = [t - 1, 0 if causal else t - 1, t, *n_sets, n_rows, n_rows, n_rows]
-    return sums, torch.tensor(counts, dtype=torch.float64)
+    sums: dict[MetricName, torch.Tensor] = {
+        "previous_token": a.diagonal(-1, -2, -1).sum(-1),
+        "next_token": a.diagonal(1, -2, -1).sum(-1),  # 0 under a causal mask, where it does not apply
+        "self": a.diagonal(0, -2, -1).sum(-1),
+        **{m: shares[..., i] for i, m in enumerate(key_sets)},
+        "entropy": entropies[..., 0],
+        "normalized_entropy": entropies[..., 1],
+        "max_weight": (a.amax(-1) @ rows[:, :1])[..., 0],
+    }
+    counts: dict[MetricName, float] = {
+        "previous_token": t - 1, "next_token": t - 1, "self": t,
+        **{m: sum(w.queries[m]) for m in key_sets},
+        "entropy": n_rows, "normalized_entropy": n_rows, "max_weight": n_rows,
+    }
+    if causal:  # a metric for encoders only counts no row of a decoder: NaN, n = 0
+        counts.update({m: 0 for m in _CORPUS if METRICS[m].applies_to == "encoders"})
+    return (torch.stack([sums[m] for m in _CORPUS], -1),
+            torch.tensor([counts[m] for m in _CORPUS], dtype=torch.float64))
 
 
-def _weights(special: Sequence[bool], punct: Sequence[bool], causal: bool) -> list[list[float]]:
-    """Per unit, ten 0/1 (or weight) columns, built in plain Python (one tensor per map, not ten):
+@dataclass(frozen=True)
+class _Weights:
+    """Per-unit 0/1 columns (built in plain Python: one tensor per map, not one per unit).
 
-    0-3  key in the set first_token / cls (leading specials) / sep (trailing specials) / punctuation;
-    4-7  query counted for that set: outside it, and able to see one of its keys (causal: after its start);
-    8    row counted for entropy and max_weight (sees >= 2 keys);
-    9    the same divided by ln(visible keys), for normalized_entropy.
+    targets[m]: key in the set of metric m; queries[m]: query counted for it (outside the set, and
+    able to see one of its keys: causal queries from its first key on); rows: row counted for entropy
+    and max_weight (sees >= 2 keys); rows_over_log: the same divided by ln(visible keys).
     """
+
+    targets: dict[MetricName, list[float]]
+    queries: dict[MetricName, list[float]]
+    rows: list[float]
+    rows_over_log: list[float]
+
+
+def _weights(special: Sequence[bool], punct: Sequence[bool], causal: bool) -> _Weights:
     t = len(special)
     lead = _run_length(special)
     trail = min(_run_length(special[::-1]), t - lead)
-    marks = [i for i, p in enumerate(punct) if p]
-    starts = (0, 0 if lead else t, t - trail if trail else t, marks[0] if marks else t)  # each set's first key
-    out = []
-    for i in range(t):
-        member = (i == 0, i < lead, i >= t - trail, bool(punct[i]))
-        seen = [not m and starts[j] < t and (not causal or i >= starts[j]) for j, m in enumerate(member)]
-        visible = i + 1 if causal else t
-        row = visible >= 2
-        out.append([*map(float, member), *map(float, seen), float(row), 1 / math.log(visible) if row else 0.0])
-    return out
+    members: dict[MetricName, list[bool]] = {  # the key set of each "attention to a set of keys" metric
+        "first_token": [i == 0 for i in range(t)],
+        "cls": [i < lead for i in range(t)],
+        "sep": [i >= t - trail for i in range(t)],
+        "punctuation": [bool(p) for p in punct],
+    }
+    targets, queries = {}, {}
+    for m, member in members.items():
+        start = member.index(True) if any(member) else t  # the set's first key
+        targets[m] = [float(x) for x in member]
+        queries[m] = [float(not member[i] and start < t and (not causal or i >= start)) for i in range(t)]
+    visible = [i + 1 if causal else t for i in range(t)]
+    rows = [float(v >= 2) for v in visible]
+    return _Weights(targets, queries, rows, [1 / math.log(v) if v >= 2 else 0.0 for v in visible])
 
 
 def _run_length(flags: Sequence[bool]) -> int:
@@ -441,7 +425,7 @@ def _tidy(model: str, layers: Sequence[int], heads: Sequence[int], values: torch
         "model": model,
         "layer": np.tile(np.repeat(np.asarray(layers, dtype=np.int64), n_h), n_m),
         "head": np.tile(np.asarray(heads, dtype=np.int64), n_l * n_m),
-        "metric": np.repeat(np.asarray(METRICS, dtype=object), n_l * n_h),
+        "metric": np.repeat(np.asarray(list(METRICS), dtype=object), n_l * n_h),
         "value": metric_major.astype(np.float64),
         "n": np.repeat(counts.numpy().astype(np.int64), n_l * n_h),
     })[_TABLE_COLUMNS]

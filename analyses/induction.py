@@ -21,13 +21,38 @@ prefix tokens + `k` random tokens + the same `k` again — 0.5 without a BOS, ju
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from types import MappingProxyType
+from typing import Callable, Literal, Mapping, Sequence
 
 import torch
 
-__all__ = ["PatternKind", "detection_pattern", "pattern_score", "repeated_random_tokens"]
+__all__ = ["PatternKind", "PATTERNS", "detection_pattern", "pattern_score", "repeated_random_tokens"]
 
 PatternKind = Literal["previous_token", "duplicate_token", "induction"]
+
+
+def _previous_token(ids: torch.Tensor) -> torch.Tensor:
+    n = ids.numel()
+    return torch.diag(torch.ones(max(n - 1, 0)), -1) if n else torch.zeros(0, 0)
+
+
+def _duplicate_token(ids: torch.Tensor) -> torch.Tensor:
+    return torch.tril((ids[:, None] == ids[None, :]).float(), diagonal=-1)  # [query, key], diagonal cleared
+
+
+def _induction(ids: torch.Tensor) -> torch.Tensor:
+    dup = _duplicate_token(ids)
+    ind = torch.zeros_like(dup)
+    ind[:, 1:] = dup[:, :-1]  # key k marks ids[k - 1] == ids[query]
+    return torch.tril(ind)
+
+
+# One pattern per name; the pattern metrics of `analyses.metrics` are scored with the pattern of their name.
+PATTERNS: Mapping[PatternKind, Callable[[torch.Tensor], torch.Tensor]] = MappingProxyType({
+    "previous_token": _previous_token,
+    "duplicate_token": _duplicate_token,
+    "induction": _induction,
+})
 
 
 def detection_pattern(token_ids: Sequence[int] | torch.Tensor, kind: PatternKind) -> torch.Tensor:
@@ -41,18 +66,9 @@ def detection_pattern(token_ids: Sequence[int] | torch.Tensor, kind: PatternKind
     >>> detection_pattern([5, 7, 5, 7], "duplicate_token")[3]
     tensor([0., 1., 0., 0.])
     """
-    ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
-    n = ids.numel()
-    if kind == "previous_token":
-        return torch.diag(torch.ones(max(n - 1, 0)), -1) if n else torch.zeros(0, 0)
-    if kind not in ("duplicate_token", "induction"):
-        raise ValueError(f"kind must be previous_token, duplicate_token or induction, got {kind!r}")
-    dup = torch.tril((ids[:, None] == ids[None, :]).float(), diagonal=-1)  # [query, key], diagonal cleared
-    if kind == "duplicate_token":
-        return dup
-    ind = torch.zeros_like(dup)
-    ind[:, 1:] = dup[:, :-1]  # key k marks ids[k - 1] == ids[query]
-    return torch.tril(ind)
+    if kind not in PATTERNS:
+        raise ValueError(f"kind must be one of {', '.join(PATTERNS)}, got {kind!r}")
+    return PATTERNS[kind](torch.as_tensor(token_ids, dtype=torch.long).reshape(-1))
 
 
 def pattern_score(attention: torch.Tensor, pattern: torch.Tensor) -> torch.Tensor:

@@ -54,6 +54,7 @@ _LAZY = {
     "from_hf": "headscope.probe.interop",
     "from_transformer_lens": "headscope.probe.interop",
     "long_frame": "headscope.probe.interop",
+    "plot": "headscope.reports",
 }
 
 __all__ = [

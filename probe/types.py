@@ -138,16 +138,13 @@ class AttentionMap:
         return hits[occurrence]
 
     def to_frame(self, layer: int, head: int):
-        """One head as a query × key DataFrame labelled by units (a notebook view)."""
-        from headscope.reports.notebook import attention_frame  # reports draws; probe only hands over data
+        """One head as a query × key DataFrame labelled by units (model indices `layer`, `head`)."""
+        import pandas as pd
 
-        return attention_frame(self, layer, head)
-
-    def plot(self, layer: int, head: int, **kwargs):
-        """Heatmap of one head (rows = queries, columns = keys): `reports.figures.attention_heatmap`."""
-        from headscope.reports.figures import attention_heatmap
-
-        return attention_heatmap(self, layer, head, **kwargs)
+        values = self.attention[_position(self.layer_ids, layer, "layer"),
+                                _position(self.head_ids, head, "head")].detach().float().cpu().numpy()  # [query, key]
+        labels = list(self.labels)
+        return pd.DataFrame(values, index=pd.Index(labels, name="query"), columns=pd.Index(labels, name="key"))
 
     def _repr_html_(self) -> str:
         from html import escape
@@ -158,6 +155,13 @@ class AttentionMap:
             f"<div><b>AttentionMap</b> ({self.level} level, {self.n_layers} layers × {self.n_heads} heads, "
             f"{len(self)} units, {'causal' if self.causal else 'bidirectional'})<br>{shown}{more}</div>"
         )
+
+
+def _position(ids: tuple[int, ...], wanted: int, what: str) -> int:
+    try:
+        return list(ids).index(wanted)
+    except ValueError:
+        raise ValueError(f"{what} {wanted} is not in this map; it holds {what}s {list(ids)}") from None
 
 
 def _norm(s: str) -> str:

@@ -128,12 +128,6 @@ class Verification:
 
         return pd.DataFrame([asdict(c) for c in self.layers])
 
-    def plot(self, **kwargs):
-        """Max |Δ| per layer against the tolerance: `reports.figures.verification_plot`."""
-        from headscope.reports.figures import verification_plot
-
-        return verification_plot(self, **kwargs)
-
     def _repr_html_(self) -> str:
         from html import escape
 

@@ -8,6 +8,10 @@ with fonts that cover CJK, Arabic and emoji (`reports.fonts`).
 
 Head and layer arguments are model indices (`amap.layer_ids` / `amap.head_ids`), so a map that
 kept only some heads is addressed the same way as a full one.
+
+`plot(result, **kw)` picks the figure by the result's type. `FIGURES` lists the report's figures:
+each entry names the part of a report section it draws, how, its file stem and caption; the report
+(`reports.html`) draws what the registry lists, so a new report figure is one entry.
 """
 
 from __future__ import annotations
@@ -15,10 +19,18 @@ from __future__ import annotations
 import functools
 import io
 import math
+import re
 import textwrap
-from typing import TYPE_CHECKING, Any, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
+
+from headscope.analyses.coref import ProbeResult
+from headscope.analyses.heads import HeadScores
+from headscope.analyses.metrics import METRICS
+from headscope.probe.types import AttentionMap, head_name
+from headscope.probe.verify import Verification
 
 from .fonts import font_context
 
@@ -27,17 +39,21 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
     import pandas as pd
 
-    from headscope.probe.types import AttentionMap
-    from headscope.probe.verify import Verification
-
 __all__ = [
     "attention_heatmap",
-    "model_view",
+    "attention_mosaic",
     "score_grid",
     "probe_grid",
     "probe_drilldown",
     "verification_plot",
     "best_heads",
+    "plot",
+    "FigureSpec",
+    "Panel",
+    "FIGURES",
+    "plotted_metrics",
+    "start_head",
+    "slug",
     "display_label",
     "to_png",
 ]
@@ -176,7 +192,7 @@ def attention_heatmap(
     return fig
 
 
-def model_view(amap: AttentionMap, *, cmap: str = "viridis", max_width: float = 16.0) -> Figure:
+def attention_mosaic(amap: AttentionMap, *, cmap: str = "viridis", max_width: float = 16.0) -> Figure:
     """Small multiples: every head of every layer for one text (rows = layers, columns = heads).
 
     Drawn as one image (one tile per head), so 30 × 9 heads cost the same as 6 × 12. The colour
@@ -298,23 +314,26 @@ def score_grid(scores: Any, metric: str, *, ax: Axes | None = None, k: int = 3) 
 
     Cells where the metric does not apply (NaN, e.g. next_token for a decoder) stay grey.
     """
+    spec = METRICS[metric]
     grid = scores.grid(metric)
     values = grid.to_numpy(dtype=float)
     finite = values[np.isfinite(values)]
-    if metric == "entropy":
-        vmax, cmap, label = (float(finite.max()) if finite.size else 1.0), "mako_r", "entropy (nats)"
-    else:
-        vmax, cmap, label = 1.0, "rocket_r", metric.replace("_", " ")
+    vmin, vmax = spec.value_range
+    # a fixed range (an attention share) on the light-to-dark "rocket"; an open one (entropy) up to its largest value
+    cmap = "rocket_r" if vmax is not None else "mako_r"
+    if vmax is None:
+        vmax = float(finite.max()) if finite.size else 1.0
+    label = f"{spec.label} ({spec.unit})" if spec.unit else spec.label
     best = best_heads(scores, metric, k)
     with font_context(f"{scores.model}{metric}"):
         fig, ax = _grid_figure(grid, ax)
-        _grid_heatmap(ax, grid, vmin=0.0, vmax=vmax, cmap=cmap, center=None, fmt=".2f", label=label)
+        _grid_heatmap(ax, grid, vmin=vmin, vmax=vmax, cmap=cmap, center=None, fmt=".2f", label=label)
         _outline(ax, grid, [(l, h) for l, h, _ in best])
-        head = f"{scores.model} · {metric.replace('_', ' ')} ({scores.level} level)"
+        head = f"{scores.model} · {spec.label} ({scores.level} level)"
         if not finite.size:
             sub = "not applicable to this model"
         else:
-            sub = "top: " + ", ".join(f"L{l}H{h} {v:.2f}" for l, h, v in best)
+            sub = "top: " + ", ".join(f"{head_name(l, h)} {v:.2f}" for l, h, v in best)
         ax.set_title(f"{head}\n{sub}", fontsize=10)
     return fig
 
@@ -344,7 +363,7 @@ def _probe_headline(result: Any) -> str:
     ci = f" [{result.ci95[0]:.0%}–{result.ci95[1]:.0%}]" if result.ci95 else ""
     base = ", ".join(f"{k} {v:.0%}" for k, v in (result.baselines or {}).items()
                      if v is not None and math.isfinite(v))
-    return (f"selected L{layer}H{head} · held-out accuracy {result.heldout_accuracy:.0%}{ci}, "
+    return (f"selected {head_name(layer, head)} · held-out accuracy {result.heldout_accuracy:.0%}{ci}, "
             f"n={result.heldout_n} · baselines: {base}")
 
 
@@ -391,7 +410,7 @@ def probe_drilldown(result: Any, *, max_examples: int = 12, ax: Axes | None = No
         ax.tick_params(axis="x", labelsize=7)
         ax.grid(axis="x", color="#eeeeee")
         ax.set_axisbelow(True)
-        layer_head = f"L{result.best_head[0]}H{result.best_head[1]}" if result.best_head else "no head selected"
+        layer_head = head_name(*result.best_head) if result.best_head else "no head selected"
         total = ex["example"].nunique()
         ax.set_title(f"{result.model} · {result.task} · head {layer_head}\n{len(ids)} of {total} examples "
                      f"(wrong ones first): the answer gets the most attention in {right}", fontsize=10)
@@ -441,3 +460,146 @@ def verification_plot(verification: Verification, *, ax: Axes | None = None) -> 
         ax.set_title(textwrap.fill(verification.summary(), int(width * 12)), fontsize=9,
                      color="black" if verification.passed else "#d62728")
     return fig
+
+
+# ---------------------------------------------------------------- one call for any result
+
+
+@functools.singledispatch
+def plot(result: Any, **kwargs: Any) -> Figure:
+    """The figure of a result: `plot(amap, layer=, head=)`, `plot(scores, metric=)`, `plot(verification)`,
+    `plot(probe_result)`; keyword arguments go to the drawing function."""
+    raise TypeError(f"no figure is defined for a {type(result).__name__}; plot takes an AttentionMap, "
+                    "a HeadScores, a Verification or a ProbeResult")
+
+
+@plot.register(AttentionMap)
+def _plot_attention(result: AttentionMap, *, layer: int, head: int, **kwargs: Any) -> Figure:
+    return attention_heatmap(result, layer, head, **kwargs)
+
+
+@plot.register(HeadScores)
+def _plot_scores(result: HeadScores, *, metric: str, **kwargs: Any) -> Figure:
+    return score_grid(result, metric, **kwargs)
+
+
+@plot.register(Verification)
+def _plot_verification(result: Verification, **kwargs: Any) -> Figure:
+    return verification_plot(result, **kwargs)
+
+
+@plot.register(ProbeResult)
+def _plot_probe(result: ProbeResult, **kwargs: Any) -> Figure:
+    return probe_grid(result, **kwargs)
+
+
+# ---------------------------------------------------------------- the report's figures
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One figure to draw: the arguments of its spec's `draw`, the words that fill its file stem and
+    caption, and the result it shows (a report places a probe's figures beside that probe)."""
+
+    args: tuple
+    words: Mapping[str, Any]
+    result: Any = None
+
+
+@dataclass(frozen=True)
+class FigureSpec:
+    """A figure of the report. `source` names the field of a report section (`reports.html.ModelSection`)
+    it draws; `panels(section)` lists what to draw from it (nothing when the field is empty); `stem`
+    and `caption` are format strings over each panel's words; `group` is the report section showing it."""
+
+    name: str
+    source: str
+    group: Literal["verification", "heads", "probe", "attention"]
+    draw: Callable[..., Figure]
+    panels: Callable[[Any], Iterable[Panel]]
+    stem: str
+    caption: str
+
+
+def _verification_panels(section: Any) -> Iterable[Panel]:
+    if section.verification is not None:
+        yield Panel((section.verification,), {}, section.verification)
+
+
+def _score_panels(section: Any) -> Iterable[Panel]:
+    if section.scores is not None:
+        for metric in plotted_metrics(section.scores):
+            yield Panel((section.scores, metric), {"metric": metric, "label": METRICS[metric].label}, section.scores)
+
+
+def _probe_panels(section: Any) -> Iterable[Panel]:
+    for probe in section.probes:
+        yield Panel((probe,), {"task": probe.task, "file_task": slug(probe.task), "n": probe.n}, probe)
+
+
+def _drilldown_panels(section: Any) -> Iterable[Panel]:
+    for panel in _probe_panels(section):
+        probe = panel.result
+        if probe.best_head is not None and len(probe.examples):
+            yield panel
+
+
+def _heatmap_panels(section: Any) -> Iterable[Panel]:
+    layer, head = start_head(section)
+    for i, amap in enumerate(section.heatmap_maps):
+        yield Panel((amap, layer, head), {"i": i, "head": head_name(layer, head), "layer_id": layer, "head_id": head,
+                                          "text": amap.text, "level": amap.level}, amap)
+
+
+def _mosaic_panels(section: Any) -> Iterable[Panel]:
+    if section.maps:
+        yield Panel((section.maps[0],), {"text": section.maps[0].text}, section.maps)  # the first of the sentences
+
+
+FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
+    FigureSpec("verification", "verification", "verification", verification_plot, _verification_panels,
+               "verification",
+               "Max |Δ| per layer between the model's attention and the from-scratch recomputation (log scale)."),
+    FigureSpec("head_scores", "scores", "heads", score_grid, _score_panels,
+               "heads-{metric}", "{label}: one cell per head, the top heads boxed."),
+    FigureSpec("probe_grid", "probes", "probe", probe_grid, _probe_panels,
+               "probe-{file_task}-grid", "{task}: accuracy of every head over all {n} examples; the selected head boxed."),
+    FigureSpec("probe_drilldown", "probes", "probe", probe_drilldown, _drilldown_panels,
+               "probe-{file_task}-drilldown", "{task}: the selected head's attention from the source word to each candidate."),
+    FigureSpec("attention", "maps", "attention", attention_heatmap, _heatmap_panels,
+               "attention-{i}-{head}", "Layer {layer_id}, head {head_id} on “{text}” ({level} level)."),
+    FigureSpec("attention_mosaic", "maps", "attention", attention_mosaic, _mosaic_panels,
+               "model-view", "Every head on “{text}” (token level), one small heatmap per head."),
+)}
+
+
+def plotted_metrics(scores: Any) -> list[str]:
+    """Metrics with at least one finite value (the rest are listed as not applicable)."""
+    finite = scores.table.groupby("metric", sort=False)["value"].apply(lambda v: v.notna().any())
+    return [m for m in scores.metrics if bool(finite.get(m, False))]
+
+
+def start_head(section: Any) -> tuple[int, int]:
+    """The head shown first: the probe's selected head, else the top previous-token head, else the
+    most confident one, else the map's first head."""
+    for probe in section.probes:
+        if probe.best_head is not None:
+            return int(probe.best_head[0]), int(probe.best_head[1])
+    if section.scores is not None:
+        for metric in ("previous_token", "max_weight"):
+            top = section.scores.top(metric, k=1) if metric in section.scores.metrics else None
+            if top is not None and len(top):
+                return int(top["layer"].iloc[0]), int(top["head"].iloc[0])
+    if section.maps:
+        return section.maps[0].layer_ids[0], section.maps[0].head_ids[0]
+    return 0, 0
+
+
+def slug(text: str) -> str:
+    """A file-name-safe form of a model name or task.
+
+    >>> slug("HuggingFaceTB/SmolLM2-135M"), slug("../my model")
+    ('HuggingFaceTB-SmolLM2-135M', 'my-model')
+    """
+    s = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
+    return s or "model"

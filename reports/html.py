@@ -1,7 +1,8 @@
 """The report: one self-contained HTML file, its figures as PNG files, its tables as CSV files.
 
-`build_report(sections)` takes one `ModelSection` per model (plain results: AttentionMaps,
-Verification, HeadScores, ProbeResults, DataFrames — never a model) and returns a `Report`;
+`build_report(sections)` takes one `ModelSection` per model (plain results: AttentionMaps at the
+levels to draw, Verification, HeadScores, ProbeResults, DataFrames — never a model) and returns a
+`Report`; its figures are those `reports.figures.FIGURES` lists;
 `Report.write(folder)` puts `index.html`, `figures/*.png` and `*.csv` into a folder.
 
 The HTML works offline from disk: no CDN and no request of any kind. A Content-Security-Policy
@@ -19,7 +20,6 @@ import functools
 import hashlib
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from importlib import resources
@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import pandas as pd
 
-from headscope.probe.types import json_safe
+from headscope.analyses.metrics import METRICS
+from headscope.probe.types import head_name, json_safe
+
+from .figures import FIGURES, plotted_metrics, slug, start_head, to_png
 
 if TYPE_CHECKING:
-    from matplotlib.figure import Figure
-
     from headscope.probe.types import AttentionMap
     from headscope.probe.verify import Verification
 
@@ -60,13 +61,25 @@ class ModelSection:
     """Everything the report shows about one model. Any part may be missing (None / empty)."""
 
     model: str
-    maps: tuple[AttentionMap, ...] = ()  # token-level maps of the report sentences (explorer, heatmaps)
+    maps: tuple[AttentionMap, ...] = ()  # token-level maps of the report sentences (explorer, all-heads view)
+    word_maps: tuple[AttentionMap, ...] = ()  # the same sentences at word level, in the same order (or none)
     verification: Verification | None = None
     scores: Any = None  # analyses.heads.HeadScores
     probes: tuple[Any, ...] = ()  # analyses.coref.ProbeResult, one per task
     corpus: pd.DataFrame | None = None  # corpus statistics, one row per corpus
     info: Mapping[str, Any] = field(default_factory=dict)  # family, layers, heads, dtype, source, timings
     notes: tuple[str, ...] = ()  # problems to show prominently (a stage that could not run, ...)
+
+    def __post_init__(self) -> None:
+        if self.word_maps and len(self.word_maps) != len(self.maps):
+            raise ValueError(f"{len(self.word_maps)} word-level maps for {len(self.maps)} sentences; give one per "
+                             "sentence, or none")
+
+    @property
+    def heatmap_maps(self) -> tuple[AttentionMap, ...]:
+        """The sentences at the probe's level (words when there is no probe), as given."""
+        level = self.probes[0].level if self.probes else "word"
+        return self.word_maps if level == "word" and self.word_maps else self.maps
 
 
 @dataclass(frozen=True)
@@ -80,6 +93,7 @@ class FigureFile:
     group: str  # verification | heads | probe | attention
     model: str
     inline: bytes = b""
+    result: Any = field(default=None, repr=False, compare=False)  # what it draws (a probe's figures sit by it)
 
     @property
     def data_uri(self) -> str:
@@ -122,53 +136,31 @@ class Report:
         return written
 
 
-def slug(text: str) -> str:
-    """A file-name-safe form of a model name or path.
-
-    >>> slug("HuggingFaceTB/SmolLM2-135M"), slug("../my model")
-    ('HuggingFaceTB-SmolLM2-135M', 'my-model')
-    """
-    s = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
-    return s or "model"
-
-
 # ---------------------------------------------------------------- figures
 
 
 def _figures_for(section: ModelSection, name: str, *, dpi: int) -> list[FigureFile]:
-    """Every figure of one model, files named `<name>-<what>.png`."""
-    from . import figures as F
+    """Every figure of one model, files named `<name>-<stem>.png`.
 
+    Ordered by report section (in `FIGURES` order), and within one the figures of one result stay
+    together (a probe's grid, then its drill-down), results in the order they first appear.
+    """
     out: list[FigureFile] = []
+    for spec in FIGURES.values():
+        for panel in spec.panels(section):
+            png = to_png(spec.draw(*panel.args), dpi=dpi)
+            out.append(FigureFile(f"{name}-{spec.stem.format(**panel.words)}.png", spec.caption.format(**panel.words),
+                                  png, spec.group, section.model, compact_png(png), panel.result))
+    groups = list(dict.fromkeys(spec.group for spec in FIGURES.values()))
+    results: list[Any] = []  # each result once, by identity (results need not be hashable)
+    for f in out:
+        if not any(f.result is r for r in results):
+            results.append(f.result)
 
-    def add(fig: Figure, key: str, caption: str, group: str) -> None:
-        png = F.to_png(fig, dpi=dpi)
-        out.append(FigureFile(f"{name}-{key}.png", caption, png, group, section.model, compact_png(png)))
+    def place(f: FigureFile) -> tuple[int, int]:
+        return groups.index(f.group), next(i for i, r in enumerate(results) if r is f.result)
 
-    if section.verification is not None:
-        add(F.verification_plot(section.verification), "verification",
-            "Max |Δ| per layer between the model's attention and the from-scratch recomputation (log scale).",
-            "verification")
-    if section.scores is not None:
-        for metric in _plotted_metrics(section.scores):
-            add(F.score_grid(section.scores, metric), f"heads-{metric}",
-                f"{metric.replace('_', ' ')}: one cell per head, the top heads boxed.", "heads")
-    for probe in section.probes:
-        task = slug(probe.task)
-        add(F.probe_grid(probe), f"probe-{task}-grid",
-            f"{probe.task}: accuracy of every head over all {probe.n} examples; the selected head boxed.", "probe")
-        if probe.best_head is not None and len(probe.examples):
-            add(F.probe_drilldown(probe), f"probe-{task}-drilldown",
-                f"{probe.task}: the selected head's attention from the source word to each candidate.", "probe")
-    layer, head = _start_head(section)
-    for i, amap in enumerate(section.maps):
-        shown = _at_level(amap, _heatmap_level(section))
-        add(F.attention_heatmap(shown, layer, head), f"attention-{i}-L{layer}H{head}",
-            f"Layer {layer}, head {head} on “{amap.text}” ({shown.level} level).", "attention")
-    if section.maps:
-        add(F.model_view(section.maps[0]), "model-view",
-            f"Every head on “{section.maps[0].text}” (token level), one small heatmap per head.", "attention")
-    return out
+    return sorted(out, key=place)
 
 
 def _file_names(sections: Sequence[ModelSection]) -> list[str]:
@@ -183,39 +175,6 @@ def _file_names(sections: Sequence[ModelSection]) -> list[str]:
     return names
 
 
-def _plotted_metrics(scores: Any) -> list[str]:
-    """Metrics with at least one finite value (the rest are listed as not applicable)."""
-    finite = scores.table.groupby("metric", sort=False)["value"].apply(lambda v: v.notna().any())
-    return [m for m in scores.metrics if bool(finite.get(m, False))]
-
-
-def _heatmap_level(section: ModelSection) -> str:
-    return section.probes[0].level if section.probes else "word"
-
-
-def _at_level(amap: AttentionMap, level: str) -> AttentionMap:
-    from headscope.probe.words import to_word_level
-
-    if level == "word" and amap.level == "token" and len(amap.word_index) == len(amap):
-        return to_word_level(amap)
-    return amap
-
-
-def _start_head(section: ModelSection) -> tuple[int, int]:
-    """The head shown first: the probe's selected head, else the top previous-token head, else (0, 0)."""
-    for probe in section.probes:
-        if probe.best_head is not None:
-            return int(probe.best_head[0]), int(probe.best_head[1])
-    if section.scores is not None:
-        for metric in ("previous_token", "max_weight"):
-            top = section.scores.top(metric, k=1) if metric in section.scores.metrics else None
-            if top is not None and len(top):
-                return int(top["layer"].iloc[0]), int(top["head"].iloc[0])
-    if section.maps:
-        return section.maps[0].layer_ids[0], section.maps[0].head_ids[0]
-    return 0, 0
-
-
 # ---------------------------------------------------------------- explorer data
 
 
@@ -228,14 +187,14 @@ def explorer_data(sections: Sequence[ModelSection]) -> dict:
         first = s.maps[0]
         layer_ids, head_ids = list(first.layer_ids), list(first.head_ids)
         grids = _grids(s, layer_ids, head_ids)
-        layer, head = _start_head(s)
+        layer, head = start_head(s)
         start_metric = next((k for k in grids if k.startswith("probe:")), "previous_token")
         models.append({
             "name": s.model,
             "causal": bool(first.causal),
             "layer_ids": layer_ids,
             "head_ids": head_ids,
-            "sentences": [_sentence(m) for m in s.maps],
+            "sentences": [_sentence(m, w) for m, w in zip(s.maps, s.word_maps or (None,) * len(s.maps))],
             "grids": grids,
             "start": {"layer": layer_ids.index(layer) if layer in layer_ids else 0,
                       "head": head_ids.index(head) if head in head_ids else 0, "metric": start_metric},
@@ -243,10 +202,10 @@ def explorer_data(sections: Sequence[ModelSection]) -> dict:
     return {"models": models}
 
 
-def _sentence(amap: AttentionMap) -> dict:
+def _sentence(amap: AttentionMap, words: AttentionMap | None) -> dict:
     levels = {amap.level: _units(amap)}
-    if amap.level == "token" and len(amap.word_index) == len(amap):
-        levels["word"] = _units(_at_level(amap, "word"))
+    if words is not None:
+        levels[words.level] = _units(words)
     return {"text": amap.text, "levels": levels}
 
 
@@ -268,8 +227,8 @@ def _grids(section: ModelSection, layer_ids: list[int], head_ids: list[int]) -> 
                                              f"accuracy over {probe.n} examples" +
                                              (f", chance {chance:.0%}" if chance is not None else ""))
     if section.scores is not None:
-        for metric in _plotted_metrics(section.scores):
-            grids[metric] = _grid(section.scores.grid(metric), layer_ids, head_ids, metric.replace("_", " "),
+        for metric in plotted_metrics(section.scores):
+            grids[metric] = _grid(section.scores.grid(metric), layer_ids, head_ids, METRICS[metric].label,
                                   f"{section.scores.level} level, {section.scores.n_texts} texts"
                                   if getattr(section.scores, "n_texts", 0) else "")
     return grids
@@ -416,7 +375,7 @@ def build_report(
         style=Markup(style),
         script=Markup(script),
         data=Markup(data),
-        models=[_model_view(s, figs) for s, figs in zip(sections, per_model)],
+        models=[_template_model(s, figs) for s, figs in zip(sections, per_model)],
         failed=[s.model for s in sections if s.verification is not None and not s.verification.passed],
         settings=_flat(settings or {}),
         versions=_flat(versions or {}),
@@ -441,7 +400,7 @@ def _flat(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
     return out
 
 
-def _model_view(s: ModelSection, figs: Sequence[FigureFile]) -> dict:
+def _template_model(s: ModelSection, figs: Sequence[FigureFile]) -> dict:
     """What the template needs of one model, numbers already formatted."""
     by_group: dict[str, list[FigureFile]] = {}
     for f in figs:
@@ -461,18 +420,17 @@ def _model_view(s: ModelSection, figs: Sequence[FigureFile]) -> dict:
             "notes": list(getattr(v, "notes", ()) or ()),
         },
         "scores": None if scores is None else _scores_view(scores),
-        "probes": [_probe_view(p, [f for f in by_group.get("probe", []) if f"-probe-{slug(p.task)}-" in f.name])
-                   for p in s.probes],
+        "probes": [_probe_view(p, [f for f in by_group.get("probe", []) if f.result is p]) for p in s.probes],
         "corpus": _view(s.corpus),
     }
 
 
 def _scores_view(scores: Any) -> dict:
-    plotted = _plotted_metrics(scores)
+    plotted = plotted_metrics(scores)
     top = []
     for m in plotted:
         t = scores.top(m, k=3)
-        top.append({"metric": m, "heads": ", ".join(f"L{int(r.layer)}H{int(r.head)} ({float(r.value):.2f})"
+        top.append({"metric": m, "heads": ", ".join(f"{head_name(r.layer, r.head)} ({float(r.value):.2f})"
                                                      for r in t.itertuples())})
     return {
         "setting": getattr(scores, "setting", f"{scores.level} level"),

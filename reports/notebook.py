@@ -72,11 +72,4 @@ def model_view(maps: AttentionMap | Sequence[AttentionMap], *, index: int = 0,
 
 def attention_frame(amap: AttentionMap, layer: int, head: int) -> pd.DataFrame:
     """One head's attention as a table: rows = query units, columns = key units (model indices)."""
-    import pandas as pd
-
-    from .figures import _index
-
-    li, hi = _index(amap.layer_ids, layer, "layer"), _index(amap.head_ids, head, "head")
-    values = amap.attention[li, hi].detach().float().cpu().numpy()  # [query, key]
-    labels = list(amap.labels)
-    return pd.DataFrame(values, index=pd.Index(labels, name="query"), columns=pd.Index(labels, name="key"))
+    return amap.to_frame(layer, head)

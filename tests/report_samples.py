@@ -15,7 +15,7 @@ from headscope.analyses.heads import score_corpus
 from headscope.analyses.relations import parse_example
 from headscope.probe.types import AttentionMap
 from headscope.probe.verify import LayerCheck, Verification
-from headscope.probe.words import word_spans
+from headscope.probe.words import to_word_level, word_spans
 from headscope.reports.html import ModelSection, build_report
 
 INJECTED = '<script>alert(1)</script> "><img src=x onerror="window.__xss=1">'
@@ -98,7 +98,8 @@ def section(model: str = "toy", *, causal: bool = False, passed: bool = True, te
     import pandas as pd
 
     corpus = pd.DataFrame([{"corpus": "toy", "source": "hand-built", "texts": len(texts), "words": 20, "tokens": 30}])
-    return ModelSection(model=model, maps=maps, verification=verification(model, passed=passed), scores=scores,
+    return ModelSection(model=model, maps=maps, word_maps=tuple(to_word_level(m) for m in maps),
+                        verification=verification(model, passed=passed), scores=scores,
                         probes=(probe_result(model),), corpus=corpus,
                         info={"family": "toy", "layers": N_LAYERS, "heads": N_HEADS, "file": INJECTED})
 

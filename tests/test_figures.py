@@ -112,10 +112,12 @@ def test_heatmap_draws_the_requested_head_by_model_index():
 
 def test_causal_heatmap_masks_what_the_query_cannot_see():
     amap = R.token_map("a b c d", causal=True)
-    drawn = fig_array = F.attention_heatmap(amap, 1, 0).axes[0].collections[0].get_array()
-    mask = np.ma.getmaskarray(fig_array).reshape(len(amap), len(amap))
-    assert np.array_equal(mask, np.triu(np.ones((len(amap), len(amap)), dtype=bool), 1))
-    assert drawn is not None
+    n = len(amap)
+    drawn = F.attention_heatmap(amap, 1, 0).axes[0].collections[0].get_array()
+    mask = np.ma.getmaskarray(drawn).reshape(n, n)
+    assert np.array_equal(mask, np.triu(np.ones((n, n), dtype=bool), 1))
+    seen = ~mask
+    assert np.allclose(np.ma.getdata(drawn).reshape(n, n)[seen], amap.attention[1, 0].numpy()[seen], atol=1e-6)
 
 
 def test_labels_are_drawn_as_typed():
@@ -128,9 +130,9 @@ def test_labels_are_drawn_as_typed():
     _pixels(fig)  # mathtext would fail or change "$x$"; parse_math is off
 
 
-def test_model_view_tiles_every_head():
+def test_attention_mosaic_tiles_every_head():
     amap = R.token_map("a b c", layers=2, heads=3)
-    fig = F.model_view(amap)
+    fig = F.attention_mosaic(amap)
     mosaic = fig.axes[0].images[0].get_array()
     n = len(amap)
     tile = n + max(1, n // 8)
@@ -151,20 +153,44 @@ def _boxes(ax):
             if isinstance(p, Rectangle) and not p.get_fill()]
 
 
-def test_score_grid_boxes_the_top_heads():
+def _top_cells(scores, metric, k):
+    """The k highest finite cells of a metric, ties to the lower (layer, head): a plain sort of the table."""
+    rows = [(float(r.value), int(r.layer), int(r.head)) for r in scores.table.itertuples()
+            if r.metric == metric and np.isfinite(r.value)]
+    return [(l, h) for _, l, h in sorted(rows, key=lambda t: (-t[0], t[1], t[2]))[:k]]
+
+
+@pytest.mark.parametrize("metric", ["previous_token", "entropy", "max_weight"])
+def test_score_grid_draws_the_scores_and_boxes_exactly_the_top_heads(metric):
     sec = R.section()
-    fig = F.score_grid(sec.scores, "previous_token", k=2)
+    fig = F.score_grid(sec.scores, metric, k=3)
     ax = fig.axes[0]
-    assert _boxes(ax)[0] == R.PREV_HEAD  # (row = layer, column = head)
-    assert "L0H1 1.00" in ax.get_title()
+    assert _boxes(ax) == _top_cells(sec.scores, metric, 3)  # (row = layer, column = head), best first
     grid = np.asarray(ax.images[0].get_array())
-    assert np.allclose(grid, sec.scores.grid("previous_token").to_numpy())
+    expected = np.full((R.N_LAYERS, R.N_HEADS), np.nan)
+    for r in sec.scores.table[sec.scores.table.metric == metric].itertuples():
+        expected[r.layer, r.head] = r.value
+    assert np.allclose(grid, expected)
+    assert [t.get_text() for t in ax.get_xticklabels()] == [str(h) for h in range(R.N_HEADS)]
+    assert [t.get_text() for t in ax.get_yticklabels()] == [str(l) for l in range(R.N_LAYERS)]
+    norm = ax.images[0].norm
+    top = float(np.nanmax(expected)) if metric == "entropy" else 1.0  # entropy has no fixed upper bound
+    assert (norm.vmin, norm.vmax) == (0.0, pytest.approx(top))
+
+
+def test_score_grid_title_names_the_top_heads():
+    sec = R.section()
+    title = F.score_grid(sec.scores, "previous_token", k=2).axes[0].get_title()
+    layer, head = R.PREV_HEAD  # the perfect previous-token head scores 1 on every row
+    assert f"L{layer}H{head} 1.00" in title
 
 
 def test_score_grid_says_when_a_metric_does_not_apply():
     sec = R.section(causal=True)
     fig = F.score_grid(sec.scores, "next_token")
     assert "not applicable" in fig.axes[0].get_title()
+    assert np.ma.getmaskarray(fig.axes[0].images[0].get_array()).all()  # every cell grey
+    assert _boxes(fig.axes[0]) == []
 
 
 def test_probe_grid_and_drilldown_show_the_selected_head():
@@ -174,30 +200,51 @@ def test_probe_grid_and_drilldown_show_the_selected_head():
     assert "L1H2" in fig.axes[0].get_title() and "90%" in fig.axes[0].get_title()
     drill = F.probe_drilldown(result, max_examples=6)
     ax = drill.axes[0]
-    names = [t.get_text() for t in ax.get_yticklabels()]
-    assert len(names) == 12 and sum(n.endswith("✓") for n in names) == 6
     assert "wrong ones first" in ax.get_title()
-    # Examples 0, 10, 20, 30 are the head's mistakes: shown first, their chosen bar red.
-    assert ax.patches[0].get_facecolor()[:3] == pytest.approx((0.839, 0.153, 0.157), abs=0.01) or \
-        ax.patches[1].get_facecolor()[:3] == pytest.approx((0.839, 0.153, 0.157), abs=0.01)
+    # The documented order: the head's mistakes first (at most half of the 6), then the rest, in data order.
+    ex = result.examples
+    right = {e for e, g in ex.groupby("example") if (g["chosen"] & g["correct"]).any()}
+    order = list(dict.fromkeys(ex["example"]))
+    wrong = [e for e in order if e not in right][:3]
+    shown = (wrong + [e for e in order if e not in wrong])[:6]
+    rows = [r for e in shown for r in ex[ex["example"] == e].itertuples()]
+    names = [t.get_text() for t in ax.get_yticklabels()]
+    assert names == [F.display_label(str(r.candidate)) + (" ✓" if r.correct else "") for r in rows]
+    red, blue, pale = (0.839, 0.153, 0.157), (0.122, 0.306, 0.612), (0.788, 0.839, 0.910)
+    expected = [(blue if r.correct else red) if r.chosen else pale for r in rows]
+    assert [p.get_facecolor()[:3] for p in ax.patches] == [pytest.approx(c, abs=0.01) for c in expected]
+    assert [p.get_width() for p in ax.patches] == pytest.approx([float(r.attention) for r in rows])
 
 
 def test_verification_plot_marks_failing_layers():
-    fig = F.verification_plot(R.verification(passed=False))
+    v = R.verification(passed=False)
+    fig = F.verification_plot(v)
     ax = fig.axes[0]
-    colours = [p.get_facecolor()[:3] for p in ax.patches]
-    assert colours[-1] == pytest.approx((0.839, 0.153, 0.157), abs=0.01)
-    assert colours[0] == pytest.approx((0.173, 0.627, 0.173), abs=0.01)
+    green, red = (0.173, 0.627, 0.173), (0.839, 0.153, 0.157)
+    assert [p.get_facecolor()[:3] for p in ax.patches] == [pytest.approx(green if c.passed else red, abs=0.01)
+                                                           for c in v.layers]
+    assert not all(c.passed for c in v.layers)
+    assert [p.get_height() for p in ax.patches] == pytest.approx([max(c.max_abs_err, 1e-12) for c in v.layers])
+    assert ax.lines[-1].get_ydata()[0] == v.tolerance  # the tolerance line
     assert "NOT verified" in ax.get_title()
     F.to_png(fig)  # tick labels are made at draw time
     ticks = [t.get_text() for t in ax.get_yticklabels()]
     assert "1e-05" in ticks and not any("$" in t for t in ticks)
 
 
-def test_result_objects_plot_through_these_functions():
+def test_plot_dispatches_on_the_result_type():
+    from headscope.reports import plot
+
     sec = R.section()
-    assert sec.scores.plot("self").axes[0].get_title().startswith("toy · self")
-    assert "coref-toy" in sec.probes[0].plot().axes[0].get_title()
+    amap = sec.maps[0]
+    drawn = plot(amap, layer=2, head=3).axes[0].collections[0].get_array()
+    assert np.allclose(np.asarray(drawn).reshape(len(amap), len(amap)), amap.attention[2, 3].numpy(), atol=1e-6)
+    grid = plot(sec.scores, metric="self").axes[0].images[0].get_array()
+    assert np.allclose(grid, sec.scores.grid("self").to_numpy())
+    assert _boxes(plot(sec.probes[0]).axes[0]) == [R.PROBE_HEAD]
+    assert "verified" in plot(sec.verification).axes[0].get_title()
+    with pytest.raises(TypeError, match="no figure is defined for a str"):
+        plot("not a result")
 
 
 def test_figures_show_themselves_in_jupyter_as_the_report_png():

@@ -14,18 +14,19 @@ import pytest
 import torch
 
 from headscope.analyses.heads import (
-    DEFAULT_INCLUDE_SPECIAL,
-    DEFAULT_LEVEL,
     METRICS,
     HeadScoreAccumulator,
     HeadScores,
     is_punctuation,
     score_corpus,
 )
-from headscope.analyses.induction import detection_pattern, pattern_score, repeated_random_tokens
+from headscope.analyses.induction import PATTERNS, detection_pattern, pattern_score, repeated_random_tokens
+from headscope.analyses.metrics import ROLE_LABELS, THRESHOLDS
 from headscope.probe.types import AttentionMap
 
-CORPUS_METRICS = METRICS[:10]
+# The corpus metrics the loop reference below defines; test_reference_covers_the_registry keeps it honest.
+CORPUS_METRICS = ("previous_token", "next_token", "self", "first_token", "cls", "sep", "punctuation",
+                  "entropy", "normalized_entropy", "max_weight")
 
 
 def amap(rows, *, labels=None, special=None, causal=False, level="token", token_ids=(), word_index=(), **kw):
@@ -191,11 +192,18 @@ def test_word_level_aggregates_pieces():
 
 
 def test_default_follows_clark_and_is_stated():
-    assert (DEFAULT_LEVEL, DEFAULT_INCLUDE_SPECIAL) == ("word", True)
-    s = score_corpus([amap(torch.eye(2), word_index=(0, 1))])
+    # [CLS] + two pieces of one word + [SEP]: Clark et al. score words and keep the special units.
+    a = torch.tensor([[1.0, 0, 0, 0], [0, 0, 1, 0], [0, 1, 0, 0], [0, 0, 0, 1]])
+    m = amap(a, labels=("[CLS]", "ab", "##c", "[SEP]"), special=(True, False, False, True), word_index=(0, 1, 1, 2))
+    s = score_corpus([m])
+    explicit = score_corpus([m], level="word", include_special=True)
+    pd.testing.assert_frame_equal(s.table, explicit.table)
     assert s.level == "word" and s.include_special is True
+    assert value(s, "self") == (1.0, 3)  # three word units, each piece's row summed over the word's keys
+    assert value(score_corpus([m], level="token"), "self") == (0.5, 4)
     assert "Clark et al. 2019" in s.setting and "default" in s.setting
-    assert "default" not in score_corpus([amap(torch.eye(2))], level="token").setting
+    assert "default" not in score_corpus([m], level="token").setting
+    assert "default" not in score_corpus([m], include_special=False).setting
 
 
 # --- induction (TransformerLens head_detector) ---------------------------------------------------
@@ -428,11 +436,48 @@ def _scores():
     return score_corpus([_random_map(gen, t, False, True) for t in (5, 7)], level="token")
 
 
+def test_every_registry_metric_appears_once_per_head_in_registry_order():
+    s = _scores()
+    per_head = s.table.groupby(["layer", "head"], sort=False)["metric"].apply(list)
+    assert len(per_head) == 3 * 2
+    for metrics in per_head:
+        assert sorted(metrics) == sorted(METRICS) and len(set(metrics)) == len(metrics)
+    first_seen = list(dict.fromkeys(s.table["metric"]))
+    assert first_seen == list(METRICS) and s.metrics == list(METRICS)
+
+
+def test_reference_covers_the_registry():
+    corpus = {m for m, spec in METRICS.items() if spec.kind == "corpus"}
+    pattern = {m for m, spec in METRICS.items() if spec.kind == "pattern"}
+    assert corpus == set(CORPUS_METRICS) and corpus | pattern == set(METRICS)
+    assert pattern <= set(PATTERNS)  # every pattern metric has a detection pattern of its name
+    for name, spec in METRICS.items():
+        assert spec.name == name
+        assert (spec.role is None) == (spec.threshold is None), name
+        lo, hi = spec.value_range
+        assert hi is None or lo < hi
+    assert dict(THRESHOLDS) == {m: spec.threshold for m, spec in METRICS.items() if spec.role}
+    assert dict(ROLE_LABELS) == {m: spec.role for m, spec in METRICS.items() if spec.role}
+
+
+def test_roles_are_the_scores_over_their_thresholds():
+    s = _scores()
+    expected = set()
+    for r in s.table.itertuples():  # a plain loop over the table and the registry
+        spec = METRICS[r.metric]
+        if spec.threshold is not None and not math.isnan(r.value) and r.value >= spec.threshold:
+            expected.add((r.layer, r.head, spec.role, r.metric, r.value, spec.threshold))
+    got = {(r.layer, r.head, r.role, r.metric, r.value, r.threshold) for r in s.roles.itertuples()}
+    assert got == expected and len(s.roles) == len(expected)
+    order = [list(METRICS).index(m) for m in s.roles["metric"]]
+    assert order == sorted(order)  # grouped by metric, in table order
+
+
 def test_head_scores_table_grid_top_roles():
     s = _scores()
     assert list(s.table.columns) == ["model", "layer", "head", "metric", "value", "n"]
     assert list(s.roles.columns) == ["model", "layer", "head", "role", "metric", "value", "threshold"]
-    assert s.model == "toy" and len(s.table) == 3 * 2 * len(METRICS)
+    assert s.model == "toy"
     assert s.to_frame() is s.table
     g = s.grid("self")
     assert g.shape == (3, 2) and list(g.index) == [0, 1, 2]
@@ -543,6 +588,17 @@ def test_cli_defaults_are_the_analysis_defaults():
     from headscope import api
 
     assert (api.DEFAULT_LEVEL, api.DEFAULT_INCLUDE_SPECIAL) == (DEFAULT_LEVEL, DEFAULT_INCLUDE_SPECIAL)
+
+    import headscope as hs
+    from headscope.probe import extract
+    from headscope.probe.tiny import TINY_CORPUS, tiny_model
+
+    lm = tiny_model("bert")
+    texts = list(TINY_CORPUS[:4])
+    by_default = hs.heads(lm, texts)
+    analysis = score_corpus(extract(lm, texts, level="token"), model=lm.name)
+    assert (by_default.level, by_default.include_special) == (analysis.level, analysis.include_special)
+    pd.testing.assert_frame_equal(by_default.table, analysis.table, check_exact=False, rtol=1e-5, atol=1e-6)
 
 
 # --- real models ---------------------------------------------------------------------------------

@@ -189,3 +189,39 @@ def test_models_whose_names_share_a_slug_get_distinct_files():
     a, b = (ModelSection(model=m, verification=R.verification(m)) for m in ("org/model", "org-model"))
     report = build_report([a, b])
     assert [f.name for f in report.figures] == ["org-model-verification.png", "org-model-2-verification.png"]
+
+
+def test_a_figure_is_one_registry_entry(monkeypatch):
+    """A spec added to FIGURES is drawn, written under its stem, captioned, and shown in its group."""
+    import headscope.reports.html as H
+    from headscope.reports.figures import FIGURES, FigureSpec, Panel, verification_plot
+
+    def panels(section):
+        if section.verification is not None:
+            for layer in section.verification.layers[:2]:
+                yield Panel((section.verification,), {"layer": layer.layer}, section.verification)
+
+    extra = FigureSpec("extra", "verification", "verification", verification_plot, panels,
+                       "extra-{layer}", "Extra view of layer {layer}.")
+    monkeypatch.setattr(H, "FIGURES", {**FIGURES, "extra": extra})
+    sec = ModelSection(model="m", verification=R.verification("m"))
+    report = build_report([sec])
+    extra_files = [f for f in report.figures if f.name.startswith("m-extra-")]
+    assert [(f.name, f.caption, f.group) for f in extra_files] == [
+        ("m-extra-0.png", "Extra view of layer 0.", "verification"),
+        ("m-extra-1.png", "Extra view of layer 1.", "verification")]
+    section = report.html[report.html.index('<section id="verification">'):report.html.index('<section id="heads">')]
+    assert all(f.data_uri in section and f.caption in section for f in extra_files)
+
+
+def test_probe_figures_sit_beside_their_probe():
+    first, second = R.probe_result(task="task-a"), R.probe_result(task="task-b")
+    report = build_report([ModelSection(model="m", probes=(first, second))])
+    probe_part = report.html[report.html.index('<section id="probe">'):report.html.index('<section id="attention">')]
+    a, b = probe_part.index("<h3>task-a"), probe_part.index("<h3>task-b")
+    for f in report.figures:
+        if f.group == "probe":
+            where = probe_part.index(f.data_uri)
+            assert (a < where < b) == (f.result is first) and (where > b) == (f.result is second)
+    assert [f.name for f in report.figures] == ["m-probe-task-a-grid.png", "m-probe-task-a-drilldown.png",
+                                                "m-probe-task-b-grid.png", "m-probe-task-b-drilldown.png"]

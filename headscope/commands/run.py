@@ -75,9 +75,18 @@ def model_section(analysis):
     """The report's view of one model's `headscope.ModelAnalysis`."""
     from headscope.reports.html import ModelSection
 
-    return ModelSection(model=analysis.model, maps=analysis.maps, verification=analysis.verification,
-                        scores=analysis.scores, probes=analysis.probes, corpus=analysis.corpus, info=analysis.info,
-                        notes=analysis.notes)
+    return ModelSection(model=analysis.model, maps=analysis.maps, word_maps=_word_maps(analysis.maps),
+                        verification=analysis.verification, scores=analysis.scores, probes=analysis.probes,
+                        corpus=analysis.corpus, info=analysis.info, notes=analysis.notes)
+
+
+def _word_maps(maps) -> tuple:
+    """The report sentences at word level, when every token knows its word (the report draws both levels)."""
+    from headscope.probe import to_word_level
+
+    if all(len(m.word_index) == len(m) for m in maps):
+        return tuple(to_word_level(m) for m in maps)
+    return ()
 
 
 # ---------------------------------------------------------------- writing
