@@ -3,7 +3,8 @@
 Bytes are decoded one line at a time, so a bad byte is reported with its line and column and a file
 of any size streams. Lines end at "\\n" (a "\\r\\n" ending is removed too); a UTF-8 byte-order mark at
 the start of the file is not text and is dropped. JSON objects are decoded with `strict_json_object`,
-which refuses a key given twice (plain `json.loads` keeps the last one silently).
+which refuses a key given twice (plain `json.loads` keeps the last one silently) and reports JSON
+nested too deeply for the decoder as invalid JSON, not as a RecursionError.
 """
 
 from __future__ import annotations
@@ -54,7 +55,10 @@ def strict_json_object(line: str) -> object:
     ...
     ValueError: the key 'a' is given twice in one object; give each field once
     """
-    return json.loads(line, object_pairs_hook=_unique_keys)
+    try:
+        return json.loads(line, object_pairs_hook=_unique_keys)
+    except RecursionError:  # "[[[[..." thousands deep: the decoder recurses once per level
+        raise json.JSONDecodeError("nested too deeply", line, 0) from None
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:

@@ -340,13 +340,13 @@ def _gap_span(text: str, word: str, offset: str, column: str, origin: str) -> Sp
 def sniff_format(path: str | Path) -> Literal["jsonl", "gap"]:
     """Tell our JSONL from a GAP .tsv by the content of the first non-blank line."""
     path = Path(path)
-    first = next((line for _, line in _lines(path) if line.strip()), "")
+    number, first = next(((n, line) for n, line in _lines(path) if line.strip()), (1, ""))
     if first.lstrip().startswith("{"):
         return "jsonl"
     if first.split("\t")[:3] == _GAP_HEADER[:3]:
         return "gap"
     raise ProbeDataError(
-        f"{path}:1: neither probe JSONL (a JSON object per line) nor GAP .tsv (header 'ID<TAB>Text<TAB>Pronoun...'); "
+        f"{path}:{number}: neither probe JSONL (a JSON object per line) nor GAP .tsv (header 'ID<TAB>Text<TAB>Pronoun...'); "
         f"the file starts {first[:60]!r}"
     )
 

@@ -113,3 +113,10 @@ def test_builtin_corpus_loads_from_any_working_directory(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-500:]
     assert int(out.stdout) == len(builtin_corpus())
+
+
+def test_jsonl_nested_too_deeply_is_invalid_json_not_a_recursion_error(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_text('{"text": "a"}\n' + "[" * 100_000 + "\n", encoding="utf-8")  # was: RecursionError
+    with pytest.raises(CorpusError, match=r"line 2: not valid JSON \(nested too deeply"):
+        read_corpus(f)

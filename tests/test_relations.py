@@ -234,3 +234,10 @@ def test_builtin_sets_load_from_any_working_directory(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-500:]
     assert int(out.stdout) == sum(1 for line in builtin_path("winograd").read_text().splitlines() if line.strip())
+
+
+def test_probe_jsonl_nested_too_deeply_names_the_line(tmp_path):
+    path = tmp_path / "probe.jsonl"
+    path.write_text(json.dumps(_GOOD) + "\n" + '{"text": ' * 100_000 + "\n", encoding="utf-8")  # was: RecursionError
+    with pytest.raises(ProbeDataError, match=r"probe\.jsonl:2: not valid JSON \(nested too deeply"):
+        read_jsonl(path)
