@@ -22,10 +22,13 @@ JSONL, one example a line::
 - `group` keeps examples together when data is split (both halves of a Winograd pair); without it
   each example is its own group. `kind` is a free label ("gender", "number", "winograd", ...).
 - `id` is optional. Any other field is an error (a typo such as `pronoun_occurence` would
-  otherwise silently change which word is probed).
+  otherwise silently change which word is probed), and so is a field given twice.
+
+Files are read as UTF-8 by the same line reader as corpora (`analyses.lines`): a bad byte is named
+by file, line and column, and a byte-order mark at the start is dropped.
 
 GAP (Webster et al. 2018) is read with `read_gap`: the pronoun and the two names come as character
-offsets; only rows where exactly one name is coreferent are kept.
+offsets (0 or more); only rows where exactly one name is coreferent are kept.
 """
 
 from __future__ import annotations
