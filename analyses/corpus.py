@@ -3,7 +3,8 @@
 A user corpus is a text file with one text per line, or JSON Lines (`.jsonl`/`.ndjson`) with one
 object per line holding a `text` string. Empty (whitespace-only) lines are skipped; any other bad
 line stops reading with an error naming the file and line number. Files are read lazily, so a
-corpus of any size streams.
+corpus of any size streams. `iter_corpus_lines` keeps each text's line number, so a problem found
+later (a text longer than the model's context) can still be reported as `file, line N`.
 
 >>> texts = builtin_corpus()
 >>> len(texts) >= 300, texts[0].split()[:3]
@@ -13,11 +14,15 @@ corpus of any size streams.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import Iterator, Literal
 
-__all__ = ["CorpusError", "CorpusFormat", "builtin_corpus", "iter_corpus", "read_corpus"]
+from .lines import decoded_lines, strict_json_object
+
+__all__ = ["CorpusError", "CorpusFormat", "CorpusLine", "builtin_corpus", "iter_corpus", "iter_corpus_lines",
+           "read_corpus"]
 
 CorpusFormat = Literal["auto", "txt", "jsonl"]
 _JSONL_SUFFIXES = (".jsonl", ".ndjson")
@@ -29,6 +34,19 @@ class CorpusError(ValueError):
     def __init__(self, path: str | Path, line: int, problem: str) -> None:
         self.path, self.line, self.problem = str(path), line, problem
         super().__init__(f"{path}, line {line}: {problem}")
+
+
+@dataclass(frozen=True)
+class CorpusLine:
+    """One text of a corpus file and where it stands (1-based line)."""
+
+    text: str
+    path: str
+    line: int
+
+    def error(self, problem: str) -> CorpusError:
+        """A `CorpusError` naming this text's file and line."""
+        return CorpusError(self.path, self.line, problem)
 
 
 def builtin_corpus() -> list[str]:
@@ -52,16 +70,24 @@ def iter_corpus(path: str | Path, *, format: CorpusFormat = "auto") -> Iterator[
 
     `format="auto"` reads `.jsonl`/`.ndjson` as JSON Lines and anything else as plain text.
     """
+    return (item.text for item in iter_corpus_lines(path, format=format))
+
+
+def iter_corpus_lines(path: str | Path, *, format: CorpusFormat = "auto") -> Iterator[CorpusLine]:
+    """Like `iter_corpus`, with each text's file and line number (`CorpusLine`)."""
     path = Path(path)
     kind = _kind(path, format)
     if not path.is_file():
         raise FileNotFoundError(f"corpus file {path} does not exist (or is not a file)")
-    with open(path, "rb") as f:
-        for number, raw in enumerate(f, start=1):
-            line = _decode(raw, path, number)
-            if not line.strip():
-                continue
-            yield _jsonl_text(line, path, number) if kind == "jsonl" else line.strip()
+    return _lines(path, kind)
+
+
+def _lines(path: Path, kind: str) -> Iterator[CorpusLine]:
+    for number, line in decoded_lines(path, CorpusError):
+        if not line.strip():
+            continue
+        text = _jsonl_text(line, path, number) if kind == "jsonl" else line.strip()
+        yield CorpusLine(text=text, path=str(path), line=number)
 
 
 def _kind(path: Path, format: str) -> str:
@@ -77,23 +103,14 @@ def _kind(path: Path, format: str) -> str:
     return "txt"
 
 
-def _decode(raw: bytes, path: Path, number: int) -> str:
-    try:
-        line = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise CorpusError(path, number, f"not valid UTF-8 (byte 0x{raw[exc.start]:02x} at column {exc.start + 1}); "
-                                        "save the file as UTF-8") from None
-    if number == 1:
-        line = line.removeprefix("\ufeff")  # a byte-order mark is not text
-    return line.rstrip("\r\n")
-
-
 def _jsonl_text(line: str, path: Path, number: int) -> str:
     try:
-        obj = json.loads(line)
+        obj = strict_json_object(line)
     except json.JSONDecodeError as exc:
         raise CorpusError(path, number, f"not valid JSON ({exc.msg} at column {exc.colno}); "
                                         'each line must be an object like {"text": "..."}') from None
+    except ValueError as exc:  # a key given twice
+        raise CorpusError(path, number, str(exc)) from None
     if not isinstance(obj, dict):
         raise CorpusError(path, number, f'expected an object like {{"text": "..."}}, got a JSON {type(obj).__name__}')
     if "text" not in obj:

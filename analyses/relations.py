@@ -22,10 +22,13 @@ JSONL, one example a line::
 - `group` keeps examples together when data is split (both halves of a Winograd pair); without it
   each example is its own group. `kind` is a free label ("gender", "number", "winograd", ...).
 - `id` is optional. Any other field is an error (a typo such as `pronoun_occurence` would
-  otherwise silently change which word is probed).
+  otherwise silently change which word is probed), and so is a field given twice.
+
+Files are read as UTF-8 by the same line reader as corpora (`analyses.lines`): a bad byte is named
+by file, line and column, and a byte-order mark at the start is dropped.
 
 GAP (Webster et al. 2018) is read with `read_gap`: the pronoun and the two names come as character
-offsets; only rows where exactly one name is coreferent are kept.
+offsets (0 or more); only rows where exactly one name is coreferent are kept.
 """
 
 from __future__ import annotations
@@ -35,9 +38,11 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Literal, Sequence
+from typing import Iterator, Literal, Sequence
 
 from headscope.probe.words import word_spans
+
+from .lines import decoded_lines, strict_json_object
 
 __all__ = [
     "RelationExample",
@@ -188,16 +193,17 @@ def read_jsonl(path: str | Path) -> list[RelationExample]:
     """Read a probe JSONL file; a bad line raises `ProbeDataError` naming `file:line` and the problem."""
     path = Path(path)
     examples: list[RelationExample] = []
-    with _open(path) as fh:
-        for lineno, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            origin = f"{path}:{lineno}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ProbeDataError(f"{origin}: not valid JSON ({exc.msg} at column {exc.colno})") from None
-            examples.append(parse_example(obj, origin=origin, index=len(examples)))
+    for lineno, line in _lines(path):
+        if not line.strip():
+            continue
+        origin = f"{path}:{lineno}"
+        try:
+            obj = strict_json_object(line)
+        except json.JSONDecodeError as exc:
+            raise ProbeDataError(f"{origin}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+        except ValueError as exc:  # a key given twice: the last one would silently win
+            raise ProbeDataError(f"{origin}: {exc}") from None
+        examples.append(parse_example(obj, origin=origin, index=len(examples)))
     if not examples:
         raise ProbeDataError(f"{path}: no examples (the file is empty)")
     ids = [e.id for e in examples]
@@ -271,23 +277,32 @@ def read_gap(path: str | Path) -> list[RelationExample]:
     """
     path = Path(path)
     out: list[RelationExample] = []
-    with _open(path) as fh:
-        reader = csv.reader(fh, delimiter="\t", quoting=csv.QUOTE_NONE)
-        header = next(reader, None)
-        if header is None or [h.strip() for h in header[:11]] != _GAP_HEADER:
-            raise ProbeDataError(f"{path}:1: not a GAP file: expected the header {' '.join(_GAP_HEADER)}, got {header!r}")
-        for lineno, row in enumerate(reader, 2):
-            if not any(cell.strip() for cell in row):
-                continue
-            origin = f"{path}:{lineno}"
-            if len(row) < 10:
-                raise ProbeDataError(f"{origin}: expected 11 tab-separated columns, got {len(row)}")
-            ex = _gap_row(row, origin)
-            if ex is not None:
-                out.append(ex)
+    rows = _gap_rows(path)
+    _, header = next(rows, (1, None))
+    if header is None or [h.strip() for h in header[:11]] != _GAP_HEADER:
+        raise ProbeDataError(f"{path}:1: not a GAP file: expected the header {' '.join(_GAP_HEADER)}, got {header!r}")
+    for lineno, row in rows:
+        if not any(cell.strip() for cell in row):
+            continue
+        origin = f"{path}:{lineno}"
+        if len(row) < 10:
+            raise ProbeDataError(f"{origin}: expected 11 tab-separated columns, got {len(row)}")
+        ex = _gap_row(row, origin)
+        if ex is not None:
+            out.append(ex)
     if not out:
         raise ProbeDataError(f"{path}: no row with exactly one coreferent name")
     return out
+
+
+def _gap_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """(line number, cells) per line: one row a line, as GAP has no quoting."""
+    for lineno, line in _lines(path):
+        try:
+            row = next(csv.reader([line], delimiter="\t", quoting=csv.QUOTE_NONE), [])
+        except csv.Error as exc:  # e.g. a cell over csv's size limit
+            raise ProbeDataError(f"{path}:{lineno}: not a readable tab-separated row ({exc})") from None
+        yield lineno, row
 
 
 def _gap_row(row: list[str], origin: str) -> RelationExample | None:
@@ -313,6 +328,8 @@ def _gap_span(text: str, word: str, offset: str, column: str, origin: str) -> Sp
         start = int(offset)
     except ValueError:
         raise ProbeDataError(f"{origin}: {column}-offset must be an integer, got {offset!r}") from None
+    if start < 0:  # text[-3:] would read from the end, and a later step would call the word missing
+        raise ProbeDataError(f"{origin}: {column}-offset must be 0 or more (a character offset), got {start}")
     end = start + len(word)
     if not word or text[start:end] != word:
         raise ProbeDataError(f"{origin}: {column} {word!r} is not at offset {start} (the text there reads {text[start:end]!r})")
@@ -326,14 +343,13 @@ def _gap_span(text: str, word: str, offset: str, column: str, origin: str) -> Sp
 def sniff_format(path: str | Path) -> Literal["jsonl", "gap"]:
     """Tell our JSONL from a GAP .tsv by the content of the first non-blank line."""
     path = Path(path)
-    with _open(path) as fh:
-        first = next((line for line in fh if line.strip()), "")
+    number, first = next(((n, line) for n, line in _lines(path) if line.strip()), (1, ""))
     if first.lstrip().startswith("{"):
         return "jsonl"
     if first.split("\t")[:3] == _GAP_HEADER[:3]:
         return "gap"
     raise ProbeDataError(
-        f"{path}:1: neither probe JSONL (a JSON object per line) nor GAP .tsv (header 'ID<TAB>Text<TAB>Pronoun...'); "
+        f"{path}:{number}: neither probe JSONL (a JSON object per line) nor GAP .tsv (header 'ID<TAB>Text<TAB>Pronoun...'); "
         f"the file starts {first[:60]!r}"
     )
 
@@ -359,12 +375,17 @@ def builtin_set(name: str) -> list[RelationExample]:
     return read_jsonl(builtin_path(name))
 
 
-def _open(path: Path):
+def _lines(path: Path):
+    """(line number, text) of a probe file, decoded as the corpus reader decodes (BOM dropped, bad UTF-8 named)."""
     if not path.exists():
         raise ProbeDataError(f"{path}: no such file")
     if path.is_dir():
         raise ProbeDataError(f"{path}: is a folder; pass a .jsonl or GAP .tsv file")
-    return path.open(encoding="utf-8", newline="")
+    return decoded_lines(path, _line_error)
+
+
+def _line_error(path: Path, line: int, problem: str) -> ProbeDataError:
+    return ProbeDataError(f"{path}, line {line}: {problem}")
 
 
 # --------------------------------------------------------------------------------------------

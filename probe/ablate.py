@@ -19,6 +19,7 @@ import torch
 from .extract import base_model
 from .families import UnsupportedArchitecture, family_of_type
 from .loading import LoadedModel
+from .types import head_name
 
 __all__ = ["output_projections", "ablate_heads", "option_logprobs", "CausalCheck", "causal_check"]
 
@@ -200,7 +201,7 @@ def causal_check(lm: LoadedModel, prompts: Sequence[str], options: Sequence[Sequ
         random_deltas.append(float((shifted - before).mean()))
     delta = float((after - before).mean())
     p = (1 + sum(d <= delta for d in random_deltas)) / (1 + n_random)
-    names = "+".join(f"L{l}H{h}" for l, h in heads)
+    names = "+".join(head_name(l, h) for l, h in heads)
     rd = np.asarray(random_deltas)
     n = len(before)
     verdict = (f"ablating {names} moves the preference for the right option by {delta:+.3f} nats on average "

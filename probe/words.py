@@ -4,7 +4,10 @@ Words are found in the text itself, not in the tokenizer's pieces, so one rule s
 (`##` continuations), byte-level BPE (`Ġ` leading spaces) and SentencePiece (`▁`): a word is a run
 of letters/digits (with inner apostrophes: "didn't"), a single punctuation mark, or a single CJK /
 kana / hangul character — text without spaces (我爱北京天安门) has one word per character unless
-a segmenter is given. A token belongs to the word that holds its first non-space character.
+a segmenter is given. The rule reads user-perceived characters (Unicode grapheme clusters), not
+code points: a combining accent stays with its letter (decomposed "café" is one word) and an
+emoji joined by zero-width joiners is one mark. A token belongs to the word that holds its first
+non-space character.
 
 Word-level attention follows Clark et al. (2019): sum over the key pieces of a word, mean over its
 query pieces, so rows still sum to 1.
@@ -16,6 +19,7 @@ import bisect
 import re
 from typing import Callable, Sequence
 
+import regex
 import torch
 
 from .types import AttentionMap
@@ -27,6 +31,7 @@ Segmenter = Callable[[str], Sequence[tuple[int, int]]]
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\uac00-\ud7af\u3000-\u303f\uff00-\uffef"
 _WORD = re.compile(rf"[{_CJK}]|(?:(?![{_CJK}])\w)+(?:['’](?:(?![{_CJK}])\w)+)*|[^\w\s]", re.UNICODE)
+_GRAPHEME = regex.compile(r"\X")  # one extended grapheme cluster (Unicode UAX #29)
 
 
 def word_spans(text: str, segmenter: Segmenter | None = None) -> list[tuple[int, int]]:
@@ -38,12 +43,25 @@ def word_spans(text: str, segmenter: Segmenter | None = None) -> list[tuple[int,
     ['It', "didn't", '.']
     """
     if segmenter is None:
-        return [m.span() for m in _WORD.finditer(text)]
+        return _rule_spans(text)
     spans = [(int(a), int(b)) for a, b in segmenter(text)]
     for (a, b), (c, _) in zip(spans, spans[1:] + [(len(text), len(text))]):
         if not (0 <= a < b <= c <= len(text)):
             raise ValueError(f"segmenter returned overlapping or out-of-range span {(a, b)} for a text of length {len(text)}")
     return spans
+
+
+def _rule_spans(text: str) -> list[tuple[int, int]]:
+    """The word rule applied to grapheme clusters, each standing in as its first (base) character.
+
+    >>> _rule_spans("cafe\u0301 nai\u0308ve")  # two words of 5 and 6 code points
+    [(0, 5), (6, 12)]
+    """
+    clusters = [m.span() for m in _GRAPHEME.finditer(text)]
+    if len(clusters) == len(text):  # one code point per cluster: the rule reads the text as it is
+        return [m.span() for m in _WORD.finditer(text)]
+    bases = "".join(text[a] for a, _ in clusters)
+    return [(clusters[i][0], clusters[j - 1][1]) for i, j in (m.span() for m in _WORD.finditer(bases))]
 
 
 def assign_words(

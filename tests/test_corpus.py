@@ -82,3 +82,41 @@ def test_empty_and_missing_files(tmp_path):
         read_corpus(f)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         read_corpus(tmp_path / "nope.txt")
+
+
+# ---- hardening (issue 15)
+
+
+def test_jsonl_duplicate_text_key_is_an_error(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_text('{"text": "a"}\n{"text": "kept?", "text": "or this?"}\n', encoding="utf-8")
+    with pytest.raises(CorpusError, match="line 2: the key 'text' is given twice"):
+        read_corpus(f)
+
+
+def test_lines_keep_their_file_line_numbers(tmp_path):
+    from headscope.analyses.corpus import iter_corpus_lines
+
+    f = tmp_path / "c.txt"
+    f.write_bytes(b"\xef\xbb\xbfone\r\n\r\n  \ntwo\nthree")
+    got = [(c.text, c.line) for c in iter_corpus_lines(f)]
+    assert got == [("one", 1), ("two", 4), ("three", 5)]
+    err = next(iter(iter_corpus_lines(f))).error("has 9000 tokens; the model takes at most 512")
+    assert isinstance(err, CorpusError) and str(err) == f"{f}, line 1: has 9000 tokens; the model takes at most 512"
+
+
+def test_builtin_corpus_loads_from_any_working_directory(tmp_path):
+    import subprocess
+    import sys
+
+    code = "from headscope.analyses.corpus import builtin_corpus; print(len(builtin_corpus()))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert int(out.stdout) == len(builtin_corpus())
+
+
+def test_jsonl_nested_too_deeply_is_invalid_json_not_a_recursion_error(tmp_path):
+    f = tmp_path / "c.jsonl"
+    f.write_text('{"text": "a"}\n' + "[" * 100_000 + "\n", encoding="utf-8")  # was: RecursionError
+    with pytest.raises(CorpusError, match=r"line 2: not valid JSON \(nested too deeply"):
+        read_corpus(f)

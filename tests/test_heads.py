@@ -585,10 +585,6 @@ def test_cli_matches_runner(tmp_path, monkeypatch):
 
 
 def test_cli_defaults_are_the_analysis_defaults():
-    from headscope import api
-
-    assert (api.DEFAULT_LEVEL, api.DEFAULT_INCLUDE_SPECIAL) == (DEFAULT_LEVEL, DEFAULT_INCLUDE_SPECIAL)
-
     import headscope as hs
     from headscope.probe import extract
     from headscope.probe.tiny import TINY_CORPUS, tiny_model

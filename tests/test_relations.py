@@ -8,6 +8,7 @@ import pytest
 from headscope.analyses.relations import (
     BUILTIN_SETS,
     ProbeDataError,
+    builtin_path,
     builtin_set,
     first_choice,
     nearest_choice,
@@ -171,3 +172,72 @@ def test_gap_errors_name_file_and_line(tmp_path):
     path.write_text("hello world\n")
     with pytest.raises(ProbeDataError, match="neither probe JSONL"):
         read_probe_file(path)
+
+
+# ---- hardening: decoding, duplicate keys, BOM, negative GAP offsets (issue 15)
+
+_GOOD = {"text": "Mary told John that she left.", "pronoun": "she", "candidates": ["Mary", "John"], "answer": "Mary"}
+_GAP_HEADER_LINE = "ID\tText\tPronoun\tPronoun-offset\tA\tA-offset\tA-coref\tB\tB-offset\tB-coref\tURL\n"
+
+
+def test_probe_jsonl_bad_utf8_names_file_line_and_byte(tmp_path):
+    path = tmp_path / "probe.jsonl"
+    path.write_bytes(json.dumps(_GOOD).encode() + b'\n{"text": "caf\xff"}\n')
+    with pytest.raises(ProbeDataError, match=r"probe\.jsonl, line 2: not valid UTF-8 \(byte 0xff at column 14\)"):  # after 13 bytes
+        read_probe_file(path)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00")  # a binary file (a PNG's signature)
+    with pytest.raises(ProbeDataError, match=r"line 1: not valid UTF-8 \(byte 0x89 at column 1\)"):
+        read_probe_file(path)
+
+
+def test_probe_jsonl_duplicate_key_is_an_error_not_last_wins(tmp_path):
+    path = tmp_path / "probe.jsonl"
+    line = json.dumps(_GOOD)[:-1] + ', "answer": "John"}'  # "answer" twice: last-one-wins would say John
+    path.write_text(json.dumps(_GOOD) + "\n" + line + "\n", encoding="utf-8")
+    with pytest.raises(ProbeDataError, match=r"probe\.jsonl:2: the key 'answer' is given twice"):
+        read_jsonl(path)
+
+
+def test_bom_is_dropped_by_every_reader(tmp_path):
+    jsonl = tmp_path / "probe.jsonl"
+    jsonl.write_bytes(b"\xef\xbb\xbf" + json.dumps(_GOOD).encode() + b"\r\n")
+    assert sniff_format(jsonl) == "jsonl" and read_probe_file(jsonl)[0].answer_text == "Mary"
+    gap = tmp_path / "gap.tsv"
+    row = "t-1\tAnn met Bea and she left.\tshe\t16\tAnn\t0\tTRUE\tBea\t8\tFALSE\thttp://x\r\n"
+    gap.write_bytes(b"\xef\xbb\xbf" + (_GAP_HEADER_LINE.replace("\n", "\r\n") + row).encode())
+    assert sniff_format(gap) == "gap" and read_probe_file(gap)[0].source_span == (16, 19)
+
+
+@pytest.mark.parametrize("column, offsets", [("Pronoun", ("-3", "0", "8")), ("A", ("16", "-25", "8"))])
+def test_gap_negative_offset_is_rejected_when_read(tmp_path, column, offsets):
+    # text[-3:] of "...she left." is "ft." — but text[-25:-22] is "Ann": a negative offset can even "match".
+    p, a, b = offsets
+    path = tmp_path / "gap.tsv"
+    path.write_text(_GAP_HEADER_LINE + f"t-1\tAnn met Bea and she left.\tshe\t{p}\tAnn\t{a}\tTRUE\tBea\t{b}\tFALSE\tu\n")
+    with pytest.raises(ProbeDataError, match=rf"gap\.tsv:2: {column}-offset must be 0 or more"):
+        read_gap(path)
+
+
+def test_gap_over_long_cell_names_the_line(tmp_path):
+    path = tmp_path / "gap.tsv"
+    path.write_text(_GAP_HEADER_LINE + "t-1\t" + "x" * 200_000 + "\tshe\t0\tA\t0\tTRUE\tB\t0\tFALSE\tu\n")
+    with pytest.raises(ProbeDataError, match=r"gap\.tsv:2: not a readable tab-separated row"):
+        read_gap(path)
+
+
+def test_builtin_sets_load_from_any_working_directory(tmp_path):
+    # The data files were looked up as the top-level package "analyses", found only from the repo root.
+    import subprocess
+    import sys
+
+    code = "from headscope.analyses.relations import builtin_set; print(len(builtin_set('winograd')))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-500:]
+    assert int(out.stdout) == sum(1 for line in builtin_path("winograd").read_text().splitlines() if line.strip())
+
+
+def test_probe_jsonl_nested_too_deeply_names_the_line(tmp_path):
+    path = tmp_path / "probe.jsonl"
+    path.write_text(json.dumps(_GOOD) + "\n" + '{"text": ' * 100_000 + "\n", encoding="utf-8")  # was: RecursionError
+    with pytest.raises(ProbeDataError, match=r"probe\.jsonl:2: not valid JSON \(nested too deeply"):
+        read_jsonl(path)
