@@ -22,7 +22,10 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["LayerSpec", "ScratchResult", "attention_from_scratch", "stable_softmax", "rotary_cos_sin", "build_mask"]
+__all__ = [
+    "LayerSpec", "ScratchResult", "attention_from_scratch", "project_qk", "row_probs", "stable_softmax",
+    "rotary_cos_sin", "build_mask",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -91,8 +94,17 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return (normed * (1.0 + weight.float())).to(x.dtype)
 
 
-def build_mask(key_valid: torch.Tensor, *, causal: bool, sliding_window: int | None, dtype: torch.dtype) -> torch.Tensor:
-    """Additive mask (B, 1, T, T): 0 where query i may see key j, -inf elsewhere.
+def build_mask(
+    key_valid: torch.Tensor,
+    *,
+    causal: bool,
+    sliding_window: int | None,
+    dtype: torch.dtype,
+    rows: tuple[int, int] | None = None,
+) -> torch.Tensor:
+    """Additive mask (B, 1, R, T): 0 where query i may see key j, -inf elsewhere.
+
+    `rows=(start, stop)` gives the mask of queries start .. stop-1 only (all T queries by default).
 
     >>> build_mask(torch.tensor([[1, 1, 0]]), causal=True, sliding_window=None, dtype=torch.float32)[0, 0]
     tensor([[0., -inf, -inf],
@@ -100,14 +112,15 @@ def build_mask(key_valid: torch.Tensor, *, causal: bool, sliding_window: int | N
             [0., 0., -inf]])
     """
     T = key_valid.shape[-1]
-    i = torch.arange(T)[:, None]
-    j = torch.arange(T)[None, :]
-    allowed = key_valid.bool()[:, None, None, :].expand(-1, 1, T, T)  # (B, 1, T, T)
+    start, stop = rows if rows is not None else (0, T)
+    i = torch.arange(start, stop, device=key_valid.device)[:, None]
+    j = torch.arange(T, device=key_valid.device)[None, :]
+    allowed = key_valid.bool()[:, None, None, :].expand(-1, 1, stop - start, T)  # (B, 1, R, T)
     if causal:
         allowed = allowed & (j <= i)
     if sliding_window is not None:
         allowed = allowed & (i - j < sliding_window)
-    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=key_valid.device)
     return mask.masked_fill(~allowed, float("-inf"))
 
 
@@ -128,33 +141,64 @@ def attention_from_scratch(
     nh, nkv, hs = spec.n_heads, spec.n_kv_heads, spec.head_dim
     dt = x.dtype
 
-    q = x @ spec.wq.T.to(dt)  # (B, T, nh*hs)
-    k = x @ spec.wk.T.to(dt)  # (B, T, nkv*hs)
-    v = x @ spec.wv.T.to(dt)  # (B, T, nkv*hs)
-    q, k, v = _add_bias(q, spec.bq), _add_bias(k, spec.bk), _add_bias(v, spec.bv)
-    q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-    k = k.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
-    v = v.view(B, T, nkv, hs).transpose(1, 2)  # (B, nkv, T, hs)
-
-    if spec.q_norm is not None:
-        q, k = _rms_norm(q, spec.q_norm, spec.norm_eps), _rms_norm(k, spec.k_norm, spec.norm_eps)
-    if spec.inv_freq is not None and use_positions:
-        cos, sin = rotary_cos_sin(spec.inv_freq.float(), torch.arange(T), spec.rope_scaling)
-        q, k = _rotate(q, cos.to(dt), sin.to(dt)), _rotate(k, cos.to(dt), sin.to(dt))
+    q, k = project_qk(x, spec, use_positions=use_positions)  # (B, nh, T, hs), (B, nkv, T, hs)
+    v = _project(x, spec.wv, spec.bv, nkv, hs)  # (B, nkv, T, hs)
 
     group = nh // nkv  # grouped-query attention: KV head g serves query heads g*group .. g*group+group-1
     k = k.repeat_interleave(group, dim=1)  # (B, nh, T, hs)
     v = v.repeat_interleave(group, dim=1)  # (B, nh, T, hs)
 
-    scale = spec.scale if use_scale else 1.0
-    scores = (q @ k.transpose(-2, -1)) * scale  # (B, nh, T, T)
-    mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=dt)
-    probs = stable_softmax(scores + mask)  # (B, nh, T, T)
+    scores, probs = row_probs(q, k, spec, key_valid, query_start=0, use_scale=use_scale)  # (B, nh, T, T)
 
     heads_out = probs @ v  # (B, nh, T, hs)
     y = heads_out.transpose(1, 2).reshape(B, T, nh * hs)  # concat heads: (B, T, nh*hs)
     out = _add_bias(y @ spec.wo.T.to(dt), spec.bo)  # (B, T, D)
     return ScratchResult(scores=scores, probs=probs, values=v, heads_out=heads_out, output=out)
+
+
+def _project(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, n: int, hs: int) -> torch.Tensor:
+    B, T, _ = x.shape
+    return _add_bias(x @ w.T.to(x.dtype), b).view(B, T, n, hs).transpose(1, 2)  # (B, n, T, hs)
+
+
+def project_qk(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries (B, nh, T, hs) and keys (B, nkv, T, hs) of input `x` (B, T, D): projected, normed, rotated.
+
+    Positions are 0 .. T-1, so `x` must start at the text's first token (right padding is fine).
+    """
+    B, T, D = x.shape
+    dt = x.dtype
+    q = _project(x, spec.wq, spec.bq, spec.n_heads, spec.head_dim)  # (B, nh, T, hs)
+    k = _project(x, spec.wk, spec.bk, spec.n_kv_heads, spec.head_dim)  # (B, nkv, T, hs)
+    if spec.q_norm is not None:
+        q, k = _rms_norm(q, spec.q_norm, spec.norm_eps), _rms_norm(k, spec.k_norm, spec.norm_eps)
+    if spec.inv_freq is not None and use_positions:
+        cos, sin = rotary_cos_sin(spec.inv_freq.float(), torch.arange(T), spec.rope_scaling)
+        q, k = _rotate(q, cos.to(dt), sin.to(dt)), _rotate(k, cos.to(dt), sin.to(dt))
+    return q, k
+
+
+def row_probs(
+    q_rows: torch.Tensor,
+    k: torch.Tensor,
+    spec: LayerSpec,
+    key_valid: torch.Tensor,
+    *,
+    query_start: int,
+    use_scale: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scaled scores and probabilities of a block of query rows against every key.
+
+    `q_rows` (B, h, R, hs) are the queries of positions query_start .. query_start+R-1 and `k`
+    (B, h, T, hs) the keys of the same heads. Returns scores (before the mask) and probabilities,
+    both (B, h, R, T). For all rows (query_start=0, R=T) this is the full attention.
+    """
+    R, T = q_rows.shape[-2], k.shape[-2]
+    scale = spec.scale if use_scale else 1.0
+    scores = (q_rows @ k.transpose(-2, -1)) * scale  # (B, h, R, T)
+    mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=q_rows.dtype,
+                      rows=(query_start, query_start + R))
+    return scores, stable_softmax(scores + mask)  # (B, h, R, T)
 
 
 def _add_bias(t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
