@@ -47,8 +47,9 @@ Attention = Literal["eager", "recompute", "auto"]
 DEFAULT_BUDGET = 256 * 2**20  # bytes for one block and its working copies
 PREFIX_TOKENS = 256  # tokens of the eager check in recompute mode
 # One block is alive in up to this many copies at once: scores, scores + mask, the shifted
-# exponentials and the probabilities (`scratch.row_probs` and `stable_softmax`).
-_WORKING_COPIES = 4
+# exponentials and the probabilities (`scratch.row_probs` and `stable_softmax`), and the block handed
+# out, zero outside the keys the rows can see.
+_WORKING_COPIES = 5
 
 
 @dataclass(frozen=True, eq=False)
@@ -100,7 +101,7 @@ class PrefixCheck:
 def block_rows(n_keys: int, n_heads: int, budget: int, itemsize: int = 4) -> int:
     """Query rows per block so that a block and its working copies fit in `budget` bytes (at least 1).
 
-    >>> block_rows(1000, 4, 4 * 1000 * 4 * 4 * 10)
+    >>> block_rows(1000, 4, 4 * 1000 * 4 * 5 * 10)
     10
     """
     per_row = n_heads * n_keys * itemsize * _WORKING_COPIES
@@ -186,8 +187,21 @@ def _layer_blocks(x: torch.Tensor, spec, layer: int, heads: Sequence[int], budge
     valid = torch.ones(1, T, dtype=torch.long, device=x.device)
     rows = block_rows(T, len(heads), budget, x.element_size())
     for start in range(0, T, rows):
-        _, probs = row_probs(q[:, :, start : start + rows], k, spec, valid, query_start=start)  # (1, H, R, T)
-        yield Block(layer, tuple(heads), start, probs[0])
+        stop = min(start + rows, T)
+        lo, hi = _key_band(spec, start, stop, T)
+        _, band = row_probs(q[:, :, start:stop], k[:, :, lo:hi], spec, valid[:, lo:hi],
+                            query_start=start, key_start=lo)  # (1, H, R, hi - lo)
+        probs = band.new_zeros(len(heads), stop - start, T)  # (H, R, T): keys outside the band get 0
+        probs[:, :, lo:hi] = band[0]
+        yield Block(layer, tuple(heads), start, probs)
+
+
+def _key_band(spec, start: int, stop: int, n_keys: int) -> tuple[int, int]:
+    """Keys that queries start .. stop-1 can see at all: causal rows stop at the diagonal, sliding
+    windows start `window - 1` keys back. The mask hides every other key, so they are exact zeros."""
+    hi = stop if spec.causal else n_keys
+    lo = max(0, start - spec.sliding_window + 1) if spec.sliding_window is not None else 0
+    return lo, hi
 
 
 def iter_blocks_encoded(
@@ -227,8 +241,8 @@ def iter_blocks(
     """Attention of one text as blocks of query rows, layer by layer (layers in increasing order).
 
     >>> from headscope.probe.tiny import tiny_model
-    >>> lm = tiny_model("gpt2")  # 7 tokens: one row of 2 heads in 4 working copies is 2·7·4·4 = 224 B
-    >>> blocks = iter_blocks(lm, "The cat sat on the mat.", layers=[1], heads=[0, 2], budget=3 * 224)
+    >>> lm = tiny_model("gpt2")  # 7 tokens: one row of 2 heads in 5 working copies is 2·7·4·5 = 280 B
+    >>> blocks = iter_blocks(lm, "The cat sat on the mat.", layers=[1], heads=[0, 2], budget=3 * 280)
     >>> [(b.layer, b.heads, b.query_start, tuple(b.probs.shape)) for b in blocks]
     [(1, (0, 2), 0, (2, 3, 7)), (1, (0, 2), 3, (2, 3, 7)), (1, (0, 2), 6, (2, 1, 7))]
     """

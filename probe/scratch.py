@@ -101,10 +101,12 @@ def build_mask(
     sliding_window: int | None,
     dtype: torch.dtype,
     rows: tuple[int, int] | None = None,
+    key_start: int = 0,
 ) -> torch.Tensor:
     """Additive mask (B, 1, R, T): 0 where query i may see key j, -inf elsewhere.
 
-    `rows=(start, stop)` gives the mask of queries start .. stop-1 only (all T queries by default).
+    `rows=(start, stop)` gives the mask of queries start .. stop-1 only (all T queries by default);
+    `key_start` is the position of the first key of `key_valid` (keys key_start .. key_start+T-1).
 
     >>> build_mask(torch.tensor([[1, 1, 0]]), causal=True, sliding_window=None, dtype=torch.float32)[0, 0]
     tensor([[0., -inf, -inf],
@@ -114,7 +116,7 @@ def build_mask(
     T = key_valid.shape[-1]
     start, stop = rows if rows is not None else (0, T)
     i = torch.arange(start, stop, device=key_valid.device)[:, None]
-    j = torch.arange(T, device=key_valid.device)[None, :]
+    j = torch.arange(key_start, key_start + T, device=key_valid.device)[None, :]
     allowed = key_valid.bool()[:, None, None, :].expand(-1, 1, stop - start, T)  # (B, 1, R, T)
     if causal:
         allowed = allowed & (j <= i)
@@ -185,20 +187,23 @@ def row_probs(
     key_valid: torch.Tensor,
     *,
     query_start: int,
+    key_start: int = 0,
     use_scale: bool = True,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scaled scores and probabilities of a block of query rows against every key.
+    """Scaled scores and probabilities of a block of query rows against a run of keys.
 
-    `q_rows` (B, h, R, hs) are the queries of positions query_start .. query_start+R-1 and `k`
-    (B, h, T, hs) the keys of the same heads. Returns scores (before the mask) and probabilities,
-    both (B, h, R, T). For all rows (query_start=0, R=T) this is the full attention.
+    `q_rows` (B, h, R, hs) are the queries of positions query_start .. query_start+R-1; `k`
+    (B, h, K, hs) and `key_valid` (B, K) the keys key_start .. key_start+K-1 of the same heads.
+    Returns scores (before the mask) and probabilities, both (B, h, R, K). With every query and
+    every key (query_start = key_start = 0) this is the full attention. Keys left out must be ones
+    the mask hides from these rows, or the rows no longer sum over what the model sees.
     """
-    R, T = q_rows.shape[-2], k.shape[-2]
+    R = q_rows.shape[-2]
     scale = spec.scale if use_scale else 1.0
-    scores = (q_rows @ k.transpose(-2, -1)) * scale  # (B, h, R, T)
+    scores = (q_rows @ k.transpose(-2, -1)) * scale  # (B, h, R, K)
     mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=q_rows.dtype,
-                      rows=(query_start, query_start + R))
-    return scores, stable_softmax(scores + mask)  # (B, h, R, T)
+                      rows=(query_start, query_start + R), key_start=key_start)
+    return scores, stable_softmax(scores + mask)  # (B, h, R, K)
 
 
 def _add_bias(t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
