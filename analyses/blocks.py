@@ -79,9 +79,7 @@ def word_blocks(blocks: Iterable[Block], word_index: Sequence[int]) -> Iterator[
     """
     idx = torch.as_tensor(list(word_index), dtype=torch.long)
     n_units = int(idx.max()) + 1
-    member = torch.zeros(len(idx), n_units)  # [token, word]
-    member[torch.arange(len(idx)), idx] = 1
-    pieces = member.sum(0)  # tokens per word
+    pieces = torch.bincount(idx, minlength=n_units)  # tokens per word
     last = torch.full((n_units,), -1, dtype=torch.long).scatter_reduce(0, idx, torch.arange(len(idx)), "amax")
     layer = None
     for block in blocks:
@@ -89,7 +87,8 @@ def word_blocks(blocks: Iterable[Block], word_index: Sequence[int]) -> Iterator[
             if layer is not None and done < n_units:
                 raise ValueError(f"layer {layer}: its blocks stopped before word {done} was complete")
             layer, done, pending = block.layer, 0, None  # pending: [head, word done.., word] query sums
-        keys = block.probs @ member.to(block.probs)  # (H, R, W): key pieces summed
+        H, R, _ = block.probs.shape
+        keys = block.probs.new_zeros(H, R, n_units).index_add_(-1, idx.to(block.probs.device), block.probs)  # (H, R, W)
         units = idx[block.query_start : block.query_stop]
         top = int(units.max()) + 1
         if pending is None or pending.shape[1] < top - done:
