@@ -168,14 +168,14 @@ def project_qk(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool = True) 
 
     Positions are 0 .. T-1, so `x` must start at the text's first token (right padding is fine).
     """
-    B, T, D = x.shape
-    dt = x.dtype
+    T, dt = x.shape[1], x.dtype
     q = _project(x, spec.wq, spec.bq, spec.n_heads, spec.head_dim)  # (B, nh, T, hs)
     k = _project(x, spec.wk, spec.bk, spec.n_kv_heads, spec.head_dim)  # (B, nkv, T, hs)
     if spec.q_norm is not None:
         q, k = _rms_norm(q, spec.q_norm, spec.norm_eps), _rms_norm(k, spec.k_norm, spec.norm_eps)
     if spec.inv_freq is not None and use_positions:
-        cos, sin = rotary_cos_sin(spec.inv_freq.float(), torch.arange(T), spec.rope_scaling)
+        positions = torch.arange(T, device=x.device)
+        cos, sin = rotary_cos_sin(spec.inv_freq.float().to(x.device), positions, spec.rope_scaling)
         q, k = _rotate(q, cos.to(dt), sin.to(dt)), _rotate(k, cos.to(dt), sin.to(dt))
     return q, k
 
