@@ -27,8 +27,8 @@ from typing import Callable, Literal
 
 import torch
 
-__all__ = ["LayerSpec", "ScratchResult", "attention_from_scratch", "stable_softmax", "rotary_cos_sin", "build_mask",
-           "alibi_slopes", "relative_position_buckets"]
+__all__ = ["LayerSpec", "ScratchResult", "attention_from_scratch", "project_qk", "row_probs", "stable_softmax",
+           "rotary_cos_sin", "build_mask", "alibi_slopes", "relative_position_buckets"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,17 +110,18 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleave
     return x * cos + rotated * sin
 
 
-def _apply_rotary(q: torch.Tensor, k: torch.Tensor, spec: LayerSpec, T: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """q, k (B, n, T, hs) with rotary positions on their first `rotary_dim` dims; the rest pass unchanged."""
+def _apply_rotary(t: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
+    """`t` (B, n, T, hs) at positions 0 .. T-1 with rotary on its first `rotary_dim` dims; the rest pass unchanged."""
+    T = t.shape[-2]
     inv_freq = spec.inv_freq(T) if callable(spec.inv_freq) else spec.inv_freq
-    cos, sin = rotary_cos_sin(inv_freq.float(), torch.arange(T), spec.rope_scaling, interleaved=spec.rotary_interleaved)
-    cos, sin = cos.to(q.dtype), sin.to(q.dtype)
-    d = spec.rotary_dim or q.shape[-1]
-    if d == q.shape[-1]:
-        return _rotate(q, cos, sin, interleaved=spec.rotary_interleaved), _rotate(k, cos, sin, interleaved=spec.rotary_interleaved)
-    turned = [torch.cat([_rotate(t[..., :d], cos, sin, interleaved=spec.rotary_interleaved), t[..., d:]], dim=-1)
-              for t in (q, k)]
-    return turned[0], turned[1]
+    positions = torch.arange(T, device=t.device)
+    cos, sin = rotary_cos_sin(inv_freq.float().to(t.device), positions, spec.rope_scaling,
+                              interleaved=spec.rotary_interleaved)
+    cos, sin = cos.to(t.dtype), sin.to(t.dtype)
+    d = spec.rotary_dim or t.shape[-1]
+    if d == t.shape[-1]:
+        return _rotate(t, cos, sin, interleaved=spec.rotary_interleaved)
+    return torch.cat([_rotate(t[..., :d], cos, sin, interleaved=spec.rotary_interleaved), t[..., d:]], dim=-1)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 1.0) -> torch.Tensor:
@@ -170,10 +171,22 @@ def relative_position_buckets(relative: torch.Tensor, *, bidirectional: bool, n_
     return buckets + torch.where(is_small, distance, large)
 
 
-def build_mask(key_valid: torch.Tensor, *, causal: bool, sliding_window: int | None, dtype: torch.dtype,
-               local_window: int | None = None, n_queries: int | None = None) -> torch.Tensor:
-    """Additive mask (B, 1, Tq, Tk): 0 where query i may see key j, -inf elsewhere. Tk is the length of
-    `key_valid`; Tq = Tk unless the keys come from another sequence (cross-attention).
+def build_mask(
+    key_valid: torch.Tensor,
+    *,
+    causal: bool,
+    sliding_window: int | None,
+    dtype: torch.dtype,
+    local_window: int | None = None,
+    rows: tuple[int, int] | None = None,
+    key_start: int = 0,
+) -> torch.Tensor:
+    """Additive mask (B, 1, R, K): 0 where query i may see key j, -inf elsewhere.
+
+    The keys are positions key_start .. key_start+K-1, `key_valid` (B, K) saying which are real
+    tokens; the queries are `rows=(start, stop)`, by default the same K positions (self-attention).
+    A block of query rows passes its own `rows`; cross-attention passes `rows=(0, T)` for its T target
+    queries (with causal and windows off: every real source key is visible).
 
     >>> build_mask(torch.tensor([[1, 1, 0]]), causal=True, sliding_window=None, dtype=torch.float32)[0, 0]
     tensor([[0., -inf, -inf],
@@ -185,18 +198,18 @@ def build_mask(key_valid: torch.Tensor, *, causal: bool, sliding_window: int | N
             [0., 0., 0.],
             [-inf, 0., 0.]])
     """
-    Tk = key_valid.shape[-1]
-    Tq = Tk if n_queries is None else n_queries
-    i = torch.arange(Tq)[:, None]
-    j = torch.arange(Tk)[None, :]
-    allowed = key_valid.bool()[:, None, None, :].expand(-1, 1, Tq, Tk)  # (B, 1, Tq, Tk)
+    K = key_valid.shape[-1]
+    start, stop = rows if rows is not None else (key_start, key_start + K)
+    i = torch.arange(start, stop, device=key_valid.device)[:, None]
+    j = torch.arange(key_start, key_start + K, device=key_valid.device)[None, :]
+    allowed = key_valid.bool()[:, None, None, :].expand(-1, 1, stop - start, K)  # (B, 1, R, K)
     if causal:
         allowed = allowed & (j <= i)
     if sliding_window is not None:
         allowed = allowed & (i - j < sliding_window)
     if local_window is not None:
         allowed = allowed & ((i - j).abs() <= local_window)
-    mask = torch.zeros(allowed.shape, dtype=dtype)
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=key_valid.device)
     return mask.masked_fill(~allowed, float("-inf"))
 
 
@@ -218,45 +231,83 @@ def attention_from_scratch(
     """
     B, T, D = x.shape
     source = x if kv is None else kv
-    S = source.shape[1]
     nh, nkv, hs = spec.n_heads, spec.n_kv_heads, spec.head_dim
-    dt = x.dtype
 
-    q = x @ spec.wq.T.to(dt)  # (B, T, nh*hs)
-    k = source @ spec.wk.T.to(dt)  # (B, S, nkv*hs)
-    v = source @ spec.wv.T.to(dt)  # (B, S, nkv*hs)
-    q, k, v = _add_bias(q, spec.bq), _add_bias(k, spec.bk), _add_bias(v, spec.bv)
+    q, k = project_qk(x, spec, use_positions=use_positions, kv=kv)  # (B, nh, T, hs), (B, nkv, S, hs)
+    v = _heads(_add_bias(source @ spec.wv.T.to(x.dtype), spec.bv), nkv, hs)  # (B, nkv, S, hs)
+
+    group = nh // nkv  # grouped-query attention: KV head g serves query heads g*group .. g*group+group-1
+    k = k.repeat_interleave(group, dim=1)  # (B, nh, S, hs)
+    v = v.repeat_interleave(group, dim=1)  # (B, nh, S, hs)
+
+    scores, probs = row_probs(q, k, spec, key_valid, query_start=0, use_scale=use_scale,
+                              use_positions=use_positions)  # (B, nh, T, S)
+
+    heads_out = probs @ v  # (B, nh, T, hs)
+    y = heads_out.transpose(1, 2).reshape(B, T, nh * hs)  # concat heads: (B, T, nh*hs)
+    out = _add_bias(y @ spec.wo.T.to(x.dtype), spec.bo)  # (B, T, D)
+    return ScratchResult(scores=scores, probs=probs, values=v, heads_out=heads_out, output=out)
+
+
+def _heads(t: torch.Tensor, n: int, hs: int) -> torch.Tensor:
+    B, T, _ = t.shape
+    return t.view(B, T, n, hs).transpose(1, 2)  # (B, T, n*hs) -> (B, n, T, hs)
+
+
+def project_qk(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool = True,
+               kv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Queries (B, nh, T, hs) of `x` and keys (B, nkv, S, hs) of `kv` (default `x`): projected, normed, rotated.
+
+    Positions are 0 .. T-1, so `x` must start at the text's first token (right padding is fine).
+    """
+    source = x if kv is None else kv
+    q = _add_bias(x @ spec.wq.T.to(x.dtype), spec.bq)  # (B, T, nh*hs)
+    k = _add_bias(source @ spec.wk.T.to(x.dtype), spec.bk)  # (B, S, nkv*hs)
     if spec.q_norm is not None and spec.norm_scope == "projection":
         q = _rms_norm(q, spec.q_norm, spec.norm_eps, spec.norm_offset)
         k = _rms_norm(k, spec.k_norm, spec.norm_eps, spec.norm_offset)
-    q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs)
-    k = k.view(B, S, nkv, hs).transpose(1, 2)  # (B, nkv, S, hs)
-    v = v.view(B, S, nkv, hs).transpose(1, 2)  # (B, nkv, S, hs)
-
+    q, k = _heads(q, spec.n_heads, spec.head_dim), _heads(k, spec.n_kv_heads, spec.head_dim)
     if spec.q_norm is not None and spec.norm_scope == "head":
         q = _rms_norm(q, spec.q_norm, spec.norm_eps, spec.norm_offset)
         k = _rms_norm(k, spec.k_norm, spec.norm_eps, spec.norm_offset)
     if spec.inv_freq is not None and use_positions:
-        q, k = _apply_rotary(q, k, spec, T)
+        q, k = _apply_rotary(q, spec), _apply_rotary(k, spec)
+    return q, k
 
-    group = nh // nkv  # grouped-query attention: KV head g serves query heads g*group .. g*group+group-1
-    k = k.repeat_interleave(group, dim=1)  # (B, nh, T, hs)
-    v = v.repeat_interleave(group, dim=1)  # (B, nh, T, hs)
 
+def row_probs(
+    q_rows: torch.Tensor,
+    k: torch.Tensor,
+    spec: LayerSpec,
+    key_valid: torch.Tensor,
+    *,
+    query_start: int,
+    key_start: int = 0,
+    use_scale: bool = True,
+    use_positions: bool = True,
+    heads: list[int] | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scores (position-biased, softcapped, before the mask) and probabilities of a block of query rows.
+
+    `q_rows` (B, h, R, hs) are the queries of positions query_start .. query_start+R-1; `k` (B, h, K, hs)
+    and `key_valid` (B, K) the keys key_start .. key_start+K-1 of the same heads — `heads` names them
+    when they are not all nh heads (for the per-head position bias). With every query and every key
+    (query_start = key_start = 0) this is the full attention. Keys left out must be ones the mask hides
+    from these rows, or the rows no longer sum over what the model sees. Cross-attention is the same
+    call with the source's keys (its causal and window settings are off).
+    """
+    R, K = q_rows.shape[-2], k.shape[-2]
     scale = spec.scale if use_scale else 1.0
-    scores = (q @ k.transpose(-2, -1)) * scale  # (B, nh, T, S)
+    scores = (q_rows @ k.transpose(-2, -1)) * scale  # (B, h, R, K)
     if spec.score_bias is not None and use_positions:
-        scores = scores + spec.score_bias(T, S).to(dt)  # (nh, T, S) broadcast over the batch
+        # The bias is defined on whole sequences; a block takes its rows and keys of it.
+        bias = spec.score_bias(query_start + R, key_start + K)[:, query_start:, key_start:]  # (nh, R, K)
+        scores = scores + (bias if heads is None else bias[heads]).to(scores)
     if spec.softcap is not None:
         scores = spec.softcap * torch.tanh(scores / spec.softcap)
-    mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=dt,
-                      local_window=spec.local_window, n_queries=T)
-    probs = stable_softmax(scores + mask)  # (B, nh, T, S)
-
-    heads_out = probs @ v  # (B, nh, T, hs)
-    y = heads_out.transpose(1, 2).reshape(B, T, nh * hs)  # concat heads: (B, T, nh*hs)
-    out = _add_bias(y @ spec.wo.T.to(dt), spec.bo)  # (B, T, D)
-    return ScratchResult(scores=scores, probs=probs, values=v, heads_out=heads_out, output=out)
+    mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=q_rows.dtype,
+                      local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start)
+    return scores, stable_softmax(scores + mask)  # (B, h, R, K)
 
 
 def _add_bias(t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

@@ -1,0 +1,341 @@
+"""Recompute-mode extraction: attention of long texts, one block of query rows at a time.
+
+Eager attention with `output_attentions=True` keeps `heads × T²` floats for every layer (a
+6,000-token text on SmolLM2 asks for about 39 GB). Here the model runs with its fast attention
+(SDPA, which never materialises the probabilities), forward pre-hooks catch each chosen layer's
+input `x`, and the verified from-scratch attention (`probe.scratch`) recomputes that layer's
+probabilities — only the requested heads, in blocks of query rows:
+
+    x (T, D) ──project_qk──> q (H, T, hs), k (H, T, hs)        requested heads only
+    for each block of R rows:  probs = softmax(q[rows] kᵀ · scale + mask)   (H, R, T)
+                               yield Block(layer, heads, query_start, probs)
+
+No `[layer, head, T, T]` tensor for all layers ever exists: the extra memory is one block, its row
+count chosen from a byte budget (`block_rows`), plus the caught inputs (layers × T × D). Consumers
+(`analyses.blocks`) reduce each block as it comes.
+
+`extract(..., attention="eager"|"recompute"|"auto")` returns the usual `AttentionMap`s (for texts
+short enough to hold whole maps); in recompute mode it also checks the recomputation against the
+model's own eager attention on a short prefix (`check_prefix`) and records that in each map's meta.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Literal, Sequence
+
+import torch
+
+from .families import Family, family_for
+from .extract import Encoded, _make_map, _select, base_model, check_texts, encode, encode_many, pad_batch
+from .extract import extract as extract_eager
+from .loading import LoadedModel
+from .scratch import project_qk, row_probs
+from .types import AttentionMap, Level
+from .verify import tolerances
+from .words import Segmenter, to_word_level
+
+__all__ = [
+    "Attention", "Block", "PrefixCheck", "DEFAULT_BUDGET", "PREFIX_TOKENS",
+    "block_rows", "eager_bytes", "choose_attention", "fast_attention", "iter_blocks", "iter_blocks_encoded",
+    "check_prefix", "extract",
+]
+
+Attention = Literal["eager", "recompute", "auto"]
+
+DEFAULT_BUDGET = 256 * 2**20  # bytes for one block and its working copies
+PREFIX_TOKENS = 256  # tokens of the eager check in recompute mode
+# One block is alive in up to this many copies at once: scores, scores + mask, the shifted
+# exponentials and the probabilities (`scratch.row_probs` and `stable_softmax`), and the block handed
+# out, zero outside the keys the rows can see.
+_WORKING_COPIES = 5
+
+
+@dataclass(frozen=True, eq=False)
+class Block:
+    """Attention probabilities of some query rows of one layer: `probs[head, query, key]`.
+
+    Rows are queries `query_start .. query_start + R - 1` of the text, keys are all T positions;
+    `heads` are the model's head indices of the first axis.
+    """
+
+    layer: int
+    heads: tuple[int, ...]
+    query_start: int
+    probs: torch.Tensor  # (H, R, T)
+
+    @property
+    def query_stop(self) -> int:
+        return self.query_start + self.probs.shape[-2]
+
+
+@dataclass(frozen=True)
+class PrefixCheck:
+    """The recomputation checked against the model's own eager attention on a text's first tokens."""
+
+    n_tokens: int
+    max_abs_err: float
+    tolerance: float
+    dtype: str
+
+    @property
+    def passed(self) -> bool:
+        return self.max_abs_err <= self.tolerance
+
+    def summary(self) -> str:
+        """One line for results and reports.
+
+        >>> PrefixCheck(256, 2e-7, 1e-5, "float32").summary()
+        'recomputed attention checked against eager attention on the first 256 tokens: max |Δ| = 2.0e-07 (tolerance 1e-05, float32)'
+        """
+        verdict = "checked against" if self.passed else "DISAGREES with"
+        return (f"recomputed attention {verdict} eager attention on the first {self.n_tokens} tokens: "
+                f"max |Δ| = {self.max_abs_err:.1e} (tolerance {self.tolerance:g}, {self.dtype})")
+
+    def to_dict(self) -> dict:
+        return {"n_tokens": self.n_tokens, "max_abs_err": self.max_abs_err, "tolerance": self.tolerance,
+                "dtype": self.dtype, "passed": self.passed, "summary": self.summary()}
+
+
+def block_rows(n_keys: int, n_heads: int, budget: int, itemsize: int = 4) -> int:
+    """Query rows per block so that a block and its working copies fit in `budget` bytes (at least 1).
+
+    >>> block_rows(1000, 4, 4 * 1000 * 4 * 5 * 10)
+    10
+    """
+    per_row = n_heads * n_keys * itemsize * _WORKING_COPIES
+    return max(1, int(budget) // per_row)
+
+
+def eager_bytes(lm: LoadedModel, n_tokens: int, *, n_layers: int | None = None, batch: int = 1) -> int:
+    """What eager extraction keeps: layers × heads × T² × itemsize per text (every head is computed)."""
+    n_layers = lm.config.num_hidden_layers if n_layers is None else n_layers
+    itemsize = torch.empty((), dtype=lm.dtype).element_size()
+    return batch * n_layers * lm.config.num_attention_heads * n_tokens**2 * itemsize
+
+
+def choose_attention(attention: Attention, eager_need: int, budget: int) -> Literal["eager", "recompute"]:
+    """`auto` picks recompute when eager attention would need more than the budget.
+
+    >>> choose_attention("auto", 10, 5), choose_attention("auto", 5, 10), choose_attention("eager", 10, 5)
+    ('recompute', 'eager', 'eager')
+    """
+    if attention not in ("eager", "recompute", "auto"):
+        raise ValueError(f"attention must be 'eager', 'recompute' or 'auto', got {attention!r}")
+    if attention == "auto":
+        return "recompute" if eager_need > budget else "eager"
+    return attention
+
+
+@contextlib.contextmanager
+def fast_attention(model: torch.nn.Module, implementation: str = "sdpa") -> Iterator[str]:
+    """Run `model` with another attention implementation inside the block; restore the old one after.
+
+    Yields the implementation in force (the old one when the model class cannot switch).
+    """
+    before = model.config._attn_implementation
+    if implementation == before:
+        yield before
+        return
+    model.set_attn_implementation(implementation)  # transformers warns and keeps `before` if it cannot
+    try:
+        yield model.config._attn_implementation
+    finally:
+        model.set_attn_implementation(before)
+
+
+class _Enough(Exception):
+    """Raised by the last wanted layer's hook: the layers after it need not run."""
+
+
+@torch.inference_mode()
+def _layer_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], layers: Sequence[int],
+                  implementation: str = "sdpa") -> dict[int, torch.Tensor]:
+    """Each wanted layer's attention input (B, T, D), from one forward pass with fast attention."""
+    base = base_model(lm)
+    caught: dict[int, torch.Tensor] = {}
+    last = max(layers)
+
+    def grab(i):
+        def hook(module, args, kwargs):
+            caught[i] = (args[0] if args else kwargs["hidden_states"]).detach()
+            if i == last:
+                raise _Enough
+        return hook
+
+    handles = [family.attention(base, i).register_forward_pre_hook(grab(i), with_kwargs=True) for i in layers]
+    ids, mask = pad_batch(items, lm.device)
+    try:
+        with fast_attention(lm.model, implementation):
+            base(input_ids=ids, attention_mask=mask, output_attentions=False, use_cache=False)
+    except _Enough:
+        pass
+    finally:
+        for h in handles:
+            h.remove()
+    return caught
+
+
+def _layer_blocks(x: torch.Tensor, spec, layer: int, heads: Sequence[int], budget: int) -> Iterator[Block]:
+    """Blocks of one layer for one text's input `x` (T, D), real tokens only."""
+    T = x.shape[0]
+    q, k = project_qk(x[None], spec)  # (1, nh, T, hs), (1, nkv, T, hs)
+    group = spec.n_heads // spec.n_kv_heads  # grouped-query attention: query head h reads KV head h // group
+    idx = torch.tensor(list(heads), device=x.device)
+    q, k = q[:, idx], k[:, idx // group]  # (1, H, T, hs) each
+    valid = torch.ones(1, T, dtype=torch.long, device=x.device)
+    rows = block_rows(T, len(heads), budget, x.element_size())
+    for start in range(0, T, rows):
+        stop = min(start + rows, T)
+        lo, hi = _key_band(spec, start, stop, T)
+        _, band = row_probs(q[:, :, start:stop], k[:, :, lo:hi], spec, valid[:, lo:hi],
+                            query_start=start, key_start=lo, heads=list(heads))  # (1, H, R, hi - lo)
+        probs = band.new_zeros(len(heads), stop - start, T)  # (H, R, T): keys outside the band get 0
+        probs[:, :, lo:hi] = band[0]
+        yield Block(layer, tuple(heads), start, probs)
+
+
+def _key_band(spec, start: int, stop: int, n_keys: int) -> tuple[int, int]:
+    """Keys that queries start .. stop-1 can see at all: causal rows stop at the diagonal, sliding
+    windows start `window - 1` keys back, a bidirectional local band reaches `local_window` keys either
+    side. The mask hides every other key, so they are exact zeros."""
+    hi = stop if spec.causal else n_keys
+    lo = max(0, start - spec.sliding_window + 1) if spec.sliding_window is not None else 0
+    if spec.local_window is not None:
+        lo, hi = max(lo, start - spec.local_window), min(hi, stop + spec.local_window)
+    return lo, hi
+
+
+def iter_blocks_encoded(
+    lm: LoadedModel,
+    items: Sequence[Encoded],
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    budget: int = DEFAULT_BUDGET,
+    family: Family | None = None,
+    implementation: str = "sdpa",
+) -> Iterator[tuple[int, Block]]:
+    """`(item index, block)` for a batch of tokenised texts: one forward pass, then layer by layer."""
+    family = family or family_for(lm.config)
+    layer_idx = _select(layers, lm.config.num_hidden_layers, "layer")
+    head_idx = _select(heads, lm.config.num_attention_heads, "head")
+    inputs = _layer_inputs(lm, family, items, layer_idx, implementation)
+    base = base_model(lm)
+    for layer in layer_idx:
+        spec = family.layer_spec(base, layer, lm.config)
+        x = inputs.pop(layer)  # (B, T, D); dropped once its blocks are out
+        for b, enc in enumerate(items):
+            for block in _layer_blocks(x[b, : len(enc.ids)], spec, layer, head_idx, budget):
+                yield b, block
+        del x
+
+
+def iter_blocks(
+    lm: LoadedModel,
+    text: str,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    budget: int = DEFAULT_BUDGET,
+    truncate: bool = False,
+) -> Iterator[Block]:
+    """Attention of one text as blocks of query rows, layer by layer (layers in increasing order).
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> lm = tiny_model("gpt2")  # 7 tokens: one row of 2 heads in 5 working copies is 2·7·4·5 = 280 B
+    >>> blocks = iter_blocks(lm, "The cat sat on the mat.", layers=[1], heads=[0, 2], budget=3 * 280)
+    >>> [(b.layer, b.heads, b.query_start, tuple(b.probs.shape)) for b in blocks]
+    [(1, (0, 2), 0, (2, 3, 7)), (1, (0, 2), 3, (2, 3, 7)), (1, (0, 2), 6, (2, 1, 7))]
+    """
+    [text] = check_texts(text)
+    enc = encode(lm, text, truncate=truncate)
+    for _, block in iter_blocks_encoded(lm, [enc], layers=layers, heads=heads, budget=budget):
+        yield block
+
+
+def check_prefix(
+    lm: LoadedModel,
+    enc: Encoded,
+    *,
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    n_tokens: int = PREFIX_TOKENS,
+) -> PrefixCheck:
+    """Recompute the first `n_tokens` of a text and compare with the model's eager attention there.
+
+    Checks the whole recompute path (inputs caught under fast attention, from-scratch probabilities)
+    against what the model itself computes with `output_attentions=True`, on the prefix only.
+    """
+    n = min(n_tokens, len(enc.ids))
+    prefix = Encoded(text=enc.text, ids=enc.ids[:n], spans=enc.spans[:n], special=enc.special[:n])
+    layer_idx = _select(layers, lm.config.num_hidden_layers, "layer")
+    head_idx = _select(heads, lm.config.num_attention_heads, "head")
+    reference = _eager_probs(lm, prefix, layer_idx)  # layer -> (nh, n, n)
+    worst = 0.0
+    for _, block in iter_blocks_encoded(lm, [prefix], layers=layer_idx, heads=head_idx):
+        ref = reference[block.layer][head_idx, block.query_start : block.query_stop]  # (H, R, n)
+        worst = max(worst, (ref.float() - block.probs.float()).abs().max().item())
+    return PrefixCheck(n_tokens=n, max_abs_err=worst, tolerance=tolerances(lm.dtype)[0],
+                       dtype=str(lm.dtype).replace("torch.", ""))
+
+
+@torch.inference_mode()
+def _eager_probs(lm: LoadedModel, enc: Encoded, layers: Sequence[int]) -> dict[int, torch.Tensor]:
+    ids, mask = pad_batch([enc], lm.device)
+    with fast_attention(lm.model, "eager"):
+        out = base_model(lm)(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False)
+    if not out.attentions or any(out.attentions[i] is None for i in layers):
+        raise RuntimeError(f"{lm.name}: eager attention exposed no weights; the prefix check cannot run")
+    return {i: out.attentions[i][0] for i in layers}
+
+
+def extract(
+    lm: LoadedModel,
+    texts: str | Iterable[str],
+    *,
+    attention: Attention = "auto",
+    budget: int = DEFAULT_BUDGET,
+    batch_size: int = 8,
+    level: Level = "token",
+    layers: Sequence[int] | None = None,
+    heads: Sequence[int] | None = None,
+    store_dtype: torch.dtype = torch.float32,
+    truncate: bool = False,
+    segmenter: Segmenter | None = None,
+) -> list[AttentionMap]:
+    """`probe.extract` with a choice of how attention is obtained: eager, recompute, or auto by budget.
+
+    Eager maps are exactly `probe.extract`'s. Recomputed maps are assembled from blocks and carry
+    `meta["attention"] = "recompute"` and `meta["check"]`, the eager check on the first text's prefix.
+    """
+    if batch_size < 1:
+        raise ValueError("batch_size must be at least 1")
+    if level not in ("token", "word"):
+        raise ValueError(f"level must be 'token' or 'word', got {level!r}")
+    texts = check_texts(texts)
+    layer_idx = _select(layers, lm.config.num_hidden_layers, "layer")
+    head_idx = _select(heads, lm.config.num_attention_heads, "head")
+    encoded = encode_many(lm, texts, truncate=truncate)
+    longest = max(len(e.ids) for e in encoded)
+    need = eager_bytes(lm, longest, n_layers=len(layer_idx), batch=min(batch_size, len(encoded)))
+    if choose_attention(attention, need, budget) == "eager":
+        return extract_eager(lm, texts, batch_size=batch_size, level=level, layers=layers, heads=heads,
+                             store_dtype=store_dtype, truncate=truncate, segmenter=segmenter)
+    check = check_prefix(lm, encoded[0], layers=layer_idx, heads=head_idx)
+    all_layers = len(layer_idx) == lm.config.num_hidden_layers
+    all_heads = len(head_idx) == lm.config.num_attention_heads
+    out: list[AttentionMap] = []
+    for start in range(0, len(encoded), batch_size):
+        batch = encoded[start : start + batch_size]
+        maps = [torch.empty(len(layer_idx), len(head_idx), len(e.ids), len(e.ids), dtype=store_dtype) for e in batch]
+        row_of = {layer: r for r, layer in enumerate(layer_idx)}
+        for b, block in iter_blocks_encoded(lm, batch, layers=layer_idx, heads=head_idx, budget=budget):
+            maps[b][row_of[block.layer], :, block.query_start : block.query_stop] = block.probs  # [layer, head, query, key]
+        for enc, a in zip(batch, maps):
+            amap = _make_map(lm, enc, a, segmenter, () if all_layers else tuple(layer_idx),
+                             () if all_heads else tuple(head_idx))
+            amap.meta.update(attention="recompute", check=check.to_dict())
+            out.append(to_word_level(amap) if level == "word" else amap)
+    return out

@@ -1,0 +1,206 @@
+"""Recompute-mode extraction (probe.recompute) and the block consumers (analyses.blocks).
+
+Reference values come from the eager path (`probe.extract`, the model's own `output_attentions`),
+from `probe.words.to_word_level` on a whole map, or from formulas on whole hand-built maps.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headscope.analyses.blocks import HeadMap, feed, row_quantities, word_blocks
+from headscope.probe import extract as extract_eager
+from headscope.probe.recompute import (
+    _WORKING_COPIES, Block, block_rows, check_prefix, choose_attention, extract, fast_attention, iter_blocks,
+)
+from headscope.probe.extract import base_model, encode
+from headscope.probe.tiny import TINY_CORPUS
+from headscope.probe.words import to_word_level
+
+LONG = " ".join(TINY_CORPUS[:4])  # longer than gemma3's tiny sliding window (4 keys)
+PIECES = LONG + " Photosynthesis seems extraordinary."  # words the tiny vocabularies split into pieces
+
+
+def _assert_same_maps(eager, recomputed, atol=1e-5):
+    assert len(eager) == len(recomputed)
+    for e, r in zip(eager, recomputed):
+        assert (e.labels, e.layers, e.heads, e.word_index) == (r.labels, r.layers, r.heads, r.word_index)
+        torch.testing.assert_close(r.attention, e.attention, atol=atol, rtol=0)
+
+
+@pytest.mark.parametrize("budget", [1, 2_000, 10**9])  # one row per block, a few rows, one block
+def test_recompute_equals_eager_on_every_family(tiny, budget):
+    texts = list(TINY_CORPUS) + [LONG]  # padded batches, CJK, a text past the sliding window
+    eager = extract_eager(tiny, texts, batch_size=3)
+    recomputed = extract(tiny, texts, attention="recompute", budget=budget, batch_size=3)
+    _assert_same_maps(eager, recomputed)
+    assert recomputed[0].meta["attention"] == "recompute" and recomputed[0].meta["check"]["passed"]
+
+
+def test_recompute_equals_eager_for_chosen_layers_heads_and_words(tiny):
+    layers, heads = [tiny.config.num_hidden_layers - 1], [3, 1]
+    kw = dict(layers=layers, heads=heads, level="word")
+    _assert_same_maps(extract_eager(tiny, [LONG, "Mary told John."], **kw),
+                      extract(tiny, [LONG, "Mary told John."], attention="recompute", budget=500, **kw))
+
+
+def test_callers_model_is_left_as_it_was(tiny):
+    model = tiny.model
+    ids = torch.tensor([encode(tiny, LONG).ids])
+    with torch.no_grad():
+        before = base_model(tiny)(input_ids=ids, output_attentions=True)
+    impl = model.config._attn_implementation
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+    hooks = _hooks(model)  # transformers keeps hooks of its own; ours must all be gone
+    list(iter_blocks(tiny, LONG, budget=1_000))
+    extract(tiny, LONG, attention="recompute")
+    assert model.config._attn_implementation == impl == "eager"
+    assert _hooks(model) == hooks
+    assert all(torch.equal(v, weights[k]) for k, v in model.state_dict().items())
+    with torch.no_grad():
+        after = base_model(tiny)(input_ids=ids, output_attentions=True)
+    assert torch.equal(after.last_hidden_state, before.last_hidden_state)
+    assert all(torch.equal(a, b) for a, b in zip(after.attentions, before.attentions))
+
+
+def _hooks(model) -> list:
+    return [(name, list(m._forward_pre_hooks), list(m._forward_hooks)) for name, m in model.named_modules()]
+
+
+def test_fast_attention_switches_and_restores(tiny):
+    with fast_attention(tiny.model, "sdpa") as impl:
+        assert impl == tiny.model.config._attn_implementation == "sdpa"
+    assert tiny.model.config._attn_implementation == "eager"
+    with pytest.raises(RuntimeError), fast_attention(tiny.model, "sdpa"):
+        raise RuntimeError("a failure inside")
+    assert tiny.model.config._attn_implementation == "eager"
+
+
+@pytest.mark.parametrize("budget", [1, 700, 5_000, 50_000])
+def test_blocks_respect_the_budget_and_cover_every_row_once(tiny, budget):
+    n = len(encode(tiny, LONG).ids)
+    heads = (0, 2)
+    blocks = list(iter_blocks(tiny, LONG, heads=heads, budget=budget))
+    for layer in range(tiny.config.num_hidden_layers):
+        mine = [b for b in blocks if b.layer == layer]
+        assert [b.query_start for b in mine] == sorted(b.query_start for b in mine)
+        rows = torch.cat([torch.arange(b.query_start, b.query_stop) for b in mine])
+        assert torch.equal(rows, torch.arange(n))  # every query row exactly once, in order
+        for b in mine:
+            assert b.heads == heads and b.probs.shape[::2] == (2, n)
+            fits = b.probs.numel() * b.probs.element_size() * _WORKING_COPIES <= budget
+            assert fits or b.probs.shape[1] == 1  # one row is the least a block can be
+    assert max(b.probs.shape[1] for b in blocks) == min(n, block_rows(n, 2, budget))
+
+
+def test_block_rows_from_the_budget():
+    assert block_rows(100, 3, 3 * 100 * 4 * _WORKING_COPIES * 7) == 7
+    assert block_rows(100, 3, 3 * 100 * 4 * _WORKING_COPIES * 7 - 1) == 6
+    assert block_rows(10**6, 12, 10) == 1
+
+
+def test_auto_picks_recompute_only_beyond_the_budget(tiny):
+    assert choose_attention("auto", 101, 100) == "recompute"
+    assert choose_attention("auto", 100, 100) == "eager"
+    assert choose_attention("recompute", 1, 100) == "recompute"
+    with pytest.raises(ValueError, match="attention must be"):
+        choose_attention("flash", 1, 1)
+    [big] = extract(tiny, LONG, attention="auto", budget=10**12)
+    [small] = extract(tiny, LONG, attention="auto", budget=1)
+    assert "attention" not in big.meta and small.meta["attention"] == "recompute"
+    torch.testing.assert_close(small.attention, big.attention, atol=1e-5, rtol=0)
+
+
+def test_prefix_check_compares_with_eager_on_the_first_tokens(tiny):
+    enc = encode(tiny, LONG)
+    check = check_prefix(tiny, enc, n_tokens=6)
+    assert check.n_tokens == 6 and check.passed and 0 <= check.max_abs_err <= 1e-5
+    assert check_prefix(tiny, enc).n_tokens == len(enc.ids)  # shorter than the default prefix: all of it
+    assert "first 6 tokens" in check.summary() and check.to_dict()["passed"] is True
+
+
+def test_bad_layers_and_heads_get_one_clear_error(tiny):
+    with pytest.raises(ValueError, match="out of range"):
+        list(iter_blocks(tiny, LONG, layers=[99]))
+    with pytest.raises(ValueError, match="out of range"):
+        extract(tiny, LONG, attention="recompute", heads=[-1])
+
+
+# --- consumers ------------------------------------------------------------------------------
+
+
+def test_head_map_assembles_one_head_from_blocks(tiny):
+    [full] = extract(tiny, LONG, attention="recompute")
+    n = len(full)
+    hm = HeadMap(layer=1, head=2, n_tokens=n)
+    feed(iter_blocks(tiny, LONG, budget=300), hm)
+    torch.testing.assert_close(hm.result(), full.attention[1, 2], atol=1e-6, rtol=0)
+    with pytest.raises(ValueError, match="no block gave query rows"):
+        HeadMap(layer=0, head=0, n_tokens=3).result()
+
+
+def test_word_blocks_by_hand_across_a_block_edge():
+    # tokens a ##b | c: the word "ab" straddles the edge between a 1-row and a 2-row block
+    a = torch.tensor([[[0.5, 0.25, 0.25], [0.2, 0.4, 0.4], [0.1, 0.6, 0.3]]])  # [head, query, key]
+    blocks = [Block(0, (0,), 0, a[:, :1]), Block(0, (0,), 1, a[:, 1:])]
+    [w] = list(word_blocks(blocks, [0, 0, 1]))  # nothing out before "ab" is complete
+    # row "ab" = mean of token rows (0.5+0.25, 0.25) and (0.2+0.4, 0.4); row "c" = (0.1+0.6, 0.3)
+    expected = torch.tensor([[[0.675, 0.325], [0.7, 0.3]]])
+    assert w.query_start == 0 and w.layer == 0
+    torch.testing.assert_close(w.probs, expected)
+
+
+@pytest.mark.parametrize("budget", [1, 400, 10**9])
+def test_word_blocks_equal_word_level_of_the_whole_map(tiny, budget):
+    [full] = extract(tiny, PIECES, attention="recompute")
+    assert len(set(full.word_index)) < len(full.word_index)  # some word has several pieces
+    words = to_word_level(full).attention  # [layer, head, word, word]
+    got = torch.full_like(words, float("nan"))
+    for b in word_blocks(iter_blocks(tiny, PIECES, budget=budget), full.word_index):
+        got[b.layer, :, b.query_start : b.query_stop] = b.probs
+    torch.testing.assert_close(got, words, atol=1e-6, rtol=0)
+
+
+def test_word_blocks_refuse_a_layer_left_unfinished():
+    blocks = [Block(0, (0,), 0, torch.ones(1, 1, 3) / 3), Block(1, (0,), 0, torch.ones(1, 3, 3) / 3)]
+    with pytest.raises(ValueError, match="stopped before word"):
+        list(word_blocks(blocks, [0, 0, 1]))
+
+
+@pytest.mark.parametrize("rows", [1, 2, 5, 9])
+def test_row_quantities_over_blocks_equal_the_whole_map(rows):
+    g = torch.Generator().manual_seed(0)
+    H, T = 3, 9
+    a = torch.softmax(torch.randn(H, T, T, generator=g) * 3, -1)  # [head, query, key]
+    a[0] = torch.tril(a[0]) / torch.tril(a[0]).sum(-1, keepdim=True)  # a causal head with exact zeros
+    key_sets = torch.zeros(T, 2)
+    key_sets[0, 0] = key_sets[[3, 7], 1] = 1
+    parts = [row_quantities(Block(0, (0, 1, 2), s, a[:, s : s + rows]), key_sets) for s in range(0, T, rows)]
+    cat = {f: torch.cat([getattr(p, f) for p in parts], 1) for f in ("previous", "self_", "next", "entropy",
+                                                                     "max_weight", "key_sets")}
+    zero = torch.zeros(H, 1)
+    torch.testing.assert_close(cat["previous"], torch.cat([zero, a.diagonal(-1, -2, -1)], 1))
+    torch.testing.assert_close(cat["self_"], a.diagonal(0, -2, -1))
+    torch.testing.assert_close(cat["next"], torch.cat([a.diagonal(1, -2, -1), zero], 1))
+    torch.testing.assert_close(cat["entropy"], torch.special.entr(a).sum(-1))
+    torch.testing.assert_close(cat["max_weight"], a.max(-1).values)
+    torch.testing.assert_close(cat["key_sets"], torch.stack([a[..., 0], a[..., 3] + a[..., 7]], -1))
+
+
+# --- real models ------------------------------------------------------------------------------
+
+REAL_TEXTS = ["The animal didn't cross the street because it was too tired.", "我爱北京天安门",
+              "Mary told John that she would call him tomorrow, and he agreed. " * 6]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["minilm", "smollm2"])
+def test_recompute_equals_eager_on_real_models(name, request):
+    lm = request.getfixturevalue(name)
+    impl = lm.model.config._attn_implementation
+    eager = extract_eager(lm, REAL_TEXTS, batch_size=3)
+    recomputed = extract(lm, REAL_TEXTS, attention="recompute", budget=2 * 2**20, batch_size=3)
+    _assert_same_maps(eager, recomputed)
+    assert recomputed[0].meta["check"]["passed"]
+    assert lm.model.config._attn_implementation == impl
