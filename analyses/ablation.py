@@ -47,9 +47,12 @@ def random_head_sets(n_layers: int, n_heads: int, exclude: Sequence[tuple[int, i
                      seed: int = 0) -> list[tuple[tuple[int, int], ...]]:
     """`n` sets of `size` distinct heads drawn uniformly from those not in `exclude` (a private generator).
 
-    >>> random_head_sets(2, 2, [(0, 0)], 2, 3, seed=0)
-    [((0, 1), (1, 1)), ((1, 0), (1, 1)), ((0, 1), (1, 0))]
+    >>> sets = random_head_sets(2, 2, [(0, 0)], 2, 50, seed=0)
+    >>> sorted(set(sets))  # every pair of the three other heads, never (0, 0)
+    [((0, 1), (1, 0)), ((0, 1), (1, 1)), ((1, 0), (1, 1))]
     """
+    if n == 0:
+        return []
     excluded = set(exclude)
     pool = [(l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in excluded]
     if size > len(pool):

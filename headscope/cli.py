@@ -13,7 +13,9 @@ import click
 from . import __version__
 
 # Subcommand modules, in the order `headscope --help` lists them.
-_COMMANDS = ("models", "verify", "explain", "heads", "coref", "probe", "run")
+_COMMANDS = ("models", "verify", "explain", "heads", "coref", "probe", "run",
+             "ablate",
+             "importance")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
