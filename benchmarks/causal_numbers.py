@@ -1,14 +1,18 @@
-"""The numbers behind "does the head matter?" on the packaged models (CPU, minutes).
+"""The numbers behind "does the head matter?" on the packaged models (CPU).
 
-    python benchmarks/causal_numbers.py OUT.json [smollm2 gemma3-270m minilm]
+    python benchmarks/causal_numbers.py OUT.json top_k:smollm2 top_k:gemma3-270m importance:smollm2 \
+        each:smollm2 each:gemma3-270m encoder:minilm
 
-Per decoder: the induction scores of every head (repeated random tokens, TransformerLens's score),
-the induction-task effect of zero-ablating the top-K induction heads against random sets of K heads,
-the effect of each head ablated alone and the Spearman ρ across heads between its induction score
-and that effect (Fisher-z and bootstrap 95% intervals); gradient head importance over the first
-64 texts of the built-in corpus. For minilm: the importance ranking and the sentence-embedding
-effect of ablating its top-importance heads against random heads. Results are written after each
-step, so a partial run still leaves its numbers.
+Steps, each `KIND:MODEL`, results written to OUT.json after every step (a partial run keeps its numbers):
+- top_k: every head's induction score (repeated random tokens, TransformerLens's score), then the
+  induction-task effect (loss on the second copy) of zero-ablating the top-5 and top-10 induction
+  heads against random sets of as many heads;
+- importance: gradient head importance over the first texts of the built-in corpus;
+- each: every head ablated alone on the induction task, and the Spearman ρ across heads between
+  the induction score (and the importance, when computed) and that effect, with Fisher-z and
+  bootstrap 95% intervals — does looking predict mattering?
+- encoder: importance ranking of an encoder and its top-5 heads ablated against random heads
+  (sentence-embedding cosine).
 """
 
 from __future__ import annotations
