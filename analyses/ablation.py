@@ -27,7 +27,7 @@ from headscope.probe.types import head_name
 
 __all__ = ["AblationResult", "empirical_p", "random_head_sets", "ALPHA"]
 
-ALPHA = 0.05  # a verdict calls an effect larger than random below this p
+ALPHA = 0.05  # a verdict calls an effect stronger than random at p <= ALPHA (19 draws: p = 0.05 at best)
 
 
 def empirical_p(effect: float, random_effects: Sequence[float], *, stronger: Literal["higher", "lower"]) -> float | None:
@@ -105,7 +105,7 @@ class AblationResult:
         rand = (f"; {len(self.random_effects)} random sets of {k} head{'s' if k > 1 else ''}: "
                 f"{self.random_mean:+.4g} ± {self.random_sd:.3g}")
         p = self.p_value
-        if p < ALPHA:
+        if p <= ALPHA:
             return f"{head}{rand} — a stronger effect than random heads (p = {p:.2g})."
         return f"{head}{rand} — not a stronger effect than random heads give (p = {p:.2g})."
 

@@ -70,6 +70,9 @@ def test_ablation_result_dict_and_verdict():
     weak = AblationResult(model="m", heads=((0, 0),), method="mean", effect_metric="x", effect=0.2,
                           random_effects=(0.1, 0.3), stronger="higher")
     assert "not a stronger effect" in weak.verdict
+    floor = AblationResult(model="m", heads=((0, 0),), method="zero", effect_metric="x", effect=5.0,
+                           random_effects=(0.1,) * 19, stronger="higher")
+    assert floor.p_value == pytest.approx(0.05) and "a stronger effect than random heads (p = 0.05)" in floor.verdict
     json.dumps(d)
 
 
