@@ -70,7 +70,7 @@ def _model(name: str):
     return _MODELS[name]
 
 
-def top_k(name: str, out: dict, save) -> None:
+def top_k(name: str, out: dict, save, ks=(5, 10)) -> None:
     """Induction scores, then the top-K induction heads ablated against random sets of K."""
     t0 = time.time()
     lm = _model(name)
@@ -86,7 +86,7 @@ def top_k(name: str, out: dict, save) -> None:
     from headscope.probe.types import parse_head
 
     order = [parse_head(k) for k, _ in ranked]
-    for k in (5, 10):
+    for k in ks:
         r = causal.ablate(lm, order[:k], method="zero", task=TOPK_TASK, n_random=N_RANDOM, seed=1, batch_size=5)
         res[f"ablate_top{k}_zero"] = r.to_dict()
         print(name, r.verdict, flush=True)
@@ -213,7 +213,8 @@ def main() -> None:
 
     for step in names:  # e.g. top_k:smollm2 top_k:gemma3-270m importance:smollm2 each:smollm2 encoder:minilm
         kind, name = step.split(":")
-        {"top_k": top_k, "importance": importance, "each": each, "encoder": encoder, "attrib": attrib}[kind](name, out, save)
+        {"top_k": top_k, "importance": importance, "each": each, "encoder": encoder, "attrib": attrib,
+         "top_5": lambda name, out, save: top_k(name, out, save, ks=(5,))}[kind](name, out, save)
 
 
 if __name__ == "__main__":
