@@ -123,7 +123,7 @@ def ablate(lm: LoadedModel, heads: Sequence[tuple[int, int]], *, method: Ablatio
     baseline = float(clean.double().mean()) if clean.dim() == 1 else 1.0
     return AblationResult(model=lm.name, heads=heads, method=method, effect_metric=measure.metric, effect=effect,
                           random_effects=random_effects, stronger=measure.stronger, baseline=baseline, n=measure.n,
-                          description=measure.description, extra=settings | {"seed": seed})
+                          description=measure.description, extra=settings | {"random_seed": seed})
 
 
 def ablate_each(lm: LoadedModel, *, method: AblationMethod = "zero", corpus: Sequence[str] | None = None,
