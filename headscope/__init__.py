@@ -55,6 +55,15 @@ _LAZY = {
     "from_transformer_lens": "headscope.probe.interop",
     "long_frame": "headscope.probe.interop",
     "plot": "headscope.reports",
+    "ablate": "headscope.ablation",
+    "ablate_each": "headscope.ablation",
+    "importance": "headscope.ablation",
+    "norm_attention": "headscope.ablation",
+    "Cloze": "headscope.ablation",
+    "InductionTask": "headscope.ablation",
+    "AblationResult": "headscope.analyses.ablation",
+    "rollout": "headscope.analyses.flow",
+    "flow": "headscope.analyses.flow",
 }
 
 __all__ = [

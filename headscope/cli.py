@@ -10,7 +10,7 @@ import warnings
 import click
 
 from . import __version__
-from .commands import compare, coref, explain, generate, heads, models, probe, run, verify
+from .commands import ablate, compare, coref, explain, generate, heads, importance, models, probe, run, verify
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -21,7 +21,8 @@ def cli() -> None:
 
 # In the order `headscope --help` lists them.
 for _name, _module in {"models": models, "verify": verify, "explain": explain, "heads": heads, "coref": coref,
-                       "probe": probe, "run": run, "compare": compare, "generate": generate}.items():
+                       "probe": probe, "run": run, "compare": compare, "generate": generate, "ablate": ablate,
+                       "importance": importance}.items():
     cli.add_command(_module.cli, name=_name)
 
 

@@ -72,7 +72,7 @@ def test_rotary_frequencies_may_depend_on_the_sequence_length():
         return torch.ones(4)
 
     attention_from_scratch(_x(T=5), _spec(inv_freq=inv_freq), _valid(T=5))
-    assert seen == [5]
+    assert seen and set(seen) == {5}  # asked for the length of the sequence being rotated
 
 
 def test_softcap_bounds_the_scores_and_vanishes_when_large():

@@ -1,0 +1,162 @@
+"""Does the head matter? Workflows that compose interventions, effects and their statistics.
+
+    ablate(lm, heads, method=..., corpus=... | task="induction" | task=Cloze(...))
+        -> analyses.ablation.AblationResult: the effect against random head sets of the same size
+    ablate_each(lm, task=...)      every head alone (for "does looking predict mattering?")
+    importance(lm, texts)          gradient head importance (Michel et al. 2019)
+    norm_attention(lm, texts)      ‖α_ij f(x_j)‖ per head and per layer (Kobayashi et al. 2020)
+
+The effect metric follows the model and the task unless given: a decoder's next-token loss over a
+corpus, the loss on the second copy of repeated random tokens for `task="induction"`, the logit
+difference for a `Cloze`; an encoder's sentence embedding (cosine to the clean one), or a chosen
+word's final representation with `word=`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import torch
+
+from headscope.analyses.ablation import AblationResult, random_head_sets
+from headscope.probe.effects import EffectTask, logit_diff, next_token_loss, sentence_cosine, sequence_loss, word_cosine
+from headscope.probe.interventions import AblationMethod, ablate as ablate_heads, check_heads, head_means
+from headscope.probe.loading import LoadedModel
+
+__all__ = ["Cloze", "InductionTask", "ablate", "ablate_each", "effect_task", "importance", "norm_attention",
+           "DEFAULT_REFERENCE_TEXTS"]
+
+DEFAULT_REFERENCE_TEXTS = 64  # built-in corpus texts behind method="mean" when no corpus is given
+
+
+@dataclass(frozen=True)
+class Cloze:
+    """Prompts with a right and a wrong next word each (e.g. "The keys to the cabinet" · " are" / " is")."""
+
+    prompts: tuple[str, ...]
+    right: tuple[str, ...]
+    wrong: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class InductionTask:
+    """Repeated random tokens (Olsson et al. 2022): the loss on the second copy needs induction heads."""
+
+    n_sequences: int = 20
+    length: int = 50
+    seed: int = 0
+
+
+def effect_task(lm: LoadedModel, *, corpus: Sequence[str] | None = None,
+                task: Literal["induction"] | InductionTask | Cloze | None = None, word: str | None = None,
+                batch_size: int = 8) -> tuple[EffectTask, dict]:
+    """The effect measurement for a model and a task, and the settings that describe it."""
+    if (corpus is None) == (task is None):
+        raise ValueError("give exactly one of corpus= (texts) or task= ('induction' or a Cloze)")
+    if task == "induction":
+        task = InductionTask()
+    if isinstance(task, InductionTask):
+        from headscope.api import induction_inputs
+
+        if not lm.is_causal:
+            raise ValueError(f"the induction task needs a decoder; {lm.name} is an encoder")
+        seqs, prefix = induction_inputs(lm, n_sequences=task.n_sequences, length=task.length, seed=task.seed)
+        start = len(prefix) + task.length  # first token of the second copy
+        return (sequence_loss(lm, seqs, start=start, batch_size=batch_size,
+                              description="change in loss on the second copy of repeated random tokens"),
+                {"task": "induction", "sequences": task.n_sequences, "length": task.length, "seed": task.seed,
+                 "prefix": list(prefix)})
+    if isinstance(task, Cloze):
+        return logit_diff(lm, task.prompts, task.right, task.wrong, batch_size=batch_size), {"task": "cloze"}
+    if task is not None:
+        raise ValueError(f"task must be 'induction', an InductionTask or a Cloze, got {task!r}")
+    texts = list(corpus)
+    if word is not None:
+        return word_cosine(lm, texts, word, batch_size=batch_size), {"task": "corpus", "word": word}
+    if lm.is_causal:
+        return next_token_loss(lm, texts, batch_size=batch_size), {"task": "corpus"}
+    return sentence_cosine(lm, texts, batch_size=batch_size), {"task": "corpus"}
+
+
+def _means(lm: LoadedModel, method: str, corpus, reference, batch_size: int) -> torch.Tensor | None:
+    if method != "mean":
+        return None
+    if reference is None:
+        from headscope.analyses.corpus import builtin_corpus
+
+        reference = list(corpus) if corpus is not None else builtin_corpus()[:DEFAULT_REFERENCE_TEXTS]
+    return head_means(lm, reference, batch_size=batch_size)
+
+
+def ablate(lm: LoadedModel, heads: Sequence[tuple[int, int]], *, method: AblationMethod = "zero",
+           corpus: Sequence[str] | None = None, task: Literal["induction"] | InductionTask | Cloze | None = None,
+           word: str | None = None, reference: Sequence[str] | None = None, n_random: int = 19, seed: int = 0,
+           batch_size: int = 8) -> AblationResult:
+    """Ablate `heads`, then `n_random` random sets of as many other heads, and compare the effects.
+
+    `reference` texts give the heads' mean outputs for `method="mean"` (default: the corpus, or the
+    first 64 texts of the built-in corpus for a task). With 19 random sets the smallest p is 0.05.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> r = ablate(tiny_model("gpt2"), [(1, 0)], corpus=["The cat sat on the mat."], n_random=3)
+    >>> r.to_dict()["random"]["n"], r.effect_metric
+    (3, 'next_token_loss')
+    """
+    heads = check_heads(lm, heads)
+    if not heads:
+        raise ValueError("no heads to ablate")
+    if n_random < 0:
+        raise ValueError("n_random must be 0 or more")
+    measure, settings = effect_task(lm, corpus=corpus, task=task, word=word, batch_size=batch_size)
+    means = _means(lm, method, corpus, reference, batch_size)
+    clean = measure.read(lm)
+
+    def effect_of(chosen) -> float:
+        with ablate_heads(lm, chosen, method=method, means=means):
+            return measure.change(clean, measure.read(lm))
+
+    effect = effect_of(heads)
+    sets = random_head_sets(lm.config.num_hidden_layers, lm.config.num_attention_heads, heads, len(heads), n_random,
+                            seed=seed)
+    random_effects = tuple(effect_of(s) for s in sets)
+    baseline = float(clean.double().mean()) if clean.dim() == 1 else 1.0
+    return AblationResult(model=lm.name, heads=heads, method=method, effect_metric=measure.metric, effect=effect,
+                          random_effects=random_effects, stronger=measure.stronger, baseline=baseline, n=measure.n,
+                          description=measure.description, extra=settings | {"random_seed": seed})
+
+
+def ablate_each(lm: LoadedModel, *, method: AblationMethod = "zero", corpus: Sequence[str] | None = None,
+                task: Literal["induction"] | InductionTask | Cloze | None = None, word: str | None = None,
+                reference: Sequence[str] | None = None, batch_size: int = 8, progress: bool = False):
+    """The effect of ablating every head alone: a tidy frame `(model, layer, head, effect_metric, effect)`."""
+    import pandas as pd
+
+    measure, _ = effect_task(lm, corpus=corpus, task=task, word=word, batch_size=batch_size)
+    means = _means(lm, method, corpus, reference, batch_size)
+    clean = measure.read(lm)
+    heads = [(l, h) for l in range(lm.config.num_hidden_layers) for h in range(lm.config.num_attention_heads)]
+    if progress:
+        from tqdm.auto import tqdm
+
+        heads = tqdm(heads, desc=f"{lm.name} single-head ablations", unit="head")
+    rows = []
+    for l, h in heads:
+        with ablate_heads(lm, [(l, h)], method=method, means=means):
+            rows.append({"model": lm.name, "layer": l, "head": h, "effect_metric": measure.metric,
+                         "effect": measure.change(clean, measure.read(lm))})
+    return pd.DataFrame(rows)
+
+
+def importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False):
+    """Gradient head importance (`probe.importance.gradient_importance`); `.to_frame()` gives tidy rows."""
+    from headscope.probe.importance import gradient_importance
+
+    return gradient_importance(lm, texts, batch_size=batch_size, truncate=truncate)
+
+
+def norm_attention(lm: LoadedModel, texts: str | Sequence[str], *, batch_size: int = 8, truncate: bool = False):
+    """Norm-based attention of each text (`probe.norms.norm_attention`)."""
+    from headscope.probe.norms import norm_attention as _norm_attention
+
+    return _norm_attention(lm, texts, batch_size=batch_size, truncate=truncate)

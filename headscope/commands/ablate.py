@@ -1,0 +1,92 @@
+"""`headscope ablate`: does a set of heads matter? Its ablation effect against random head sets."""
+
+from __future__ import annotations
+
+import click
+
+from ..common import device_options, echo_json, fail, json_option, load_or_fail, model_option
+
+__all__ = ["cli", "parse_top"]
+
+TOP_TEXTS = 32  # built-in corpus texts scored for --top when the effect is measured on a task
+
+
+def parse_top(spec: str) -> tuple[str, int]:
+    """`METRIC:K` -> (metric, k); the metric is one of `headscope heads`' metrics."""
+    from headscope.analyses.heads import METRICS
+
+    metric, sep, k = spec.partition(":")
+    if not sep or not k.strip().isdigit() or int(k) < 1:
+        raise ValueError(f"--top {spec!r}: write METRIC:K, e.g. induction:5")
+    if metric not in METRICS:
+        raise ValueError(f"--top {spec!r}: unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    return metric, int(k)
+
+
+def _parse_heads(spec: str) -> list[tuple[int, int]]:
+    from headscope.probe.types import parse_head
+
+    return [parse_head(part) for part in spec.split(",") if part.strip()]
+
+
+def _top_heads(lm, metric: str, k: int, texts: list[str]) -> list[tuple[int, int]]:
+    from headscope.api import heads
+
+    top = heads(lm, texts).top(metric, k)
+    if top.empty:
+        fail(f"--top {metric}:{k}: {lm.name} has no {metric} score (not applicable to this model)")
+    return [(int(r.layer), int(r.head)) for r in top.itertuples()]
+
+
+@click.command()
+@model_option
+@click.option("--heads", "heads_spec", default=None, help="Heads to ablate, e.g. L16H0,L18H6.")
+@click.option("--top", "top_spec", default=None, help="Ablate the K heads scoring highest on METRIC (METRIC:K), "
+              "scored as `headscope heads` does.")
+@click.option("--method", type=click.Choice(["zero", "mean", "uniform"]), default="zero", show_default=True,
+              help="Zero the head, replace it by its mean output, or make its attention uniform.")
+@click.option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None,
+              help="Measure on these texts (one per line, or JSONL with 'text').")
+@click.option("--task", type=click.Choice(["induction"]), default=None,
+              help="Measure on a built-in task: induction = loss on the second copy of repeated random tokens.")
+@click.option("--word", default=None, help="Encoders: the word whose final representation is compared.")
+@click.option("--random", "n_random", type=click.IntRange(min=0), default=19, show_default=True,
+              help="Random head sets of the same size to compare with.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random head sets.")
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N texts.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@json_option
+@device_options
+def cli(model_name, heads_spec, top_spec, method, corpus_path, task, word, n_random, seed, limit, batch_size, as_json,
+        device, dtype) -> None:
+    """Ablate heads and compare the effect with ablating random heads (mean, sd, empirical p)."""
+    from headscope.analyses.corpus import CorpusError, builtin_corpus, read_corpus
+
+    if (heads_spec is None) == (top_spec is None):
+        fail("give exactly one of --heads L16H0,L18H6 or --top METRIC:K")
+    if (corpus_path is None) == (task is None):
+        fail("give exactly one of --corpus FILE or --task induction")
+    try:
+        heads = _parse_heads(heads_spec) if heads_spec is not None else None
+        top = parse_top(top_spec) if top_spec is not None else None
+        texts = read_corpus(corpus_path)[:limit] if corpus_path else None
+    except (CorpusError, OSError, ValueError) as exc:
+        fail(str(exc))
+    if heads is not None and not heads:
+        fail("--heads is empty; write e.g. L16H0,L18H6")
+    lm = load_or_fail(model_name, device, dtype)
+    from headscope import ablation
+
+    try:
+        if top is not None:
+            heads = _top_heads(lm, *top, texts or builtin_corpus()[:TOP_TEXTS])
+        result = ablation.ablate(lm, heads, method=method, corpus=texts, task=task, word=word, n_random=n_random,
+                               seed=seed, batch_size=batch_size)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
+    if as_json:
+        echo_json(result.to_dict())
+        return
+    d = result.to_dict()
+    click.echo(f"{lm.name}: {d['effect_metric']} over {d['n']} examples (clean mean {d['baseline']:.4g})")
+    click.echo(result.verdict)

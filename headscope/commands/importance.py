@@ -1,0 +1,55 @@
+"""`headscope importance`: gradient head importance (Michel et al. 2019) over a corpus, as tidy rows."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..common import device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option, write_table
+
+__all__ = ["cli"]
+
+
+@click.command()
+@model_option
+@click.option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None,
+              help="Text file (one text per line) or JSONL with a 'text' field; default: the built-in corpus.")
+@out_option
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N texts.")
+@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--top", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Heads listed.")
+@click.option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
+@json_option
+@device_options
+def cli(model_name, corpus_path, out_path, limit, batch_size, k, truncate, as_json, device, dtype) -> None:
+    """Rank every head by E|∂L/∂ξ_h| through a head mask, normalised per layer."""
+    from headscope.analyses.corpus import CorpusError, builtin_corpus, read_corpus
+    from headscope.probe.importance import IMPORTANCE_LOSSES
+    from headscope.probe.types import head_name
+
+    try:
+        texts = read_corpus(corpus_path) if corpus_path else builtin_corpus()
+    except (CorpusError, OSError, ValueError) as exc:
+        fail(str(exc))
+    texts = texts[:limit] if limit else texts
+    lm = load_or_fail(model_name, device, dtype)
+    from headscope import ablation
+
+    try:
+        result = ablation.importance(lm, texts, batch_size=batch_size, truncate=truncate)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
+    frame = result.to_frame()
+    if out_path:
+        write_table(frame, out_path)
+    top = [{"head": head_name(r.layer, r.head), "importance": r.importance} for r in frame.head(k).itertuples()]
+    if as_json:
+        echo_json({"model": lm.name, "loss": result.loss, "loss_description": IMPORTANCE_LOSSES[result.loss],
+                   "n": result.n, "top": top, "out": None if out_path is None else str(out_path)})
+        return
+    click.echo(f"{lm.name}: head importance E|dL/dxi| over {result.n} texts, normalised per layer (L2); "
+               f"L = {IMPORTANCE_LOSSES[result.loss]}")
+    click.echo("   ".join(f"{t['head']} {t['importance']:.3f}" for t in top))
+    if out_path:
+        click.echo(f"wrote {len(frame)} rows to {out_path}")

@@ -1,0 +1,194 @@
+"""What an ablation changes: one readout of the model per example, and how to compare two readouts.
+
+An `EffectTask` holds prepared inputs and runs the model over them once per call of `read(lm)`;
+`change(clean, ablated)` turns the clean and the ablated readouts into one number. Tasks are built
+by name from `EFFECT_TASKS`:
+
+    next_token_loss   decoders: mean next-token cross-entropy of each text (nats); effect = mean
+                      change, ablated − clean (higher = the heads mattered more)
+    sequence_loss     decoders: the same loss on given token ids from a position on — the induction
+                      task scores the second copy of a repeated random sequence (Olsson et al. 2022)
+    logit_diff        decoders: a cloze, logit(right) − logit(wrong) for the next token after each
+                      prompt; effect = mean change (lower = mattered more)
+    word_cosine       encoders: the final representation of a chosen word (mean over its tokens);
+                      effect = mean cosine of the ablated to the clean vector (lower = mattered more)
+    sentence_cosine   sentence encoders (minilm): the sentence embedding — the mean of the final
+                      hidden states over the real tokens, sentence-transformers' mean pooling;
+                      effect = mean cosine as for word_cosine
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .extract import Encoded, base_model, check_texts, encode_many, pad_batch
+from .loading import LoadedModel
+
+__all__ = ["EffectMetric", "EffectTask", "EFFECT_TASKS", "next_token_loss", "sequence_loss", "logit_diff",
+           "word_cosine", "sentence_cosine"]
+
+EffectMetric = Literal["next_token_loss", "sequence_loss", "logit_diff", "word_cosine", "sentence_cosine"]
+Stronger = Literal["higher", "lower"]
+
+
+@dataclass(frozen=True, eq=False)
+class EffectTask:
+    """Prepared inputs for one effect metric: `read(lm)` runs the model, `change` compares readouts."""
+
+    metric: EffectMetric
+    read: Callable[[LoadedModel], torch.Tensor]  # per example: (N,) values or (N, D) vectors
+    change: Callable[[torch.Tensor, torch.Tensor], float]  # (clean, ablated) -> the effect
+    stronger: Stronger  # which direction of `change` means the ablation hurt more
+    description: str  # what the effect is, in words, with its unit
+    n: int  # examples
+
+
+def _mean_difference(clean: torch.Tensor, ablated: torch.Tensor) -> float:
+    return float((ablated.double() - clean.double()).mean())
+
+
+def _mean_cosine(clean: torch.Tensor, ablated: torch.Tensor) -> float:
+    return float(F.cosine_similarity(ablated.double(), clean.double(), dim=-1).mean())
+
+
+def _require_decoder(lm: LoadedModel, what: str) -> None:
+    get = getattr(lm.model, "get_output_embeddings", None)
+    if not lm.is_causal or get is None or get() is None:
+        raise ValueError(f"{what} needs a decoder with a language-model head; {lm.name} has none "
+                         "(for an encoder use word_cosine or sentence_cosine)")
+
+
+def _batches(items: Sequence[Encoded], batch_size: int):
+    for start in range(0, len(items), batch_size):
+        yield items[start : start + batch_size]
+
+
+def _token_losses(lm: LoadedModel, items: Sequence[Encoded], starts: Sequence[int], batch_size: int) -> torch.Tensor:
+    """Per item: mean cross-entropy of the tokens at positions >= max(start, 1), each predicted from its prefix."""
+    out = []
+    with torch.inference_mode():
+        for chunk, first in zip(_batches(items, batch_size), _batches(list(starts), batch_size)):
+            ids, mask = pad_batch(chunk, lm.device)
+            logits = lm.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (B, T, V)
+            nll = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
+            for b, (e, s) in enumerate(zip(chunk, first)):
+                out.append(nll[b, max(s, 1) - 1 : len(e.ids) - 1].double().mean().cpu())
+    return torch.stack(out)
+
+
+def next_token_loss(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False) -> EffectTask:
+    """Mean next-token loss of each text; the effect is its mean rise under ablation (nats)."""
+    _require_decoder(lm, "next_token_loss")
+    items = [e for e in encode_many(lm, check_texts(texts), truncate=truncate)]
+    short = [i for i, e in enumerate(items) if len(e.ids) < 2]
+    if short:
+        raise ValueError(f"text {short[0]} has fewer than 2 tokens: there is no next token to predict")
+    return EffectTask("next_token_loss", lambda m: _token_losses(m, items, [1] * len(items), batch_size),
+                      _mean_difference, "higher", "change in mean next-token loss (nats)", len(items))
+
+
+def sequence_loss(lm: LoadedModel, sequences: Sequence[Sequence[int]], *, start: int, batch_size: int = 8,
+                  description: str = "change in next-token loss") -> EffectTask:
+    """Loss on given token ids (no special tokens added) from position `start` on, e.g. a second copy."""
+    _require_decoder(lm, "sequence_loss")
+    items = [Encoded(text="", ids=tuple(int(t) for t in s), spans=((0, 0),) * len(s), special=(False,) * len(s))
+             for s in sequences]
+    if not items or any(len(e.ids) <= start for e in items):
+        raise ValueError(f"every sequence needs more than {start} tokens")
+    return EffectTask("sequence_loss", lambda m: _token_losses(m, items, [start] * len(items), batch_size),
+                      _mean_difference, "higher", f"{description} (nats)", len(items))
+
+
+def logit_diff(lm: LoadedModel, prompts: Sequence[str], right: Sequence[str], wrong: Sequence[str], *,
+               batch_size: int = 8) -> EffectTask:
+    """logit(right) − logit(wrong) for the token after each prompt (first token of each option)."""
+    _require_decoder(lm, "logit_diff")
+    prompts = check_texts(prompts)
+    if not (len(prompts) == len(right) == len(wrong)):
+        raise ValueError("a cloze needs one right and one wrong option per prompt")
+    items = encode_many(lm, prompts)
+    special = set(getattr(lm.tokenizer, "all_special_ids", []))
+    items = [_drop_trailing_special(e, special) for e in items]
+    pairs = [(_first_token(lm, r), _first_token(lm, w)) for r, w in zip(right, wrong)]
+
+    def read(m: LoadedModel) -> torch.Tensor:
+        out = []
+        with torch.inference_mode():
+            for chunk, pair in zip(_batches(items, batch_size), _batches(pairs, batch_size)):
+                ids, mask = pad_batch(chunk, m.device)
+                logits = m.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+                for b, (e, (r, w)) in enumerate(zip(chunk, pair)):
+                    last = logits[b, len(e.ids) - 1].double()
+                    out.append((last[r] - last[w]).cpu())
+        return torch.stack(out)
+
+    return EffectTask("logit_diff", read, _mean_difference, "lower",
+                      "change in logit(right) − logit(wrong) of the next token", len(items))
+
+
+def _drop_trailing_special(e: Encoded, special: set[int]) -> Encoded:
+    n = len(e.ids)
+    while n > 1 and e.ids[n - 1] in special:  # an appended EOS/SEP is no context
+        n -= 1
+    return Encoded(e.text, e.ids[:n], e.spans[:n], e.special[:n])
+
+
+def _first_token(lm: LoadedModel, option: str) -> int:
+    ids = lm.tokenizer(option, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ValueError(f"option {option!r} is empty after tokenisation")
+    return int(ids[0])
+
+
+def _final_states(m: LoadedModel, items: Sequence[Encoded], batch_size: int, pick) -> torch.Tensor:
+    out = []
+    with torch.inference_mode():
+        for chunk in _batches(items, batch_size):
+            ids, mask = pad_batch(chunk, m.device)
+            h = base_model(m)(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state  # (B, T, D)
+            for b, e in enumerate(chunk):
+                out.append(pick(h[b, : len(e.ids)], len(out)).double().cpu())  # (D,) for text number len(out)
+    return torch.stack(out)  # (N, D)
+
+
+def sentence_cosine(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False) -> EffectTask:
+    """The sentence embedding (mean of the final hidden states over the text's tokens, specials included)."""
+    items = encode_many(lm, check_texts(texts), truncate=truncate)
+    return EffectTask("sentence_cosine", lambda m: _final_states(m, items, batch_size, lambda h, k: h.mean(0)),
+                      _mean_cosine, "lower", "cosine of the ablated sentence embedding to the clean one", len(items))
+
+
+def word_cosine(lm: LoadedModel, texts: Sequence[str], word: str, *, batch_size: int = 8,
+                truncate: bool = False) -> EffectTask:
+    """The final representation of `word` (its first whole-word occurrence, mean over its tokens)."""
+    texts = check_texts(texts)
+    items = encode_many(lm, texts, truncate=truncate)
+    tokens = [_word_tokens(e, word, i) for i, e in enumerate(items)]
+    return EffectTask("word_cosine",
+                      lambda m: _final_states(m, items, batch_size, lambda h, k: h[tokens[k]].mean(0)),
+                      _mean_cosine, "lower", f"cosine of the ablated final representation of {word!r} to the clean one",
+                      len(items))
+
+
+def _word_tokens(e: Encoded, word: str, index: int) -> list[int]:
+    m = re.search(rf"(?<!\w){re.escape(word)}(?!\w)", e.text, flags=re.IGNORECASE)
+    if m is None:
+        raise ValueError(f"text {index} ({e.text[:40]!r}) does not contain the word {word!r}")
+    picked = [t for t, (a, b) in enumerate(e.spans) if not e.special[t] and a < m.end() and b > m.start()]
+    if not picked:
+        raise ValueError(f"text {index}: {word!r} was cut off by truncation")
+    return picked
+
+
+EFFECT_TASKS: dict[str, Callable[..., EffectTask]] = {
+    "next_token_loss": next_token_loss,
+    "sequence_loss": sequence_loss,
+    "logit_diff": logit_diff,
+    "word_cosine": word_cosine,
+    "sentence_cosine": sentence_cosine,
+}

@@ -1,0 +1,236 @@
+"""Knock heads out three ways, through hooks: zero, the head's mean output, or uniform attention.
+
+A head's output is its slice of the input to the attention output projection W_O (the heads'
+outputs concatenated, `o_proj` / `c_proj` / BERT's `attention.output.dense`). Within
+`ablate(lm, heads, method=...)` a forward pre-hook on W_O replaces that slice:
+
+    zero     y_h = 0                                         at every position
+    mean     y_h = mean of y_h over a reference corpus        (`head_means`, one vector per head)
+    uniform  y_h(i) = mean of v_h(j) over the keys j visible from query i
+             — the head attends uniformly (Kovaleva et al. 2019); v_h is the head's value vector,
+             recomputed from the layer's input with its own weights (`LayerSpec`), and with
+             grouped-query attention query head h reads KV head h // (n_heads / n_kv_heads).
+
+Hooks only: no weight is touched, the caller's tensors are copied before they are changed, and
+every hook is removed on exit, also after an error — the model is bit-for-bit what it was.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack, contextmanager
+from typing import Callable, Iterable, Iterator, Literal, Sequence
+
+import torch
+
+from .families import Family, family_for
+from .extract import base_model, encode_many, pad_batch
+from .loading import LoadedModel
+from .scratch import LayerSpec, build_mask
+
+__all__ = ["AblationMethod", "ABLATION_METHODS", "ablate", "check_heads", "head_dim", "head_means", "head_mask"]
+
+AblationMethod = Literal["zero", "mean", "uniform"]
+Head = tuple[int, int]
+
+
+def head_dim(lm: LoadedModel) -> int:
+    """Width of one head's slice of the W_O input."""
+    cfg = lm.config
+    return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+
+
+def check_heads(lm: LoadedModel, heads: Iterable[Head]) -> tuple[Head, ...]:
+    """`heads` sorted and deduplicated as ints; a clear error for one outside the model."""
+    out = tuple(sorted({(int(l), int(h)) for l, h in heads}))
+    n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    bad = [(l, h) for l, h in out if not (0 <= l < n_layers and 0 <= h < n_heads)]
+    if bad:
+        raise ValueError(f"heads {bad} out of range: {lm.name} has layers 0..{n_layers - 1} and heads 0..{n_heads - 1}")
+    return out
+
+
+def _by_layer(heads: Sequence[Head]) -> dict[int, list[int]]:
+    grouped: dict[int, list[int]] = {}
+    for l, h in heads:
+        grouped.setdefault(l, []).append(h)
+    return grouped
+
+
+# --- what replaces a head's slice, per method ------------------------------------------------
+# Each builder returns `replace(y, layer_input, key_valid) -> y'` for one layer, where `y` is the
+# (B, T, nh*hs) input of W_O, already a copy.
+
+def _zero(lm, family, layer, cols, means):
+    hs = head_dim(lm)
+
+    def replace(y, x, key_valid):
+        for h in cols:
+            y[..., h * hs : (h + 1) * hs] = 0
+        return y
+
+    return replace
+
+
+def _mean(lm, family, layer, cols, means):
+    if means is None:
+        raise ValueError("method='mean' needs the heads' mean outputs: pass means=head_means(lm, reference_texts)")
+    hs = head_dim(lm)
+
+    def replace(y, x, key_valid):
+        for h in cols:
+            y[..., h * hs : (h + 1) * hs] = means[layer, h].to(y.device, y.dtype)
+        return y
+
+    return replace
+
+
+def _uniform(lm, family, layer, cols, means):
+    spec: LayerSpec = family.layer_spec(base_model(lm), layer, lm.config)
+    hs, group = spec.head_dim, spec.n_heads // spec.n_kv_heads
+
+    def replace(y, x, key_valid):
+        B, T, _ = x.shape
+        allowed = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window,
+                             dtype=torch.float32)[:, 0].isfinite().to(x.device, x.dtype)  # (B, T, T) 1: i sees j
+        weights = allowed / allowed.sum(-1, keepdim=True).clamp_min(1)  # uniform over the visible keys
+        for h in cols:
+            g = h // group  # the KV head that query head h reads
+            wv = spec.wv[g * hs : (g + 1) * hs].to(x.dtype)  # (hs, D)
+            v = x @ wv.T  # (B, T, hs)
+            if spec.bv is not None:
+                v = v + spec.bv[g * hs : (g + 1) * hs].to(x.dtype)
+            y[..., h * hs : (h + 1) * hs] = weights @ v  # (B, T, hs)
+        return y
+
+    return replace
+
+
+ABLATION_METHODS: dict[str, Callable] = {"zero": _zero, "mean": _mean, "uniform": _uniform}
+
+
+@contextmanager
+def ablate(lm: LoadedModel, heads: Iterable[Head], *, method: AblationMethod = "zero",
+           means: torch.Tensor | None = None) -> Iterator[None]:
+    """Within the block, every (layer, head) in `heads` is ablated by `method` at every position.
+
+    `means` is `head_means(lm, texts)` (`[layer, head, head_dim]`), needed for `method="mean"`.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> lm = tiny_model("llama"); ids = lm.tokenizer("The cat sat.", return_tensors="pt")["input_ids"]
+    >>> with torch.no_grad():
+    ...     clean = lm.model(ids).logits
+    ...     with ablate(lm, [(1, 0), (1, 3)], method="uniform"):
+    ...         hit = lm.model(ids).logits
+    ...     again = lm.model(ids).logits
+    >>> bool((hit != clean).any()), torch.equal(again, clean)
+    (True, True)
+    """
+    if method not in ABLATION_METHODS:
+        raise ValueError(f"method must be one of {', '.join(ABLATION_METHODS)}, got {method!r}")
+    heads = check_heads(lm, heads)
+    family = family_for(lm.config)
+    base = base_model(lm)
+    replacers = {l: ABLATION_METHODS[method](lm, family, l, cols, means) for l, cols in _by_layer(heads).items()}
+    with ExitStack() as stack:
+        state = _LayerInputs(lm, family, base, list(replacers) if method == "uniform" else [], stack)
+
+        def make_hook(layer):
+            def hook(module, args):
+                y = replacers[layer](args[0].clone(), state.inputs.get(layer), state.key_valid(args[0]))
+                return (y, *args[1:])
+            return hook
+
+        for layer in replacers:
+            stack.callback(family.out_proj(base, layer).register_forward_pre_hook(make_hook(layer)).remove)
+        yield
+
+
+class _LayerInputs:
+    """Catches, during a forward pass, the attention input `x` of some layers and the padding mask."""
+
+    def __init__(self, lm, family: Family, base, layers: list[int], stack: ExitStack) -> None:
+        self.inputs: dict[int, torch.Tensor] = {}
+        self._mask: torch.Tensor | None = None
+        if not layers:
+            return
+        stack.callback(base.register_forward_pre_hook(self._grab_mask, with_kwargs=True).remove)
+        for layer in layers:
+            stack.callback(family.attention(base, layer).register_forward_pre_hook(self._grab(layer), with_kwargs=True).remove)
+
+    def _grab_mask(self, module, args, kwargs):
+        mask = kwargs.get("attention_mask")
+        self._mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
+
+    def _grab(self, layer):
+        def hook(module, args, kwargs):
+            self.inputs[layer] = args[0] if args else kwargs["hidden_states"]
+        return hook
+
+    def key_valid(self, y: torch.Tensor) -> torch.Tensor:
+        """(B, T) 1 for real tokens: the 2-D mask the model was called with, else all ones."""
+        B, T = y.shape[:2]
+        if self._mask is not None and tuple(self._mask.shape) == (B, T):
+            return self._mask.to("cpu")
+        return torch.ones(B, T, dtype=torch.long)
+
+
+@torch.inference_mode()
+def head_means(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False) -> torch.Tensor:
+    """Each head's mean output over the real tokens of `texts`: `[layer, head, head_dim]` (float32, CPU).
+
+    The reference for `ablate(..., method="mean")`: the head is replaced by what it outputs on
+    average, so only its input-specific part is removed.
+    """
+    family = family_for(lm.config)
+    base = base_model(lm)
+    n_layers, nh, hs = lm.config.num_hidden_layers, lm.config.num_attention_heads, head_dim(lm)
+    sums = torch.zeros(n_layers, nh * hs, dtype=torch.float64)
+    count = 0
+    encoded = encode_many(lm, list(texts), truncate=truncate)
+    if not encoded:
+        raise ValueError("head_means needs at least one reference text")
+    for start in range(0, len(encoded), batch_size):
+        ids, mask = pad_batch(encoded[start : start + batch_size], lm.device)
+        real = mask.bool().cpu()
+
+        def grab(layer):
+            def hook(module, args):
+                sums[layer] += args[0].detach().to("cpu", torch.float64)[real].sum(0)
+            return hook
+
+        handles = [family.out_proj(base, l).register_forward_pre_hook(grab(l)) for l in range(n_layers)]
+        try:
+            base(input_ids=ids, attention_mask=mask, use_cache=False)
+        finally:
+            for h in handles:
+                h.remove()
+        count += int(real.sum())
+    return (sums / count).float().view(n_layers, nh, hs)
+
+
+@contextmanager
+def head_mask(lm: LoadedModel, xi: torch.Tensor) -> Iterator[None]:
+    """Within the block, head h of layer l outputs ξ[b, l, h] · y_h (Michel et al. 2019's head mask).
+
+    `xi` is `(B, n_layers, n_heads)` (one mask per example, so that a gradient w.r.t. `xi[b]` is
+    example b's own) or `(n_layers, n_heads)`; give it `requires_grad=True` to get ∂L/∂ξ.
+    """
+    family = family_for(lm.config)
+    base = base_model(lm)
+    n_layers, nh, hs = lm.config.num_hidden_layers, lm.config.num_attention_heads, head_dim(lm)
+    if tuple(xi.shape[-2:]) != (n_layers, nh):
+        raise ValueError(f"head mask is {tuple(xi.shape)}; {lm.name} needs (..., {n_layers}, {nh})")
+
+    def make_hook(layer):
+        def hook(module, args):
+            y = args[0]  # (B, T, nh*hs)
+            scale = xi[..., layer, :].to(y.dtype)  # (B, nh) or (nh,)
+            scale = scale[:, None, :, None] if scale.dim() == 2 else scale[:, None]
+            y = (y.unflatten(-1, (nh, hs)) * scale).flatten(-2)  # (B, T, nh, hs) scaled per head
+            return (y, *args[1:])
+        return hook
+
+    with ExitStack() as stack:
+        for layer in range(n_layers):
+            stack.callback(family.out_proj(base, layer).register_forward_pre_hook(make_hook(layer)).remove)
+        yield

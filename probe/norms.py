@@ -1,0 +1,78 @@
+"""Norm-based attention (Kobayashi et al. 2020, "Attention is not only a weight").
+
+A head's output at query i is Σ_j α_ij f(x_j), with f(x_j) = (x_j W_V^h + b_V^h) W_O^h the value
+vector of key j carried through the head's own slice of the output projection. The size of what
+key j contributes is
+
+    per head   ‖α_ij f^h(x_j)‖ = α_ij ‖f^h(x_j)‖                      [layer, head, query, key]
+    per layer  ‖Σ_h α^h_ij f^h(x_j)‖   (the heads' vectors summed, then the norm: Kobayashi's
+                                       layer-level analysis; not the sum of the heads' norms)
+
+W_O's bias is left out (it does not depend on j). α and v are the from-scratch attention's
+(`scratch.attention_from_scratch`), run on each layer's input caught from one real forward pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .families import family_for
+from .extract import base_model, check_texts, encode_many, token_labels
+from .loading import LoadedModel
+from .scratch import ScratchResult, attention_from_scratch
+from .verify import capture
+
+__all__ = ["NormAttention", "norm_attention", "norm_weights"]
+
+
+@dataclass(frozen=True, eq=False)
+class NormAttention:
+    """Norm-based attention of one text: per head `[layer, head, query, key]` and per layer `[layer, query, key]`."""
+
+    text: str
+    labels: tuple[str, ...]
+    token_ids: tuple[int, ...]
+    per_head: torch.Tensor  # [layer, head, query, key]
+    per_layer: torch.Tensor  # [layer, query, key]
+    meta: dict
+
+
+def norm_weights(result: ScratchResult, wo: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(per head (B, nh, T, T), per layer (B, T, T)) from one layer's from-scratch result and W_O (D, nh*hs)."""
+    B, nh, T, hs = result.values.shape
+    wo_h = wo.to(result.values.dtype).view(wo.shape[0], nh, hs)  # (D, nh, hs): head h's columns of W_O
+    f = torch.einsum("bhjs,dhs->bhjd", result.values, wo_h)  # (B, nh, T, D) value through W_O^h
+    per_head = result.probs * f.norm(dim=-1)[:, :, None, :]  # α_ij ‖f(x_j)‖: (B, nh, T, T)
+    summed = torch.einsum("bhij,bhjd->bijd", result.probs, f)  # Σ_h α^h_ij f^h(x_j): (B, T, T, D)
+    return per_head, summed.norm(dim=-1)
+
+
+@torch.inference_mode()
+def norm_attention(lm: LoadedModel, texts: str | Sequence[str], *, batch_size: int = 8,
+                   truncate: bool = False) -> list[NormAttention]:
+    """Norm-based attention of each text, padding removed, in input order."""
+    family = family_for(lm.config)
+    base = base_model(lm)
+    encoded = encode_many(lm, check_texts(texts), truncate=truncate)
+    out: list[NormAttention] = []
+    for start in range(0, len(encoded), batch_size):
+        batch = encoded[start : start + batch_size]
+        cap = capture(lm, batch, family)
+        heads, layers = [], []
+        for i in range(family.n_layers(lm.config)):
+            spec = family.layer_spec(base, i, lm.config)
+            x = cap.inputs[i]
+            ph, pl = norm_weights(attention_from_scratch(x, spec, cap.key_valid.to(x.device)), spec.wo)
+            heads.append(ph.float().cpu())
+            layers.append(pl.float().cpu())
+        per_head = torch.stack(heads, dim=1)  # (B, L, nh, T, T)
+        per_layer = torch.stack(layers, dim=1)  # (B, L, T, T)
+        for b, e in enumerate(batch):
+            n = len(e.ids)
+            out.append(NormAttention(text=e.text, labels=token_labels(lm, e), token_ids=e.ids,
+                                     per_head=per_head[b, :, :, :n, :n].clone(), per_layer=per_layer[b, :, :n, :n].clone(),
+                                     meta={"model": lm.name, "weight": "norm"}))
+    return out
