@@ -31,7 +31,7 @@ from pathlib import Path
 
 import headscope.analyses
 from headscope.analyses.corpus import read_corpus
-from headscope.commands.heads import run_heads
+from headscope.api import heads
 from headscope.probe import load_model
 from headscope.probe.types import head_name, json_safe
 
@@ -77,7 +77,7 @@ def top_k(name: str, out: dict, save, ks=(5, 10)) -> None:
     res = out.setdefault(name, {})
     res["settings"] = {"score_sequences": SCORE_SEQS, "score_length": SCORE_LEN, "topk_task": vars(TOPK_TASK),
                        "each_task": vars(EACH_TASK), "n_random": N_RANDOM, "importance_texts": IMPORTANCE_TEXTS}
-    scores = run_heads(lm, CORPUS[:2], induction_sequences=SCORE_SEQS, induction_length=SCORE_LEN, seed=0)
+    scores = heads(lm, CORPUS[:2], induction_sequences=SCORE_SEQS, induction_length=SCORE_LEN, seed=0)
     grid = scores.grid("induction")  # layer x head
     res["induction_scores"] = {head_name(int(l), int(h)): float(grid.loc[l, h]) for l in grid.index for h in grid.columns}
     ranked = sorted(res["induction_scores"].items(), key=lambda kv: -kv[1])
@@ -136,7 +136,7 @@ def attrib(name: str, out: dict, save) -> None:
     """
     import torch.nn.functional as F
 
-    from headscope.commands.heads import induction_inputs
+    from headscope.api import induction_inputs
     from headscope.probe.extract import Encoded, pad_batch
     from headscope.probe.interventions import head_mask
 
@@ -144,7 +144,7 @@ def attrib(name: str, out: dict, save) -> None:
     lm = _model(name)
     res = out.setdefault(name, {})
     if "induction_scores" not in res:
-        scores = run_heads(lm, CORPUS[:2], induction_sequences=SCORE_SEQS, induction_length=SCORE_LEN, seed=0)
+        scores = heads(lm, CORPUS[:2], induction_sequences=SCORE_SEQS, induction_length=SCORE_LEN, seed=0)
         grid = scores.grid("induction")
         res["induction_scores"] = {head_name(int(l), int(h)): float(grid.loc[l, h]) for l in grid.index
                                    for h in grid.columns}
