@@ -48,7 +48,8 @@ def _tiny_config(vocab: int):
     from transformers import BloomConfig
 
     # Six heads: four from the power of two below, two from the next one, so both slope rules are exercised.
-    return BloomConfig(vocab_size=vocab, hidden_size=48, n_layer=2, n_head=6)
+    # ALiBi has no length limit of its own; the tiny model declares 128 positions as every tiny model does.
+    return BloomConfig(vocab_size=vocab, hidden_size=48, n_layer=2, n_head=6, max_position_embeddings=128)
 
 
 FAMILY = Family(
