@@ -9,6 +9,7 @@ architecture families in `probe/families/`), recompute what the model's attentio
     rotary positions on all or the first `rotary_dim` dims of each head (half-split or interleaved)
     scores = q kᵀ · scale                                   (√d or the model's own scalar)
     scores += position bias                                 ALiBi slopes, T5 relative buckets
+    scores += content↔position scores                       DeBERTa's c2p and p2c
     scores = c · tanh(scores / c)                           logit softcapping (Gemma 2)
     scores += mask                                          padding, causal, sliding window
     P = softmax(scores), written out: subtract the row max, exp, normalise
@@ -65,6 +66,10 @@ class LayerSpec:
     # ALiBi slopes, T5's bucketed relative bias.
     score_bias: Callable[[int, int], torch.Tensor] | None = None
     softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) before masking (Gemma 2)
+    # Additive scores that depend on the content as well as the positions, a function of the projected
+    # q (B, nh, T, hs) and k (B, nh, S, hs) -> (B, nh, T, S): DeBERTa's content→position and
+    # position→content terms.
+    position_scores: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -247,6 +252,8 @@ def attention_from_scratch(
     scores = (q @ k.transpose(-2, -1)) * scale  # (B, nh, T, S)
     if spec.score_bias is not None and use_positions:
         scores = scores + spec.score_bias(T, S).to(dt)  # (nh, T, S) broadcast over the batch
+    if spec.position_scores is not None and use_positions:
+        scores = scores + spec.position_scores(q, k)  # (B, nh, T, S)
     if spec.softcap is not None:
         scores = spec.softcap * torch.tanh(scores / spec.softcap)
     mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=dt,
