@@ -32,7 +32,8 @@ def log_bucket(relative: torch.Tensor, n_buckets: int, max_position: int) -> tor
     mid = n_buckets // 2
     inside = (relative < mid) & (relative > -mid)
     distance = torch.where(inside, torch.tensor(mid - 1).type_as(relative), relative.abs())
-    log_pos = torch.ceil(torch.log(distance / mid) / torch.log(torch.tensor((max_position - 1) / mid)) * (mid - 1)) + mid
+    log_ratio = torch.log(distance / mid) / torch.log(torch.tensor((max_position - 1) / mid))
+    log_pos = torch.ceil(log_ratio * (mid - 1)) + mid
     return torch.where(distance <= mid, relative.type_as(log_pos), log_pos * torch.sign(relative)).long()
 
 
@@ -54,9 +55,9 @@ def _project(linear, rel: torch.Tensor, n_heads: int) -> torch.Tensor:
 def _disentangled(attn, rel: torch.Tensor, scale: float) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     nh = attn.num_attention_heads
     rel = rel[: 2 * attn.pos_ebd_size]
-    kinds = attn.pos_att_type
-    pos_key = _project(attn.key_proj if attn.share_att_key else attn.pos_key_proj, rel, nh) if "c2p" in kinds else None
-    pos_query = _project(attn.query_proj if attn.share_att_key else attn.pos_query_proj, rel, nh) if "p2c" in kinds else None
+    kinds, shared = attn.pos_att_type, attn.share_att_key
+    pos_key = _project(attn.key_proj if shared else attn.pos_key_proj, rel, nh) if "c2p" in kinds else None
+    pos_query = _project(attn.query_proj if shared else attn.pos_query_proj, rel, nh) if "p2c" in kinds else None
 
     def scores(q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         B, _, T, _ = q.shape
