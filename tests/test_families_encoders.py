@@ -75,7 +75,7 @@ def _shift_heads(bias):  # head h gets head h-1's ALiBi slope
     ("falcon", {"alibi": True}, lambda s: dataclasses.replace(s, score_bias=None)),
     ("gemma2", {}, lambda s: dataclasses.replace(s, softcap=None)),
     ("gemma2", {}, lambda s: dataclasses.replace(s, sliding_window=s.sliding_window and s.sliding_window + 1)),
-    ("gemma2", {}, lambda s: dataclasses.replace(s, scale=s.head_dim**-0.5 / 2)),  # query_pre_attn_scalar ignored
+    ("gemma2", {}, lambda s: dataclasses.replace(s, scale=s.scale / 2)),  # query_pre_attn_scalar taken 4× too large
     ("modernbert", {}, lambda s: dataclasses.replace(s, local_window=s.local_window and s.local_window + 1)),
     ("modernbert", {}, lambda s: dataclasses.replace(s, local_window=s.local_window and s.local_window - 1)),
     ("deberta-v2", {}, lambda s: dataclasses.replace(s, scale=s.head_dim**-0.5)),  # scale_factor dropped
