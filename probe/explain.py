@@ -170,7 +170,7 @@ def permutation_check(lm: LoadedModel, text: str, *, layer: int = 0, seed: int =
 
     "Without positions" removes every source of order: absolute position embeddings are zeroed
     for the forward pass (a hook on the embedding's output, the weights untouched), rotary is
-    skipped, and the causal/sliding mask is dropped (a mask encodes order too). Layer 0 is the
+    skipped, and the causal, sliding and local-band masks are dropped (a mask encodes order too). Layer 0 is the
     default because for a decoder the real forward pass still applies its causal mask before
     deeper layers.
     """
@@ -183,7 +183,7 @@ def permutation_check(lm: LoadedModel, text: str, *, layer: int = 0, seed: int =
     shuffled = Encoded(text=enc.text, ids=tuple(enc.ids[i] for i in perm), spans=tuple(enc.spans[i] for i in perm),
                        special=tuple(enc.special[i] for i in perm))
     spec = family.layer_spec(base_model(lm), layer, lm.config)
-    no_order = dataclasses.replace(spec, causal=False, sliding_window=None)
+    no_order = dataclasses.replace(spec, causal=False, sliding_window=None, local_window=None)
 
     def probs(e: Encoded, positions: bool) -> torch.Tensor:
         cap = _capture_without_positions(lm, family, e) if not positions else capture(lm, [e], family)

@@ -138,7 +138,11 @@ def fast_attention(model: torch.nn.Module, implementation: str = "sdpa") -> Iter
     if implementation == before:
         yield before
         return
-    model.set_attn_implementation(implementation)  # transformers warns and keeps `before` if it cannot
+    try:
+        model.set_attn_implementation(implementation)
+    except ValueError:  # the class has no such kernel (Gemma 2's softcap has no SDPA): keep the one it has
+        yield before
+        return
     try:
         yield model.config._attn_implementation
     finally:

@@ -9,6 +9,7 @@ architecture families in `probe/families/`), recompute what the model's attentio
     rotary positions on all or the first `rotary_dim` dims of each head (half-split or interleaved)
     scores = q kᵀ · scale                                   (√d or the model's own scalar)
     scores += position bias                                 ALiBi slopes, T5 relative buckets
+    scores += content↔position scores                       DeBERTa's c2p and p2c
     scores = c · tanh(scores / c)                           logit softcapping (Gemma 2)
     scores += mask                                          padding, causal, sliding window
     P = softmax(scores), written out: subtract the row max, exp, normalise
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from typing import Callable, Literal
 
 import torch
+
+from .errors import UnsupportedFeature
 
 __all__ = ["LayerSpec", "ScratchResult", "attention_from_scratch", "project_qk", "row_probs", "stable_softmax",
            "rotary_cos_sin", "build_mask", "alibi_slopes", "relative_position_buckets"]
@@ -65,6 +68,10 @@ class LayerSpec:
     # ALiBi slopes, T5's bucketed relative bias.
     score_bias: Callable[[int, int], torch.Tensor] | None = None
     softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) before masking (Gemma 2)
+    # Additive scores that depend on the content as well as the positions, a function of the projected
+    # q (B, nh, T, hs) and k (B, nh, S, hs) -> (B, nh, T, S): DeBERTa's content→position and
+    # position→content terms.
+    position_scores: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -303,6 +310,12 @@ def row_probs(
         # The bias is defined on whole sequences; a block takes its rows and keys of it.
         bias = spec.score_bias(query_start + R, key_start + K)[:, query_start:, key_start:]  # (nh, R, K)
         scores = scores + (bias if heads is None else bias[heads]).to(scores)
+    if spec.position_scores is not None and use_positions:
+        if query_start or key_start or (heads is not None and list(heads) != list(range(spec.n_heads))):
+            # DeBERTa's terms index relative positions of whole sequences; blocks would need offsets.
+            raise UnsupportedFeature("content↔position scores (DeBERTa) are recomputed for whole sequences only; "
+                                     "use attention='eager' for this model")
+        scores = scores + spec.position_scores(q_rows, k)  # (B, nh, T, S)
     if spec.softcap is not None:
         scores = spec.softcap * torch.tanh(scores / spec.softcap)
     mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=q_rows.dtype,

@@ -122,8 +122,10 @@ def test_mean_puts_the_heads_mean_at_every_position(tiny):
     hs = head_dim(tiny)
     means = head_means(tiny, list(TINY_CORPUS))
     y, clean, _, _ = _ablated_slice(tiny, 1, [3], "mean", means)
-    assert torch.equal(y[..., 3 * hs :], means[1, 3].expand_as(y[..., 3 * hs :]))
-    torch.testing.assert_close(y[..., : 3 * hs], clean[..., : 3 * hs])
+    head3 = slice(3 * hs, 4 * hs)
+    assert torch.equal(y[..., head3], means[1, 3].expand_as(y[..., head3]))
+    torch.testing.assert_close(y[..., : 3 * hs], clean[..., : 3 * hs])  # the other heads are untouched
+    torch.testing.assert_close(y[..., 4 * hs :], clean[..., 4 * hs :])
 
 
 def test_uniform_is_the_mean_of_the_visible_value_vectors(tiny):

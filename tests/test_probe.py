@@ -36,8 +36,9 @@ def test_decoders_are_causal(tiny):
     upper = torch.triu(torch.ones(len(m), len(m), dtype=torch.bool), diagonal=1)
     if tiny.is_causal:
         assert m.attention[..., upper].abs().max() == 0
-    else:
-        assert m.attention[..., upper].min() > 0
+    else:  # every query sees the key after it; all later keys, except in a local band (ModernBERT)
+        assert m.attention.diagonal(offset=1, dim1=-2, dim2=-1).min() > 0
+        assert m.attention[0][..., upper].min() > 0  # layer 0 is global in every encoder family
 
 
 def test_batch_equals_single(tiny):
@@ -233,7 +234,10 @@ def test_chosen_layers_are_caught_by_hooks_and_match(tiny):
     ids, mask = pad_batch(enc, tiny.device)
     with torch.inference_mode():
         caught = _forward_hooked(tiny, ids, mask, [1])
-    assert caught is not None  # only layer 1 was kept: the model was asked for no attention at all
+    if tiny.model_type == "deberta-v2":  # its attention returns weights only when asked: extract asks for all
+        assert caught is None
+    else:
+        assert caught is not None  # only layer 1 was kept: the model was asked for no attention at all
     full = extract(tiny, [TEXTS[0], TEXTS[2]], batch_size=2)
     part = extract(tiny, [TEXTS[0], TEXTS[2]], batch_size=2, layers=[1])
     for f, p in zip(full, part):
