@@ -23,6 +23,7 @@ from headscope.analyses.heads import (
     score_corpus,
 )
 from headscope.analyses.induction import detection_pattern, pattern_score, repeated_random_tokens
+from headscope.probe.families import family_for
 from headscope.probe.types import AttentionMap
 
 CORPUS_METRICS = METRICS[:10]
@@ -486,7 +487,8 @@ def test_run_heads_tiny(tiny):
         assert next_token["value"].isna().all() and (next_token["n"] == 0).all()
         assert induction["value"].between(0, 1).all() and s.n_sequences == 3
         prefix = s.meta["induction"]["prefix"]
-        assert prefix == ([tiny.tokenizer.bos_token_id] if tiny.name == "tiny-gemma3" else [])
+        adds_bos = family_for(tiny.config).tokenizer == "sentencepiece"  # tiny.py's template: "<bos> $A"
+        assert prefix == ([tiny.tokenizer.bos_token_id] if adds_bos else [])
     else:
         assert next_token["value"].notna().all()
         assert induction["value"].isna().all() and s.meta["induction"] is None

@@ -3,7 +3,7 @@ where configured, longrope (short / long factors by sequence length), sliding wi
 
 from __future__ import annotations
 
-from ..rotary import ROPE_INV_FREQ, rope, unsupported_rope
+from ..rotary import rope, unsupported_rope
 from ..scratch import LayerSpec
 from . import Family, Refusal, linear_weights
 from .llama import cached_length
@@ -35,7 +35,7 @@ FAMILY = Family(
     model_types=("phi3",),
     kind="decoder",
     features=("fused qkv", "grouped-query KV heads", "partial rotary where configured",
-              f"rotary: {', '.join(ROPE_INV_FREQ)}", "sliding window where configured"),
+              "rotary: default, longrope (the types Phi3Config accepts)", "sliding window where configured"),
     layer_spec=_spec,
     attention=lambda base, i: base.layers[i].self_attn,
     out_proj=lambda base, i: base.layers[i].self_attn.o_proj,
