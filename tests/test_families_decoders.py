@@ -50,7 +50,11 @@ def past_the_context_limit(monkeypatch):
 def _break(lm, change):
     """The model's family with `change(spec, base, i, cfg) -> spec` applied to every layer's spec."""
     good = family_for(lm.config)
-    return dataclasses.replace(good, layer_spec=lambda base, i, cfg: change(good.layer_spec(base, i, cfg), base, i, cfg))
+
+    def layer_spec(base, i, cfg):
+        return change(good.layer_spec(base, i, cfg), base, i, cfg)
+
+    return dataclasses.replace(good, layer_spec=layer_spec)
 
 
 def _n_tokens(lm, text: str) -> int:

@@ -18,7 +18,8 @@ def _spec(base, i: int, cfg) -> LayerSpec:
         wq, wk, wv, wo, bq, bk, bv, bo, n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads,
         head_dim=hs, scale=cfg.query_pre_attn_scalar**-0.5, causal=True,
         sliding_window=cfg.sliding_window if layer_type == "sliding_attention" else None,
-        **rope(cfg, hs, layer_type, whole_head=True, longest_seen=cached_length(base.rotary_emb, layer_type)).spec_fields(),
+        **rope(cfg, hs, layer_type, whole_head=True,
+               longest_seen=cached_length(base.rotary_emb, layer_type)).spec_fields(),
         q_norm=attn.q_norm.weight.detach(), k_norm=attn.k_norm.weight.detach(), norm_eps=attn.q_norm.eps,
     )
 
@@ -42,10 +43,10 @@ def _rope_per_layer_type(cfg) -> str | None:
 def _tiny_config(vocab: int, model_type: str):
     from transformers import AutoConfig
 
-    return AutoConfig.for_model(model_type, vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                                num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
-                                sliding_window=4, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                                max_position_embeddings=128)
+    return AutoConfig.for_model(model_type, vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                query_pre_attn_scalar=8, sliding_window=4, max_position_embeddings=128,
+                                layer_types=["sliding_attention", "sliding_attention", "full_attention"])
 
 
 FAMILY = Family(
