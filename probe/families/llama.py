@@ -26,7 +26,8 @@ def llama_spec(base, i: int, cfg) -> LayerSpec:
 def cached_length(rotary_emb, layer_type: str | None = None) -> int | None:
     """The longest length a transformers rotary module has cached its frequencies for (dynamic NTK)."""
     prefix = "" if layer_type is None else f"{layer_type}_"
-    return getattr(rotary_emb, f"{prefix}max_seq_len_cached", getattr(rotary_emb, "max_seq_len_cached", None))
+    length = getattr(rotary_emb, f"{prefix}max_seq_len_cached", getattr(rotary_emb, "max_seq_len_cached", None))
+    return None if length is None else int(length)  # a tensor once transformers has grown it
 
 
 def layer_window(cfg, i: int) -> int | None:
