@@ -77,7 +77,8 @@ def tiny_model(name: str, *, seed: int = 0, std: float = 0.2, **config_overrides
 
     family = _family(name)
     tok = tiny_tokenizer(family.tokenizer)
-    cfg = family.tiny_config(len(tok))
+    model_type = name if name in SUPPORTED_TYPES else family.model_types[0]
+    cfg = family.tiny_config(len(tok), model_type)
     for key, value in config_overrides.items():
         setattr(cfg, key, value)
     cfg.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else 0

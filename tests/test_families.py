@@ -117,9 +117,8 @@ def _config(cls: str, **kwargs):
     ("BertConfig", {"position_embedding_type": "relative_key"}, "relative position scores are not reproduced"),
     ("BertConfig", {"is_decoder": True}, "BERT used as a decoder"),
     ("GPT2Config", {"add_cross_attention": True}, "GPT-2 with cross-attention"),
-    ("LlamaConfig", {"pretraining_tp": 2}, "pretraining_tp > 1"),
-    ("LlamaConfig", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
-     "partial rotary"),
+    ("LlamaConfig", {"rope_parameters": {"rope_type": "linear", "rope_theta": 1e4, "factor": 2.0,
+                                         "partial_rotary_factor": 0.5}}, "applies the rotary angles to the whole head"),
     ("Gemma3TextConfig", {"use_bidirectional_attention": True}, "use_bidirectional_attention=True"),
     ("Gemma3TextConfig", {"attn_logit_softcapping": 50.0}, "softcapping is not reproduced"),
 ])
@@ -131,9 +130,9 @@ def test_each_refused_feature_is_named(cls, kwargs, message):
 def test_unknown_rope_type_names_the_supported_ones():
     from transformers import LlamaConfig
 
-    cfg = LlamaConfig(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0})
-    with pytest.raises(UnsupportedFeature, match=re.escape("rope_type='yarn' is not reproduced (supported: default, "
-                                                           "linear, llama3)")):
+    cfg = LlamaConfig(rope_parameters={"rope_type": "proportional", "rope_theta": 1e4})
+    with pytest.raises(UnsupportedFeature, match=re.escape("rope_type='proportional' is not reproduced (supported: "
+                                                           "default, linear, llama3, dynamic, yarn, longrope)")):
         inv_freq(cfg, 8)
 
 

@@ -22,6 +22,7 @@ from headscope.analyses.heads import (
 )
 from headscope.analyses.induction import PATTERNS, detection_pattern, pattern_score, repeated_random_tokens
 from headscope.analyses.metrics import ROLE_LABELS, THRESHOLDS
+from headscope.probe.families import family_for
 from headscope.probe.types import AttentionMap
 
 # The corpus metrics the loop reference below defines; test_reference_covers_the_registry keeps it honest.
@@ -531,7 +532,7 @@ def test_run_heads_tiny(tiny):
         assert next_token["value"].isna().all() and (next_token["n"] == 0).all()
         assert induction["value"].between(0, 1).all() and s.n_sequences == 3
         prefix = s.meta["induction"]["prefix"]
-        adds_bos = tiny.name in ("tiny-gemma3", "tiny-gemma2")  # their tiny sentencepiece tokenizer prepends <bos>
+        adds_bos = family_for(tiny.config).tokenizer == "sentencepiece"  # tiny.py's template: "<bos> $A"
         assert prefix == ([tiny.tokenizer.bos_token_id] if adds_bos else [])
     else:
         assert next_token["value"].notna().all()

@@ -191,8 +191,8 @@ def test_unsupported_architecture_and_features():
         family_for(T5Config())
     with pytest.raises(UnsupportedFeature, match="softcapping"):
         family_for(Gemma3TextConfig(attn_logit_softcapping=50.0))
-    with pytest.raises(UnsupportedFeature, match="rope_type='yarn'"):
-        family_for(LlamaConfig(rope_parameters={"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0}))
+    with pytest.raises(UnsupportedFeature, match="rope_type='proportional'"):
+        family_for(LlamaConfig(rope_parameters={"rope_type": "proportional", "rope_theta": 1e4}))
 
 
 def test_llama3_rope_scaling_verifies():

@@ -52,7 +52,7 @@ class Family:
     attention: Callable[[torch.nn.Module, int], torch.nn.Module]  # (base_model, i) -> module whose first input is x
     out_proj: Callable[[torch.nn.Module, int], torch.nn.Module]  # (base_model, i) -> W_O; its input is the heads' concat
     refuses: tuple[Refusal, ...]  # checked in order; the first that applies is raised
-    tiny_config: Callable[[int], Any]  # vocab size -> config of the tiny random test model
+    tiny_config: Callable[[int, str], Any]  # (vocab size, model type) -> config of that type's tiny random test model
     tokenizer: TokenizerKind  # the tiny tokenizer kind the tiny model is built with
     auto_class: AutoClass  # the transformers Auto class that builds the tiny model
     position_embedding: Callable[[torch.nn.Module], torch.nn.Module] | None = None  # absolute positions, if any

@@ -32,11 +32,11 @@ def _used_as_decoder(cfg) -> str | None:
     return None
 
 
-def _tiny_config(vocab: int):
-    from transformers import BertConfig
+def _tiny_config(vocab: int, model_type: str):
+    from transformers import AutoConfig
 
-    return BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                      intermediate_size=64, max_position_embeddings=128)
+    return AutoConfig.for_model(model_type, vocab_size=vocab, hidden_size=32, num_hidden_layers=2,
+                                num_attention_heads=4, intermediate_size=64, max_position_embeddings=128)
 
 
 FAMILY = Family(

@@ -44,7 +44,7 @@ def _spec(base, i: int, cfg) -> LayerSpec:
                      scale=attn.inv_norm_factor, causal=True, score_bias=key_position_bias(alibi_slopes(nh)))
 
 
-def _tiny_config(vocab: int):
+def _tiny_config(vocab: int, model_type: str):
     from transformers import BloomConfig
 
     # Six heads: four from the power of two below, two from the next one, so both slope rules are exercised.

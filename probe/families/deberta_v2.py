@@ -97,7 +97,7 @@ def _unknown_position_terms(cfg) -> str | None:
     return None
 
 
-def _tiny_config(vocab: int):
+def _tiny_config(vocab: int, model_type: str):
     from transformers import DebertaV2Config
 
     # DeBERTa v3's choices: shared key projections, layer-normed relative embeddings, no absolute positions

@@ -19,7 +19,7 @@ def _spec(base, i: int, cfg) -> LayerSpec:
                      scale=hs**-0.5, causal=False)
 
 
-def _tiny_config(vocab: int):
+def _tiny_config(vocab: int, model_type: str):
     from transformers import DistilBertConfig
 
     return DistilBertConfig(vocab_size=vocab, dim=32, n_layers=2, n_heads=4, hidden_dim=64, max_position_embeddings=128)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from ..rotary import inv_freq, unsupported_rope
+from ..rotary import rope, unsupported_rope
 from ..scratch import LayerSpec, alibi_slopes
 from . import Family, Refusal, linear_weights
 from .bloom import key_position_bias, split_per_head_qkv
@@ -64,16 +64,16 @@ def _spec(base, i: int, cfg) -> LayerSpec:
     wo, bo = linear_weights(attn.dense)
     nh, hs = attn.num_heads, attn.head_dim
     scale = attn.inv_norm_factor
-    positions = dict(score_bias=_alibi(nh, scale)) if cfg.alibi else dict(inv_freq=inv_freq(cfg, hs))
+    positions = dict(score_bias=_alibi(nh, scale)) if cfg.alibi else rope(cfg, hs, whole_head=True).spec_fields()
     return LayerSpec(wq, wk, wv, wo, bq, bk, bv, bo, n_heads=nh, n_kv_heads=nkv, head_dim=hs, scale=scale,
                      causal=True, **positions)
 
 
 def _rope(cfg) -> str | None:
-    return None if cfg.alibi else unsupported_rope(cfg)
+    return None if cfg.alibi else unsupported_rope(cfg, whole_head=True)
 
 
-def _tiny_config(vocab: int):
+def _tiny_config(vocab: int, model_type: str):
     from transformers import FalconConfig
 
     # The default layout (multi-query, rotary); six heads so that alibi=True exercises both slope rules.

@@ -6,7 +6,7 @@ score can exceed ±c (`attn_logit_softcapping`, 50 in the released models).
 
 from __future__ import annotations
 
-from ..rotary import ROPE_INV_FREQ, inv_freq, unsupported_rope
+from ..rotary import ROPE_INV_FREQ, rope, unsupported_rope
 from ..scratch import LayerSpec
 from . import Family, Refusal, linear_weights
 
@@ -19,7 +19,7 @@ def _spec(base, i: int, cfg) -> LayerSpec:
         wq, wk, wv, wo, bq, bk, bv, bo, n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads,
         head_dim=attn.head_dim, scale=cfg.query_pre_attn_scalar**-0.5, causal=True,
         sliding_window=cfg.sliding_window if cfg.layer_types[i] == "sliding_attention" else None,
-        inv_freq=inv_freq(cfg, attn.head_dim), softcap=cfg.attn_logit_softcapping,
+        **rope(cfg, attn.head_dim, whole_head=True).spec_fields(), softcap=cfg.attn_logit_softcapping,
     )
 
 
@@ -29,7 +29,7 @@ def _bidirectional(cfg) -> str | None:
     return None
 
 
-def _tiny_config(vocab: int):
+def _tiny_config(vocab: int, model_type: str):
     from transformers import Gemma2Config
 
     # A cap of 5 bends this model's scores (they reach about ±6), so a missing softcap shows.
@@ -49,7 +49,7 @@ FAMILY = Family(
     layer_spec=_spec,
     attention=lambda base, i: base.layers[i].self_attn,
     out_proj=lambda base, i: base.layers[i].self_attn.o_proj,
-    refuses=(Refusal("bidirectional attention", _bidirectional), Refusal("rope type", unsupported_rope)),
+    refuses=(Refusal("bidirectional attention", _bidirectional), Refusal("rope type", lambda cfg: unsupported_rope(cfg, whole_head=True))),
     tiny_config=_tiny_config,
     tokenizer="sentencepiece",
     auto_class="AutoModelForCausalLM",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from ..rotary import ROPE_INV_FREQ, inv_freq, unsupported_rope
+from ..rotary import ROPE_INV_FREQ, rope, unsupported_rope
 from ..scratch import LayerSpec
 from . import Family, Refusal, linear_weights
+from .llama import cached_length
 
 
 def _spec(base, i: int, cfg) -> LayerSpec:
@@ -17,7 +18,8 @@ def _spec(base, i: int, cfg) -> LayerSpec:
         wq, wk, wv, wo, bq, bk, bv, bo, n_heads=cfg.num_attention_heads, n_kv_heads=cfg.num_key_value_heads,
         head_dim=hs, scale=cfg.query_pre_attn_scalar**-0.5, causal=True,
         sliding_window=cfg.sliding_window if layer_type == "sliding_attention" else None,
-        inv_freq=inv_freq(cfg, hs, layer_type),
+        **rope(cfg, hs, layer_type, whole_head=True,
+               longest_seen=cached_length(base.rotary_emb, layer_type)).spec_fields(),
         q_norm=attn.q_norm.weight.detach(), k_norm=attn.k_norm.weight.detach(), norm_eps=attn.q_norm.eps,
     )
 
@@ -35,16 +37,16 @@ def _bidirectional(cfg) -> str | None:
 
 
 def _rope_per_layer_type(cfg) -> str | None:
-    return unsupported_rope(cfg, set(cfg.layer_types))
+    return unsupported_rope(cfg, set(cfg.layer_types), whole_head=True)
 
 
-def _tiny_config(vocab: int):
-    from transformers import Gemma3TextConfig
+def _tiny_config(vocab: int, model_type: str):
+    from transformers import AutoConfig
 
-    return Gemma3TextConfig(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
-                            num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
-                            sliding_window=4, layer_types=["sliding_attention", "sliding_attention", "full_attention"],
-                            max_position_embeddings=128)
+    return AutoConfig.for_model(model_type, vocab_size=vocab, hidden_size=32, intermediate_size=64,
+                                num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                                query_pre_attn_scalar=8, sliding_window=4, max_position_embeddings=128,
+                                layer_types=["sliding_attention", "sliding_attention", "full_attention"])
 
 
 FAMILY = Family(

@@ -27,10 +27,11 @@ def _cross_attention(cfg) -> str | None:
     return None
 
 
-def _tiny_config(vocab: int):
-    from transformers import GPT2Config
+def _tiny_config(vocab: int, model_type: str):
+    from transformers import AutoConfig
 
-    return GPT2Config(vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=128, bos_token_id=0, eos_token_id=0)
+    return AutoConfig.for_model(model_type, vocab_size=vocab, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+                                bos_token_id=0, eos_token_id=0)
 
 
 FAMILY = Family(

@@ -8,7 +8,7 @@ holds all of q's rows, then k's, then v's.
 
 from __future__ import annotations
 
-from ..rotary import ROPE_INV_FREQ, inv_freq, unsupported_rope
+from ..rotary import ROPE_INV_FREQ, rope, unsupported_rope
 from ..scratch import LayerSpec
 from . import Family, Refusal, linear_weights
 
@@ -24,14 +24,14 @@ def _spec(base, i: int, cfg) -> LayerSpec:
     return LayerSpec(wq, wk, wv, wo, bq, bk, bv, bo, n_heads=cfg.num_attention_heads,
                      n_kv_heads=cfg.num_attention_heads, head_dim=hs, scale=hs**-0.5, causal=False,
                      local_window=cfg.local_attention // 2 if layer_type == "sliding_attention" else None,
-                     inv_freq=inv_freq(cfg, hs, layer_type))
+                     **rope(cfg, hs, layer_type, whole_head=True).spec_fields())
 
 
 def _rope_per_layer_type(cfg) -> str | None:
-    return unsupported_rope(cfg, set(cfg.layer_types))
+    return unsupported_rope(cfg, set(cfg.layer_types), whole_head=True)
 
 
-def _tiny_config(vocab: int):
+def _tiny_config(vocab: int, model_type: str):
     from transformers import ModernBertConfig
 
     # A band of ±2 tokens on layers 1 and 2, so the local layers see far less than the global one.

@@ -19,7 +19,7 @@ def _spec(base, i: int, cfg) -> LayerSpec:
                      head_dim=attn.head_dim, scale=attn.scaling, causal=True)
 
 
-def _tiny_config(vocab: int):
+def _tiny_config(vocab: int, model_type: str):
     from transformers import OPTConfig
 
     return OPTConfig(vocab_size=vocab, hidden_size=32, word_embed_proj_dim=32, ffn_dim=64, num_hidden_layers=2,

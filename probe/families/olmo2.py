@@ -1,0 +1,38 @@
+"""OLMo 2: the Llama layout plus an RMS norm of the whole query and key projections (all heads at once,
+plain weight), before the split into heads and rotary."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..rotary import ROPE_INV_FREQ, unsupported_rope
+from ..scratch import LayerSpec
+from . import Family, Refusal
+from .llama import llama_spec, tiny_llama_config
+
+
+def _spec(base, i: int, cfg) -> LayerSpec:
+    attn = base.layers[i].self_attn
+    return dataclasses.replace(llama_spec(base, i, cfg), q_norm=attn.q_norm.weight.detach(),  # (nh*hs,)
+                               k_norm=attn.k_norm.weight.detach(), norm_eps=attn.q_norm.variance_epsilon,  # (nkv*hs,)
+                               norm_offset=0.0, norm_scope="projection")
+
+
+def _tiny_config(vocab: int, model_type: str):
+    return tiny_llama_config(vocab, model_type, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+
+
+FAMILY = Family(
+    name="olmo2",
+    model_types=("olmo2",),
+    kind="decoder",
+    features=("QK norm over the whole projection (plain weight)", f"rotary: {', '.join(ROPE_INV_FREQ)}",
+              "grouped-query KV heads"),
+    layer_spec=_spec,
+    attention=lambda base, i: base.layers[i].self_attn,
+    out_proj=lambda base, i: base.layers[i].self_attn.o_proj,
+    refuses=(Refusal("rope type", lambda cfg: unsupported_rope(cfg, whole_head=True)),),
+    tiny_config=_tiny_config,
+    tokenizer="bytebpe",
+    auto_class="AutoModelForCausalLM",
+)
