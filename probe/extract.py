@@ -111,6 +111,13 @@ def base_model(lm: LoadedModel) -> torch.nn.Module:
     return getattr(m, getattr(m, "base_model_prefix", ""), m)
 
 
+def self_attention_model(lm: LoadedModel) -> torch.nn.Module:
+    """What a forward pass on one text runs: the base model, or an encoder–decoder's encoder alone
+    (its self-attention over the text is the one-stack view of the model: extract without a target)."""
+    base = base_model(lm)
+    return base.get_encoder() if is_seq2seq(lm) else base
+
+
 def pad_batch(items: Sequence[Encoded], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """Right-padded `input_ids` and `attention_mask`, both (B, T)."""
     t_max = max(len(e.ids) for e in items)
@@ -135,7 +142,7 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
         caught = _forward_hooked(lm, ids, mask, wanted)
         if caught is not None:
             return caught
-    out = base_model(lm)(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False)
+    out = self_attention_model(lm)(input_ids=ids, attention_mask=mask, output_attentions=True, **_no_cache(lm))
     att = getattr(out, "attentions", None)
     if not att or any(a is None for a in att):
         raise RuntimeError(
@@ -143,6 +150,11 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
             f"(implementation {lm.config._attn_implementation!r}); this model class does not expose them."
         )
     return [att[layer] for layer in wanted]
+
+
+def _no_cache(lm: LoadedModel) -> dict:
+    """use_cache=False, for every model but an encoder run alone (T5's encoder refuses the flag)."""
+    return {} if is_seq2seq(lm) else {"use_cache": False}
 
 
 def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int]) -> list[torch.Tensor] | None:
@@ -156,12 +168,13 @@ def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int]) -> list[torch
 
     def grab(layer):
         def hook(module, args, out):
-            caught[layer] = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+            # the weights come last: (output, weights), or (output, position_bias, weights) in T5
+            caught[layer] = out[-1] if isinstance(out, tuple) and len(out) > 1 else None
         return hook
 
     handles = [family.attention(base, layer).register_forward_hook(grab(layer)) for layer in wanted]
     try:
-        base(input_ids=ids, attention_mask=mask, output_attentions=False, use_cache=False)
+        self_attention_model(lm)(input_ids=ids, attention_mask=mask, output_attentions=False, **_no_cache(lm))
     finally:
         for h in handles:
             h.remove()
@@ -190,13 +203,14 @@ def iter_extract(
     (e.g. torch.float16) halves what is kept. Both shrink the O(T²) attention per head.
 
     An encoder–decoder model takes `texts` as its sources and `target` (one text per source) as
-    the decoder's texts, and yields one `Seq2SeqAttention` per pair instead.
+    the decoder's texts, and yields one `Seq2SeqAttention` per pair instead; without a target it
+    runs the encoder alone and yields the encoder's self-attention over each text.
     """
     if batch_size < 1:
         raise ValueError("batch_size must be at least 1")
     if level not in ("token", "word"):
         raise ValueError(f"level must be 'token' or 'word', got {level!r}")
-    if is_seq2seq(lm):
+    if is_seq2seq(lm) and target is not None:
         if layers is not None or heads is not None:
             raise ValueError(f"{lm.name} is an encoder-decoder model; layers= and heads= select in one stack only, "
                              "so extract all and index the maps")
@@ -267,9 +281,6 @@ def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, 
 
 
 def _iter_seq2seq(lm, sources, targets, *, batch_size, level, store_dtype, truncate, segmenter):
-    if targets is None:
-        raise ValueError(f"{lm.name} is an encoder-decoder model: pass target= (the decoder's text, one per source "
-                         "text) as well as the source texts")
     sources, targets = check_texts(sources), check_texts(targets)
     if len(sources) != len(targets):
         raise ValueError(f"{len(sources)} source texts but {len(targets)} targets; give one target per source")

@@ -57,6 +57,10 @@ class LoadedModel:
 
     @property
     def is_causal(self) -> bool:
+        """Whether the attention of one text is causal. An encoder–decoder's is its encoder's (bidirectional):
+        its decoder attends causally only over a target, next to a source (`extract(..., target=...)`)."""
+        if getattr(self.config, "is_encoder_decoder", False):
+            return False
         return bool(getattr(self.model.config, "is_decoder", False)) or not encoder_only(self.config)
 
     @property

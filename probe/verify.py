@@ -22,7 +22,8 @@ from typing import Sequence
 
 import torch
 
-from .extract import Encoded, base_model, check_texts, encode_many, encode_targets, pad_batch, seq2seq_inputs
+from .extract import (Encoded, _no_cache, base_model, check_texts, encode_many, encode_targets, pad_batch,
+                      self_attention_model, seq2seq_inputs)
 from .families import Family, Stack, family_for
 from .loading import LoadedModel
 from .scratch import LayerSpec, attention_from_scratch
@@ -196,7 +197,7 @@ def capture(lm: LoadedModel, items: Sequence[Encoded], family: Family) -> Captur
     ids, mask = pad_batch(items, lm.device)
     try:
         t0 = time.perf_counter()
-        out = base(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False)
+        out = self_attention_model(lm)(input_ids=ids, attention_mask=mask, output_attentions=True, **_no_cache(lm))
         seconds = time.perf_counter() - t0
     finally:
         for h in handles:

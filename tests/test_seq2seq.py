@@ -189,9 +189,18 @@ def test_cross_map_checks_its_shape():
         CrossAttentionMap(queries=u, keys=u, attention=torch.ones(1, 1, 2, 1))
 
 
-def test_extract_needs_a_target_and_only_for_seq2seq():
-    with pytest.raises(ValueError, match="encoder-decoder model: pass target="):
-        extract(tiny_model("bart"), SOURCES)
+def test_without_a_target_the_encoder_runs_alone(tiny_seq2seq):
+    pairs = extract(tiny_seq2seq, SOURCES, target=TARGETS)
+    alone = extract(tiny_seq2seq, SOURCES, batch_size=2)
+    assert not tiny_seq2seq.is_causal
+    for p, m in zip(pairs, alone):
+        assert m.labels == p.encoder.labels and not m.causal
+        torch.testing.assert_close(m.attention, p.encoder.attention, atol=1e-6, rtol=0)
+    [one] = extract(tiny_seq2seq, SOURCES[0], layers=[1], heads=[2])  # the hooked path: one layer's modules
+    torch.testing.assert_close(one.attention[0, 0], pairs[0].encoder.attention[1, 2], atol=1e-6, rtol=0)
+
+
+def test_extract_target_errors():
     with pytest.raises(ValueError, match="give one target per source"):
         extract(tiny_model("bart"), SOURCES, target=TARGETS[:2])
     with pytest.raises(ValueError, match="target= is for encoder-decoder models"):
