@@ -111,11 +111,13 @@ def base_model(lm: LoadedModel) -> torch.nn.Module:
     return getattr(m, getattr(m, "base_model_prefix", ""), m)
 
 
-def self_attention_model(lm: LoadedModel) -> torch.nn.Module:
-    """What a forward pass on one text runs: the base model, or an encoder–decoder's encoder alone
-    (its self-attention over the text is the one-stack view of the model: extract without a target)."""
+def forward_one_stream(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, *, output_attentions: bool):
+    """One forward pass over a batch of single texts: the base model, or an encoder–decoder's encoder
+    alone (its self-attention over the text is the model's one-text view: extract without a target)."""
     base = base_model(lm)
-    return base.get_encoder() if is_seq2seq(lm) else base
+    if is_seq2seq(lm):  # the encoder stack takes no use_cache (T5's refuses it)
+        return base.get_encoder()(input_ids=ids, attention_mask=mask, output_attentions=output_attentions)
+    return base(input_ids=ids, attention_mask=mask, output_attentions=output_attentions, use_cache=False)
 
 
 def pad_batch(items: Sequence[Encoded], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,7 +144,7 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
         caught = _forward_hooked(lm, ids, mask, wanted)
         if caught is not None:
             return caught
-    out = self_attention_model(lm)(input_ids=ids, attention_mask=mask, output_attentions=True, **_no_cache(lm))
+    out = forward_one_stream(lm, ids, mask, output_attentions=True)
     att = getattr(out, "attentions", None)
     if not att or any(a is None for a in att):
         raise RuntimeError(
@@ -150,11 +152,6 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
             f"(implementation {lm.config._attn_implementation!r}); this model class does not expose them."
         )
     return [att[layer] for layer in wanted]
-
-
-def _no_cache(lm: LoadedModel) -> dict:
-    """use_cache=False, for every model but an encoder run alone (T5's encoder refuses the flag)."""
-    return {} if is_seq2seq(lm) else {"use_cache": False}
 
 
 def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int]) -> list[torch.Tensor] | None:
@@ -174,7 +171,7 @@ def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int]) -> list[torch
 
     handles = [family.attention(base, layer).register_forward_hook(grab(layer)) for layer in wanted]
     try:
-        self_attention_model(lm)(input_ids=ids, attention_mask=mask, output_attentions=False, **_no_cache(lm))
+        forward_one_stream(lm, ids, mask, output_attentions=False)
     finally:
         for h in handles:
             h.remove()

@@ -22,8 +22,8 @@ from typing import Sequence
 
 import torch
 
-from .extract import (Encoded, _no_cache, base_model, check_texts, encode_many, encode_targets, pad_batch,
-                      self_attention_model, seq2seq_inputs)
+from .extract import (Encoded, base_model, check_texts, encode_many, encode_targets, forward_one_stream, pad_batch,
+                      seq2seq_inputs)
 from .families import Family, Stack, family_for
 from .loading import LoadedModel
 from .scratch import LayerSpec, attention_from_scratch
@@ -197,7 +197,7 @@ def capture(lm: LoadedModel, items: Sequence[Encoded], family: Family) -> Captur
     ids, mask = pad_batch(items, lm.device)
     try:
         t0 = time.perf_counter()
-        out = self_attention_model(lm)(input_ids=ids, attention_mask=mask, output_attentions=True, **_no_cache(lm))
+        out = forward_one_stream(lm, ids, mask, output_attentions=True)
         seconds = time.perf_counter() - t0
     finally:
         for h in handles:
