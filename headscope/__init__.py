@@ -41,6 +41,8 @@ from .api import (  # noqa: E402
 _LAZY = {
     "LoadedModel": "headscope.probe.loading",
     "AttentionMap": "headscope.probe.types",
+    "CrossAttentionMap": "headscope.probe.types",
+    "Seq2SeqAttention": "headscope.probe.types",
     "Verification": "headscope.probe.verify",
     "Explanation": "headscope.probe.explain",
     "HeadScores": "headscope.analyses.heads",

@@ -65,7 +65,8 @@ def load(name: str = "minilm", *, device: str = "cpu", dtype: str = "float32", u
 def extract(lm, texts: str | Iterable[str], *, level: Level = "token", **options) -> list:
     """One `AttentionMap` per text, attention `[layer, head, query, key]` (see `probe.extract`).
 
-    `options`: batch_size, layers, heads, store_dtype, truncate, segmenter.
+    `options`: batch_size, layers, heads, store_dtype, truncate, segmenter, and for an encoder–decoder
+    model `target` (one decoder text per source text), which gives one `Seq2SeqAttention` per pair.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> [m] = extract(tiny_model("bert"), "The cat sat.", level="word")
@@ -128,7 +129,8 @@ def heads(
     `window` batches of attention are alive at once (sorted by length together: less padding).
     For decoders, repeated random token sequences (`induction_inputs`) give the duplicate-token
     and induction scores; `induction_sequences=0` skips them. `total` sizes the progress bar
-    (stderr); `source` names the corpus in `meta`.
+    (stderr); `source` names the corpus in `meta`. An encoder–decoder model's texts are sources:
+    its encoder's self-attention is scored (`meta["stack"] == "encoder"`), with no induction.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> s = heads(tiny_model("llama"), ["The cat sat.", "A dog ran!"], induction_sequences=2, induction_length=5)
@@ -137,6 +139,7 @@ def heads(
     """
     from headscope.analyses.heads import HeadScoreAccumulator
     from headscope.probe import extract_ids, iter_extract
+    from headscope.probe.extract import is_seq2seq
 
     acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special)
     maps = iter_extract(lm, texts, batch_size=batch_size, level=level, truncate=truncate, window=window)
@@ -147,6 +150,8 @@ def heads(
     for amap in maps:
         acc.update(amap)
     meta: dict = {"corpus": source, "batch_size": batch_size, "causal": lm.is_causal}
+    if is_seq2seq(lm):  # without targets, the texts are sources: the encoder's self-attention is scored
+        meta["stack"] = "encoder"
     if lm.is_causal and induction_sequences > 0:
         sequences, prefix = induction_inputs(lm, n_sequences=induction_sequences, length=induction_length, seed=seed)
         for start in range(0, len(sequences), batch_size):  # one batch of maps alive at a time

@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 
 from headscope.probe import AttentionMap, LoadedModel, extract
-from headscope.probe.extract import encode
+from headscope.probe.extract import encode, is_seq2seq
 
 __all__ = ["GenerationAttention", "generate_attention"]
 
@@ -66,6 +66,10 @@ class GenerationAttention:
 @torch.inference_mode()
 def generate_attention(lm: LoadedModel, prompt: str, *, max_new_tokens: int = 20) -> GenerationAttention:
     """Greedy generation from `prompt` with the KV cache, keeping every new token's attention row."""
+    if is_seq2seq(lm):
+        raise ValueError(f"{lm.name} is an encoder-decoder model; generate follows a decoder-only model's one "
+                         "stream — pick a decoder such as smollm2, or extract(lm, source, target=...) for all three "
+                         "kinds of attention")
     if not lm.is_causal:
         raise ValueError(f"{lm.name} is an encoder (bidirectional attention) and does not generate text; "
                          "pick a decoder such as smollm2 or gemma3-270m")

@@ -3,16 +3,19 @@
 from .extract import extract, extract_ids, iter_extract
 from .loading import LoadedModel, cache_dir, load_model
 from .registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotAvailable, model_table
-from .types import AttentionMap, Level
+from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units
 from .words import to_word_level, word_spans
 
 __all__ = [
     "AttentionMap",
+    "CrossAttentionMap",
     "DEFAULT_MODEL",
     "KNOWN_MODELS",
     "Level",
     "LoadedModel",
     "ModelNotAvailable",
+    "Seq2SeqAttention",
+    "Units",
     "cache_dir",
     "extract",
     "extract_ids",

@@ -15,12 +15,12 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from .families import UnsupportedArchitecture, UnsupportedFeature, family_for
+from .families import SUPPORTED_TYPES, UnsupportedArchitecture, UnsupportedFeature, family_for
 from .loading import LoadedModel
-from .types import AttentionMap, Level
+from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units
 from .words import Segmenter, assign_words, to_word_level
 
-__all__ = ["Encoded", "encode", "encode_many", "extract", "extract_ids", "iter_extract", "forward_batch", "base_model", "check_texts"]
+__all__ = ["Encoded", "encode", "encode_many", "encode_targets", "seq2seq_inputs", "extract", "extract_ids", "iter_extract", "forward_batch", "base_model", "check_texts"]
 
 
 @dataclass(frozen=True)
@@ -100,10 +100,43 @@ def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False
     return out
 
 
+def encode_targets(lm: LoadedModel, targets: Sequence[str], *, truncate: bool = False) -> list[Encoded]:
+    """The decoder's inputs for target texts, as in training (teacher forcing): the model's decoder
+    start token, a special unit of its own, then the target's tokens."""
+    start = lm.config.decoder_start_token_id
+    if start is None:
+        raise ValueError(f"{lm.name}: the config names no decoder_start_token_id, so the decoder's input is unknown")
+    return [Encoded(text=e.text, ids=(int(start),) + e.ids, spans=((0, 0),) + e.spans, special=(True,) + e.special)
+            for e in encode_many(lm, targets, truncate=truncate)]
+
+
+def seq2seq_inputs(sources: Sequence[Encoded], targets: Sequence[Encoded], device: torch.device) -> dict:
+    """Keyword arguments of one encoder–decoder forward pass: both sides right-padded, attention asked for."""
+    ids, mask = pad_batch(sources, device)
+    decoder_ids, decoder_mask = pad_batch(targets, device)
+    return dict(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids, decoder_attention_mask=decoder_mask,
+                output_attentions=True, use_cache=False)
+
+
+def is_seq2seq(lm: LoadedModel) -> bool:
+    """True for a model of an encoder–decoder family (extract takes a target text)."""
+    family = SUPPORTED_TYPES.get(lm.model_type)
+    return family is not None and family.kind == "encoder-decoder"
+
+
 def base_model(lm: LoadedModel) -> torch.nn.Module:
     """The transformer without its task head (LlamaForCausalLM -> LlamaModel)."""
     m = lm.model
     return getattr(m, getattr(m, "base_model_prefix", ""), m)
+
+
+def forward_one_stream(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, *, output_attentions: bool):
+    """One forward pass over a batch of single texts: the base model, or an encoder–decoder's encoder
+    alone (its self-attention over the text is the model's one-text view: extract without a target)."""
+    base = base_model(lm)
+    if is_seq2seq(lm):  # the encoder stack takes no use_cache (T5's refuses it)
+        return base.get_encoder()(input_ids=ids, attention_mask=mask, output_attentions=output_attentions)
+    return base(input_ids=ids, attention_mask=mask, output_attentions=output_attentions, use_cache=False)
 
 
 def pad_batch(items: Sequence[Encoded], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -130,7 +163,7 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
         caught = _forward_hooked(lm, ids, mask, wanted)
         if caught is not None:
             return caught
-    out = base_model(lm)(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False)
+    out = forward_one_stream(lm, ids, mask, output_attentions=True)
     att = getattr(out, "attentions", None)
     if not att or any(a is None for a in att):
         raise RuntimeError(
@@ -151,12 +184,13 @@ def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int]) -> list[torch
 
     def grab(layer):
         def hook(module, args, out):
-            caught[layer] = out[1] if isinstance(out, tuple) and len(out) > 1 else None
+            # the weights come last: (output, weights), or (output, position_bias, weights) in T5
+            caught[layer] = out[-1] if isinstance(out, tuple) and len(out) > 1 else None
         return hook
 
     handles = [family.attention(base, layer).register_forward_hook(grab(layer)) for layer in wanted]
     try:
-        base(input_ids=ids, attention_mask=mask, output_attentions=False, use_cache=False)
+        forward_one_stream(lm, ids, mask, output_attentions=False)
     finally:
         for h in handles:
             h.remove()
@@ -177,17 +211,31 @@ def iter_extract(
     truncate: bool = False,
     segmenter: Segmenter | None = None,
     window: int = 16,
+    target: str | Iterable[str] | None = None,
 ) -> Iterator[AttentionMap]:
     """Yield one `AttentionMap` per text, in input order, holding only one window of batches at a time.
 
     `layers`/`heads` keep only those rows/columns of `[layer, head, query, key]`; `store_dtype`
     (e.g. torch.float16) halves what is kept. Both shrink the O(T²) attention per head.
+
+    An encoder–decoder model takes `texts` as its sources and `target` (one text per source) as
+    the decoder's texts, and yields one `Seq2SeqAttention` per pair instead; without a target it
+    runs the encoder alone and yields the encoder's self-attention over each text.
     """
     _check_count(batch_size, "batch_size")
     _check_count(window, "window")
     if level not in ("token", "word"):
         raise ValueError(f"level must be 'token' or 'word', got {level!r}")
     _check_store_dtype(store_dtype)
+    if target is not None:
+        if not is_seq2seq(lm):
+            raise ValueError(f"target= is for encoder-decoder models; {lm.name} ({lm.model_type}) has no decoder "
+                             "reading a source")
+        if layers is not None or heads is not None:
+            raise ValueError(f"{lm.name} is an encoder-decoder model; layers= and heads= select in one stack only, "
+                             "so extract all and index the maps")
+        return _iter_seq2seq(lm, _text_source(texts), target, batch_size=batch_size, level=level,
+                             store_dtype=store_dtype, truncate=truncate, segmenter=segmenter)
     layer_idx = _select(layers, lm.config.num_hidden_layers, "layer")
     head_idx = _select(heads, lm.config.num_attention_heads, "head")
     texts = _text_source(texts)
@@ -211,6 +259,9 @@ def _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dt
 
 def extract(lm: LoadedModel, texts: str | Iterable[str], **kwargs) -> list[AttentionMap]:
     """Attention of each text as a list of `AttentionMap` (`[layer, head, query, key]`, no padding).
+
+    For an encoder–decoder model, `extract(lm, source, target=...)` gives one `Seq2SeqAttention` per
+    (source, target) pair: encoder self, decoder self and cross attention, each with its own units.
 
     >>> from headscope.probe import load_model, extract                       # doctest: +SKIP
     >>> [m] = extract(load_model("minilm"), "The animal didn't cross the street")  # doctest: +SKIP
@@ -282,6 +333,46 @@ def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, 
         yield results.pop(i)
 
 
+def _iter_seq2seq(lm, sources, targets, *, batch_size, level, store_dtype, truncate, segmenter):
+    sources, targets = check_texts(sources), check_texts(targets)
+    if len(sources) != len(targets):
+        raise ValueError(f"{len(sources)} source texts but {len(targets)} targets; give one target per source")
+    src, tgt = encode_many(lm, sources, truncate=truncate), encode_targets(lm, targets, truncate=truncate)
+    for start in range(0, len(src), batch_size):
+        s_items, t_items = src[start : start + batch_size], tgt[start : start + batch_size]
+        att = forward_seq2seq(lm, s_items, t_items)
+        for b, (s_enc, t_enc) in enumerate(zip(s_items, t_items)):
+            ns, nt = len(s_enc.ids), len(t_enc.ids)
+
+            def keep(kind, nq, nk):  # [layer, head, query, key] of item b, padding cut
+                return att[kind][b, :, :, :nq, :nk].to("cpu", store_dtype, copy=True)
+
+            encoder = _make_map(lm, s_enc, keep("encoder", ns, ns), segmenter, (), (), causal=False)
+            decoder = _make_map(lm, t_enc, keep("decoder", nt, nt), segmenter, (), (), causal=True)
+            cross = CrossAttentionMap(queries=Units.of(decoder), keys=Units.of(encoder),
+                                      attention=keep("cross", nt, ns), meta=dict(encoder.meta))
+            pair = Seq2SeqAttention(encoder=encoder, decoder=decoder, cross=cross)
+            yield to_word_level(pair) if level == "word" else pair
+        del att
+
+
+_SEQ2SEQ_ATTENTIONS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
+
+
+@torch.inference_mode()
+def forward_seq2seq(lm: LoadedModel, sources: Sequence[Encoded], targets: Sequence[Encoded]) -> dict[str, torch.Tensor]:
+    """Encoder self, decoder self and cross attention of one batch: "encoder" (B, L, nh, S, S),
+    "decoder" (B, L, nh, T, T), "cross" (B, L, nh, T, S)."""
+    out = base_model(lm)(**seq2seq_inputs(sources, targets, lm.device))
+    found = {}
+    for kind, name in _SEQ2SEQ_ATTENTIONS.items():
+        att = getattr(out, name, None)
+        if not att or any(a is None for a in att):
+            raise RuntimeError(f"{lm.name} returned no {kind} attention weights although it runs eager attention")
+        found[kind] = torch.stack(att, dim=1)
+    return found
+
+
 def token_labels(lm: LoadedModel, enc: Encoded) -> tuple[str, ...]:
     """Display string per token: its text in the input, or the raw piece for specials and byte pieces."""
     return tokenizer_labels(lm.tokenizer, enc)
@@ -294,7 +385,7 @@ def tokenizer_labels(tokenizer, enc: Encoded) -> tuple[str, ...]:
                  for r, (a, b), sp in zip(raw, enc.spans, enc.special))
 
 
-def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads) -> AttentionMap:
+def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads, *, causal: bool | None = None) -> AttentionMap:
     unit_of_token, unit_spans, _ = assign_words(enc.text, enc.spans, enc.special, segmenter)
     labels = token_labels(lm, enc)
     return AttentionMap(
@@ -304,7 +395,7 @@ def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads) -> Attentio
         spans=enc.spans,
         special=enc.special,
         attention=attention,
-        causal=lm.is_causal,
+        causal=lm.is_causal if causal is None else causal,
         word_index=tuple(unit_of_token),
         word_spans=tuple(unit_spans),
         token_ids=enc.ids,

@@ -66,6 +66,10 @@ class LoadedModel:
 
     @property
     def is_causal(self) -> bool:
+        """Whether the attention of one text is causal. An encoder–decoder's is its encoder's (bidirectional):
+        its decoder attends causally only over a target, next to a source (`extract(..., target=...)`)."""
+        if getattr(self.config, "is_encoder_decoder", False):
+            return False
         return bool(getattr(self.model.config, "is_decoder", False)) or not encoder_only(self.config)
 
     @property
@@ -303,7 +307,7 @@ def _hub_unreachable() -> str | None:
 
 def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: str, name: str, *,
                  revision: str | None = None):
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     kwargs: dict = {"attn_implementation": "eager", "dtype": dtype}
@@ -327,7 +331,9 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: s
                     raise ModelNotAvailable(not_available_message(name, why)) from None
         config = AutoConfig.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}), **at)
         causal = any(a.endswith("ForCausalLM") for a in (config.architectures or [])) or not encoder_only(config)
-        cls = AutoModelForCausalLM if causal else AutoModel
+        # An encoder–decoder (T5, BART, Marian) is built whole: its decoder reads the encoder's output.
+        cls = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else (
+            AutoModelForCausalLM if causal else AutoModel)
         tok = AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}), **at)
         model = cls.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:

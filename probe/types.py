@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["AttentionMap", "Level", "head_name", "parse_head", "json_safe"]
+__all__ = ["AttentionMap", "Units", "CrossAttentionMap", "Seq2SeqAttention", "Level", "head_name", "parse_head",
+           "json_safe"]
 
 Level = Literal["token", "word"]
 
@@ -162,6 +163,87 @@ def _position(ids: tuple[int, ...], wanted: int, what: str) -> int:
         return list(ids).index(wanted)
     except ValueError:
         raise ValueError(f"{what} {wanted} is not in this map; it holds {what}s {list(ids)}") from None
+
+
+@dataclass(frozen=True)
+class Units:
+    """The units (tokens or words) of one side of a cross-attention map, as an `AttentionMap` holds its own."""
+
+    text: str
+    level: Level
+    labels: tuple[str, ...]
+    spans: tuple[tuple[int, int], ...]
+    special: tuple[bool, ...]
+    word_index: tuple[int, ...] = ()
+    word_spans: tuple[tuple[int, int], ...] = ()
+    token_ids: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, amap: AttentionMap) -> "Units":
+        """The units of a self-attention map (the source's from the encoder's, the target's from the decoder's)."""
+        return cls(amap.text, amap.level, amap.labels, amap.spans, amap.special, amap.word_index, amap.word_spans,
+                   amap.token_ids)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+
+@dataclass(frozen=True, eq=False)
+class CrossAttentionMap:
+    """Cross-attention of one (source, target) pair: `attention[layer, head, query, key]`, padding removed,
+    queries the target's units (the decoder's input) and keys the source's (the encoder's input).
+
+    >>> src = Units("a b", "word", ("a", "b"), ((0, 1), (2, 3)), (False, False))
+    >>> tgt = Units("x", "word", ("x",), ((0, 1),), (False,))
+    >>> CrossAttentionMap(queries=tgt, keys=src, attention=torch.full((1, 2, 1, 2), 0.5)).n_heads
+    2
+    """
+
+    queries: Units  # the target side
+    keys: Units  # the source side
+    attention: torch.Tensor  # [layer, head, query, key]
+    layers: tuple[int, ...] = ()
+    heads: tuple[int, ...] = ()
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.attention.dim() != 4:
+            raise ValueError(f"attention must be [layer, head, query, key], got shape {tuple(self.attention.shape)}")
+        if tuple(self.attention.shape[-2:]) != (len(self.queries), len(self.keys)):
+            raise ValueError(f"attention is {tuple(self.attention.shape)} but there are {len(self.queries)} query "
+                             f"and {len(self.keys)} key units")
+        if self.queries.level != self.keys.level:
+            raise ValueError("queries and keys must be units of the same level")
+
+    @property
+    def level(self) -> Level:
+        return self.queries.level
+
+    @property
+    def causal(self) -> bool:
+        return False  # every target position sees the whole source
+
+    @property
+    def n_layers(self) -> int:
+        return self.attention.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.attention.shape[1]
+
+
+@dataclass(frozen=True, eq=False)
+class Seq2SeqAttention:
+    """All attention of an encoder–decoder model on one (source, target) pair: the encoder's self-attention
+    over the source, the decoder's causal self-attention over the target, and the cross-attention."""
+
+    encoder: AttentionMap
+    decoder: AttentionMap
+    cross: CrossAttentionMap
+
+    @property
+    def level(self) -> Level:
+        return self.encoder.level
 
 
 def _norm(s: str) -> str:

@@ -7,6 +7,11 @@ layer and cannot compound. Only real positions are compared: padded queries and 
 
 Errors reported per layer: max |Δ| of the probabilities, and of the block output after W_O;
 relative errors are normwise (max |Δ| / max |reference|).
+
+An encoder–decoder model is run on (source, target) pairs and each of its three kinds of attention
+is checked layer by layer: the encoder's self-attention on the source, the decoder's causal
+self-attention on the target, and the cross-attention, recomputed with the encoder's final output
+as keys and values. Each row of the table names its kind.
 """
 
 from __future__ import annotations
@@ -17,10 +22,11 @@ from typing import Sequence
 
 import torch
 
-from .extract import Encoded, base_model, check_texts, encode_many, pad_batch
-from .families import Family, family_for
+from .extract import (Encoded, base_model, check_texts, encode_many, encode_targets, forward_one_stream, pad_batch,
+                      seq2seq_inputs)
+from .families import Family, Stack, family_for
 from .loading import LoadedModel
-from .scratch import attention_from_scratch
+from .scratch import LayerSpec, attention_from_scratch
 
 __all__ = ["LayerCheck", "Verification", "Captured", "capture", "verify", "DEFAULT_TEXTS", "tolerances"]
 
@@ -48,6 +54,14 @@ class LayerCheck:
     max_abs_err_output: float  # attention block output after W_O
     max_rel_err_output: float
     passed: bool
+    kind: str | None = None  # encoder-decoder models: "encoder", "decoder" or "cross"; None for one stack
+
+    def row(self) -> dict:
+        """The table row; the kind only where there is one (single-stack rows are unchanged)."""
+        row = asdict(self)
+        if self.kind is None:
+            del row["kind"]
+        return row
 
 
 @dataclass(frozen=True)
@@ -97,9 +111,15 @@ class Verification:
         """
         verdict = "verified" if self.passed else "NOT verified"
         return (
-            f"attention {verdict}: max |Δ| = {self.max_abs_err:.1e} over {len(self.layers)} layers × {self.n_heads} heads"
+            f"attention {verdict}: max |Δ| = {self.max_abs_err:.1e} over {self._layer_count()} layers × {self.n_heads} heads"
             f" (tolerance {self.tolerance:g}, {self.dtype})"
         )
+
+    def _layer_count(self) -> str:
+        kinds = [c.kind for c in self.layers]
+        if None in kinds:
+            return str(len(self.layers))
+        return " + ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))  # e.g. "2 encoder + 2 decoder + 2 cross"
 
     def to_dict(self) -> dict:
         return {
@@ -120,13 +140,13 @@ class Verification:
             "seconds_recompute": self.seconds_recompute,
             "overhead": self.overhead,
             "summary": self.summary(),
-            "layers": [asdict(c) for c in self.layers],
+            "layers": [c.row() for c in self.layers],
         }
 
     def to_frame(self):
         import pandas as pd
 
-        return pd.DataFrame([asdict(c) for c in self.layers])
+        return pd.DataFrame([c.row() for c in self.layers])
 
     def _repr_html_(self) -> str:
         from html import escape
@@ -141,8 +161,9 @@ class Captured:
     inputs: tuple[torch.Tensor, ...]  # per layer (B, T, D)
     probs: tuple[torch.Tensor, ...]  # per layer (B, nh, T, T)
     outputs: tuple[torch.Tensor, ...]  # per layer (B, T, D)
-    key_valid: torch.Tensor  # (B, T)
+    key_valid: torch.Tensor  # (B, T), or (B, S) for cross-attention
     seconds: float
+    memory: torch.Tensor | None = None  # cross-attention: the encoder's output (B, S, D), the keys' and values' source
 
 
 @torch.inference_mode()
@@ -170,7 +191,7 @@ def capture(lm: LoadedModel, items: Sequence[Encoded], family: Family) -> Captur
     ids, mask = pad_batch(items, lm.device)
     try:
         t0 = time.perf_counter()
-        out = base(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False)
+        out = forward_one_stream(lm, ids, mask, output_attentions=True)
         seconds = time.perf_counter() - t0
     finally:
         for h in handles:
@@ -187,8 +208,12 @@ def verify(
     batch_size: int = 8,
     truncate: bool = False,
     family: Family | None = None,
+    target: str | Sequence[str] | None = None,
 ) -> Verification:
     """Recompute every layer of `lm` from scratch on `texts` and compare with the model.
+
+    An encoder–decoder model reads `texts` as sources and `target` as the decoder's texts (by
+    default the sources shifted by one, so the two sides pad differently).
 
     >>> from headscope.probe import load_model                                   # doctest: +SKIP
     >>> verify(load_model("minilm")).summary()                         # doctest: +SKIP
@@ -196,6 +221,10 @@ def verify(
     """
     family = family or family_for(lm.config)
     texts = check_texts(DEFAULT_TEXTS if texts is None else texts)
+    if family.kind == "encoder-decoder":
+        return _verify_seq2seq(lm, texts, target, family, batch_size=batch_size, truncate=truncate)
+    if target is not None:
+        raise ValueError(f"target= is for encoder-decoder models; {lm.name} is a {family.kind}")
     encoded = encode_many(lm, texts, truncate=truncate)
     n_layers = family.n_layers(lm.config)
     worst = [[0.0, 0.0, 0.0, 0.0] for _ in range(n_layers)]  # abs, rel, abs_out, rel_out
@@ -206,7 +235,8 @@ def verify(
         t_fwd += cap.seconds
         t0 = time.perf_counter()
         for i in range(n_layers):
-            errs = _compare_layer(family, lm, cap, i, [len(e.ids) for e in batch])
+            lengths = [len(e.ids) for e in batch]
+            errs = _compare_layer(family.layer_spec(base_model(lm), i, lm.config), cap, i, lengths, lengths)
             worst[i] = [max(a, b) for a, b in zip(worst[i], errs)]
         t_re += time.perf_counter() - t0
     tol_p, tol_o = tolerances(lm.dtype)
@@ -229,16 +259,103 @@ def verify(
 
 
 @torch.inference_mode()
-def _compare_layer(family: Family, lm: LoadedModel, cap: Captured, i: int, lengths: list[int]) -> list[float]:
-    spec = family.layer_spec(base_model(lm), i, lm.config)
+def _compare_layer(spec: LayerSpec, cap: Captured, i: int, q_lengths: list[int], k_lengths: list[int]) -> list[float]:
     x = cap.inputs[i]
-    ours = attention_from_scratch(x, spec, cap.key_valid.to(x.device))
+    ours = attention_from_scratch(x, spec, cap.key_valid.to(x.device), kv=cap.memory)
+    if ours.probs.shape != cap.probs[i].shape:  # keys from the wrong sequence: no number can be compared
+        return [float("inf")] * 4
     abs_p = abs_o = ref_p = ref_o = 0.0
-    for b, n in enumerate(lengths):
-        p_ref, p_new = cap.probs[i][b, :, :n, :n].float(), ours.probs[b, :, :n, :n].float()  # [head, query, key]
+    for b, (n, m) in enumerate(zip(q_lengths, k_lengths)):
+        p_ref, p_new = cap.probs[i][b, :, :n, :m].float(), ours.probs[b, :, :n, :m].float()  # [head, query, key]
         o_ref, o_new = cap.outputs[i][b, :n].float(), ours.output[b, :n].float()  # (T, D)
         abs_p = max(abs_p, (p_ref - p_new).abs().max().item())
         abs_o = max(abs_o, (o_ref - o_new).abs().max().item())
         ref_p = max(ref_p, p_ref.abs().max().item())
         ref_o = max(ref_o, o_ref.abs().max().item())
     return [abs_p, abs_p / max(ref_p, 1e-30), abs_o, abs_o / max(ref_o, 1e-30)]
+
+
+# --- encoder-decoder models ------------------------------------------------------------------
+
+
+def _verify_seq2seq(lm: LoadedModel, sources: list[str], targets, family: Family, *, batch_size: int,
+                    truncate: bool) -> Verification:
+    targets = sources[1:] + sources[:1] if targets is None else check_texts(targets)
+    if len(targets) != len(sources):
+        raise ValueError(f"{len(sources)} source texts but {len(targets)} targets; give one target per source")
+    src, tgt = encode_many(lm, sources, truncate=truncate), encode_targets(lm, targets, truncate=truncate)
+    worst = {s.kind: [[0.0] * 4 for _ in range(s.n_layers(lm.config))] for s in family.stacks}
+    t_fwd = t_re = 0.0
+    for start in range(0, len(src), batch_size):
+        s_items, t_items = src[start : start + batch_size], tgt[start : start + batch_size]
+        caps, seconds = capture_seq2seq(lm, s_items, t_items, family)
+        t_fwd += seconds
+        t0 = time.perf_counter()
+        lengths = {"source": [len(e.ids) for e in s_items], "target": [len(e.ids) for e in t_items]}
+        for stack in family.stacks:
+            q_side, k_side = _sides(stack)
+            for i, w in enumerate(worst[stack.kind]):
+                spec = stack.layer_spec(base_model(lm), i, lm.config)
+                errs = _compare_layer(spec, caps[stack.kind], i, lengths[q_side], lengths[k_side])
+                w[:] = [max(a, b) for a, b in zip(w, errs)]
+        t_re += time.perf_counter() - t0
+    tol_p, tol_o = tolerances(lm.dtype)
+    checks = tuple(LayerCheck(i, *w, passed=bool(w[0] <= tol_p and w[3] <= tol_o), kind=kind)
+                   for kind, rows in worst.items() for i, w in enumerate(rows))
+    return Verification(
+        model=lm.name, family=family.name, dtype=str(lm.dtype).replace("torch.", ""), tolerance=tol_p,
+        tolerance_output=tol_o, n_heads=lm.config.num_attention_heads, n_texts=len(src),
+        n_tokens=sum(len(e.ids) for e in src) + sum(len(e.ids) for e in tgt), layers=checks,
+        seconds_forward=t_fwd, seconds_recompute=t_re,
+    )
+
+
+def _sides(stack: Stack) -> tuple[str, str]:
+    """Which text the stack's queries and keys come from: "source" or "target"."""
+    query = "source" if stack.kind == "encoder" else "target"
+    return query, "source" if stack.keys == "encoder" else query
+
+
+@torch.inference_mode()
+def capture_seq2seq(lm: LoadedModel, sources: Sequence[Encoded], targets: Sequence[Encoded],
+                    family: Family) -> tuple[dict[str, Captured], float]:
+    """One forward pass with hooks on every attention block of every stack -> ({kind: Captured}, seconds)."""
+    base = base_model(lm)
+    grabbed = {s.kind: ([None] * s.n_layers(lm.config), [None] * s.n_layers(lm.config)) for s in family.stacks}
+    handles = []
+
+    def grab_input(kind, i):
+        def hook(module, args, kwargs):
+            grabbed[kind][0][i] = (args[0] if args else kwargs["hidden_states"]).detach()
+        return hook
+
+    def grab_output(kind, i):
+        def hook(module, args, out):
+            grabbed[kind][1][i] = out.detach()
+        return hook
+
+    for stack in family.stacks:
+        for i in range(stack.n_layers(lm.config)):
+            handles.append(stack.attention(base, i).register_forward_pre_hook(grab_input(stack.kind, i), with_kwargs=True))
+            handles.append(stack.out_proj(base, i).register_forward_hook(grab_output(stack.kind, i)))
+    inputs = seq2seq_inputs(sources, targets, lm.device)
+    try:
+        t0 = time.perf_counter()
+        out = base(**inputs)
+        seconds = time.perf_counter() - t0
+    finally:
+        for h in handles:
+            h.remove()
+    masks = {"source": inputs["attention_mask"].cpu(), "target": inputs["decoder_attention_mask"].cpu()}
+    probs = {"encoder": out.encoder_attentions, "decoder": out.decoder_attentions, "cross": out.cross_attentions}
+    caps = {}
+    for stack in family.stacks:
+        ins, outs = grabbed[stack.kind]
+        att = probs[stack.kind]
+        if not att or any(a is None for a in att) or any(x is None for x in ins + outs):
+            raise RuntimeError(f"{lm.name}: the forward pass did not expose every {stack.kind} layer's attention")
+        _, k_side = _sides(stack)
+        # keys and values from the encoder's final output, or (a self-attention stack) from the layer's own input
+        memory = out.encoder_last_hidden_state.detach() if stack.keys == "encoder" else None
+        caps[stack.kind] = Captured(tuple(ins), tuple(att), tuple(outs), masks[k_side], seconds, memory=memory)
+    return caps, seconds

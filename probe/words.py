@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 import regex
 import torch
 
-from .types import AttentionMap
+from .types import AttentionMap, CrossAttentionMap, Seq2SeqAttention, Units
 
 __all__ = ["word_spans", "assign_words", "to_word_level", "Segmenter"]
 
@@ -133,8 +133,11 @@ def _attach_orphans(touched: list[list[int]], special: Sequence[bool]) -> None:
         touched[t] = [chosen if chosen is not None else -(t + 1)]
 
 
-def to_word_level(amap: AttentionMap) -> AttentionMap:
+def to_word_level(amap):
     """Aggregate a token-level map to words: keys summed, queries averaged (rows keep summing to 1).
+
+    Takes an `AttentionMap`, a `CrossAttentionMap` (queries pooled over the target's words, keys over
+    the source's) or a `Seq2SeqAttention` (all three maps).
 
     >>> import torch
     >>> from headscope.probe.types import AttentionMap
@@ -145,42 +148,95 @@ def to_word_level(amap: AttentionMap) -> AttentionMap:
     tensor([[0.6750, 0.3250],
             [0.7000, 0.3000]])
     """
-    if amap.level == "word":
-        return amap
-    if len(amap.word_index) != len(amap):
-        raise ValueError("this token-level map carries no word_index; extract it with headscope's extract()")
-    idx = torch.tensor(amap.word_index)
-    n_units = int(idx.max()) + 1 if len(idx) else 0
-    member = torch.zeros(len(amap), n_units, dtype=amap.attention.dtype)  # [token, word]
-    member[torch.arange(len(amap)), idx] = 1
-    mean_q = (member / member.sum(0, keepdim=True)).T  # [word, token], rows average query pieces
-    words = torch.einsum("wq,lhqk,kv->lhwv", mean_q, amap.attention, member)  # [layer, head, word, word]
+    convert = _TO_WORDS.get(type(amap))
+    if convert is None:
+        raise TypeError(f"to_word_level takes an AttentionMap, CrossAttentionMap or Seq2SeqAttention, "
+                        f"not {type(amap).__name__}")
+    return convert(amap)
 
+
+def _pool(attention: torch.Tensor, query_index: Sequence[int], key_index: Sequence[int]) -> torch.Tensor:
+    """[layer, head, query token, key token] -> [layer, head, query word, key word]: mean over a query
+    word's pieces, sum over a key word's pieces."""
+    mean_q = _membership(query_index, attention.dtype)
+    mean_q = (mean_q / mean_q.sum(0, keepdim=True)).T  # [word, token], rows average query pieces
+    member = _membership(key_index, attention.dtype)  # [token, word]
+    return torch.einsum("wq,lhqk,kv->lhwv", mean_q, attention, member)  # [layer, head, word, word]
+
+
+def _membership(word_index: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
+    idx = torch.tensor(word_index)
+    n_units = int(idx.max()) + 1 if len(idx) else 0
+    member = torch.zeros(len(idx), n_units, dtype=dtype)  # [token, word]
+    member[torch.arange(len(idx)), idx] = 1
+    return member
+
+
+def _word_units(units) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...], tuple[bool, ...]]:
+    """(labels, spans, special) of the words of a token-level `AttentionMap` or `Units`."""
+    n_units = max(units.word_index) + 1 if units.word_index else 0
     spans: list[tuple[int, int]] = [(0, 0)] * n_units
     special = [False] * n_units
     labels = [""] * n_units
-    for t, u in enumerate(amap.word_index):
-        if amap.special[t]:
-            special[u], labels[u] = True, amap.labels[t]
+    for t, u in enumerate(units.word_index):
+        if units.special[t]:
+            special[u], labels[u] = True, units.labels[t]
     for u in range(n_units):
         if not special[u]:
-            a, b = amap.word_spans[u] if amap.word_spans else _union(amap, u)
-            spans[u], labels[u] = (a, b), amap.text[a:b]
+            a, b = units.word_spans[u] if units.word_spans else _union(units, u)
+            spans[u], labels[u] = (a, b), units.text[a:b]
+    return tuple(labels), tuple(spans), tuple(special)
+
+
+def _check_word_index(units) -> None:
+    if len(units.word_index) != len(units):
+        raise ValueError("this token-level map carries no word_index; extract it with headscope's extract()")
+
+
+def _map_to_words(amap: AttentionMap) -> AttentionMap:
+    if amap.level == "word":
+        return amap
+    _check_word_index(amap)
+    words = _pool(amap.attention, amap.word_index, amap.word_index)
+    labels, spans, special = _word_units(amap)
     return AttentionMap(
         text=amap.text,
         level="word",
-        labels=tuple(labels),
-        spans=tuple(spans),
-        special=tuple(special),
+        labels=labels,
+        spans=spans,
+        special=special,
         attention=words,
         causal=amap.causal,
-        word_index=tuple(range(n_units)),
+        word_index=tuple(range(len(labels))),
         layers=amap.layers,
         heads=amap.heads,
         meta=dict(amap.meta),
     )
 
 
-def _union(amap: AttentionMap, unit: int) -> tuple[int, int]:
-    spans = [amap.spans[t] for t, u in enumerate(amap.word_index) if u == unit]
+def _units_to_words(units: Units) -> Units:
+    labels, spans, special = _word_units(units)
+    return Units(units.text, "word", labels, spans, special, word_index=tuple(range(len(labels))))
+
+
+def _cross_to_words(cmap: CrossAttentionMap) -> CrossAttentionMap:
+    if cmap.level == "word":
+        return cmap
+    _check_word_index(cmap.queries)
+    _check_word_index(cmap.keys)
+    words = _pool(cmap.attention, cmap.queries.word_index, cmap.keys.word_index)
+    return CrossAttentionMap(queries=_units_to_words(cmap.queries), keys=_units_to_words(cmap.keys), attention=words,
+                             layers=cmap.layers, heads=cmap.heads, meta=dict(cmap.meta))
+
+
+def _seq2seq_to_words(s: Seq2SeqAttention) -> Seq2SeqAttention:
+    return Seq2SeqAttention(encoder=_map_to_words(s.encoder), decoder=_map_to_words(s.decoder),
+                            cross=_cross_to_words(s.cross))
+
+
+_TO_WORDS = {AttentionMap: _map_to_words, CrossAttentionMap: _cross_to_words, Seq2SeqAttention: _seq2seq_to_words}
+
+
+def _union(units, unit: int) -> tuple[int, int]:
+    spans = [units.spans[t] for t, u in enumerate(units.word_index) if u == unit]
     return min(a for a, _ in spans), max(b for _, b in spans)

@@ -15,9 +15,21 @@ def _tiny(family: str):
     return tiny_model(family)
 
 
-@pytest.fixture(params=sorted(FAMILIES))
+# Families with one stack of self-attention (encoders, decoders) and encoder–decoder families, whose
+# extract takes a target and returns three maps (tested in test_seq2seq.py).
+ONE_STACK = sorted(name for name, f in FAMILIES.items() if f.kind != "encoder-decoder")
+SEQ2SEQ = sorted(name for name, f in FAMILIES.items() if f.kind == "encoder-decoder")
+
+
+@pytest.fixture(params=ONE_STACK)
 def tiny(request):
-    """A tiny random LoadedModel of each family (built once per session)."""
+    """A tiny random LoadedModel of each encoder or decoder family (built once per session)."""
+    return _tiny(request.param)
+
+
+@pytest.fixture(params=SEQ2SEQ)
+def tiny_seq2seq(request):
+    """A tiny random LoadedModel of each encoder–decoder family (built once per session)."""
     return _tiny(request.param)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headscope import ablation
-from headscope.commands.heads import run_heads
+from headscope.api import heads as run_heads
 
 pytestmark = pytest.mark.slow
 

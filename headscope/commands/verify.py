@@ -13,11 +13,13 @@ from ..common import (device_options, echo_json, fail, json_option, load_or_fail
 @click.command()
 @model_option
 @click.option("--text", "texts", multiple=True, help="Text to verify on (repeatable); default: built-in examples.")
+@click.option("--target", "targets", multiple=True,
+              help="Encoder-decoder models: the decoder's text for each --text, in order; default: the texts shifted by one.")
 @click.option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
 @out_option
 @json_option
 @device_options
-def cli(model_name: str, texts: tuple[str, ...], truncate: bool, out_path, as_json: bool, device: str,
+def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], truncate: bool, out_path, as_json: bool, device: str,
         dtype: str) -> None:
     """Exit 0 only when every head of every layer matches the from-scratch attention.
 
@@ -28,7 +30,7 @@ def cli(model_name: str, texts: tuple[str, ...], truncate: bool, out_path, as_js
 
     lm = load_or_fail(model_name, device, dtype)
     try:
-        result = verify(lm, list(texts) or None, truncate=truncate)
+        result = verify(lm, list(texts) or None, truncate=truncate, **({"target": list(targets)} if targets else {}))
     except (UnsupportedArchitecture, UnsupportedFeature) as exc:
         fail(f"{model_name}: {exc}", code=3)
     except (TypeError, ValueError) as exc:
@@ -39,11 +41,17 @@ def cli(model_name: str, texts: tuple[str, ...], truncate: bool, out_path, as_js
         echo_json(result.to_dict())
     else:
         click.echo(f"{result.model} ({result.family}, {result.dtype}), {result.n_texts} texts, {result.n_tokens} tokens")
-        click.echo(f"{'layer':>5} {'max|Δ| probs':>13} {'rel':>9} {'max|Δ| out':>11} {'rel':>9}  ok")
+        width = max(len(_layer(c)) for c in result.layers) if result.layers else 5
+        click.echo(f"{'layer':>{max(width, 5)}} {'max|Δ| probs':>13} {'rel':>9} {'max|Δ| out':>11} {'rel':>9}  ok")
         for c in result.layers:
-            click.echo(f"{c.layer:>5} {c.max_abs_err:>13.2e} {c.max_rel_err:>9.1e} {c.max_abs_err_output:>11.2e} "
+            click.echo(f"{_layer(c):>{max(width, 5)}} {c.max_abs_err:>13.2e} {c.max_rel_err:>9.1e} {c.max_abs_err_output:>11.2e} "
                        f"{c.max_rel_err_output:>9.1e}  {'yes' if c.passed else 'NO'}")
         click.echo(result.summary())
         click.echo(f"tolerances: probabilities |Δ| <= {result.tolerance:g}, output max|Δ|/max|ref| <= "
                    f"{result.tolerance_output:g}; recomputation took {result.overhead:.2f}x the forward pass")
     sys.exit(0 if result.passed else 1)
+
+
+def _layer(check) -> str:
+    """The layer column: `3`, or `cross 3` for one of an encoder-decoder model's three kinds of attention."""
+    return str(check.layer) if check.kind is None else f"{check.kind} {check.layer}"

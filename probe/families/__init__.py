@@ -8,6 +8,11 @@ config features it refuses because it does not reproduce them, and its tiny rand
 Each module `probe/families/<name>.py` exposes `FAMILY`; every such module is registered, so
 adding a family is adding one file.
 
+An encoder–decoder family has three kinds of attention, each a `Stack` of layers in `stacks`:
+"encoder" (bidirectional self-attention over the source), "decoder" (causal self-attention over
+the target) and "cross" (target queries over the encoder's output). Its top-level `layer_spec`,
+`attention` and `out_proj` are those of the encoder stack.
+
 >>> FAMILIES["llama"].kind, family_of_type("mistral").name
 ('decoder', 'llama')
 """
@@ -25,13 +30,14 @@ from ..errors import UnsupportedArchitecture, UnsupportedFeature
 from ..scratch import LayerSpec
 
 __all__ = [
-    "Family", "Refusal", "Kind", "TokenizerKind", "UnsupportedArchitecture", "UnsupportedFeature",
+    "Family", "Refusal", "Kind", "Stack", "StackKind", "TokenizerKind", "UnsupportedArchitecture", "UnsupportedFeature",
     "FAMILIES", "SUPPORTED_TYPES", "family_for", "family_of_type", "family_table", "coverage_markdown",
 ]
 
 Kind = Literal["encoder", "decoder", "encoder-decoder"]
 TokenizerKind = Literal["wordpiece", "bytebpe", "sentencepiece"]
-AutoClass = Literal["AutoModel", "AutoModelForCausalLM"]
+AutoClass = Literal["AutoModel", "AutoModelForCausalLM", "AutoModelForSeq2SeqLM"]
+StackKind = Literal["encoder", "decoder", "cross"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +46,18 @@ class Refusal:
 
     feature: str
     reason: Callable[[Any], str | None]
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One kind of attention of an encoder–decoder model, addressed as a family addresses its layers."""
+
+    kind: StackKind
+    layer_spec: Callable[[torch.nn.Module, int, Any], LayerSpec]  # (base_model, i, config) -> LayerSpec
+    attention: Callable[[torch.nn.Module, int], torch.nn.Module]  # (base_model, i) -> module whose first input is x
+    out_proj: Callable[[torch.nn.Module, int], torch.nn.Module]  # (base_model, i) -> W_O
+    n_layers: Callable[[Any], int]  # config -> number of layers of this stack
+    keys: Literal["self", "encoder"] = "self"  # keys and values from the layer's own input, or the encoder's output
 
 
 @dataclass(frozen=True)
@@ -56,9 +74,17 @@ class Family:
     tokenizer: TokenizerKind  # the tiny tokenizer kind the tiny model is built with
     auto_class: AutoClass  # the transformers Auto class that builds the tiny model
     position_embedding: Callable[[torch.nn.Module], torch.nn.Module] | None = None  # absolute positions, if any
+    stacks: tuple[Stack, ...] = ()  # encoder-decoder only: the encoder, decoder and cross stacks, in that order
 
     def n_layers(self, config) -> int:
         return config.num_hidden_layers
+
+    def stack(self, kind: StackKind) -> Stack:
+        """The stack of attention `kind` of an encoder–decoder family."""
+        for s in self.stacks:
+            if s.kind == kind:
+                return s
+        raise KeyError(f"family {self.name!r} has no {kind!r} stack (it is a {self.kind})")
 
     def check(self, config) -> None:
         """Raise `UnsupportedFeature` when `config` uses a feature this family does not reproduce."""
