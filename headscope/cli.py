@@ -13,7 +13,7 @@ import click
 from . import __version__
 
 # Subcommand modules, in the order `headscope --help` lists them.
-_COMMANDS = ("models", "verify", "explain", "heads", "coref", "probe", "run")
+_COMMANDS = ("models", "verify", "explain", "heads", "coref", "probe", "syntax", "run")
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
