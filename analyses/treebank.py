@@ -121,14 +121,29 @@ def parse_conllu(source: str | TextIO, *, name: str = "<text>") -> Treebank:
     skipped: Counter = Counter()
     try:
         for i, tokens in enumerate(conllu.parse_incr(fh)):
+            _check_fields(tokens)
             try:
                 sentences.append(_sentence(tokens, i))
             except _Unaligned as exc:
                 skipped[str(exc)] += 1
-    except conllu.exceptions.ParseException as exc:
+    except (conllu.exceptions.ParseException, _Invalid) as exc:
         raise TreebankError(f"{name}: not valid CoNLL-U after {len(sentences) + sum(skipped.values())} "
                             f"sentence(s): {exc}") from None
     return Treebank(name=name, sentences=tuple(sentences), skipped=dict(skipped))
+
+
+class _Invalid(ValueError):
+    """A line that is not CoNLL-U (the parser is lenient about missing columns)."""
+
+
+_FIELDS = ("id", "form", "head", "deprel", "misc")
+
+
+def _check_fields(tokens) -> None:
+    for t in tokens:
+        missing = [f for f in _FIELDS if f not in t]
+        if missing:
+            raise _Invalid(f"a line has {len(t)} of the 10 columns (no {', '.join(missing)})")
 
 
 def _is_word(tok) -> bool:
@@ -185,7 +200,7 @@ def _align(text: str, units: list[tuple[str, list[str], dict | None]]) -> tuple[
         m = _pattern(surface).match(text, pos)
         if m is None:
             raise _Unaligned("a form is not where the sentence's # text has it")
-        start, end = m.span()
+        start, end = m.span(1)
         pieces = _split(text[start:end], parts)
         if pieces is None:  # the words do not spell the surface (del = de + el): one shared segment
             segments.append((start, end))
