@@ -107,9 +107,10 @@ def top_units(attention: torch.Tensor, special: Sequence[bool]) -> torch.Tensor:
     """The unit each query attends to most, `[layer, head, query]`: special units and the query itself
     excluded; -1 where the two largest are equal (an exact tie, e.g. a decoder's first word) or no unit is left.
 
-    >>> a = torch.tensor([[[[0.5, 0.3, 0.2], [0.6, 0.1, 0.3], [0.9, 0.05, 0.05]]]])
-    >>> top_units(a, [True, False, False])
-    tensor([[[-1,  2, -1]]])
+    >>> a = torch.tensor([[[[0.5, 0.3, 0.2], [0.6, 0.1, 0.3], [0.9, 0.05, 0.05]], [[0.2, 0.4, 0.4]] * 3]])
+    >>> top_units(a, [True, False, False])   # unit 0 is special; head 1 ties between units 1 and 2 for query 0
+    tensor([[[ 1,  2,  1],
+             [-1,  2,  1]]])
     """
     n = attention.shape[-1]
     excluded = torch.eye(n, dtype=torch.bool) | torch.tensor(list(special), dtype=torch.bool)[None, :]  # [query, key]

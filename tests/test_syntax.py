@@ -439,3 +439,20 @@ def test_minilm_on_a_slice_of_ewt(minilm, shared_data):
     det = r.relation("det")
     assert det.n > 50 and det.best_head is not None and det.heldout_accuracy > det.baseline_accuracy
     assert r.trees.uuas > r.trees.right_branching_uuas
+
+
+def test_syntax_clusters_on_tiny_models(tmp_path):
+    import pandas as pd
+
+    from headscope.probe.tiny import tiny_model
+    from headscope.syntax import syntax_clusters
+
+    path = _sentences_file(tmp_path, "t.conllu", 3)
+    bert, gpt2 = tiny_model("bert"), tiny_model("gpt2")
+    roles = pd.DataFrame({"model": ["tiny-bert", "tiny-bert"], "layer": [1, 1], "head": [2, 2],
+                          "role": ["previous token", "broad"], "metric": ["a", "b"], "value": [0.9, 0.5]})
+    table = syntax_clusters([bert], path, n_sentences=4, roles=roles)
+    assert len(table) == 8 and table.set_index("name").role["L1H2"] == "previous token"
+    assert table.drop(columns="role").notna().all().all()
+    with pytest.raises(ValueError, match="units differ"):  # [CLS] ... [SEP] vs the decoder's bare words
+        syntax_clusters([bert, gpt2], path, n_sentences=2)
