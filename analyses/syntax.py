@@ -351,7 +351,7 @@ def _one_relation(select: Arcs, test: Arcs, relation: str, direction: str, ids: 
     base = _offset_hits([test.offsets[i] for i in t_idx], offset)
     n, n_sel = len(t_idx), len(s_idx)
     fields = dict(relation=relation, direction=direction, n=n, n_select=n_sel, baseline_offset=offset,
-                  baseline_correct=int(base.sum()), baseline_accuracy=float(base.mean()) if n else None,
+                  baseline_correct=int(base.sum()), baseline_accuracy=float(base.mean()) if n and offset is not None else None,
                   n_after=int(test.after[t_idx].sum()), best_head=None, heldout_correct=0, heldout_accuracy=None,
                   ci95=None, p_value=None)
     if n < min_examples or n_sel < min_examples:
