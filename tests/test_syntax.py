@@ -179,6 +179,24 @@ def test_unit_of_words_and_word_scores_when_a_token_spans_two_words():
     assert collect_arcs([rec]).excluded == {NOT_IN_MAP: 4}
 
 
+def test_text_without_spaces_through_a_sentencepiece_model():
+    from headscope.analyses.treebank import segmenter_for
+    from headscope.probe import extract
+    from headscope.probe.tiny import tiny_model
+
+    chinese = ("我爱北京天安门。", [row(1, "我", 2, "nsubj", "SpaceAfter=No"), row(2, "爱", 0, "root", "SpaceAfter=No"),
+                             row(3, "北京", 4, "nmod", "SpaceAfter=No"), row(4, "天安门", 2, "obj", "SpaceAfter=No"),
+                             row(5, "。", 2, "punct", "SpaceAfter=No")])
+    [s] = parse_conllu(conllu(chinese)).sentences
+    [m] = extract(tiny_model("gemma3"), [s.text], level="word", segmenter=segmenter_for([s]))
+    units = unit_of_words(m, s)
+    assert min(units) >= 0
+    for (a, b), u in zip((s.segments[k] for k in s.segment), units):  # every word lies inside its unit
+        ua, ub = m.spans[u]
+        assert ua <= a < b <= ub and not m.special[u]
+    assert len(set(units)) == len(m) - sum(m.special)  # and every non-special unit holds a gold word
+
+
 def test_head_to_dependent_is_right_on_any_dependent_of_that_relation():
     s = parse_conllu(conllu(("a b c", [row(1, "a", 0, "root"), row(2, "b", 1, "conj"), row(3, "c", 1, "conj")]))
                      ).sentences[0]
