@@ -64,6 +64,7 @@ _LAZY = {
     "Cloze": "headscope.ablation",
     "InductionTask": "headscope.ablation",
     "AblationResult": "headscope.analyses.ablation",
+    "syntax_clusters": "headscope.syntax",
     "rollout": "headscope.analyses.flow",
     "flow": "headscope.analyses.flow",
 }

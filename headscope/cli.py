@@ -10,7 +10,7 @@ import warnings
 import click
 
 from . import __version__
-from .commands import ablate, compare, coref, explain, generate, heads, importance, models, probe, run, verify
+from .commands import ablate, compare, coref, explain, generate, heads, importance, models, probe, run, syntax, verify
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -20,9 +20,11 @@ def cli() -> None:
 
 
 # In the order `headscope --help` lists them.
-for _name, _module in {"models": models, "verify": verify, "explain": explain, "heads": heads, "coref": coref,
-                       "probe": probe, "run": run, "compare": compare, "generate": generate, "ablate": ablate,
-                       "importance": importance}.items():
+_COMMANDS = {
+    "models": models, "verify": verify, "explain": explain, "heads": heads, "coref": coref, "probe": probe,
+    "syntax": syntax, "run": run, "compare": compare, "generate": generate, "ablate": ablate, "importance": importance,
+}
+for _name, _module in _COMMANDS.items():
     cli.add_command(_module.cli, name=_name)
 
 

@@ -1,0 +1,745 @@
+"""Do heads follow syntax? Per-relation accuracy, a positional baseline, decoded trees, head clusters.
+
+Everything here works on word-level attention already extracted (`probe.extract(..., level="word",
+segmenter=...)` with the gold words as segments) and on gold `treebank.Sentence`s; no model.
+
+1. `summarise(amap, sentence)` -> `SentenceAttention`: for every head, the word each word attends
+   to most (special tokens and the word itself excluded; an exact tie is no pick), and, for the heads
+   kept, the word-to-word scores used to decode trees.
+2. `collect_arcs` -> `Arcs`: one example per gold arc and direction, with each head's outcome.
+   *dependent->head*: the dependent is the query and its governor the answer (Clark et al. 2019).
+   *head->dependent*: the governor is the query; one example per (governor, relation), right when the
+   most-attended word is any of its dependents with that relation.
+3. `score_relations`: per relation and direction, the head with the most right answers on the
+   selection sentences is scored on the test sentences (Wilson interval). The baseline is the best
+   fixed relative offset for that relation and direction, chosen on the selection sentences too.
+   `p_value` is a one-sided paired sign-flip test of head vs offset on the test examples (valid as
+   is: nothing was chosen on them); `p_holm` adjusts it for the number of relations tested.
+4. Trees (Htut et al. 2019): each head's word-to-word scores decoded into a maximum spanning
+   arborescence (Chu-Liu/Edmonds) rooted at the gold root; undirected unlabeled attachment score
+   (UUAS) of the head chosen on the selection sentences vs a right-branching chain and vs the best
+   offset tree.
+5. Head clusters (Clark et al. 2019, Fig. 6): mean Jensen-Shannon distance between every pair of
+   heads' attention rows over a corpus, embedded in 2-D by metric MDS (scikit-learn).
+
+Decoders are causal: a query sees only earlier words, so an answer after it cannot be attended to.
+Those examples are kept (the table compares models on the same arcs) and counted in `n_after`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Literal, Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+import torch
+
+from headscope.probe.types import AttentionMap, head_name
+
+from .coref import head_rank, select_head
+from .stats import signflip_max_p, wilson
+from .treebank import Sentence
+
+__all__ = [
+    "Direction",
+    "DIRECTIONS",
+    "ALL_RELATIONS",
+    "MIN_EXAMPLES",
+    "SentenceAttention",
+    "Arcs",
+    "RelationScore",
+    "TreeSelection",
+    "TreeScore",
+    "SyntaxResult",
+    "unit_of_words",
+    "top_units",
+    "word_scores",
+    "summarise",
+    "collect_arcs",
+    "best_offset",
+    "holm",
+    "score_relations",
+    "decode_tree",
+    "undirected_matches",
+    "right_branching",
+    "offset_tree",
+    "choose_tree_head",
+    "score_trees",
+    "score_syntax",
+    "head_distances",
+    "embed_heads",
+    "head_clusters",
+]
+
+Direction = Literal["dependent->head", "head->dependent"]
+DIRECTIONS: tuple[Direction, ...] = ("dependent->head", "head->dependent")
+ALL_RELATIONS = "all"  # every arc pooled, as Clark et al.'s "all relations" row
+MIN_EXAMPLES = 20  # below this many examples on either split no head is crowned
+NOT_IN_MAP = "a word of the arc is not in the model's map"
+SHARED_UNIT = "both words of the arc fall in one model unit"
+
+
+# --------------------------------------------------------------------------------------------
+# 1. From a word-level map to per-sentence facts
+
+
+def unit_of_words(amap: AttentionMap, sentence: Sentence) -> tuple[int, ...]:
+    """The map unit holding each gold word (the unit whose span holds the word's first character; -1 if none).
+
+    >>> s = Sentence(id="1", text="ab c", forms=("ab", "c"), heads=(-1, 0), deprels=("root", "dep"),
+    ...              segment=(0, 1), segments=((0, 2), (3, 4)))
+    >>> m = AttentionMap(text="ab c", level="word", labels=("[CLS]", "ab c"), spans=((0, 0), (0, 4)),
+    ...                  special=(True, False), attention=torch.zeros(1, 1, 2, 2), causal=False)
+    >>> unit_of_words(m, s)
+    (1, 1)
+    """
+    units = [(a, b, u) for u, ((a, b), sp) in enumerate(zip(amap.spans, amap.special)) if not sp]
+    of_segment = []
+    for start, _ in sentence.segments:
+        of_segment.append(next((u for a, b, u in units if a <= start < b), -1))
+    return tuple(of_segment[k] for k in sentence.segment)
+
+
+def top_units(attention: torch.Tensor, special: Sequence[bool]) -> torch.Tensor:
+    """The unit each query attends to most, `[layer, head, query]`: special units and the query itself
+    excluded; -1 where the two largest are equal (an exact tie, e.g. a decoder's first word) or no unit is left.
+
+    >>> a = torch.tensor([[[[0.5, 0.3, 0.2], [0.6, 0.1, 0.3], [0.9, 0.05, 0.05]], [[0.2, 0.4, 0.4]] * 3]])
+    >>> top_units(a, [True, False, False])   # unit 0 is special; head 1 ties between units 1 and 2 for query 0
+    tensor([[[ 1,  2,  1],
+             [-1,  2,  1]]])
+    """
+    n = attention.shape[-1]
+    excluded = torch.eye(n, dtype=torch.bool) | torch.tensor(list(special), dtype=torch.bool)[None, :]  # [query, key]
+    a = attention.float().masked_fill(excluded, -torch.inf)  # a new tensor: the caller's stays as it was
+    if n < 2:
+        return torch.full(a.shape[:-1], -1, dtype=torch.long)
+    top = a.topk(2, dim=-1)
+    pick = top.indices[..., 0]
+    clear = (top.values[..., 0] > top.values[..., 1]) & torch.isfinite(top.values[..., 0])
+    return torch.where(clear, pick, torch.full_like(pick, -1))
+
+
+def word_scores(attention: torch.Tensor, units: Sequence[int]) -> torch.Tensor:
+    """Word-to-word scores for tree decoding, `[head, dependent, governor]` from `[head, query, key]` units.
+
+    Row d is how much word d attends to each other word, renormalised over the other words: special
+    tokens (an attention sink for many heads), the word itself, words in its own unit and words
+    missing from the map get 0, so only the choice among the other words counts.
+
+    >>> a = torch.tensor([[[0.2, 0.4, 0.4], [0.5, 0.25, 0.25], [0.1, 0.1, 0.8]]])   # units: [CLS], w0, w1
+    >>> word_scores(a, [1, 2])
+    tensor([[[0., 1.],
+             [1., 0.]]])
+    """
+    idx = torch.tensor(list(units), dtype=torch.long)
+    safe = idx.clamp(min=0)
+    a = attention.float().index_select(-2, safe).index_select(-1, safe)  # [head, word, word]
+    invalid = (idx[:, None] == idx[None, :]) | (idx[:, None] < 0) | (idx[None, :] < 0)
+    a = a.masked_fill(invalid, 0.0)
+    return a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(torch.float32).tiny)
+
+
+@dataclass(frozen=True, eq=False)
+class SentenceAttention:
+    """What the syntax analyses keep of one sentence's word-level map.
+
+    `top[layer, head, unit]` is the unit each unit attends to most (`top_units`); `units[word]` the
+    unit of each gold word; `scores[k, dependent, governor]` the tree scores (`word_scores`) of the
+    heads listed in `kept` (flat indices `layer_pos * n_heads + head_pos`), or None;
+    `tree_matches[flat head]` how many gold arcs each head's decoded tree has, or None.
+    """
+
+    sentence: Sentence
+    units: tuple[int, ...]
+    top: torch.Tensor  # [layer, head, unit]
+    scores: torch.Tensor | None = None  # [kept head, dependent, governor]
+    kept: tuple[int, ...] = ()
+    tree_matches: np.ndarray | None = None  # [layer * head]
+
+
+def summarise(amap: AttentionMap, sentence: Sentence, *, keep: Sequence[int] = (),
+              match_trees: bool = False) -> SentenceAttention:
+    """`SentenceAttention` of a word-level map: `keep` lists the flat heads whose tree scores to keep;
+    `match_trees` decodes every head's tree now and keeps only how many gold arcs it matches."""
+    if amap.level != "word":
+        raise ValueError("summarise needs a word-level map (extract with level='word')")
+    units = unit_of_words(amap, sentence)
+    top = top_units(amap.attention, amap.special).to(torch.int32)
+    n_heads = amap.n_layers * amap.n_heads
+    flat = amap.attention.reshape(n_heads, len(amap), len(amap))  # [layer * head, query, key]
+    kept = tuple(int(k) for k in keep)
+    scores = word_scores(flat[list(kept)], units).to(torch.float16) if kept else None
+    matches = None
+    if match_trees:
+        every = word_scores(flat, units).numpy()  # [layer * head, dependent, governor]
+        matches = np.array([undirected_matches(decode_tree(sc, sentence.root), sentence.heads) for sc in every])
+    return SentenceAttention(sentence=sentence, units=units, top=top, scores=scores, kept=kept, tree_matches=matches)
+
+
+# --------------------------------------------------------------------------------------------
+# 2. Arcs and each head's outcome on them
+
+
+@dataclass(frozen=True, eq=False)
+class Arcs:
+    """One example per gold arc and direction (see the module docstring), over a set of sentences.
+
+    `offsets[i]` are the answers' positions relative to the query (word index differences), so any
+    fixed-offset baseline is scored without the sentences; `correct[example, layer, head]`.
+    """
+
+    relation: np.ndarray  # [example] str
+    direction: np.ndarray  # [example] str
+    offsets: tuple[frozenset, ...]
+    after: np.ndarray  # [example] bool: every answer lies after the query
+    correct: torch.Tensor  # [example, layer, head] bool
+    sentence: np.ndarray  # [example] index of the sentence in the input
+    excluded: dict = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.offsets)
+
+    def where(self, relation: str, direction: str) -> np.ndarray:
+        """Indices of the examples of one relation (`ALL_RELATIONS`: every relation) and direction."""
+        hit = self.direction == direction
+        if relation != ALL_RELATIONS:
+            hit &= self.relation == relation
+        return np.nonzero(hit)[0]
+
+
+def _queries(sentence: Sentence, subtypes: bool) -> list[tuple[str, str, int, tuple[int, ...]]]:
+    """(relation, direction, query word, answer words) for every example of one sentence."""
+    out = []
+    groups: dict[tuple[int, str], list[int]] = {}
+    for d, g, rel in sentence.arcs(subtypes=subtypes):
+        out.append((rel, DIRECTIONS[0], d, (g,)))
+        groups.setdefault((g, rel), []).append(d)
+    out += [(rel, DIRECTIONS[1], g, tuple(ds)) for (g, rel), ds in groups.items()]
+    return out
+
+
+def collect_arcs(records: Sequence[SentenceAttention], *, subtypes: bool = False) -> Arcs:
+    """Every example of every sentence, with each head's outcome; unscorable arcs are counted, not fatal."""
+    rel, direc, offs, after, rows, sent = [], [], [], [], [], []
+    excluded: Counter = Counter()
+    shape = None
+    for i, rec in enumerate(records):
+        shape = rec.top.shape[:2]
+        for relation, direction, q, answers in _queries(rec.sentence, subtypes):
+            qu, aus = rec.units[q], [rec.units[a] for a in answers]
+            if qu < 0 or min(aus) < 0:
+                excluded[NOT_IN_MAP] += 1
+                continue
+            if qu in aus:
+                excluded[SHARED_UNIT] += 1
+                continue
+            picks = rec.top[:, :, qu].long()  # [layer, head]
+            rows.append((picks[..., None] == torch.tensor(aus)).any(-1))
+            rel.append(relation)
+            direc.append(direction)
+            offs.append(frozenset(a - q for a in answers))
+            after.append(min(answers) > q)
+            sent.append(i)
+    correct = torch.stack(rows) if rows else torch.zeros(0, *(shape or (1, 1)), dtype=torch.bool)
+    return Arcs(relation=np.array(rel, dtype=object), direction=np.array(direc, dtype=object), offsets=tuple(offs),
+                after=np.array(after, dtype=bool), correct=correct, sentence=np.array(sent, dtype=np.int64),
+                excluded=dict(excluded))
+
+
+# --------------------------------------------------------------------------------------------
+# 3. Per-relation scores
+
+
+def best_offset(offsets: Sequence[frozenset]) -> int | None:
+    """The relative offset right on the most examples; ties go to the nearer, then the leftward one.
+
+    >>> best_offset([frozenset({-1}), frozenset({-1, 2}), frozenset({2}), frozenset({1})])
+    -1
+    """
+    counts = Counter(o for s in offsets for o in s)
+    if not counts:
+        return None
+    return max(counts, key=lambda o: (counts[o], -abs(o), o < 0))
+
+
+def holm(p_values: Sequence[float | None]) -> list[float | None]:
+    """Holm's step-down adjustment (family-wise error) of the p-values given; None stays None.
+
+    >>> holm([0.01, None, 0.04, 0.03])
+    [0.03, None, 0.06, 0.06]
+    """
+    idx = sorted((i for i, p in enumerate(p_values) if p is not None), key=lambda i: p_values[i])
+    m, out, running = len(idx), [None] * len(p_values), 0.0
+    for rank, i in enumerate(idx):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        out[i] = running
+    return out
+
+
+@dataclass(frozen=True)
+class RelationScore:
+    """One relation in one direction: the head chosen on the selection split, scored on the test split."""
+
+    relation: str
+    direction: str
+    n: int  # test examples
+    n_select: int
+    best_head: tuple[int, int] | None  # model (layer, head)
+    heldout_correct: int
+    heldout_accuracy: float | None
+    ci95: tuple[float, float] | None
+    baseline_offset: int | None
+    baseline_correct: int
+    baseline_accuracy: float | None
+    p_value: float | None
+    p_holm: float | None
+    beats_baseline: bool
+    verdict: str
+    n_after: int = 0
+
+    def to_dict(self) -> dict:
+        return {
+            "relation": self.relation,
+            "direction": self.direction,
+            "n": self.n,
+            "best_head": None if self.best_head is None else {"layer": self.best_head[0], "head": self.best_head[1]},
+            "heldout_accuracy": self.heldout_accuracy,
+            "ci95": None if self.ci95 is None else list(self.ci95),
+            "baseline_offset": self.baseline_offset,
+            "baseline_accuracy": self.baseline_accuracy,
+            "p_value": self.p_value,
+            "verdict": self.verdict,
+            "n_select": self.n_select,
+            "heldout_correct": self.heldout_correct,
+            "baseline_correct": self.baseline_correct,
+            "p_holm": self.p_holm,
+            "beats_baseline": self.beats_baseline,
+            "n_after": self.n_after,
+        }
+
+
+def _keys(select: Arcs, test: Arcs) -> list[tuple[str, str]]:
+    """(relation, direction) in a fixed order: per direction, all relations pooled, then by test frequency."""
+    keys = []
+    for direction in DIRECTIONS:
+        count = Counter(r for r, d in zip(test.relation, test.direction) if d == direction)
+        count.update({r: 0 for r, d in zip(select.relation, select.direction) if d == direction})
+        keys.append((ALL_RELATIONS, direction))
+        keys += [(r, direction) for r in sorted(count, key=lambda r: (-count[r], r))]
+    return keys
+
+
+def _offset_hits(offsets: Sequence[frozenset], offset: int | None) -> np.ndarray:
+    return np.array([offset is not None and offset in s for s in offsets], dtype=bool)
+
+
+def _fmt_p(p: float) -> str:
+    return "p < 0.001" if p < 0.001 else f"p = {p:.2g}"
+
+
+def _one_relation(select: Arcs, test: Arcs, relation: str, direction: str, ids: tuple, rank: torch.Tensor,
+                  *, n_perm: int, seed: int, min_examples: int) -> tuple[dict, np.ndarray, np.ndarray]:
+    """Fields of a `RelationScore` (without Holm and verdict) and the per-head correct counts of both splits."""
+    s_idx, t_idx = select.where(relation, direction), test.where(relation, direction)
+    s_correct, t_correct = select.correct[s_idx], test.correct[t_idx]  # [example, layer, head]
+    s_counts, t_counts = s_correct.sum(0).numpy(), t_correct.sum(0).numpy()
+    offset = best_offset([select.offsets[i] for i in s_idx])
+    base = _offset_hits([test.offsets[i] for i in t_idx], offset)
+    n, n_sel = len(t_idx), len(s_idx)
+    fields = dict(relation=relation, direction=direction, n=n, n_select=n_sel, baseline_offset=offset,
+                  baseline_correct=int(base.sum()), baseline_accuracy=float(base.mean()) if n and offset is not None else None,
+                  n_after=int(test.after[t_idx].sum()), best_head=None, heldout_correct=0, heldout_accuracy=None,
+                  ci95=None, p_value=None)
+    if n < min_examples or n_sel < min_examples:
+        return fields, s_counts, t_counts
+    li, hi = select_head(s_correct, rank)
+    outcome = t_correct[:, li, hi].numpy()
+    c = int(outcome.sum())
+    diff = outcome.astype(np.float64) - base.astype(np.float64)
+    fields.update(best_head=(ids[0][li], ids[1][hi]), heldout_correct=c, heldout_accuracy=c / n, ci95=wilson(c, n),
+                  p_value=signflip_max_p(diff, n_perm=n_perm, seed=seed))
+    return fields, s_counts, t_counts
+
+
+def _verdict(f: dict, p_holm: float | None, n_tests: int, beats: bool, min_examples: int) -> str:
+    name = f"{f['relation']} ({f['direction']})"
+    if f["best_head"] is None:
+        return (f"{name}: too few examples to crown a head ({f['n_select']} for selection, {f['n']} for test; "
+                f"at least {min_examples} needed on each) — not a claim.")
+    n, c, lo, hi = f["n"], f["heldout_correct"], *f["ci95"]
+    off = f["baseline_offset"]
+    base = f"the best fixed offset ({off:+d}, chosen on the selection split)" if off is not None else "no offset"
+    tests = f"{_fmt_p(f['p_value'])}, Holm-adjusted over {n_tests} tests {_fmt_p(p_holm)}"
+    did = (f"{head_name(*f['best_head'])} (chosen on the selection split) finds the answer for {c}/{n} "
+           f"held-out examples ({c / n:.0%}, 95% CI {lo:.0%}–{hi:.0%})")
+    if beats:
+        return f"{name}: {did}, above {base} at {f['baseline_correct']}/{n} ({tests})."
+    return f"{name}: no head beats the offset baseline: {did}; {base} gets {f['baseline_correct']}/{n} ({tests})."
+
+
+def score_relations(select: Arcs, test: Arcs, layer_ids: Sequence[int], head_ids: Sequence[int], *,
+                    n_perm: int = 10_000, seed: int = 0, alpha: float = 0.05,
+                    min_examples: int = MIN_EXAMPLES) -> tuple[list[RelationScore], pd.DataFrame]:
+    """Per relation and direction: `RelationScore`s and the tidy per-head table (one row per relation x
+    direction x head: correct counts and accuracy on both splits, the test Wilson interval, the chosen head)."""
+    ids = (tuple(layer_ids), tuple(head_ids))
+    rank = head_rank(len(ids[0]), len(ids[1]), seed=seed)
+    keys = _keys(select, test)
+    parts = [_one_relation(select, test, r, d, ids, rank, n_perm=n_perm, seed=seed, min_examples=min_examples)
+             for r, d in keys]
+    adjusted = holm([f["p_value"] for f, _, _ in parts])
+    n_tests = sum(p is not None for p in adjusted)
+    scores = []
+    for (f, _, _), p_h in zip(parts, adjusted):
+        beats = p_h is not None and p_h < alpha and f["heldout_correct"] > f["baseline_correct"]
+        scores.append(RelationScore(**f, p_holm=p_h, beats_baseline=beats,
+                                    verdict=_verdict(f, p_h, n_tests, beats, min_examples)))
+    return scores, _head_table(parts, scores, ids)
+
+
+def _head_table(parts, scores: list[RelationScore], ids) -> pd.DataFrame:
+    layer_grid, head_grid = np.meshgrid(np.array(ids[0]), np.array(ids[1]), indexing="ij")
+    frames = []
+    for (f, s_counts, t_counts), score in zip(parts, scores):
+        n, n_sel = f["n"], f["n_select"]
+        ci = [wilson(int(k), n) if n else (math.nan, math.nan) for k in t_counts.ravel()]
+        frames.append(pd.DataFrame({
+            "relation": f["relation"], "direction": f["direction"],
+            "layer": layer_grid.ravel(), "head": head_grid.ravel(),
+            "n_select": n_sel, "select_correct": s_counts.ravel().astype(int),
+            "select_accuracy": s_counts.ravel() / n_sel if n_sel else math.nan,
+            "n": n, "correct": t_counts.ravel().astype(int),
+            "accuracy": t_counts.ravel() / n if n else math.nan,
+            "ci_low": [lo for lo, _ in ci], "ci_high": [hi for _, hi in ci],
+            "chosen": [score.best_head == (int(l), int(h)) for l, h in zip(layer_grid.ravel(), head_grid.ravel())],
+        }))
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+# --------------------------------------------------------------------------------------------
+# 4. Trees
+
+
+def decode_tree(scores: np.ndarray, root: int) -> list[int]:
+    """The governor of each word (-1 for `root`) in the maximum spanning arborescence of
+    `scores[dependent, governor]`, rooted at `root` (Chu-Liu/Edmonds).
+
+    The decoder is UFAL's binding of TurboParser's implementation (`ufal.chu_liu_edmonds`): it finds
+    the same optimum as networkx's `maximum_spanning_arborescence` (the tests check this on random
+    matrices) in about a thousandth of the time, which is what makes decoding every head's tree on
+    thousands of sentences possible. Node 0 of its matrix is an artificial root that only `root`
+    may attach to.
+
+    >>> s = np.array([[0, .9, .1], [.2, 0, .8], [.5, .5, 0]])
+    >>> decode_tree(s, root=2)
+    [1, 2, -1]
+    """
+    from ufal.chu_liu_edmonds import chu_liu_edmonds
+
+    n = scores.shape[0]
+    if n == 1:
+        return [-1]
+    m = np.full((n + 1, n + 1), np.nan)  # [dependent, governor]; NaN = no such arc
+    m[1:, 1:] = scores
+    np.fill_diagonal(m, np.nan)
+    m[root + 1, 0] = 0.0
+    heads, _ = chu_liu_edmonds(m)
+    return [h - 1 for h in heads[1:]]
+
+
+def _edges(heads: Sequence[int]) -> set[frozenset]:
+    return {frozenset((d, g)) for d, g in enumerate(heads) if g >= 0}
+
+
+def undirected_matches(predicted: Sequence[int], gold: Sequence[int]) -> int:
+    """How many gold arcs the prediction has, direction ignored (the numerator of UUAS).
+
+    >>> undirected_matches([1, -1, 1], [-1, 0, 1])
+    2
+    """
+    return len(_edges(predicted) & _edges(gold))
+
+
+def right_branching(n: int) -> list[int]:
+    """Each word governs the next (a chain; undirected, the same as left-branching).
+
+    >>> right_branching(3)
+    [-1, 0, 1]
+    """
+    return [i - 1 for i in range(n)]
+
+
+def offset_tree(n: int, root: int, offset: int) -> list[int]:
+    """Each word but the root attached to the word `offset` away (-1 where that is outside the sentence).
+
+    >>> offset_tree(4, root=1, offset=1)
+    [1, -1, 3, -1]
+    """
+    return [-1 if d == root or not 0 <= d + offset < n else d + offset for d in range(n)]
+
+
+@dataclass(frozen=True)
+class TreeSelection:
+    """The head whose decoded trees match the most gold arcs on a (seeded) sample of selection sentences."""
+
+    head: int  # flat index layer_pos * n_heads + head_pos
+    matches: np.ndarray  # [flat head] gold arcs matched
+    n_edges: int
+    n_sentences: int
+
+    @property
+    def uuas(self) -> float:
+        return float(self.matches[self.head]) / self.n_edges if self.n_edges else math.nan
+
+
+def choose_tree_head(records: Sequence[SentenceAttention], rank: torch.Tensor) -> TreeSelection:
+    """The head whose decoded trees match the most gold arcs over the records that carry
+    `tree_matches` (`summarise(..., match_trees=True)`); ties by `rank`, as for relations."""
+    used = [r for r in records if r.tree_matches is not None]
+    if not used:
+        raise ValueError("no sentence carries decoded trees (summarise with match_trees=True)")
+    matches = np.sum([r.tree_matches for r in used], axis=0).astype(np.int64)
+    edges = sum(len(r.sentence) - 1 for r in used)
+    best = int(np.argmax(matches * (len(rank) + 1) + rank.numpy()))
+    return TreeSelection(head=best, matches=matches, n_edges=edges, n_sentences=len(used))
+
+
+@dataclass(frozen=True)
+class TreeScore:
+    """UUAS of the chosen head's decoded trees on the test sentences, beside the baselines."""
+
+    best_head: tuple[int, int]
+    uuas: float
+    right_branching_uuas: float
+    offset: int | None
+    offset_uuas: float
+    baseline: str  # the stronger baseline on the test sentences, which `p_value` compares with
+    p_value: float
+    n_sentences: int
+    n_edges: int
+    select_uuas: float
+    select_sentences: int
+    verdict: str
+    example: Sentence | None = None  # one test sentence, for the figure of its decoded tree
+    example_heads: tuple[int, ...] = ()
+
+    def to_dict(self) -> dict:
+        return {
+            "best_head": {"layer": self.best_head[0], "head": self.best_head[1]},
+            "uuas": self.uuas,
+            "right_branching_uuas": self.right_branching_uuas,
+            "offset_uuas": self.offset_uuas,
+            "p_value": self.p_value,
+            "offset": self.offset,
+            "baseline": self.baseline,
+            "n_sentences": self.n_sentences,
+            "n_edges": self.n_edges,
+            "select_uuas": self.select_uuas,
+            "select_sentences": self.select_sentences,
+            "verdict": self.verdict,
+        }
+
+
+def _pick_example(records: Sequence[SentenceAttention]) -> int:
+    # The first test sentence of a readable length (short sentences are often fragments).
+    return next((i for i, r in enumerate(records) if 8 <= len(r.sentence) <= 16), 0)
+
+
+def score_trees(records: Sequence[SentenceAttention], head: int, best_head: tuple[int, int], offset: int | None,
+                selection: TreeSelection, *, n_perm: int = 10_000, seed: int = 0, alpha: float = 0.05) -> TreeScore:
+    """UUAS of flat head `head` (kept in every record) vs right-branching and vs the offset tree."""
+    m_head, m_right, m_off, edges = [], [], [], 0
+    example = _pick_example(records) if records else None
+    example_heads: tuple[int, ...] = ()
+    for i, rec in enumerate(records):
+        s = rec.sentence
+        pred = decode_tree(rec.scores[rec.kept.index(head)].float().numpy(), s.root)
+        if i == example:
+            example_heads = tuple(pred)
+        m_head.append(undirected_matches(pred, s.heads))
+        m_right.append(undirected_matches(right_branching(len(s)), s.heads))
+        m_off.append(undirected_matches(offset_tree(len(s), s.root, offset), s.heads) if offset is not None else 0)
+        edges += len(s) - 1
+    h, r, o = (np.array(x, dtype=np.float64) for x in (m_head, m_right, m_off))
+    base_name, base = ("right-branching", r) if r.sum() >= o.sum() else (f"offset {offset:+d}", o)
+    p = signflip_max_p(h - base, n_perm=n_perm, seed=seed) if len(h) else math.nan
+    u = lambda x: float(x.sum()) / edges if edges else math.nan  # noqa: E731
+    beats = p < alpha and h.sum() > base.sum()
+    verdict = (f"{head_name(*best_head)} (chosen on {selection.n_sentences} selection sentences) decodes trees with "
+               f"UUAS {u(h):.1%} on {len(h)} test sentences; right-branching {u(r):.1%}, "
+               f"offset {'none' if offset is None else f'{offset:+d}'} {u(o):.1%}; "
+               f"{'above' if beats else 'not above'} the {base_name} baseline ({_fmt_p(p)}).")
+    return TreeScore(best_head=best_head, uuas=u(h), right_branching_uuas=u(r), offset=offset, offset_uuas=u(o),
+                     baseline=base_name, p_value=p, n_sentences=len(h), n_edges=edges, select_uuas=selection.uuas,
+                     select_sentences=selection.n_sentences, verdict=verdict,
+                     example=records[example].sentence if records else None, example_heads=example_heads)
+
+
+# --------------------------------------------------------------------------------------------
+# The whole result
+
+
+@dataclass(frozen=True, eq=False)
+class SyntaxResult:
+    """Per-relation head-vs-offset table, the tidy per-head table and the tree scores of one model."""
+
+    model: str
+    treebank: str
+    selection: str  # how the selection and test sentences were obtained, in words
+    n_sentences: int  # test sentences scored
+    n_skipped: int  # test sentences skipped (unaligned, longer than the context)
+    skipped: dict
+    n_select_sentences: int
+    relations: tuple[RelationScore, ...]
+    heads: pd.DataFrame
+    trees: TreeScore | None
+    excluded: dict = field(default_factory=dict)
+    causal: bool = False
+    subtypes: bool = False
+    n_permutations: int = 0
+    alpha: float = 0.05
+    notes: tuple[str, ...] = ()
+
+    def relation(self, relation: str, direction: Direction = "dependent->head") -> RelationScore:
+        for r in self.relations:
+            if (r.relation, r.direction) == (relation, direction):
+                return r
+        raise KeyError(f"no relation {relation!r} ({direction}) in this result")
+
+    def to_frame(self) -> pd.DataFrame:
+        """The tidy per-head table (one row per relation x direction x head)."""
+        return self.heads.assign(model=self.model)[["model", *self.heads.columns]]
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model,
+            "n_sentences": self.n_sentences,
+            "n_skipped": self.n_skipped,
+            "relations": [r.to_dict() for r in self.relations],
+            "trees": None if self.trees is None else self.trees.to_dict(),
+            "treebank": self.treebank,
+            "selection": self.selection,
+            "n_select_sentences": self.n_select_sentences,
+            "skipped": dict(self.skipped),
+            "excluded": dict(self.excluded),
+            "causal": self.causal,
+            "subtypes": self.subtypes,
+            "n_permutations": self.n_permutations,
+            "alpha": self.alpha,
+            "notes": list(self.notes),
+        }
+
+
+def score_syntax(select: Sequence[SentenceAttention], test: Sequence[SentenceAttention], *, model: str,
+                 treebank: str, selection: str, layer_ids: Sequence[int], head_ids: Sequence[int],
+                 tree_selection: TreeSelection | None = None, skipped: Mapping[str, int] | None = None,
+                 causal: bool = False, subtypes: bool = False, n_perm: int = 10_000, seed: int = 0,
+                 alpha: float = 0.05, min_examples: int = MIN_EXAMPLES) -> SyntaxResult:
+    """Relations (selection -> test) and, given a `tree_selection` whose head every test record keeps, trees."""
+    s_arcs, t_arcs = collect_arcs(select, subtypes=subtypes), collect_arcs(test, subtypes=subtypes)
+    relations, heads = score_relations(s_arcs, t_arcs, layer_ids, head_ids, n_perm=n_perm, seed=seed, alpha=alpha,
+                                       min_examples=min_examples)
+    trees = None
+    if tree_selection is not None and test:
+        li, hi = divmod(tree_selection.head, len(head_ids))
+        offset = best_offset([s_arcs.offsets[i] for i in s_arcs.where(ALL_RELATIONS, DIRECTIONS[0])])
+        trees = score_trees(test, tree_selection.head, (layer_ids[li], head_ids[hi]), offset, tree_selection,
+                            n_perm=n_perm, seed=seed, alpha=alpha)
+    excluded = {**{f"selection: {k}": v for k, v in s_arcs.excluded.items()},
+                **{f"test: {k}": v for k, v in t_arcs.excluded.items()}}
+    notes = ()
+    if causal:
+        after = int(t_arcs.after.sum())
+        notes = (f"{after} of {len(t_arcs)} test examples have their answer after the query word; a decoder's "
+                 f"query sees only earlier words, so no head can get those (counted in each row's n_after).",)
+    skipped = dict(skipped or {})
+    return SyntaxResult(model=model, treebank=treebank, selection=selection, n_sentences=len(test),
+                        n_skipped=sum(skipped.values()), skipped=skipped, n_select_sentences=len(select),
+                        relations=tuple(relations), heads=heads, trees=trees, excluded=excluded, causal=causal,
+                        subtypes=subtypes, n_permutations=n_perm, alpha=alpha, notes=notes)
+
+
+# --------------------------------------------------------------------------------------------
+# 5. Head clusters (Clark et al. 2019, Fig. 6)
+
+
+def _js_rows(p: torch.Tensor) -> torch.Tensor:
+    """Jensen-Shannon distance (base 2, in [0, 1]) between every pair of heads, summed over rows.
+
+    `p[head, row, key]` -> `[head, head]`.
+    """
+    p = p.double()
+    plogp = torch.special.xlogy(p, p).sum(-1)  # [head, row]: -entropy
+    out = torch.zeros(p.shape[0], p.shape[0], dtype=torch.float64)
+    for i in range(p.shape[0]):
+        m = (p[i : i + 1] + p) / 2  # [head, row, key]
+        js = (0.5 * (plogp[i : i + 1] + plogp) - torch.special.xlogy(m, m).sum(-1)) / math.log(2)  # [head, row]
+        out[i] = js.clamp_min(0).sqrt().sum(-1)
+    return out
+
+
+def head_distances(maps: Sequence[Sequence[AttentionMap]]) -> tuple[np.ndarray, pd.DataFrame]:
+    """Mean Jensen-Shannon distance between the attention rows of every pair of heads, over a corpus.
+
+    `maps[model][text]`: one list of maps per model, the same texts in the same order. Heads of several
+    models are compared row by row, so their units must match text by text (same labels).
+    Returns `(distance [head, head], heads)` where `heads` lists `model, layer, head, name` per row.
+    """
+    if not maps or not maps[0]:
+        raise ValueError("head_distances needs at least one model with at least one map")
+    n_texts = len(maps[0])
+    if any(len(m) != n_texts for m in maps):
+        raise ValueError("every model needs a map of each text, in the same order")
+    total, rows = None, 0
+    for t in range(n_texts):
+        group = [m[t] for m in maps]
+        if any(g.labels != group[0].labels for g in group[1:]):
+            raise ValueError(f"text {t}: the models' units differ ({list(group[0].labels)[:8]} ... vs "
+                             f"{list(group[1].labels)[:8]} ...); heads can be compared only on the same units")
+        p = torch.cat([g.attention.reshape(-1, len(g), len(g)) for g in group])  # [all heads, query, key]
+        d = _js_rows(p)
+        total = d if total is None else total + d
+        rows += len(group[0])
+    meta = [{"model": g.meta.get("model", f"model{k}"), "layer": layer, "head": head, "name": head_name(layer, head)}
+            for k, g in enumerate(m[0] for m in maps) for layer in g.layer_ids for head in g.head_ids]
+    dist = (total / rows).numpy()
+    np.fill_diagonal(dist, 0.0)
+    return (dist + dist.T) / 2, pd.DataFrame(meta, columns=["model", "layer", "head", "name"])
+
+
+def embed_heads(distance: np.ndarray, *, seed: int = 0) -> np.ndarray:
+    """2-D coordinates whose distances approximate `distance` (scikit-learn's metric MDS, seeded)."""
+    from sklearn.manifold import MDS
+
+    mds = MDS(n_components=2, metric="precomputed", init="random", n_init=4, random_state=seed,
+              normalized_stress="auto")
+    return mds.fit_transform(np.asarray(distance, dtype=np.float64))
+
+
+def _top_roles(roles: pd.DataFrame | Mapping[str, str] | None) -> dict[tuple[str | None, str], str]:
+    """(model or None, head name) -> role: the first role listed for each head (analyses.heads.assign_roles order)."""
+    if roles is None:
+        return {}
+    if isinstance(roles, Mapping):
+        return {(None, k): v for k, v in roles.items()}
+    out: dict = {}
+    for row in roles.itertuples():
+        key = (getattr(row, "model", None), head_name(row.layer, row.head))
+        out.setdefault(key, row.role)
+    return out
+
+
+def head_clusters(distance: np.ndarray, heads: pd.DataFrame, *, roles=None, seed: int = 0) -> pd.DataFrame:
+    """`heads` with 2-D MDS coordinates `x, y` and each head's top `role` ("" where it has none).
+
+    `roles`: a roles table (columns `layer, head, role`, optionally `model`; e.g. from
+    `analyses.heads.assign_roles`) or a mapping head name -> role; computed elsewhere, never here.
+    """
+    xy = embed_heads(distance, seed=seed)
+    top = _top_roles(roles)
+    role = [top.get((m, n), top.get((None, n), "")) for m, n in zip(heads["model"], heads["name"])]
+    return heads.assign(x=xy[:, 0], y=xy[:, 1], role=role)

@@ -1,0 +1,110 @@
+"""`headscope syntax`: which heads follow dependency relations on a CoNLL-U treebank (thin wrapper over
+`headscope.syntax.syntax`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ..common import (device_options, echo_json, fail, finish, json_option, load_or_fail, model_option, out_option,
+                      quiet_option, verify_option, verify_step, write_table)
+
+__all__ = ["cli"]
+
+
+def _existing(path: str, option: str) -> Path:
+    p = Path(path)
+    if not p.is_file():
+        fail(f"{option} {path}: no such file")
+    return p
+
+
+def _read(path: Path, option: str):
+    from headscope.analyses.treebank import TreebankError, read_conllu
+
+    try:
+        tb = read_conllu(path)
+    except TreebankError as exc:
+        fail(f"{option} {exc}")
+    if not len(tb):
+        fail(f"{option} {path}: no sentence could be read"
+             + (f" (skipped: {', '.join(f'{v} × {k}' for k, v in tb.skipped.items())})" if tb.skipped else ""))
+    return tb
+
+
+@click.command(help="Which heads follow which dependency relations on a CoNLL-U treebank: per relation the head "
+                    "chosen on --select-on scored on --conllu against the best fixed offset, and trees decoded "
+                    "from single heads against right-branching.")
+@model_option
+@click.option("--conllu", "conllu_path", required=True, help="The treebank the heads are scored on (CoNLL-U).")
+@click.option("--select-on", "select_path", default=None,
+              help="A second CoNLL-U file to choose heads and offsets on (e.g. dev -> test). "
+                   "Without it, a seeded random half of --conllu is used for choosing.")
+@click.option("--subtypes", is_flag=True, help="Keep relation subtypes apart (nmod:poss); default: folded (nmod).")
+@click.option("--tree-sample", type=click.IntRange(1, None), default=500, show_default=True,
+              help="Selection sentences (seeded sample) on which every head's trees are decoded to choose one.")
+@click.option("--no-trees", is_flag=True, help="Skip decoding trees.")
+@click.option("--permutations", "n_perm", type=click.IntRange(100, None), default=10_000, show_default=True,
+              help="Monte Carlo permutations per test.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the split, tie-breaks, sample, tests.")
+@click.option("--limit", type=click.IntRange(1, None), default=None,
+              help="Use only the first N sentences of each file (a subset: say so when you report).")
+@click.option("--batch-size", type=click.IntRange(1, None), default=8, show_default=True)
+@out_option
+@json_option
+@quiet_option
+@verify_option
+@device_options
+def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, n_perm, seed, limit, batch_size,
+        out_path, as_json, quiet, no_verify, device, dtype) -> None:
+    from headscope.syntax import syntax
+
+    test = _read(_existing(conllu_path, "--conllu"), "--conllu")
+    select = _read(_existing(select_path, "--select-on"), "--select-on") if select_path else None
+    lm = load_or_fail(model_name, device, dtype)
+    verification = verify_step(lm, enabled=not no_verify)
+    try:
+        result = syntax(lm, test, select_on=select, subtypes=subtypes, trees=not no_trees, tree_sample=tree_sample,
+                        n_perm=n_perm, seed=seed, batch_size=batch_size, limit=limit,
+                        progress=not quiet)
+    except (ValueError, RuntimeError) as exc:
+        fail(f"{model_name}: {exc}")
+    if out_path is not None:
+        write_table(result.to_frame(), out_path)
+    if as_json:
+        echo_json({**result.to_dict(), "verification": verification})
+    else:
+        click.echo(verification["summary"])
+        _print(result)
+    finish(verification)
+
+
+def _pct(x) -> str:
+    return "    -" if x is None else f"{x:5.1%}"
+
+
+def _print(r) -> None:
+    from headscope.probe.types import head_name
+
+    click.echo(f"{r.model} · {r.treebank} · {r.n_sentences} test sentences ({r.n_skipped} skipped) · {r.selection}")
+    click.echo(f"  {'relation':<14} {'direction':<16} {'n':>5}  {'head':<7} {'held-out':>8}  {'95% CI':<13} "
+               f"{'offset':>6} {'base':>6}  {'p':>7} {'p_holm':>7}")
+    for s in r.relations:
+        head = head_name(*s.best_head) if s.best_head else "-"
+        ci = f"{s.ci95[0]:.1%}–{s.ci95[1]:.1%}" if s.ci95 else "-"
+        off = f"{s.baseline_offset:+d}" if s.baseline_offset is not None else "-"
+        p = f"{s.p_value:.2g}" if s.p_value is not None else "-"
+        ph = f"{s.p_holm:.2g}" if s.p_holm is not None else "-"
+        mark = " *" if s.beats_baseline else ""
+        click.echo(f"  {s.relation:<14} {s.direction:<16} {s.n:>5}  {head:<7} {_pct(s.heldout_accuracy):>8}  {ci:<13} "
+                   f"{off:>6} {_pct(s.baseline_accuracy):>6}  {p:>7} {ph:>7}{mark}")
+    click.echo("  * = the head beats the offset baseline (Holm-adjusted p < alpha)")
+    if r.trees is not None:
+        click.echo(f"  trees: {r.trees.verdict}")
+    if r.skipped:
+        click.echo("  skipped sentences: " + "; ".join(f"{v} × {k}" for k, v in r.skipped.items()))
+    if r.excluded:
+        click.echo("  excluded arcs: " + "; ".join(f"{v} × {k}" for k, v in r.excluded.items()))
+    for note in r.notes:
+        click.echo(f"  note: {note}")
