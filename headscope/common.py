@@ -28,8 +28,9 @@ __all__ = [
 
 
 def fail(message: str, code: int = 2) -> None:
-    """Print `message` to stderr and exit with `code` — no traceback wall."""
-    click.echo(f"headscope: {message}", err=True)
+    """Print `message` to stderr as one line and exit with `code` — no traceback wall."""
+    line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    click.echo(f"headscope: {line}", err=True)
     sys.exit(code)
 
 
@@ -196,7 +197,8 @@ def load_or_fail(name: str, device: str = "cpu", dtype: str = "float32"):
     try:
         return load(name, device=device, dtype=dtype)
     except (ModelNotAvailable, RuntimeError) as exc:
-        fail(str(exc))
+        first, *more = str(exc).splitlines() or [""]
+        fail(first + ("; `headscope models` lists the models that work offline" if more else ""))
 
 
 def too_long_or_fail(lm, lines, *, truncate: bool, batch: int = 256) -> None:

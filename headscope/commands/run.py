@@ -156,25 +156,27 @@ def write_atomic(out: Path, fill, *, force: bool, check: Callable[[], None] = la
     token = f"{os.getpid()}-{os.urandom(4).hex()}"
     tmp, old = out.with_name(f".{out.name}.partial-{token}"), out.with_name(f".{out.name}.old-{token}")
     lock = FileLock(_lock_of(tmp))
-    with lock:  # taken before the folders exist, so a cleaner never sees them unlocked
-        try:
-            tmp.mkdir()
-            fill(tmp)
-            check()
-            if out.exists():
-                problem = "it appeared while the report was being written" if not force else not_a_report(out)
-                if problem:
-                    raise FileExistsError(f"{out}: {problem}; nothing was replaced")
-                os.replace(out, old)
-            os.replace(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            if old.exists() and not out.exists():
-                os.replace(old, out)  # put the previous report back
-            raise
-        finally:
-            shutil.rmtree(old, ignore_errors=True)
-    Path(lock.lock_file).unlink(missing_ok=True)
+    try:
+        with lock:  # taken before the folders exist, so a cleaner never sees them unlocked
+            try:
+                tmp.mkdir()
+                fill(tmp)
+                check()
+                if out.exists():
+                    problem = "it appeared while the report was being written" if not force else not_a_report(out)
+                    if problem:
+                        raise FileExistsError(f"{out}: {problem}; nothing was replaced")
+                    os.replace(out, old)
+                os.replace(tmp, out)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                if old.exists() and not out.exists():
+                    os.replace(old, out)  # put the previous report back
+                raise
+            finally:
+                shutil.rmtree(old, ignore_errors=True)
+    finally:
+        _lock_of(tmp).unlink(missing_ok=True)
 
 
 def _lock_of(tmp: Path) -> Path:
