@@ -270,11 +270,15 @@ class Interrupts:
         self._previous: Any = None
 
     def __enter__(self) -> "Interrupts":
-        self._previous = signal.signal(signal.SIGINT, self._handler)
+        import threading
+
+        if threading.current_thread() is threading.main_thread():  # only there can Python take a signal
+            self._previous = signal.signal(signal.SIGINT, self._handler)
         return self
 
     def __exit__(self, *exc) -> None:
-        signal.signal(signal.SIGINT, self._previous)
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
 
     def _handler(self, signum, frame) -> None:
         self.received = True

@@ -172,7 +172,10 @@ def test_write_atomic_restores_the_old_folder_when_the_move_fails(tmp_path, monk
     out = tmp_path / "r"
     out.mkdir()
     (out / "a").write_text("old")
-    run_mod.write_atomic(out, lambda d: (d / "a").write_text("new"), force=True)
+    record = json.dumps({"headscope": "0", "files": {"report": "a"}})  # a report: --force may replace it
+    (out / "run.json").write_text(record)
+    run_mod.write_atomic(out, lambda d: [(d / "a").write_text("new"), (d / "run.json").write_text(record)],
+                         force=True)
     assert (out / "a").read_text() == "new" and _leftovers(tmp_path) == []
     with pytest.raises(RuntimeError):
         run_mod.write_atomic(out, lambda d: (_ for _ in ()).throw(RuntimeError("boom")), force=True)

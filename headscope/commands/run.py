@@ -215,7 +215,8 @@ def reclaim_stale(out: Path) -> None:
                    "(the it→animal sentence, its 'too wide' twin, 我爱北京天安门).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder to write the report into (created; must not exist unless --force).")
-@click.option("--force", is_flag=True, help="Replace an existing --out folder.")
+@click.option("--force", is_flag=True,
+              help="Replace an existing --out folder that headscope wrote (its run.json lists every file in it).")
 @click.option("--level", type=click.Choice(["word", "token"]), default="word", show_default=True,
               help="Units for head scores and the probe: words (Clark et al. 2019) or sub-word tokens.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N corpus texts.")
