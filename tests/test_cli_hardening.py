@@ -43,7 +43,7 @@ def stub_run(monkeypatch):
             return {"model": self.model, "verified": True}
 
     monkeypatch.setattr(run_mod, "load_or_fail", lambda name, *a: type("LM", (), {"name": name, "source": "stub"})())
-    monkeypatch.setattr(run_mod, "too_long_or_fail", lambda *a, **kw: None)
+    monkeypatch.setattr(run_mod, "too_long_or_fail", lambda *a, **kw: None, raising=False)
     monkeypatch.setattr(run_mod, "analyse_model", lambda lm, *a, **kw: Analysed())
     monkeypatch.setattr(run_mod, "model_section", lambda analysis: ModelSection(model=analysis.model))
     monkeypatch.setattr("headscope.reports.html.build_report", lambda sections, **kw: Report(
