@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Literal, Mapping, Sequence
 
 __all__ = [
-    "load", "extract", "verify", "explain", "heads", "induction_inputs", "extract_scores", "coref",
+    "load", "extract", "verify", "explain", "fit_context", "heads", "induction_inputs", "extract_scores", "coref",
     "relation_probe", "probe_sets", "causal", "corpus_stats", "versions", "builtin_corpus", "builtin_set",
     "read_corpus", "read_probe_file", "analyse_model", "ModelAnalysis", "RunSettings", "REPORT_SENTENCES",
     "TOO_LONG", "DEFAULT_LEVEL", "DEFAULT_INCLUDE_SPECIAL",
@@ -100,7 +100,32 @@ def explain(lm, text: str, *, token: str | int, layer: int, head: int, occurrenc
     """
     from headscope.probe.explain import explain as _explain
 
+    if isinstance(occurrence, bool) or not isinstance(occurrence, int) or occurrence < 0:
+        raise ValueError(f"occurrence must be 0 (the first), 1 (the second), ...; got {occurrence!r}")
     return _explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence)
+
+
+def fit_context(lm, text: str) -> str:
+    """`text` cut after the last token that fits `lm`'s context (special tokens included); unchanged if it fits.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> lm = tiny_model("bert")
+    >>> fit_context(lm, "The cat sat.") == "The cat sat."
+    True
+    >>> long = fit_context(lm, "cat " * 5000)
+    >>> len(lm.tokenizer(long)["input_ids"]) <= lm.max_length < len(lm.tokenizer("cat " * 5000)["input_ids"])
+    True
+    """
+    import warnings
+
+    from headscope.probe.extract import encode
+
+    if len(lm.tokenizer(text)["input_ids"]) <= lm.max_length:
+        return text
+    with warnings.catch_warnings():  # the caller asked for the cut; encode's "truncating" warning says it again
+        warnings.simplefilter("ignore")
+        enc = encode(lm, text, truncate=True)
+    return text[: max(b for (a, b), special in zip(enc.spans, enc.special) if not special)]
 
 
 # ---------------------------------------------------------------- head scores

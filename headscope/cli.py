@@ -1,10 +1,14 @@
 """The `headscope` command: thin wrappers over the public API (`headscope.api`).
 
 Each subcommand lives in `headscope/commands/<name>.py` and exposes a click command `cli`.
+Whatever goes wrong ends in one line on stderr and a non-zero exit: a bad argument exits 2, an
+unexpected error 1 (`--debug` shows its traceback), Ctrl-C 130. headscope's own warnings (an
+unusable cache folder) print as one line too.
 """
 
 from __future__ import annotations
 
+import sys
 import warnings
 
 import click
@@ -13,9 +17,55 @@ from . import __version__
 from .commands import ablate, compare, coref, explain, generate, heads, importance, models, probe, run, syntax, verify
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _OneLine(click.ClickException):
+    """A click error (bad option value, unknown command) shown as one line, not usage + hint + error."""
+
+    def show(self, file=None) -> None:
+        click.echo(f"headscope: {self.format_message()}", err=True)
+
+
+def _warning_line(message, category, filename, lineno, file=None, line=None, *, default=warnings.showwarning):
+    """headscope's own warnings ("headscope: ...") as the line they say; anything else as Python prints it."""
+    if str(message).startswith("headscope:"):
+        click.echo(str(message), err=True)
+    else:
+        default(message, category, filename, lineno, file, line)
+
+
+class _Group(click.Group):
+    def invoke(self, ctx: click.Context):
+        debug = ctx.params.get("debug", False)
+        try:
+            with warnings.catch_warnings():  # restores showwarning afterwards
+                if not debug:
+                    warnings.showwarning = _warning_line
+                return super().invoke(ctx)
+        except (click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except click.ClickException as exc:
+            if debug:
+                raise
+            where = exc.ctx.command_path if getattr(exc, "ctx", None) is not None else "headscope"
+            command = where.removeprefix("headscope").strip()
+            error = _OneLine(f"{command + ': ' if command else ''}{exc.format_message()} "
+                             f"(see {where} --help)".replace("\n", " "))
+            error.exit_code = exc.exit_code
+            raise error from None
+        except KeyboardInterrupt:
+            click.echo("\nheadscope: interrupted; nothing was written or replaced", err=True)
+            sys.exit(130)
+        except Exception as exc:
+            if debug:
+                raise
+            text = " ".join(str(exc).split()) or "no message"
+            click.echo(f"headscope: unexpected {type(exc).__name__}: {text} (--debug shows the traceback)", err=True)
+            sys.exit(1)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="headscope")
-def cli() -> None:
+@click.option("--debug", is_flag=True, help="Show the full traceback of an unexpected error.")
+def cli(debug: bool) -> None:
     """Look inside the attention heads of real pretrained models."""
 
 

@@ -2,13 +2,19 @@
 
 The options are defined once here, as decorators, so that every command spells them the same:
 `--model`, `--device`, `--dtype`, `--quiet`, `--json` and `--out FILE` (a table; its suffix picks
-the format).
+the format) with `--force`. Every `--out` is checked before any model loads: an existing file is
+refused unless `--force`, and the folder it goes into must take a new file (missing parent folders
+are created when the output is written, never before).
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import sys
+import tempfile
+from contextlib import suppress
 from pathlib import Path
 from typing import Any, Callable
 
@@ -16,13 +22,15 @@ import click
 
 __all__ = [
     "fail", "model_option", "models_option", "device_options", "quiet_option", "json_option", "out_option",
-    "TABLE_WRITERS", "write_table", "load_or_fail", "echo_json", "verify_option", "verify_step", "finish", "say",
+    "TABLE_WRITERS", "write_table", "writable_or_fail", "load_or_fail", "echo_json", "verify_option", "verify_step",
+    "finish", "say", "Interrupts", "too_long_or_fail",
 ]
 
 
 def fail(message: str, code: int = 2) -> None:
-    """Print `message` to stderr and exit with `code` — no traceback wall."""
-    click.echo(f"headscope: {message}", err=True)
+    """Print `message` to stderr as one line and exit with `code` — no traceback wall."""
+    line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    click.echo(f"headscope: {line}", err=True)
     sys.exit(code)
 
 
@@ -94,26 +102,82 @@ TABLE_WRITERS: dict[str, Callable[[Any, Path], None]] = {
 }
 
 
+_FORCE = "headscope.force"  # ctx.meta key: --force, read by --out's check
+
+
+def _remember_force(ctx, param, value: bool) -> bool:
+    ctx.meta[_FORCE] = value
+    return value
+
+
 def _check_table_path(ctx, param, value: Path | None) -> Path | None:
-    if value is not None and value.suffix not in TABLE_WRITERS:
+    if value is None:
+        return None
+    if value.suffix not in TABLE_WRITERS:
         fail(f"--out {value}: use a {', '.join(TABLE_WRITERS)} file name")
+    if value.is_dir():
+        fail(f"--out {value} is a folder; give a file name ending in {', '.join(TABLE_WRITERS)}")
+    if value.exists() and not ctx.meta.get(_FORCE, False):
+        fail(f"--out {value} already exists; pass --force to replace it, or choose another file")
+    writable_or_fail(value, "--out")
     return value
 
 
 def out_option(fn):
-    """--out FILE: the command's full table, as .csv, .parquet or .json (checked before any compute)."""
-    return click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                        callback=_check_table_path, expose_value=True,
-                        help="Write the full table here: .csv, .parquet or .json by the suffix.")(fn)
+    """--out FILE: the command's full table, as .csv, .parquet or .json, and --force to replace one.
+
+    Checked before any compute; `--force` is read first (eager), so the check of --out knows it.
+    """
+    fn = click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                      callback=_check_table_path, expose_value=True,
+                      help="Write the full table here: .csv, .parquet or .json by the suffix "
+                           "(missing folders are created).")(fn)
+    return click.option("--force", is_flag=True, is_eager=True, expose_value=False, callback=_remember_force,
+                        help="Replace an existing --out file (atomically: the old one stays until the new one "
+                             "is complete).")(fn)
+
+
+def writable_or_fail(target: Path, option: str) -> None:
+    """Fail now, before any compute, when `target` could not be written.
+
+    Its nearest existing folder must take a new file: an anonymous temporary file is made there and
+    removed at once, so the check leaves nothing behind (missing folders are created later, by the
+    writer).
+    """
+    existing = Path(target).absolute().parent
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        fail(f"{option} {target}: {existing} is a file, not a folder")
+    try:
+        with tempfile.TemporaryFile(dir=existing):
+            pass
+    except OSError as exc:
+        fail(f"{option} {target}: cannot write in {existing} ({exc.strerror or exc})")
 
 
 def write_table(table, path: Path) -> None:
-    """Write a DataFrame to `path` in the format its suffix names; a failure is one error line."""
+    """Write a DataFrame to `path` in the format its suffix names; a failure is one error line.
+
+    Missing folders are created. The table goes to a temporary file beside `path` that is renamed
+    over it when complete, so a replaced file is never half written.
+    """
     path = Path(path)
+    tmp: Path | None = None
     try:
-        TABLE_WRITERS[path.suffix](table, path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".partial{path.suffix}", dir=path.parent)
+        os.close(fd)
+        tmp = Path(name)
+        TABLE_WRITERS[path.suffix](table, tmp)
+        os.replace(tmp, path)
+        tmp = None
     except (OSError, ImportError) as exc:
         fail(f"could not write {path}: {getattr(exc, 'strerror', None) or exc}")
+    finally:
+        if tmp is not None:
+            with suppress(OSError):
+                tmp.unlink()
 
 
 # ---------------------------------------------------------------- running
@@ -133,7 +197,25 @@ def load_or_fail(name: str, device: str = "cpu", dtype: str = "float32"):
     try:
         return load(name, device=device, dtype=dtype)
     except (ModelNotAvailable, RuntimeError) as exc:
-        fail(str(exc))
+        first, *more = str(exc).splitlines() or [""]
+        fail(first + ("; `headscope models` lists the models that work offline" if more else ""))
+
+
+def too_long_or_fail(lm, lines, *, truncate: bool, batch: int = 256) -> None:
+    """Fail with the file and line of the first corpus text longer than `lm`'s context (unless `truncate`).
+
+    `lines` are `analyses.corpus.CorpusLine`s; counted with special tokens, as extraction counts them.
+    """
+    from itertools import islice
+
+    if truncate:
+        return
+    stream = iter(lines)
+    while chunk := list(islice(stream, batch)):
+        for line, ids in zip(chunk, lm.tokenizer([c.text for c in chunk])["input_ids"]):
+            if len(ids) > lm.max_length:
+                fail(str(line.error(f"the text has {len(ids)} tokens; {lm.name} takes at most {lm.max_length}. "
+                                    "Split it, or pass --truncate to keep its first tokens")))
 
 
 def echo_json(obj: Any) -> None:
@@ -169,3 +251,40 @@ def finish(verification: dict) -> None:
     """Exit 1 when the attention behind the output failed verification (the output is still printed)."""
     if verification.get("passed") is False:
         sys.exit(1)
+
+
+# ---------------------------------------------------------------- Ctrl-C
+
+
+class Interrupts:
+    """Ctrl-C that cannot be lost: SIGINT raises KeyboardInterrupt as usual and is also remembered.
+
+    A KeyboardInterrupt raised while Python runs a finaliser (a `__del__`, a weakref callback) is
+    printed as "Exception ignored ..." and dropped, and the run would go on; `check()` raises it
+    again at the next safe point. Used as a context manager in the main thread; the previous
+    handler is restored on exit.
+    """
+
+    def __init__(self) -> None:
+        self.received = False
+        self._previous: Any = None
+
+    def __enter__(self) -> "Interrupts":
+        import threading
+
+        if threading.current_thread() is threading.main_thread():  # only there can Python take a signal
+            self._previous = signal.signal(signal.SIGINT, self._handler)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _handler(self, signum, frame) -> None:
+        self.received = True
+        raise KeyboardInterrupt
+
+    def check(self) -> None:
+        """Raise KeyboardInterrupt if a Ctrl-C came in, even one that a finaliser swallowed."""
+        if self.received:
+            raise KeyboardInterrupt

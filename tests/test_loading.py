@@ -33,7 +33,9 @@ def test_unknown_model_gives_one_clear_error():
         [line] = [ln for ln in lines if ln.split()[0] == spec.name]
         assert line.endswith("— installed" if is_available(spec) else f"— install with: {spec.install}")
     res = CliRunner().invoke(cli, ["verify", "--model", "no-such-model"])
-    assert res.exit_code == 2 and "Traceback" not in res.output and "Models that work offline" in res.output
+    # The CLI keeps the first line and points at `headscope models` for the list: one line on stderr.
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert res.stderr.splitlines() == [f"headscope: {lines[0]}; `headscope models` lists the models that work offline"]
 
 
 def test_bad_options():

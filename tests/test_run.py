@@ -108,16 +108,22 @@ def quick_report(tiny_models, monkeypatch):
         html="<p>report</p>", figures=(), tables={"t": pd.DataFrame({"a": [1]})}))
 
 
-def test_existing_folder_needs_force_and_is_replaced_whole(quick_report, tmp_path):
+def test_existing_folder_needs_force_and_only_a_report_is_replaced_whole(quick_report, tmp_path):
     out = tmp_path / "report"
     out.mkdir()
     (out / "old.txt").write_text("keep me")
     result = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", str(out), *FAST])
     assert result.exit_code == 2 and "already exists" in result.output and "--force" in result.output
     assert (out / "old.txt").read_text() == "keep me"
+    result = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", str(out), "--force", *FAST])
+    assert result.exit_code == 2 and "headscope did not write" in result.output  # not a report: kept
+    assert (out / "old.txt").read_text() == "keep me"
+    (out / "old.txt").unlink()
+    (out / "index.html").write_text("previous")
+    (out / "run.json").write_text(json.dumps({"headscope": "0", "files": {"report": "index.html"}}))
     result = _invoke("--model", "bert", "--out", str(out), "--force", *FAST)
     assert result.exit_code == 0, result.output
-    assert not (out / "old.txt").exists() and (out / "index.html").read_text() == "<p>report</p>"
+    assert (out / "index.html").read_text() == "<p>report</p>"
     assert (out / "t.csv").exists() and json.loads((out / "run.json").read_text())["passed"] is True
     assert _leftovers(tmp_path) == []
 
@@ -151,13 +157,14 @@ def test_an_interrupted_write_leaves_no_half_report(quick_report, tmp_path, monk
     monkeypatch.setattr(Report, "write", half_then_interrupt)
     out = tmp_path / "report"
     result = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", str(out), *FAST])
-    assert result.exit_code == 1 and "Aborted" in result.output  # click's answer to Ctrl-C
+    assert result.exit_code == 130 and "interrupted" in result.output  # Ctrl-C's conventional exit status
     assert not out.exists() and _leftovers(tmp_path) == []
     # With --force the previous report survives an interrupted replacement.
     out.mkdir()
     (out / "index.html").write_text("previous")
+    (out / "run.json").write_text(json.dumps({"headscope": "0", "files": {"report": "index.html"}}))
     result = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", str(out), "--force", *FAST])
-    assert result.exit_code == 1
+    assert result.exit_code == 130
     assert (out / "index.html").read_text() == "previous" and _leftovers(tmp_path) == []
 
 
@@ -165,7 +172,10 @@ def test_write_atomic_restores_the_old_folder_when_the_move_fails(tmp_path, monk
     out = tmp_path / "r"
     out.mkdir()
     (out / "a").write_text("old")
-    run_mod.write_atomic(out, lambda d: (d / "a").write_text("new"), force=True)
+    record = json.dumps({"headscope": "0", "files": {"report": "a"}})  # a report: --force may replace it
+    (out / "run.json").write_text(record)
+    run_mod.write_atomic(out, lambda d: [(d / "a").write_text("new"), (d / "run.json").write_text(record)],
+                         force=True)
     assert (out / "a").read_text() == "new" and _leftovers(tmp_path) == []
     with pytest.raises(RuntimeError):
         run_mod.write_atomic(out, lambda d: (_ for _ in ()).throw(RuntimeError("boom")), force=True)

@@ -52,17 +52,20 @@ def probe_options(fn):
     return fn
 
 
-def _load_set(spec: str, limit: int | None):
-    """(task name, examples) for a built-in name or a file path."""
+def _load_set(spec: str, limit: int | None, option: str = "--data"):
+    """(task name, examples) for a built-in name or a file path; errors name `option`."""
     from headscope.analyses.relations import BUILTIN_SETS, builtin_set, read_probe_file
 
     if spec in BUILTIN_SETS:
         examples, task = builtin_set(spec), BUILTIN_SETS[spec][1]
     else:
         path = Path(spec)
-        if not path.exists():
-            fail(f"--data {spec}: no such file, and not a built-in set ({', '.join(BUILTIN_SETS)})")
-        examples = read_probe_file(path)
+        if not path.is_file():
+            fail(f"{option} {spec}: no such file, and not a built-in set ({', '.join(BUILTIN_SETS)})")
+        try:
+            examples = read_probe_file(path)
+        except OSError as exc:
+            fail(f"{option} {spec}: cannot read it ({exc.strerror or exc})")
         task = path.stem.removeprefix("relation_").replace("_", "-")
     return task, examples[:limit] if limit else examples
 
@@ -93,7 +96,7 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, templa
     head = _parse_head(show_head)
     try:
         sets = [_load_set(name, limit) for name in ([data_spec] if data_spec is not None else builtin)]
-        held = _load_set(heldout_path, limit) if heldout_path else None
+        held = _load_set(heldout_path, limit, "--heldout") if heldout_path else None
     except ProbeDataError as exc:
         fail(str(exc))
     if held is not None and len(sets) != 1:

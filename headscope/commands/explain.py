@@ -30,24 +30,26 @@ def _layer_head(layer: int | None, spec: str) -> tuple[int, int]:
 @click.argument("text")
 @model_option
 @click.option("--token", required=True, help="The query token (a word of TEXT; a split word starts at its first piece).")
-@click.option("--occurrence", default=0, show_default=True, help="Which occurrence of --token (0-based).")
+@click.option("--occurrence", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Which occurrence of --token (0-based: 0 is the first).")
 @click.option("--head", "head_spec", required=True, metavar="LxHy",
               help="The head, e.g. L2H3 or 2,3 (model indices, from 0); a bare number is a head of --layer.")
 @click.option("--layer", type=int, default=None, help="The layer, when --head is a bare head number.")
 @click.option("--scale-effect", is_flag=True, help="Also show every head of the layer with and without the 1/√d scale.")
 @click.option("--permutation", is_flag=True, help="Also show that attention without positions is permutation-equivariant.")
+@click.option("--truncate", is_flag=True, help="Cut TEXT to the model's context instead of failing.")
 @out_option
 @json_option
 @device_options
-def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, permutation, out_path, as_json, device,
-        dtype) -> None:
+def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, permutation, truncate, out_path, as_json,
+        device, dtype) -> None:
     """Explain how one head builds TOKEN's output in TEXT: scores, scaling, softmax, values.
 
     --out writes the per-key table.
     """
     import pandas as pd
 
-    from headscope.api import explain
+    from headscope.api import explain, fit_context
     from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
     from headscope.probe.explain import permutation_check
     from headscope.probe.explain import scale_effect as scale_table
@@ -56,6 +58,8 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
     layer, head = _layer_head(layer, head_spec)
     lm = load_or_fail(model_name, device, dtype)
     try:
+        if truncate:
+            text = fit_context(lm, text)
         e = explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence)
         scales = scale_table(lm, text, layers=[layer]) if scale_effect else None
         perm = permutation_check(lm, text, layer=0) if permutation else None

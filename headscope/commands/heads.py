@@ -6,7 +6,7 @@ import click
 
 from ..api import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL
 from ..common import (device_options, echo_json, fail, finish, json_option, load_or_fail, model_option, out_option,
-                      quiet_option, verify_option, verify_step, write_table)
+                      quiet_option, too_long_or_fail, verify_option, verify_step, write_table)
 
 __all__ = ["cli"]
 
@@ -43,6 +43,12 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
 
     texts, total, source = _corpus(corpus_path, limit)
     lm = load_or_fail(model_name, device, dtype)
+    if corpus_path is not None:  # a text too long for the model is named by its file and line
+        from itertools import islice
+
+        from headscope.analyses.corpus import iter_corpus_lines
+
+        too_long_or_fail(lm, islice(iter_corpus_lines(corpus_path), limit), truncate=truncate)
     verification = verify_step(lm, enabled=not no_verify)
     try:
         scores = heads(lm, texts, level=level, include_special=include_special, batch_size=batch_size,

@@ -7,7 +7,10 @@ into the model's report section. Then one report for all models, side by side:
 
 Writing is atomic: everything goes into a temporary folder beside DIR, which is renamed to DIR
 at the end, so an interrupted run leaves no half report. An existing DIR is replaced only with
-`--force` (the old one is moved aside, the new one moved in, then the old one deleted).
+`--force`, and only when headscope wrote it (its run.json lists every file it holds) or it is
+empty: the old one is moved aside, the new one moved in, then the old one deleted. The working
+directory and its ancestors are never replaced. The writer holds a lock beside its temporary
+folders; temporaries whose lock is free were left by a killed run and are removed by the next one.
 """
 
 from __future__ import annotations
@@ -16,18 +19,21 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable
 
 import click
 
 from ..api import REPORT_SENTENCES, RunSettings, analyse_model, versions
-from ..common import device_options, echo_json, fail, json_option, load_or_fail, models_option, quiet_option, say
+from filelock import FileLock, Timeout
 
-__all__ = ["cli", "model_section", "write_atomic"]
+from ..common import (Interrupts, device_options, echo_json, fail, json_option, load_or_fail, models_option,
+                      quiet_option, say, too_long_or_fail, writable_or_fail)
+
+__all__ = ["cli", "model_section", "write_atomic", "not_a_report"]
 
 _COREF_SETS = ("agreement", "winograd")
 
@@ -37,11 +43,18 @@ _COREF_SETS = ("agreement", "winograd")
 
 def _read_inputs(corpus_path: str | None, coref_path: str | None, limit: int | None):
     """Corpus texts and probe sets, read (and checked) before any model is loaded."""
-    from headscope.analyses.corpus import CorpusError, builtin_corpus, read_corpus
+    from headscope.analyses.corpus import CorpusError, builtin_corpus, iter_corpus_lines
     from headscope.analyses.relations import BUILTIN_SETS, ProbeDataError, builtin_set, read_probe_file
 
+    lines = ()  # a file's texts with their line numbers, to name a text too long for a model
     try:
-        texts = builtin_corpus() if corpus_path is None else read_corpus(corpus_path)
+        if corpus_path is None:
+            texts = builtin_corpus()
+        else:
+            lines = tuple(iter_corpus_lines(corpus_path))[:limit]
+            if not lines:
+                fail(f"--corpus {corpus_path}: the file holds no texts (only empty lines); give one text per line")
+            texts = [line.text for line in lines]
     except FileNotFoundError:
         fail(f"--corpus {corpus_path}: no such file; give a text file with one text per line (or JSONL with a "
              "'text' field), or leave --corpus out for the built-in corpus")
@@ -58,14 +71,50 @@ def _read_inputs(corpus_path: str | None, coref_path: str | None, limit: int | N
             sets = [(Path(coref_path).stem.replace("_", "-"), read_probe_file(coref_path))]
     except (ProbeDataError, OSError, UnicodeError, ValueError) as exc:
         fail(f"--coref {coref_path}: {exc}")
-    return texts, sets
+    return texts, sets, lines
 
 
 def _check_out(out: Path, force: bool) -> None:
-    if out.exists() and not force:
-        fail(f"--out {out} already exists; pass --force to replace it, or choose another folder")
+    """Refuse, before any work, an --out that must not be replaced or cannot be written."""
+    here, target = Path.cwd().resolve(), out.resolve()
+    if target == here or target in here.parents:
+        fail(f"--out {out} is the working directory or a folder above it; give a new folder for the report")
     if out.exists() and not out.is_dir():
         fail(f"--out {out} exists and is not a folder; remove it or choose another name")
+    if out.exists() and not force:
+        fail(f"--out {out} already exists; pass --force to replace it, or choose another folder")
+    if out.exists():
+        problem = not_a_report(out)
+        if problem:
+            fail(f"--out {out}: {problem}; --force replaces only a report folder that headscope wrote")
+    writable_or_fail(out, "--out")
+
+
+def not_a_report(folder: Path) -> str | None:
+    """Why `folder` is not a report folder that `--force` may replace, or None (a report, or empty).
+
+    A report is recognised by its run.json, which lists the report's files: anything else in the
+    folder (a file the user added, another project) makes it not replaceable.
+    """
+    folder = Path(folder)
+    if not any(folder.iterdir()):
+        return None
+    try:
+        record = json.loads((folder / "run.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return "the folder has no run.json, so headscope did not write it"
+    except (OSError, ValueError):
+        return "its run.json is not a headscope run record"
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or "headscope" not in record:
+        return "its run.json is not a headscope run record"
+    ours = {"run.json", "figures", str(files.get("report")), *map(str, files.get("figures", ())),
+            *map(str, files.get("tables", ()))}
+    for path in sorted(folder.rglob("*")):
+        name = path.relative_to(folder).as_posix()
+        if name not in ours or (name == "figures") != (path.is_dir() and not path.is_symlink()):
+            return f"it holds {name}, which headscope did not write"
+    return None
 
 
 # ---------------------------------------------------------------- one model's report section
@@ -92,33 +141,66 @@ def _word_maps(maps) -> tuple:
 # ---------------------------------------------------------------- writing
 
 
-def write_atomic(out: Path, fill, *, force: bool) -> None:
+def write_atomic(out: Path, fill, *, force: bool, check: Callable[[], None] = lambda: None) -> None:
     """Call `fill(tmp)` on a fresh temporary folder beside `out`, then move it to `out`.
 
     An exception or interrupt removes the temporary folder and leaves `out` as it was. With
-    `force` an existing `out` is moved aside first and deleted only after the new one is in place.
+    `force` an existing `out` (a report, `not_a_report`) is moved aside first and deleted only after
+    the new one is in place. `check()` runs just before anything is moved (`Interrupts.check`).
+    While it works the writer holds `.<name>.partial-<id>.lock`; temporaries of writers killed
+    earlier (their lock is free) are removed first.
     """
     out = out.absolute()
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    old: Path | None = None
+    reclaim_stale(out)
+    token = f"{os.getpid()}-{os.urandom(4).hex()}"
+    tmp, old = out.with_name(f".{out.name}.partial-{token}"), out.with_name(f".{out.name}.old-{token}")
+    lock = FileLock(_lock_of(tmp))
     try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; a report folder is an ordinary one
-        fill(tmp)
-        if out.exists():
-            if not force:
-                raise FileExistsError(f"{out} appeared while the report was being written; nothing was replaced")
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, old / "report")
-        os.replace(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not out.exists():
-            os.replace(old / "report", out)  # put the previous report back
-        raise
+        with lock:  # taken before the folders exist, so a cleaner never sees them unlocked
+            try:
+                tmp.mkdir()
+                fill(tmp)
+                check()
+                if out.exists():
+                    problem = "it appeared while the report was being written" if not force else not_a_report(out)
+                    if problem:
+                        raise FileExistsError(f"{out}: {problem}; nothing was replaced")
+                    os.replace(out, old)
+                os.replace(tmp, out)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                if old.exists() and not out.exists():
+                    os.replace(old, out)  # put the previous report back
+                raise
+            finally:
+                shutil.rmtree(old, ignore_errors=True)
     finally:
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        _lock_of(tmp).unlink(missing_ok=True)
+
+
+def _lock_of(tmp: Path) -> Path:
+    return tmp.with_name(tmp.name + ".lock")
+
+
+def reclaim_stale(out: Path) -> None:
+    """Remove the temporaries that killed writers of `out` left beside it (their lock is free).
+
+    A killed writer's moved-aside previous report (`.old-`) goes back to `out` when `out` is
+    missing (it was killed between the two renames); otherwise it is deleted.
+    """
+    for lock in sorted(out.parent.glob(f".{out.name}.partial-*.lock")):
+        tmp = lock.with_suffix("")
+        old = out.with_name(tmp.name.replace(".partial-", ".old-", 1))
+        try:
+            with FileLock(lock, timeout=0):
+                shutil.rmtree(tmp, ignore_errors=True)
+                if old.exists() and not out.exists():
+                    os.replace(old, out)
+                shutil.rmtree(old, ignore_errors=True)
+        except Timeout:
+            continue  # a writer is working there right now
+        lock.unlink(missing_ok=True)
 
 
 @click.command()
@@ -133,7 +215,8 @@ def write_atomic(out: Path, fill, *, force: bool) -> None:
                    "(the it→animal sentence, its 'too wide' twin, 我爱北京天安门).")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder to write the report into (created; must not exist unless --force).")
-@click.option("--force", is_flag=True, help="Replace an existing --out folder.")
+@click.option("--force", is_flag=True,
+              help="Replace an existing --out folder that headscope wrote (its run.json lists every file in it).")
 @click.option("--level", type=click.Choice(["word", "token"]), default="word", show_default=True,
               help="Units for head scores and the probe: words (Clark et al. 2019) or sub-word tokens.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N corpus texts.")
@@ -167,60 +250,65 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
         if not t.strip():
             fail(f"--text {i + 1} is empty; give a sentence")
     _check_out(out_dir, force)
-    corpus, probe_sets = _read_inputs(corpus_path, coref_path, limit)
+    corpus, probe_sets, corpus_lines = _read_inputs(corpus_path, coref_path, limit)
     settings = RunSettings(
         corpus="built-in" if corpus_path is None else str(corpus_path),
         coref=f"built-in ({', '.join(_COREF_SETS)})" if coref_path is None else str(coref_path),
         texts=tuple(texts) or REPORT_SENTENCES, level=level, limit=limit, induction_sequences=induction_seqs,
         permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate)
 
-    sections, records = [], []
-    for name in names:
+    # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser.
+    with Interrupts() as interrupts:
+        sections, records = [], []
+        for name in names:
+            t0 = time.perf_counter()
+            lm = load_or_fail(name, device, dtype)
+            load_seconds = time.perf_counter() - t0
+            say(f"{lm.name}: loaded from {lm.source} ({load_seconds:.1f} s)", quiet=quiet)
+            too_long_or_fail(lm, corpus_lines, truncate=truncate)
+            try:
+                analysis = analyse_model(lm, corpus, probe_sets, settings, load_seconds=load_seconds, progress=not quiet,
+                                         log=None if quiet else lambda line: click.echo(line, err=True))
+            except (TypeError, ValueError) as exc:
+                fail(f"{name}: {exc}")
+            sections.append(model_section(analysis))
+            records.append(analysis.to_dict())
+            del lm  # one model in memory at a time
+            interrupts.check()
+
+        from headscope.probe.types import json_safe
+        from headscope.reports.html import build_report
+
         t0 = time.perf_counter()
-        lm = load_or_fail(name, device, dtype)
-        load_seconds = time.perf_counter() - t0
-        say(f"{lm.name}: loaded from {lm.source} ({load_seconds:.1f} s)", quiet=quiet)
+        the_versions = versions()
+        settings_dict = {k: v for k, v in asdict(settings).items() if k != "texts"}
+        report = build_report(sections, settings=settings_dict, versions=the_versions)
+        interrupts.check()
+        seconds_report = time.perf_counter() - t0
+        passed = all(r["verified"] for r in records)
+        run_record = {
+            "headscope": the_versions["headscope"],
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "out": str(out_dir),
+            "passed": passed,
+            "settings": {**settings_dict, "texts": list(settings.texts)},
+            "versions": the_versions,
+            "models": records,
+            "files": {"report": "index.html", "figures": [f"figures/{f.name}" for f in report.figures],
+                      "tables": [f"{t}.csv" for t in sorted(report.tables)]},
+        }
+
+        def fill(folder: Path) -> None:
+            report.write(folder)
+            run_record["seconds"] = {"report": round(seconds_report, 3),
+                                     "total": round(time.perf_counter() - t_start, 3)}
+            (folder / "run.json").write_text(json.dumps(json_safe(run_record), indent=2, ensure_ascii=False) + "\n",
+                                             encoding="utf-8")
+
         try:
-            analysis = analyse_model(lm, corpus, probe_sets, settings, load_seconds=load_seconds, progress=not quiet,
-                                     log=None if quiet else lambda line: click.echo(line, err=True))
-        except (TypeError, ValueError) as exc:
-            fail(f"{name}: {exc}")
-        sections.append(model_section(analysis))
-        records.append(analysis.to_dict())
-        del lm  # one model in memory at a time
-
-    from headscope.probe.types import json_safe
-    from headscope.reports.html import build_report
-
-    t0 = time.perf_counter()
-    the_versions = versions()
-    settings_dict = {k: v for k, v in asdict(settings).items() if k != "texts"}
-    report = build_report(sections, settings=settings_dict, versions=the_versions)
-    seconds_report = time.perf_counter() - t0
-    passed = all(r["verified"] for r in records)
-    run_record = {
-        "headscope": the_versions["headscope"],
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "out": str(out_dir),
-        "passed": passed,
-        "settings": {**settings_dict, "texts": list(settings.texts)},
-        "versions": the_versions,
-        "models": records,
-        "files": {"report": "index.html", "figures": [f"figures/{f.name}" for f in report.figures],
-                  "tables": [f"{t}.csv" for t in sorted(report.tables)]},
-    }
-
-    def fill(folder: Path) -> None:
-        report.write(folder)
-        run_record["seconds"] = {"report": round(seconds_report, 3),
-                                 "total": round(time.perf_counter() - t_start, 3)}
-        (folder / "run.json").write_text(json.dumps(json_safe(run_record), indent=2, ensure_ascii=False) + "\n",
-                                         encoding="utf-8")
-
-    try:
-        write_atomic(out_dir, fill, force=force)
-    except OSError as exc:
-        fail(f"could not write the report to {out_dir}: {exc}")
+            write_atomic(out_dir, fill, force=force, check=interrupts.check)
+        except OSError as exc:
+            fail(f"could not write the report to {out_dir}: {exc}")
     size = (out_dir / "index.html").stat().st_size
     wrote = (f"wrote {out_dir / 'index.html'} ({size / 1e6:.1f} MB), {len(report.figures)} figures, "
              f"{len(report.tables)} tables, run.json in {time.perf_counter() - t_start:.0f} s")
