@@ -55,6 +55,7 @@ _LAZY = {
     "from_transformer_lens": "headscope.probe.interop",
     "long_frame": "headscope.probe.interop",
     "plot": "headscope.reports",
+    "show": "headscope.reports",
 }
 
 __all__ = [
