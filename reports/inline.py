@@ -100,10 +100,12 @@ def _position(ids: list[int], wanted: int | None, what: str) -> int:
 
 @functools.lru_cache(maxsize=1)
 def _script() -> str:
-    script = resources.files(__package__).joinpath("static", "inline.js").read_text(encoding="utf-8")
-    if "</script" in script.lower():
-        raise ValueError("inline.js must not contain '</script'")
-    return script.strip()
+    source = resources.files(__package__).joinpath("static", "inline.js").read_text(encoding="utf-8")
+    lines = source.strip().splitlines()
+    script = "\n".join(lines[next(i for i, line in enumerate(lines) if not line.startswith("//")):])  # no header
+    if "</script" in script.lower() or "<!--" in script:
+        raise ValueError("inline.js must not contain '</script' or '<!--'")
+    return script
 
 
 _STYLE = """

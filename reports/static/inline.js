@@ -1,6 +1,6 @@
 // headscope inline view for notebook output cells: plain JavaScript, no require.js, no library, no
-// network. Called once per output as headscopeView(rootId): the data sits in
-// <script type="application/json" id="ROOTID-data">; every element the view makes lives inside the
+// network. A function expression, called once per output with the root element's id: the data sits
+// in the JSON block whose id is ROOTID-data; every element the view makes lives inside the
 // root, so two outputs on one page never share an id. Strings from users or models are set with
 // textContent only. Attention is stored per head as a flat [query * n_keys + key] list of 0..1000.
 (function (rootId) {
