@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from headscope.probe.types import AttentionMap
 
-__all__ = ["InlineView", "show", "view_data"]
+__all__ = ["InlineView", "show", "view_data", "generation_data"]
 
 _SCALE = 1000  # attention stored as integers 0..1000 (three decimals), as in the report
 
@@ -82,6 +82,18 @@ def view_data(maps: Sequence[AttentionMap], *, layer: int | None = None, head: i
                  head_ids, layer=layer, head=head, title=title or str(first.meta.get("model", "")), cross=cross)
 
 
+def generation_data(gen: Any, *, layer: int | None = None, head: int | None = None, title: str = "") -> dict:
+    """The view's data for a generation (`headscope.GenerationAttention`): one entry per generated token,
+    its one query row over the prompt and the tokens generated so far, so the selector steps through them."""
+    prompt = gen.prompt
+    steps = [_map_data(row.unsqueeze(2), [tok], gen.key_labels(t), causal=True, text=f"step {t + 1}: {tok!r}")
+             for t, (tok, row) in enumerate(zip(gen.generated_tokens, gen.steps))]  # row: [layer, head, key]
+    if not steps:
+        raise ValueError("the generation has no generated tokens to show")
+    return _data(steps, list(prompt.layer_ids), list(prompt.head_ids), layer=layer, head=head,
+                 title=title or f"{gen.model}: generating after “{prompt.text}”", cross=False)
+
+
 def _data(maps: list[dict], layer_ids: list[int], head_ids: list[int], *, layer: int | None, head: int | None,
           title: str, cross: bool) -> dict:
     return {"title": title, "layer_ids": layer_ids, "head_ids": head_ids,
@@ -126,7 +138,8 @@ def show(maps: Any, labels: Sequence[str] | None = None, *, key_labels: Sequence
          layer: int | None = None, head: int | None = None, causal: bool = False, title: str = "") -> InlineView:
     """The offline head explorer of `maps`, inline in a notebook (shown when it is a cell's last value).
 
-    `maps`: an `AttentionMap`, a list of them (a selector steps through the texts), or, as bertviz's
+    `maps`: an `AttentionMap`, a list of them (a selector steps through the texts), a
+    `GenerationAttention` (the selector steps through the generated tokens), or, as bertviz's
     `head_view(attention, tokens)`, a `[layer, head, query, key]` tensor with its `labels` (and
     `key_labels` when keys differ from queries: cross-attention). `layer`/`head` (model indices)
     pick the head enlarged first.
@@ -140,6 +153,8 @@ def show(maps: Any, labels: Sequence[str] | None = None, *, key_labels: Sequence
         n_l, n_h = maps.shape[:2]
         data = _data([_map_data(maps, list(labels), keys, causal=causal, text=title)], list(range(n_l)),
                      list(range(n_h)), layer=layer, head=head, title=title, cross=key_labels is not None)
+    elif hasattr(maps, "steps") and hasattr(maps, "key_labels"):  # a GenerationAttention (headscope.generate)
+        data = generation_data(maps, layer=layer, head=head, title=title)
     else:
         items = list(maps) if isinstance(maps, (list, tuple)) else [maps]
         if not items:

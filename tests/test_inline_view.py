@@ -169,3 +169,45 @@ def test_a_causal_view_greys_the_future(browser):
     page.wait_for_selector(".hs-inline[data-ready='1']")
     n = len(amap)
     assert page.locator("rect.hs-cell[fill='#eeeeee']").count() == n * (n - 1) // 2
+
+
+def _generation():
+    """A hand-built generation: a 3-token prompt, then two tokens, each attending as stated."""
+    from headscope.generate import GenerationAttention
+
+    prompt = R.token_map("The cat", causal=True, layers=2, heads=2)  # [CLS] The cat [SEP]: 4 tokens
+    n = len(prompt)
+    steps = []
+    for t in range(2):
+        row = torch.zeros(2, 2, n + t + 1)  # [layer, head, key]
+        row[..., t] = 1.0  # every head of step t looks at key t
+        steps.append(row)
+    return GenerationAttention(model="toy", prompt=prompt, generated_ids=(5, 6), generated_tokens=(" sat", " down"),
+                               steps=tuple(steps), stopped="max_new_tokens")
+
+
+def test_a_generation_steps_through_its_generated_tokens():
+    gen = _generation()
+    data = _data(show(gen).html)
+    assert [m["queries"] for m in data["maps"]] == [[" sat"], [" down"]]
+    assert [m["keys"] for m in data["maps"]] == [list(gen.key_labels(0)), list(gen.key_labels(1))]
+    for t, m in enumerate(data["maps"]):
+        n_keys = len(gen.prompt) + t + 1
+        assert m["offset"] == n_keys - 1  # the one query is the last token: it sees every key
+        assert all(row == [1000 if k == t else 0 for k in range(n_keys)] for row in m["att"])
+
+
+@pytest.mark.browser
+def test_the_generation_view_steps_with_its_selector(browser):
+    gen = _generation()
+    page = offline_page(browser, show(gen).html)
+    page.wait_for_selector(".hs-inline[data-ready='1']")
+    n = len(gen.prompt)
+    assert page.locator("rect.hs-cell").count() == n + 1
+    assert page.locator("rect.hs-cell[fill='#eeeeee']").count() == 0  # nothing of the past is masked
+    page.select_option("select.hs-pick", "1")
+    assert page.locator("rect.hs-cell").count() == n + 2
+    assert page.locator("text.hs-q").all_text_contents() == [" down"]
+    page.hover("text.hs-q[data-q='0']")
+    assert f"“ down” attends most to: “{gen.prompt.labels[1]}” 1.00" in page.inner_text(".hs-strip-note")
+    assert page.events["errors"] == [] and page.events["requests"] == []
