@@ -162,8 +162,9 @@ def _figures_for(section: ModelSection, name: str, *, dpi: int, formats: Sequenc
         for panel in spec.panels(section):
             fig = spec.draw(*panel.args)
             png = to_png(fig, dpi=dpi)
-            files = {} if tuple(formats) == ("png",) and width is None else {
-                fmt: figure_bytes(fig, fmt, dpi=dpi, width=width) for fmt in formats}
+            files = {} if tuple(formats) == ("png",) and width is None else {  # the PNG drawn once when unscaled
+                fmt: png if fmt == "png" and width is None else figure_bytes(fig, fmt, dpi=dpi, width=width)
+                for fmt in formats}
             out.append(FigureFile(f"{name}-{spec.stem.format(**panel.words)}.png", spec.caption.format(**panel.words),
                                   png, spec.group, section.model, compact_png(png), panel.result, files))
     groups = list(dict.fromkeys(spec.group for spec in FIGURES.values()))

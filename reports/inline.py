@@ -169,7 +169,8 @@ def _fragment(data: dict) -> str:
             '<select class="hs-pick" aria-label="text"></select>'
             '<div class="hs-panes"><div class="hs-model-view"></div><div>'
             '<p class="hs-caption"></p>'
-            '<svg class="hs-head-view" xmlns="http://www.w3.org/2000/svg" role="img" aria-label="attention heatmap"></svg>'
+            '<svg class="hs-head-view" xmlns="http://www.w3.org/2000/svg" role="img" '
+            'aria-label="attention heatmap"></svg>'
             '<div class="hs-strip"></div><p class="hs-strip-note"></p></div></div>'
             f'<script type="application/json" id="{uid}-data">{_script_json(data)}</script>'
             f'<script>{_script()}("{uid}");</script></div>')
