@@ -169,6 +169,9 @@ def test_report_writes_each_requested_format_and_inlines_the_same_png(tmp_path):
     assert written == sorted(f"{s}.{ext}" for s in stems for ext in ("png", "svg", "pdf"))
     for f in papers.figures:
         assert _media_box(f.files["pdf"])[0] == pytest.approx(252, abs=0.05)
+    unscaled = build_report([section], formats=("svg", "png"))
+    assert [f.files["png"] for f in unscaled.figures] == [f.png for f in default.figures]  # as a default run writes
+    assert list(unscaled.figures[0].files) == ["svg", "png"]
     with pytest.raises(ValueError, match="choose one or more of png, svg, pdf"):
         build_report([section], formats=("tiff",))
 
