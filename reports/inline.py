@@ -1,0 +1,176 @@
+"""The head explorer inline in a notebook output cell, offline: `show(maps)` (also `hs.show`).
+
+bertviz's views (`reports.notebook`) load require.js and d3 from a CDN, so they stay blank offline
+and in frontends without require.js. This view is one self-contained HTML fragment instead: its
+script (`static/inline.js`) is inlined once per output and uses no library, its data sits in a
+`<script type="application/json">` block escaped as the report escapes it, and every element id
+carries a fresh random suffix, so two outputs on one page never collide. It draws in Jupyter,
+VS Code and Colab alike, with no network.
+
+The view: a model view (every layer × head as a thumbnail; click one to enlarge it) and the head
+view (the enlarged head as a heatmap; hover a query token to see where it attends). Query and key
+labels may differ (cross-attention, or generated tokens attending to the whole sequence).
+
+`AttentionMap._repr_html_` stays in `probe` as a small static table (probe may not import
+reports, and registering a display formatter on import would be an import side effect); call
+`show(amap)` for the interactive view.
+"""
+
+from __future__ import annotations
+
+import functools
+import uuid
+from dataclasses import dataclass
+from importlib import resources
+from typing import TYPE_CHECKING, Any, Sequence
+
+from .html import _script_json
+
+if TYPE_CHECKING:
+    import torch
+
+    from headscope.probe.types import AttentionMap
+
+__all__ = ["InlineView", "show", "view_data", "generation_data"]
+
+_SCALE = 1000  # attention stored as integers 0..1000 (three decimals), as in the report
+
+
+@dataclass(frozen=True)
+class InlineView:
+    """HTML that Jupyter, VS Code and Colab display as the explorer (`_repr_html_`); `html` is the fragment."""
+
+    html: str
+
+    def _repr_html_(self) -> str:
+        return self.html
+
+
+def _map_data(attention: torch.Tensor, queries: Sequence[str], keys: Sequence[str], *, causal: bool,
+              text: str) -> dict:
+    import torch
+
+    att = attention.detach().float().cpu()  # [layer, head, query, key]
+    n_l, n_h, n_q, n_k = att.shape
+    if (n_q, n_k) != (len(queries), len(keys)):
+        raise ValueError(f"attention is {tuple(att.shape)} ([layer, head, query, key]) but there are "
+                         f"{len(queries)} query and {len(keys)} key labels")
+    ints = (att * _SCALE).round().to(torch.int32).reshape(n_l * n_h, n_q * n_k)  # [layer*head, query*key]
+    # A causal query i sees keys up to i + offset: 0 for self-attention, more when the queries are
+    # the last tokens of a longer sequence (generation).
+    return {"text": text, "queries": [str(s) for s in queries], "keys": [str(s) for s in keys],
+            "causal": bool(causal), "offset": n_k - n_q, "att": ints.tolist()}
+
+
+def _labels(amap: Any) -> tuple[Sequence[str], Sequence[str]]:
+    """Query and key labels of a map; maps of cross-attention carry the two lists separately."""
+    queries = getattr(amap, "query_labels", None) or amap.labels
+    keys = getattr(amap, "key_labels", None) or amap.labels
+    return queries, keys
+
+
+def view_data(maps: Sequence[AttentionMap], *, layer: int | None = None, head: int | None = None,
+              title: str = "") -> dict:
+    """The view's data for maps of one model: per map its labels and attention, the head shown first."""
+    first = maps[0]
+    layer_ids, head_ids = list(first.layer_ids), list(first.head_ids)
+    for m in maps[1:]:
+        if list(m.layer_ids) != layer_ids or list(m.head_ids) != head_ids:
+            raise ValueError("the maps hold different layers or heads; show maps of one model, extracted alike")
+    cross = any(_labels(m)[0] is not _labels(m)[1] for m in maps)
+    return _data([_map_data(m.attention, *_labels(m), causal=m.causal, text=m.text) for m in maps], layer_ids,
+                 head_ids, layer=layer, head=head, title=title or str(first.meta.get("model", "")), cross=cross)
+
+
+def generation_data(gen: Any, *, layer: int | None = None, head: int | None = None, title: str = "") -> dict:
+    """The view's data for a generation (`headscope.GenerationAttention`): one entry per generated token,
+    its one query row over the prompt and the tokens generated so far, so the selector steps through them."""
+    prompt = gen.prompt
+    steps = [_map_data(row.unsqueeze(2), [tok], gen.key_labels(t), causal=True, text=f"step {t + 1}: {tok!r}")
+             for t, (tok, row) in enumerate(zip(gen.generated_tokens, gen.steps))]  # row: [layer, head, key]
+    if not steps:
+        raise ValueError("the generation has no generated tokens to show")
+    return _data(steps, list(prompt.layer_ids), list(prompt.head_ids), layer=layer, head=head,
+                 title=title or f"{gen.model}: generating after “{prompt.text}”", cross=False)
+
+
+def _data(maps: list[dict], layer_ids: list[int], head_ids: list[int], *, layer: int | None, head: int | None,
+          title: str, cross: bool) -> dict:
+    return {"title": title, "layer_ids": layer_ids, "head_ids": head_ids,
+            "start": {"layer": _position(layer_ids, layer, "layer"), "head": _position(head_ids, head, "head")},
+            "query_name": "query (attending)",
+            "key_name": "key (attended to, other sequence)" if cross else "key (attended to)", "maps": maps}
+
+
+def _position(ids: list[int], wanted: int | None, what: str) -> int:
+    if wanted is None:
+        return 0
+    if wanted not in ids:
+        raise ValueError(f"{what} {wanted} is not in these maps; they hold {what}s {ids}")
+    return ids.index(wanted)
+
+
+@functools.lru_cache(maxsize=1)
+def _script() -> str:
+    source = resources.files(__package__).joinpath("static", "inline.js").read_text(encoding="utf-8")
+    lines = source.strip().splitlines()
+    script = "\n".join(lines[next(i for i, line in enumerate(lines) if not line.startswith("//")):])  # no header
+    if "</script" in script.lower() or "<!--" in script:
+        raise ValueError("inline.js must not contain '</script' or '<!--'")
+    return script
+
+
+_STYLE = """
+#{id} {{ font: 13px/1.4 system-ui, sans-serif; color: #222; }}
+#{id} .hs-panes {{ display: flex; flex-wrap: wrap; gap: 18px; align-items: flex-start; }}
+#{id} .hs-thumbs {{ border-collapse: collapse; }}
+#{id} .hs-thumbs th {{ font-weight: normal; color: #777; font-size: 11px; padding: 0 3px; }}
+#{id} .hs-thumbs td {{ padding: 1px; }}
+#{id} .hs-thumb {{ display: block; cursor: pointer; outline: 1px solid #ddd; }}
+#{id} .hs-thumb.hs-on {{ outline: 2px solid #d62728; }}
+#{id} .hs-q.hs-focus {{ font-weight: bold; fill: #d62728; }}
+#{id} .hs-tok {{ display: inline-block; margin: 1px; padding: 0 3px; border-radius: 3px; background: #f3f3f3; }}
+#{id} .hs-caption, #{id} .hs-strip-note {{ color: #555; margin: 4px 0; }}
+"""
+
+
+def show(maps: Any, labels: Sequence[str] | None = None, *, key_labels: Sequence[str] | None = None,
+         layer: int | None = None, head: int | None = None, causal: bool = False, title: str = "") -> InlineView:
+    """The offline head explorer of `maps`, inline in a notebook (shown when it is a cell's last value).
+
+    `maps`: an `AttentionMap`, a list of them (a selector steps through the texts), a
+    `GenerationAttention` (the selector steps through the generated tokens), or, as bertviz's
+    `head_view(attention, tokens)`, a `[layer, head, query, key]` tensor with its `labels` (and
+    `key_labels` when keys differ from queries: cross-attention). `layer`/`head` (model indices)
+    pick the head enlarged first.
+    """
+    if hasattr(maps, "dim"):  # a tensor
+        if labels is None:
+            raise ValueError("a tensor needs its labels: show(attention, labels)")
+        if maps.dim() != 4:
+            raise ValueError(f"attention must be [layer, head, query, key], got shape {tuple(maps.shape)}")
+        keys = list(key_labels) if key_labels is not None else list(labels)
+        n_l, n_h = maps.shape[:2]
+        data = _data([_map_data(maps, list(labels), keys, causal=causal, text=title)], list(range(n_l)),
+                     list(range(n_h)), layer=layer, head=head, title=title, cross=key_labels is not None)
+    elif hasattr(maps, "steps") and hasattr(maps, "key_labels"):  # a GenerationAttention (headscope.generate)
+        data = generation_data(maps, layer=layer, head=head, title=title)
+    else:
+        items = list(maps) if isinstance(maps, (list, tuple)) else [maps]
+        if not items:
+            raise ValueError("no attention maps given; pass the result of hs.extract(...)")
+        data = view_data(items, layer=layer, head=head, title=title)
+    return InlineView(_fragment(data))
+
+
+def _fragment(data: dict) -> str:
+    uid = "hs-view-" + uuid.uuid4().hex[:12]  # ids unique per output: several views on one page stay apart
+    return (f'<div id="{uid}" class="hs-inline"><style>{_STYLE.format(id=uid)}</style>'
+            '<select class="hs-pick" aria-label="text"></select>'
+            '<div class="hs-panes"><div class="hs-model-view"></div><div>'
+            '<p class="hs-caption"></p>'
+            '<svg class="hs-head-view" xmlns="http://www.w3.org/2000/svg" role="img" '
+            'aria-label="attention heatmap"></svg>'
+            '<div class="hs-strip"></div><p class="hs-strip-note"></p></div></div>'
+            f'<script type="application/json" id="{uid}-data">{_script_json(data)}</script>'
+            f'<script>{_script()}("{uid}");</script></div>')
