@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Iterator, TextIO
 
+from .lines import decoded_lines
+
 __all__ = ["Sentence", "Treebank", "TreebankError", "read_conllu", "parse_conllu", "fold_relation", "segmenter_for"]
 
 
@@ -89,15 +91,18 @@ def fold_relation(deprel: str) -> str:
 
 
 def read_conllu(path: str | Path) -> Treebank:
-    """Read a CoNLL-U file (see `parse_conllu`)."""
+    """Read a CoNLL-U file (see `parse_conllu`) with the line reader every headscope reader shares: a bad
+    byte is named by line and column, a byte-order mark is dropped, CRLF endings are read as LF."""
     path = Path(path)
     try:
-        with path.open(encoding="utf-8") as fh:
-            return parse_conllu(fh, name=path.name)
+        lines = [line for _, line in decoded_lines(path, _line_error)]
     except OSError as exc:
         raise TreebankError(f"{path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise TreebankError(f"{path}: not UTF-8 text; CoNLL-U files are UTF-8") from None
+    return parse_conllu("".join(line + "\n" for line in lines), name=path.name)
+
+
+def _line_error(path: Path, line: int, problem: str) -> TreebankError:
+    return TreebankError(f"{path}, line {line}: {problem}")
 
 
 def parse_conllu(source: str | TextIO, *, name: str = "<text>") -> Treebank:

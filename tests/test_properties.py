@@ -369,3 +369,42 @@ def test_scratch_attention_matches_a_reference_loop(case):
     torch.testing.assert_close(got.probs.double().sum(-1)[seen], torch.ones(int(seen.sum()), dtype=torch.float64),
                                atol=atol * T, rtol=0)
     assert (got.probs[expected == 0] == 0).all()  # masked keys get exactly nothing
+
+
+# --- CoNLL-U -------------------------------------------------------------------------------------
+
+from headscope.analyses.treebank import TreebankError, read_conllu  # noqa: E402
+
+_form = st.text(alphabet=st.characters(categories=("L", "N"), max_codepoint=0x9FFF), min_size=1, max_size=6)
+
+
+@READERS
+@given(data=_bytes)
+def test_conllu_reader_on_arbitrary_bytes_loads_or_names_the_file(data):
+    path = _write(data, ".conllu")
+    try:
+        tb = read_conllu(path)
+    except TreebankError as exc:
+        assert str(exc).startswith((f"{path}, line ", f"{path.name}: ", f"{path}: ")), str(exc)
+        assert "\n" not in str(exc)
+    else:
+        for s in tb.sentences:  # whatever was read is aligned to its own text
+            assert all(0 <= a < b <= len(s.text) for a, b in s.segments)
+
+
+@READERS
+@given(sentences=st.lists(st.lists(_form, min_size=1, max_size=6), min_size=1, max_size=4),
+       crlf=st.booleans(), bom=st.booleans())
+def test_conllu_reader_reads_every_generated_sentence(sentences, crlf, bom):
+    """Oracle: a chain tree (word i's governor is word i-1, word 1 the root) over words joined by spaces."""
+    blocks = []
+    for words in sentences:
+        rows = [f"# text = {' '.join(words)}"]
+        rows += [f"{i}\t{w}\t{w}\tX\t_\t_\t{i - 1}\t{'root' if i == 1 else 'dep'}\t_\t_" for i, w in enumerate(words, 1)]
+        blocks.append("\n".join(rows) + "\n\n")
+    text = "".join(blocks).replace("\n", "\r\n" if crlf else "\n")
+    path = _write((BOM if bom else b"") + text.encode("utf-8"), ".conllu")
+    tb = read_conllu(path)
+    assert len(tb.sentences) == len(sentences) and not tb.skipped
+    for s, words in zip(tb.sentences, sentences):
+        assert [s.text[a:b] for a, b in s.segments] == words
