@@ -1,5 +1,7 @@
 import functools
+import os
 import pathlib
+import shutil
 
 import pytest
 
@@ -64,3 +66,22 @@ def shared_data() -> pathlib.Path:
     if not path.exists():
         pytest.skip(f"shared data not found at {path}")
     return path
+
+
+# Headless Chromium for the offline-view tests: Debian's build, started without any network service.
+CHROMIUM = os.environ.get("HEADSCOPE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic", "--disable-dev-shm-usage"]
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """A headless Chromium (playwright); the test skips, saying what to install, without one."""
+    if not os.path.exists(CHROMIUM):
+        pytest.skip(f"no chromium at {CHROMIUM}: install Debian's chromium (apt-get install -y chromium) "
+                    "or set HEADSCOPE_CHROMIUM")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        yield b
+        b.close()

@@ -7,18 +7,12 @@ chromium is installed (`apt-get install -y chromium`; .ci/run installs it).
 
 from __future__ import annotations
 
-import os
-import shutil
-
 import pytest
 
 import report_samples as R
 
 pytestmark = pytest.mark.browser
 
-CHROMIUM = os.environ.get("HEADSCOPE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-        "--disable-sync", "--no-first-run", "--disable-quic", "--disable-dev-shm-usage"]
 
 
 @pytest.fixture(scope="module")
@@ -26,18 +20,6 @@ def report_path(tmp_path_factory):
     folder = tmp_path_factory.mktemp("report")
     R.two_model_report()[1].write(folder)
     return folder / "index.html"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"no chromium at {CHROMIUM}: install Debian's chromium (apt-get install -y chromium) "
-                    "or set HEADSCOPE_CHROMIUM")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
 
 
 @pytest.fixture

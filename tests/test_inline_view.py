@@ -116,21 +116,6 @@ def offline_page(browser, html: str):
     return page
 
 
-@pytest.fixture(scope="module")
-def browser():
-    from test_browser import ARGS, CHROMIUM
-    import os
-
-    if not os.path.exists(CHROMIUM):
-        pytest.skip(f"no chromium at {CHROMIUM}: install Debian's chromium (apt-get install -y chromium) "
-                    "or set HEADSCOPE_CHROMIUM")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is not installed (pip install playwright)")
-    with sync_api.sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        yield b
-        b.close()
-
-
 @pytest.mark.browser
 def test_two_views_draw_offline_side_by_side(browser):
     amap = R.token_map("The cat sat down", layers=2, heads=3)

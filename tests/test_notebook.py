@@ -6,7 +6,6 @@ import pathlib
 
 import pytest
 
-from test_inline_view import browser  # noqa: F401  (the Chromium fixture)
 
 NOTEBOOK = pathlib.Path(__file__).resolve().parents[1] / "examples" / "quickstart.ipynb"
 
