@@ -8,6 +8,7 @@ unusable cache folder) print as one line too.
 
 from __future__ import annotations
 
+import os
 import sys
 import warnings
 
@@ -54,6 +55,10 @@ class _Group(click.Group):
         except KeyboardInterrupt:
             click.echo("\nheadscope: interrupted; nothing was written or replaced", err=True)
             sys.exit(130)
+        except BrokenPipeError:
+            # The reader of stdout went away (`headscope heads | head`): stop quietly, as Unix tools do.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(141)
         except Exception as exc:
             if debug:
                 raise

@@ -434,3 +434,21 @@ def test_a_report_write_killed_at_any_point_leaves_nothing_stale_after_the_next_
     result = _run("--out", str(out), "--force")
     assert result.exit_code == 0, result.output
     assert (out / "index.html").read_text() == "<p>new</p>" and _leftovers(tmp_path) == []
+
+
+def test_a_closed_stdout_pipe_stops_quietly():
+    """`headscope ... | head`: the reader leaves early; no "unexpected BrokenPipeError" line, exit 141."""
+    import subprocess
+    import sys
+
+    # A command that prints far more than a pipe holds, registered on the real group, so the write fails.
+    code = ("import click\nfrom headscope.cli import cli, main\n"
+            "@cli.command()\ndef spew():\n    for _ in range(200):\n        click.echo('x' * 10_000)\nmain()")
+    cmd = [sys.executable, "-c", code, "spew"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0)
+    proc.stdout.read(1)
+    proc.stdout.close()  # the reader is gone before the rest is printed
+    stderr = proc.stderr.read().decode()
+    proc.wait(timeout=120)
+    assert "unexpected" not in stderr and "Traceback" not in stderr
+    assert proc.returncode == 141
