@@ -20,7 +20,7 @@ import torch
 
 from .errors import UnsupportedFeature
 
-__all__ = ["ROPE_INV_FREQ", "Rope", "Frequencies", "rope", "rope_params", "inv_freq", "unsupported_rope",
+__all__ = ["ROPE_INV_FREQ", "Rope", "Frequencies", "rope", "rope_params", "unsupported_rope",
            "default_inv_freq", "llama3_inv_freq", "yarn_inv_freq", "dynamic_theta"]
 
 Frequencies = Union[torch.Tensor, Callable[[int], torch.Tensor]]  # (dim/2,), or T -> (dim/2,)
@@ -198,12 +198,6 @@ def rope(cfg, head_dim: int, layer_type: str | None = None, *, whole_head: bool 
         at_length = freq
         freq = lambda T: at_length(T if T < max_positions else max(T, longest_seen))  # noqa: E731
     return Rope(freq, attention, None if dim == head_dim else dim)
-
-
-def inv_freq(cfg, head_dim: int, layer_type: str | None = None) -> Frequencies:
-    """The rotary frequencies (head_dim/2,) of `cfg`, or a function of T (dynamic NTK, longrope);
-    `rope()` gives the attention factor and the rotated dims along with them."""
-    return rope(cfg, head_dim, layer_type).inv_freq
 
 
 def unsupported_rope(cfg, layer_types=(None,), *, whole_head: bool = False) -> str | None:

@@ -17,7 +17,7 @@ import headscope.probe.families as families
 from headscope.cli import cli
 from headscope.probe import loading
 from headscope.probe.families import FAMILIES, SUPPORTED_TYPES, UnsupportedFeature, family_for, family_of_type
-from headscope.probe.rotary import inv_freq
+from headscope.probe.rotary import rope
 from headscope.probe.tiny import tiny_model
 from headscope.probe.verify import verify
 
@@ -133,7 +133,7 @@ def test_unknown_rope_type_names_the_supported_ones():
     cfg = LlamaConfig(rope_parameters={"rope_type": "proportional", "rope_theta": 1e4})
     with pytest.raises(UnsupportedFeature, match=re.escape("rope_type='proportional' is not reproduced (supported: "
                                                            "default, linear, llama3, dynamic, yarn, longrope)")):
-        inv_freq(cfg, 8)
+        rope(cfg, 8).inv_freq
 
 
 class _Cfg:
@@ -143,15 +143,15 @@ class _Cfg:
 
 def test_rope_frequencies_by_hand():
     # θ^(-2i/d) for θ = 100, d = 4: i = 0, 1 -> 1, 1/10
-    torch.testing.assert_close(inv_freq(_Cfg(rope_type="default", rope_theta=100.0), 4), torch.tensor([1.0, 0.1]))
-    torch.testing.assert_close(inv_freq(_Cfg(rope_type="linear", rope_theta=100.0, factor=4.0), 4),
+    torch.testing.assert_close(rope(_Cfg(rope_type="default", rope_theta=100.0), 4).inv_freq, torch.tensor([1.0, 0.1]))
+    torch.testing.assert_close(rope(_Cfg(rope_type="linear", rope_theta=100.0, factor=4.0), 4).inv_freq,
                                torch.tensor([0.25, 0.025]))
     # llama3 with original length 64, low 1, high 4: wavelengths under 64/4 = 16 keep their frequency,
     # over 64/1 = 64 are slowed by `factor`, and between them the ramp is (64/λ - 1) / 3.
     p = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
              original_max_position_embeddings=64)
-    base = inv_freq(_Cfg(rope_type="default", rope_theta=10000.0), 16)
-    got = inv_freq(_Cfg(**p), 16)
+    base = rope(_Cfg(rope_type="default", rope_theta=10000.0), 16).inv_freq
+    got = rope(_Cfg(**p), 16).inv_freq
     for f, g in zip(base.tolist(), got.tolist()):
         wavelen = 2 * math.pi / f
         if wavelen < 16:

@@ -3,8 +3,10 @@ which are added before the first layer, so the three attention kinds are BART's 
 
 from __future__ import annotations
 
-from . import Family
-from .bart import ENCODER, STACKS, tiny_sizes
+import dataclasses
+
+from .bart import FAMILY as BART
+from .bart import tiny_sizes
 
 
 def _tiny_config(vocab: int, model_type: str):
@@ -13,17 +15,11 @@ def _tiny_config(vocab: int, model_type: str):
     return MarianConfig(**tiny_sizes(vocab), pad_token_id=0)
 
 
-FAMILY = Family(
+FAMILY = dataclasses.replace(
+    BART,  # BART's layers: the same three stacks, modules, refusals and Auto class
     name="marian",
     model_types=("marian",),
-    kind="encoder-decoder",
     features=("sinusoidal absolute positions (already in the layer input)", "causal decoder", "cross-attention"),
-    layer_spec=ENCODER.layer_spec,
-    attention=ENCODER.attention,
-    out_proj=ENCODER.out_proj,
-    refuses=(),
     tiny_config=_tiny_config,
     tokenizer="sentencepiece",
-    auto_class="AutoModelForSeq2SeqLM",
-    stacks=STACKS,
 )

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..rotary import ROPE_INV_FREQ, unsupported_rope
+from ..rotary import ROPE_INV_FREQ
 from ..scratch import LayerSpec
-from . import Family, Refusal
+from .llama import FAMILY as LLAMA
 from .llama import llama_spec, tiny_llama_config
 
 
@@ -22,17 +22,12 @@ def _tiny_config(vocab: int, model_type: str):
     return tiny_llama_config(vocab, model_type, bos_token_id=None, eos_token_id=None, pad_token_id=None)
 
 
-FAMILY = Family(
+FAMILY = dataclasses.replace(
+    LLAMA,  # the Llama layout: same modules, refusals, tokenizer kind and Auto class
     name="olmo2",
     model_types=("olmo2",),
-    kind="decoder",
     features=("QK norm over the whole projection (plain weight)", f"rotary: {', '.join(ROPE_INV_FREQ)}",
               "grouped-query KV heads"),
     layer_spec=_spec,
-    attention=lambda base, i: base.layers[i].self_attn,
-    out_proj=lambda base, i: base.layers[i].self_attn.o_proj,
-    refuses=(Refusal("rope type", lambda cfg: unsupported_rope(cfg, whole_head=True)),),
     tiny_config=_tiny_config,
-    tokenizer="bytebpe",
-    auto_class="AutoModelForCausalLM",
 )

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..rotary import ROPE_INV_FREQ, unsupported_rope
+from ..rotary import ROPE_INV_FREQ
 from ..scratch import LayerSpec
-from . import Family, Refusal
+from .llama import FAMILY as LLAMA
 from .llama import llama_spec, tiny_llama_config
 
 
@@ -23,17 +23,12 @@ def _tiny_config(vocab: int, model_type: str):
                              pad_token_id=None)
 
 
-FAMILY = Family(
+FAMILY = dataclasses.replace(
+    LLAMA,  # the Llama layout: same modules, refusals, tokenizer kind and Auto class
     name="smollm3",
     model_types=("smollm3",),
-    kind="decoder",
     features=("layers without rotary (no_rope_layers)", f"rotary: {', '.join(ROPE_INV_FREQ)}",
               "grouped-query KV heads", "sliding-window layers where configured"),
     layer_spec=_spec,
-    attention=lambda base, i: base.layers[i].self_attn,
-    out_proj=lambda base, i: base.layers[i].self_attn.o_proj,
-    refuses=(Refusal("rope type", lambda cfg: unsupported_rope(cfg, whole_head=True)),),
     tiny_config=_tiny_config,
-    tokenizer="bytebpe",
-    auto_class="AutoModelForCausalLM",
 )
