@@ -88,7 +88,10 @@ def word_blocks(blocks: Iterable[Block], word_index: Sequence[int]) -> Iterator[
                 raise ValueError(f"layer {layer}: its blocks stopped before word {done} was complete")
             layer, done, pending = block.layer, 0, None  # pending: [head, word done.., word] query sums
         H, R, _ = block.probs.shape
-        keys = block.probs.new_zeros(H, R, n_units).index_add_(-1, idx.to(block.probs.device), block.probs)  # (H, R, W)
+        # keys of one word summed in token order; scatter_add_ is one vectorised pass where index_add_
+        # over the last axis loops over the T keys
+        keys = block.probs.new_zeros(H, R, n_units).scatter_add_(-1, idx.to(block.probs.device).expand(H, R, -1),
+                                                                 block.probs)  # (H, R, W)
         units = idx[block.query_start : block.query_stop]
         top = int(units.max()) + 1
         if pending is None or pending.shape[1] < top - done:
@@ -97,9 +100,8 @@ def word_blocks(blocks: Iterable[Block], word_index: Sequence[int]) -> Iterator[
                 grown[:, : pending.shape[1]] = pending
             pending = grown
         pending.index_add_(1, (units - done).to(keys.device), keys)
-        ready = done
-        while ready < n_units and last[ready] < block.query_stop:
-            ready += 1
+        unfinished = (last[done:] >= block.query_stop).nonzero()  # words whose last piece is yet to come
+        ready = done + int(unfinished[0]) if len(unfinished) else n_units
         if ready > done:
             k = ready - done
             yield Block(layer, block.heads, done, pending[:, :k] / pieces[done:ready, None].to(pending))
@@ -140,11 +142,17 @@ def row_quantities(block: Block, key_sets: torch.Tensor | None = None) -> RowQua
         previous=_at_offset(a, q, -1),
         self_=_at_offset(a, q, 0),
         next=_at_offset(a, q, 1),
-        # 0·ln(tiny) = 0 stands in for 0·ln 0 (masked keys), as the head analyses compute it
-        entropy=-(a * a.clamp_min(torch.finfo(a.dtype).tiny).log()).sum(-1),
+        entropy=_entropy(a),
         max_weight=a.amax(-1),
         key_sets=None if key_sets is None else a @ key_sets.to(a),
     )
+
+
+def _entropy(a: torch.Tensor) -> torch.Tensor:
+    """-Σ_k A ln A per row, (H, R): the head analyses' formula, 0·ln(tiny) = 0 standing in for 0·ln 0
+    (masked keys), with its temporaries done in place in one buffer."""
+    terms = a.clamp_min(torch.finfo(a.dtype).tiny).log_().mul_(a)  # A ln A
+    return -terms.sum(-1)
 
 
 def _at_offset(a: torch.Tensor, q: torch.Tensor, offset: int) -> torch.Tensor:

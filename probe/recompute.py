@@ -31,7 +31,7 @@ from .families import Family, family_for
 from .extract import Encoded, _make_map, _select, base_model, check_texts, encode, encode_many, pad_batch
 from .extract import extract as extract_eager
 from .loading import LoadedModel
-from .scratch import project_qk, row_probs
+from .scratch import block_probs, project_qk
 from .types import AttentionMap, Level
 from .verify import tolerances
 from .words import Segmenter, to_word_level
@@ -46,9 +46,9 @@ Attention = Literal["eager", "recompute", "auto"]
 
 DEFAULT_BUDGET = 256 * 2**20  # bytes for one block and its working copies
 PREFIX_TOKENS = 256  # tokens of the eager check in recompute mode
-# One block is alive in up to this many copies at once: scores, scores + mask, the shifted
-# exponentials and the probabilities (`scratch.row_probs` and `stable_softmax`), and the block handed
-# out, zero outside the keys the rows can see.
+# One block is alive in up to this many copies at once: the scores buffer that `scratch.block_probs`
+# turns into probabilities in place, the block handed out (zero outside the keys the rows can see),
+# and what a consumer makes of it (`analyses.blocks`: word sums, entropy terms, ...).
 _WORKING_COPIES = 5
 
 
@@ -193,11 +193,21 @@ def _layer_blocks(x: torch.Tensor, spec, layer: int, heads: Sequence[int], budge
     for start in range(0, T, rows):
         stop = min(start + rows, T)
         lo, hi = _key_band(spec, start, stop, T)
-        _, band = row_probs(q[:, :, start:stop], k[:, :, lo:hi], spec, valid[:, lo:hi],
-                            query_start=start, key_start=lo, heads=list(heads))  # (1, H, R, hi - lo)
-        probs = band.new_zeros(len(heads), stop - start, T)  # (H, R, T): keys outside the band get 0
-        probs[:, :, lo:hi] = band[0]
-        yield Block(layer, tuple(heads), start, probs)
+        band = block_probs(q[:, :, start:stop], k[:, :, lo:hi], spec, valid[:, lo:hi],
+                           query_start=start, key_start=lo, heads=list(heads))[0]  # (H, R, hi - lo)
+        yield Block(layer, tuple(heads), start, _all_keys(band, lo, T))
+
+
+def _all_keys(band: torch.Tensor, lo: int, n_keys: int) -> torch.Tensor:
+    """(H, R, n_keys) with the band's keys lo .. lo + K - 1 in place and exact zeros elsewhere."""
+    hi = lo + band.shape[-1]
+    if lo == 0 and hi == n_keys:
+        return band
+    probs = band.new_empty(*band.shape[:-1], n_keys)  # only the keys outside the band are zeroed
+    probs[..., :lo] = 0
+    probs[..., hi:] = 0
+    probs[..., lo:hi] = band
+    return probs
 
 
 def _key_band(spec, start: int, stop: int, n_keys: int) -> tuple[int, int]:

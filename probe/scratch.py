@@ -30,8 +30,9 @@ import torch
 
 from .errors import UnsupportedFeature
 
-__all__ = ["LayerSpec", "ScratchResult", "attention_from_scratch", "project_qk", "row_probs", "stable_softmax",
-           "rotary_cos_sin", "build_mask", "alibi_slopes", "relative_position_buckets"]
+__all__ = ["LayerSpec", "ScratchResult", "attention_from_scratch", "project_qk", "row_scores", "row_probs",
+           "block_probs", "stable_softmax", "rotary_cos_sin", "build_mask", "visible_keys", "alibi_slopes",
+           "relative_position_buckets"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,8 +66,10 @@ class LayerSpec:
     norm_offset: float = 1.0  # the norm multiplies by (offset + w): 1 for Gemma's (1 + w), 0 for a plain w
     norm_scope: Literal["head", "projection"] = "head"  # OLMo 2 normalises the whole projection before the split
     # Additive per-head score bias from positions, a function (T_query, T_key) -> (nh, T_query, T_key):
-    # ALiBi slopes, T5's bucketed relative bias.
-    score_bias: Callable[[int, int], torch.Tensor] | None = None
+    # ALiBi slopes, T5's bucketed relative bias. A block of rows calls it as
+    # (stop_query, stop_key, query_start=, key_start=) and gets only its own rows and keys,
+    # (nh, stop_query - query_start, stop_key - key_start), never the whole T × T.
+    score_bias: Callable[..., torch.Tensor] | None = None
     softcap: float | None = None  # scores -> softcap * tanh(scores / softcap) before masking (Gemma 2)
     # Additive scores that depend on the content as well as the positions, a function of the projected
     # q (B, nh, T, hs) and k (B, nh, S, hs) -> (B, nh, T, S): DeBERTa's content→position and
@@ -178,6 +181,34 @@ def relative_position_buckets(relative: torch.Tensor, *, bidirectional: bool, n_
     return buckets + torch.where(is_small, distance, large)
 
 
+def visible_keys(
+    key_valid: torch.Tensor,
+    *,
+    causal: bool,
+    sliding_window: int | None,
+    local_window: int | None = None,
+    rows: tuple[int, int] | None = None,
+    key_start: int = 0,
+) -> torch.Tensor:
+    """(B, 1, R, K) bool: True where query i may see key j — `build_mask` before it becomes 0 / -inf.
+
+    >>> visible_keys(torch.tensor([[1, 1, 1]]), causal=True, sliding_window=2, rows=(2, 3))[0, 0]
+    tensor([[False,  True,  True]])
+    """
+    K = key_valid.shape[-1]
+    start, stop = rows if rows is not None else (key_start, key_start + K)
+    i = torch.arange(start, stop, device=key_valid.device)[:, None]
+    j = torch.arange(key_start, key_start + K, device=key_valid.device)[None, :]
+    allowed = key_valid.bool()[:, None, None, :].expand(-1, 1, stop - start, K)  # (B, 1, R, K)
+    if causal:
+        allowed = allowed & (j <= i)
+    if sliding_window is not None:
+        allowed = allowed & (i - j < sliding_window)
+    if local_window is not None:
+        allowed = allowed & ((i - j).abs() <= local_window)
+    return allowed
+
+
 def build_mask(
     key_valid: torch.Tensor,
     *,
@@ -205,17 +236,8 @@ def build_mask(
             [0., 0., 0.],
             [-inf, 0., 0.]])
     """
-    K = key_valid.shape[-1]
-    start, stop = rows if rows is not None else (key_start, key_start + K)
-    i = torch.arange(start, stop, device=key_valid.device)[:, None]
-    j = torch.arange(key_start, key_start + K, device=key_valid.device)[None, :]
-    allowed = key_valid.bool()[:, None, None, :].expand(-1, 1, stop - start, K)  # (B, 1, R, K)
-    if causal:
-        allowed = allowed & (j <= i)
-    if sliding_window is not None:
-        allowed = allowed & (i - j < sliding_window)
-    if local_window is not None:
-        allowed = allowed & ((i - j).abs() <= local_window)
+    allowed = visible_keys(key_valid, causal=causal, sliding_window=sliding_window, local_window=local_window,
+                           rows=rows, key_start=key_start)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=key_valid.device)
     return mask.masked_fill(~allowed, float("-inf"))
 
@@ -282,6 +304,41 @@ def project_qk(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool = True,
     return q, k
 
 
+def row_scores(
+    q_rows: torch.Tensor,
+    k: torch.Tensor,
+    spec: LayerSpec,
+    *,
+    query_start: int,
+    key_start: int = 0,
+    use_scale: bool = True,
+    use_positions: bool = True,
+    heads: list[int] | None = None,
+) -> torch.Tensor:
+    """Scores of a block of query rows: scaled, position-biased and softcapped, before the mask (B, h, R, K).
+
+    Arguments as in `row_probs`. The position bias is asked for this block's rows and keys only.
+    """
+    R, K = q_rows.shape[-2], k.shape[-2]
+    scale = spec.scale if use_scale else 1.0
+    scores = (q_rows @ k.transpose(-2, -1)).mul_(scale)  # (B, h, R, K), scaled in place: the product is ours
+    if spec.score_bias is not None and use_positions:
+        if query_start or key_start:
+            bias = spec.score_bias(query_start + R, key_start + K, query_start=query_start, key_start=key_start)
+        else:
+            bias = spec.score_bias(R, K)  # (nh, R, K)
+        scores = scores + (bias if heads is None else bias[heads]).to(scores)
+    if spec.position_scores is not None and use_positions:
+        if query_start or key_start or (heads is not None and list(heads) != list(range(spec.n_heads))):
+            # DeBERTa's terms index relative positions of whole sequences; blocks would need offsets.
+            raise UnsupportedFeature("content↔position scores (DeBERTa) are recomputed for whole sequences only; "
+                                     "use attention='eager' for this model")
+        scores = scores + spec.position_scores(q_rows, k)  # (B, nh, T, S)
+    if spec.softcap is not None:
+        scores = spec.softcap * torch.tanh(scores / spec.softcap)
+    return scores
+
+
 def row_probs(
     q_rows: torch.Tensor,
     k: torch.Tensor,
@@ -303,24 +360,39 @@ def row_probs(
     from these rows, or the rows no longer sum over what the model sees. Cross-attention is the same
     call with the source's keys (its causal and window settings are off).
     """
-    R, K = q_rows.shape[-2], k.shape[-2]
-    scale = spec.scale if use_scale else 1.0
-    scores = (q_rows @ k.transpose(-2, -1)) * scale  # (B, h, R, K)
-    if spec.score_bias is not None and use_positions:
-        # The bias is defined on whole sequences; a block takes its rows and keys of it.
-        bias = spec.score_bias(query_start + R, key_start + K)[:, query_start:, key_start:]  # (nh, R, K)
-        scores = scores + (bias if heads is None else bias[heads]).to(scores)
-    if spec.position_scores is not None and use_positions:
-        if query_start or key_start or (heads is not None and list(heads) != list(range(spec.n_heads))):
-            # DeBERTa's terms index relative positions of whole sequences; blocks would need offsets.
-            raise UnsupportedFeature("content↔position scores (DeBERTa) are recomputed for whole sequences only; "
-                                     "use attention='eager' for this model")
-        scores = scores + spec.position_scores(q_rows, k)  # (B, nh, T, S)
-    if spec.softcap is not None:
-        scores = spec.softcap * torch.tanh(scores / spec.softcap)
+    R = q_rows.shape[-2]
+    scores = row_scores(q_rows, k, spec, query_start=query_start, key_start=key_start, use_scale=use_scale,
+                        use_positions=use_positions, heads=heads)
     mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=q_rows.dtype,
                       local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start)
     return scores, stable_softmax(scores + mask)  # (B, h, R, K)
+
+
+def block_probs(
+    q_rows: torch.Tensor,
+    k: torch.Tensor,
+    spec: LayerSpec,
+    key_valid: torch.Tensor,
+    *,
+    query_start: int,
+    key_start: int = 0,
+    heads: list[int] | None = None,
+) -> torch.Tensor:
+    """`row_probs`'s probabilities, bit for bit, without keeping the scores: (B, h, R, K).
+
+    The same operations in the same order, done in place on the one scores buffer this function
+    makes: hidden keys set to -inf (what adding the 0 / -inf mask gives), then the row max shifted
+    out, exp and normalisation as in `stable_softmax`. One (B, h, R, K) buffer instead of five.
+    """
+    R = q_rows.shape[-2]
+    p = row_scores(q_rows, k, spec, query_start=query_start, key_start=key_start, heads=heads)
+    visible = visible_keys(key_valid, causal=spec.causal, sliding_window=spec.sliding_window,
+                           local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start)
+    p.masked_fill_(~visible, float("-inf"))
+    row_max = p.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))  # fully masked rows
+    p.sub_(row_max).exp_()
+    return p.div_(p.sum(dim=-1, keepdim=True).clamp_min(torch.finfo(p.dtype).tiny))
 
 
 def _add_bias(t: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:

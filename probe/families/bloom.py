@@ -19,9 +19,9 @@ from . import Family, linear_weights
 def key_position_bias(slopes: torch.Tensor) -> Callable[[int, int], torch.Tensor]:
     """ALiBi as BLOOM and Falcon add it: slope_h × key position j, the same for every query row."""
 
-    def bias(n_queries: int, n_keys: int) -> torch.Tensor:
-        j = torch.arange(n_keys, dtype=slopes.dtype)
-        return (slopes[:, None, None] * j[None, None, :]).expand(-1, n_queries, -1)  # (nh, Tq, Tk)
+    def bias(n_queries: int, n_keys: int, *, query_start: int = 0, key_start: int = 0) -> torch.Tensor:
+        j = torch.arange(key_start, n_keys, dtype=slopes.dtype)
+        return (slopes[:, None, None] * j[None, None, :]).expand(-1, n_queries - query_start, -1)  # (nh, Tq, Tk)
 
     return bias
 

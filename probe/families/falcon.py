@@ -51,8 +51,8 @@ def _alibi_slopes_as_falcon_rounds_them(n_heads: int) -> torch.Tensor:
 def _alibi(n_heads: int, scale: float):
     per_key = key_position_bias(_alibi_slopes_as_falcon_rounds_them(n_heads))
 
-    def bias(n_queries: int, n_keys: int) -> torch.Tensor:
-        once = per_key(n_queries, n_keys).float() * scale  # bfloat16 product, then scaled with the scores
+    def bias(n_queries: int, n_keys: int, **block) -> torch.Tensor:
+        once = per_key(n_queries, n_keys, **block).float() * scale  # bfloat16 product, then scaled with the scores
         return once + once  # in the layer, and again through the mask
 
     return bias

@@ -18,8 +18,8 @@ def relative_bias(table: torch.Tensor, *, bidirectional: bool, n_buckets: int, m
     """score_bias (Tq, Tk) -> (nh, Tq, Tk) from T5's bias table (n_buckets, nh)."""
     table = table.detach()
 
-    def bias(Tq: int, Tk: int) -> torch.Tensor:
-        relative = torch.arange(Tk)[None, :] - torch.arange(Tq)[:, None]  # key - query: (Tq, Tk)
+    def bias(Tq: int, Tk: int, *, query_start: int = 0, key_start: int = 0) -> torch.Tensor:
+        relative = torch.arange(key_start, Tk)[None, :] - torch.arange(query_start, Tq)[:, None]  # key - query: (Tq, Tk)
         buckets = relative_position_buckets(relative, bidirectional=bidirectional, n_buckets=n_buckets,
                                             max_distance=max_distance)
         return table[buckets].permute(2, 0, 1)  # (Tq, Tk, nh) -> (nh, Tq, Tk)
