@@ -1,20 +1,25 @@
-"""Issue 16: recompute-mode extraction of long texts, time and peak memory against T.
+"""Issue 16: recompute-mode extraction of long texts and the short-sentence corpus ratio, in one run.
 
 Every measurement runs in a fresh process (`python benchmarks/recompute.py --child MODE ...`) whose
-peak RSS (`ru_maxrss`, the model included) is the memory figure; the parent collects the children's
-JSON lines and prints the table. Modes, each on one text of exactly T tokens:
+peak RSS (VmHWM, the model included) is the memory figure; the parent samples each child's RSS and
+kills it past a cap (`--cap-gb`, `--eager-cap-gb`), collects the children's JSON lines and writes the
+tables to `.bench/recompute/results.md` (every child's line also to `runs.jsonl`). Modes:
 
-- `sdpa`: a plain forward of the base model with SDPA attention — the time baseline.
-- `recompute`: `probe.recompute.iter_blocks` over every layer and head, each block reduced at once
-  (`analyses.blocks.row_quantities` over word blocks, with two key sets, summed per head in float64):
-  the streaming head analyses' work, nothing per text kept.
-- `eager`: `probe.extract` (eager, `output_attentions=True`), only where layers × heads × T² × 4 B
-  (kept twice: the model's output and the extracted map) fits in `--eager-limit-gb`.
+- `sdpa`: a plain forward of the base model with SDPA attention on one text of exactly T tokens — the
+  time baseline.
+- `recompute`: `probe.recompute.iter_blocks_encoded` over every layer and head of that text, each block
+  reduced at once (`analyses.blocks.word_blocks` then `row_quantities`: previous / self / next /
+  entropy / max weight per row and the attention to the first word, CLS, SEP and punctuation, summed
+  per head in float64): the streaming head analyses' work, nothing per text kept.
+- `eager`: `probe.extract` (eager, `output_attentions=True`), only where its estimated need, layers ×
+  heads × T² × 4 B kept twice (the model's output and the extracted map), fits in `--eager-limit-gb`.
+- `corpus`: `hs.heads` over N short sentences (the built-in corpus cycled) / a bare batched eager loop
+  with `output_attentions=True` over the same batches (benchmark item 1's `speed.heads_vs_bare`).
 
-    python benchmarks/recompute.py                       # smollm2 at 6,000; gemma3-270m at 1k .. 16k
-    python benchmarks/recompute.py --gemma-lengths 1024 2048 --skip-smollm2
+    python benchmarks/recompute.py       # smollm2 at 6,000; gemma3-270m at 1k .. 16k; minilm, smollm2 on 2,000 texts
+    python benchmarks/recompute.py --long-model "" --lengths 1024 2048 --corpus-models
 
-The time exponent is the slope of log(time) against log(T) over the measured lengths (least squares).
+The exponents are least-squares slopes of log(time) and log(peak RSS) against log(T).
 """
 
 from __future__ import annotations
@@ -22,14 +27,19 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Sequence
 
-from common import MB, REPO, child_output, load, run_child
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # sibling modules, also when imported by tests
 
-__all__ = ["main", "fitted_exponent"]
+from common import MB, REPO, child_output, load  # noqa: E402
+
+__all__ = ["main", "fitted_exponent", "eager_need", "run_capped", "render"]
 
 _ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}  # freed tensors go back to the system: RSS follows live memory
 GEMMA_LENGTHS = (1024, 2048, 4096, 8192, 16384)
@@ -47,12 +57,14 @@ def fitted_exponent(lengths, seconds) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def _child(mode: str, model: str, n_tokens: int, budget: int) -> dict:
+def _child(mode: str, model: str, n_tokens: int, budget: int, n_texts: int = 0, repeats: int = 1) -> dict:
     import torch
 
     from headscope.probe.extract import base_model, encode, pad_batch
 
     lm = load(model)
+    if mode == "corpus":
+        return _corpus(lm, n_texts, repeats)
     text = _text_of_tokens(lm, n_tokens)
     enc = encode(lm, text)
     t0 = time.perf_counter()
@@ -73,25 +85,44 @@ def _child(mode: str, model: str, n_tokens: int, budget: int) -> dict:
     else:
         raise ValueError(f"unknown mode {mode!r}")
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
-    return {"mode": mode, "model": model, "tokens": len(enc.ids), "seconds": seconds, "peak_rss": peak,
-            "budget": budget, "note": note}
+    return {"mode": mode, "model": model, "tokens": len(enc.ids), "seconds": seconds, "peak_rss": _process_peak(),
+            "budget": budget, "note": note, "layers": lm.config.num_hidden_layers,
+            "heads": lm.config.num_attention_heads}
+
+
+def _corpus(lm, n_texts: int, repeats: int) -> dict:
+    """`hs.heads` over `n_texts` short sentences vs the bare batched eager loop (benchmark item 1's code)."""
+    from common import corpus
+    from speed import heads_vs_bare
+
+    row = heads_vs_bare(lm, corpus(n_texts), induction_sequences=10, induction_length=30, repeats=repeats)
+    return {"mode": "corpus", "model": lm.name, "texts": n_texts, "ratio": row.figure, "setting": row.setting,
+            "detail": row.detail, "peak_rss": _process_peak(), **row.data}
 
 
 def _recompute(lm, enc, budget: int) -> str:
+    """Every head of every layer through word blocks into the corpus metrics' per-row quantities:
+    previous / self / next / entropy / max weight per row, and the attention to four key sets (first
+    word, CLS-like special at the start, SEP-like special at the end, punctuation), summed per head."""
     import torch
 
     from headscope.analyses.blocks import row_quantities, word_blocks
     from headscope.probe.recompute import iter_blocks_encoded
     from headscope.probe.words import assign_words
 
-    word_index, _, _ = assign_words(enc.text, enc.spans, enc.special)
+    word_index, word_spans, _ = assign_words(enc.text, enc.spans, enc.special)
     n_words = max(word_index) + 1
-    key_sets = torch.zeros(n_words, 2)
-    key_sets[0, 0] = 1  # first unit
-    key_sets[-1, 1] = 1  # last unit
+    key_sets = torch.zeros(n_words, 4)  # [word, set]: first, cls, sep, punctuation
+    key_sets[0, 0] = 1
+    if enc.special[0]:
+        key_sets[word_index[0], 1] = 1
+    if enc.special[-1]:
+        key_sets[word_index[-1], 2] = 1
+    for w, (a, b) in enumerate(word_spans):
+        piece = enc.text[a:b].strip()
+        key_sets[w, 3] = float(bool(piece) and all(not c.isalnum() for c in piece))
     L, H = lm.config.num_hidden_layers, lm.config.num_attention_heads
-    sums = torch.zeros(L, H, 7, dtype=torch.float64)  # [layer, head, quantity]
+    sums = torch.zeros(L, H, 9, dtype=torch.float64)  # [layer, head, quantity]
     n_blocks = 0
     token_blocks = (block for _, block in iter_blocks_encoded(lm, [enc], budget=budget))
     for wb in word_blocks(token_blocks, word_index):
@@ -100,6 +131,15 @@ def _recompute(lm, enc, budget: int) -> str:
         sums[wb.layer] += torch.cat([per_row, rq.key_sets], -1).sum(1).double()
         n_blocks += 1
     return f"{n_blocks} word blocks, {n_words} words; mean self {float(sums[..., 1].sum() / (L * H * n_words)):.4f}"
+
+
+def _process_peak() -> int:
+    """This process's own peak RSS (VmHWM, the model included); `ru_maxrss` would keep a parent's
+    high-water mark across exec."""
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024  # kB
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _text_of_tokens(lm, n_tokens: int) -> str:
@@ -113,63 +153,180 @@ def _text_of_tokens(lm, n_tokens: int) -> str:
     return text[: offsets[n_tokens - n_special - 1][1]]
 
 
-def _run(mode: str, model: str, n_tokens: int, budget: int, log) -> dict | None:
+def run_capped(argv: Sequence[str], *, cap: int, timeout: float, env: dict | None = None) -> dict:
+    """Run `argv` (a child printing one JSON line last), killed when its RSS passes `cap` bytes or it
+    runs past `timeout` seconds; an `error` entry says which. The parent samples the child's RSS
+    every 0.2 s, so no measurement can take the machine's memory (the shared machine comes first)."""
+    import psutil
+
+    proc = subprocess.Popen(list(map(str, argv)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=REPO, env={**os.environ, **_ENV, **(env or {})})
+    child, seen, why = psutil.Process(proc.pid), 0, None
     t0 = time.perf_counter()
-    try:
-        r = run_child("recompute.py", ["--child", mode, "--model", model, "--tokens", n_tokens, "--budget", budget],
-                      env=_ENV, timeout=3600)
-    except Exception as e:  # a run that fails is reported, the others go on
-        r = {"mode": mode, "model": model, "tokens": n_tokens, "error": str(e).splitlines()[-1][:300]}
+    while proc.poll() is None:
+        try:
+            seen = max(seen, child.memory_info().rss)
+        except psutil.Error:
+            pass
+        if seen > cap:
+            why = f"killed: RSS passed the {cap / 2**30:.1f} GB cap"
+        elif time.perf_counter() - t0 > timeout:
+            why = f"killed: ran past {timeout:.0f} s"
+        if why:
+            proc.kill()
+            break
+        time.sleep(0.2)
+    out, err = proc.communicate()
+    lines = [ln for ln in out.splitlines() if ln.startswith("{")]
+    if why or proc.returncode != 0 or not lines:
+        tail = (err.strip().splitlines() or ["no output"])[-1][:300]
+        return {"error": why or f"exited {proc.returncode}: {tail}", "sampled_peak_rss": seen}
+    return json.loads(lines[-1])
+
+
+def _run(mode: str, model: str, log, *, cap: int, timeout: float, tokens: int = 0, budget: int = 256 * MB,
+         texts: int = 0, repeats: int = 1) -> dict:
+    argv = [sys.executable, Path(__file__).resolve(), "--child", mode, "--model", model, "--tokens", tokens,
+            "--budget", budget, "--texts", texts, "--repeats", repeats]
+    t0 = time.perf_counter()
+    r = {"mode": mode, "model": model, "tokens": tokens, **run_capped(argv, cap=cap, timeout=timeout)}
     r["wall"] = time.perf_counter() - t0
     print(json.dumps(r), file=log, flush=True)
-    print(_line(r), flush=True)
+    print(_line(r), file=sys.stderr, flush=True)
     return r
 
 
 def _line(r: dict) -> str:
     if "error" in r:
         return f"{r['model']:12} T={r['tokens']:>6} {r['mode']:9} ERROR {r['error']}"
+    if r["mode"] == "corpus":
+        return f"{r['model']:12} {r['texts']} texts corpus {r['ratio']:.2f}x  {r['detail']}"
     return (f"{r['model']:12} T={r['tokens']:>6} {r['mode']:9} {r['seconds']:8.1f} s  "
             f"peak RSS {r['peak_rss'] / MB:8.0f} MB  {r['note']}")
 
 
+def eager_need(n_layers: int, n_heads: int, n_tokens: int) -> int:
+    """Bytes eager extraction keeps of one text: the model's float32 attentions and the extracted copy.
+
+    >>> eager_need(18, 4, 1024) / 2**30
+    0.5625
+    """
+    return 2 * n_layers * n_heads * n_tokens**2 * 4
+
+
+# ------------------------------------------------------------------ tables
+
+
+def _ok(runs, mode, model=None):
+    return [r for r in runs if r["mode"] == mode and "error" not in r and (model is None or r["model"] == model)]
+
+
+def _cell(r: dict | None, key: str, fmt: str) -> str:
+    if r is None:
+        return "—"
+    if "error" in r:
+        return r["error"]
+    return fmt.format(r[key] / (MB if key == "peak_rss" else 1))
+
+
+def render(runs: Sequence[dict], *, long_model: str, scaling_model: str, skipped: dict[int, str]) -> str:
+    """Markdown: the long text (time ratio to SDPA, peak RSS), the scaling table with fitted
+    exponents, and the corpus ratios."""
+    out = []
+    by = {(r["mode"], r["model"], r.get("tokens")): r for r in runs}
+    long_runs = [r for r in runs if r["model"] == long_model and r["mode"] in ("sdpa", "recompute")]
+    if long_runs:
+        t = long_runs[0]["tokens"]
+        sdpa, rec = by.get(("sdpa", long_model, t)), by.get(("recompute", long_model, t))
+        ratio = (f"{rec['seconds'] / sdpa['seconds']:.2f}x" if sdpa and rec and "error" not in sdpa
+                 and "error" not in rec else "—")
+        out += [f"### {long_model}, one text of {t:,} tokens, every head, every corpus metric", "",
+                "| SDPA forward | recompute | recompute / SDPA | peak RSS recompute (target ≤ 4096 MB) | peak RSS SDPA |",
+                "|---|---|---|---|---|",
+                f"| {_cell(sdpa, 'seconds', '{:.1f} s')} | {_cell(rec, 'seconds', '{:.1f} s')} | {ratio} | "
+                f"{_cell(rec, 'peak_rss', '{:.0f} MB')} | {_cell(sdpa, 'peak_rss', '{:.0f} MB')} |", ""]
+    lengths = sorted({r["tokens"] for r in runs if r["model"] == scaling_model and r["mode"] != "corpus"})
+    if lengths:
+        out += [f"### {scaling_model}: time and peak RSS against T", "",
+                "| T | SDPA s | recompute s | recompute / SDPA | eager s | recompute peak RSS | eager peak RSS |",
+                "|---|---|---|---|---|---|---|"]
+        for t in lengths:
+            sdpa, rec, eag = (by.get((m, scaling_model, t)) for m in ("sdpa", "recompute", "eager"))
+            ratio = (f"{rec['seconds'] / sdpa['seconds']:.2f}x" if sdpa and rec and "error" not in sdpa
+                     and "error" not in rec else "—")
+            eager_s = skipped[t] if t in skipped else _cell(eag, "seconds", "{:.1f}")
+            eager_m = skipped[t] if t in skipped else _cell(eag, "peak_rss", "{:.0f} MB")
+            out.append(f"| {t:,} | {_cell(sdpa, 'seconds', '{:.1f}')} | {_cell(rec, 'seconds', '{:.1f}')} | {ratio} | "
+                       f"{eager_s} | {_cell(rec, 'peak_rss', '{:.0f} MB')} | {eager_m} |")
+        out += ["", "Fitted exponents b (least squares of log y on log T over the lengths measured):", ""]
+        for mode in ("sdpa", "recompute", "eager"):
+            ok = _ok(runs, mode, scaling_model)
+            if len(ok) >= 2:
+                ts = [r["tokens"] for r in ok]
+                out.append(f"- {mode}: time ~ T^{fitted_exponent(ts, [r['seconds'] for r in ok]):.2f}, "
+                           f"peak RSS ~ T^{fitted_exponent(ts, [r['peak_rss'] for r in ok]):.2f} "
+                           f"(T = {', '.join(map(str, ts))})")
+        out.append("")
+    corpus_runs = [r for r in runs if r["mode"] == "corpus"]
+    if corpus_runs:
+        out += ["### Short sentences: `hs.heads` / bare batched eager loop (target ≤ 1.25x)", "",
+                "| model | ratio | setting | detail |", "|---|---|---|---|"]
+        out += [f"| {r['model']} | {r['error'] if 'error' in r else format(r['ratio'], '.2f') + 'x'} | "
+                f"{r.get('setting', '')} | {r.get('detail', '')} |" for r in corpus_runs]
+    return "\n".join(out) + "\n"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--child", choices=("sdpa", "eager", "recompute"))
+    p.add_argument("--child", choices=("sdpa", "eager", "recompute", "corpus"))
     p.add_argument("--model", default="smollm2")
     p.add_argument("--tokens", type=int, default=SMOLLM2_TOKENS)
+    p.add_argument("--texts", type=int, default=0)
+    p.add_argument("--repeats", type=int, default=1)
     p.add_argument("--budget", type=int, default=256 * MB)
-    p.add_argument("--gemma-lengths", type=int, nargs="*", default=list(GEMMA_LENGTHS))
-    p.add_argument("--skip-smollm2", action="store_true")
-    p.add_argument("--eager-limit-gb", type=float, default=6.0)
-    p.add_argument("--out", default=str(REPO / "benchmarks" / "recompute_results.jsonl"))
+    p.add_argument("--long-model", default="smollm2", help="'' to skip the long text")
+    p.add_argument("--long-tokens", type=int, default=SMOLLM2_TOKENS)
+    p.add_argument("--scaling-model", default="gemma3-270m")
+    p.add_argument("--lengths", type=int, nargs="*", default=list(GEMMA_LENGTHS))
+    p.add_argument("--corpus-models", nargs="*", default=["minilm", "smollm2"])
+    p.add_argument("--corpus-texts", type=int, default=2000)
+    p.add_argument("--corpus-repeats", type=int, default=1)
+    p.add_argument("--eager-limit-gb", type=float, default=6.0, help="eager runs only where its estimated need fits")
+    p.add_argument("--cap-gb", type=float, default=6.0, help="any child is killed past this RSS")
+    p.add_argument("--eager-cap-gb", type=float, default=10.0, help="the RSS cap of eager children")
+    p.add_argument("--timeout", type=float, default=3600, help="seconds per child")
+    p.add_argument("--out", default=str(REPO / ".bench" / "recompute"))
     a = p.parse_args(argv)
     if a.child:
-        child_output(_child(a.child, a.model, a.tokens, a.budget))
+        child_output(_child(a.child, a.model, a.tokens, a.budget, a.texts, a.repeats))
         return 0
 
-    runs = []
-    with open(a.out, "a") as log:
-        if not a.skip_smollm2:
-            sdpa = _run("sdpa", "smollm2", SMOLLM2_TOKENS, a.budget, log)
-            rec = _run("recompute", "smollm2", SMOLLM2_TOKENS, a.budget, log)
-            if "error" not in sdpa and "error" not in rec:
-                print(f"smollm2 T={SMOLLM2_TOKENS}: recompute / SDPA forward = {rec['seconds'] / sdpa['seconds']:.2f}x, "
-                      f"peak RSS {rec['peak_rss'] / MB:.0f} MB (target <= 4096 MB)", flush=True)
-        for t in a.gemma_lengths:  # shortest first: what is measured before a deadline is kept
-            runs.append(_run("sdpa", "gemma3-270m", t, a.budget, log))
-            runs.append(_run("recompute", "gemma3-270m", t, a.budget, log))
-            eager_gb = 2 * 18 * 4 * t * t * 4 / 2**30
-            if eager_gb <= a.eager_limit_gb:
-                runs.append(_run("eager", "gemma3-270m", t, a.budget, log))
-            else:
-                print(f"gemma3-270m T={t:>6} eager     skipped: would keep about {eager_gb:.0f} GB", flush=True)
-    for mode in ("sdpa", "recompute", "eager"):
-        ok = [r for r in runs if r.get("mode") == mode and "error" not in r]
-        if len(ok) >= 2:
-            print(f"gemma3-270m {mode}: time ~ T^{fitted_exponent([r['tokens'] for r in ok], [r['seconds'] for r in ok]):.2f}"
-                  f" over T = {', '.join(str(r['tokens']) for r in ok)}", flush=True)
-    return 0
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    cap, timeout = int(a.cap_gb * 2**30), a.timeout
+    runs, skipped = [], {}
+    with open(out / "runs.jsonl", "a") as log:
+        for m in a.corpus_models:  # the quickest figures first: what is measured before a deadline is kept
+            runs.append(_run("corpus", m, log, cap=cap, timeout=timeout, texts=a.corpus_texts,
+                             repeats=a.corpus_repeats))
+        if a.long_model:
+            for mode in ("sdpa", "recompute"):
+                runs.append(_run(mode, a.long_model, log, cap=cap, timeout=timeout, tokens=a.long_tokens,
+                                 budget=a.budget))
+        for t in a.lengths:  # shortest first: what is measured before a deadline is kept
+            for mode in ("sdpa", "recompute"):
+                runs.append(_run(mode, a.scaling_model, log, cap=cap, timeout=timeout, tokens=t, budget=a.budget))
+            shape = next((r for r in runs[-2:] if "layers" in r), None)  # the children say the model's size
+            need = eager_need(shape["layers"], shape["heads"], t) if shape else None
+            if need is not None and need <= a.eager_limit_gb * 2**30:
+                runs.append(_run("eager", a.scaling_model, log, cap=int(a.eager_cap_gb * 2**30), timeout=timeout,
+                                 tokens=t))
+            elif need is not None:
+                skipped[t] = f"not run: needs {need / 2**30:.1f} GB"
+    md = render(runs, long_model=a.long_model, scaling_model=a.scaling_model, skipped=skipped)
+    (out / "results.md").write_text(md, encoding="utf-8")
+    print(md)
+    return 1 if any("error" in r for r in runs) else 0
 
 
 if __name__ == "__main__":
