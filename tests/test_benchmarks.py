@@ -24,6 +24,7 @@ sys.path.insert(0, str(BENCH))
 import common  # noqa: E402
 import memory  # noqa: E402
 import peer_tl  # noqa: E402
+import recompute as bench_recompute  # noqa: E402
 import run as bench_run  # noqa: E402
 import scaling  # noqa: E402
 
@@ -159,3 +160,40 @@ def test_peer_agrees_with_transformerlens_on_a_tiny_model():
     agreement = [r for r in rows if r.key == "7a"]
     assert len(agreement) == 3 and all(r.met for r in agreement), [(r.benchmark, r.figure) for r in agreement]
     assert [r.key for r in rows][-1] == "7b" and rows[-1].figure > 0
+
+
+def test_recompute_children_measure_a_tiny_model():
+    # The code paths of the long-text benchmark in-process: the same text through SDPA, recompute and eager.
+    for mode in ("sdpa", "recompute", "eager"):
+        r = bench_recompute._child(mode, "tiny-llama", 40, 2_000)
+        assert (r["mode"], r["tokens"]) == (mode, 40) and r["seconds"] > 0 and r["peak_rss"] > 0
+    assert "word blocks" in r["note"] or mode == "eager"
+    words = bench_recompute._child("recompute", "tiny-llama", 40, 10**9)["note"]
+    assert words.split(";")[1] == bench_recompute._child("recompute", "tiny-llama", 40, 2_000)["note"].split(";")[1]
+
+
+def test_recompute_tables_fit_the_exponents_and_mark_eager_not_run():
+    runs = [{"mode": m, "model": "g", "tokens": t, "seconds": c * t**2, "peak_rss": 100 * MB * t}
+            for t in (1024, 2048, 4096) for m, c in (("sdpa", 1e-6), ("recompute", 2e-6))]
+    runs += [{"mode": "eager", "model": "g", "tokens": 1024, "seconds": 3.0, "peak_rss": 5 * MB},
+             {"mode": "sdpa", "model": "s", "tokens": 6000, "seconds": 10.0, "peak_rss": MB},
+             {"mode": "recompute", "model": "s", "tokens": 6000, "error": "killed: RSS passed the 6.0 GB cap"},
+             {"mode": "corpus", "model": "m", "tokens": 0, "ratio": 1.1, "setting": "2000 texts", "detail": "d"}]
+    md = bench_recompute.render(runs, long_model="s", scaling_model="g", skipped={4096: "not run: needs 9.7 GB"})
+    assert "- recompute: time ~ T^2.00, peak RSS ~ T^1.00 (T = 1024, 2048, 4096)" in md
+    assert "| 4,096 | 16.8 | 33.6 | 2.00x | not run: needs 9.7 GB |" in md
+    assert "killed: RSS passed the 6.0 GB cap" in md and "| m | 1.10x | 2000 texts | d |" in md
+    assert "eager: time" not in md  # one eager point: no exponent
+
+
+def test_eager_need_counts_both_copies():
+    assert bench_recompute.eager_need(18, 4, 4096) == 2 * 18 * 4 * 4096**2 * 4
+
+
+def test_capped_child_is_killed_past_its_memory_cap():
+    hog = [sys.executable, "-c", "import time; x = bytearray(400 * 2**20); x[::4096] = b'1' * len(x[::4096]); "
+           "time.sleep(60)"]
+    r = bench_recompute.run_capped(hog, cap=100 * MB, timeout=60)
+    assert "cap" in r["error"] and r["sampled_peak_rss"] > 100 * MB
+    fine = bench_recompute.run_capped([sys.executable, "-c", "import json; print(json.dumps({'a': 1}))"], cap=10**10, timeout=60)
+    assert fine == {"a": 1}

@@ -231,3 +231,50 @@ def test_recompute_equals_eager_on_real_models(name, request):
     _assert_same_maps(eager, recomputed)
     assert recomputed[0].meta["check"]["passed"]
     assert lm.model.config._attn_implementation == impl
+
+
+# --- the in-place block path ---------------------------------------------------------------------
+
+
+def test_block_probs_are_row_probs_bit_for_bit(tiny):
+    # The recompute path's one-buffer softmax must give exactly what the verified row_probs gives,
+    # for a block of rows in the middle of the text and a band of keys that starts after key 0.
+    from headscope.probe.scratch import block_probs, project_qk, row_probs
+
+    _skip_whole_sequences_only(tiny)
+    spec = family_for(tiny.config).layer_spec(base_model(tiny), 0, tiny.config)
+    T = 12
+    x = torch.randn(1, T, tiny.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    q, k = project_qk(x, spec)
+    k = k.repeat_interleave(spec.n_heads // spec.n_kv_heads, dim=1)
+    valid = torch.ones(1, T, dtype=torch.long)
+    start, stop, lo = 5, 9, 2 if spec.causal else 0  # keys 0-1 dropped only where the mask could hide them
+    if spec.sliding_window is not None or spec.local_window is not None:
+        lo = 0
+    args = (q[:, :, start:stop], k[:, :, lo:], spec, valid[:, lo:])
+    _, expected = row_probs(*args, query_start=start, key_start=lo)
+    assert torch.equal(block_probs(*args, query_start=start, key_start=lo), expected)
+
+
+@pytest.mark.parametrize("make", ["bloom", "falcon", "t5-encoder", "t5-decoder"])
+def test_score_bias_of_a_block_is_that_block_of_the_whole(make):
+    from headscope.probe.families.bloom import key_position_bias
+    from headscope.probe.families.falcon import _alibi
+    from headscope.probe.families.t5 import relative_bias
+    from headscope.probe.scratch import alibi_slopes
+
+    table = torch.randn(32, 6, generator=torch.Generator().manual_seed(1))  # (buckets, heads)
+    bias = {"bloom": lambda: key_position_bias(alibi_slopes(6)), "falcon": lambda: _alibi(6, 0.125),
+            "t5-encoder": lambda: relative_bias(table, bidirectional=True, n_buckets=32, max_distance=20),
+            "t5-decoder": lambda: relative_bias(table, bidirectional=False, n_buckets=32, max_distance=20)}[make]()
+    whole = bias(40, 50)  # (nh, 40, 50)
+    assert whole.shape == (6, 40, 50)
+    assert torch.equal(bias(40, 50, query_start=13, key_start=7), whole[:, 13:, 7:])
+
+
+def test_word_blocks_of_unsorted_words_by_hand():
+    # A special token given the last unit sits between two words: its keys land at unit 2, not in order.
+    a = torch.tensor([[[0.5, 0.25, 0.25], [0.2, 0.4, 0.4], [0.1, 0.6, 0.3]]])  # [head, query, key]
+    [w] = list(word_blocks([Block(0, (0,), 0, a)], [0, 2, 1]))
+    expected = torch.tensor([[[0.5, 0.25, 0.25], [0.1, 0.3, 0.6], [0.2, 0.4, 0.4]]])  # rows and keys by unit
+    torch.testing.assert_close(w.probs, expected)

@@ -15,7 +15,8 @@ from . import Family, Stack, linear_weights
 
 
 def relative_bias(table: torch.Tensor, *, bidirectional: bool, n_buckets: int, max_distance: int):
-    """score_bias (Tq, Tk) -> (nh, Tq, Tk) from T5's bias table (n_buckets, nh)."""
+    """score_bias (Tq, Tk) -> (nh, Tq, Tk) from T5's bias table (n_buckets, nh); with query_start= and
+    key_start= only those rows and keys (a block of recompute mode), never the whole Tq × Tk."""
     table = table.detach()
 
     def bias(Tq: int, Tk: int, *, query_start: int = 0, key_start: int = 0) -> torch.Tensor:
