@@ -19,6 +19,8 @@ tables to `.bench/recompute/results.md` (every child's line also to `runs.jsonl`
     python benchmarks/recompute.py       # smollm2 at 6,000; gemma3-270m at 1k .. 16k; minilm, smollm2 on 2,000 texts
     python benchmarks/recompute.py --long-model "" --lengths 1024 2048 --corpus-models
 
+Time is the child's CPU time (`time.process_time`, one torch thread): on cores shared with other
+busy processes wall time measures the others' load; wall seconds are kept beside it in runs.jsonl.
 The exponents are least-squares slopes of log(time) and log(peak RSS) against log(T).
 """
 
@@ -41,7 +43,9 @@ from common import MB, REPO, child_output, load  # noqa: E402
 
 __all__ = ["main", "fitted_exponent", "eager_need", "run_capped", "render"]
 
-_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072"}  # freed tensors go back to the system: RSS follows live memory
+_ENV = {"MALLOC_MMAP_THRESHOLD_": "131072",  # freed tensors go back to the system: RSS follows live memory
+        # one thread: CPU seconds are then the work itself, not OpenMP spinning on cores other processes hold
+        "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 GEMMA_LENGTHS = (1024, 2048, 4096, 8192, 16384)
 SMOLLM2_TOKENS = 6000
 
@@ -67,7 +71,7 @@ def _child(mode: str, model: str, n_tokens: int, budget: int, n_texts: int = 0, 
         return _corpus(lm, n_texts, repeats)
     text = _text_of_tokens(lm, n_tokens)
     enc = encode(lm, text)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     if mode == "sdpa":
         from headscope.probe.recompute import fast_attention
 
@@ -84,8 +88,9 @@ def _child(mode: str, model: str, n_tokens: int, budget: int, n_texts: int = 0, 
         note = _recompute(lm, enc, budget)
     else:
         raise ValueError(f"unknown mode {mode!r}")
-    seconds = time.perf_counter() - t0
-    return {"mode": mode, "model": model, "tokens": len(enc.ids), "seconds": seconds, "peak_rss": _process_peak(),
+    seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
+    return {"mode": mode, "model": model, "tokens": len(enc.ids), "seconds": cpu, "wall_seconds": seconds,
+            "peak_rss": _process_peak(),
             "budget": budget, "note": note, "layers": lm.config.num_hidden_layers,
             "heads": lm.config.num_attention_heads}
 
@@ -241,14 +246,14 @@ def render(runs: Sequence[dict], *, long_model: str, scaling_model: str, skipped
         ratio = (f"{rec['seconds'] / sdpa['seconds']:.2f}x" if sdpa and rec and "error" not in sdpa
                  and "error" not in rec else "—")
         out += [f"### {long_model}, one text of {t:,} tokens, every head, every corpus metric", "",
-                "| SDPA forward | recompute | recompute / SDPA | peak RSS recompute (target ≤ 4096 MB) | peak RSS SDPA |",
+                "| SDPA forward, CPU s | recompute, CPU s | recompute / SDPA | peak RSS recompute (target ≤ 4096 MB) | peak RSS SDPA |",
                 "|---|---|---|---|---|",
                 f"| {_cell(sdpa, 'seconds', '{:.1f} s')} | {_cell(rec, 'seconds', '{:.1f} s')} | {ratio} | "
                 f"{_cell(rec, 'peak_rss', '{:.0f} MB')} | {_cell(sdpa, 'peak_rss', '{:.0f} MB')} |", ""]
     lengths = sorted({r["tokens"] for r in runs if r["model"] == scaling_model and r["mode"] != "corpus"})
     if lengths:
         out += [f"### {scaling_model}: time and peak RSS against T", "",
-                "| T | SDPA s | recompute s | recompute / SDPA | eager s | recompute peak RSS | eager peak RSS |",
+                "| T | SDPA CPU s | recompute CPU s | recompute / SDPA | eager CPU s | recompute peak RSS | eager peak RSS |",
                 "|---|---|---|---|---|---|---|"]
         for t in lengths:
             sdpa, rec, eag = (by.get((m, scaling_model, t)) for m in ("sdpa", "recompute", "eager"))
@@ -305,17 +310,22 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     cap, timeout = int(a.cap_gb * 2**30), a.timeout
     runs, skipped = [], {}
+
+    def table() -> str:  # rewritten after every child: a run stopped at a deadline keeps its tables
+        md = render(runs, long_model=a.long_model, scaling_model=a.scaling_model, skipped=skipped)
+        (out / "results.md").write_text(md, encoding="utf-8")
+        return md
+
     with open(out / "runs.jsonl", "a") as log:
-        for m in a.corpus_models:  # the quickest figures first: what is measured before a deadline is kept
-            runs.append(_run("corpus", m, log, cap=cap, timeout=timeout, texts=a.corpus_texts,
-                             repeats=a.corpus_repeats))
         if a.long_model:
             for mode in ("sdpa", "recompute"):
                 runs.append(_run(mode, a.long_model, log, cap=cap, timeout=timeout, tokens=a.long_tokens,
                                  budget=a.budget))
+                table()
         for t in a.lengths:  # shortest first: what is measured before a deadline is kept
             for mode in ("sdpa", "recompute"):
                 runs.append(_run(mode, a.scaling_model, log, cap=cap, timeout=timeout, tokens=t, budget=a.budget))
+                table()
             shape = next((r for r in runs[-2:] if "layers" in r), None)  # the children say the model's size
             need = eager_need(shape["layers"], shape["heads"], t) if shape else None
             if need is not None and need <= a.eager_limit_gb * 2**30:
@@ -323,9 +333,12 @@ def main(argv=None) -> int:
                                  tokens=t))
             elif need is not None:
                 skipped[t] = f"not run: needs {need / 2**30:.1f} GB"
-    md = render(runs, long_model=a.long_model, scaling_model=a.scaling_model, skipped=skipped)
-    (out / "results.md").write_text(md, encoding="utf-8")
-    print(md)
+            table()
+        for m in a.corpus_models:
+            runs.append(_run("corpus", m, log, cap=cap, timeout=timeout, texts=a.corpus_texts,
+                             repeats=a.corpus_repeats))
+            table()
+    print(table())
     return 1 if any("error" in r for r in runs) else 0
 
 
