@@ -197,3 +197,8 @@ def test_capped_child_is_killed_past_its_memory_cap():
     assert "cap" in r["error"] and r["sampled_peak_rss"] > 100 * MB
     fine = bench_recompute.run_capped([sys.executable, "-c", "import json; print(json.dumps({'a': 1}))"], cap=10**10, timeout=60)
     assert fine == {"a": 1}
+
+
+def test_recompute_corpus_child_times_both_contenders():
+    r = bench_recompute._child("corpus", "tiny-bert", 0, 0, n_texts=16, repeats=1)
+    assert r["texts"] == 16 and r["ratio"] == pytest.approx(r["seconds_ours"][0] / r["seconds_bare"][0])
