@@ -26,10 +26,16 @@ __all__ = [
     "load", "extract", "verify", "explain", "fit_context", "heads", "induction_inputs", "extract_scores", "coref",
     "relation_probe", "probe_sets", "causal", "corpus_stats", "versions", "builtin_corpus", "builtin_set",
     "read_corpus", "read_probe_file", "analyse_model", "ModelAnalysis", "RunSettings", "REPORT_SENTENCES",
-    "TOO_LONG", "DEFAULT_LEVEL", "DEFAULT_INCLUDE_SPECIAL",
+    "TOO_LONG", "DEFAULT_LEVEL", "DEFAULT_INCLUDE_SPECIAL", "Attention", "DEFAULT_ATTENTION", "memory_budget",
 ]
 
 Level = Literal["token", "word"]
+# How attention is obtained (`probe.recompute`): the model's eager weights, recomputed from scratch in
+# blocks of query rows, or recompute only where eager would exceed the memory budget.
+Attention = Literal["eager", "recompute", "auto"]
+# Eager by default: recomputed numbers agree with eager ones to about 1e-7, not bit for bit, and the
+# default run must keep giving the numbers it gave.
+DEFAULT_ATTENTION: Attention = "eager"
 
 # analyses.heads.DEFAULT_LEVEL / DEFAULT_INCLUDE_SPECIAL (Clark et al. 2019), spelled out so that
 # `import headscope` does not import torch; tests/test_heads.py checks they agree.
@@ -131,6 +137,26 @@ def fit_context(lm, text: str) -> str:
 # ---------------------------------------------------------------- head scores
 
 
+def memory_budget(value: int | None = None) -> int:
+    """Bytes that eager attention may take before `attention="auto"` recomputes: `value`, or a quarter of RAM.
+
+    >>> memory_budget(2**30)
+    1073741824
+    """
+    if value is None:
+        import psutil
+
+        return psutil.virtual_memory().total // 4
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"memory_budget must be a positive number of bytes, got {value!r}")
+    return value
+
+
+def _check_attention(attention: object) -> None:
+    if attention not in ("eager", "recompute", "auto"):
+        raise ValueError(f"attention must be 'eager', 'recompute' or 'auto', got {attention!r}")
+
+
 def heads(
     lm,
     texts: Iterable[str],
@@ -147,6 +173,8 @@ def heads(
     progress: bool = False,
     total: int | None = None,
     source: str | None = None,
+    attention: Attention = DEFAULT_ATTENTION,
+    budget: int | None = None,
 ):
     """Score every head of `lm` over `texts`, plus induction for decoders -> `HeadScores`.
 
@@ -157,38 +185,137 @@ def heads(
     (stderr); `source` names the corpus in `meta`. An encoder–decoder model's texts are sources:
     its encoder's self-attention is scored (`meta["stack"] == "encoder"`), with no induction.
 
+    `attention="recompute"` folds each text's attention in blocks of query rows recomputed from
+    scratch (`probe.recompute`), so no `[layer, head, T, T]` of all layers exists; `"auto"` does so
+    for the texts whose eager attention would exceed `budget` bytes (`memory_budget`). Either way
+    the recomputation is first checked against the model's eager attention on the first
+    recomputed text's prefix (`meta["check"]`); a mismatch raises.
+
     >>> from headscope.probe.tiny import tiny_model
     >>> s = heads(tiny_model("llama"), ["The cat sat.", "A dog ran!"], induction_sequences=2, induction_length=5)
     >>> s.n_texts, s.n_sequences, s.level
     (2, 2, 'word')
     """
     from headscope.analyses.heads import HeadScoreAccumulator
-    from headscope.probe import extract_ids, iter_extract
     from headscope.probe.extract import is_seq2seq
 
+    _check_attention(attention)
+    budget = memory_budget(budget)
     acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special)
-    maps = iter_extract(lm, texts, batch_size=batch_size, level=level, truncate=truncate, window=window)
     if progress:
         from tqdm.auto import tqdm
 
-        maps = tqdm(maps, total=total, desc=f"{lm.name} heads", unit="text")
-    for amap in maps:
-        acc.update(amap)
+        texts = tqdm(texts, total=total, desc=f"{lm.name} heads", unit="text")
+    fold = _Fold(lm, acc, attention, budget, batch_size)
+    fold.texts(texts, level=level, truncate=truncate, window=window)
     meta: dict = {"corpus": source, "batch_size": batch_size, "causal": lm.is_causal}
     if is_seq2seq(lm):  # without targets, the texts are sources: the encoder's self-attention is scored
         meta["stack"] = "encoder"
     if lm.is_causal and induction_sequences > 0:
         sequences, prefix = induction_inputs(lm, n_sequences=induction_sequences, length=induction_length, seed=seed)
-        for start in range(0, len(sequences), batch_size):  # one batch of maps alive at a time
-            for amap in extract_ids(lm, sequences[start : start + batch_size], batch_size=batch_size):
-                acc.update_repeated(amap)
+        fold.repeated(sequences)
         meta["induction"] = {
             "sequences": induction_sequences, "length": induction_length, "seed": seed, "prefix": list(prefix),
             "prefix_tokens": lm.tokenizer.convert_ids_to_tokens(list(prefix)),
         }
     else:
         meta["induction"] = None
+    if attention != "eager":  # an eager run's output stays as it was
+        meta.update(fold.record())
     return acc.result(thresholds=thresholds, meta=meta)
+
+
+class _Fold:
+    """Folds texts and repeated sequences into a `HeadScoreAccumulator`: eager maps in batches, or
+    recomputed blocks of rows one text at a time, chosen per text by `probe.recompute.choose_attention`."""
+
+    def __init__(self, lm, acc, attention: Attention, budget: int, batch_size: int) -> None:
+        self.lm, self.acc, self.attention, self.budget, self.batch_size = lm, acc, attention, budget, batch_size
+        self.counts = Counter()
+        self.check = None  # probe.recompute.PrefixCheck of the first recomputed text
+        n = lm.config
+        self.all = dict(layers=tuple(range(n.num_hidden_layers)), heads=tuple(range(n.num_attention_heads)))
+
+    def mode(self, n_tokens: int, batch: int) -> str:
+        from headscope.probe.extract import is_seq2seq
+        from headscope.probe.recompute import choose_attention, eager_bytes
+
+        if is_seq2seq(self.lm):  # recompute mode hooks one stack of self-attention
+            if self.attention == "recompute":
+                raise ValueError(f"{self.lm.name} is an encoder-decoder model; recomputed attention covers "
+                                 "encoders and decoders only, use attention='eager'")
+            return "eager"
+        return choose_attention(self.attention, eager_bytes(self.lm, n_tokens, batch=batch), self.budget)
+
+    def texts(self, texts: Iterable[str], *, level: Level, truncate: bool, window: int) -> None:
+        from itertools import islice
+
+        from headscope.probe import iter_extract
+        from headscope.probe.extract import check_texts, encode_many, text_units
+
+        if self.attention == "eager":
+            for amap in iter_extract(self.lm, texts, batch_size=self.batch_size, level=level, truncate=truncate,
+                                     window=window):
+                self.acc.update(amap)
+            return
+        stream, done = iter(texts), 0
+        while chunk := list(islice(stream, self.batch_size * window)):
+            try:
+                chunk = check_texts(chunk)
+            except (TypeError, ValueError) as exc:  # name the text by its place in the whole stream
+                raise type(exc)(f"{exc} (text {done} is the first of this chunk of {len(chunk)})") from None
+            encoded = encode_many(self.lm, chunk, truncate=truncate, first_index=done)
+            batch = min(self.batch_size, len(chunk))
+            eager = [t for t, e in zip(chunk, encoded) if self.mode(len(e.ids), batch) == "eager"]
+            for amap in iter_extract(self.lm, eager, batch_size=self.batch_size, level=level, truncate=truncate,
+                                     window=window):
+                self.acc.update(amap)
+            for enc in (e for e in encoded if self.mode(len(e.ids), batch) == "recompute"):
+                self.acc.update_blocks(text_units(self.lm, enc), self.blocks(enc), causal=self.lm.is_causal,
+                                       **self.all)
+            self.counts["eager"] += len(eager)
+            self.counts["recompute"] += len(chunk) - len(eager)
+            done += len(chunk)
+
+    def repeated(self, sequences: Sequence[Sequence[int]]) -> None:
+        from headscope.probe import extract_ids
+
+        bs = self.batch_size
+        for start in range(0, len(sequences), bs):  # one batch of maps alive at a time
+            chunk = sequences[start : start + bs]
+            if self.mode(max(map(len, chunk)), len(chunk)) == "eager":
+                for amap in extract_ids(self.lm, chunk, batch_size=bs):
+                    self.acc.update_repeated(amap)
+                continue
+            for seq in chunk:
+                self.acc.update_repeated_blocks(seq, self.blocks(_id_item(self.lm, seq)), causal=self.lm.is_causal,
+                                                **self.all)
+
+    def blocks(self, enc):
+        """The blocks of one text; the first recomputed text is checked against eager attention first."""
+        from headscope.probe.recompute import DEFAULT_BUDGET, check_prefix, iter_blocks_encoded
+
+        if self.check is None:
+            self.check = check_prefix(self.lm, enc)
+            if not self.check.passed:
+                raise RuntimeError(f"{self.lm.name}: {self.check.summary()}; the recomputed attention cannot be "
+                                   "trusted, run with attention='eager'")
+        return (block for _, block in iter_blocks_encoded(self.lm, [enc], budget=min(DEFAULT_BUDGET, self.budget)))
+
+    def record(self) -> dict:
+        """What `meta` says about how attention was obtained."""
+        return {"attention": {"asked": self.attention, "budget": self.budget, **{k: self.counts[k] for k in
+                                                                               ("eager", "recompute")}},
+                "check": None if self.check is None else self.check.to_dict()}
+
+
+def _id_item(lm, seq: Sequence[int]):
+    """A token-id sequence as an `Encoded` text (no text, the ids as they are)."""
+    from headscope.probe.extract import Encoded
+
+    special = set(getattr(lm.tokenizer, "all_special_ids", []))
+    ids = tuple(int(t) for t in seq)
+    return Encoded(text="", ids=ids, spans=((0, 0),) * len(ids), special=tuple(t in special for t in ids))
 
 
 def induction_inputs(lm, *, n_sequences: int = 20, length: int = 50, seed: int = 0):

@@ -1,0 +1,110 @@
+"""Recompute-mode attention wired into the analyses: head scores, probes and explain from blocks of
+query rows equal their eager values (the blocks never make a `[layer, head, T, T]` of all layers)."""
+
+import numpy
+import pytest
+import torch
+
+import headscope as hs
+from headscope.analyses.heads import METRICS, HeadScoreAccumulator
+from headscope.probe import extract, extract_ids
+from headscope.probe.extract import base_model
+from headscope.probe.families import family_for
+from headscope.probe.errors import UnsupportedFeature
+from headscope.probe.recompute import Block
+from headscope.probe.types import Units
+
+TEXTS = ["The cat sat on the mat, didn't it?", "A dog ran! Unbelievably fast..."]
+
+
+def _whole_sequences_only(lm) -> bool:
+    """Content↔position terms (DeBERTa) are recomputed for whole sequences only (tests/test_recompute.py)."""
+    return family_for(lm.config).layer_spec(base_model(lm), 0, lm.config).position_scores is not None
+
+
+def _blocks(amap, rows):
+    """A token-level map cut into blocks of `rows` query rows, layer by layer (as iter_blocks gives them)."""
+    a = amap.attention  # [layer, head, query, key]
+    rows = rows or len(amap)
+    for li, layer in enumerate(amap.layer_ids):
+        for start in range(0, len(amap), rows):
+            yield Block(layer, amap.head_ids, start, a[li, :, start : start + rows])
+
+
+def _assert_same(got, want, tol=1e-5):
+    assert list(got.table["metric"]) == list(want.table["metric"])
+    assert (got.table["n"].values == want.table["n"].values).all()
+    g, w = got.table["value"].values, want.table["value"].values
+    assert ((abs(g - w) <= tol) | (numpy.isnan(g) & numpy.isnan(w))).all(), abs(g - w).max()
+
+
+@pytest.mark.parametrize("level", ["token", "word"])
+@pytest.mark.parametrize("include_special", [True, False])
+def test_block_sums_equal_whole_map_sums(tiny, level, include_special):
+    maps = extract(tiny, TEXTS)
+    whole = HeadScoreAccumulator(level=level, include_special=include_special)
+    for m in maps:
+        whole.update(m)
+    want = whole.result()
+    for rows in (1, 3, None):  # one row, a few rows (blocks end inside words), the whole map
+        acc = HeadScoreAccumulator(level=level, include_special=include_special)
+        for m in maps:
+            acc.update_blocks(Units.of(m), _blocks(m, rows), causal=m.causal, layers=m.layer_ids, heads=m.head_ids)
+        _assert_same(acc.result(), want)
+
+
+def test_pattern_sums_from_blocks_equal_whole_map():
+    from headscope.probe.tiny import tiny_model
+
+    lm = tiny_model("llama")
+    seqs = [(5, 9, 11, 5, 9, 11), (7, 3, 8, 2, 7, 3, 8, 2)]
+    maps = extract_ids(lm, seqs)
+    whole, blocks = HeadScoreAccumulator(level="token"), HeadScoreAccumulator(level="token")
+    for m in maps:
+        whole.update_repeated(m)
+        blocks.update_repeated_blocks(m.token_ids, _blocks(m, 2), causal=True, layers=m.layer_ids, heads=m.head_ids)
+    _assert_same(blocks.result(), whole.result())
+
+
+def test_blocks_outside_the_scored_heads_are_refused():
+    acc = HeadScoreAccumulator(level="token")
+    units = Units("ab", "token", ("a", "b"), ((0, 1), (1, 2)), (False, False), word_index=(0, 1))
+    with pytest.raises(ValueError, match="outside the layers"):
+        acc.update_blocks(units, [Block(3, (0,), 0, torch.full((1, 2, 2), 0.5))], causal=False, layers=[0], heads=[0])
+
+
+@pytest.mark.parametrize("level", ["token", "word"])
+def test_heads_recompute_equals_eager_on_every_family(tiny, level):
+    kw = dict(level=level, induction_sequences=2, induction_length=5)
+    eager = hs.heads(tiny, TEXTS, **kw)
+    for budget in (1, 10**9):  # one row per block, and the whole map in one block
+        if budget == 1 and _whole_sequences_only(tiny):
+            with pytest.raises(UnsupportedFeature, match="whole sequences"):
+                hs.heads(tiny, TEXTS, attention="recompute", budget=budget, **kw)
+            continue
+        got = hs.heads(tiny, TEXTS, attention="recompute", budget=budget, **kw)
+        _assert_same(got, eager)
+        assert got.meta["check"]["passed"] and got.meta["attention"]["recompute"] == len(TEXTS)
+    assert "check" not in eager.meta  # an eager run's output is as it was
+
+
+def test_auto_recomputes_only_texts_beyond_the_budget():
+    from headscope.probe.tiny import tiny_model
+
+    lm = tiny_model("bert")
+    short, long = "A cat.", "The cat sat on the mat and looked at the dog for a long while."
+    n_short = len(lm.tokenizer(short)["input_ids"])
+    budget = 2 * lm.config.num_hidden_layers * lm.config.num_attention_heads * n_short**2 * 4  # batch of 2
+    got = hs.heads(lm, [short, long], attention="auto", budget=budget, level="token")
+    assert got.meta["attention"] == {"asked": "auto", "budget": budget, "eager": 1, "recompute": 1}
+    _assert_same(got, hs.heads(lm, [short, long], level="token"))
+
+
+def test_bad_attention_and_budget_get_one_clear_error():
+    from headscope.probe.tiny import tiny_model
+
+    lm = tiny_model("bert")
+    with pytest.raises(ValueError, match="attention must be"):
+        hs.heads(lm, TEXTS, attention="fast")
+    with pytest.raises(ValueError, match="memory_budget must be a positive"):
+        hs.heads(lm, TEXTS, attention="auto", budget=0)
