@@ -277,6 +277,32 @@ class _Fold:
             self.counts["recompute"] += len(chunk) - len(eager)
             done += len(chunk)
 
+    def eager_texts(self, texts: Sequence[str]) -> list[str]:
+        """The texts whose eager attention fits the budget (batched `batch_size` at a time)."""
+        from headscope.probe.extract import encode_many
+
+        batch = min(self.batch_size, len(texts))
+        return [t for t, e in zip(texts, encode_many(self.lm, texts)) if self.mode(len(e.ids), batch) == "eager"]
+
+    def query_rows(self, text: str, examples: Sequence, *, level: Level, head_word: bool):
+        """The query rows of one text that its probe examples' sources need, from recomputed blocks."""
+        from headscope.analyses.coref import Excluded, candidate_units, query_rows
+        from headscope.probe import to_word_level
+        from headscope.probe.extract import encode, text_units
+
+        enc = encode(self.lm, text)
+        units = text_units(self.lm, enc)
+        scored = to_word_level(units) if level == "word" else units
+        wanted: set[int] = set()
+        for ex in examples:
+            try:
+                wanted.update(candidate_units(scored, ex, causal=self.lm.is_causal, head_word=head_word)[0])
+            except Excluded:  # counted when the example is scored
+                pass
+        self.counts["recompute"] += 1
+        return query_rows(units, self.blocks(enc) if wanted else (), wanted, level=level, causal=self.lm.is_causal,
+                          meta={"model": self.lm.name}, **self.all)
+
     def repeated(self, sequences: Sequence[Sequence[int]]) -> None:
         from headscope.probe import extract_ids
 
@@ -350,7 +376,8 @@ def induction_inputs(lm, *, n_sequences: int = 20, length: int = 50, seed: int =
 
 
 def extract_scores(lm, examples: Sequence, *, level: Level = "word", head_word: bool = False, batch_size: int = 8,
-                   crop: bool = True, progress: bool = False):
+                   crop: bool = True, progress: bool = False, attention: Attention = DEFAULT_ATTENTION,
+                   budget: int | None = None):
     """Attention from each example's source to each candidate on `lm` -> `analyses.coref.ProbeScores`.
 
     Texts are deduplicated and run shortest first (little padding); an example that cannot be
@@ -362,6 +389,9 @@ def extract_scores(lm, examples: Sequence, *, level: Level = "word", head_word: 
     number (as long as the tokenizer does not merge a token across that word boundary, which
     byte-level BPE never does) and saves the cost of the rest of a long paragraph.
 
+    `attention` and `budget` as in `heads`: a recomputed text keeps only its sources' query rows,
+    taken from the blocks as they pass (`analyses.coref.query_rows`); `data.check` records the check.
+
     >>> from headscope.probe.tiny import tiny_model
     >>> data = extract_scores(tiny_model("bert"), builtin_set("agreement")[:3])
     >>> len(data), tuple(data.scores.shape[1:3])
@@ -370,6 +400,8 @@ def extract_scores(lm, examples: Sequence, *, level: Level = "word", head_word: 
     from headscope.analyses.coref import CAUSAL_REASON, collect_scores
     from headscope.probe import iter_extract
 
+    _check_attention(attention)
+    fold = None if attention == "eager" else _Fold(lm, None, attention, memory_budget(budget), batch_size)
     excluded: Counter = Counter()
     keep = []
     for ex in examples:
@@ -390,17 +422,25 @@ def extract_scores(lm, examples: Sequence, *, level: Level = "word", head_word: 
     for ex in keep:
         by_text.setdefault(model_text[id(ex)], []).append(ex)
 
+    eager = texts if fold is None else fold.eager_texts(texts)
+
     def pairs():
-        maps = iter_extract(lm, texts, level=level, batch_size=batch_size, window=2)
+        maps = iter_extract(lm, eager, level=level, batch_size=batch_size, window=2)
         if progress:
             from tqdm import tqdm
 
-            maps = tqdm(maps, total=len(texts), desc=f"{lm.name} attention", unit="text", file=sys.stderr)
-        for text, amap in zip(texts, maps):
+            maps = tqdm(maps, total=len(eager), desc=f"{lm.name} attention", unit="text", file=sys.stderr)
+        for text, amap in zip(eager, maps):
             for ex in by_text[text]:
                 yield ex, amap
+        for text in (t for t in texts if t not in set(eager)):
+            rows = fold.query_rows(text, by_text[text], level=level, head_word=head_word)
+            for ex in by_text[text]:
+                yield ex, rows
 
     data = collect_scores(pairs(), head_word=head_word, excluded=dict(excluded))
+    if fold is not None and fold.check is not None:
+        data = replace(data, check=fold.check.to_dict())
     if not len(data):
         return _no_scores(lm, data, level)
     position = {id(ex): i for i, ex in enumerate(examples)}
@@ -428,7 +468,8 @@ def _cropped(ex) -> str:
 
 def relation_probe(lm, examples: Sequence, *, task: str, level: Level = "word", head_word: bool = False,
                    heldout: Sequence | None = None, folds: int = 5, n_perm: int = 10_000, seed: int = 0,
-                   batch_size: int = 8, noun: str = "examples", progress: bool = False):
+                   batch_size: int = 8, noun: str = "examples", progress: bool = False,
+                   attention: Attention = DEFAULT_ATTENTION, budget: int | None = None):
     """Which head lets a source word attend to its target: extraction, then `analyses.coref.score_probe`.
 
     The head is chosen by group k-fold on `examples`; with `heldout` (a second list of examples)
@@ -442,7 +483,8 @@ def relation_probe(lm, examples: Sequence, *, task: str, level: Level = "word", 
     """
     from headscope.analyses.coref import score_probe
 
-    kw = dict(level=level, head_word=head_word, batch_size=batch_size, progress=progress)
+    kw = dict(level=level, head_word=head_word, batch_size=batch_size, progress=progress, attention=attention,
+              budget=budget)
     data = extract_scores(lm, examples, **kw)
     test = None if heldout is None else extract_scores(lm, heldout, **kw)
     return score_probe(data, task=task, heldout=test, folds=folds, n_perm=n_perm, seed=seed, noun=noun)
@@ -460,7 +502,7 @@ def coref(lm, examples: Sequence, *, task: str = "coref", noun: str = "pronouns"
 def probe_sets(lm, sets: Sequence[tuple[str, Sequence]], *, heldout: tuple[str, Sequence] | None = None,
                combined_task: str = "combined", level: Level = "word", head_word: bool = False, folds: int = 5,
                n_perm: int = 10_000, seed: int = 0, batch_size: int = 8, noun: str = "examples",
-               progress: bool = False):
+               progress: bool = False, attention: Attention = DEFAULT_ATTENTION, budget: int | None = None):
     """Score named probe sets `[(task, examples), ...]` on one model -> `(main, parts)`.
 
     With several sets each is scored on its own (`parts`) and `main` scores them together as
@@ -478,7 +520,8 @@ def probe_sets(lm, sets: Sequence[tuple[str, Sequence]], *, heldout: tuple[str, 
 
     if heldout is not None and len(sets) != 1:
         raise ValueError("a held-out set needs a single set to choose the head on")
-    ex_kw = dict(level=level, head_word=head_word, batch_size=batch_size, progress=progress)
+    ex_kw = dict(level=level, head_word=head_word, batch_size=batch_size, progress=progress, attention=attention,
+                 budget=budget)
     kw = dict(folds=folds, n_perm=n_perm, seed=seed, noun=noun)
     if heldout is not None:
         (task, examples), (h_task, h_examples) = sets[0], heldout

@@ -108,3 +108,30 @@ def test_bad_attention_and_budget_get_one_clear_error():
         hs.heads(lm, TEXTS, attention="fast")
     with pytest.raises(ValueError, match="memory_budget must be a positive"):
         hs.heads(lm, TEXTS, attention="auto", budget=0)
+
+
+@pytest.mark.parametrize("family", ["bert", "llama"])
+@pytest.mark.parametrize("level", ["token", "word"])
+def test_probe_scores_recompute_equal_eager(family, level):
+    from headscope.probe.tiny import tiny_model
+
+    lm = tiny_model(family)
+    examples = hs.builtin_set("agreement")[:6] + hs.builtin_set("winograd")[:6]
+    eager = hs.extract_scores(lm, examples, level=level)
+    got = hs.extract_scores(lm, examples, level=level, attention="recompute", budget=2_000)  # a few rows per block
+    assert [e.text for e in got.examples] == [e.text for e in eager.examples] and got.excluded == eager.excluded
+    torch.testing.assert_close(got.scores, eager.scores, atol=1e-5, rtol=0, equal_nan=True)
+    assert got.check["passed"] and eager.check is None
+
+
+def test_query_rows_keep_only_the_asked_rows():
+    from headscope.analyses.coref import query_rows
+
+    units = Units("ab c", "token", ("a", "##b", "c"), ((0, 1), (1, 2), (3, 4)), (False,) * 3, word_index=(0, 0, 1))
+    a = torch.tensor([[[0.5, 0.25, 0.25], [0.2, 0.4, 0.4], [0.1, 0.6, 0.3]]])  # one head, [query, key]
+    blocks = [Block(0, (0,), 0, a[:, :1]), Block(0, (0,), 1, a[:, 1:])]
+    words = query_rows(units, blocks, [0], level="word", causal=False, layers=[0], heads=[0])
+    # word 0 = tokens 0 and 1: keys summed per word (0.75, 0.25) and (0.6, 0.4), queries averaged
+    assert list(words.rows) == [0] and torch.allclose(words.rows[0], torch.tensor([[[0.675, 0.325]]]))
+    tokens = query_rows(units, blocks, [2], level="token", causal=False, layers=[0], heads=[0])
+    assert list(tokens.rows) == [2] and torch.equal(tokens.rows[2], a[None, :, 2])
