@@ -96,8 +96,11 @@ def verify(lm, texts: str | Sequence[str] | None = None, *, truncate: bool = Fal
     return _verify(lm, texts, truncate=truncate, **options)
 
 
-def explain(lm, text: str, *, token: str | int, layer: int, head: int, occurrence: int = 0):
+def explain(lm, text: str, *, token: str | int, layer: int, head: int, occurrence: int = 0,
+            attention: Attention = DEFAULT_ATTENTION, budget: int | None = None):
     """softmax(q·kᵀ/√d)·v for `token` as the query of one head, with the real numbers -> `Explanation`.
+
+    `attention`/`budget` as in `heads`: recomputed, only the one layer is computed from scratch.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> e = explain(tiny_model("bert"), "The cat sat.", token="cat", layer=1, head=2)
@@ -108,7 +111,9 @@ def explain(lm, text: str, *, token: str | int, layer: int, head: int, occurrenc
 
     if isinstance(occurrence, bool) or not isinstance(occurrence, int) or occurrence < 0:
         raise ValueError(f"occurrence must be 0 (the first), 1 (the second), ...; got {occurrence!r}")
-    return _explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence)
+    _check_attention(attention)
+    return _explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence, attention=attention,
+                    budget=memory_budget(budget))
 
 
 def fit_context(lm, text: str) -> str:

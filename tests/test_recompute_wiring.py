@@ -135,3 +135,14 @@ def test_query_rows_keep_only_the_asked_rows():
     assert list(words.rows) == [0] and torch.allclose(words.rows[0], torch.tensor([[[0.675, 0.325]]]))
     tokens = query_rows(units, blocks, [2], level="token", causal=False, layers=[0], heads=[0])
     assert list(tokens.rows) == [2] and torch.equal(tokens.rows[2], a[None, :, 2])
+
+
+def test_explain_recompute_equals_eager(tiny):
+    text = "The cat sat on the mat because it was tired."
+    kw = dict(token="it", layer=tiny.config.num_hidden_layers - 1, head=1)
+    eager = hs.explain(tiny, text, **kw)
+    got = hs.explain(tiny, text, attention="recompute", **kw)
+    assert got.table["key"].tolist() == eager.table["key"].tolist()
+    for column in ("raw_score", "weight", "contribution_norm"):
+        numpy.testing.assert_allclose(got.table[column], eager.table[column], atol=1e-5, rtol=0)
+    assert eager.check is None and got.check["passed"] and got.model_weight_max_abs_err <= got.check["tolerance"]
