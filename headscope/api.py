@@ -660,6 +660,8 @@ class RunSettings:
     device: str = "cpu"
     dtype: str = "float32"
     truncate: bool = False
+    attention: Attention = DEFAULT_ATTENTION
+    memory_budget: int | None = None  # bytes; None: a quarter of RAM (`memory_budget`)
 
 
 @dataclass(frozen=True)
@@ -734,21 +736,24 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
 
     scores = stage.run("heads", heads, lm, texts, level=settings.level, include_special=settings.include_special,
                        batch_size=settings.batch_size, induction_sequences=settings.induction_sequences,
-                       seed=settings.seed, truncate=settings.truncate, progress=progress, total=len(texts))
+                       seed=settings.seed, truncate=settings.truncate, progress=progress, total=len(texts),
+                       attention=settings.attention, budget=settings.memory_budget)
     scores.meta["corpus"] = settings.corpus
     say(f"{lm.name}: head scores over {scores.n_texts} texts, {len(scores.roles)} roles "
         f"({stage.seconds['heads']:.1f} s)")
+    if scores.meta.get("check"):
+        say(f"{lm.name}: {scores.meta['check']['summary']}")
 
     main, parts = stage.run("coref", probe_sets, lm, sets,
                             combined_task="coref-builtin", level=settings.level, folds=settings.folds,
                             n_perm=settings.permutations, seed=settings.seed, batch_size=settings.batch_size,
-                            noun="pronouns")
+                            noun="pronouns", attention=settings.attention, budget=settings.memory_budget)
     probes = [main, *parts]  # the combined result first when there are several sets
     say(f"{lm.name}: coreference probe ({stage.seconds['coref']:.1f} s)")
     for p in probes:
         say(f"  {p.task}: {p.verdict}")
 
-    maps = stage.run("sentences", extract, lm, list(settings.texts), level="token", truncate=settings.truncate)
+    maps = stage.run("sentences", _sentence_maps, lm, list(settings.texts), settings)
     sentences = "--text" if settings.texts != REPORT_SENTENCES else "built-in"
     corpus = corpus_stats(lm.tokenizer, [("heads corpus", settings.corpus, texts),
                                           *[(f"probe: {task}", settings.coref, [e.text for e in exs])
@@ -757,6 +762,17 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
     info = _model_info(lm, verification, stage.seconds)
     return ModelAnalysis(model=lm.name, verification=verification, scores=scores, probes=tuple(probes),
                          maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds))
+
+
+def _sentence_maps(lm, texts: list[str], settings: RunSettings) -> list:
+    """Token-level maps of the report sentences; whole maps (the figures draw every head), assembled from
+    recomputed blocks unless attention is eager."""
+    if settings.attention == "eager":
+        return extract(lm, texts, level="token", truncate=settings.truncate)
+    from headscope.probe.recompute import extract as extract_blocks
+
+    return extract_blocks(lm, texts, attention=settings.attention, budget=memory_budget(settings.memory_budget),
+                          level="token", truncate=settings.truncate)
 
 
 def _model_info(lm, verification, seconds: dict) -> dict:

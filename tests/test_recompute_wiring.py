@@ -146,3 +146,40 @@ def test_explain_recompute_equals_eager(tiny):
     for column in ("raw_score", "weight", "contribution_norm"):
         numpy.testing.assert_allclose(got.table[column], eager.table[column], atol=1e-5, rtol=0)
     assert eager.check is None and got.check["passed"] and got.model_weight_max_abs_err <= got.check["tolerance"]
+
+
+def test_cli_attention_option_on_heads_coref_and_explain(monkeypatch):
+    import json
+
+    from click.testing import CliRunner
+
+    import headscope.commands.coref as coref_cmd
+    import headscope.commands.explain as explain_cmd
+    import headscope.commands.heads as heads_cmd
+    from headscope.probe.tiny import tiny_model
+
+    lm = tiny_model("llama")
+    for mod in (heads_cmd, coref_cmd, explain_cmd):
+        monkeypatch.setattr(mod, "load_or_fail", lambda name, device, dtype: lm)
+    base = ["--quiet", "--no-verify", "--induction-seqs", "2", "--induction-length", "5", "--limit", "3"]
+    res = CliRunner().invoke(heads_cmd.cli, base + ["--attention", "recompute"])
+    assert res.exit_code == 0, res.output
+    assert "3 of 3 texts recomputed in blocks" in res.output and "checked against eager attention" in res.output
+    res = CliRunner().invoke(heads_cmd.cli, base + ["--attention", "auto", "--memory-budget", "1KiB", "--json"])
+    d = json.loads(res.stdout)
+    assert d["meta"]["attention"]["recompute"] == 3 and d["meta"]["check"]["passed"] is True
+    plain = json.loads(CliRunner().invoke(heads_cmd.cli, base + ["--json"]).stdout)
+    assert "check" not in plain["meta"] and "attention" not in plain["meta"]  # eager output as it was
+    for bad in ("lots", "0", "-5GB", "12 parsecs"):
+        res = CliRunner().invoke(heads_cmd.cli, base + ["--attention", "auto", "--memory-budget", bad])
+        assert res.exit_code == 2 and res.output.count("\n") == 1 and "--memory-budget" in res.output, res.output
+
+    res = CliRunner().invoke(coref_cmd.cli, ["--quiet", "--no-verify", "--limit", "12", "--permutations", "100",
+                                             "--attention", "recompute", "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["check"]["passed"] is True
+
+    res = CliRunner().invoke(explain_cmd.cli, ["The cat sat because it was tired.", "--token", "it", "--head", "L1H2",
+                                               "--attention", "recompute"])
+    assert res.exit_code == 0, res.output
+    assert "checked against eager attention" in res.output
