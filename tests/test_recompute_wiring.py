@@ -183,3 +183,23 @@ def test_cli_attention_option_on_heads_coref_and_explain(monkeypatch):
                                                "--attention", "recompute"])
     assert res.exit_code == 0, res.output
     assert "checked against eager attention" in res.output
+
+
+REAL_TEXTS = ["The animal didn't cross the street because it was too tired.", "我爱北京天安门",
+              "Mary told John that she would call him tomorrow, and he agreed. " * 4]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["minilm", "smollm2"])
+def test_recompute_equals_eager_on_real_models(name, request):
+    lm = request.getfixturevalue(name)
+    for level in ("word", "token"):
+        kw = dict(level=level, induction_sequences=2, induction_length=10)
+        _assert_same(hs.heads(lm, REAL_TEXTS, attention="recompute", budget=2**20, **kw), hs.heads(lm, REAL_TEXTS, **kw))
+    examples = hs.builtin_set("agreement")[:8]
+    got = hs.extract_scores(lm, examples, attention="recompute", budget=2**20)
+    torch.testing.assert_close(got.scores, hs.extract_scores(lm, examples).scores, atol=1e-5, rtol=0, equal_nan=True)
+    kw = dict(token="it", layer=2, head=3)
+    e, r = hs.explain(lm, REAL_TEXTS[0], **kw), hs.explain(lm, REAL_TEXTS[0], attention="recompute", **kw)
+    numpy.testing.assert_allclose(r.table["weight"], e.table["weight"], atol=1e-5, rtol=0)
+    assert r.check["passed"]
