@@ -35,12 +35,14 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from typing import Iterable, Literal, Sequence
+from typing import Iterable, Literal, Mapping, Sequence
 
 import pandas as pd
 import torch
 
-from headscope.probe.types import AttentionMap, head_name
+from headscope.probe.recompute import Block
+from headscope.probe.types import AttentionMap, Units, head_name
+from headscope.probe.words import to_word_level
 
 from .relations import RelationExample, first_choice, nearest_choice
 from .stats import cv_choices, cv_relabel_p, cv_signflip_p, group_folds, relabel_max_p, signflip_max_p, wilson
@@ -59,6 +61,9 @@ __all__ = [
     "head_rank",
     "select_head",
     "cross_validate",
+    "candidate_units",
+    "QueryRows",
+    "query_rows",
     "score_probe",
     "drill_down",
     "blind_pairs",
@@ -95,11 +100,12 @@ def _last_word(amap: AttentionMap, units: list[int]) -> list[int]:
     return [u for u in units if amap.word_index[u] == last]
 
 
-def candidate_attention(amap: AttentionMap, ex: RelationExample, *, head_word: bool = False) -> torch.Tensor:
+def candidate_attention(amap: "AttentionMap | QueryRows", ex: RelationExample, *, head_word: bool = False) -> torch.Tensor:
     """Attention from the source to each candidate, `[layer, head, candidate]`.
 
     Raises `Excluded` when a word has no unit in the map (e.g. cut by truncation), when candidates
-    share a unit, or when the map is causal and a candidate is not before the source.
+    share a unit, or when the map is causal and a candidate is not before the source. Takes a whole
+    map or the `QueryRows` of a text (only its sources' rows, from blocks of recomputed attention).
 
     >>> import torch
     >>> from headscope.analyses.relations import parse_example
@@ -112,22 +118,88 @@ def candidate_attention(amap: AttentionMap, ex: RelationExample, *, head_word: b
     >>> candidate_attention(m, ex)
     tensor([[[0.6000, 0.2000]]])
     """
-    src = _units(amap, ex.source_span)
+    src, cands = candidate_units(amap, ex, causal=amap.causal, head_word=head_word)
+    if isinstance(amap, QueryRows):
+        source_rows = torch.stack([amap.rows[u] for u in src], dim=2)  # [layer, head, source unit, key]
+    else:
+        source_rows = amap.attention[:, :, src, :]
+    rows = source_rows.float().mean(dim=2)  # [layer, head, key]: mean over the source's units
+    return torch.stack([rows[:, :, c].sum(dim=-1) for c in cands], dim=-1)  # [layer, head, candidate]
+
+
+def candidate_units(units, ex: RelationExample, *, causal: bool, head_word: bool = False) -> tuple[list[int], list[list[int]]]:
+    """The source's units and each candidate's, in a map's (or `Units`') units; `Excluded` as above."""
+    src = _units(units, ex.source_span)
     if not src:
         raise Excluded("source not in the map (truncated?)", ex.origin)
     cands = []
     for j, span in enumerate(ex.candidate_spans):
-        units = _units(amap, span)
-        if not units:
+        found = _units(units, span)
+        if not found:
             raise Excluded("candidate not in the map (truncated?)", f"{ex.origin} {ex.candidates[j]!r}")
-        cands.append(_last_word(amap, units) if head_word else units)
+        cands.append(_last_word(units, found) if head_word else found)
     flat = [u for c in cands for u in c]
     if len(set(flat)) != len(flat) or set(flat) & set(src):
         raise Excluded("candidates or source share a unit", ex.origin)
-    if amap.causal and max(flat) >= min(src):
+    if causal and max(flat) >= min(src):
         raise Excluded(CAUSAL_REASON, ex.origin)
-    rows = amap.attention[:, :, src, :].float().mean(dim=2)  # [layer, head, key]: mean over the source's units
-    return torch.stack([rows[:, :, c].sum(dim=-1) for c in cands], dim=-1)  # [layer, head, candidate]
+    return src, cands
+
+
+@dataclass(frozen=True, eq=False)
+class QueryRows:
+    """Some query rows of one text's attention, `rows[unit] = [layer, head, key]`, with the text's units:
+    what `candidate_attention` reads of a map, without the rows no probe asks for."""
+
+    units: Units
+    rows: Mapping[int, torch.Tensor]
+    causal: bool
+    layer_ids: tuple[int, ...]
+    head_ids: tuple[int, ...]
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def level(self) -> str:
+        return self.units.level
+
+    @property
+    def spans(self) -> tuple[tuple[int, int], ...]:
+        return self.units.spans
+
+    @property
+    def special(self) -> tuple[bool, ...]:
+        return self.units.special
+
+    @property
+    def word_index(self) -> tuple[int, ...]:
+        return self.units.word_index
+
+    def __len__(self) -> int:
+        return len(self.units)
+
+
+def query_rows(units: Units, blocks: Iterable[Block], wanted: Iterable[int], *, level: str, causal: bool,
+               layers: Sequence[int], heads: Sequence[int], meta: Mapping | None = None) -> QueryRows:
+    """Keep the `wanted` query units' rows of a text from its token-level blocks (every other row is
+    dropped as its block passes); at word level each word row is its pieces' rows, keys summed over a
+    word's pieces and queries averaged (as `probe.to_word_level`)."""
+    wanted = sorted(set(wanted))
+    words = units.word_index if level == "word" else tuple(range(len(units)))
+    tokens = {t for t, u in enumerate(words) if u in set(wanted)}
+    layer_at = {layer: i for i, layer in enumerate(layers)}
+    picked: dict[int, torch.Tensor] = {t: torch.zeros(len(layers), len(heads), len(units)) for t in tokens}
+    for block in blocks:
+        for t in tokens & set(range(block.query_start, block.query_stop)):
+            picked[t][layer_at[block.layer]] = block.probs[:, t - block.query_start].float()  # [head, key]
+    if level == "word":
+        member = torch.zeros(len(units), max(words) + 1)  # [token, word]
+        member[torch.arange(len(units)), torch.tensor(words)] = 1
+        rows = {u: torch.stack([picked[t] @ member for t in sorted(tokens) if words[t] == u]).mean(0) for u in wanted}
+        units = to_word_level(units)
+    else:
+        rows = {u: picked[u] for u in wanted}
+    return QueryRows(units=units, rows=rows, causal=causal, layer_ids=tuple(layers), head_ids=tuple(heads),
+                     meta=dict(meta or {}))
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,6 +222,7 @@ class ProbeScores:
     head_ids: tuple[int, ...] = ()
     excluded: dict = field(default_factory=dict)
     causal: bool = False  # the maps came from a decoder (the source saw only earlier words)
+    check: dict | None = None  # recomputed attention: its check against eager (`probe.recompute.PrefixCheck`)
 
     def __post_init__(self) -> None:
         if self.scores.dim() != 4 or self.scores.shape[0] != len(self.examples):

@@ -60,10 +60,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headscope.probe.types import AttentionMap, head_name
+from headscope.probe.recompute import Block
+from headscope.probe.types import AttentionMap, Units, head_name
 from headscope.probe.words import to_word_level
 
-from .induction import detection_pattern, pattern_score
+from .blocks import word_blocks
+from .induction import detection_pattern, pattern_sums
 from .metrics import METRICS, ROLE_LABELS, THRESHOLDS, MetricName
 
 __all__ = [
@@ -223,29 +225,60 @@ class HeadScoreAccumulator:
     def update(self, amap: AttentionMap) -> None:
         """Fold in one text's attention (`[layer, head, query, key]`)."""
         amap = self._prepare(amap)
-        special = list(amap.special)
-        punct = [is_punctuation(lab) and not sp for lab, sp in zip(amap.labels, special)]
-        a = amap.attention.float()
-        if not self.include_special and any(special):
-            keep = [i for i, sp in enumerate(special) if not sp]
-            a, punct, special = _drop_special(a, keep), [punct[i] for i in keep], [False] * len(keep)
-        sums, counts = _corpus_sums(a, causal=amap.causal, special=special, punct=punct)
-        self._sums[..., _CORPUS_COLUMNS] += sums  # float32 sums of one map into float64 totals
-        self._counts[_CORPUS_COLUMNS] += counts
+        rows = _TextRows.of(Units.of(amap), causal=amap.causal, include_special=self.include_special)
+        self._sums[..., _CORPUS_COLUMNS] += rows.sums(amap.attention.float(), 0)  # float32 sums into float64 totals
+        self._counts[_CORPUS_COLUMNS] += rows.counts
+        self._n_texts += 1
+
+    def update_blocks(self, units: Units, blocks: Iterable[Block], *, causal: bool, layers: Sequence[int],
+                      heads: Sequence[int]) -> None:
+        """Fold in one text given as token-level blocks of query rows (`probe.recompute.iter_blocks`).
+
+        The same sums as `update` of the text's whole map, row by row: `[layer, head, T, T]` never
+        exists. `units` are the text's tokens (with their `word_index`); `layers`/`heads` are the model
+        indices the blocks cover, and each layer's blocks come in row order.
+        """
+        if units.level != "token":
+            raise ValueError("update_blocks takes token-level units and blocks; words are formed here")
+        self._start(tuple(layers), tuple(heads))
+        if self.level == "word":
+            blocks, units = word_blocks(blocks, units.word_index), to_word_level(units)
+        rows = _TextRows.of(units, causal=causal, include_special=self.include_special)
+        for block in blocks:
+            layer, heads_at = self._place(block)
+            self._sums[layer][heads_at[:, None], _CORPUS_COLUMNS] += rows.sums(block.probs.float(), block.query_start)
+        self._counts[_CORPUS_COLUMNS] += rows.counts
         self._n_texts += 1
 
     def update_repeated(self, amap: AttentionMap) -> None:
         """Fold in one repeated random sequence (token level, decoders) for duplicate_token/induction."""
         if amap.level != "token" or len(amap.token_ids) != len(amap):
             raise ValueError("induction scores need a token-level map with its token_ids; use probe.extract_ids")
-        if not amap.causal:
-            raise ValueError("duplicate-token and induction scores are defined for decoders (causal attention), "
-                             "as in TransformerLens; this map is bidirectional")
+        _check_causal(amap.causal)
         self._check_shape(amap)
-        a = amap.attention
         for name in _PATTERN:  # each pattern metric is scored with the detection pattern of its name
-            self._sums[..., _COLUMN[name]] += pattern_score(a, detection_pattern(amap.token_ids, name))
+            matched, total = pattern_sums(amap.attention, detection_pattern(amap.token_ids, name))
+            self._sums[..., _COLUMN[name]] += matched / total
             self._counts[_COLUMN[name]] += len(amap)
+        self._n_sequences += 1
+
+    def update_repeated_blocks(self, token_ids: Sequence[int], blocks: Iterable[Block], *, causal: bool,
+                               layers: Sequence[int], heads: Sequence[int]) -> None:
+        """`update_repeated` from blocks of query rows: `Σ A⊙P` and `Σ A` are summed over a sequence's
+        blocks, then divided, as the whole map would give them."""
+        _check_causal(causal)
+        self._start(tuple(layers), tuple(heads))
+        patterns = [detection_pattern(token_ids, name) for name in _PATTERN]
+        parts = torch.zeros(2, len(_PATTERN), len(self._layers), len(self._heads), dtype=torch.float64)
+        for block in blocks:
+            layer, heads_at = self._place(block)
+            for j, pattern in enumerate(patterns):
+                matched, total = pattern_sums(block.probs, pattern[block.query_start : block.query_stop])
+                parts[0, j, layer, heads_at] += matched
+                parts[1, j, layer, heads_at] += total
+        for j, name in enumerate(_PATTERN):
+            self._sums[..., _COLUMN[name]] += parts[0, j] / parts[1, j]
+            self._counts[_COLUMN[name]] += len(token_ids)
         self._n_sequences += 1
 
     def result(self, *, thresholds: Mapping[str, float] | None = None, meta: Mapping | None = None) -> HeadScores:
@@ -274,12 +307,29 @@ class HeadScoreAccumulator:
     def _check_shape(self, amap: AttentionMap) -> None:
         if self.model is None:
             self.model = str(amap.meta.get("model", ""))
+        self._start(amap.layer_ids, amap.head_ids)
+
+    def _start(self, layers: tuple[int, ...], heads: tuple[int, ...]) -> None:
         if self._sums is None:
-            self._layers, self._heads = amap.layer_ids, amap.head_ids
-            self._sums = torch.zeros(amap.n_layers, amap.n_heads, len(METRICS), dtype=torch.float64)
-        elif (amap.layer_ids, amap.head_ids) != (self._layers, self._heads):
-            raise ValueError(f"this map has layers {amap.layer_ids} and heads {amap.head_ids}, the earlier ones "
+            self._layers, self._heads = layers, heads
+            self._sums = torch.zeros(len(layers), len(heads), len(METRICS), dtype=torch.float64)
+        elif (layers, heads) != (self._layers, self._heads):
+            raise ValueError(f"this map has layers {layers} and heads {heads}, the earlier ones "
                              f"{self._layers} and {self._heads}; extract every text with the same layers/heads")
+
+    def _place(self, block: Block) -> tuple[int, torch.Tensor]:
+        """Where a block's rows go in the sums: its layer's row and its heads' columns."""
+        try:
+            return self._layers.index(block.layer), torch.tensor([self._heads.index(h) for h in block.heads])
+        except ValueError:
+            raise ValueError(f"a block of layer {block.layer}, heads {block.heads} is outside the layers "
+                             f"{self._layers} and heads {self._heads} being scored") from None
+
+
+def _check_causal(causal: bool) -> None:
+    if not causal:
+        raise ValueError("duplicate-token and induction scores are defined for decoders (causal attention), "
+                         "as in TransformerLens; this map is bidirectional")
 
 
 def score_corpus(
@@ -327,50 +377,92 @@ def assign_roles(table: pd.DataFrame, thresholds: Mapping[str, float] | None = N
 # --- per-map sums -------------------------------------------------------------------------------
 
 
-def _drop_special(a: torch.Tensor, keep: list[int]) -> torch.Tensor:
-    """`[layer, head, query, key]` with only the `keep` queries and keys, rows renormalised to 1."""
-    idx = torch.tensor(keep, dtype=torch.long)
-    a = a.index_select(-2, idx).index_select(-1, idx)
-    return a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny)
+_KEY_SETS: tuple[MetricName, ...] = ("first_token", "cls", "sep", "punctuation")  # "attention to a set of keys"
 
 
-def _corpus_sums(a: torch.Tensor, *, causal: bool, special: Sequence[bool],
-                 punct: Sequence[bool]) -> tuple[torch.Tensor, torch.Tensor]:
-    """Sums over query rows of each corpus metric, `[layer, head, metric]` float32 in `_CORPUS` order,
-    and the row counts. A handful of tensor ops per map, none per head.
+@dataclass(frozen=True, eq=False)
+class _TextRows:
+    """What the corpus metrics need of one text besides its attention, built once per text.
+
+    `keep`: the units kept as queries and keys (special units removed, `include_special=False`), None
+    for all. `table[unit, column]` (kept units): membership of each key set, then whether the unit is a
+    query counted for each set, then `rows` and `rows_over_log` (see `_weights`). `counts`: the rows
+    behind each corpus metric, in `_CORPUS` order.
     """
-    n_layers, n_heads, t, _ = a.shape  # [layer, head, query, key]
-    if t == 0:
-        return torch.zeros(n_layers, n_heads, len(_CORPUS)), torch.zeros(len(_CORPUS), dtype=torch.float64)
-    w = _weights(special, punct, causal)
-    key_sets = tuple(w.targets)
-    s = len(key_sets)
-    table = torch.tensor([[*(w.targets[m][i] for m in key_sets), *(w.queries[m][i] for m in key_sets),
-                           w.rows[i], w.rows_over_log[i]] for i in range(t)], dtype=a.dtype)  # [unit, 2·set + 2]
-    targets, queries, rows = table[:, :s], table[:, s:2 * s], table[:, 2 * s:]  # [key, set], [query, set], [query, 2]
+
+    keep: torch.Tensor | None
+    table: torch.Tensor
+    counts: torch.Tensor
+
+    @classmethod
+    def of(cls, units: Units, *, causal: bool, include_special: bool) -> "_TextRows":
+        special = list(units.special)
+        punct = [is_punctuation(lab) and not sp for lab, sp in zip(units.labels, special)]
+        keep = None
+        if not include_special and any(special):
+            kept = [i for i, sp in enumerate(special) if not sp]
+            keep, punct, special = torch.tensor(kept, dtype=torch.long), [punct[i] for i in kept], [False] * len(kept)
+        w = _weights(special, punct, causal)
+        t = len(special)
+        table = torch.tensor([[*(w.targets[m][i] for m in _KEY_SETS), *(w.queries[m][i] for m in _KEY_SETS),
+                               w.rows[i], w.rows_over_log[i]] for i in range(t)],
+                             dtype=torch.float32).reshape(t, 2 * len(_KEY_SETS) + 2)  # [unit, 2·set + 2]
+        n_rows = float(t - 1 if causal else (t if t >= 2 else 0))  # rows that see >= 2 keys
+        counts: dict[MetricName, float] = {
+            "previous_token": t - 1, "next_token": t - 1, "self": t,
+            **{m: sum(w.queries[m]) for m in _KEY_SETS},
+            "entropy": n_rows, "normalized_entropy": n_rows, "max_weight": n_rows,
+        }
+        if causal:  # a metric for encoders only counts no row of a decoder: NaN, n = 0
+            counts.update({m: 0 for m in _CORPUS if METRICS[m].applies_to == "encoders"})
+        if t == 0:
+            counts = dict.fromkeys(_CORPUS, 0)
+        return cls(keep, table, torch.tensor([counts[m] for m in _CORPUS], dtype=torch.float64))
+
+    def sums(self, a: torch.Tensor, query_start: int) -> torch.Tensor:
+        """Sums of each corpus metric over the query rows `a[..., row, key]` (units `query_start ..` of
+        the text, every key): `[..., metric]` in `_CORPUS` order."""
+        if self.keep is not None:
+            a, query_start = _drop_special(a, query_start, self.keep)
+        return _row_sums(a, query_start, self.table)
+
+
+def _drop_special(a: torch.Tensor, query_start: int, keep: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Rows `a[..., row, key]` (units `query_start ..`) with only the `keep` queries and keys, each row
+    renormalised to 1, and the first kept row's index among the kept units."""
+    lo, hi = (int(torch.searchsorted(keep, q)) for q in (query_start, query_start + a.shape[-2]))
+    a = a.index_select(-2, keep[lo:hi] - query_start).index_select(-1, keep)
+    return a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny), lo
+
+
+def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor) -> torch.Tensor:
+    """Sums over the query rows `a[..., row, key]` (units `query_start ..`) of each corpus metric,
+    `[..., metric]` in `_CORPUS` order. The one definition of every corpus metric, for a whole map
+    (`query_start` 0, every row) and for blocks of rows alike: the sums of a map's blocks add up to
+    the map's. A handful of tensor ops per block, none per head.
+    """
+    r, t = a.shape[-2:]
+    if r == 0 or t == 0:
+        return a.new_zeros(*a.shape[:-2], len(_CORPUS))
+    s = len(_KEY_SETS)
+    table = table.to(a.dtype)
+    here = table[query_start : query_start + r]
+    targets, queries, rows = table[:, :s], here[:, s : 2 * s], here[:, 2 * s :]  # [key, set], [row, set], [row, 2]
     # 0·ln(tiny) = 0 stands in for 0·ln 0 (masked keys); twice as fast as torch.special.xlogy on CPU
-    entropy = -(a * a.clamp_min(torch.finfo(a.dtype).tiny).log()).sum(-1)  # [layer, head, query], nats
-    shares = (a @ targets * queries).sum(-2)  # [layer, head, set]: one matmul for every key set
-    entropies = entropy @ rows  # [layer, head, 2]: entropy, normalized_entropy
-    n_rows = float(t - 1 if causal else (t if t >= 2 else 0))  # rows that see >= 2 keys
+    entropy = -(a * a.clamp_min(torch.finfo(a.dtype).tiny).log()).sum(-1)  # [..., row], nats
+    shares = (a @ targets * queries).sum(-2)  # [..., set]: one matmul for every key set
+    entropies = entropy @ rows  # [..., 2]: entropy, normalized_entropy
+    # row r is query q = query_start + r: A[q, q + d] lies on the diagonal at offset query_start + d
     sums: dict[MetricName, torch.Tensor] = {
-        "previous_token": a.diagonal(-1, -2, -1).sum(-1),
-        "next_token": a.diagonal(1, -2, -1).sum(-1),  # 0 under a causal mask, where it does not apply
-        "self": a.diagonal(0, -2, -1).sum(-1),
-        **{m: shares[..., i] for i, m in enumerate(key_sets)},
+        "previous_token": a.diagonal(query_start - 1, -2, -1).sum(-1),
+        "next_token": a.diagonal(query_start + 1, -2, -1).sum(-1),  # 0 under a causal mask, where it does not apply
+        "self": a.diagonal(query_start, -2, -1).sum(-1),
+        **{m: shares[..., i] for i, m in enumerate(_KEY_SETS)},
         "entropy": entropies[..., 0],
         "normalized_entropy": entropies[..., 1],
         "max_weight": (a.amax(-1) @ rows[:, :1])[..., 0],
     }
-    counts: dict[MetricName, float] = {
-        "previous_token": t - 1, "next_token": t - 1, "self": t,
-        **{m: sum(w.queries[m]) for m in key_sets},
-        "entropy": n_rows, "normalized_entropy": n_rows, "max_weight": n_rows,
-    }
-    if causal:  # a metric for encoders only counts no row of a decoder: NaN, n = 0
-        counts.update({m: 0 for m in _CORPUS if METRICS[m].applies_to == "encoders"})
-    return (torch.stack([sums[m] for m in _CORPUS], -1),
-            torch.tensor([counts[m] for m in _CORPUS], dtype=torch.float64))
+    return torch.stack([sums[m] for m in _CORPUS], -1)
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import Callable, Literal, Mapping, Sequence
 
 import torch
 
-__all__ = ["PatternKind", "PATTERNS", "detection_pattern", "pattern_score", "repeated_random_tokens"]
+__all__ = ["PatternKind", "PATTERNS", "detection_pattern", "pattern_score", "pattern_sums", "repeated_random_tokens"]
 
 PatternKind = Literal["previous_token", "duplicate_token", "induction"]
 
@@ -81,8 +81,18 @@ def pattern_score(attention: torch.Tensor, pattern: torch.Tensor) -> torch.Tenso
     if attention.dim() != 4 or attention.shape[-2:] != pattern.shape:
         raise ValueError(f"attention {tuple(attention.shape)} is not [layer, head, query, key] "
                          f"matching the pattern {tuple(pattern.shape)}")
-    a = attention.double()
-    return (a * pattern.to(a.dtype)).sum((-2, -1)) / a.sum((-2, -1))
+    matched, total = pattern_sums(attention, pattern)
+    return matched / total
+
+
+def pattern_sums(rows: torch.Tensor, pattern: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(Σ A⊙P, Σ A)` in float64 over some query rows `[..., row, key]` and the same rows of the pattern.
+
+    Sums of row blocks add up to the sums of the whole map, so `pattern_score` can be folded block by
+    block: add both parts over every block of a sequence, then divide.
+    """
+    a = rows.double()
+    return (a * pattern.to(a.dtype)).sum((-2, -1)), a.sum((-2, -1))
 
 
 def repeated_random_tokens(

@@ -26,10 +26,16 @@ __all__ = [
     "load", "extract", "verify", "explain", "fit_context", "heads", "induction_inputs", "extract_scores", "coref",
     "relation_probe", "probe_sets", "causal", "corpus_stats", "versions", "builtin_corpus", "builtin_set",
     "read_corpus", "read_probe_file", "analyse_model", "ModelAnalysis", "RunSettings", "REPORT_SENTENCES",
-    "TOO_LONG", "DEFAULT_LEVEL", "DEFAULT_INCLUDE_SPECIAL",
+    "TOO_LONG", "DEFAULT_LEVEL", "DEFAULT_INCLUDE_SPECIAL", "Attention", "DEFAULT_ATTENTION", "memory_budget",
 ]
 
 Level = Literal["token", "word"]
+# How attention is obtained (`probe.recompute`): the model's eager weights, recomputed from scratch in
+# blocks of query rows, or recompute only where eager would exceed the memory budget.
+Attention = Literal["eager", "recompute", "auto"]
+# Eager by default: recomputed numbers agree with eager ones to about 1e-7, not bit for bit, and the
+# default run must keep giving the numbers it gave.
+DEFAULT_ATTENTION: Attention = "eager"
 
 # analyses.heads.DEFAULT_LEVEL / DEFAULT_INCLUDE_SPECIAL (Clark et al. 2019), spelled out so that
 # `import headscope` does not import torch; tests/test_heads.py checks they agree.
@@ -90,8 +96,11 @@ def verify(lm, texts: str | Sequence[str] | None = None, *, truncate: bool = Fal
     return _verify(lm, texts, truncate=truncate, **options)
 
 
-def explain(lm, text: str, *, token: str | int, layer: int, head: int, occurrence: int = 0):
+def explain(lm, text: str, *, token: str | int, layer: int, head: int, occurrence: int = 0,
+            attention: Attention = DEFAULT_ATTENTION, budget: int | None = None):
     """softmax(q·kᵀ/√d)·v for `token` as the query of one head, with the real numbers -> `Explanation`.
+
+    `attention`/`budget` as in `heads`: recomputed, only the one layer is computed from scratch.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> e = explain(tiny_model("bert"), "The cat sat.", token="cat", layer=1, head=2)
@@ -102,7 +111,9 @@ def explain(lm, text: str, *, token: str | int, layer: int, head: int, occurrenc
 
     if isinstance(occurrence, bool) or not isinstance(occurrence, int) or occurrence < 0:
         raise ValueError(f"occurrence must be 0 (the first), 1 (the second), ...; got {occurrence!r}")
-    return _explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence)
+    _check_attention(attention)
+    return _explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence, attention=attention,
+                    budget=memory_budget(budget))
 
 
 def fit_context(lm, text: str) -> str:
@@ -131,6 +142,26 @@ def fit_context(lm, text: str) -> str:
 # ---------------------------------------------------------------- head scores
 
 
+def memory_budget(value: int | None = None) -> int:
+    """Bytes that eager attention may take before `attention="auto"` recomputes: `value`, or a quarter of RAM.
+
+    >>> memory_budget(2**30)
+    1073741824
+    """
+    if value is None:
+        import psutil
+
+        return psutil.virtual_memory().total // 4
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"memory_budget must be a positive number of bytes, got {value!r}")
+    return value
+
+
+def _check_attention(attention: object) -> None:
+    if attention not in ("eager", "recompute", "auto"):
+        raise ValueError(f"attention must be 'eager', 'recompute' or 'auto', got {attention!r}")
+
+
 def heads(
     lm,
     texts: Iterable[str],
@@ -147,6 +178,8 @@ def heads(
     progress: bool = False,
     total: int | None = None,
     source: str | None = None,
+    attention: Attention = DEFAULT_ATTENTION,
+    budget: int | None = None,
 ):
     """Score every head of `lm` over `texts`, plus induction for decoders -> `HeadScores`.
 
@@ -157,38 +190,163 @@ def heads(
     (stderr); `source` names the corpus in `meta`. An encoder–decoder model's texts are sources:
     its encoder's self-attention is scored (`meta["stack"] == "encoder"`), with no induction.
 
+    `attention="recompute"` folds each text's attention in blocks of query rows recomputed from
+    scratch (`probe.recompute`), so no `[layer, head, T, T]` of all layers exists; `"auto"` does so
+    for the texts whose eager attention would exceed `budget` bytes (`memory_budget`). Either way
+    the recomputation is first checked against the model's eager attention on the first
+    recomputed text's prefix (`meta["check"]`); a mismatch raises.
+
     >>> from headscope.probe.tiny import tiny_model
     >>> s = heads(tiny_model("llama"), ["The cat sat.", "A dog ran!"], induction_sequences=2, induction_length=5)
     >>> s.n_texts, s.n_sequences, s.level
     (2, 2, 'word')
     """
     from headscope.analyses.heads import HeadScoreAccumulator
-    from headscope.probe import extract_ids, iter_extract
     from headscope.probe.extract import is_seq2seq
 
+    _check_attention(attention)
+    budget = memory_budget(budget)
     acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special)
-    maps = iter_extract(lm, texts, batch_size=batch_size, level=level, truncate=truncate, window=window)
     if progress:
         from tqdm.auto import tqdm
 
-        maps = tqdm(maps, total=total, desc=f"{lm.name} heads", unit="text")
-    for amap in maps:
-        acc.update(amap)
+        texts = tqdm(texts, total=total, desc=f"{lm.name} heads", unit="text")
+    fold = _Fold(lm, acc, attention, budget, batch_size)
+    fold.texts(texts, level=level, truncate=truncate, window=window)
     meta: dict = {"corpus": source, "batch_size": batch_size, "causal": lm.is_causal}
     if is_seq2seq(lm):  # without targets, the texts are sources: the encoder's self-attention is scored
         meta["stack"] = "encoder"
     if lm.is_causal and induction_sequences > 0:
         sequences, prefix = induction_inputs(lm, n_sequences=induction_sequences, length=induction_length, seed=seed)
-        for start in range(0, len(sequences), batch_size):  # one batch of maps alive at a time
-            for amap in extract_ids(lm, sequences[start : start + batch_size], batch_size=batch_size):
-                acc.update_repeated(amap)
+        fold.repeated(sequences)
         meta["induction"] = {
             "sequences": induction_sequences, "length": induction_length, "seed": seed, "prefix": list(prefix),
             "prefix_tokens": lm.tokenizer.convert_ids_to_tokens(list(prefix)),
         }
     else:
         meta["induction"] = None
+    if attention != "eager":  # an eager run's output stays as it was
+        meta.update(fold.record())
     return acc.result(thresholds=thresholds, meta=meta)
+
+
+class _Fold:
+    """Folds texts and repeated sequences into a `HeadScoreAccumulator`: eager maps in batches, or
+    recomputed blocks of rows one text at a time, chosen per text by `probe.recompute.choose_attention`."""
+
+    def __init__(self, lm, acc, attention: Attention, budget: int, batch_size: int) -> None:
+        self.lm, self.acc, self.attention, self.budget, self.batch_size = lm, acc, attention, budget, batch_size
+        self.counts = Counter()
+        self.check = None  # probe.recompute.PrefixCheck of the first recomputed text
+        n = lm.config
+        self.all = dict(layers=tuple(range(n.num_hidden_layers)), heads=tuple(range(n.num_attention_heads)))
+
+    def mode(self, n_tokens: int, batch: int) -> str:
+        from headscope.probe.extract import is_seq2seq
+        from headscope.probe.recompute import choose_attention, eager_bytes
+
+        if is_seq2seq(self.lm):  # recompute mode hooks one stack of self-attention
+            if self.attention == "recompute":
+                raise ValueError(f"{self.lm.name} is an encoder-decoder model; recomputed attention covers "
+                                 "encoders and decoders only, use attention='eager'")
+            return "eager"
+        return choose_attention(self.attention, eager_bytes(self.lm, n_tokens, batch=batch), self.budget)
+
+    def texts(self, texts: Iterable[str], *, level: Level, truncate: bool, window: int) -> None:
+        from itertools import islice
+
+        from headscope.probe import iter_extract
+        from headscope.probe.extract import check_texts, encode_many, text_units
+
+        if self.attention == "eager":
+            for amap in iter_extract(self.lm, texts, batch_size=self.batch_size, level=level, truncate=truncate,
+                                     window=window):
+                self.acc.update(amap)
+            return
+        stream, done = iter(texts), 0
+        while chunk := list(islice(stream, self.batch_size * window)):
+            try:
+                chunk = check_texts(chunk)
+            except (TypeError, ValueError) as exc:  # name the text by its place in the whole stream
+                raise type(exc)(f"{exc} (text {done} is the first of this chunk of {len(chunk)})") from None
+            encoded = encode_many(self.lm, chunk, truncate=truncate, first_index=done)
+            batch = min(self.batch_size, len(chunk))
+            eager = [t for t, e in zip(chunk, encoded) if self.mode(len(e.ids), batch) == "eager"]
+            for amap in iter_extract(self.lm, eager, batch_size=self.batch_size, level=level, truncate=truncate,
+                                     window=window):
+                self.acc.update(amap)
+            for enc in (e for e in encoded if self.mode(len(e.ids), batch) == "recompute"):
+                self.acc.update_blocks(text_units(self.lm, enc), self.blocks(enc), causal=self.lm.is_causal,
+                                       **self.all)
+            self.counts["eager"] += len(eager)
+            self.counts["recompute"] += len(chunk) - len(eager)
+            done += len(chunk)
+
+    def eager_texts(self, texts: Sequence[str]) -> list[str]:
+        """The texts whose eager attention fits the budget (batched `batch_size` at a time)."""
+        from headscope.probe.extract import encode_many
+
+        batch = min(self.batch_size, len(texts))
+        return [t for t, e in zip(texts, encode_many(self.lm, texts)) if self.mode(len(e.ids), batch) == "eager"]
+
+    def query_rows(self, text: str, examples: Sequence, *, level: Level, head_word: bool):
+        """The query rows of one text that its probe examples' sources need, from recomputed blocks."""
+        from headscope.analyses.coref import Excluded, candidate_units, query_rows
+        from headscope.probe import to_word_level
+        from headscope.probe.extract import encode, text_units
+
+        enc = encode(self.lm, text)
+        units = text_units(self.lm, enc)
+        scored = to_word_level(units) if level == "word" else units
+        wanted: set[int] = set()
+        for ex in examples:
+            try:
+                wanted.update(candidate_units(scored, ex, causal=self.lm.is_causal, head_word=head_word)[0])
+            except Excluded:  # counted when the example is scored
+                pass
+        self.counts["recompute"] += 1
+        return query_rows(units, self.blocks(enc) if wanted else (), wanted, level=level, causal=self.lm.is_causal,
+                          meta={"model": self.lm.name}, **self.all)
+
+    def repeated(self, sequences: Sequence[Sequence[int]]) -> None:
+        from headscope.probe import extract_ids
+
+        bs = self.batch_size
+        for start in range(0, len(sequences), bs):  # one batch of maps alive at a time
+            chunk = sequences[start : start + bs]
+            if self.mode(max(map(len, chunk)), len(chunk)) == "eager":
+                for amap in extract_ids(self.lm, chunk, batch_size=bs):
+                    self.acc.update_repeated(amap)
+                continue
+            for seq in chunk:
+                self.acc.update_repeated_blocks(seq, self.blocks(_id_item(self.lm, seq)), causal=self.lm.is_causal,
+                                                **self.all)
+
+    def blocks(self, enc):
+        """The blocks of one text; the first recomputed text is checked against eager attention first."""
+        from headscope.probe.recompute import DEFAULT_BUDGET, check_prefix, iter_blocks_encoded
+
+        if self.check is None:
+            self.check = check_prefix(self.lm, enc)
+            if not self.check.passed:
+                raise RuntimeError(f"{self.lm.name}: {self.check.summary()}; the recomputed attention cannot be "
+                                   "trusted, run with attention='eager'")
+        return (block for _, block in iter_blocks_encoded(self.lm, [enc], budget=min(DEFAULT_BUDGET, self.budget)))
+
+    def record(self) -> dict:
+        """What `meta` says about how attention was obtained."""
+        return {"attention": {"asked": self.attention, "budget": self.budget, **{k: self.counts[k] for k in
+                                                                               ("eager", "recompute")}},
+                "check": None if self.check is None else self.check.to_dict()}
+
+
+def _id_item(lm, seq: Sequence[int]):
+    """A token-id sequence as an `Encoded` text (no text, the ids as they are)."""
+    from headscope.probe.extract import Encoded
+
+    special = set(getattr(lm.tokenizer, "all_special_ids", []))
+    ids = tuple(int(t) for t in seq)
+    return Encoded(text="", ids=ids, spans=((0, 0),) * len(ids), special=tuple(t in special for t in ids))
 
 
 def induction_inputs(lm, *, n_sequences: int = 20, length: int = 50, seed: int = 0):
@@ -223,7 +381,8 @@ def induction_inputs(lm, *, n_sequences: int = 20, length: int = 50, seed: int =
 
 
 def extract_scores(lm, examples: Sequence, *, level: Level = "word", head_word: bool = False, batch_size: int = 8,
-                   crop: bool = True, progress: bool = False):
+                   crop: bool = True, progress: bool = False, attention: Attention = DEFAULT_ATTENTION,
+                   budget: int | None = None):
     """Attention from each example's source to each candidate on `lm` -> `analyses.coref.ProbeScores`.
 
     Texts are deduplicated and run shortest first (little padding); an example that cannot be
@@ -235,6 +394,9 @@ def extract_scores(lm, examples: Sequence, *, level: Level = "word", head_word: 
     number (as long as the tokenizer does not merge a token across that word boundary, which
     byte-level BPE never does) and saves the cost of the rest of a long paragraph.
 
+    `attention` and `budget` as in `heads`: a recomputed text keeps only its sources' query rows,
+    taken from the blocks as they pass (`analyses.coref.query_rows`); `data.check` records the check.
+
     >>> from headscope.probe.tiny import tiny_model
     >>> data = extract_scores(tiny_model("bert"), builtin_set("agreement")[:3])
     >>> len(data), tuple(data.scores.shape[1:3])
@@ -243,6 +405,8 @@ def extract_scores(lm, examples: Sequence, *, level: Level = "word", head_word: 
     from headscope.analyses.coref import CAUSAL_REASON, collect_scores
     from headscope.probe import iter_extract
 
+    _check_attention(attention)
+    fold = None if attention == "eager" else _Fold(lm, None, attention, memory_budget(budget), batch_size)
     excluded: Counter = Counter()
     keep = []
     for ex in examples:
@@ -263,17 +427,25 @@ def extract_scores(lm, examples: Sequence, *, level: Level = "word", head_word: 
     for ex in keep:
         by_text.setdefault(model_text[id(ex)], []).append(ex)
 
+    eager = texts if fold is None else fold.eager_texts(texts)
+
     def pairs():
-        maps = iter_extract(lm, texts, level=level, batch_size=batch_size, window=2)
+        maps = iter_extract(lm, eager, level=level, batch_size=batch_size, window=2)
         if progress:
             from tqdm import tqdm
 
-            maps = tqdm(maps, total=len(texts), desc=f"{lm.name} attention", unit="text", file=sys.stderr)
-        for text, amap in zip(texts, maps):
+            maps = tqdm(maps, total=len(eager), desc=f"{lm.name} attention", unit="text", file=sys.stderr)
+        for text, amap in zip(eager, maps):
             for ex in by_text[text]:
                 yield ex, amap
+        for text in (t for t in texts if t not in set(eager)):
+            rows = fold.query_rows(text, by_text[text], level=level, head_word=head_word)
+            for ex in by_text[text]:
+                yield ex, rows
 
     data = collect_scores(pairs(), head_word=head_word, excluded=dict(excluded))
+    if fold is not None and fold.check is not None:
+        data = replace(data, check=fold.check.to_dict())
     if not len(data):
         return _no_scores(lm, data, level)
     position = {id(ex): i for i, ex in enumerate(examples)}
@@ -301,7 +473,8 @@ def _cropped(ex) -> str:
 
 def relation_probe(lm, examples: Sequence, *, task: str, level: Level = "word", head_word: bool = False,
                    heldout: Sequence | None = None, folds: int = 5, n_perm: int = 10_000, seed: int = 0,
-                   batch_size: int = 8, noun: str = "examples", progress: bool = False):
+                   batch_size: int = 8, noun: str = "examples", progress: bool = False,
+                   attention: Attention = DEFAULT_ATTENTION, budget: int | None = None):
     """Which head lets a source word attend to its target: extraction, then `analyses.coref.score_probe`.
 
     The head is chosen by group k-fold on `examples`; with `heldout` (a second list of examples)
@@ -315,7 +488,8 @@ def relation_probe(lm, examples: Sequence, *, task: str, level: Level = "word", 
     """
     from headscope.analyses.coref import score_probe
 
-    kw = dict(level=level, head_word=head_word, batch_size=batch_size, progress=progress)
+    kw = dict(level=level, head_word=head_word, batch_size=batch_size, progress=progress, attention=attention,
+              budget=budget)
     data = extract_scores(lm, examples, **kw)
     test = None if heldout is None else extract_scores(lm, heldout, **kw)
     return score_probe(data, task=task, heldout=test, folds=folds, n_perm=n_perm, seed=seed, noun=noun)
@@ -333,7 +507,7 @@ def coref(lm, examples: Sequence, *, task: str = "coref", noun: str = "pronouns"
 def probe_sets(lm, sets: Sequence[tuple[str, Sequence]], *, heldout: tuple[str, Sequence] | None = None,
                combined_task: str = "combined", level: Level = "word", head_word: bool = False, folds: int = 5,
                n_perm: int = 10_000, seed: int = 0, batch_size: int = 8, noun: str = "examples",
-               progress: bool = False):
+               progress: bool = False, attention: Attention = DEFAULT_ATTENTION, budget: int | None = None):
     """Score named probe sets `[(task, examples), ...]` on one model -> `(main, parts)`.
 
     With several sets each is scored on its own (`parts`) and `main` scores them together as
@@ -351,7 +525,8 @@ def probe_sets(lm, sets: Sequence[tuple[str, Sequence]], *, heldout: tuple[str, 
 
     if heldout is not None and len(sets) != 1:
         raise ValueError("a held-out set needs a single set to choose the head on")
-    ex_kw = dict(level=level, head_word=head_word, batch_size=batch_size, progress=progress)
+    ex_kw = dict(level=level, head_word=head_word, batch_size=batch_size, progress=progress, attention=attention,
+                 budget=budget)
     kw = dict(folds=folds, n_perm=n_perm, seed=seed, noun=noun)
     if heldout is not None:
         (task, examples), (h_task, h_examples) = sets[0], heldout
@@ -485,6 +660,8 @@ class RunSettings:
     device: str = "cpu"
     dtype: str = "float32"
     truncate: bool = False
+    attention: Attention = DEFAULT_ATTENTION
+    memory_budget: int | None = None  # bytes; None: a quarter of RAM (`memory_budget`)
 
 
 @dataclass(frozen=True)
@@ -559,21 +736,24 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
 
     scores = stage.run("heads", heads, lm, texts, level=settings.level, include_special=settings.include_special,
                        batch_size=settings.batch_size, induction_sequences=settings.induction_sequences,
-                       seed=settings.seed, truncate=settings.truncate, progress=progress, total=len(texts))
+                       seed=settings.seed, truncate=settings.truncate, progress=progress, total=len(texts),
+                       attention=settings.attention, budget=settings.memory_budget)
     scores.meta["corpus"] = settings.corpus
     say(f"{lm.name}: head scores over {scores.n_texts} texts, {len(scores.roles)} roles "
         f"({stage.seconds['heads']:.1f} s)")
+    if scores.meta.get("check"):
+        say(f"{lm.name}: {scores.meta['check']['summary']}")
 
     main, parts = stage.run("coref", probe_sets, lm, sets,
                             combined_task="coref-builtin", level=settings.level, folds=settings.folds,
                             n_perm=settings.permutations, seed=settings.seed, batch_size=settings.batch_size,
-                            noun="pronouns")
+                            noun="pronouns", attention=settings.attention, budget=settings.memory_budget)
     probes = [main, *parts]  # the combined result first when there are several sets
     say(f"{lm.name}: coreference probe ({stage.seconds['coref']:.1f} s)")
     for p in probes:
         say(f"  {p.task}: {p.verdict}")
 
-    maps = stage.run("sentences", extract, lm, list(settings.texts), level="token", truncate=settings.truncate)
+    maps = stage.run("sentences", _sentence_maps, lm, list(settings.texts), settings)
     sentences = "--text" if settings.texts != REPORT_SENTENCES else "built-in"
     corpus = corpus_stats(lm.tokenizer, [("heads corpus", settings.corpus, texts),
                                           *[(f"probe: {task}", settings.coref, [e.text for e in exs])
@@ -582,6 +762,17 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
     info = _model_info(lm, verification, stage.seconds)
     return ModelAnalysis(model=lm.name, verification=verification, scores=scores, probes=tuple(probes),
                          maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds))
+
+
+def _sentence_maps(lm, texts: list[str], settings: RunSettings) -> list:
+    """Token-level maps of the report sentences; whole maps (the figures draw every head), assembled from
+    recomputed blocks unless attention is eager."""
+    if settings.attention == "eager":
+        return extract(lm, texts, level="token", truncate=settings.truncate)
+    from headscope.probe.recompute import extract as extract_blocks
+
+    return extract_blocks(lm, texts, attention=settings.attention, budget=memory_budget(settings.memory_budget),
+                          level="token", truncate=settings.truncate)
 
 
 def _model_info(lm, verification, seconds: dict) -> dict:

@@ -23,7 +23,7 @@ import click
 __all__ = [
     "fail", "model_option", "models_option", "device_options", "quiet_option", "json_option", "out_option",
     "TABLE_WRITERS", "write_table", "writable_or_fail", "load_or_fail", "echo_json", "verify_option", "verify_step",
-    "finish", "say", "Interrupts", "too_long_or_fail",
+    "finish", "say", "Interrupts", "too_long_or_fail", "attention_options", "parse_size", "attention_note",
 ]
 
 
@@ -69,6 +69,57 @@ def quiet_option(fn):
 def json_option(fn):
     """--json: one JSON object on stdout instead of text."""
     return click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")(fn)
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `8GB`, `512MiB`, `1.5 GB` or a plain number of bytes.
+
+    >>> parse_size("8GB"), parse_size("512MiB"), parse_size("1000")
+    (8000000000, 536870912, 1000)
+    """
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m and m.group(2).lower()
+    if not m or unit not in _SIZE_UNITS or int(float(m.group(1)) * _SIZE_UNITS[unit]) < 1:
+        raise ValueError(f"{text!r} is not a size; give bytes such as 8GB, 512MiB or 1000000")
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+def _check_memory_budget(ctx, param, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        fail(f"--memory-budget {exc}")
+
+
+def attention_options(fn):
+    """--attention eager|recompute|auto and --memory-budget: how attention is obtained (`probe.recompute`)."""
+    fn = click.option("--memory-budget", "memory_budget", default=None, metavar="SIZE", callback=_check_memory_budget,
+                      help="Bytes that eager attention may take before --attention auto recomputes it "
+                           "(8GB, 512MiB; default: a quarter of RAM).")(fn)
+    return click.option("--attention", type=click.Choice(["eager", "recompute", "auto"]), default="eager",
+                        show_default=True,
+                        help="The model's eager attention weights, or recomputed from scratch in blocks of query rows "
+                             "(long texts: no layers × heads × T² tensor), or recomputed only where eager would "
+                             "exceed --memory-budget. Recomputation is checked against eager on a short prefix.")(fn)
+
+
+def attention_note(meta: dict) -> str | None:
+    """One line on how attention was obtained, for text output; None for a plain eager run."""
+    how = meta.get("attention")
+    if not how:
+        return None
+    line = (f"attention: {how['recompute']} of {how['eager'] + how['recompute']} texts recomputed in blocks "
+            f"(--attention {how['asked']}, budget {how['budget'] / 1e9:.2f} GB)")
+    check = meta.get("check")
+    return f"{line}; {check['summary']}" if check else line
 
 
 def verify_option(fn):

@@ -50,7 +50,8 @@ def split_sentences(sentences: Sequence[Sentence], *, seed: int = 0) -> tuple[li
 
 
 def attend(lm, sentences: Sequence[Sentence], *, keep: Sequence[int] = (), match_trees: Sequence[int] = (),
-           batch_size: int = 8, progress: bool = False, desc: str = "") -> tuple[list[SentenceAttention], dict]:
+           batch_size: int = 8, progress: bool = False, desc: str = "", attention: str = "eager",
+           budget: int | None = None) -> tuple[list[SentenceAttention], dict]:
     """`SentenceAttention` of each sentence that fits the model's context, and the skipped count by reason.
 
     `keep` lists the flat heads whose tree scores every sentence keeps; for the sentences whose
@@ -63,8 +64,11 @@ def attend(lm, sentences: Sequence[Sentence], *, keep: Sequence[int] = (), match
     fits = [i for i, n in enumerate(lengths) if n <= limit]
     skipped = Counter({f"{TOO_LONG} ({limit} tokens)": len(sentences) - len(fits)} if len(fits) < len(sentences) else {})
     chosen = [sentences[i] for i in fits]
-    maps = iter_extract(lm, [s.text for s in chosen], level="word", batch_size=batch_size,
-                        segmenter=segmenter_for(chosen), window=4)
+    if attention == "eager":
+        maps = iter_extract(lm, [s.text for s in chosen], level="word", batch_size=batch_size,
+                            segmenter=segmenter_for(chosen), window=4)
+    else:  # trees are decoded from whole maps: each batch's maps are assembled from recomputed blocks
+        maps = _recomputed_maps(lm, [s.text for s in chosen], segmenter_for(chosen), batch_size, attention, budget)
     if progress:
         from tqdm import tqdm
 
@@ -74,15 +78,29 @@ def attend(lm, sentences: Sequence[Sentence], *, keep: Sequence[int] = (), match
     return records, dict(skipped)
 
 
+def _recomputed_maps(lm, texts: list[str], segmenter, batch_size: int, attention: str, budget: int | None):
+    from headscope.api import memory_budget
+    from headscope.probe.recompute import extract
+
+    for start in range(0, len(texts), batch_size):  # one batch of maps alive at a time
+        maps = extract(lm, texts[start : start + batch_size], attention=attention, budget=memory_budget(budget),
+                       batch_size=batch_size, level="word", segmenter=segmenter)
+        check = maps[0].meta.get("check")
+        if check is not None and not check["passed"]:
+            raise RuntimeError(f"{lm.name}: {check['summary']}; the recomputed attention cannot be trusted")
+        yield from maps
+
+
 def syntax(lm, conllu: str | Path | Treebank, *, select_on: str | Path | Treebank | None = None,
            subtypes: bool = False, trees: bool = True, tree_sample: int | None = TREE_SAMPLE, n_perm: int = 10_000,
            seed: int = 0, alpha: float = 0.05, batch_size: int = 8, limit: int | None = None,
-           progress: bool = False) -> SyntaxResult:
+           progress: bool = False, attention: str = "eager", budget: int | None = None) -> SyntaxResult:
     """Which heads follow which dependency relations on a treebank, honestly selected and tested.
 
     Heads, offsets and the tree head are chosen on `select_on` (else on a seeded half of `conllu`)
     and scored on `conllu`. `subtypes` keeps relation subtypes (nmod:poss) apart; `limit` uses only
-    the first sentences of each file (a subset: the output says how many were used).
+    the first sentences of each file (a subset: the output says how many were used). `attention` and
+    `budget` as in `headscope.heads` (recomputed maps are checked against eager attention per batch).
     """
     from headscope.analyses.coref import head_rank
 
@@ -103,8 +121,8 @@ def syntax(lm, conllu: str | Path | Treebank, *, select_on: str | Path | Treeban
     n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
     rank = head_rank(n_layers, n_heads, seed=seed)
     sample = _tree_sample(select, tree_sample, seed) if trees else []
-    sel_records, sel_long = attend(lm, select, match_trees=sample, batch_size=batch_size, progress=progress,
-                                   desc="selection")
+    how_attend = dict(batch_size=batch_size, progress=progress, attention=attention, budget=budget)
+    sel_records, sel_long = attend(lm, select, match_trees=sample, desc="selection", **how_attend)
     choice: TreeSelection | None = None
     if trees:
         decoded = sum(r.tree_matches is not None for r in sel_records)
@@ -112,7 +130,7 @@ def syntax(lm, conllu: str | Path | Treebank, *, select_on: str | Path | Treeban
         drawn = "all" if decoded == len(sel_records) else f"{decoded} sampled with seed {seed} from the"
         how += f"; tree head chosen on {drawn} {len(sel_records)} selection sentences"
     keep = [choice.head] if choice is not None else ()
-    test_records, test_long = attend(lm, test, keep=keep, batch_size=batch_size, progress=progress, desc="test")
+    test_records, test_long = attend(lm, test, keep=keep, desc="test", **how_attend)
     skipped = Counter(test_tb.skipped if select_on is not None else {})
     skipped.update(test_long)
     if select_on is None:

@@ -23,6 +23,7 @@ from .loading import LoadedModel
 from .scratch import attention_from_scratch
 from .types import head_name
 from .verify import capture
+from .recompute import DEFAULT_BUDGET, Attention, _layer_inputs, check_prefix, choose_attention, eager_bytes
 
 __all__ = ["Explanation", "explain", "scale_effect", "PermutationCheck", "permutation_check"]
 
@@ -40,6 +41,7 @@ class Explanation:
     table: pd.DataFrame  # one row per key: key, raw_score, scaled_score, weight, value_norm, contribution_norm
     output_norm: float  # ‖Σ_j w_j v_j‖
     model_weight_max_abs_err: float  # our weights vs the model's own attention for this row
+    check: dict | None = None  # recompute mode: the eager check on the text's prefix, which gives the error above
 
     def to_frame(self) -> pd.DataFrame:
         return self.table
@@ -78,8 +80,13 @@ def _find_token(labels: list[str], enc: Encoded, token: str | int, occurrence: i
 
 
 @torch.inference_mode()
-def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: int, occurrence: int = 0) -> Explanation:
+def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: int, occurrence: int = 0,
+            attention: Attention = "eager", budget: int = DEFAULT_BUDGET) -> Explanation:
     """Walk through softmax(q·kᵀ/√d)·v for `token` as the query in head `layer`.`head`.
+
+    `attention="recompute"` (or `"auto"` beyond `budget` bytes of eager weights) runs the model with
+    fast attention and recomputes only this layer; the model's own weights of the head are then
+    compared on the text's prefix (`probe.recompute.check_prefix`), recorded in `check`.
 
     >>> from headscope.probe import load_model                                          # doctest: +SKIP
     >>> e = explain(load_model("minilm"), "The animal didn't cross the street because it was too tired.",
@@ -87,14 +94,21 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
     >>> e.table.columns.tolist()                                              # doctest: +SKIP
     ['key', 'raw_score', 'scaled_score', 'weight', 'value_norm', 'contribution_norm']
     """
-    family, enc, cap = _capture_one(lm, text)
+    family, enc = family_for(lm.config), encode(lm, text)
     n_layers, n_heads = family.n_layers(lm.config), lm.config.num_attention_heads
     if not (0 <= layer < n_layers and 0 <= head < n_heads):
         raise ValueError(f"layer {layer}, head {head} out of range: {lm.name} has {n_layers} layers x {n_heads} heads")
     labels = list(token_labels(lm, enc))
     q_idx = _find_token(labels, enc, token, occurrence)
     spec = family.layer_spec(base_model(lm), layer, lm.config)
-    res = attention_from_scratch(cap.inputs[layer], spec, cap.key_valid)
+    if choose_attention(attention, eager_bytes(lm, len(enc.ids)), budget) == "recompute":
+        # only this layer's input, caught under fast attention: no layer's T × T weights are kept by the model
+        x = _layer_inputs(lm, family, [enc], [layer])[layer]
+        cap, valid = None, torch.ones(1, len(enc.ids), dtype=torch.long, device=x.device)
+    else:
+        cap = capture(lm, [enc], family)
+        x, valid = cap.inputs[layer], cap.key_valid
+    res = attention_from_scratch(x, spec, valid)
     scaled = res.scores[0, head, q_idx]  # (T,) scores after × scale, before the mask
     raw = scaled / spec.scale
     weights = res.probs[0, head, q_idx]  # (T,)
@@ -110,10 +124,16 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
     })
     if spec.causal:  # keys after the query are masked: their scores never enter the softmax
         table.loc[q_idx + 1:, ["raw_score", "scaled_score"]] = float("nan")
-    model_row = cap.probs[layer][0, head, q_idx]
+    if cap is not None:
+        check, err = None, float((cap.probs[layer][0, head, q_idx] - weights).abs().max())
+    else:  # the model's own weights of this layer on the text's prefix: eager weights of the whole text are what is avoided
+        found = check_prefix(lm, enc, layers=[layer])  # every head of the layer (DeBERTa recomputes no fewer)
+        if not found.passed:
+            raise RuntimeError(f"{lm.name}: {found.summary()}; the recomputed attention cannot be trusted")
+        check, err = found.to_dict(), found.max_abs_err
     return Explanation(
         text=text, query=labels[q_idx], query_index=q_idx, layer=layer, head=head, scale=spec.scale, table=table,
-        output_norm=float(contrib.sum(0).norm()), model_weight_max_abs_err=float((model_row - weights).abs().max()),
+        output_norm=float(contrib.sum(0).norm()), model_weight_max_abs_err=err, check=check,
     )
 
 

@@ -20,7 +20,8 @@ from .loading import LoadedModel
 from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units
 from .words import Segmenter, assign_words, to_word_level
 
-__all__ = ["Encoded", "encode", "encode_many", "encode_targets", "seq2seq_inputs", "extract", "extract_ids", "iter_extract", "forward_batch", "base_model", "check_texts"]
+__all__ = ["Encoded", "encode", "encode_many", "encode_targets", "seq2seq_inputs", "extract", "extract_ids", "iter_extract", "forward_batch", "base_model", "check_texts",
+           "text_units"]
 
 
 @dataclass(frozen=True)
@@ -385,20 +386,27 @@ def tokenizer_labels(tokenizer, enc: Encoded) -> tuple[str, ...]:
                  for r, (a, b), sp in zip(raw, enc.spans, enc.special))
 
 
-def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads, *, causal: bool | None = None) -> AttentionMap:
+def text_units(lm: LoadedModel, enc: Encoded, segmenter: Segmenter | None = None) -> Units:
+    """The token units of one text (labels, spans, special flags, words, ids): an `AttentionMap`'s, without
+    the attention (for attention that comes in blocks of rows, `probe.recompute`)."""
     unit_of_token, unit_spans, _ = assign_words(enc.text, enc.spans, enc.special, segmenter)
-    labels = token_labels(lm, enc)
+    return Units(text=enc.text, level="token", labels=token_labels(lm, enc), spans=enc.spans, special=enc.special,
+                 word_index=tuple(unit_of_token), word_spans=tuple(unit_spans), token_ids=enc.ids)
+
+
+def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads, *, causal: bool | None = None) -> AttentionMap:
+    units = text_units(lm, enc, segmenter)
     return AttentionMap(
-        text=enc.text,
+        text=units.text,
         level="token",
-        labels=labels,
-        spans=enc.spans,
-        special=enc.special,
+        labels=units.labels,
+        spans=units.spans,
+        special=units.special,
         attention=attention,
         causal=lm.is_causal if causal is None else causal,
-        word_index=tuple(unit_of_token),
-        word_spans=tuple(unit_spans),
-        token_ids=enc.ids,
+        word_index=units.word_index,
+        word_spans=units.word_spans,
+        token_ids=units.token_ids,
         layers=layers,
         heads=heads,
         meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")},

@@ -137,7 +137,8 @@ def to_word_level(amap):
     """Aggregate a token-level map to words: keys summed, queries averaged (rows keep summing to 1).
 
     Takes an `AttentionMap`, a `CrossAttentionMap` (queries pooled over the target's words, keys over
-    the source's) or a `Seq2SeqAttention` (all three maps).
+    the source's), a `Seq2SeqAttention` (all three maps) or the `Units` of a text (its words' labels,
+    spans and special flags, for attention that comes in blocks).
 
     >>> import torch
     >>> from headscope.probe.types import AttentionMap
@@ -150,7 +151,7 @@ def to_word_level(amap):
     """
     convert = _TO_WORDS.get(type(amap))
     if convert is None:
-        raise TypeError(f"to_word_level takes an AttentionMap, CrossAttentionMap or Seq2SeqAttention, "
+        raise TypeError(f"to_word_level takes an AttentionMap, CrossAttentionMap, Seq2SeqAttention or Units, "
                         f"not {type(amap).__name__}")
     return convert(amap)
 
@@ -215,6 +216,9 @@ def _map_to_words(amap: AttentionMap) -> AttentionMap:
 
 
 def _units_to_words(units: Units) -> Units:
+    if units.level == "word":
+        return units
+    _check_word_index(units)
     labels, spans, special = _word_units(units)
     return Units(units.text, "word", labels, spans, special, word_index=tuple(range(len(labels))))
 
@@ -234,7 +238,8 @@ def _seq2seq_to_words(s: Seq2SeqAttention) -> Seq2SeqAttention:
                             cross=_cross_to_words(s.cross))
 
 
-_TO_WORDS = {AttentionMap: _map_to_words, CrossAttentionMap: _cross_to_words, Seq2SeqAttention: _seq2seq_to_words}
+_TO_WORDS = {AttentionMap: _map_to_words, CrossAttentionMap: _cross_to_words, Seq2SeqAttention: _seq2seq_to_words,
+             Units: _units_to_words}
 
 
 def _union(units, unit: int) -> tuple[int, int]:

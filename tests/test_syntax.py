@@ -474,3 +474,18 @@ def test_syntax_clusters_on_tiny_models(tmp_path):
     assert table.drop(columns="role").notna().all().all()
     with pytest.raises(ValueError, match="units differ"):  # [CLS] ... [SEP] vs the decoder's bare words
         syntax_clusters([bert, gpt2], path, n_sentences=2)
+
+
+@pytest.mark.parametrize("family", ["bert", "gpt2"])
+def test_syntax_recompute_equals_eager(tmp_path, family):
+    from headscope.probe.tiny import tiny_model
+    from headscope.syntax import syntax
+
+    lm = tiny_model(family)
+    test = _sentences_file(tmp_path, "test.conllu", 4)
+    kw = dict(n_perm=200, tree_sample=4)
+    eager = syntax(lm, test, **kw).to_frame()
+    got = syntax(lm, test, attention="recompute", budget=2_000, **kw).to_frame()
+    assert list(got.columns) == list(eager.columns) and len(got) == len(eager)
+    numeric = eager.select_dtypes("number").columns
+    np.testing.assert_allclose(got[numeric].to_numpy(float), eager[numeric].to_numpy(float), atol=1e-5, rtol=0)

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import click
 
-from ..common import (device_options, echo_json, fail, finish, json_option, load_or_fail, model_option, out_option,
+from ..common import (attention_options, device_options, echo_json, fail, finish, json_option, load_or_fail, model_option, out_option,
                       quiet_option, verify_option, verify_step, write_table)
 
 __all__ = ["cli", "probe_command", "probe_options"]
@@ -46,6 +46,7 @@ def probe_options(fn):
         quiet_option,
         json_option,
         verify_option,
+        attention_options,
         device_options,
     ]):
         fn = opt(fn)
@@ -85,7 +86,7 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, templa
                 data_spec: str | None, heldout_path: str | None, level: str, head_word: bool, folds: int,
                 n_perm: int, seed: int, limit: int | None, batch_size: int, show_head: str | None,
                 out_path: Path | None, ablate: bool, n_random: int, quiet: bool, as_json: bool, no_verify: bool,
-                device: str, dtype: str) -> None:
+                device: str, dtype: str, attention: str = "eager", memory_budget: int | None = None) -> None:
     """What `headscope coref` and `headscope probe` do, given their built-in default sets.
 
     `template` is the continuation prompt of the causal check (`--ablate`).
@@ -106,7 +107,7 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, templa
     try:
         main, parts = probe_sets(lm, sets, heldout=held, combined_task=combined_task, level=level,
                                  head_word=head_word, folds=folds, n_perm=n_perm, seed=seed, batch_size=batch_size,
-                                 noun=noun, progress=not quiet)
+                                 noun=noun, progress=not quiet, attention=attention, budget=memory_budget)
         check = causal(lm, main, template=template, n_random=n_random, seed=seed,
                        batch_size=batch_size) if ablate else None
     except (ValueError, RuntimeError) as exc:
@@ -138,10 +139,14 @@ def _emit(main, parts, head, out_path, as_json, causal=None, verification=None) 
             obj["causal"] = causal
         if verification is not None:
             obj["verification"] = verification
+        if main.data.check is not None:
+            obj["check"] = main.data.check
         echo_json(obj)
         return
     if verification is not None:
         click.echo(verification["summary"])
+    if main.data.check is not None:
+        click.echo(main.data.check["summary"])
     for r in parts + [main]:
         _print_result(r)
     if drill is not None:

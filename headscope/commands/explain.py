@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
+from ..common import (attention_options, device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
                       write_table)
 
 
@@ -40,9 +40,10 @@ def _layer_head(layer: int | None, spec: str) -> tuple[int, int]:
 @click.option("--truncate", is_flag=True, help="Cut TEXT to the model's context instead of failing.")
 @out_option
 @json_option
+@attention_options
 @device_options
 def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, permutation, truncate, out_path, as_json,
-        device, dtype) -> None:
+        device, dtype, attention, memory_budget) -> None:
     """Explain how one head builds TOKEN's output in TEXT: scores, scaling, softmax, values.
 
     --out writes the per-key table.
@@ -60,12 +61,13 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
     try:
         if truncate:
             text = fit_context(lm, text)
-        e = explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence)
+        e = explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence, attention=attention,
+                    budget=memory_budget)
         scales = scale_table(lm, text, layers=[layer]) if scale_effect else None
         perm = permutation_check(lm, text, layer=0) if permutation else None
     except (UnsupportedArchitecture, UnsupportedFeature) as exc:
         fail(f"{model_name}: {exc}", code=3)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RuntimeError) as exc:
         fail(str(exc))
     if out_path:
         write_table(e.table, out_path)
@@ -73,6 +75,8 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
         out = {"model": lm.name, "text": text, "query": e.query, "layer": layer, "head": head, "scale": e.scale,
                "output_norm": e.output_norm, "model_weight_max_abs_err": e.model_weight_max_abs_err,
                "keys": e.table.to_dict(orient="records")}
+        if e.check is not None:
+            out["check"] = e.check
         if scales is not None:
             out["scale_effect"] = scales.to_dict(orient="records")
         if perm is not None:
@@ -84,6 +88,8 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
         click.echo(f"{lm.name} {head_name(layer, head)}, query {e.query!r} (token {e.query_index}); scale = {e.scale:.6g}")
         click.echo(e.table.to_string(index=False, float_format=lambda x: f"{x:9.4f}"))
         click.echo(e.summary())
+        if e.check is not None:
+            click.echo(e.check["summary"])
         if scales is not None:
             click.echo("\nWith and without the 1/√d scale (mean over query rows):")
             click.echo(scales.drop(columns=["scale"]).to_string(index=False, float_format=lambda x: f"{x:8.3f}"))

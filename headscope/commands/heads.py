@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..api import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL
-from ..common import (device_options, echo_json, fail, finish, json_option, load_or_fail, model_option, out_option,
+from ..common import (attention_note, attention_options, device_options, echo_json, fail, finish, json_option, load_or_fail, model_option, out_option,
                       quiet_option, too_long_or_fail, verify_option, verify_step, write_table)
 
 __all__ = ["cli"]
@@ -32,9 +32,10 @@ __all__ = ["cli"]
 @quiet_option
 @json_option
 @verify_option
+@attention_options
 @device_options
 def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, induction_seqs, induction_length,
-        seed, out_path, truncate, quiet, as_json, device, dtype, no_verify) -> None:
+        seed, out_path, truncate, quiet, as_json, device, dtype, no_verify, attention, memory_budget) -> None:
     """Score every head over a corpus: previous/next token, self, sinks, punctuation, entropy, induction.
 
     With --json: settings, top heads and roles; the full table goes to --out.
@@ -53,8 +54,9 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
     try:
         scores = heads(lm, texts, level=level, include_special=include_special, batch_size=batch_size,
                        induction_sequences=induction_seqs, induction_length=induction_length, seed=seed,
-                       truncate=truncate, progress=not quiet, total=total, source=source)
-    except (TypeError, ValueError) as exc:
+                       truncate=truncate, progress=not quiet, total=total, source=source, attention=attention,
+                       budget=memory_budget)
+    except (TypeError, ValueError, RuntimeError) as exc:
         fail(str(exc))
     if out_path:
         write_table(scores.table, out_path)
@@ -63,6 +65,8 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
                                                       "verification": verification})
     else:
         click.echo(verification["summary"])
+        if note := attention_note(scores.meta):
+            click.echo(note)
         _print(scores, k, source, out_path)
     finish(verification)
 

@@ -30,7 +30,7 @@ import click
 from ..api import REPORT_SENTENCES, RunSettings, analyse_model, versions
 from filelock import FileLock, Timeout
 
-from ..common import (Interrupts, device_options, echo_json, fail, json_option, load_or_fail, models_option,
+from ..common import (Interrupts, attention_options, device_options, echo_json, fail, json_option, load_or_fail, models_option,
                       quiet_option, say, too_long_or_fail, writable_or_fail)
 
 __all__ = ["cli", "model_section", "write_atomic", "not_a_report"]
@@ -256,9 +256,10 @@ def reclaim_stale(out: Path) -> None:
               help="Scale every figure file to this width, keeping its aspect: 3.5in, 8.9cm, 89mm or 252pt.")
 @quiet_option
 @json_option
+@attention_options
 @device_options
 def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, induction_seqs, permutations, seed,
-        batch_size, truncate, formats, dpi, width, quiet, as_json, device, dtype) -> None:
+        batch_size, truncate, formats, dpi, width, quiet, as_json, device, dtype, attention, memory_budget) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
     --json prints the run.json record. Exits 1 when a model's attention is not verified (the report
@@ -282,7 +283,8 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
         corpus="built-in" if corpus_path is None else str(corpus_path),
         coref=f"built-in ({', '.join(_COREF_SETS)})" if coref_path is None else str(coref_path),
         texts=tuple(texts) or REPORT_SENTENCES, level=level, limit=limit, induction_sequences=induction_seqs,
-        permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate)
+        permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate,
+        attention=attention, memory_budget=memory_budget)
 
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser.
     with Interrupts() as interrupts:
@@ -296,7 +298,7 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
             try:
                 analysis = analyse_model(lm, corpus, probe_sets, settings, load_seconds=load_seconds, progress=not quiet,
                                          log=None if quiet else lambda line: click.echo(line, err=True))
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, RuntimeError) as exc:
                 fail(f"{name}: {exc}")
             sections.append(model_section(analysis))
             records.append(analysis.to_dict())

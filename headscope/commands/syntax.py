@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from ..common import (device_options, echo_json, fail, finish, json_option, load_or_fail, model_option, out_option,
+from ..common import (attention_options, device_options, echo_json, fail, finish, json_option, load_or_fail, model_option, out_option,
                       quiet_option, verify_option, verify_step, write_table)
 
 __all__ = ["cli"]
@@ -55,9 +55,10 @@ def _read(path: Path, option: str):
 @json_option
 @quiet_option
 @verify_option
+@attention_options
 @device_options
 def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, n_perm, seed, limit, batch_size,
-        out_path, as_json, quiet, no_verify, device, dtype) -> None:
+        out_path, as_json, quiet, no_verify, device, dtype, attention, memory_budget) -> None:
     from headscope.syntax import syntax
 
     test = _read(_existing(conllu_path, "--conllu"), "--conllu")
@@ -67,7 +68,7 @@ def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, n
     try:
         result = syntax(lm, test, select_on=select, subtypes=subtypes, trees=not no_trees, tree_sample=tree_sample,
                         n_perm=n_perm, seed=seed, batch_size=batch_size, limit=limit,
-                        progress=not quiet)
+                        progress=not quiet, attention=attention, budget=memory_budget)
     except (ValueError, RuntimeError) as exc:
         fail(f"{model_name}: {exc}")
     if out_path is not None:
