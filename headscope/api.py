@@ -26,7 +26,7 @@ __all__ = [
     "load", "extract", "verify", "explain", "fit_context", "heads", "induction_inputs", "extract_scores", "coref",
     "relation_probe", "probe_sets", "causal", "corpus_stats", "versions", "builtin_corpus", "builtin_set",
     "read_corpus", "read_probe_file", "analyse_model", "ModelAnalysis", "RunSettings", "REPORT_SENTENCES",
-    "TOO_LONG", "DEFAULT_LEVEL", "DEFAULT_INCLUDE_SPECIAL",
+    "TOO_LONG", "DEFAULT_LEVEL", "DEFAULT_INCLUDE_SPECIAL", "DEFAULT_TARGETS",
 ]
 
 Level = Literal["token", "word"]
@@ -485,6 +485,14 @@ class RunSettings:
     device: str = "cpu"
     dtype: str = "float32"
     truncate: bool = False
+    # An encoder–decoder model's decoder texts, one per report sentence; none: each sentence is its own
+    # target (`DEFAULT_TARGETS`). One-stack models ignore them.
+    targets: tuple[str, ...] = ()
+
+
+# What an encoder–decoder model's decoder reads when no targets are given: each report sentence itself
+# (teacher-forced, as if it were the model's own output), so cross-attention has something to show.
+DEFAULT_TARGETS = "each report sentence itself (no --target given)"
 
 
 @dataclass(frozen=True)
@@ -500,6 +508,7 @@ class ModelAnalysis:
     info: dict
     notes: tuple[str, ...] = ()
     seconds: dict = field(default_factory=dict)
+    pairs: tuple = ()  # Seq2SeqAttention of the report sentences and their targets (encoder–decoder models)
 
     def to_dict(self) -> dict:
         """The run.json entry of this model."""
@@ -573,15 +582,33 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
     for p in probes:
         say(f"  {p.task}: {p.verdict}")
 
-    maps = stage.run("sentences", extract, lm, list(settings.texts), level="token", truncate=settings.truncate)
+    maps, pairs = stage.run("sentences", _report_attention, lm, settings)
     sentences = "--text" if settings.texts != REPORT_SENTENCES else "built-in"
     corpus = corpus_stats(lm.tokenizer, [("heads corpus", settings.corpus, texts),
                                           *[(f"probe: {task}", settings.coref, [e.text for e in exs])
                                             for task, exs in sets],
                                           ("report sentences", sentences, list(settings.texts))])
     info = _model_info(lm, verification, stage.seconds)
+    if pairs:
+        info["targets"] = "given" if settings.targets else DEFAULT_TARGETS
     return ModelAnalysis(model=lm.name, verification=verification, scores=scores, probes=tuple(probes),
-                         maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds))
+                         maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds),
+                         pairs=tuple(pairs))
+
+
+def _report_attention(lm, settings: RunSettings) -> tuple[list, list]:
+    """The report sentences' maps (token level) and, for an encoder–decoder model, each sentence with
+    its target (`settings.targets`, else itself): `(maps, pairs)`."""
+    from headscope.probe.extract import is_seq2seq
+
+    texts = list(settings.texts)
+    maps = extract(lm, texts, level="token", truncate=settings.truncate)
+    if not is_seq2seq(lm):
+        return maps, []
+    targets = list(settings.targets) or texts
+    if len(targets) != len(texts):
+        raise ValueError(f"{len(targets)} targets for {len(texts)} report sentences; give one target per sentence")
+    return maps, extract(lm, texts, target=targets, level="token", truncate=settings.truncate)
 
 
 def _model_info(lm, verification, seconds: dict) -> dict:

@@ -78,14 +78,14 @@ def test_explorer_data_is_strict_json_matching_the_maps(report, sections):
     assert [m["name"] for m in data["models"]] == ["toy-enc", "toy-dec"]
     first = data["models"][0]
     amap = sections[0].maps[0]
-    token = first["sentences"][0]["levels"]["token"]
+    token = first["sentences"][0]["views"]["self"]["attention"]["token"]
     assert token["labels"] == list(amap.labels)
     n = len(amap)
     layer, head = 2, 3
     att = token["att"][layer * R.N_HEADS + head]
     expected = (amap.attention[layer, head] * 1000).round().int().flatten().tolist()
     assert att == expected
-    word = first["sentences"][0]["levels"]["word"]
+    word = first["sentences"][0]["views"]["self"]["attention"]["word"]
     assert "didn't" in word["labels"] and len(word["labels"]) < n
     # The explorer opens on the probe's selected head and grid.
     assert (first["start"]["layer"], first["start"]["head"]) == R.PROBE_HEAD
