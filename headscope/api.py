@@ -30,6 +30,7 @@ __all__ = [
 ]
 
 Level = Literal["token", "word"]
+Weight = Literal["attention", "norm"]  # probe.types.Weight, spelled out so that `import headscope` does not import torch
 
 # analyses.heads.DEFAULT_LEVEL / DEFAULT_INCLUDE_SPECIAL (Clark et al. 2019), spelled out so that
 # `import headscope` does not import torch; tests/test_heads.py checks they agree.
@@ -62,9 +63,12 @@ def load(name: str = "minilm", *, device: str = "cpu", dtype: str = "float32", u
     return load_model(name, device=device, dtype=dtype, use_cache=use_cache)
 
 
-def extract(lm, texts: str | Iterable[str], *, level: Level = "token", **options) -> list:
+def extract(lm, texts: str | Iterable[str], *, level: Level = "token", weight: Weight = "attention",
+            **options) -> list:
     """One `AttentionMap` per text, attention `[layer, head, query, key]` (see `probe.extract`).
 
+    `weight="norm"`: Kobayashi et al.'s norm-based weights ‖α_ij f(x_j)‖ instead of the probabilities α,
+    each query row divided by its sum; `map.weight` says which the values are.
     `options`: batch_size, layers, heads, store_dtype, truncate, segmenter, and for an encoder–decoder
     model `target` (one decoder text per source text), which gives one `Seq2SeqAttention` per pair.
 
@@ -75,7 +79,7 @@ def extract(lm, texts: str | Iterable[str], *, level: Level = "token", **options
     """
     from headscope.probe import extract as _extract
 
-    return _extract(lm, texts, level=level, **options)
+    return _extract(lm, texts, level=level, weight=weight, **options)
 
 
 def verify(lm, texts: str | Sequence[str] | None = None, *, truncate: bool = False, **options):
@@ -147,8 +151,13 @@ def heads(
     progress: bool = False,
     total: int | None = None,
     source: str | None = None,
+    weight: Weight = "attention",
 ):
     """Score every head of `lm` over `texts`, plus induction for decoders -> `HeadScores`.
+
+    `weight="norm"` scores the heads on norm-based weights (`extract(..., weight="norm")`) instead of
+    attention; the repeated random sequences are then skipped (their duplicate-token and induction
+    scores read attention) and `meta["weight"]` says "norm".
 
     Texts stream through `probe.iter_extract` into `analyses.heads.HeadScoreAccumulator`; only
     `window` batches of attention are alive at once (sorted by length together: less padding).
@@ -167,7 +176,8 @@ def heads(
     from headscope.probe.extract import is_seq2seq
 
     acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special)
-    maps = iter_extract(lm, texts, batch_size=batch_size, level=level, truncate=truncate, window=window)
+    maps = iter_extract(lm, texts, batch_size=batch_size, level=level, truncate=truncate, window=window,
+                        weight=weight)
     if progress:
         from tqdm.auto import tqdm
 
@@ -177,7 +187,9 @@ def heads(
     meta: dict = {"corpus": source, "batch_size": batch_size, "causal": lm.is_causal}
     if is_seq2seq(lm):  # without targets, the texts are sources: the encoder's self-attention is scored
         meta["stack"] = "encoder"
-    if lm.is_causal and induction_sequences > 0:
+    if weight != "attention":
+        meta["weight"] = weight
+    if lm.is_causal and induction_sequences > 0 and weight == "attention":
         sequences, prefix = induction_inputs(lm, n_sequences=induction_sequences, length=induction_length, seed=seed)
         for start in range(0, len(sequences), batch_size):  # one batch of maps alive at a time
             for amap in extract_ids(lm, sequences[start : start + batch_size], batch_size=batch_size):
@@ -509,6 +521,7 @@ class ModelAnalysis:
     notes: tuple[str, ...] = ()
     seconds: dict = field(default_factory=dict)
     pairs: tuple = ()  # Seq2SeqAttention of the report sentences and their targets (encoder–decoder models)
+    norm_maps: tuple = ()  # the report sentences' norm-based weights, token level (none where they cannot be computed)
 
     def to_dict(self) -> dict:
         """The run.json entry of this model."""
@@ -582,7 +595,7 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
     for p in probes:
         say(f"  {p.task}: {p.verdict}")
 
-    maps, pairs = stage.run("sentences", _report_attention, lm, settings)
+    maps, pairs, norm_maps = stage.run("sentences", _report_attention, lm, settings)
     sentences = "--text" if settings.texts != REPORT_SENTENCES else "built-in"
     corpus = corpus_stats(lm.tokenizer, [("heads corpus", settings.corpus, texts),
                                           *[(f"probe: {task}", settings.coref, [e.text for e in exs])
@@ -593,22 +606,28 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
         info["targets"] = "given" if settings.targets else DEFAULT_TARGETS
     return ModelAnalysis(model=lm.name, verification=verification, scores=scores, probes=tuple(probes),
                          maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds),
-                         pairs=tuple(pairs))
+                         pairs=tuple(pairs), norm_maps=tuple(norm_maps))
 
 
-def _report_attention(lm, settings: RunSettings) -> tuple[list, list]:
-    """The report sentences' maps (token level) and, for an encoder–decoder model, each sentence with
-    its target (`settings.targets`, else itself): `(maps, pairs)`."""
+def _report_attention(lm, settings: RunSettings) -> tuple[list, list, list]:
+    """The report sentences' maps (token level), their norm-based weights (none for an architecture
+    whose attention cannot be recomputed) and, for an encoder–decoder model, each sentence with its
+    target (`settings.targets`, else itself): `(maps, pairs, norm_maps)`."""
     from headscope.probe.extract import is_seq2seq
+    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
 
     texts = list(settings.texts)
     maps = extract(lm, texts, level="token", truncate=settings.truncate)
+    try:
+        norm_maps = extract(lm, texts, level="token", weight="norm", truncate=settings.truncate)
+    except (UnsupportedArchitecture, UnsupportedFeature):
+        norm_maps = []
     if not is_seq2seq(lm):
-        return maps, []
+        return maps, [], norm_maps
     targets = list(settings.targets) or texts
     if len(targets) != len(texts):
         raise ValueError(f"{len(targets)} targets for {len(texts)} report sentences; give one target per sentence")
-    return maps, extract(lm, texts, target=targets, level="token", truncate=settings.truncate)
+    return maps, extract(lm, texts, target=targets, level="token", truncate=settings.truncate), norm_maps
 
 
 def _model_info(lm, verification, seconds: dict) -> dict:

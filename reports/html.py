@@ -51,6 +51,7 @@ __all__ = [
 
 # Explorer attention is stored as integers 0..1000 (three decimals): a report stays small.
 _SCALE = 1000
+_NORM_SCALE = 100  # norm-based weights: two decimals (a second copy of each sentence, for the toggle)
 CSP = ("default-src 'none'; img-src data:; style-src {style}; script-src {script}; connect-src 'none'; "
        "font-src 'none'; media-src 'none'; object-src 'none'; frame-src 'none'; worker-src 'none'; "
        "base-uri 'none'; form-action 'none'")
@@ -65,6 +66,9 @@ class ModelSection:
     word_maps: tuple[AttentionMap, ...] = ()  # the same sentences at word level, in the same order (or none)
     pairs: tuple[Seq2SeqAttention, ...] = ()  # encoder–decoder models: each sentence with its target, token level
     word_pairs: tuple[Seq2SeqAttention, ...] = ()  # the same pairs at word level (or none)
+    # The sentences' norm-based weights (`extract(..., weight="norm")`) at one level, in the same order (or
+    # none); `headscope run` keeps the word level only, so that the page stays small.
+    norm_maps: tuple[AttentionMap, ...] = ()
     verification: Verification | None = None
     scores: Any = None  # analyses.heads.HeadScores
     probes: tuple[Any, ...] = ()  # analyses.coref.ProbeResult, one per task
@@ -73,7 +77,7 @@ class ModelSection:
     notes: tuple[str, ...] = ()  # problems to show prominently (a stage that could not run, ...)
 
     def __post_init__(self) -> None:
-        for name in ("word_maps", "pairs", "word_pairs"):
+        for name in ("word_maps", "pairs", "word_pairs", "norm_maps"):
             given = getattr(self, name)
             if given and len(given) != len(self.maps):
                 raise ValueError(f"{len(given)} {name.replace('_', ' ')} for {len(self.maps)} sentences; give one per "
@@ -202,7 +206,7 @@ def explorer_data(sections: Sequence[ModelSection]) -> dict:
     """The explorer's data: per model its sentences, score grids, start head.
 
     Each sentence holds `views[kind][weight][level]`: kind "self" (one stack) or "encoder", "decoder",
-    "cross" (`STACKS`), weight "attention", level "token" / "word". A view's units carry their own
+    "cross" (`STACKS`), weight "attention" or "norm" (at the levels given), level "token" / "word". A view's units carry their own
     query labels and layer/head ids only where they differ from the keys' and the model's.
     """
     models = []
@@ -234,11 +238,14 @@ def _sentences(s: ModelSection) -> list[dict]:
     out = []
     for i, amap in enumerate(s.maps):
         words = s.word_maps[i] if s.word_maps else None
+        own = {"attention": _levels(amap, words)}
+        if s.norm_maps:  # two decimals: the toggle's second copy of every sentence stays small
+            own["norm"] = _levels(s.norm_maps[i], None, scale=_NORM_SCALE)
         if not s.pairs:
-            out.append({"text": amap.text, "views": {"self": {"attention": _levels(amap, words)}}})
+            out.append({"text": amap.text, "views": {"self": own}})
             continue
         pair, word_pair = s.pairs[i], s.word_pairs[i] if s.word_pairs else None
-        views = {"encoder": {"attention": _levels(amap, words)}}
+        views = {"encoder": own}
         for kind in ("decoder", "cross"):  # their own layers, heads and masking (a decoder may differ in size)
             views[kind] = {"attention": _levels(getattr(pair, kind), getattr(word_pair, kind, None), own=True)}
         out.append({"text": f"{amap.text} \u2192 {pair.decoder.text}", "views": views})
@@ -254,22 +261,25 @@ def _explorer_note(s: ModelSection) -> str:
 
 
 def _levels(amap: AttentionMap | CrossAttentionMap, words: AttentionMap | CrossAttentionMap | None, *,
-            own: bool = False) -> dict:
-    levels = {amap.level: _units(amap, own=own)}
+            own: bool = False, scale: int = _SCALE) -> dict:
+    levels = {amap.level: _units(amap, own=own, scale=scale)}
     if words is not None:
-        levels[words.level] = _units(words, own=own)
+        levels[words.level] = _units(words, own=own, scale=scale)
     return levels
 
 
-def _units(amap: AttentionMap | CrossAttentionMap, *, own: bool = False) -> dict:
-    """Labels and attention of one view; `own`: it carries its layer/head ids and masking (else the model's)."""
+def _units(amap: AttentionMap | CrossAttentionMap, *, own: bool = False, scale: int = _SCALE) -> dict:
+    """Labels and attention of one view, as integers 0..`scale`; `own`: it carries its layer/head ids and
+    masking (else the model's)."""
     import torch
 
     att = amap.attention.detach().float().cpu()  # [layer, head, query, key]
     n_l, n_h, n_q, n_k = att.shape
-    ints = (att * _SCALE).round().to(torch.int32).reshape(n_l * n_h, n_q * n_k)  # [layer*head, query*key]
+    ints = (att * scale).round().to(torch.int32).reshape(n_l * n_h, n_q * n_k)  # [layer*head, query*key]
     keys, queries = getattr(amap, "keys", amap), getattr(amap, "queries", amap)  # a cross map's two sides
     out = {"labels": list(keys.labels), "special": [bool(x) for x in keys.special], "att": ints.tolist()}
+    if scale != _SCALE:
+        out["scale"] = scale
     if queries is not keys:
         out.update(queries=list(queries.labels), qspecial=[bool(x) for x in queries.special])
     if own:

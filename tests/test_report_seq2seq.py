@@ -88,6 +88,9 @@ def test_analyse_model_pairs_the_report_sentences_with_their_targets():
     # The verification rows say which attention they check, first.
     from headscope.commands.run import model_section
 
+    # The encoder's norm-based weights for the explorer's toggle, kept at word level in the report.
+    assert [m.weight for m in a.norm_maps] == ["norm", "norm"]
+    assert {m.level for m in model_section(a).norm_maps} == {"word"}
     html = build_report([model_section(a)]).html
     assert re.search(r"<thead><tr><th>kind</th><th>layer</th>", html)
     assert "Targets: given." in json.dumps(explorer_data([model_section(a)]), ensure_ascii=False)

@@ -147,6 +147,7 @@ def model_section(analysis):
 
     return ModelSection(model=analysis.model, maps=analysis.maps, word_maps=_word_maps(analysis.maps),
                         pairs=analysis.pairs, word_pairs=_word_pairs(analysis.pairs),
+                        norm_maps=_word_maps(analysis.norm_maps) or analysis.norm_maps,
                         verification=analysis.verification, scores=analysis.scores, probes=analysis.probes,
                         corpus=analysis.corpus, info=analysis.info, notes=analysis.notes)
 

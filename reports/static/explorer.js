@@ -1,7 +1,8 @@
 // headscope head explorer: plain JavaScript, no library, no network.
 // Reads the report data from <script type="application/json" id="hs-data">. Every string that
 // came from a user or a model (tokens, sentences, model names) is set with textContent, never as
-// markup. Attention is stored per head as a flat [query * n_keys + key] list of integers 0..1000.
+// markup. Attention is stored per head as a flat [query * n_keys + key] list of integers 0..1000
+// (0..scale where a view gives its own scale).
 // A sentence holds views[kind][weight][level]: kind "self", or an encoder-decoder's "encoder",
 // "decoder", "cross"; weight "attention" or "norm"; a generation holds one such set per step.
 (function () {
@@ -73,8 +74,10 @@
   function first(obj, key) { return obj[key] || obj[Object.keys(obj)[0]]; }
   function views() { var s = sentence(); return s.steps ? s.steps[state.step].views : s.views; }
   function kindViews() { return first(views(), state.kind); }
+  // Norm weights where the view has them at this level, else attention.
+  function hasNorm() { var n = kindViews().norm; return !!n && state.level in n; }
   function unitData() {
-    var levels = first(kindViews(), state.weight);
+    var levels = state.weight === "norm" && hasNorm() ? kindViews().norm : kindViews().attention;
     return first(levels, state.level);  // a word-level-only map has no "token"
   }
   // A view's own layers and heads (an encoder-decoder's decoder may differ), else the model's.
@@ -121,7 +124,7 @@
       ui.kind.value = state.kind;
       ui.kind.parentNode.hidden = kinds.length < 2;
     }
-    if (ui.weightBox) { ui.weightBox.hidden = !("norm" in kindViews()); }
+    if (ui.weightBox) { ui.weightBox.hidden = !hasNorm(); }
     clear(ui.layer); clear(ui.head);
     layerIds().forEach(function (l, i) { option(ui.layer, i, "layer " + l); });
     headIds().forEach(function (h, i) { option(ui.head, i, "head " + h); });
@@ -191,12 +194,12 @@
     svg.setAttribute("data-head", headIds()[state.head]);
     svg.setAttribute("data-level", state.level);
     svg.setAttribute("data-kind", state.kind);
-    svg.setAttribute("data-weight", "norm" in kindViews() ? state.weight : "attention");
+    svg.setAttribute("data-weight", hasNorm() ? state.weight : "attention");
     var cells = el("svg:g", { transform: "translate(" + margin + "," + margin + ")" });
     for (var q = 0; q < nq; q++) {
       for (var k = 0; k < nk; k++) {
         var off = masked(u, q, k);
-        var v = w[q * nk + k] / 1000;
+        var v = w[q * nk + k] / (u.scale || 1000);
         var r = el("svg:rect", { x: k * cell, y: q * cell, width: cell, height: cell, fill: off ? "#eeeeee" : blue(v),
           "class": "hs-cell", "data-q": q, "data-k": k });
         if (!off) { r.appendChild(el("svg:title", null, label(rows[q]) + " \u2192 " + label(u.labels[k]) + ": " + v.toFixed(3))); }
@@ -252,7 +255,7 @@
     u.labels.forEach(function (s, k) {
       var span = el("span", { "class": "hs-tok" + (u.special[k] ? " hs-special" : "") + (!u.queries && k === q ? " hs-query" : ""), "data-k": k }, label(s));
       if (row) {
-        var v = row[k] / 1000;
+        var v = row[k] / (u.scale || 1000);
         span.style.background = blue(v);
         span.style.color = v > 0.5 ? "#fff" : "#111";
         span.title = v.toFixed(3);
@@ -264,7 +267,7 @@
     if (row) {
       var order = row.map(function (v, k) { return [v, k]; }).sort(function (a, b) { return b[0] - a[0]; }).slice(0, 3);
       ui.stripNote.textContent = "\u201c" + label(rows[q]) + "\u201d attends most to: " + order.map(function (p) {
-        return "\u201c" + label(u.labels[p[1]]) + "\u201d " + (p[0] / 1000).toFixed(2);
+        return "\u201c" + label(u.labels[p[1]]) + "\u201d " + (p[0] / (u.scale || 1000)).toFixed(2);
       }).join(", ");
     }
   }
@@ -288,7 +291,7 @@
   ui.head.addEventListener("change", function () { select(state.layer, parseInt(ui.head.value, 10)); });
   ui.metric.addEventListener("change", function () { state.metric = ui.metric.value; drawGrid(); });
   ui.levels.forEach(function (r) {
-    r.addEventListener("change", function () { if (r.checked) { state.level = r.value; state.focus = null; drawHeatmap(); } });
+    r.addEventListener("change", function () { if (r.checked) { state.level = r.value; redrawView(); } });
   });
   ui.heatmap.addEventListener("mouseover", onHover);
   // Arrow keys step through heads (left/right) and layers (up/down) while the heatmap has focus
