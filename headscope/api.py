@@ -500,6 +500,9 @@ class RunSettings:
     # An encoder–decoder model's decoder texts, one per report sentence; none: each sentence is its own
     # target (`DEFAULT_TARGETS`). One-stack models ignore them.
     targets: tuple[str, ...] = ()
+    # Decoders: greedily generate this many tokens after each report sentence and record each new token's
+    # attention (`headscope.generate`), which the report's explorer steps through; 0: none.
+    generate: int = 0
 
 
 # What an encoder–decoder model's decoder reads when no targets are given: each report sentence itself
@@ -522,6 +525,7 @@ class ModelAnalysis:
     seconds: dict = field(default_factory=dict)
     pairs: tuple = ()  # Seq2SeqAttention of the report sentences and their targets (encoder–decoder models)
     norm_maps: tuple = ()  # the report sentences' norm-based weights, token level (none where they cannot be computed)
+    generations: tuple = ()  # GenerationAttention after each report sentence (decoders, `RunSettings.generate`)
 
     def to_dict(self) -> dict:
         """The run.json entry of this model."""
@@ -533,6 +537,8 @@ class ModelAnalysis:
             "heads": self.scores.to_dict(table=False),
             "probes": [{k: val for k, val in p.to_dict().items() if k != "heads"} for p in self.probes],
             "notes": list(self.notes), "seconds": dict(self.seconds),
+            **({"generated": [{"prompt": g.prompt.text, "text": g.text, "stopped": g.stopped} for g in self.generations]}
+               if self.generations else {}),
         }
 
 
@@ -596,6 +602,11 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
         say(f"  {p.task}: {p.verdict}")
 
     maps, pairs, norm_maps = stage.run("sentences", _report_attention, lm, settings)
+    generations = ()
+    if settings.generate and lm.is_causal:
+        generations = stage.run("generate", _generations, lm, settings)
+        say(f"{lm.name}: {settings.generate} tokens generated after each report sentence "
+            f"({stage.seconds['generate']:.1f} s)")
     sentences = "--text" if settings.texts != REPORT_SENTENCES else "built-in"
     corpus = corpus_stats(lm.tokenizer, [("heads corpus", settings.corpus, texts),
                                           *[(f"probe: {task}", settings.coref, [e.text for e in exs])
@@ -606,7 +617,13 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
         info["targets"] = "given" if settings.targets else DEFAULT_TARGETS
     return ModelAnalysis(model=lm.name, verification=verification, scores=scores, probes=tuple(probes),
                          maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds),
-                         pairs=tuple(pairs), norm_maps=tuple(norm_maps))
+                         pairs=tuple(pairs), norm_maps=tuple(norm_maps), generations=tuple(generations))
+
+
+def _generations(lm, settings: RunSettings) -> tuple:
+    from headscope.generate import generate_attention
+
+    return tuple(generate_attention(lm, text, max_new_tokens=settings.generate) for text in settings.texts)
 
 
 def _report_attention(lm, settings: RunSettings) -> tuple[list, list, list]:

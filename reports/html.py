@@ -69,6 +69,7 @@ class ModelSection:
     # The sentences' norm-based weights (`extract(..., weight="norm")`) at one level, in the same order (or
     # none); `headscope run` keeps the word level only, so that the page stays small.
     norm_maps: tuple[AttentionMap, ...] = ()
+    generations: tuple[Any, ...] = ()  # headscope.GenerationAttention: the explorer steps through the new tokens
     verification: Verification | None = None
     scores: Any = None  # analyses.heads.HeadScores
     probes: tuple[Any, ...] = ()  # analyses.coref.ProbeResult, one per task
@@ -249,7 +250,23 @@ def _sentences(s: ModelSection) -> list[dict]:
         for kind in ("decoder", "cross"):  # their own layers, heads and masking (a decoder may differ in size)
             views[kind] = {"attention": _levels(getattr(pair, kind), getattr(word_pair, kind, None), own=True)}
         out.append({"text": f"{amap.text} \u2192 {pair.decoder.text}", "views": views})
-    return out
+    return out + [_generation(g) for g in s.generations]
+
+
+def _generation(gen: Any) -> dict:
+    """A generation as the explorer steps through it: per new token its one query row over the prompt and
+    the tokens generated so far (a causal row: it sees every key up to itself)."""
+    import torch
+
+    prompt = gen.prompt
+    steps = []
+    for t, (token, row) in enumerate(zip(gen.generated_tokens, gen.steps)):  # row: [layer, head, key]
+        n_l, n_h, n_k = row.shape
+        ints = (row.float() * _SCALE).round().to(torch.int32).reshape(n_l * n_h, n_k)  # [layer*head, 1*key]
+        units = {"labels": list(gen.key_labels(t)), "special": [bool(x) for x in prompt.special] + [False] * (t + 1),
+                 "att": ints.tolist(), "queries": [token], "qspecial": [False], "causal": True, "offset": n_k - 1}
+        steps.append({"token": token, "views": {"self": {"attention": {"token": units}}}})
+    return {"text": f"generated after \u201c{prompt.text}\u201d: {gen.text}", "steps": steps}
 
 
 def _explorer_note(s: ModelSection) -> str:

@@ -148,6 +148,7 @@ def model_section(analysis):
     return ModelSection(model=analysis.model, maps=analysis.maps, word_maps=_word_maps(analysis.maps),
                         pairs=analysis.pairs, word_pairs=_word_pairs(analysis.pairs),
                         norm_maps=_word_maps(analysis.norm_maps) or analysis.norm_maps,
+                        generations=analysis.generations,
                         verification=analysis.verification, scores=analysis.scores, probes=analysis.probes,
                         corpus=analysis.corpus, info=analysis.info, notes=analysis.notes)
 
@@ -248,6 +249,8 @@ def reclaim_stale(out: Path) -> None:
 @click.option("--target", "targets", multiple=True,
               help="Encoder-decoder models: the decoder's text for each --text (repeatable, paired in order). "
                    "Default: each sentence is its own target. Other models ignore it.")
+@click.option("--generate", "generate", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Decoders: generate N tokens (greedy) after each --text; the explorer steps through them.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder to write the report into (created; must not exist unless --force).")
 @click.option("--force", is_flag=True,
@@ -271,7 +274,7 @@ def reclaim_stale(out: Path) -> None:
 @quiet_option
 @json_option
 @device_options
-def cli(models, corpus_path, coref_path, texts, targets, out_dir, force, level, limit, induction_seqs, permutations, seed,
+def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, force, level, limit, induction_seqs, permutations, seed,
         batch_size, truncate, formats, dpi, width, quiet, as_json, device, dtype) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
@@ -303,7 +306,7 @@ def cli(models, corpus_path, coref_path, texts, targets, out_dir, force, level, 
         coref=f"built-in ({', '.join(_COREF_SETS)})" if coref_path is None else str(coref_path),
         texts=tuple(texts) or REPORT_SENTENCES, level=level, limit=limit, induction_sequences=induction_seqs,
         permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate,
-        targets=tuple(targets))
+        targets=tuple(targets), generate=generate)
 
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser.
     with Interrupts() as interrupts:
@@ -329,7 +332,8 @@ def cli(models, corpus_path, coref_path, texts, targets, out_dir, force, level, 
 
         t0 = time.perf_counter()
         the_versions = versions()
-        settings_dict = {k: v for k, v in asdict(settings).items() if k not in ("texts", "targets")}
+        settings_dict = {k: v for k, v in asdict(settings).items()  # texts and targets: listed in run.json only
+                         if k not in ("texts", "targets") and not (k == "generate" and not v)}
         report = build_report(sections, settings=settings_dict, versions=the_versions, dpi=dpi, formats=formats,
                               width=width)
         interrupts.check()
