@@ -420,6 +420,18 @@ def _static(name: str) -> str:
     return resources.files(__package__).joinpath("static", name).read_text(encoding="utf-8")
 
 
+_COMMON = "// @include common.js"
+
+
+def static_script(name: str) -> str:
+    """A script of `static/` with the helpers both views share (`static/common.js`) put in at its
+    `// @include common.js` line, inside its own function, so that they add no page global."""
+    source = _static(name)
+    if source.count(_COMMON) != 1:
+        raise ValueError(f"{name} must hold the line '{_COMMON}' once")
+    return source.replace(_COMMON, _static("common.js").strip(), 1)
+
+
 def _hash(text: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii") + "'"
 
@@ -458,7 +470,7 @@ def build_report(
                  for s, name in zip(sections, _file_names(sections))]
     figures = [f for figs in per_model for f in figs]
     tables = report_tables(sections)
-    script, style = _static("explorer.js"), _static("report.css")
+    script, style = static_script("explorer.js"), _static("report.css")
     data = _script_json(explorer_data(sections))
     if "</script" in script.lower():
         raise ValueError("explorer.js must not contain '</script'")

@@ -7,7 +7,7 @@
 // "decoder", "cross"; weight "attention" or "norm"; a generation holds one such set per step.
 (function () {
   "use strict";
-  var SVG = "http://www.w3.org/2000/svg";
+  // @include common.js
   var dataEl = document.getElementById("hs-data");
   var root = document.getElementById("hs-explorer");
   if (!dataEl || !root) { return; }
@@ -39,34 +39,14 @@
   var state = { model: 0, sentence: 0, step: 0, kind: null, weight: "attention", level: "word", layer: 0, head: 0,
     metric: null, focus: null };
 
-  function el(name, attrs, text) {
-    var node = name.indexOf("svg:") === 0 ? document.createElementNS(SVG, name.slice(4)) : document.createElement(name);
-    if (attrs) { Object.keys(attrs).forEach(function (k) { node.setAttribute(k, String(attrs[k])); }); }
-    if (text !== undefined && text !== null) { node.textContent = String(text); }
-    return node;
-  }
-  function clear(node) { while (node.firstChild) { node.removeChild(node.firstChild); } }
   function option(select, value, text) { var o = el("option", { value: value }, text); select.appendChild(o); return o; }
 
-  // Sequential blues (matplotlib's "Blues", as in the PNG figures), interpolated between its 9 stops.
-  var BLUES = [[247, 251, 255], [222, 235, 247], [198, 219, 239], [158, 202, 225], [107, 174, 214],
-    [66, 146, 198], [33, 113, 181], [8, 81, 156], [8, 48, 107]];
   // Score grids: matplotlib's "rocket_r"-like light -> dark, 6 stops.
   var WARM = [[250, 235, 221], [246, 170, 130], [234, 96, 76], [180, 38, 85], [103, 28, 83], [40, 15, 45]];
-  function ramp(stops, v) {
-    var t = Math.max(0, Math.min(1, v)) * (stops.length - 1);
-    var i = Math.min(stops.length - 2, Math.floor(t)), f = t - i, a = stops[i], b = stops[i + 1];
-    return "rgb(" + [0, 1, 2].map(function (c) { return Math.round(a[c] + f * (b[c] - a[c])); }).join(",") + ")";
-  }
-  function blue(v) { return ramp(BLUES, v); }
   // Grid colours over the grid's own range [lo, hi]; NaN (not applicable) is grey.
   function gridColour(v, lo, hi) {
     if (v === null || v === undefined || isNaN(v)) { return "#e6e6e6"; }
     return ramp(WARM, hi > lo ? (v - lo) / (hi - lo) : 0);
-  }
-  function label(s) {
-    var shown = String(s).replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5");
-    return shown.trim() ? shown : "\u2423";
   }
 
   function model() { return data.models[state.model]; }
