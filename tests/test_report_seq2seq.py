@@ -100,8 +100,9 @@ def test_without_targets_each_sentence_is_its_own_target():
     from headscope.api import DEFAULT_TARGETS, _report_attention
 
     settings = RunSettings(corpus="c", coref="p", texts=SOURCES)
-    maps, pairs = _report_attention(tiny_model("bart"), settings)
+    maps, pairs, norm_maps = _report_attention(tiny_model("bart"), settings)
     assert [p.decoder.text for p in pairs] == list(SOURCES) and "itself" in DEFAULT_TARGETS
+    assert [m.text for m in norm_maps] == list(SOURCES)  # the encoder's norm weights, for the toggle
     assert _report_attention(tiny_model("bert"), settings)[1] == []  # one-stack models: no pairs
     with pytest.raises(ValueError, match="1 targets for 2 report sentences"):
         _report_attention(tiny_model("t5"), RunSettings(corpus="c", coref="p", texts=SOURCES, targets=TARGETS[:1]))
