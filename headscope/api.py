@@ -27,9 +27,11 @@ __all__ = [
     "relation_probe", "probe_sets", "causal", "corpus_stats", "versions", "builtin_corpus", "builtin_set",
     "read_corpus", "read_probe_file", "analyse_model", "ModelAnalysis", "RunSettings", "REPORT_SENTENCES",
     "TOO_LONG", "DEFAULT_LEVEL", "DEFAULT_INCLUDE_SPECIAL", "Attention", "DEFAULT_ATTENTION", "memory_budget",
+    "DEFAULT_TARGETS",
 ]
 
 Level = Literal["token", "word"]
+Weight = Literal["attention", "norm"]  # probe.types.Weight, spelled out so that `import headscope` does not import torch
 # How attention is obtained (`probe.recompute`): the model's eager weights, recomputed from scratch in
 # blocks of query rows, or recompute only where eager would exceed the memory budget.
 Attention = Literal["eager", "recompute", "auto"]
@@ -68,9 +70,12 @@ def load(name: str = "minilm", *, device: str = "cpu", dtype: str = "float32", u
     return load_model(name, device=device, dtype=dtype, use_cache=use_cache)
 
 
-def extract(lm, texts: str | Iterable[str], *, level: Level = "token", **options) -> list:
+def extract(lm, texts: str | Iterable[str], *, level: Level = "token", weight: Weight = "attention",
+            **options) -> list:
     """One `AttentionMap` per text, attention `[layer, head, query, key]` (see `probe.extract`).
 
+    `weight="norm"`: Kobayashi et al.'s norm-based weights ‖α_ij f(x_j)‖ instead of the probabilities α,
+    each query row divided by its sum; `map.weight` says which the values are.
     `options`: batch_size, layers, heads, store_dtype, truncate, segmenter, and for an encoder–decoder
     model `target` (one decoder text per source text), which gives one `Seq2SeqAttention` per pair.
 
@@ -81,7 +86,7 @@ def extract(lm, texts: str | Iterable[str], *, level: Level = "token", **options
     """
     from headscope.probe import extract as _extract
 
-    return _extract(lm, texts, level=level, **options)
+    return _extract(lm, texts, level=level, weight=weight, **options)
 
 
 def verify(lm, texts: str | Sequence[str] | None = None, *, truncate: bool = False, **options):
@@ -180,8 +185,13 @@ def heads(
     source: str | None = None,
     attention: Attention = DEFAULT_ATTENTION,
     budget: int | None = None,
+    weight: Weight = "attention",
 ):
     """Score every head of `lm` over `texts`, plus induction for decoders -> `HeadScores`.
+
+    `weight="norm"` scores the heads on norm-based weights (`extract(..., weight="norm")`) instead of
+    attention; the repeated random sequences are then skipped (their duplicate-token and induction
+    scores read attention) and `meta["weight"]` says "norm".
 
     Texts stream through `probe.iter_extract` into `analyses.heads.HeadScoreAccumulator`; only
     `window` batches of attention are alive at once (sorted by length together: less padding).
@@ -205,6 +215,8 @@ def heads(
     from headscope.probe.extract import is_seq2seq
 
     _check_attention(attention)
+    if weight != "attention" and attention != "eager":
+        raise ValueError(f"weight={weight!r} comes from the eager forward pass; use attention='eager' with it")
     budget = memory_budget(budget)
     acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special)
     if progress:
@@ -212,11 +224,13 @@ def heads(
 
         texts = tqdm(texts, total=total, desc=f"{lm.name} heads", unit="text")
     fold = _Fold(lm, acc, attention, budget, batch_size)
-    fold.texts(texts, level=level, truncate=truncate, window=window)
+    fold.texts(texts, level=level, truncate=truncate, window=window, weight=weight)
     meta: dict = {"corpus": source, "batch_size": batch_size, "causal": lm.is_causal}
     if is_seq2seq(lm):  # without targets, the texts are sources: the encoder's self-attention is scored
         meta["stack"] = "encoder"
-    if lm.is_causal and induction_sequences > 0:
+    if weight != "attention":
+        meta["weight"] = weight
+    if lm.is_causal and induction_sequences > 0 and weight == "attention":
         sequences, prefix = induction_inputs(lm, n_sequences=induction_sequences, length=induction_length, seed=seed)
         fold.repeated(sequences)
         meta["induction"] = {
@@ -252,7 +266,8 @@ class _Fold:
             return "eager"
         return choose_attention(self.attention, eager_bytes(self.lm, n_tokens, batch=batch), self.budget)
 
-    def texts(self, texts: Iterable[str], *, level: Level, truncate: bool, window: int) -> None:
+    def texts(self, texts: Iterable[str], *, level: Level, truncate: bool, window: int,
+              weight: Weight = "attention") -> None:
         from itertools import islice
 
         from headscope.probe import iter_extract
@@ -260,7 +275,7 @@ class _Fold:
 
         if self.attention == "eager":
             for amap in iter_extract(self.lm, texts, batch_size=self.batch_size, level=level, truncate=truncate,
-                                     window=window):
+                                     window=window, weight=weight):
                 self.acc.update(amap)
             return
         stream, done = iter(texts), 0
@@ -662,6 +677,17 @@ class RunSettings:
     truncate: bool = False
     attention: Attention = DEFAULT_ATTENTION
     memory_budget: int | None = None  # bytes; None: a quarter of RAM (`memory_budget`)
+    # An encoder–decoder model's decoder texts, one per report sentence; none: each sentence is its own
+    # target (`DEFAULT_TARGETS`). One-stack models ignore them.
+    targets: tuple[str, ...] = ()
+    # Decoders: greedily generate this many tokens after each report sentence and record each new token's
+    # attention (`headscope.generate`), which the report's explorer steps through; 0: none.
+    generate: int = 0
+
+
+# What an encoder–decoder model's decoder reads when no targets are given: each report sentence itself
+# (teacher-forced, as if it were the model's own output), so cross-attention has something to show.
+DEFAULT_TARGETS = "each report sentence itself (no --target given)"
 
 
 @dataclass(frozen=True)
@@ -677,6 +703,9 @@ class ModelAnalysis:
     info: dict
     notes: tuple[str, ...] = ()
     seconds: dict = field(default_factory=dict)
+    pairs: tuple = ()  # Seq2SeqAttention of the report sentences and their targets (encoder–decoder models)
+    norm_maps: tuple = ()  # the report sentences' norm-based weights, token level (none where they cannot be computed)
+    generations: tuple = ()  # GenerationAttention after each report sentence (decoders, `RunSettings.generate`)
 
     def to_dict(self) -> dict:
         """The run.json entry of this model."""
@@ -688,6 +717,8 @@ class ModelAnalysis:
             "heads": self.scores.to_dict(table=False),
             "probes": [{k: val for k, val in p.to_dict().items() if k != "heads"} for p in self.probes],
             "notes": list(self.notes), "seconds": dict(self.seconds),
+            **({"generated": [{"prompt": g.prompt.text, "text": g.text, "stopped": g.stopped} for g in self.generations]}
+               if self.generations else {}),
         }
 
 
@@ -753,15 +784,50 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
     for p in probes:
         say(f"  {p.task}: {p.verdict}")
 
-    maps = stage.run("sentences", _sentence_maps, lm, list(settings.texts), settings)
+    maps, pairs, norm_maps = stage.run("sentences", _report_attention, lm, settings)
+    generations = ()
+    if settings.generate and lm.is_causal:
+        generations = stage.run("generate", _generations, lm, settings)
+        say(f"{lm.name}: {settings.generate} tokens generated after each report sentence "
+            f"({stage.seconds['generate']:.1f} s)")
     sentences = "--text" if settings.texts != REPORT_SENTENCES else "built-in"
     corpus = corpus_stats(lm.tokenizer, [("heads corpus", settings.corpus, texts),
                                           *[(f"probe: {task}", settings.coref, [e.text for e in exs])
                                             for task, exs in sets],
                                           ("report sentences", sentences, list(settings.texts))])
     info = _model_info(lm, verification, stage.seconds)
+    if pairs:
+        info["targets"] = "given" if settings.targets else DEFAULT_TARGETS
     return ModelAnalysis(model=lm.name, verification=verification, scores=scores, probes=tuple(probes),
-                         maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds))
+                         maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds),
+                         pairs=tuple(pairs), norm_maps=tuple(norm_maps), generations=tuple(generations))
+
+
+def _generations(lm, settings: RunSettings) -> tuple:
+    from headscope.generate import generate_attention
+
+    return tuple(generate_attention(lm, text, max_new_tokens=settings.generate) for text in settings.texts)
+
+
+def _report_attention(lm, settings: RunSettings) -> tuple[list, list, list]:
+    """The report sentences' maps (token level), their norm-based weights (none for an architecture
+    whose attention cannot be recomputed) and, for an encoder–decoder model, each sentence with its
+    target (`settings.targets`, else itself): `(maps, pairs, norm_maps)`."""
+    from headscope.probe.extract import is_seq2seq
+    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
+
+    texts = list(settings.texts)
+    maps = _sentence_maps(lm, texts, settings)
+    try:
+        norm_maps = extract(lm, texts, level="token", weight="norm", truncate=settings.truncate)
+    except (UnsupportedArchitecture, UnsupportedFeature):
+        norm_maps = []
+    if not is_seq2seq(lm):
+        return maps, [], norm_maps
+    targets = list(settings.targets) or texts
+    if len(targets) != len(texts):
+        raise ValueError(f"{len(targets)} targets for {len(texts)} report sentences; give one target per sentence")
+    return maps, extract(lm, texts, target=targets, level="token", truncate=settings.truncate), norm_maps
 
 
 def _sentence_maps(lm, texts: list[str], settings: RunSettings) -> list:

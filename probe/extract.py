@@ -17,7 +17,7 @@ import torch
 
 from .families import SUPPORTED_TYPES, UnsupportedArchitecture, UnsupportedFeature, family_for
 from .loading import LoadedModel
-from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units
+from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight
 from .words import Segmenter, assign_words, to_word_level
 
 __all__ = ["Encoded", "encode", "encode_many", "encode_targets", "seq2seq_inputs", "extract", "extract_ids", "iter_extract", "forward_batch", "base_model", "check_texts",
@@ -213,6 +213,7 @@ def iter_extract(
     segmenter: Segmenter | None = None,
     window: int = 16,
     target: str | Iterable[str] | None = None,
+    weight: Weight = "attention",
 ) -> Iterator[AttentionMap]:
     """Yield one `AttentionMap` per text, in input order, holding only one window of batches at a time.
 
@@ -222,12 +223,21 @@ def iter_extract(
     An encoder–decoder model takes `texts` as its sources and `target` (one text per source) as
     the decoder's texts, and yields one `Seq2SeqAttention` per pair instead; without a target it
     runs the encoder alone and yields the encoder's self-attention over each text.
+
+    `weight="norm"` gives Kobayashi et al.'s norm-based weights instead of the attention probabilities:
+    ‖α_ij f(x_j)‖ (`probe.norms`), each query row divided by its sum (rows sum to 1, as attention's do);
+    the maps' `weight` (and `meta["weight"]`) say which. One-stack self-attention only.
     """
     _check_count(batch_size, "batch_size")
     _check_count(window, "window")
     if level not in ("token", "word"):
         raise ValueError(f"level must be 'token' or 'word', got {level!r}")
     _check_store_dtype(store_dtype)
+    if weight not in ("attention", "norm"):
+        raise ValueError(f"weight must be 'attention' or 'norm', got {weight!r}")
+    if target is not None and weight != "attention":
+        raise ValueError("weight='norm' is for self-attention of one stack; extract an encoder-decoder's pairs "
+                         "with weight='attention'")
     if target is not None:
         if not is_seq2seq(lm):
             raise ValueError(f"target= is for encoder-decoder models; {lm.name} ({lm.model_type}) has no decoder "
@@ -241,21 +251,22 @@ def iter_extract(
     head_idx = _select(heads, lm.config.num_attention_heads, "head")
     texts = _text_source(texts)
     # Checked above, before the first text is asked for; the texts themselves are checked as they stream.
-    return _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dtype, truncate, segmenter)
+    return _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dtype, truncate, segmenter,
+                    weight)
 
 
-def _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dtype, truncate, segmenter):
+def _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dtype, truncate, segmenter, weight):
     pending: list[str] = []
     done = 0  # texts already yielded, so errors can name a text by its position in the whole stream
     for text in _checked_stream(texts):
         pending.append(text)
         if len(pending) == batch_size * window:
             yield from _run_window(lm, pending, batch_size, level, layer_idx, head_idx, store_dtype, truncate,
-                                   segmenter, done)
+                                   segmenter, done, weight)
             done, pending = done + len(pending), []
     if pending:
         yield from _run_window(lm, pending, batch_size, level, layer_idx, head_idx, store_dtype, truncate, segmenter,
-                               done)
+                               done, weight)
 
 
 def extract(lm: LoadedModel, texts: str | Iterable[str], **kwargs) -> list[AttentionMap]:
@@ -311,7 +322,8 @@ def _check_store_dtype(store_dtype: object) -> None:
                         f"torch.bfloat16), got {store_dtype!r}")
 
 
-def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, truncate, segmenter, first_index):
+def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, truncate, segmenter, first_index,
+                weight="attention"):
     encoded = encode_many(lm, texts, truncate=truncate, first_index=first_index)
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))
     results: dict[int, AttentionMap] = {}
@@ -323,15 +335,29 @@ def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, 
         picked = torch.stack(att, dim=1)  # (B, L, nh, T, T)
         if not all_heads:
             picked = picked[:, :, head_idx]
+        norms = _norms(lm, [encoded[i].text for i in chunk], truncate) if weight == "norm" else None
         for b, i in enumerate(chunk):
             n = len(encoded[i].ids)
             a = picked[b, :, :, :n, :n].to("cpu", store_dtype, copy=True)  # [layer, head, query, key]
             amap = _make_map(lm, encoded[i], a, segmenter, () if all_layers else tuple(layer_idx),
                              () if all_heads else tuple(head_idx))
+            if norms is not None:
+                from .norms import norm_weighted  # norms builds on extract: imported when asked for
+
+                amap = norm_weighted(amap, norms[b])
             results[i] = to_word_level(amap) if level == "word" else amap
         del att, picked
     for i in range(len(texts)):
         yield results.pop(i)
+
+
+def _norms(lm, texts: list[str], truncate: bool) -> list:
+    """Norm-based attention of one batch of texts (`probe.norms`), in order; truncation already warned about."""
+    from .norms import norm_attention
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return norm_attention(lm, texts, batch_size=len(texts), truncate=truncate)
 
 
 def _iter_seq2seq(lm, sources, targets, *, batch_size, level, store_dtype, truncate, segmenter):

@@ -14,7 +14,7 @@ W_O's bias is left out (it does not depend on j). α and v are the from-scratch 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -23,9 +23,10 @@ from .families import family_for
 from .extract import base_model, check_texts, encode_many, token_labels
 from .loading import LoadedModel
 from .scratch import ScratchResult, attention_from_scratch
+from .types import AttentionMap
 from .verify import capture
 
-__all__ = ["NormAttention", "norm_attention", "norm_weights"]
+__all__ = ["NormAttention", "norm_attention", "norm_weights", "norm_weighted"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,3 +77,16 @@ def norm_attention(lm: LoadedModel, texts: str | Sequence[str], *, batch_size: i
                                      per_head=per_head[b, :, :, :n, :n].clone(), per_layer=per_layer[b, :, :n, :n].clone(),
                                      meta={"model": lm.name, "weight": "norm"}))
     return out
+
+
+def norm_weighted(amap: AttentionMap, norm: NormAttention) -> AttentionMap:
+    """`amap` (token level) with its values replaced by `norm`'s per-head weights, each query row divided by
+    its sum: the share of key j in the size of what the head adds at query i, Σ_j = 1 like attention.
+
+    Only `amap`'s layers and heads are kept; `meta["weight"]` (and `amap.weight`) say "norm".
+    """
+    if amap.level != "token" or norm.token_ids != amap.token_ids:
+        raise ValueError("norm weights go onto the token-level map of the same text")
+    w = norm.per_head[list(amap.layer_ids)][:, list(amap.head_ids)]  # [layer, head, query, key]
+    w = w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
+    return replace(amap, attention=w.to(amap.attention.dtype), meta={**amap.meta, "weight": "norm"})

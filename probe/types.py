@@ -13,10 +13,13 @@ from typing import Any, Literal
 
 import torch
 
-__all__ = ["AttentionMap", "Units", "CrossAttentionMap", "Seq2SeqAttention", "Level", "head_name", "parse_head",
+__all__ = ["AttentionMap", "Units", "CrossAttentionMap", "Seq2SeqAttention", "Level", "Weight", "head_name", "parse_head",
            "json_safe"]
 
 Level = Literal["token", "word"]
+# What a map's values are: the softmax probabilities α, or Kobayashi et al.'s norm-based weights
+# ‖α_ij f(x_j)‖ normalised per query row (probe.norms).
+Weight = Literal["attention", "norm"]
 
 _HEAD = re.compile(r"\s*L(\d+)\s*H(\d+)\s*|\s*(\d+)\s*,\s*(\d+)\s*", re.IGNORECASE)
 
@@ -116,6 +119,11 @@ class AttentionMap:
     @property
     def head_ids(self) -> tuple[int, ...]:
         return self.heads or tuple(range(self.n_heads))
+
+    @property
+    def weight(self) -> Weight:
+        """What the values are: attention probabilities, or norm-based weights (`extract(..., weight="norm")`)."""
+        return self.meta.get("weight", "attention")
 
     @classmethod
     def from_hf(cls, outputs, encoding, tokenizer, **kwargs) -> list["AttentionMap"]:
@@ -261,6 +269,14 @@ class CrossAttentionMap:
     @property
     def n_heads(self) -> int:
         return self.attention.shape[1]
+
+    @property
+    def layer_ids(self) -> tuple[int, ...]:
+        return self.layers or tuple(range(self.n_layers))
+
+    @property
+    def head_ids(self) -> tuple[int, ...]:
+        return self.heads or tuple(range(self.n_heads))
 
 
 @dataclass(frozen=True, eq=False)

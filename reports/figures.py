@@ -53,6 +53,7 @@ __all__ = [
     "FigureSpec",
     "Panel",
     "FIGURES",
+    "STACKS",
     "plotted_metrics",
     "start_head",
     "slug",
@@ -242,6 +243,7 @@ def attention_heatmap(
 ) -> Figure:
     """Attention of one head: rows = query units, columns = key units, a label on every row and column.
 
+    `amap` is an `AttentionMap` or a `CrossAttentionMap` (rows the target's units, columns the source's).
     Causal models leave the upper triangle unseen: it is drawn in grey, not as zero attention.
 
     >>> import torch
@@ -257,26 +259,29 @@ def attention_heatmap(
 
     li, hi = _index(amap.layer_ids, layer, "layer"), _index(amap.head_ids, head, "head")
     weights = amap.attention[li, hi].detach().float().cpu().numpy()  # [query, key]
-    n = len(amap)
-    labels = [display_label(t) for t in amap.labels]
-    mask = np.triu(np.ones((n, n), dtype=bool), k=1) if amap.causal else None
-    side = n * _cell(n)
-    with font_context("".join(labels) + str(title or "") + str(amap.meta.get("model", ""))):
-        fig, ax = _figure(side + 2.4, side + 1.4, ax)
+    # A cross-attention map's rows are the target's units and its columns the source's.
+    rows = [display_label(t) for t in getattr(amap, "queries", amap).labels]
+    labels = [display_label(t) for t in getattr(amap, "keys", amap).labels]
+    n_q, n = len(rows), len(labels)
+    mask = np.triu(np.ones((n_q, n), dtype=bool), k=1) if amap.causal else None
+    cell = _cell(max(n, n_q))
+    with font_context("".join(rows + labels) + str(title or "") + str(amap.meta.get("model", ""))):
+        fig, ax = _figure(n * cell + 2.4, n_q * cell + 1.4, ax)
         ax.set_facecolor(_MASKED)
         sns.heatmap(weights, ax=ax, mask=mask, vmin=0.0, vmax=1.0, cmap=cmap, square=True,
-                    xticklabels=labels, yticklabels=labels, linewidths=0.0,
-                    cbar_kws={"label": "attention weight", "shrink": 0.6 if n > 12 else 0.9})
+                    xticklabels=labels, yticklabels=rows, linewidths=0.0,
+                    cbar_kws={"label": "attention weight", "shrink": 0.6 if max(n, n_q) > 12 else 0.9})
         size = _label_size(n)
         ax.tick_params(axis="x", labelsize=size, length=0)
         for tick in ax.get_xticklabels():  # one character (or two CJK ones) upright, the rest vertical
             tick.set_rotation(0 if _upright(tick.get_text()) else 90)
         ax.tick_params(axis="y", labelrotation=0, labelsize=size, length=0)
-        ax.set_xlabel("key (attended to)")
-        ax.set_ylabel("query (attending)")
+        cross = hasattr(amap, "queries")
+        ax.set_xlabel("source key (attended to)" if cross else "key (attended to)")
+        ax.set_ylabel("target query (attending)" if cross else "query (attending)")
         model = amap.meta.get("model", "")
-        ax.set_title(title or f"{model + ' · ' if model else ''}layer {layer} head {head} · {amap.level} level",
-                     fontsize=11)
+        ax.set_title(title or f"{model + ' · ' if model else ''}{'cross-attention · ' if cross else ''}layer {layer} "
+                              f"head {head} · {amap.level} level", fontsize=11)
     return fig
 
 
@@ -634,9 +639,31 @@ def _drilldown_panels(section: Any) -> Iterable[Panel]:
 
 def _heatmap_panels(section: Any) -> Iterable[Panel]:
     layer, head = start_head(section)
+    kind = f"{STACKS['encoder']} · " if section.pairs else ""  # an encoder–decoder's maps are its encoder's
     for i, amap in enumerate(section.heatmap_maps):
         yield Panel((amap, layer, head), {"i": i, "head": head_name(layer, head), "layer_id": layer, "head_id": head,
-                                          "text": amap.text, "level": amap.level}, amap)
+                                          "text": amap.text, "level": amap.level, "kind": kind}, amap)
+
+
+# The attention maps of an encoder–decoder model, named once: the report's explorer and figure captions use these.
+STACKS: Mapping[str, str] = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention",
+                             "cross": "Cross-attention (target → source)"}
+
+
+def _seq2seq_panels(section: Any) -> Iterable[Panel]:
+    """The decoder's self-attention and the cross-attention of each (source, target) pair, at the
+    heatmaps' level, on the start head (or the stack's first head where it has no such head)."""
+    layer, head = start_head(section)
+    words = bool(section.heatmap_maps) and section.heatmap_maps[0].level == "word"
+    pairs = section.word_pairs if words and section.word_pairs else section.pairs
+    for i, pair in enumerate(pairs):
+        for kind in ("decoder", "cross"):
+            amap = getattr(pair, kind)
+            lay = layer if layer in amap.layer_ids else amap.layer_ids[0]
+            hd = head if head in amap.head_ids else amap.head_ids[0]
+            yield Panel((amap, lay, hd), {"i": i, "kind": kind, "stack": STACKS[kind], "head": head_name(lay, hd),
+                                          "layer_id": lay, "head_id": hd, "text": pair.encoder.text,
+                                          "target": pair.decoder.text, "level": amap.level}, amap)
 
 
 def _mosaic_panels(section: Any) -> Iterable[Panel]:
@@ -655,7 +682,10 @@ FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
     FigureSpec("probe_drilldown", "probes", "probe", probe_drilldown, _drilldown_panels,
                "probe-{file_task}-drilldown", "{task}: the selected head's attention from the source word to each candidate."),
     FigureSpec("attention", "maps", "attention", attention_heatmap, _heatmap_panels,
-               "attention-{i}-{head}", "Layer {layer_id}, head {head_id} on “{text}” ({level} level)."),
+               "attention-{i}-{head}", "{kind}Layer {layer_id}, head {head_id} on “{text}” ({level} level)."),
+    FigureSpec("seq2seq_attention", "pairs", "attention", attention_heatmap, _seq2seq_panels,
+               "attention-{i}-{kind}-{head}",
+               "{stack} · layer {layer_id}, head {head_id}: target “{target}”, source “{text}” ({level} level)."),
     FigureSpec("attention_mosaic", "maps", "attention", attention_mosaic, _mosaic_panels,
                "model-view", "Every head on “{text}” (token level), one small heatmap per head."),
 )}

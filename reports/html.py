@@ -31,10 +31,10 @@ import pandas as pd
 from headscope.analyses.metrics import METRICS
 from headscope.probe.types import head_name, json_safe
 
-from .figures import FIGURES, FORMATS, figure_bytes, plotted_metrics, slug, start_head, to_png
+from .figures import FIGURES, FORMATS, STACKS, figure_bytes, plotted_metrics, slug, start_head, to_png
 
 if TYPE_CHECKING:
-    from headscope.probe.types import AttentionMap
+    from headscope.probe.types import AttentionMap, CrossAttentionMap, Seq2SeqAttention
     from headscope.probe.verify import Verification
 
 __all__ = [
@@ -51,6 +51,7 @@ __all__ = [
 
 # Explorer attention is stored as integers 0..1000 (three decimals): a report stays small.
 _SCALE = 1000
+_NORM_SCALE = 100  # norm-based weights: two decimals (a second copy of each sentence, for the toggle)
 CSP = ("default-src 'none'; img-src data:; style-src {style}; script-src {script}; connect-src 'none'; "
        "font-src 'none'; media-src 'none'; object-src 'none'; frame-src 'none'; worker-src 'none'; "
        "base-uri 'none'; form-action 'none'")
@@ -63,6 +64,12 @@ class ModelSection:
     model: str
     maps: tuple[AttentionMap, ...] = ()  # token-level maps of the report sentences (explorer, all-heads view)
     word_maps: tuple[AttentionMap, ...] = ()  # the same sentences at word level, in the same order (or none)
+    pairs: tuple[Seq2SeqAttention, ...] = ()  # encoder–decoder models: each sentence with its target, token level
+    word_pairs: tuple[Seq2SeqAttention, ...] = ()  # the same pairs at word level (or none)
+    # The sentences' norm-based weights (`extract(..., weight="norm")`) at one level, in the same order (or
+    # none); `headscope run` keeps the word level only, so that the page stays small.
+    norm_maps: tuple[AttentionMap, ...] = ()
+    generations: tuple[Any, ...] = ()  # headscope.GenerationAttention: the explorer steps through the new tokens
     verification: Verification | None = None
     scores: Any = None  # analyses.heads.HeadScores
     probes: tuple[Any, ...] = ()  # analyses.coref.ProbeResult, one per task
@@ -71,9 +78,11 @@ class ModelSection:
     notes: tuple[str, ...] = ()  # problems to show prominently (a stage that could not run, ...)
 
     def __post_init__(self) -> None:
-        if self.word_maps and len(self.word_maps) != len(self.maps):
-            raise ValueError(f"{len(self.word_maps)} word-level maps for {len(self.maps)} sentences; give one per "
-                             "sentence, or none")
+        for name in ("word_maps", "pairs", "word_pairs", "norm_maps"):
+            given = getattr(self, name)
+            if given and len(given) != len(self.maps):
+                raise ValueError(f"{len(given)} {name.replace('_', ' ')} for {len(self.maps)} sentences; give one per "
+                                 "sentence, or none")
 
     @property
     def heatmap_maps(self) -> tuple[AttentionMap, ...]:
@@ -195,7 +204,12 @@ def _file_names(sections: Sequence[ModelSection]) -> list[str]:
 
 
 def explorer_data(sections: Sequence[ModelSection]) -> dict:
-    """The explorer's data: per model its sentences (token and word level), score grids, start head."""
+    """The explorer's data: per model its sentences, score grids, start head.
+
+    Each sentence holds `views[kind][weight][level]`: kind "self" (one stack) or "encoder", "decoder",
+    "cross" (`STACKS`), weight "attention" or "norm" (at the levels given), level "token" / "word". A view's units carry their own
+    query labels and layer/head ids only where they differ from the keys' and the model's.
+    """
     models = []
     for s in sections:
         if not s.maps:
@@ -210,7 +224,9 @@ def explorer_data(sections: Sequence[ModelSection]) -> dict:
             "causal": bool(first.causal),
             "layer_ids": layer_ids,
             "head_ids": head_ids,
-            "sentences": [_sentence(m, w) for m, w in zip(s.maps, s.word_maps or (None,) * len(s.maps))],
+            "sentences": _sentences(s),
+            "kinds": {"self": "Self-attention", **STACKS},
+            "note": _explorer_note(s),
             "grids": grids,
             "start": {"layer": layer_ids.index(layer) if layer in layer_ids else 0,
                       "head": head_ids.index(head) if head in head_ids else 0, "metric": start_metric},
@@ -218,20 +234,74 @@ def explorer_data(sections: Sequence[ModelSection]) -> dict:
     return {"models": models}
 
 
-def _sentence(amap: AttentionMap, words: AttentionMap | None) -> dict:
-    levels = {amap.level: _units(amap)}
+def _sentences(s: ModelSection) -> list[dict]:
+    """One entry per report sentence: its views (one stack, or an encoder–decoder's three)."""
+    out = []
+    for i, amap in enumerate(s.maps):
+        words = s.word_maps[i] if s.word_maps else None
+        own = {"attention": _levels(amap, words)}
+        if s.norm_maps:  # two decimals: the toggle's second copy of every sentence stays small
+            own["norm"] = _levels(s.norm_maps[i], None, scale=_NORM_SCALE)
+        if not s.pairs:
+            out.append({"text": amap.text, "views": {"self": own}})
+            continue
+        pair, word_pair = s.pairs[i], s.word_pairs[i] if s.word_pairs else None
+        views = {"encoder": own}
+        for kind in ("decoder", "cross"):  # their own layers, heads and masking (a decoder may differ in size)
+            views[kind] = {"attention": _levels(getattr(pair, kind), getattr(word_pair, kind, None), own=True)}
+        out.append({"text": f"{amap.text} \u2192 {pair.decoder.text}", "views": views})
+    return out + [_generation(g) for g in s.generations]
+
+
+def _generation(gen: Any) -> dict:
+    """A generation as the explorer steps through it: per new token its one query row over the prompt and
+    the tokens generated so far (a causal row: it sees every key up to itself)."""
+    import torch
+
+    prompt = gen.prompt
+    steps = []
+    for t, (token, row) in enumerate(zip(gen.generated_tokens, gen.steps)):  # row: [layer, head, key]
+        n_l, n_h, n_k = row.shape
+        ints = (row.float() * _SCALE).round().to(torch.int32).reshape(n_l * n_h, n_k)  # [layer*head, 1*key]
+        units = {"labels": list(gen.key_labels(t)), "special": [bool(x) for x in prompt.special] + [False] * (t + 1),
+                 "att": ints.tolist(), "queries": [token], "qspecial": [False], "causal": True, "offset": n_k - 1}
+        steps.append({"token": token, "views": {"self": {"attention": {"token": units}}}})
+    return {"text": f"generated after \u201c{prompt.text}\u201d: {gen.text}", "steps": steps}
+
+
+def _explorer_note(s: ModelSection) -> str:
+    if not s.pairs:
+        return ""
+    target = s.info.get("targets", "")
+    return ("Encoder\u2013decoder model: pick encoder self-, decoder self- or cross-attention. Cross-attention rows are "
+            "the target's units (the decoder's input), columns the source's." + (f" Targets: {target}." if target else ""))
+
+
+def _levels(amap: AttentionMap | CrossAttentionMap, words: AttentionMap | CrossAttentionMap | None, *,
+            own: bool = False, scale: int = _SCALE) -> dict:
+    levels = {amap.level: _units(amap, own=own, scale=scale)}
     if words is not None:
-        levels[words.level] = _units(words)
-    return {"text": amap.text, "levels": levels}
+        levels[words.level] = _units(words, own=own, scale=scale)
+    return levels
 
 
-def _units(amap: AttentionMap) -> dict:
+def _units(amap: AttentionMap | CrossAttentionMap, *, own: bool = False, scale: int = _SCALE) -> dict:
+    """Labels and attention of one view, as integers 0..`scale`; `own`: it carries its layer/head ids and
+    masking (else the model's)."""
     import torch
 
     att = amap.attention.detach().float().cpu()  # [layer, head, query, key]
-    n_l, n_h, n, _ = att.shape
-    ints = (att * _SCALE).round().to(torch.int32).reshape(n_l * n_h, n * n)  # [layer*head, query*key]
-    return {"labels": list(amap.labels), "special": [bool(x) for x in amap.special], "att": ints.tolist()}
+    n_l, n_h, n_q, n_k = att.shape
+    ints = (att * scale).round().to(torch.int32).reshape(n_l * n_h, n_q * n_k)  # [layer*head, query*key]
+    keys, queries = getattr(amap, "keys", amap), getattr(amap, "queries", amap)  # a cross map's two sides
+    out = {"labels": list(keys.labels), "special": [bool(x) for x in keys.special], "att": ints.tolist()}
+    if scale != _SCALE:
+        out["scale"] = scale
+    if queries is not keys:
+        out.update(queries=list(queries.labels), qspecial=[bool(x) for x in queries.special])
+    if own:
+        out.update(layer_ids=list(amap.layer_ids), head_ids=list(amap.head_ids), causal=bool(amap.causal))
+    return out
 
 
 def _grids(section: ModelSection, layer_ids: list[int], head_ids: list[int]) -> dict:
@@ -350,6 +420,18 @@ def _static(name: str) -> str:
     return resources.files(__package__).joinpath("static", name).read_text(encoding="utf-8")
 
 
+_COMMON = "// @include common.js"
+
+
+def static_script(name: str) -> str:
+    """A script of `static/` with the helpers both views share (`static/common.js`) put in at its
+    `// @include common.js` line, inside its own function, so that they add no page global."""
+    source = _static(name)
+    if source.count(_COMMON) != 1:
+        raise ValueError(f"{name} must hold the line '{_COMMON}' once")
+    return source.replace(_COMMON, _static("common.js").strip(), 1)
+
+
 def _hash(text: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii") + "'"
 
@@ -388,7 +470,7 @@ def build_report(
                  for s, name in zip(sections, _file_names(sections))]
     figures = [f for figs in per_model for f in figs]
     tables = report_tables(sections)
-    script, style = _static("explorer.js"), _static("report.css")
+    script, style = static_script("explorer.js"), _static("report.css")
     data = _script_json(explorer_data(sections))
     if "</script" in script.lower():
         raise ValueError("explorer.js must not contain '</script'")
@@ -441,7 +523,7 @@ def _template_model(s: ModelSection, figs: Sequence[FigureFile]) -> dict:
         "sentences": [m.text for m in s.maps],
         "figures": by_group,
         "verification": None if v is None else {
-            "passed": v.passed, "summary": v.summary(), "table": _view(v.to_frame(), digits=2),
+            "passed": v.passed, "summary": v.summary(), "table": _view(_kind_first(v.to_frame()), digits=2),
             "detail": f"{v.n_texts} texts, {v.n_tokens} tokens; output tolerance {v.tolerance_output:g} "
                       f"(relative); recomputation took {v.overhead:.2f}× the forward pass",
             "notes": list(getattr(v, "notes", ()) or ()),
@@ -450,6 +532,11 @@ def _template_model(s: ModelSection, figs: Sequence[FigureFile]) -> dict:
         "probes": [_probe_view(p, [f for f in by_group.get("probe", []) if f.result is p]) for p in s.probes],
         "corpus": _view(s.corpus),
     }
+
+
+def _kind_first(frame: pd.DataFrame) -> pd.DataFrame:
+    """An encoder–decoder's verification rows say first which attention they are (encoder, decoder, cross)."""
+    return frame[["kind", *[c for c in frame.columns if c != "kind"]]] if "kind" in frame.columns else frame
 
 
 def _scores_view(scores: Any) -> dict:

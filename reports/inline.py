@@ -21,10 +21,9 @@ from __future__ import annotations
 import functools
 import uuid
 from dataclasses import dataclass
-from importlib import resources
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .html import _script_json
+from .html import _script_json, static_script
 
 if TYPE_CHECKING:
     import torch
@@ -112,7 +111,7 @@ def _position(ids: list[int], wanted: int | None, what: str) -> int:
 
 @functools.lru_cache(maxsize=1)
 def _script() -> str:
-    source = resources.files(__package__).joinpath("static", "inline.js").read_text(encoding="utf-8")
+    source = static_script("inline.js")
     lines = source.strip().splitlines()
     script = "\n".join(lines[next(i for i, line in enumerate(lines) if not line.startswith("//")):])  # no header
     if "</script" in script.lower() or "<!--" in script:

@@ -78,14 +78,14 @@ def test_explorer_data_is_strict_json_matching_the_maps(report, sections):
     assert [m["name"] for m in data["models"]] == ["toy-enc", "toy-dec"]
     first = data["models"][0]
     amap = sections[0].maps[0]
-    token = first["sentences"][0]["levels"]["token"]
+    token = first["sentences"][0]["views"]["self"]["attention"]["token"]
     assert token["labels"] == list(amap.labels)
     n = len(amap)
     layer, head = 2, 3
     att = token["att"][layer * R.N_HEADS + head]
     expected = (amap.attention[layer, head] * 1000).round().int().flatten().tolist()
     assert att == expected
-    word = first["sentences"][0]["levels"]["word"]
+    word = first["sentences"][0]["views"]["self"]["attention"]["word"]
     assert "didn't" in word["labels"] and len(word["labels"]) < n
     # The explorer opens on the probe's selected head and grid.
     assert (first["start"]["layer"], first["start"]["head"]) == R.PROBE_HEAD
@@ -225,3 +225,22 @@ def test_probe_figures_sit_beside_their_probe():
             assert (a < where < b) == (f.result is first) and (where > b) == (f.result is second)
     assert [f.name for f in report.figures] == ["m-probe-task-a-grid.png", "m-probe-task-a-drilldown.png",
                                                 "m-probe-task-b-grid.png", "m-probe-task-b-drilldown.png"]
+
+
+def test_the_explorer_and_the_inline_view_share_one_copy_of_their_helpers(report):
+    from importlib import resources
+
+    from headscope.reports.html import static_script
+    from headscope.reports.inline import show
+
+    common = resources.files("headscope.reports").joinpath("static", "common.js").read_text(encoding="utf-8").strip()
+    for name in ("explorer.js", "inline.js"):
+        own = resources.files("headscope.reports").joinpath("static", name).read_text(encoding="utf-8")
+        assert "function el(" not in own and "var BLUES" not in own  # defined once, in common.js
+        assert static_script(name).count(common) == 1
+    [explorer] = [body for attrs, body in _scripts(report.html) if "application/json" not in attrs]
+    assert common in explorer  # inside the one script the CSP hash allows (checked above)
+    import torch
+
+    fragment = show(torch.full((1, 1, 2, 2), 0.5), ["a", "b"]).html
+    assert fragment.count("function el(") == 1 and fragment.count("var BLUES") == 1

@@ -146,6 +146,9 @@ def model_section(analysis):
     from headscope.reports.html import ModelSection
 
     return ModelSection(model=analysis.model, maps=analysis.maps, word_maps=_word_maps(analysis.maps),
+                        pairs=analysis.pairs, word_pairs=_word_pairs(analysis.pairs),
+                        norm_maps=_word_maps(analysis.norm_maps) or analysis.norm_maps,
+                        generations=analysis.generations,
                         verification=analysis.verification, scores=analysis.scores, probes=analysis.probes,
                         corpus=analysis.corpus, info=analysis.info, notes=analysis.notes)
 
@@ -156,6 +159,15 @@ def _word_maps(maps) -> tuple:
 
     if all(len(m.word_index) == len(m) for m in maps):
         return tuple(to_word_level(m) for m in maps)
+    return ()
+
+
+def _word_pairs(pairs) -> tuple:
+    """Encoder–decoder pairs at word level, when both sides' tokens know their words."""
+    from headscope.probe import to_word_level
+
+    if pairs and all(_word_maps((p.encoder, p.decoder)) for p in pairs):
+        return tuple(to_word_level(p) for p in pairs)
     return ()
 
 
@@ -234,6 +246,11 @@ def reclaim_stale(out: Path) -> None:
 @click.option("--text", "texts", multiple=True,
               help="A sentence for the explorer and the attention figures (repeatable); replaces the defaults "
                    "(the it→animal sentence, its 'too wide' twin, 我爱北京天安门).")
+@click.option("--target", "targets", multiple=True,
+              help="Encoder-decoder models: the decoder's text for each --text (repeatable, paired in order). "
+                   "Default: each sentence is its own target. Other models ignore it.")
+@click.option("--generate", "generate", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Decoders: generate N tokens (greedy) after each --text; the explorer steps through them.")
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
               help="Folder to write the report into (created; must not exist unless --force).")
 @click.option("--force", is_flag=True,
@@ -258,8 +275,9 @@ def reclaim_stale(out: Path) -> None:
 @json_option
 @attention_options
 @device_options
-def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, induction_seqs, permutations, seed,
-        batch_size, truncate, formats, dpi, width, quiet, as_json, device, dtype, attention, memory_budget) -> None:
+def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, force, level, limit, induction_seqs,
+        permutations, seed, batch_size, truncate, formats, dpi, width, quiet, as_json, device, dtype, attention,
+        memory_budget) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
     --json prints the run.json record. Exits 1 when a model's attention is not verified (the report
@@ -277,6 +295,12 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
     for i, t in enumerate(texts):
         if not t.strip():
             fail(f"--text {i + 1} is empty; give a sentence")
+    for i, t in enumerate(targets):
+        if not t.strip():
+            fail(f"--target {i + 1} is empty; give the decoder's text")
+    if targets and len(targets) != len(texts or REPORT_SENTENCES):
+        fail(f"--target: {len(targets)} targets for {len(texts or REPORT_SENTENCES)} sentences; give one --target per "
+             "--text, in the same order")
     _check_out(out_dir, force)
     corpus, probe_sets, corpus_lines = _read_inputs(corpus_path, coref_path, limit)
     settings = RunSettings(
@@ -284,7 +308,7 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
         coref=f"built-in ({', '.join(_COREF_SETS)})" if coref_path is None else str(coref_path),
         texts=tuple(texts) or REPORT_SENTENCES, level=level, limit=limit, induction_sequences=induction_seqs,
         permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate,
-        attention=attention, memory_budget=memory_budget)
+        attention=attention, memory_budget=memory_budget, targets=tuple(targets), generate=generate)
 
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser.
     with Interrupts() as interrupts:
@@ -310,7 +334,8 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
 
         t0 = time.perf_counter()
         the_versions = versions()
-        settings_dict = {k: v for k, v in asdict(settings).items() if k != "texts"}
+        settings_dict = {k: v for k, v in asdict(settings).items()  # texts and targets: listed in run.json only
+                         if k not in ("texts", "targets") and not (k == "generate" and not v)}
         report = build_report(sections, settings=settings_dict, versions=the_versions, dpi=dpi, formats=formats,
                               width=width)
         interrupts.check()
@@ -321,7 +346,8 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "out": str(out_dir),
             "passed": passed,
-            "settings": {**settings_dict, "texts": list(settings.texts)},
+            "settings": {**settings_dict, "texts": list(settings.texts),
+                         **({"targets": list(settings.targets)} if settings.targets else {})},
             "versions": the_versions,
             "models": records,
             "files": {"report": "index.html", "figures": [f"figures/{n}" for f in report.figures for n in f.written],

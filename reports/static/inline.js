@@ -5,32 +5,13 @@
 // textContent only. Attention is stored per head as a flat [query * n_keys + key] list of 0..1000.
 (function (rootId) {
   "use strict";
-  var SVG = "http://www.w3.org/2000/svg";
   var root = document.getElementById(rootId);
   var dataEl = document.getElementById(rootId + "-data");
   if (!root || !dataEl) { return; }
   var data = JSON.parse(dataEl.textContent);
-  var BLUES = [[247, 251, 255], [222, 235, 247], [198, 219, 239], [158, 202, 225], [107, 174, 214],
-    [66, 146, 198], [33, 113, 181], [8, 81, 156], [8, 48, 107]];
+  // @include common.js
   var state = { map: 0, layer: data.start.layer, head: data.start.head, focus: null };
 
-  function el(name, attrs, text) {
-    var node = name.indexOf("svg:") === 0 ? document.createElementNS(SVG, name.slice(4)) : document.createElement(name);
-    if (attrs) { Object.keys(attrs).forEach(function (k) { node.setAttribute(k, String(attrs[k])); }); }
-    if (text !== undefined && text !== null) { node.textContent = String(text); }
-    return node;
-  }
-  function clear(node) { while (node.firstChild) { node.removeChild(node.firstChild); } }
-  function rgb(v) {
-    var t = Math.max(0, Math.min(1, v)) * (BLUES.length - 1);
-    var i = Math.min(BLUES.length - 2, Math.floor(t)), f = t - i, a = BLUES[i], b = BLUES[i + 1];
-    return [0, 1, 2].map(function (c) { return Math.round(a[c] + f * (b[c] - a[c])); });
-  }
-  function colour(v) { return "rgb(" + rgb(v).join(",") + ")"; }
-  function label(s) {
-    var shown = String(s).replace(/\n/g, "\u21b5").replace(/\t/g, "\u21e5");
-    return shown.trim() ? shown : "\u2423";
-  }
   function part(cls) { return root.querySelector("." + cls); }
   function current() { return data.maps[state.map]; }
   function masked(m, q, k) { return m.causal && k > q + m.offset; }  // a decoder's future keys
@@ -57,7 +38,7 @@
         var ctx = canvas.getContext("2d"), w = weights(m, li, hi);
         for (var q = 0; q < nq; q++) {
           for (var k = 0; k < nk; k++) {
-            ctx.fillStyle = masked(m, q, k) ? "#eeeeee" : colour(Math.sqrt(w[q * nk + k] / 1000));
+            ctx.fillStyle = masked(m, q, k) ? "#eeeeee" : blue(Math.sqrt(w[q * nk + k] / 1000));
             ctx.fillRect(k * px, q * px, px, px);
           }
         }
@@ -86,7 +67,7 @@
     for (var q = 0; q < nq; q++) {
       for (var k = 0; k < nk; k++) {
         var off = masked(m, q, k), v = w[q * nk + k] / 1000;
-        var r = el("svg:rect", { x: k * cell, y: q * cell, width: cell, height: cell, fill: off ? "#eeeeee" : colour(v),
+        var r = el("svg:rect", { x: k * cell, y: q * cell, width: cell, height: cell, fill: off ? "#eeeeee" : blue(v),
           "class": "hs-cell", "data-q": q, "data-k": k });
         if (!off) { r.appendChild(el("svg:title", null, label(m.queries[q]) + " \u2192 " + label(m.keys[k]) + ": " + v.toFixed(3))); }
         g.appendChild(r);
@@ -119,7 +100,7 @@
       var span = el("span", { "class": "hs-tok", "data-k": k }, label(s));
       if (row) {
         var v = masked(m, q, k) ? 0 : row[k] / 1000;
-        span.style.background = colour(v);
+        span.style.background = blue(v);
         span.style.color = v > 0.5 ? "#fff" : "#111";
         span.title = v.toFixed(3);
       }
