@@ -63,14 +63,20 @@ def attend(lm, sentences: Sequence[Sentence], *, keep: Sequence[int] = (), match
     fits = [i for i, n in enumerate(lengths) if n <= limit]
     skipped = Counter({f"{TOO_LONG} ({limit} tokens)": len(sentences) - len(fits)} if len(fits) < len(sentences) else {})
     chosen = [sentences[i] for i in fits]
-    maps = iter_extract(lm, [s.text for s in chosen], level="word", batch_size=batch_size,
+    # The forward passes are the cost, and padding is most of what they waste: batches of sentences of
+    # near-equal token length (sorted over the whole file, not within windows of a few batches) pad
+    # about a third fewer tokens on EWT. Each sentence's attention is the same; records keep file order.
+    by_length = sorted(range(len(chosen)), key=lambda k: lengths[fits[k]])
+    maps = iter_extract(lm, [chosen[k].text for k in by_length], level="word", batch_size=batch_size,
                         segmenter=segmenter_for(chosen), window=4)
     if progress:
         from tqdm import tqdm
 
         maps = tqdm(maps, total=len(chosen), desc=f"{lm.name} {desc}".strip(), unit="sentence", file=sys.stderr)
     decode = {fits.index(i) for i in set(match_trees) & set(fits)}
-    records = [summarise(amap, s, keep=keep, match_trees=k in decode) for k, (s, amap) in enumerate(zip(chosen, maps))]
+    records: list[SentenceAttention | None] = [None] * len(chosen)
+    for k, amap in zip(by_length, maps):
+        records[k] = summarise(amap, chosen[k], keep=keep, match_trees=k in decode)
     return records, dict(skipped)
 
 
