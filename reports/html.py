@@ -32,6 +32,7 @@ from headscope.analyses.metrics import METRICS
 from headscope.probe.types import head_name, json_safe
 
 from .figures import FIGURES, FORMATS, figure_bytes, plotted_metrics, slug, start_head, to_png
+from .syntax import relations_frame, syntax_tables, trees_frame
 
 if TYPE_CHECKING:
     from headscope.probe.types import AttentionMap
@@ -67,6 +68,8 @@ class ModelSection:
     scores: Any = None  # analyses.heads.HeadScores
     probes: tuple[Any, ...] = ()  # analyses.coref.ProbeResult, one per task
     corpus: pd.DataFrame | None = None  # corpus statistics, one row per corpus
+    syntax: Any = None  # analyses.syntax.SyntaxResult (the Syntax section), or None
+    syntax_clusters: pd.DataFrame | None = None  # analyses.syntax.head_clusters table
     info: Mapping[str, Any] = field(default_factory=dict)  # family, layers, heads, dtype, source, timings
     notes: tuple[str, ...] = ()  # problems to show prominently (a stage that could not run, ...)
 
@@ -288,6 +291,8 @@ def report_tables(sections: Sequence[ModelSection]) -> dict[str, pd.DataFrame]:
             put("probe_heads", p.heads, s.model, task=p.task)
             put("probe_examples", p.examples, s.model, task=p.task)
         put("corpus", s.corpus, s.model)
+        for name, frame in syntax_tables(s.syntax, s.syntax_clusters).items():
+            put(name, frame, s.model)
     return {k: pd.concat(v, ignore_index=True) for k, v in parts.items()}
 
 
@@ -410,6 +415,7 @@ def build_report(
         figure_kinds=", ".join(f.upper() for f in dict.fromkeys(formats)),
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         has_explorer=any(s.maps for s in sections),
+        has_syntax=any(s.syntax is not None or s.syntax_clusters is not None for s in sections),
     )
     return Report(html=html, figures=tuple(figures), tables=tables)
 
@@ -449,6 +455,7 @@ def _template_model(s: ModelSection, figs: Sequence[FigureFile]) -> dict:
         "scores": None if scores is None else _scores_view(scores),
         "probes": [_probe_view(p, [f for f in by_group.get("probe", []) if f.result is p]) for p in s.probes],
         "corpus": _view(s.corpus),
+        "syntax": _syntax_view(s.syntax, by_group.get("syntax", []), by_group.get("syntax-grid", [])),
     }
 
 
@@ -488,3 +495,23 @@ def _probe_view(p: Any, figs: Sequence[FigureFile]) -> dict:
         "n_examples_rows": len(examples),
         "figures": list(figs),
     }
+
+
+def _syntax_view(result: Any, figs: Sequence[FigureFile], grids: Sequence[FigureFile]) -> dict:
+    """The Syntax section of one model: how heads were chosen, the relations and trees tables, figures."""
+    shown = ["relation", "direction", "n", "best_head", "heldout_accuracy", "ci95_low", "ci95_high",
+             "baseline_offset", "baseline_accuracy", "p_value", "p_holm", "verdict"]
+    view = {"figures": list(figs), "grids": list(grids), "result": None}
+    if result is not None:
+        trees = trees_frame(result)
+        view["result"] = {
+            "treebank": result.treebank, "selection": result.selection, "n": result.n_sentences,
+            "n_select": result.n_select_sentences, "n_skipped": result.n_skipped, "alpha": result.alpha,
+            "n_permutations": result.n_permutations, "notes": list(result.notes),
+            "skipped": [f"{v} × {k}" for k, v in result.skipped.items()],
+            "excluded": [f"{v} × {k}" for k, v in result.excluded.items()],
+            "relations": _view(relations_frame(result)[shown]),
+            "trees": _view(trees[[c for c in trees.columns if c != "verdict"]]) if len(trees) else None,
+            "trees_verdict": result.trees.verdict if result.trees is not None else None,
+        }
+    return view

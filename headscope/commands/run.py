@@ -36,6 +36,7 @@ from ..common import (Interrupts, device_options, echo_json, fail, json_option, 
 __all__ = ["cli", "model_section", "write_atomic", "not_a_report"]
 
 _COREF_SETS = ("agreement", "winograd")
+_SYNTAX_SETTINGS = ("conllu", "select_on")  # recorded only when given
 
 
 # ---------------------------------------------------------------- inputs
@@ -72,6 +73,18 @@ def _read_inputs(corpus_path: str | None, coref_path: str | None, limit: int | N
     except (ProbeDataError, OSError, UnicodeError, ValueError) as exc:
         fail(f"--coref {coref_path}: {exc}")
     return texts, sets, lines
+
+
+def _read_treebanks(conllu_path: str | None, select_path: str | None) -> dict:
+    """The treebanks of --conllu / --select-on, read and checked before any model is loaded."""
+    from .syntax import treebank_or_fail
+
+    if select_path is not None and conllu_path is None:
+        fail("--select-on needs --conllu (the treebank the syntax heads are scored on)")
+    if conllu_path is None:
+        return {}
+    return {"conllu": treebank_or_fail(conllu_path, "--conllu"),
+            "select_on": treebank_or_fail(select_path, "--select-on") if select_path else None}
 
 
 def _check_formats(ctx, param, value: str) -> tuple[str, ...]:
@@ -147,7 +160,8 @@ def model_section(analysis):
 
     return ModelSection(model=analysis.model, maps=analysis.maps, word_maps=_word_maps(analysis.maps),
                         verification=analysis.verification, scores=analysis.scores, probes=analysis.probes,
-                        corpus=analysis.corpus, info=analysis.info, notes=analysis.notes)
+                        corpus=analysis.corpus, info=analysis.info, notes=analysis.notes,
+                        syntax=analysis.syntax, syntax_clusters=analysis.syntax_clusters)
 
 
 def _word_maps(maps) -> tuple:
@@ -248,6 +262,12 @@ def reclaim_stale(out: Path) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--truncate", is_flag=True, help="Cut texts longer than a model's context instead of failing.")
+@click.option("--conllu", "conllu_path", default=None,
+              help="A CoNLL-U treebank: adds a Syntax section (heads that follow dependency relations, trees, "
+                   "head clusters), scored on this file.")
+@click.option("--select-on", "select_path", default=None,
+              help="A second CoNLL-U file to choose the syntax heads on (e.g. dev -> test); without it, a seeded "
+                   "half of --conllu. Needs --conllu.")
 @click.option("--format", "formats", default="png", show_default=True, callback=_check_formats,
               help="Figure files to write, comma-separated: png, svg, pdf (fonts embedded). The page inlines PNG.")
 @click.option("--dpi", type=click.IntRange(min=10, max=1200), default=100, show_default=True,
@@ -258,7 +278,7 @@ def reclaim_stale(out: Path) -> None:
 @json_option
 @device_options
 def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, induction_seqs, permutations, seed,
-        batch_size, truncate, formats, dpi, width, quiet, as_json, device, dtype) -> None:
+        batch_size, truncate, conllu_path, select_path, formats, dpi, width, quiet, as_json, device, dtype) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
     --json prints the run.json record. Exits 1 when a model's attention is not verified (the report
@@ -278,11 +298,13 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
             fail(f"--text {i + 1} is empty; give a sentence")
     _check_out(out_dir, force)
     corpus, probe_sets, corpus_lines = _read_inputs(corpus_path, coref_path, limit)
+    treebanks = _read_treebanks(conllu_path, select_path)
     settings = RunSettings(
         corpus="built-in" if corpus_path is None else str(corpus_path),
         coref=f"built-in ({', '.join(_COREF_SETS)})" if coref_path is None else str(coref_path),
         texts=tuple(texts) or REPORT_SENTENCES, level=level, limit=limit, induction_sequences=induction_seqs,
-        permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate)
+        permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate,
+        conllu=conllu_path, select_on=select_path)
 
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser.
     with Interrupts() as interrupts:
@@ -295,7 +317,7 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
             too_long_or_fail(lm, corpus_lines, truncate=truncate)
             try:
                 analysis = analyse_model(lm, corpus, probe_sets, settings, load_seconds=load_seconds, progress=not quiet,
-                                         log=None if quiet else lambda line: click.echo(line, err=True))
+                                         log=None if quiet else lambda line: click.echo(line, err=True), **treebanks)
             except (TypeError, ValueError) as exc:
                 fail(f"{name}: {exc}")
             sections.append(model_section(analysis))
@@ -308,7 +330,9 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
 
         t0 = time.perf_counter()
         the_versions = versions()
-        settings_dict = {k: v for k, v in asdict(settings).items() if k != "texts"}
+        # conllu / select_on are recorded only when given: a run without --conllu records what it always did
+        settings_dict = {k: v for k, v in asdict(settings).items()
+                         if k != "texts" and not (k in _SYNTAX_SETTINGS and v is None)}
         report = build_report(sections, settings=settings_dict, versions=the_versions, dpi=dpi, formats=formats,
                               width=width)
         interrupts.check()

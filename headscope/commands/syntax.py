@@ -10,7 +10,12 @@ import click
 from ..common import (device_options, echo_json, fail, finish, json_option, load_or_fail, model_option, out_option,
                       quiet_option, verify_option, verify_step, write_table)
 
-__all__ = ["cli"]
+__all__ = ["cli", "treebank_or_fail"]
+
+
+def treebank_or_fail(path: str, option: str):
+    """The treebank at `path`, read and checked, or one clear line naming `option` and a non-zero exit."""
+    return _read(_existing(path, option), option)
 
 
 def _existing(path: str, option: str) -> Path:
