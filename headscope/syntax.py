@@ -143,12 +143,13 @@ def _tree_sample(select: Sequence[Sentence], size: int | None, seed: int) -> lis
 
 
 def syntax_clusters(models: Sequence, conllu: str | Path | Treebank, *, n_sentences: int = 100, roles=None,
-                    seed: int = 0, batch_size: int = 8):
+                    score_roles: bool = False, seed: int = 0, batch_size: int = 8):
     """Heads of one or more models embedded in 2-D by their attention (Clark et al. 2019, Fig. 6).
 
     Word-level attention over the first `n_sentences` sentences that fit every model, gold words as
     units. Several models can be embedded together only where their units match (same special
-    tokens too), else a ValueError says so. `roles`: a roles table to label the points by.
+    tokens too), else a ValueError says so. `roles`: a roles table to label the points by;
+    `score_roles`: label them by each model's roles from `headscope.heads` over those same sentences.
     """
     from headscope.probe import extract
 
@@ -157,5 +158,12 @@ def syntax_clusters(models: Sequence, conllu: str | Path | Treebank, *, n_senten
     chosen = fit[:n_sentences]
     maps = [extract(lm, [s.text for s in chosen], level="word", batch_size=batch_size,
                     segmenter=segmenter_for(chosen)) for lm in models]
-    distance, heads = head_distances(maps)
+    distance, heads = head_distances(maps)  # refuses models whose units differ, before any head scoring
+    if score_roles:
+        import pandas as pd
+
+        from headscope.api import heads as head_scores
+
+        roles = pd.concat([head_scores(lm, [s.text for s in chosen], batch_size=batch_size, seed=seed).roles
+                           for lm in models], ignore_index=True)
     return head_clusters(distance, heads, roles=roles, seed=seed)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -144,3 +145,60 @@ def test_bad_syntax_options_are_one_line_before_any_model(tiny_bert, tmp_path, a
     monkeypatch.chdir(tmp_path)
     res = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", "report", *FAST, *args])
     assert res.exit_code != 0 and message in res.output and len(res.output.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------- headscope syntax --clusters
+
+
+@pytest.fixture
+def tiny_syntax_models(monkeypatch):
+    """`--model bert` / `bert-copy` (the same weights under another name) / `gpt2`: tiny random models."""
+    import dataclasses
+
+    import headscope.commands.syntax as syntax_cmd
+    from headscope.probe.tiny import tiny_model
+
+    bert = tiny_model("bert")
+    models = {"bert": bert, "bert-copy": dataclasses.replace(bert, name="bert-copy"), "gpt2": tiny_model("gpt2")}
+    monkeypatch.setattr(syntax_cmd, "load_or_fail", lambda name, device, dtype: models[name])
+    return models
+
+
+def _syntax(tmp_path, *args):
+    from headscope.cli import cli
+
+    test = _sentences_file(tmp_path, "test.conllu", 3)
+    return CliRunner().invoke(cli, ["syntax", "--model", "bert", "--conllu", str(test), "--permutations", "100",
+                                    "--no-trees", "--quiet", "--no-verify", "--cluster-sentences", "4", *args])
+
+
+def test_clusters_of_two_models_with_the_same_units(tiny_syntax_models, tmp_path):
+    out = tmp_path / "clusters.csv"
+    res = _syntax(tmp_path, "--clusters", str(out), "--cluster-with", "bert-copy")
+    assert res.exit_code == 0, res.output
+    table = pd.read_csv(out, keep_default_na=False)
+    bert = tiny_syntax_models["bert"]
+    n = bert.config.num_hidden_layers * bert.config.num_attention_heads
+    assert table["model"].tolist() == ["tiny-bert"] * n + ["bert-copy"] * n
+    # the same weights attend the same way: each head sits on its copy (distance 0), far closer than the spread
+    a, b = (table[table["model"] == m][["x", "y"]].to_numpy() for m in ("tiny-bert", "bert-copy"))
+    spread = np.ptp(np.vstack([a, b]), axis=0).max()
+    assert np.linalg.norm(a - b, axis=1).max() < 0.05 * spread
+    from headscope.analyses.heads import ROLE_LABELS
+
+    assert set(table["role"]) <= {"", *ROLE_LABELS.values()}
+
+
+def test_clusters_figure_and_refusals(tiny_syntax_models, tmp_path):
+    png = tmp_path / "clusters.png"
+    res = _syntax(tmp_path, "--clusters", str(png))
+    assert res.exit_code == 0, res.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for args, message in ((["--clusters", str(tmp_path / "c.txt")], "give a file ending in .csv"),
+                          (["--cluster-with", "gpt2"], "--cluster-with needs --clusters"),
+                          (["--clusters", str(tmp_path / "c.csv"), "--cluster-with", "gpt2"],
+                           "tiny-bert and tiny-gpt2 cannot be placed together")):
+        res = _syntax(tmp_path, *args)
+        assert res.exit_code == 2 and message in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1
+    assert not (tmp_path / "c.csv").exists()
