@@ -47,6 +47,7 @@ __all__ = [
     "attention_mosaic",
     "score_grid",
     "probe_grid",
+    "difference_grid",
     "probe_drilldown",
     "verification_plot",
     "best_heads",
@@ -427,6 +428,26 @@ def score_grid(scores: Any, metric: str, *, ax: Axes | None = None, k: int = 3) 
     return fig
 
 
+def difference_grid(comparison: Any, metric: str, *, ax: Axes | None = None) -> Figure:
+    """B − A of one metric per head (`HeadComparison.grid`) on a diverging scale centred at 0, the
+    changed heads boxed (the largest change thickest)."""
+    grid = comparison.grid(metric)
+    values = grid.to_numpy(dtype=float)
+    finite = np.abs(values[np.isfinite(values)])
+    bound = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    rows = comparison.changed()
+    changed = [(int(r.layer), int(r.head)) for r in rows[rows["metric"] == metric].itertuples()]
+    label = METRICS[metric].label if metric in METRICS else metric
+    with font_context(f"{comparison.a}{comparison.b}{metric}"):
+        fig, ax = _grid_figure(grid, ax)
+        _grid_heatmap(ax, grid, vmin=-bound, vmax=bound, cmap="vlag", center=0.0, fmt="+.2f",
+                      label=f"{label}: B − A")
+        _outline(ax, grid, changed)
+        ax.set_title(f"{label}: {comparison.b} − {comparison.a} over {comparison.n_texts} texts\n"
+                     f"{len(changed)} changed head{'s' if len(changed) != 1 else ''} (boxed)", fontsize=10)
+    return fig
+
+
 def probe_grid(result: Any, *, ax: Axes | None = None) -> Figure:
     """Per-head accuracy of a probe (`ProbeResult.heads`) as a layer × head grid, best head boxed.
 
@@ -603,7 +624,7 @@ class FigureSpec:
 
     name: str
     source: str
-    group: Literal["verification", "heads", "probe", "attention", "syntax", "syntax-grid"]
+    group: Literal["verification", "heads", "probe", "attention", "syntax", "syntax-grid", "comparison"]
     draw: Callable[..., Figure]
     panels: Callable[[Any], Iterable[Panel]]
     stem: str
@@ -643,6 +664,14 @@ def _heatmap_panels(section: Any) -> Iterable[Panel]:
 def _mosaic_panels(section: Any) -> Iterable[Panel]:
     if section.maps:
         yield Panel((section.maps[0],), {"text": section.maps[0].text}, section.maps)  # the first of the sentences
+
+
+def _comparison_panels(section: Any) -> Iterable[Panel]:
+    comparison = getattr(section, "comparison", None)
+    for metric in dict.fromkeys(comparison.table["metric"]) if comparison is not None else ():
+        yield Panel((comparison, metric), {"metric": metric, "a": comparison.a, "b": comparison.b,
+                                           "label": METRICS[metric].label if metric in METRICS else metric},
+                    comparison)
 
 
 def _direction_slug(direction: str) -> str:
@@ -701,6 +730,8 @@ FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
     FigureSpec("syntax_clusters", "syntax_clusters", "syntax", cluster_plot, _cluster_panels,
                "syntax-clusters", "All {n} heads placed by the Jensen-Shannon distance between their attention "
                                   "(metric MDS), coloured by layer, labelled by each head's top role."),
+    FigureSpec("comparison_grid", "comparison", "comparison", difference_grid, _comparison_panels,
+               "compare-{metric}", "{label}: {b} minus {a} per head, the changed heads boxed."),
     FigureSpec("syntax_grid", "syntax", "syntax-grid", relation_grid, _relation_grid_panels,
                "syntax-grid-{file_relation}-{file_direction}",
                "{relation} ({direction}, n={n}): test accuracy of every head; {head}, chosen on the selection "

@@ -70,6 +70,7 @@ class ModelSection:
     corpus: pd.DataFrame | None = None  # corpus statistics, one row per corpus
     syntax: Any = None  # analyses.syntax.SyntaxResult (the Syntax section), or None
     syntax_clusters: pd.DataFrame | None = None  # analyses.syntax.head_clusters table
+    comparison: Any = None  # analyses.compare.HeadComparison of this model (B) with the model it is compared to (A)
     info: Mapping[str, Any] = field(default_factory=dict)  # family, layers, heads, dtype, source, timings
     notes: tuple[str, ...] = ()  # problems to show prominently (a stage that could not run, ...)
 
@@ -293,6 +294,9 @@ def report_tables(sections: Sequence[ModelSection]) -> dict[str, pd.DataFrame]:
         put("corpus", s.corpus, s.model)
         for name, frame in syntax_tables(s.syntax, s.syntax_clusters).items():
             put(name, frame, s.model)
+        if s.comparison is not None:
+            put("comparison_heads", s.comparison.table, s.model, compared_with=s.comparison.a)
+            put("comparison_roles", s.comparison.roles_changed, s.model, compared_with=s.comparison.a)
     return {k: pd.concat(v, ignore_index=True) for k, v in parts.items()}
 
 
@@ -416,6 +420,7 @@ def build_report(
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         has_explorer=any(s.maps for s in sections),
         has_syntax=any(s.syntax is not None or s.syntax_clusters is not None for s in sections),
+        has_comparison=any(s.comparison is not None for s in sections),
     )
     return Report(html=html, figures=tuple(figures), tables=tables)
 
@@ -455,6 +460,7 @@ def _template_model(s: ModelSection, figs: Sequence[FigureFile]) -> dict:
         "scores": None if scores is None else _scores_view(scores),
         "probes": [_probe_view(p, [f for f in by_group.get("probe", []) if f.result is p]) for p in s.probes],
         "corpus": _view(s.corpus),
+        "comparison": _comparison_view(s.comparison, by_group.get("comparison", [])),
         "syntax": _syntax_view(s.syntax, by_group.get("syntax", []), by_group.get("syntax-grid", [])),
     }
 
@@ -515,3 +521,20 @@ def _syntax_view(result: Any, figs: Sequence[FigureFile], grids: Sequence[Figure
             "trees_verdict": result.trees.verdict if result.trees is not None else None,
         }
     return view
+
+
+def _comparison_view(c: Any, figs: Sequence[FigureFile]) -> dict | None:
+    """This model (B) against the model it was compared with (A): the rule, changed heads, roles, grids."""
+    if c is None:
+        return None
+    changed = c.changed()
+    shown = changed.assign(head=[head_name(r.layer, r.head) for r in changed.itertuples()])
+    roles = c.roles_changed.assign(head=[head_name(r.layer, r.head) for r in c.roles_changed.itertuples()])
+    return {
+        "a": c.a, "b": c.b, "n_texts": c.n_texts, "rule": c.rule,
+        "heads": ", ".join(head_name(layer, head) for layer, head in c.changed_heads()) or "none",
+        "changed": _view(shown[["head", "metric", "a", "b", "diff", "ci_low", "ci_high", "p_holm"]]),
+        "n_changed": len(changed), "n_pairs": len(c.table),
+        "roles": _view(roles[["head", "role", "in_a", "in_b"]]) if len(roles) else None,
+        "figures": list(figs),
+    }

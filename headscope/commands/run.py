@@ -33,7 +33,7 @@ from filelock import FileLock, Timeout
 from ..common import (Interrupts, device_options, echo_json, fail, json_option, load_or_fail, models_option,
                       quiet_option, say, too_long_or_fail, writable_or_fail)
 
-__all__ = ["cli", "model_section", "write_atomic", "not_a_report"]
+__all__ = ["cli", "model_section", "write_atomic", "not_a_report", "check_out"]
 
 _COREF_SETS = ("agreement", "winograd")
 _SYNTAX_SETTINGS = ("conllu", "select_on")  # recorded only when given
@@ -108,20 +108,20 @@ def _check_width(ctx, param, value: str | None) -> float | None:
         fail(f"--width {exc}")
 
 
-def _check_out(out: Path, force: bool) -> None:
-    """Refuse, before any work, an --out that must not be replaced or cannot be written."""
+def check_out(out: Path, force: bool, option: str = "--out") -> None:
+    """Refuse, before any work, a report folder (`option`, --out) that must not be replaced or cannot be written."""
     here, target = Path.cwd().resolve(), out.resolve()
     if target == here or target in here.parents:
-        fail(f"--out {out} is the working directory or a folder above it; give a new folder for the report")
+        fail(f"{option} {out} is the working directory or a folder above it; give a new folder for the report")
     if out.exists() and not out.is_dir():
-        fail(f"--out {out} exists and is not a folder; remove it or choose another name")
+        fail(f"{option} {out} exists and is not a folder; remove it or choose another name")
     if out.exists() and not force:
-        fail(f"--out {out} already exists; pass --force to replace it, or choose another folder")
+        fail(f"{option} {out} already exists; pass --force to replace it, or choose another folder")
     if out.exists():
         problem = not_a_report(out)
         if problem:
-            fail(f"--out {out}: {problem}; --force replaces only a report folder that headscope wrote")
-    writable_or_fail(out, "--out")
+            fail(f"{option} {out}: {problem}; --force replaces only a report folder that headscope wrote")
+    writable_or_fail(out, option)
 
 
 def not_a_report(folder: Path) -> str | None:
@@ -296,7 +296,7 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
     for i, t in enumerate(texts):
         if not t.strip():
             fail(f"--text {i + 1} is empty; give a sentence")
-    _check_out(out_dir, force)
+    check_out(out_dir, force)
     corpus, probe_sets, corpus_lines = _read_inputs(corpus_path, coref_path, limit)
     treebanks = _read_treebanks(conllu_path, select_path)
     settings = RunSettings(
