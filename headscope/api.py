@@ -683,6 +683,8 @@ class RunSettings:
     # Decoders: greedily generate this many tokens after each report sentence and record each new token's
     # attention (`headscope.generate`), which the report's explorer steps through; 0: none.
     generate: int = 0
+    conllu: str | None = None  # a CoNLL-U treebank: the report gains a Syntax section (scored on it)
+    select_on: str | None = None  # a second treebank to choose the syntax heads on (else a seeded half of conllu)
 
 
 # What an encoder–decoder model's decoder reads when no targets are given: each report sentence itself
@@ -706,11 +708,13 @@ class ModelAnalysis:
     pairs: tuple = ()  # Seq2SeqAttention of the report sentences and their targets (encoder–decoder models)
     norm_maps: tuple = ()  # the report sentences' norm-based weights, token level (none where they cannot be computed)
     generations: tuple = ()  # GenerationAttention after each report sentence (decoders, `RunSettings.generate`)
+    syntax: Any = None  # analyses.syntax.SyntaxResult when settings.conllu was given
+    syntax_clusters: Any = None  # its heads embedded by attention distance (analyses.syntax.head_clusters)
 
     def to_dict(self) -> dict:
-        """The run.json entry of this model."""
+        """The run.json entry of this model (with "syntax" only when the syntax analysis ran)."""
         v = self.verification
-        return {
+        record = {
             "model": self.model, "info": self.info,
             "verification": None if v is None else v.to_dict(),
             "verified": v is not None and v.passed,
@@ -720,6 +724,9 @@ class ModelAnalysis:
             **({"generated": [{"prompt": g.prompt.text, "text": g.text, "stopped": g.stopped} for g in self.generations]}
                if self.generations else {}),
         }
+        if self.syntax is not None:
+            record["syntax"] = self.syntax.to_dict()
+        return record
 
 
 class _Stages:
@@ -738,12 +745,15 @@ class _Stages:
 
 def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], settings: RunSettings,
                   *, load_seconds: float = 0.0, progress: bool = False,
-                  log: Callable[[str], None] | None = None) -> ModelAnalysis:
+                  log: Callable[[str], None] | None = None, conllu=None, select_on=None) -> ModelAnalysis:
     """Verification, head scores over `texts`, the probe sets `[(task, examples), ...]` and the maps
-    of the report sentences, for one loaded model.
+    of the report sentences, for one loaded model; with `settings.conllu`, the syntax analysis
+    (`headscope.syntax`) and its head clusters, labelled by the head scores' roles.
 
     An architecture that cannot be verified is noted, not fatal. `log` receives one line per
-    finished stage; `progress` shows bars on stderr.
+    finished stage; `progress` shows bars on stderr. `conllu` / `select_on`: the treebanks of
+    `settings.conllu` / `settings.select_on` already read (`analyses.treebank.Treebank`), so that
+    several models need not read them again; by default they are read from those paths.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> s = RunSettings(corpus="c", coref="p", texts=("The cat sat.",), permutations=100, induction_sequences=0)
@@ -795,12 +805,19 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
                                           *[(f"probe: {task}", settings.coref, [e.text for e in exs])
                                             for task, exs in sets],
                                           ("report sentences", sentences, list(settings.texts))])
+    found, clusters = None, None
+    if settings.conllu is not None:
+        found, clusters = _syntax_stages(lm, stage, settings, scores.roles, settings.conllu if conllu is None else conllu,
+                                         settings.select_on if select_on is None else select_on, progress=progress)
+        say(f"{lm.name}: syntax on {found.n_sentences} test sentences ({stage.seconds['syntax']:.1f} s), "
+            f"{len(clusters)} heads clustered ({stage.seconds['syntax_clusters']:.1f} s)")
     info = _model_info(lm, verification, stage.seconds)
     if pairs:
         info["targets"] = "given" if settings.targets else DEFAULT_TARGETS
     return ModelAnalysis(model=lm.name, verification=verification, scores=scores, probes=tuple(probes),
                          maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds),
-                         pairs=tuple(pairs), norm_maps=tuple(norm_maps), generations=tuple(generations))
+                         pairs=tuple(pairs), norm_maps=tuple(norm_maps), generations=tuple(generations),
+                         syntax=found, syntax_clusters=clusters)
 
 
 def _generations(lm, settings: RunSettings) -> tuple:
@@ -839,6 +856,18 @@ def _sentence_maps(lm, texts: list[str], settings: RunSettings) -> list:
 
     return extract_blocks(lm, texts, attention=settings.attention, budget=memory_budget(settings.memory_budget),
                           level="token", truncate=settings.truncate)
+
+
+def _syntax_stages(lm, stage: _Stages, settings: RunSettings, roles, conllu, select_on, *, progress: bool):
+    """The syntax analysis of `conllu` (heads chosen on `select_on`) and the clusters of its heads."""
+    from headscope.syntax import syntax, syntax_clusters
+
+    found = stage.run("syntax", syntax, lm, conllu, select_on=select_on, n_perm=settings.permutations,
+                      seed=settings.seed, batch_size=settings.batch_size, progress=progress,
+                      attention=settings.attention, budget=settings.memory_budget)
+    clusters = stage.run("syntax_clusters", syntax_clusters, [lm], conllu, roles=roles, seed=settings.seed,
+                         batch_size=settings.batch_size)
+    return found, clusters
 
 
 def _model_info(lm, verification, seconds: dict) -> dict:

@@ -276,12 +276,12 @@ def echo_json(obj: Any) -> None:
     click.echo(json.dumps(json_safe(obj), indent=2, ensure_ascii=False))
 
 
-def verify_step(lm, *, enabled: bool = True) -> dict:
+def verify_step(lm, *, enabled: bool = True, keep: list | None = None) -> dict:
     """Verify `lm`'s attention before an analysis, so every result says what it stands on.
 
     Returns {"summary", "passed", "max_abs_err"} for the output. A mismatch is reported on stderr
     and makes the command exit 1 after its output (`finish`); an architecture without a
-    family is stated, not hidden.
+    family is stated, not hidden. `keep`: a list that receives the `Verification` (for a report).
     """
     from headscope.api import verify
     from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
@@ -292,6 +292,8 @@ def verify_step(lm, *, enabled: bool = True) -> dict:
         v = verify(lm)
     except (UnsupportedArchitecture, UnsupportedFeature) as exc:
         return {"summary": f"attention not verified: {exc}", "passed": None, "max_abs_err": None}
+    if keep is not None:
+        keep.append(v)
     if not v.passed:
         click.echo(f"headscope: {v.summary()} — run `headscope verify --model {lm.name}` for the per-layer table",
                    err=True)

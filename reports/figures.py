@@ -35,6 +35,7 @@ from headscope.probe.types import AttentionMap, head_name
 from headscope.probe.verify import Verification
 
 from .fonts import font_context
+from .syntax import cluster_plot, relation_bars, relation_grid, tree_figure
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -46,6 +47,7 @@ __all__ = [
     "attention_mosaic",
     "score_grid",
     "probe_grid",
+    "difference_grid",
     "probe_drilldown",
     "verification_plot",
     "best_heads",
@@ -431,6 +433,26 @@ def score_grid(scores: Any, metric: str, *, ax: Axes | None = None, k: int = 3) 
     return fig
 
 
+def difference_grid(comparison: Any, metric: str, *, ax: Axes | None = None) -> Figure:
+    """B − A of one metric per head (`HeadComparison.grid`) on a diverging scale centred at 0, the
+    changed heads boxed (the largest change thickest)."""
+    grid = comparison.grid(metric)
+    values = grid.to_numpy(dtype=float)
+    finite = np.abs(values[np.isfinite(values)])
+    bound = float(finite.max()) if finite.size and finite.max() > 0 else 1.0
+    rows = comparison.changed()
+    changed = [(int(r.layer), int(r.head)) for r in rows[rows["metric"] == metric].itertuples()]
+    label = METRICS[metric].label if metric in METRICS else metric
+    with font_context(f"{comparison.a}{comparison.b}{metric}"):
+        fig, ax = _grid_figure(grid, ax)
+        _grid_heatmap(ax, grid, vmin=-bound, vmax=bound, cmap="vlag", center=0.0, fmt="+.2f",
+                      label=f"{label}: B − A")
+        _outline(ax, grid, changed)
+        ax.set_title(f"{label}: {comparison.b} − {comparison.a} over {comparison.n_texts} texts\n"
+                     f"{len(changed)} changed head{'s' if len(changed) != 1 else ''} (boxed)", fontsize=10)
+    return fig
+
+
 def probe_grid(result: Any, *, ax: Axes | None = None) -> Figure:
     """Per-head accuracy of a probe (`ProbeResult.heads`) as a layer × head grid, best head boxed.
 
@@ -607,7 +629,7 @@ class FigureSpec:
 
     name: str
     source: str
-    group: Literal["verification", "heads", "probe", "attention"]
+    group: Literal["verification", "heads", "probe", "attention", "syntax", "syntax-grid", "comparison"]
     draw: Callable[..., Figure]
     panels: Callable[[Any], Iterable[Panel]]
     stem: str
@@ -671,6 +693,47 @@ def _mosaic_panels(section: Any) -> Iterable[Panel]:
         yield Panel((section.maps[0],), {"text": section.maps[0].text}, section.maps)  # the first of the sentences
 
 
+def _comparison_panels(section: Any) -> Iterable[Panel]:
+    comparison = getattr(section, "comparison", None)
+    for metric in dict.fromkeys(comparison.table["metric"]) if comparison is not None else ():
+        yield Panel((comparison, metric), {"metric": metric, "a": comparison.a, "b": comparison.b,
+                                           "label": METRICS[metric].label if metric in METRICS else metric},
+                    comparison)
+
+
+def _direction_slug(direction: str) -> str:
+    return slug(direction.replace("->", "-to-"))  # dependent-to-head
+
+
+def _relation_bar_panels(section: Any) -> Iterable[Panel]:
+    result = getattr(section, "syntax", None)
+    for direction in dict.fromkeys(r.direction for r in result.relations) if result is not None else ():
+        if any(r.direction == direction and r.best_head is not None for r in result.relations):
+            yield Panel((result, direction), {"direction": direction, "file_direction": _direction_slug(direction)}, result)
+
+
+def _relation_grid_panels(section: Any) -> Iterable[Panel]:
+    result = getattr(section, "syntax", None)
+    for r in result.relations if result is not None else ():
+        if r.best_head is not None:
+            yield Panel((result, r.relation, r.direction), {"direction": r.direction, "relation": r.relation, "n": r.n,
+                                               "file_relation": slug(r.relation), "file_direction": _direction_slug(r.direction),
+                                               "head": head_name(*r.best_head)}, result)
+
+
+def _tree_panels(section: Any) -> Iterable[Panel]:
+    result = getattr(section, "syntax", None)
+    trees = result.trees if result is not None else None
+    if trees is not None and trees.example is not None and trees.example_heads:
+        yield Panel((trees,), {"head": head_name(*trees.best_head), "text": trees.example.text}, result)
+
+
+def _cluster_panels(section: Any) -> Iterable[Panel]:
+    clusters = getattr(section, "syntax_clusters", None)
+    if clusters is not None and len(clusters):
+        yield Panel((clusters,), {"n": len(clusters)}, getattr(section, "syntax", None))
+
+
 FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
     FigureSpec("verification", "verification", "verification", verification_plot, _verification_panels,
                "verification",
@@ -688,6 +751,21 @@ FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
                "{stack} · layer {layer_id}, head {head_id}: target “{target}”, source “{text}” ({level} level)."),
     FigureSpec("attention_mosaic", "maps", "attention", attention_mosaic, _mosaic_panels,
                "model-view", "Every head on “{text}” (token level), one small heatmap per head."),
+    FigureSpec("syntax_relations", "syntax", "syntax", relation_bars, _relation_bar_panels,
+               "syntax-{file_direction}",
+               "{direction}: per relation, the head chosen on the selection sentences, its test accuracy (95% "
+               "Wilson interval) beside the best fixed offset's."),
+    FigureSpec("syntax_tree", "syntax", "syntax", tree_figure, _tree_panels,
+               "syntax-tree", "The gold tree of “{text}” above, the tree decoded from {head} below."),
+    FigureSpec("syntax_clusters", "syntax_clusters", "syntax", cluster_plot, _cluster_panels,
+               "syntax-clusters", "All {n} heads placed by the Jensen-Shannon distance between their attention "
+                                  "(metric MDS), coloured by layer, labelled by each head's top role."),
+    FigureSpec("comparison_grid", "comparison", "comparison", difference_grid, _comparison_panels,
+               "compare-{metric}", "{label}: {b} minus {a} per head, the changed heads boxed."),
+    FigureSpec("syntax_grid", "syntax", "syntax-grid", relation_grid, _relation_grid_panels,
+               "syntax-grid-{file_relation}-{file_direction}",
+               "{relation} ({direction}, n={n}): test accuracy of every head; {head}, chosen on the selection "
+               "sentences, boxed."),
 )}
 
 

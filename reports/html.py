@@ -32,6 +32,7 @@ from headscope.analyses.metrics import METRICS
 from headscope.probe.types import head_name, json_safe
 
 from .figures import FIGURES, FORMATS, STACKS, figure_bytes, plotted_metrics, slug, start_head, to_png
+from .syntax import relations_frame, syntax_tables, trees_frame
 
 if TYPE_CHECKING:
     from headscope.probe.types import AttentionMap, CrossAttentionMap, Seq2SeqAttention
@@ -74,6 +75,9 @@ class ModelSection:
     scores: Any = None  # analyses.heads.HeadScores
     probes: tuple[Any, ...] = ()  # analyses.coref.ProbeResult, one per task
     corpus: pd.DataFrame | None = None  # corpus statistics, one row per corpus
+    syntax: Any = None  # analyses.syntax.SyntaxResult (the Syntax section), or None
+    syntax_clusters: pd.DataFrame | None = None  # analyses.syntax.head_clusters table
+    comparison: Any = None  # analyses.compare.HeadComparison of this model (B) with the model it is compared to (A)
     info: Mapping[str, Any] = field(default_factory=dict)  # family, layers, heads, dtype, source, timings
     notes: tuple[str, ...] = ()  # problems to show prominently (a stage that could not run, ...)
 
@@ -358,6 +362,11 @@ def report_tables(sections: Sequence[ModelSection]) -> dict[str, pd.DataFrame]:
             put("probe_heads", p.heads, s.model, task=p.task)
             put("probe_examples", p.examples, s.model, task=p.task)
         put("corpus", s.corpus, s.model)
+        for name, frame in syntax_tables(s.syntax, s.syntax_clusters).items():
+            put(name, frame, s.model)
+        if s.comparison is not None:
+            put("comparison_heads", s.comparison.table, s.model, compared_with=s.comparison.a)
+            put("comparison_roles", s.comparison.roles_changed, s.model, compared_with=s.comparison.a)
     return {k: pd.concat(v, ignore_index=True) for k, v in parts.items()}
 
 
@@ -492,6 +501,8 @@ def build_report(
         figure_kinds=", ".join(f.upper() for f in dict.fromkeys(formats)),
         generated=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
         has_explorer=any(s.maps for s in sections),
+        has_syntax=any(s.syntax is not None or s.syntax_clusters is not None for s in sections),
+        has_comparison=any(s.comparison is not None for s in sections),
     )
     return Report(html=html, figures=tuple(figures), tables=tables)
 
@@ -531,6 +542,8 @@ def _template_model(s: ModelSection, figs: Sequence[FigureFile]) -> dict:
         "scores": None if scores is None else _scores_view(scores),
         "probes": [_probe_view(p, [f for f in by_group.get("probe", []) if f.result is p]) for p in s.probes],
         "corpus": _view(s.corpus),
+        "comparison": _comparison_view(s.comparison, by_group.get("comparison", [])),
+        "syntax": _syntax_view(s.syntax, by_group.get("syntax", []), by_group.get("syntax-grid", [])),
     }
 
 
@@ -573,5 +586,42 @@ def _probe_view(p: Any, figs: Sequence[FigureFile]) -> dict:
         "top_heads": _view(p.heads.sort_values("accuracy", ascending=False).head(5)),
         "examples": _view(examples, max_rows=60),
         "n_examples_rows": len(examples),
+        "figures": list(figs),
+    }
+
+
+def _syntax_view(result: Any, figs: Sequence[FigureFile], grids: Sequence[FigureFile]) -> dict:
+    """The Syntax section of one model: how heads were chosen, the relations and trees tables, figures."""
+    shown = ["relation", "direction", "n", "best_head", "heldout_accuracy", "ci95_low", "ci95_high",
+             "baseline_offset", "baseline_accuracy", "p_value", "p_holm", "verdict"]
+    view = {"figures": list(figs), "grids": list(grids), "result": None}
+    if result is not None:
+        trees = trees_frame(result)
+        view["result"] = {
+            "treebank": result.treebank, "selection": result.selection, "n": result.n_sentences,
+            "n_select": result.n_select_sentences, "n_skipped": result.n_skipped, "alpha": result.alpha,
+            "n_permutations": result.n_permutations, "notes": list(result.notes),
+            "skipped": [f"{v} × {k}" for k, v in result.skipped.items()],
+            "excluded": [f"{v} × {k}" for k, v in result.excluded.items()],
+            "relations": _view(relations_frame(result)[shown]),
+            "trees": _view(trees[[c for c in trees.columns if c != "verdict"]]) if len(trees) else None,
+            "trees_verdict": result.trees.verdict if result.trees is not None else None,
+        }
+    return view
+
+
+def _comparison_view(c: Any, figs: Sequence[FigureFile]) -> dict | None:
+    """This model (B) against the model it was compared with (A): the rule, changed heads, roles, grids."""
+    if c is None:
+        return None
+    changed = c.changed()
+    shown = changed.assign(head=[head_name(r.layer, r.head) for r in changed.itertuples()])
+    roles = c.roles_changed.assign(head=[head_name(r.layer, r.head) for r in c.roles_changed.itertuples()])
+    return {
+        "a": c.a, "b": c.b, "n_texts": c.n_texts, "rule": c.rule,
+        "heads": ", ".join(head_name(layer, head) for layer, head in c.changed_heads()) or "none",
+        "changed": _view(shown[["head", "metric", "a", "b", "diff", "ci_low", "ci_high", "p_holm"]]),
+        "n_changed": len(changed), "n_pairs": len(c.table),
+        "roles": _view(roles[["head", "role", "in_a", "in_b"]]) if len(roles) else None,
         "figures": list(figs),
     }

@@ -1,8 +1,10 @@
-"""Figures of the syntax analyses: relation bars, a relation's head grid, a decoded tree, head clusters.
+"""The report's Syntax section: its figures (relation bars, a relation's head grid, a decoded tree,
+head clusters) and its tables.
 
-Each function takes results (`analyses.syntax.SyntaxResult`, `TreeScore`, the clusters table),
-never a model, and returns a new `matplotlib.figure.Figure` (no pyplot, no global state). They are
-not yet wired into the HTML report; they are meant to be registered with its figures.
+Each figure function takes results (`analyses.syntax.SyntaxResult`, `TreeScore`, the clusters
+table), never a model, and returns a new `matplotlib.figure.Figure` (no pyplot, no global state);
+the report draws them through `reports.figures.FIGURES`. `relations_frame`, `trees_frame` and
+`syntax_tables` are the CSV tables written beside the report.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["relation_bars", "relation_grid", "tree_figure", "cluster_plot"]
+__all__ = ["relation_bars", "relation_grid", "tree_figure", "cluster_plot", "relations_frame", "trees_frame",
+           "syntax_tables"]
 
 _HEAD_COLOUR = "#1f77b4"
 _BASE_COLOUR = "#bbbbbb"
@@ -34,7 +37,7 @@ def _figure(width: float, height: float, ax: Axes | None) -> tuple[Figure, Axes]
     return fig, fig.add_subplot()
 
 
-def relation_bars(result: Any, *, direction: str = "dependent->head", ax: Axes | None = None) -> Figure:
+def relation_bars(result: Any, direction: str = "dependent->head", *, ax: Axes | None = None) -> Figure:
     """Per relation with a crowned head: its held-out accuracy (95% Wilson interval) beside the
     best fixed offset's, most frequent relation on top; a star marks a head that beats the offset."""
     rows = [r for r in result.relations if r.direction == direction and r.best_head is not None]
@@ -58,7 +61,8 @@ def relation_bars(result: Any, *, direction: str = "dependent->head", ax: Axes |
     return fig
 
 
-def relation_grid(result: Any, relation: str, *, direction: str = "dependent->head", ax: Axes | None = None) -> Figure:
+def relation_grid(result: Any, relation: str, direction: str = "dependent->head", *,
+                  ax: Axes | None = None) -> Figure:
     """Test accuracy of every head (layer x head) on one relation, the head chosen on the selection split boxed."""
     import matplotlib as mpl
     from matplotlib.patches import Rectangle
@@ -155,3 +159,57 @@ def cluster_plot(clusters: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
         ax.set_yticks([])
         ax.set_title("heads by the distance between their attention (Jensen-Shannon, MDS)", fontsize=10)
     return fig
+
+
+# ---------------------------------------------------------------- tables
+
+_RELATION_COLUMNS = ["relation", "direction", "n", "best_head", "heldout_accuracy", "ci95_low", "ci95_high",
+                     "baseline_offset", "baseline_accuracy", "p_value", "p_holm", "beats_baseline", "verdict",
+                     "n_select", "heldout_correct", "baseline_correct", "n_after"]
+
+
+def relations_frame(result: Any) -> pd.DataFrame:
+    """One row per relation and direction: the head chosen on the selection sentences (`L1H3`), its
+    held-out accuracy with the 95% Wilson interval, the best offset's, the p-values and the verdict."""
+    import pandas as pd
+
+    from headscope.probe.types import head_name
+
+    rows = []
+    for r in result.relations:
+        lo, hi = r.ci95 if r.ci95 else (None, None)
+        rows.append({"relation": r.relation, "direction": r.direction, "n": r.n,
+                     "best_head": head_name(*r.best_head) if r.best_head else None,
+                     "heldout_accuracy": r.heldout_accuracy, "ci95_low": lo, "ci95_high": hi,
+                     "baseline_offset": r.baseline_offset, "baseline_accuracy": r.baseline_accuracy,
+                     "p_value": r.p_value, "p_holm": r.p_holm, "beats_baseline": r.beats_baseline,
+                     "verdict": r.verdict, "n_select": r.n_select, "heldout_correct": r.heldout_correct,
+                     "baseline_correct": r.baseline_correct, "n_after": r.n_after})
+    return pd.DataFrame(rows, columns=_RELATION_COLUMNS)
+
+
+def trees_frame(result: Any) -> pd.DataFrame:
+    """The trees row: the chosen head's UUAS beside right-branching and the offset tree, and p."""
+    import pandas as pd
+
+    from headscope.probe.types import head_name
+
+    t = result.trees
+    if t is None:
+        return pd.DataFrame()
+    return pd.DataFrame([{"best_head": head_name(*t.best_head), "uuas": t.uuas,
+                          "right_branching_uuas": t.right_branching_uuas, "offset": t.offset,
+                          "offset_uuas": t.offset_uuas, "baseline": t.baseline, "p_value": t.p_value,
+                          "n_sentences": t.n_sentences, "n_edges": t.n_edges, "select_uuas": t.select_uuas,
+                          "select_sentences": t.select_sentences, "verdict": t.verdict}])
+
+
+def syntax_tables(result: Any, clusters: pd.DataFrame | None) -> dict[str, pd.DataFrame]:
+    """The Syntax section's CSV tables by name (what is missing is left out)."""
+    tables = {}
+    if result is not None:
+        tables = {"syntax_relations": relations_frame(result), "syntax_heads": result.heads,
+                  "syntax_trees": trees_frame(result)}
+    if clusters is not None:
+        tables["syntax_clusters"] = clusters
+    return tables

@@ -1,12 +1,15 @@
 """`headscope compare A B`: which heads changed between two checkpoints, with intervals over texts.
 
 A thin wrapper over `headscope.compare.compare_models`; the rule for "changed" is in
-`analyses.compare`.
+`analyses.compare`. `--report DIR` also writes an HTML report (the Comparison section: differences
+with intervals, the changed heads, one layer × head difference grid per metric; both models'
+verification), its figures and CSV tables, and run.json, as `headscope run` writes its folder.
 """
 
 from __future__ import annotations
 
 from itertools import islice
+from pathlib import Path
 
 import click
 
@@ -29,13 +32,22 @@ __all__ = ["cli"]
               show_default=True, help="Family-wise error rate over all (head, metric) pairs (Holm).")
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Also write an HTML report with the comparison into this folder (created; must not exist "
+                   "unless --force).")
+@click.option("--force", is_flag=True, help="Replace an existing --report folder that headscope wrote.")
 @json_option
 @verify_option
 @device_options
-def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, batch_size, truncate, as_json,
-        device, dtype, no_verify) -> None:
+def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, batch_size, truncate, report_dir, force,
+        as_json, device, dtype, no_verify) -> None:
     """Compare every head of MODEL_A and MODEL_B (names, folders, GGUF files or hub ids, NAME@REVISION)."""
     from headscope.analyses.corpus import CorpusError, builtin_corpus, read_corpus
+
+    from .run import check_out
+
+    if report_dir is not None:
+        check_out(report_dir, force, "--report")
 
     try:
         texts, source = ((builtin_corpus(), "built-in corpus") if corpus_path is None
@@ -48,12 +60,15 @@ def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, bat
     from headscope.compare import compare_models
 
     lm_a, lm_b = load_or_fail(model_a, device, dtype), load_or_fail(model_b, device, dtype)
-    checks = {"a": verify_step(lm_a, enabled=not no_verify), "b": verify_step(lm_b, enabled=not no_verify)}
+    verified: dict[str, list] = {"a": [], "b": []}  # the Verification of each model, for the report
+    checks = {key: verify_step(lm, enabled=not no_verify, keep=verified[key]) for key, lm in (("a", lm_a), ("b", lm_b))}
     try:
         result = compare_models(lm_a, lm_b, texts, level=level, include_special=include_special, alpha=alpha,
                                 batch_size=batch_size, truncate=truncate)
     except (TypeError, ValueError) as exc:
         fail(str(exc))
+    if report_dir is not None:
+        _write_report(report_dir, result, (lm_a, lm_b), verified, checks, source, force=force)
     if as_json:
         echo_json(result.to_dict() | {"corpus": source, "verification": checks})
     else:
@@ -62,6 +77,46 @@ def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, bat
         _print(result, source)
     if any(c["passed"] is False for c in checks.values()):
         raise SystemExit(1)
+
+
+def _write_report(out: Path, result, models, verified: dict, checks: dict, source: str, *, force: bool) -> None:
+    """The report of the comparison: a section per model (its verification), B's carrying the comparison."""
+    import json
+    from datetime import datetime, timezone
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from headscope.api import versions
+    from headscope.probe.types import json_safe
+    from headscope.reports.html import ModelSection, build_report
+
+    from .run import write_atomic
+
+    sections = [ModelSection(model=lm.name, verification=next(iter(verified[key]), None), comparison=comp,
+                             info={"source": lm.source, "layers": lm.config.num_hidden_layers,
+                                   "heads": lm.config.num_attention_heads, "verification": checks[key]["summary"]})
+                for key, lm, comp in (("a", models[0], None), ("b", models[1], result))]
+    the_versions = versions()
+    report = build_report(sections, title=f"headscope comparison — {result.b} vs {result.a}",
+                          settings={"corpus": source, "texts": result.n_texts, "rule": result.rule},
+                          versions=the_versions)
+    record = {"headscope": the_versions["headscope"], "command": "compare",
+              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "out": str(out),
+              "corpus": source, "comparison": result.to_dict(), "verification": checks, "versions": the_versions,
+              "files": {"report": "index.html", "figures": [f"figures/{n}" for f in report.figures for n in f.written],
+                        "tables": [f"{t}.csv" for t in sorted(report.tables)]}}
+
+    def fill(folder: Path) -> None:
+        report.write(folder)
+        (folder / "run.json").write_text(json.dumps(json_safe(record), indent=2, ensure_ascii=False) + "\n",
+                                         encoding="utf-8")
+
+    try:
+        write_atomic(out, fill, force=force)
+    except OSError as exc:
+        fail(f"could not write the report to {out}: {exc}")
+    click.echo(f"wrote {out / 'index.html'}, {len(report.figures)} figures, {len(report.tables)} tables", err=True)
 
 
 def _print(result, source: str) -> None:

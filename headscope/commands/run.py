@@ -33,9 +33,10 @@ from filelock import FileLock, Timeout
 from ..common import (Interrupts, attention_options, device_options, echo_json, fail, json_option, load_or_fail, models_option,
                       quiet_option, say, too_long_or_fail, writable_or_fail)
 
-__all__ = ["cli", "model_section", "write_atomic", "not_a_report"]
+__all__ = ["cli", "model_section", "write_atomic", "not_a_report", "check_out"]
 
 _COREF_SETS = ("agreement", "winograd")
+_SYNTAX_SETTINGS = ("conllu", "select_on")  # recorded only when given
 
 
 # ---------------------------------------------------------------- inputs
@@ -74,6 +75,18 @@ def _read_inputs(corpus_path: str | None, coref_path: str | None, limit: int | N
     return texts, sets, lines
 
 
+def _read_treebanks(conllu_path: str | None, select_path: str | None) -> dict:
+    """The treebanks of --conllu / --select-on, read and checked before any model is loaded."""
+    from .syntax import treebank_or_fail
+
+    if select_path is not None and conllu_path is None:
+        fail("--select-on needs --conllu (the treebank the syntax heads are scored on)")
+    if conllu_path is None:
+        return {}
+    return {"conllu": treebank_or_fail(conllu_path, "--conllu"),
+            "select_on": treebank_or_fail(select_path, "--select-on") if select_path else None}
+
+
 def _check_formats(ctx, param, value: str) -> tuple[str, ...]:
     from headscope.reports.figures import FORMATS
 
@@ -95,20 +108,20 @@ def _check_width(ctx, param, value: str | None) -> float | None:
         fail(f"--width {exc}")
 
 
-def _check_out(out: Path, force: bool) -> None:
-    """Refuse, before any work, an --out that must not be replaced or cannot be written."""
+def check_out(out: Path, force: bool, option: str = "--out") -> None:
+    """Refuse, before any work, a report folder (`option`, --out) that must not be replaced or cannot be written."""
     here, target = Path.cwd().resolve(), out.resolve()
     if target == here or target in here.parents:
-        fail(f"--out {out} is the working directory or a folder above it; give a new folder for the report")
+        fail(f"{option} {out} is the working directory or a folder above it; give a new folder for the report")
     if out.exists() and not out.is_dir():
-        fail(f"--out {out} exists and is not a folder; remove it or choose another name")
+        fail(f"{option} {out} exists and is not a folder; remove it or choose another name")
     if out.exists() and not force:
-        fail(f"--out {out} already exists; pass --force to replace it, or choose another folder")
+        fail(f"{option} {out} already exists; pass --force to replace it, or choose another folder")
     if out.exists():
         problem = not_a_report(out)
         if problem:
-            fail(f"--out {out}: {problem}; --force replaces only a report folder that headscope wrote")
-    writable_or_fail(out, "--out")
+            fail(f"{option} {out}: {problem}; --force replaces only a report folder that headscope wrote")
+    writable_or_fail(out, option)
 
 
 def not_a_report(folder: Path) -> str | None:
@@ -150,7 +163,8 @@ def model_section(analysis):
                         norm_maps=_word_maps(analysis.norm_maps) or analysis.norm_maps,
                         generations=analysis.generations,
                         verification=analysis.verification, scores=analysis.scores, probes=analysis.probes,
-                        corpus=analysis.corpus, info=analysis.info, notes=analysis.notes)
+                        corpus=analysis.corpus, info=analysis.info, notes=analysis.notes,
+                        syntax=analysis.syntax, syntax_clusters=analysis.syntax_clusters)
 
 
 def _word_maps(maps) -> tuple:
@@ -265,6 +279,12 @@ def reclaim_stale(out: Path) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--truncate", is_flag=True, help="Cut texts longer than a model's context instead of failing.")
+@click.option("--conllu", "conllu_path", default=None,
+              help="A CoNLL-U treebank: adds a Syntax section (heads that follow dependency relations, trees, "
+                   "head clusters), scored on this file.")
+@click.option("--select-on", "select_path", default=None,
+              help="A second CoNLL-U file to choose the syntax heads on (e.g. dev -> test); without it, a seeded "
+                   "half of --conllu. Needs --conllu.")
 @click.option("--format", "formats", default="png", show_default=True, callback=_check_formats,
               help="Figure files to write, comma-separated: png, svg, pdf (fonts embedded). The page inlines PNG.")
 @click.option("--dpi", type=click.IntRange(min=10, max=1200), default=100, show_default=True,
@@ -276,8 +296,8 @@ def reclaim_stale(out: Path) -> None:
 @attention_options
 @device_options
 def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, force, level, limit, induction_seqs,
-        permutations, seed, batch_size, truncate, formats, dpi, width, quiet, as_json, device, dtype, attention,
-        memory_budget) -> None:
+        permutations, seed, batch_size, truncate, conllu_path, select_path, formats, dpi, width, quiet, as_json, device,
+        dtype, attention, memory_budget) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
     --json prints the run.json record. Exits 1 when a model's attention is not verified (the report
@@ -301,14 +321,16 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
     if targets and len(targets) != len(texts or REPORT_SENTENCES):
         fail(f"--target: {len(targets)} targets for {len(texts or REPORT_SENTENCES)} sentences; give one --target per "
              "--text, in the same order")
-    _check_out(out_dir, force)
+    check_out(out_dir, force)
     corpus, probe_sets, corpus_lines = _read_inputs(corpus_path, coref_path, limit)
+    treebanks = _read_treebanks(conllu_path, select_path)
     settings = RunSettings(
         corpus="built-in" if corpus_path is None else str(corpus_path),
         coref=f"built-in ({', '.join(_COREF_SETS)})" if coref_path is None else str(coref_path),
         texts=tuple(texts) or REPORT_SENTENCES, level=level, limit=limit, induction_sequences=induction_seqs,
         permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate,
-        attention=attention, memory_budget=memory_budget, targets=tuple(targets), generate=generate)
+        attention=attention, memory_budget=memory_budget, targets=tuple(targets), generate=generate,
+        conllu=conllu_path, select_on=select_path)
 
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser.
     with Interrupts() as interrupts:
@@ -321,7 +343,7 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
             too_long_or_fail(lm, corpus_lines, truncate=truncate)
             try:
                 analysis = analyse_model(lm, corpus, probe_sets, settings, load_seconds=load_seconds, progress=not quiet,
-                                         log=None if quiet else lambda line: click.echo(line, err=True))
+                                         log=None if quiet else lambda line: click.echo(line, err=True), **treebanks)
             except (TypeError, ValueError, RuntimeError) as exc:
                 fail(f"{name}: {exc}")
             sections.append(model_section(analysis))
@@ -334,8 +356,11 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
 
         t0 = time.perf_counter()
         the_versions = versions()
-        settings_dict = {k: v for k, v in asdict(settings).items()  # texts and targets: listed in run.json only
-                         if k not in ("texts", "targets") and not (k == "generate" and not v)}
+        # texts and targets are listed in run.json only; generate, conllu and select_on are recorded only when
+        # given: a run without them records what it always did
+        settings_dict = {k: v for k, v in asdict(settings).items()
+                         if k not in ("texts", "targets") and not (k == "generate" and not v)
+                         and not (k in _SYNTAX_SETTINGS and v is None)}
         report = build_report(sections, settings=settings_dict, versions=the_versions, dpi=dpi, formats=formats,
                               width=width)
         interrupts.check()

@@ -7,10 +7,16 @@ from pathlib import Path
 
 import click
 
-from ..common import (attention_options, device_options, echo_json, fail, finish, json_option, load_or_fail, model_option, out_option,
-                      quiet_option, verify_option, verify_step, write_table)
+from ..common import (TABLE_WRITERS, attention_options, device_options, echo_json, fail, finish, json_option,
+                      load_or_fail, model_option, out_option, quiet_option, say, verify_option, verify_step,
+                      write_table)
 
-__all__ = ["cli"]
+__all__ = ["cli", "treebank_or_fail"]
+
+
+def treebank_or_fail(path: str, option: str):
+    """The treebank at `path`, read and checked, or one clear line naming `option` and a non-zero exit."""
+    return _read(_existing(path, option), option)
 
 
 def _existing(path: str, option: str) -> Path:
@@ -51,6 +57,16 @@ def _read(path: Path, option: str):
 @click.option("--limit", type=click.IntRange(1, None), default=None,
               help="Use only the first N sentences of each file (a subset: say so when you report).")
 @click.option("--batch-size", type=click.IntRange(1, None), default=8, show_default=True)
+@click.option("--clusters", "clusters_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Also place every head by the Jensen-Shannon distance between its attention and the others' "
+                   "(metric MDS) on the first --cluster-sentences sentences of --conllu, labelled by each head's "
+                   "top role over those sentences; write the table (.csv, .parquet, .json) or the figure "
+                   "(.png, .svg, .pdf), by the suffix.")
+@click.option("--cluster-with", "cluster_with", multiple=True,
+              help="Another model whose heads are placed together with --model's (repeatable); its word units "
+                   "must match (same special tokens), else it is refused. Needs --clusters.")
+@click.option("--cluster-sentences", type=click.IntRange(2, None), default=100, show_default=True,
+              help="Sentences the clusters are computed on.")
 @out_option
 @json_option
 @quiet_option
@@ -58,9 +74,11 @@ def _read(path: Path, option: str):
 @attention_options
 @device_options
 def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, n_perm, seed, limit, batch_size,
-        out_path, as_json, quiet, no_verify, device, dtype, attention, memory_budget) -> None:
+        clusters_path, cluster_with, cluster_sentences, out_path, as_json, quiet, no_verify, device, dtype, attention,
+        memory_budget) -> None:
     from headscope.syntax import syntax
 
+    _check_clusters(clusters_path, cluster_with)
     test = _read(_existing(conllu_path, "--conllu"), "--conllu")
     select = _read(_existing(select_path, "--select-on"), "--select-on") if select_path else None
     lm = load_or_fail(model_name, device, dtype)
@@ -73,12 +91,56 @@ def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, n
         fail(f"{model_name}: {exc}")
     if out_path is not None:
         write_table(result.to_frame(), out_path)
+    if clusters_path is not None:
+        _write_clusters(lm, cluster_with, test, clusters_path, n_sentences=cluster_sentences, seed=seed,
+                        batch_size=batch_size, device=device, dtype=dtype)
+        say(f"wrote {clusters_path}", quiet=quiet)
     if as_json:
         echo_json({**result.to_dict(), "verification": verification})
     else:
         click.echo(verification["summary"])
         _print(result)
     finish(verification)
+
+
+def _cluster_writers() -> dict:
+    """File suffix -> how the clusters go there: the table (TABLE_WRITERS) or its figure (figure FORMATS)."""
+    from headscope.reports.figures import FORMATS
+
+    return {**{suffix: "table" for suffix in TABLE_WRITERS}, **{f".{fmt}": "figure" for fmt in FORMATS}}
+
+
+def _check_clusters(path: Path | None, cluster_with) -> None:
+    if cluster_with and path is None:
+        fail("--cluster-with needs --clusters FILE (where the clusters of the models together are written)")
+    if path is not None and path.suffix not in _cluster_writers():
+        fail(f"--clusters {path}: give a file ending in {', '.join(_cluster_writers())}")
+
+
+def _write_clusters(lm, others, treebank, path: Path, *, n_sentences: int, seed: int, batch_size: int, device: str,
+                    dtype: str) -> None:
+    from headscope.syntax import syntax_clusters
+
+    models = [lm, *(load_or_fail(name, device, dtype) for name in others)]
+    try:
+        table = syntax_clusters(models, treebank, n_sentences=n_sentences, score_roles=True, seed=seed,
+                                batch_size=batch_size)
+    except ValueError as exc:
+        fail(f"--clusters: {' and '.join(m.name for m in models)} cannot be placed together: {exc}")
+    if _cluster_writers()[path.suffix] == "table":
+        write_table(table, path)
+        return
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from headscope.reports.figures import save
+    from headscope.reports.syntax import cluster_plot
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save(cluster_plot(table), path)
+    except OSError as exc:
+        fail(f"--clusters {path}: {exc}")
 
 
 def _pct(x) -> str:
