@@ -20,7 +20,7 @@ import torch
 from .extract import Encoded, base_model, encode, token_labels
 from .families import Family, family_for
 from .loading import LoadedModel
-from .scratch import attention_from_scratch
+from .scratch import attention_from_scratch, project_qk
 from .types import head_name
 from .verify import capture
 
@@ -37,7 +37,9 @@ class Explanation:
     layer: int
     head: int
     scale: float
-    table: pd.DataFrame  # one row per key: key, raw_score, scaled_score, weight, value_norm, contribution_norm
+    # One row per key: key, raw_score, [position_bias], [position_scores], scaled_score, weight, value_norm,
+    # contribution_norm; scaled_score = raw_score × scale + position_bias + position_scores (see `explain`).
+    table: pd.DataFrame
     output_norm: float  # ‖Σ_j w_j v_j‖
     model_weight_max_abs_err: float  # our weights vs the model's own attention for this row
 
@@ -81,6 +83,12 @@ def _find_token(labels: list[str], enc: Encoded, token: str | int, occurrence: i
 def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: int, occurrence: int = 0) -> Explanation:
     """Walk through softmax(q·kᵀ/√d)·v for `token` as the query in head `layer`.`head`.
 
+    Each key's score is taken apart into the terms the model adds: `raw_score` q·k (content only),
+    `position_bias` where the model adds a bias per query-key distance (T5's relative buckets,
+    ALiBi), `position_scores` where it scores content against relative positions (DeBERTa), so that
+    `scaled_score` = raw_score × scale + position_bias + position_scores, the logit the softmax takes
+    (Gemma 2 then caps it: c·tanh(logit / c)).
+
     >>> from headscope.probe import load_model                                          # doctest: +SKIP
     >>> e = explain(load_model("minilm"), "The animal didn't cross the street because it was too tired.",
     ...             token="it", layer=2, head=3)                              # doctest: +SKIP
@@ -95,26 +103,43 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
     q_idx = _find_token(labels, enc, token, occurrence)
     spec = family.layer_spec(base_model(lm), layer, lm.config)
     res = attention_from_scratch(cap.inputs[layer], spec, cap.key_valid)
-    scaled = res.scores[0, head, q_idx]  # (T,) scores after × scale, before the mask
-    raw = scaled / spec.scale
+    scaled = res.scores[0, head, q_idx]  # (T,) the logits: scores after × scale and every position term
+    terms = _score_terms(cap.inputs[layer], spec, head, q_idx)
     weights = res.probs[0, head, q_idx]  # (T,)
     values = res.values[0, head]  # (T, hs)
     contrib = weights[:, None] * values  # (T, hs): each key's share of the output
     table = pd.DataFrame({
         "key": labels,
-        "raw_score": raw.tolist(),
+        **{name: t.tolist() for name, t in terms.items()},
         "scaled_score": scaled.tolist(),
         "weight": weights.tolist(),
         "value_norm": values.norm(dim=-1).tolist(),
         "contribution_norm": contrib.norm(dim=-1).tolist(),
     })
     if spec.causal:  # keys after the query are masked: their scores never enter the softmax
-        table.loc[q_idx + 1:, ["raw_score", "scaled_score"]] = float("nan")
+        table.loc[q_idx + 1:, [*terms, "scaled_score"]] = float("nan")
     model_row = cap.probs[layer][0, head, q_idx]
     return Explanation(
         text=text, query=labels[q_idx], query_index=q_idx, layer=layer, head=head, scale=spec.scale, table=table,
         output_norm=float(contrib.sum(0).norm()), model_weight_max_abs_err=float((model_row - weights).abs().max()),
     )
+
+
+def _score_terms(x: torch.Tensor, spec, head: int, q_idx: int) -> dict[str, torch.Tensor]:
+    """The parts of one query row's logits, each (T,): q·k, and the position terms this model adds.
+
+    Computed from the projected queries and keys, apart from the logits `attention_from_scratch`
+    gives, so that their sum checks the logits instead of restating them.
+    """
+    q, k = project_qk(x, spec)  # (1, nh, T, hs), (1, nkv, T, hs)
+    k = k.repeat_interleave(spec.n_heads // spec.n_kv_heads, dim=1)  # (1, nh, T, hs): grouped-query heads
+    terms = {"raw_score": k[0, head] @ q[0, head, q_idx]}  # (T,)
+    n = x.shape[1]
+    if spec.score_bias is not None:
+        terms["position_bias"] = spec.score_bias(n, n)[head, q_idx].to(q)
+    if spec.position_scores is not None:
+        terms["position_scores"] = spec.position_scores(q, k)[0, head, q_idx]
+    return terms
 
 
 def _row_stats(probs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
