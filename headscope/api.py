@@ -173,6 +173,7 @@ def heads(
     from headscope.probe.extract import is_seq2seq
 
     world = world or World()
+    texts = [texts] if isinstance(texts, str) else texts  # one text, as iter_extract takes it
     acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special)
     maps = iter_extract(lm, shard(texts, world), batch_size=batch_size, level=level, truncate=truncate, window=window)
     if progress:
