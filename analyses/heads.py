@@ -54,7 +54,7 @@ import math
 import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Literal, Mapping, Sequence
+from typing import Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -280,6 +280,33 @@ class HeadScoreAccumulator:
             self._sums[..., _COLUMN[name]] += parts[0, j] / parts[1, j]
             self._counts[_COLUMN[name]] += len(token_ids)
         self._n_sequences += 1
+    @property
+    def units(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+        """(layer ids, head ids) of the maps so far; None before the first map."""
+        return None if self._sums is None else (self._layers, self._heads)
+
+    def merged(self, add: Callable[..., tuple[torch.Tensor, ...]], *,
+               units: tuple[tuple[int, ...], tuple[int, ...]] | None = None) -> "HeadScoreAccumulator":
+        """A new accumulator whose totals are `add(sums, counts, [texts, sequences])` of this one's.
+
+        For a data-parallel run `add` sums each total over the processes (`headscope.distributed`),
+        so the merged sums are the sums one process would have: sums of sums, never means of means.
+        `units` (layer ids, head ids) sizes the zero totals of an accumulator that saw no map.
+        """
+        units = self.units or units
+        if units is None:
+            raise ValueError("no attention maps were given; pass at least one text")
+        if self.units not in (None, units):
+            raise ValueError(f"this accumulator scores layers and heads {self.units}, not {units}")
+        sums = self._sums if self._sums is not None else torch.zeros(
+            len(units[0]), len(units[1]), len(METRICS), dtype=torch.float64)
+        n = torch.tensor([self._n_texts, self._n_sequences], dtype=torch.float64)
+        sums, counts, n = add(sums, self._counts, n)
+        out = HeadScoreAccumulator(model=self.model, level=self.level, include_special=self.include_special)
+        out._layers, out._heads = units
+        out._sums, out._counts = sums.clone(), counts.clone()
+        out._n_texts, out._n_sequences = int(n[0]), int(n[1])
+        return out
 
     def result(self, *, thresholds: Mapping[str, float] | None = None, meta: Mapping | None = None) -> HeadScores:
         """The scores so far as a `HeadScores` (the accumulator can keep going afterwards)."""

@@ -186,6 +186,7 @@ def heads(
     attention: Attention = DEFAULT_ATTENTION,
     budget: int | None = None,
     weight: Weight = "attention",
+    world=None,
 ):
     """Score every head of `lm` over `texts`, plus induction for decoders -> `HeadScores`.
 
@@ -205,6 +206,9 @@ def heads(
     for the texts whose eager attention would exceed `budget` bytes (`memory_budget`). Either way
     the recomputation is first checked against the model's eager attention on the first
     recomputed text's prefix (`meta["check"]`); a mismatch raises.
+    `world` (a `headscope.distributed.World`, in a torchrun run): this process scores its shard of
+    the texts and of the induction sequences, and the sums are added over the processes, so every
+    process returns the scores of the whole corpus.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> s = heads(tiny_model("llama"), ["The cat sat.", "A dog ran!"], induction_sequences=2, induction_length=5)
@@ -212,19 +216,25 @@ def heads(
     (2, 2, 'word')
     """
     from headscope.analyses.heads import HeadScoreAccumulator
+    from headscope.distributed import World, merge_head_scores, shard, shard_length, together
     from headscope.probe.extract import is_seq2seq
 
     _check_attention(attention)
     if weight != "attention" and attention != "eager":
         raise ValueError(f"weight={weight!r} comes from the eager forward pass; use attention='eager' with it")
     budget = memory_budget(budget)
+    world = world or World()
+    texts = [texts] if isinstance(texts, str) else texts  # one text, as iter_extract takes it
     acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special)
+    texts = shard(texts, world)
     if progress:
         from tqdm.auto import tqdm
 
+        total = None if total is None else shard_length(total, world)
         texts = tqdm(texts, total=total, desc=f"{lm.name} heads", unit="text")
     fold = _Fold(lm, acc, attention, budget, batch_size)
-    fold.texts(texts, level=level, truncate=truncate, window=window, weight=weight)
+    with together(world):
+        fold.texts(texts, level=level, truncate=truncate, window=window, weight=weight)
     meta: dict = {"corpus": source, "batch_size": batch_size, "causal": lm.is_causal}
     if is_seq2seq(lm):  # without targets, the texts are sources: the encoder's self-attention is scored
         meta["stack"] = "encoder"
@@ -232,7 +242,9 @@ def heads(
         meta["weight"] = weight
     if lm.is_causal and induction_sequences > 0 and weight == "attention":
         sequences, prefix = induction_inputs(lm, n_sequences=induction_sequences, length=induction_length, seed=seed)
-        fold.repeated(sequences)
+        sequences = shard(sequences, world)
+        with together(world):
+            fold.repeated(sequences)
         meta["induction"] = {
             "sequences": induction_sequences, "length": induction_length, "seed": seed, "prefix": list(prefix),
             "prefix_tokens": lm.tokenizer.convert_ids_to_tokens(list(prefix)),
@@ -241,7 +253,7 @@ def heads(
         meta["induction"] = None
     if attention != "eager":  # an eager run's output stays as it was
         meta.update(fold.record())
-    return acc.result(thresholds=thresholds, meta=meta)
+    return merge_head_scores(acc).result(thresholds=thresholds, meta=meta)
 
 
 class _Fold:
@@ -397,7 +409,7 @@ def induction_inputs(lm, *, n_sequences: int = 20, length: int = 50, seed: int =
 
 def extract_scores(lm, examples: Sequence, *, level: Level = "word", head_word: bool = False, batch_size: int = 8,
                    crop: bool = True, progress: bool = False, attention: Attention = DEFAULT_ATTENTION,
-                   budget: int | None = None):
+                   budget: int | None = None, world=None):
     """Attention from each example's source to each candidate on `lm` -> `analyses.coref.ProbeScores`.
 
     Texts are deduplicated and run shortest first (little padding); an example that cannot be
@@ -411,6 +423,8 @@ def extract_scores(lm, examples: Sequence, *, level: Level = "word", head_word: 
 
     `attention` and `budget` as in `heads`: a recomputed text keeps only its sources' query rows,
     taken from the blocks as they pass (`analyses.coref.query_rows`); `data.check` records the check.
+    `world` (a `headscope.distributed.World`, in a torchrun run): each process scores its shard of
+    the examples and every process returns all of them, gathered.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> data = extract_scores(tiny_model("bert"), builtin_set("agreement")[:3])
@@ -420,6 +434,13 @@ def extract_scores(lm, examples: Sequence, *, level: Level = "word", head_word: 
     from headscope.analyses.coref import CAUSAL_REASON, collect_scores
     from headscope.probe import iter_extract
 
+    if world is not None and world.size > 1:
+        from headscope.distributed import sharded_probe_scores
+
+        return sharded_probe_scores(lambda part: extract_scores(lm, part, level=level, head_word=head_word,
+                                                                batch_size=batch_size, crop=crop, progress=progress,
+                                                                attention=attention, budget=budget),
+                                    examples, world)
     _check_attention(attention)
     fold = None if attention == "eager" else _Fold(lm, None, attention, memory_budget(budget), batch_size)
     excluded: Counter = Counter()
@@ -489,11 +510,13 @@ def _cropped(ex) -> str:
 def relation_probe(lm, examples: Sequence, *, task: str, level: Level = "word", head_word: bool = False,
                    heldout: Sequence | None = None, folds: int = 5, n_perm: int = 10_000, seed: int = 0,
                    batch_size: int = 8, noun: str = "examples", progress: bool = False,
-                   attention: Attention = DEFAULT_ATTENTION, budget: int | None = None):
+                   attention: Attention = DEFAULT_ATTENTION, budget: int | None = None, world=None):
     """Which head lets a source word attend to its target: extraction, then `analyses.coref.score_probe`.
 
     The head is chosen by group k-fold on `examples`; with `heldout` (a second list of examples)
     it is chosen on all of `examples` and scored on `heldout`. Returns a `ProbeResult`.
+    `world`: extraction sharded over the processes of a torchrun run (`extract_scores`); every
+    process then scores the gathered examples, all with the same numbers.
     (Named `relation_probe`, not `probe`, because `headscope.probe` is the extraction subpackage.)
 
     >>> from headscope.probe.tiny import tiny_model
@@ -504,7 +527,7 @@ def relation_probe(lm, examples: Sequence, *, task: str, level: Level = "word", 
     from headscope.analyses.coref import score_probe
 
     kw = dict(level=level, head_word=head_word, batch_size=batch_size, progress=progress, attention=attention,
-              budget=budget)
+              budget=budget, world=world)
     data = extract_scores(lm, examples, **kw)
     test = None if heldout is None else extract_scores(lm, heldout, **kw)
     return score_probe(data, task=task, heldout=test, folds=folds, n_perm=n_perm, seed=seed, noun=noun)
@@ -522,13 +545,14 @@ def coref(lm, examples: Sequence, *, task: str = "coref", noun: str = "pronouns"
 def probe_sets(lm, sets: Sequence[tuple[str, Sequence]], *, heldout: tuple[str, Sequence] | None = None,
                combined_task: str = "combined", level: Level = "word", head_word: bool = False, folds: int = 5,
                n_perm: int = 10_000, seed: int = 0, batch_size: int = 8, noun: str = "examples",
-               progress: bool = False, attention: Attention = DEFAULT_ATTENTION, budget: int | None = None):
+               progress: bool = False, attention: Attention = DEFAULT_ATTENTION, budget: int | None = None,
+               world=None):
     """Score named probe sets `[(task, examples), ...]` on one model -> `(main, parts)`.
 
     With several sets each is scored on its own (`parts`) and `main` scores them together as
     `combined_task`; with one set `main` is that set and `parts` is empty. With `heldout` (one set
     only) `main` is the head chosen on all of the set and scored on `heldout`, and `parts` keeps
-    the k-fold result inside the set: one extraction, two honest answers.
+    the k-fold result inside the set: one extraction, two honest answers. `world`: as in `relation_probe`.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> main, parts = probe_sets(tiny_model("bert"), [("a", builtin_set("agreement")[:16]),
@@ -541,7 +565,7 @@ def probe_sets(lm, sets: Sequence[tuple[str, Sequence]], *, heldout: tuple[str, 
     if heldout is not None and len(sets) != 1:
         raise ValueError("a held-out set needs a single set to choose the head on")
     ex_kw = dict(level=level, head_word=head_word, batch_size=batch_size, progress=progress, attention=attention,
-                 budget=budget)
+                 budget=budget, world=world)
     kw = dict(folds=folds, n_perm=n_perm, seed=seed, noun=noun)
     if heldout is not None:
         (task, examples), (h_task, h_examples) = sets[0], heldout
@@ -745,7 +769,8 @@ class _Stages:
 
 def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], settings: RunSettings,
                   *, load_seconds: float = 0.0, progress: bool = False,
-                  log: Callable[[str], None] | None = None, conllu=None, select_on=None) -> ModelAnalysis:
+                  log: Callable[[str], None] | None = None, conllu=None, select_on=None,
+                  world=None) -> ModelAnalysis:
     """Verification, head scores over `texts`, the probe sets `[(task, examples), ...]` and the maps
     of the report sentences, for one loaded model; with `settings.conllu`, the syntax analysis
     (`headscope.syntax`) and its head clusters, labelled by the head scores' roles.
@@ -754,6 +779,9 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
     finished stage; `progress` shows bars on stderr. `conllu` / `select_on`: the treebanks of
     `settings.conllu` / `settings.select_on` already read (`analyses.treebank.Treebank`), so that
     several models need not read them again; by default they are read from those paths.
+    finished stage; `progress` shows bars on stderr. `world` (a torchrun run): the corpus of the head
+    scores and the probe examples are sharded over the processes (`heads`, `probe_sets`);
+    verification and the report sentences run whole on every process.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> s = RunSettings(corpus="c", coref="p", texts=("The cat sat.",), permutations=100, induction_sequences=0)
@@ -778,7 +806,7 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
     scores = stage.run("heads", heads, lm, texts, level=settings.level, include_special=settings.include_special,
                        batch_size=settings.batch_size, induction_sequences=settings.induction_sequences,
                        seed=settings.seed, truncate=settings.truncate, progress=progress, total=len(texts),
-                       attention=settings.attention, budget=settings.memory_budget)
+                       attention=settings.attention, budget=settings.memory_budget, world=world)
     scores.meta["corpus"] = settings.corpus
     say(f"{lm.name}: head scores over {scores.n_texts} texts, {len(scores.roles)} roles "
         f"({stage.seconds['heads']:.1f} s)")
@@ -788,7 +816,8 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
     main, parts = stage.run("coref", probe_sets, lm, sets,
                             combined_task="coref-builtin", level=settings.level, folds=settings.folds,
                             n_perm=settings.permutations, seed=settings.seed, batch_size=settings.batch_size,
-                            noun="pronouns", attention=settings.attention, budget=settings.memory_budget)
+                            noun="pronouns", attention=settings.attention, budget=settings.memory_budget,
+                            world=world)
     probes = [main, *parts]  # the combined result first when there are several sets
     say(f"{lm.name}: coreference probe ({stage.seconds['coref']:.1f} s)")
     for p in probes:

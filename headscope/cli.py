@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from contextlib import contextmanager, redirect_stderr, redirect_stdout
 
 import click
 
@@ -83,6 +84,20 @@ for _name, _module in _COMMANDS.items():
     cli.add_command(_module.cli, name=_name)
 
 
-def main() -> None:
+@contextmanager
+def _quiet_unless_rank_zero():
+    """In a torchrun run only rank 0 prints: every rank holds the same merged results, and an error on
+    any rank is raised on all of them (`headscope.distributed.together`), so rank 0 says it once.
+    Read from the environment directly: `headscope --help` does not import torch."""
+    if os.environ.get("RANK", "0").strip() in ("", "0"):
+        yield
+        return
+    with open(os.devnull, "w") as null, redirect_stdout(null), redirect_stderr(null):
+        yield
+
+
+def main(args: list[str] | None = None) -> None:
+    """The `headscope` command, `python -m headscope` and every process of `torchrun -m headscope`."""
     warnings.filterwarnings("ignore", category=FutureWarning)
-    cli(prog_name="headscope")
+    with _quiet_unless_rank_zero():
+        cli(args=args, prog_name="headscope")

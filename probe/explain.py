@@ -20,7 +20,7 @@ import torch
 from .extract import Encoded, base_model, encode, token_labels
 from .families import Family, family_for
 from .loading import LoadedModel
-from .scratch import attention_from_scratch
+from .scratch import attention_from_scratch, project_qk
 from .types import head_name
 from .verify import capture
 from .recompute import DEFAULT_BUDGET, Attention, _layer_inputs, check_prefix, choose_attention, eager_bytes
@@ -38,7 +38,9 @@ class Explanation:
     layer: int
     head: int
     scale: float
-    table: pd.DataFrame  # one row per key: key, raw_score, scaled_score, weight, value_norm, contribution_norm
+    # One row per key: key, raw_score, [position_bias], [position_scores], scaled_score, weight, value_norm,
+    # contribution_norm; scaled_score = raw_score × scale + position_bias + position_scores (see `explain`).
+    table: pd.DataFrame
     output_norm: float  # ‖Σ_j w_j v_j‖
     model_weight_max_abs_err: float  # our weights vs the model's own attention for this row
     check: dict | None = None  # recompute mode: the eager check on the text's prefix, which gives the error above
@@ -84,6 +86,12 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
             attention: Attention = "eager", budget: int = DEFAULT_BUDGET) -> Explanation:
     """Walk through softmax(q·kᵀ/√d)·v for `token` as the query in head `layer`.`head`.
 
+    Each key's score is taken apart into the terms the model adds: `raw_score` q·k (content only),
+    `position_bias` where the model adds a bias per query-key distance (T5's relative buckets,
+    ALiBi), `position_scores` where it scores content against relative positions (DeBERTa), so that
+    `scaled_score` = raw_score × scale + position_bias + position_scores, the logit the softmax takes
+    (Gemma 2 then caps it: c·tanh(logit / c)).
+
     `attention="recompute"` (or `"auto"` beyond `budget` bytes of eager weights) runs the model with
     fast attention and recomputes only this layer; the model's own weights of the head are then
     compared on the text's prefix (`probe.recompute.check_prefix`), recorded in `check`.
@@ -109,21 +117,21 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
         cap = capture(lm, [enc], family)
         x, valid = cap.inputs[layer], cap.key_valid
     res = attention_from_scratch(x, spec, valid)
-    scaled = res.scores[0, head, q_idx]  # (T,) scores after × scale, before the mask
-    raw = scaled / spec.scale
+    scaled = res.scores[0, head, q_idx]  # (T,) the logits: scores after × scale and every position term
+    terms = _score_terms(x, spec, head, q_idx)
     weights = res.probs[0, head, q_idx]  # (T,)
     values = res.values[0, head]  # (T, hs)
     contrib = weights[:, None] * values  # (T, hs): each key's share of the output
     table = pd.DataFrame({
         "key": labels,
-        "raw_score": raw.tolist(),
+        **{name: t.tolist() for name, t in terms.items()},
         "scaled_score": scaled.tolist(),
         "weight": weights.tolist(),
         "value_norm": values.norm(dim=-1).tolist(),
         "contribution_norm": contrib.norm(dim=-1).tolist(),
     })
     if spec.causal:  # keys after the query are masked: their scores never enter the softmax
-        table.loc[q_idx + 1:, ["raw_score", "scaled_score"]] = float("nan")
+        table.loc[q_idx + 1:, [*terms, "scaled_score"]] = float("nan")
     if cap is not None:
         check, err = None, float((cap.probs[layer][0, head, q_idx] - weights).abs().max())
     else:  # the model's own weights of this layer on the text's prefix: eager weights of the whole text are what is avoided
@@ -135,6 +143,24 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
         text=text, query=labels[q_idx], query_index=q_idx, layer=layer, head=head, scale=spec.scale, table=table,
         output_norm=float(contrib.sum(0).norm()), model_weight_max_abs_err=err, check=check,
     )
+
+
+def _score_terms(x: torch.Tensor, spec, head: int, q_idx: int) -> dict[str, torch.Tensor]:
+    """The parts of one query row's logits, each (T,): q·k, and the position terms this model adds.
+
+    Computed from the projected queries and keys, apart from the logits `attention_from_scratch`
+    gives, so that their sum checks the logits instead of restating them.
+    """
+    q, k = project_qk(x, spec)  # (1, nh, T, hs), (1, nkv, T, hs)
+    k = k.repeat_interleave(spec.n_heads // spec.n_kv_heads, dim=1)  # (1, nh, T, hs): grouped-query heads
+    terms = {"raw_score": k[0, head] @ q[0, head, q_idx]}  # (T,)
+    n = x.shape[1]
+    if spec.score_bias is not None:
+        # the query's own row of the bias only (nh, 1, T), not the whole T × T
+        terms["position_bias"] = spec.score_bias(q_idx + 1, n, query_start=q_idx, key_start=0)[head, 0].to(q)
+    if spec.position_scores is not None:
+        terms["position_scores"] = spec.position_scores(q, k)[0, head, q_idx]
+    return terms
 
 
 def _row_stats(probs: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:

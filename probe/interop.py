@@ -2,6 +2,8 @@
 
 - `from_hf(outputs, encoding, tokenizer)`: a user's own `model(**encoding, output_attentions=True)`
   call, batched and padded on either side; padding is removed with the encoding's attention mask.
+  An encoder–decoder's outputs (encoder, decoder and cross attentions) give one `Seq2SeqAttention`
+  per row, as `extract(lm, source, target=...)` does.
 - `from_transformer_lens(cache, tokens)`: the `hook_pattern` of every layer of a TransformerLens
   `ActivationCache` (transformer-lens is not imported: anything that answers
   `cache["pattern", layer]` with a `[batch, head, query, key]` tensor works).
@@ -19,7 +21,7 @@ from typing import Any, Sequence
 import torch
 
 from .extract import Encoded, tokenizer_labels
-from .types import AttentionMap, Level
+from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units
 from .words import Segmenter, assign_words, to_word_level
 
 __all__ = ["from_hf", "from_transformer_lens", "long_frame"]
@@ -33,11 +35,12 @@ def from_hf(
     tokenizer: Any,
     *,
     text: str | Sequence[str] | None = None,
+    target: str | Sequence[str] | None = None,
     level: Level = "token",
     causal: bool | None = None,
     segmenter: Segmenter | None = None,
     name: str | None = None,
-) -> list[AttentionMap]:
+) -> list[AttentionMap] | list[Seq2SeqAttention]:
     """One `AttentionMap` per row of a Hugging Face forward pass run with `output_attentions=True`.
 
     `outputs` is the model's output (or its `.attentions` tuple: one `[batch, head, query, key]`
@@ -48,21 +51,41 @@ def from_hf(
     units are the raw tokens and only `level="token"` is possible. `causal=None` reads it off the
     weights: causal when no query attends to a later key.
 
+    Encoder–decoder outputs (`encoder_attentions`, `decoder_attentions`, `cross_attentions`) give one
+    `Seq2SeqAttention` per row instead. The encoding must then hold the decoder's input as well
+    (`decoder_input_ids`, and `decoder_attention_mask` when padded), as the forward pass took it;
+    `text` are the sources and `target` the targets (the decoder's input is the model's decoder start
+    token, then the target's tokens, as `probe.extract` builds it).
+
     >>> from headscope.probe.tiny import tiny_model                                   # doctest: +SKIP
     >>> enc = tok(texts, padding=True, return_offsets_mapping=True, return_tensors="pt")  # doctest: +SKIP
     >>> out = model(input_ids=enc.input_ids, attention_mask=enc.attention_mask, output_attentions=True)  # doctest: +SKIP
     >>> maps = from_hf(out, enc, tok, text=texts)                                   # doctest: +SKIP
     """
-    layers = _hf_attentions(outputs)
-    ids, batched = _rows(encoding["input_ids"])
-    rows = lambda key: _rows(encoding[key], batched)[0] if _has(encoding, key) else None  # noqa: E731
-    mask = rows("attention_mask") or [[1] * len(r) for r in ids]
+    if _is_seq2seq(outputs):
+        return _from_hf_seq2seq(outputs, encoding, tokenizer, text=text, target=target, level=level,
+                                segmenter=segmenter, name=name)
+    if target is not None:
+        raise ValueError("target= is for an encoder–decoder's outputs; these hold one stack's attentions")
+    return [_to_map(enc, att, tokenizer, causal=causal, level=level, segmenter=segmenter, name=name,
+                    source="from_hf")
+            for enc, att, _ in _hf_rows(_hf_attentions(outputs), encoding, tokenizer, text)]
+
+
+def _hf_rows(layers: list[torch.Tensor], encoding, tokenizer, text, *, ids_key: str = "input_ids",
+             mask_key: str = "attention_mask", offsets: bool = True):
+    """Per row of a batch: its `Encoded`, its attention `[layer, head, query, key]` with padding cut, and
+    the positions kept (padding removed, left or right). `offsets=False`: the encoding's offsets and
+    special-token mask belong to another side (an encoder–decoder's source), so the text is tokenised again."""
+    ids, batched = _rows(encoding[ids_key])
+    rows = lambda key: _rows(encoding[key], batched)[0] if offsets and _has(encoding, key) else None  # noqa: E731
+    mask = _rows(encoding[mask_key], batched)[0] if _has(encoding, mask_key) else [[1] * len(r) for r in ids]
     texts = _texts(text, len(ids))
     offsets, specials = rows("offset_mapping"), rows("special_tokens_mask")
     if layers[0].shape[0] != len(ids):
         raise ValueError(f"the outputs hold {layers[0].shape[0]} rows but the encoding {len(ids)}; pass the "
                          "encoding that went into this forward pass")
-    maps = []
+    out = []
     for b, row_ids in enumerate(ids):
         keep = [i for i, m in enumerate(mask[b]) if m]  # padding removed, left or right
         kept_ids = [int(row_ids[i]) for i in keep]
@@ -75,11 +98,48 @@ def from_hf(
         else:
             enc = _encode_like(tokenizer, texts[b], kept_ids)
         idx = torch.tensor(keep, dtype=torch.long)
-        att = torch.stack([a[b].detach().to("cpu", torch.float32) for a in layers])  # [layer, head, T, T]
-        att = att.index_select(-2, idx).index_select(-1, idx).clone()  # [layer, head, query, key]
-        maps.append(_to_map(enc, att, tokenizer, causal=causal, level=level, segmenter=segmenter,
-                            name=name, source="from_hf"))
-    return maps
+        out.append((enc, _rows_and_keys(layers, b, idx, idx), idx))
+    return out
+
+
+def _rows_and_keys(layers: list[torch.Tensor], b: int, queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """Row `b` of every layer's `[batch, head, query, key]`, the given query and key positions only (a copy)."""
+    att = torch.stack([a[b].detach().to("cpu", torch.float32) for a in layers])  # [layer, head, T, S]
+    return att.index_select(-2, queries).index_select(-1, keys).clone()  # [layer, head, query, key]
+
+
+# An encoder–decoder's output fields, by the stack they come from.
+_SEQ2SEQ_FIELDS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
+
+
+def _is_seq2seq(outputs: Any) -> bool:
+    return all(getattr(outputs, f, None) is not None for f in _SEQ2SEQ_FIELDS.values())
+
+
+def _from_hf_seq2seq(outputs, encoding, tokenizer, *, text, target, level: Level, segmenter, name) -> list[Seq2SeqAttention]:
+    """One `Seq2SeqAttention` per row: the encoder's maps over the sources, the decoder's (causal) over the
+    decoder's input, and the cross-attention between them, padding cut on both sides."""
+    if not _has(encoding, "decoder_input_ids"):
+        raise ValueError("these are an encoder–decoder's outputs: pass an encoding that also holds the "
+                         "decoder_input_ids (and decoder_attention_mask when padded) that went into the forward pass")
+    if level not in ("token", "word"):
+        raise ValueError(f"level must be 'token' or 'word', got {level!r}")
+    if level == "word" and (text is None or target is None):
+        raise ValueError("level='word' needs the texts: pass text= (the sources) and target= (the targets)")
+    stacks = {kind: list(getattr(outputs, f)) for kind, f in _SEQ2SEQ_FIELDS.items()}
+    sources = _hf_rows(stacks["encoder"], encoding, tokenizer, text)
+    targets = _hf_rows(stacks["decoder"], encoding, tokenizer, target, ids_key="decoder_input_ids",
+                       mask_key="decoder_attention_mask", offsets=False)
+    pairs = []
+    for b, ((s_enc, s_att, s_idx), (t_enc, t_att, t_idx)) in enumerate(zip(sources, targets)):
+        kw = dict(level="token", segmenter=segmenter, name=name, source="from_hf")
+        encoder = _to_map(s_enc, s_att, tokenizer, causal=False, **kw)
+        decoder = _to_map(t_enc, t_att, tokenizer, causal=True, **kw)
+        cross = CrossAttentionMap(queries=Units.of(decoder), keys=Units.of(encoder),
+                                  attention=_rows_and_keys(stacks["cross"], b, t_idx, s_idx), meta=dict(encoder.meta))
+        pair = Seq2SeqAttention(encoder=encoder, decoder=decoder, cross=cross)
+        pairs.append(to_word_level(pair) if level == "word" else pair)
+    return pairs
 
 
 def from_transformer_lens(

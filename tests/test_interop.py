@@ -163,3 +163,44 @@ def test_attention_map_classmethods_are_the_interop_functions():
     [a] = AttentionMap.from_hf(out, enc, lm.tokenizer, text=[text])
     [b] = interop.from_hf(out, enc, lm.tokenizer, text=[text])
     assert torch.equal(a.attention, b.attention) and a.labels == b.labels
+
+
+# --- encoder–decoder outputs ---------------------------------------------------------------------
+
+SOURCES = ["The cat sat on the mat, and the dog sat on the log!", "Is it 42?"]
+TARGETS = ["Numbers: 1, 2, 3.", "He said no — she said yes, and then nobody knew."]
+
+
+def _user_seq2seq_forward(lm):
+    """What a user writes: sources and targets padded, the decoder's input = its start token + the target."""
+    tok = _padded_tokenizer(lm.tokenizer)
+    enc = dict(tok(SOURCES, padding=True, return_tensors="pt"))
+    tgt = tok(TARGETS, padding=True, return_tensors="pt")
+    start = torch.full((len(TARGETS), 1), lm.config.decoder_start_token_id)
+    enc["decoder_input_ids"] = torch.cat([start, tgt["input_ids"]], dim=1)
+    enc["decoder_attention_mask"] = torch.cat([torch.ones_like(start), tgt["attention_mask"]], dim=1)
+    with torch.no_grad():
+        out = lm.model(**enc, output_attentions=True, use_cache=False)
+    return out, enc, tok
+
+
+@pytest.mark.parametrize("level", ["token", "word"])
+def test_from_hf_of_an_encoder_decoder_round_trips_extract(tiny_seq2seq, level):
+    out, enc, tok = _user_seq2seq_forward(tiny_seq2seq)
+    assert enc["attention_mask"].min() == 0 and enc["decoder_attention_mask"].min() == 0  # both sides padded
+    got = from_hf(out, enc, tok, text=SOURCES, target=TARGETS, level=level)
+    want = extract(tiny_seq2seq, SOURCES, target=TARGETS, level=level)
+    assert len(got) == len(want) == len(SOURCES)
+    for g, w in zip(got, want):
+        _same_map(g.encoder, w.encoder)
+        _same_map(g.decoder, w.decoder)
+        assert g.cross.queries == w.cross.queries and g.cross.keys == w.cross.keys
+        torch.testing.assert_close(g.cross.attention, w.cross.attention, atol=1e-6, rtol=0)
+
+
+def test_from_hf_of_an_encoder_decoder_needs_the_decoder_input(tiny_seq2seq):
+    out, enc, tok = _user_seq2seq_forward(tiny_seq2seq)
+    with pytest.raises(ValueError, match="decoder_input_ids"):
+        from_hf(out, {k: v for k, v in enc.items() if not k.startswith("decoder")}, tok, text=SOURCES)
+    with pytest.raises(ValueError, match="target="):
+        from_hf(out, enc, tok, text=SOURCES, level="word")

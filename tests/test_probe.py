@@ -8,6 +8,7 @@ import torch
 from headscope.probe import AttentionMap, extract, extract_ids, to_word_level, word_spans
 from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature, family_for
 from headscope.probe.explain import explain, permutation_check, scale_effect
+from headscope.probe.extract import base_model
 from headscope.probe.scratch import build_mask, stable_softmax
 from headscope.probe.tiny import tiny_model
 from headscope.probe.verify import verify
@@ -209,9 +210,14 @@ def test_explain_matches_model(tiny):
     e = explain(tiny, TEXTS[0], token="it", layer=1, head=2)
     assert e.query == "it" and e.model_weight_max_abs_err < 1e-6
     assert abs(e.table["weight"].sum() - 1) < 1e-5
-    torch.testing.assert_close(torch.tensor(e.table["scaled_score"].dropna().values),
-                               torch.tensor(e.table["raw_score"].dropna().values) * e.scale, rtol=1e-5, atol=1e-6,
-                               check_dtype=False)
+    # The logit is the sum of its terms (q·k × scale, then whatever position terms the model adds),
+    # capped where the model caps it (Gemma 2).
+    t = e.table.dropna()
+    logit = torch.tensor((t["raw_score"] * e.scale + t.get("position_bias", 0) + t.get("position_scores", 0)).values)
+    cap = family_for(tiny.config).layer_spec(base_model(tiny), 1, tiny.config).softcap
+    if cap is not None:
+        logit = cap * torch.tanh(logit / cap)
+    torch.testing.assert_close(torch.tensor(t["scaled_score"].values), logit, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="occurs 0 time"):
         explain(tiny, TEXTS[0], token="zebra", layer=0, head=0)
 

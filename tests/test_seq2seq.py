@@ -218,3 +218,25 @@ def test_seq2seq_families_declare_three_stacks():
             assert family.layer_spec is family.stack("encoder").layer_spec
         else:
             assert kinds == []
+
+
+# --- explain ------------------------------------------------------------------------------------
+
+
+def test_explain_on_t5_takes_the_relative_bias_apart():
+    from headscope.probe.explain import explain
+
+    lm = tiny_model("t5")
+    e = explain(lm, SOURCES[0], token="dog", layer=1, head=2)
+    t = e.table
+    n = len(t)
+    with torch.no_grad():  # transformers' own bias, from block 0's table, which T5 shares with every layer
+        bias = lm.model.encoder.block[0].layer[0].SelfAttention.compute_bias(n, n)[0, 2, e.query_index]
+    torch.testing.assert_close(torch.tensor(t["position_bias"].values), bias.double(), rtol=0, atol=1e-6)
+    assert bias.std() > 1e-3  # keys at different distances get different biases: the term matters
+    logit = t["raw_score"] * e.scale + t["position_bias"]  # T5 has no 1/√d: scale is 1
+    assert e.scale == 1.0
+    assert (logit - t["scaled_score"]).abs().max() < 1e-5
+    torch.testing.assert_close(torch.softmax(torch.tensor(logit.values), -1), torch.tensor(t["weight"].values),
+                               rtol=0, atol=1e-6)
+    assert e.model_weight_max_abs_err < 1e-6

@@ -11,8 +11,8 @@ from typing import Sequence
 
 import click
 
-from ..common import (attention_options, device_options, echo_json, fail, finish, json_option, load_or_fail, model_option, out_option,
-                      quiet_option, verify_option, verify_step, write_table)
+from ..common import (attention_options, device_options, echo_json, fail, finish, join_run, json_option, load_or_fail,
+                      model_option, out_option, quiet_option, verify_option, verify_step, write_table)
 
 __all__ = ["cli", "probe_command", "probe_options"]
 
@@ -102,12 +102,16 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, templa
         fail(str(exc))
     if held is not None and len(sets) != 1:
         fail("--heldout needs a single --data file to choose the head on")
+    world = join_run(device)
     lm = load_or_fail(model_name, device, dtype)
     verification = verify_step(lm, enabled=not no_verify)
     try:
         main, parts = probe_sets(lm, sets, heldout=held, combined_task=combined_task, level=level,
                                  head_word=head_word, folds=folds, n_perm=n_perm, seed=seed, batch_size=batch_size,
-                                 noun=noun, progress=not quiet, attention=attention, budget=memory_budget)
+                                 noun=noun, progress=not quiet, attention=attention, budget=memory_budget,
+                                 world=world)
+        if not world.is_main:  # every process of a torchrun run holds the same results; rank 0 goes on alone
+            return
         check = causal(lm, main, template=template, n_random=n_random, seed=seed,
                        batch_size=batch_size) if ablate else None
     except (ValueError, RuntimeError) as exc:

@@ -5,8 +5,9 @@ from __future__ import annotations
 import click
 
 from ..api import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL
-from ..common import (attention_note, attention_options, device_options, echo_json, fail, finish, json_option, load_or_fail, model_option, out_option,
-                      quiet_option, too_long_or_fail, verify_option, verify_step, write_table)
+from ..common import (attention_note, attention_options, device_options, echo_json, fail, finish, join_run, json_option,
+                      load_or_fail, model_option, out_option, quiet_option, too_long_or_fail, verify_option,
+                      verify_step, write_table)
 
 __all__ = ["cli"]
 
@@ -43,6 +44,7 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
     from headscope.api import heads
 
     texts, total, source = _corpus(corpus_path, limit)
+    world = join_run(device)
     lm = load_or_fail(model_name, device, dtype)
     if corpus_path is not None:  # a text too long for the model is named by its file and line
         from itertools import islice
@@ -55,9 +57,11 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
         scores = heads(lm, texts, level=level, include_special=include_special, batch_size=batch_size,
                        induction_sequences=induction_seqs, induction_length=induction_length, seed=seed,
                        truncate=truncate, progress=not quiet, total=total, source=source, attention=attention,
-                       budget=memory_budget)
+                       budget=memory_budget, world=world)
     except (TypeError, ValueError, RuntimeError) as exc:
         fail(str(exc))
+    if not world.is_main:  # every process of a torchrun run holds the merged scores; rank 0 writes them
+        return
     if out_path:
         write_table(scores.table, out_path)
     if as_json:

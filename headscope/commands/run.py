@@ -30,8 +30,8 @@ import click
 from ..api import REPORT_SENTENCES, RunSettings, analyse_model, versions
 from filelock import FileLock, Timeout
 
-from ..common import (Interrupts, attention_options, device_options, echo_json, fail, json_option, load_or_fail, models_option,
-                      quiet_option, say, too_long_or_fail, writable_or_fail)
+from ..common import (Interrupts, attention_options, device_options, echo_json, fail, join_run, json_option, load_or_fail,
+                      models_option, quiet_option, say, too_long_or_fail, writable_or_fail)
 
 __all__ = ["cli", "model_section", "write_atomic", "not_a_report", "check_out"]
 
@@ -331,6 +331,7 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
         permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate,
         attention=attention, memory_budget=memory_budget, targets=tuple(targets), generate=generate,
         conllu=conllu_path, select_on=select_path)
+    world = join_run(device)
 
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser.
     with Interrupts() as interrupts:
@@ -343,13 +344,16 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
             too_long_or_fail(lm, corpus_lines, truncate=truncate)
             try:
                 analysis = analyse_model(lm, corpus, probe_sets, settings, load_seconds=load_seconds, progress=not quiet,
-                                         log=None if quiet else lambda line: click.echo(line, err=True), **treebanks)
+                                         log=None if quiet else lambda line: click.echo(line, err=True),
+                                         world=world, **treebanks)
             except (TypeError, ValueError, RuntimeError) as exc:
                 fail(f"{name}: {exc}")
             sections.append(model_section(analysis))
             records.append(analysis.to_dict())
             del lm  # one model in memory at a time
             interrupts.check()
+        if not world.is_main:  # every process of a torchrun run holds the same analyses; rank 0 writes the report
+            return
 
         from headscope.probe.types import json_safe
         from headscope.reports.html import build_report
