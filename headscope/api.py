@@ -363,25 +363,29 @@ def probe_sets(lm, sets: Sequence[tuple[str, Sequence]], *, heldout: tuple[str, 
     return main, parts
 
 
-def causal(lm, result, *, template: str | None = None, n_random: int = 19, seed: int = 0,
-           batch_size: int = 8) -> dict:
+def causal(lm, result, *, template: str | None = None, method: str = "zero", n_random: int = 19, seed: int = 0,
+           batch_size: int = 8, max_examples: int | None = None) -> dict:
     """Ablate `result`'s best head and compare the model's preference between the candidates
     with random head sets (decoders), on the examples the head was chosen on -> a dict.
 
-    `template` is the continuation prompt (default: `analyses.relations.COREF_TEMPLATE`).
+    `template` is the continuation prompt (default: `analyses.relations.COREF_TEMPLATE`); `method`
+    one of `probe.interventions.ABLATION_METHODS`; `max_examples` keeps the first examples only.
+    The dict is `analyses.ablation.ChoiceCheck.to_dict()` (delta of the preference, flips) with the
+    template and task, or `{"skipped": why}`.
     """
+    from headscope.ablation import Choice, choice_check
     from headscope.analyses.relations import COREF_TEMPLATE, continuation
-    from headscope.probe.ablate import causal_check
 
     template = template or COREF_TEMPLATE
     if result.best_head is None:
         return {"skipped": "no head was selected, so there is nothing to ablate"}
     if not lm.is_causal:
         return {"skipped": f"{lm.name} is an encoder: it does not predict a continuation to compare"}
-    examples = result.data.examples
+    examples = result.data.examples[:max_examples]
     prompts, options = zip(*(continuation(ex, template=template) for ex in examples))
-    check = causal_check(lm, prompts, options, [ex.answer for ex in examples], [result.best_head],
-                         n_random=n_random, seed=seed, batch_size=batch_size)
+    choice = Choice(tuple(prompts), tuple(tuple(o) for o in options), tuple(ex.answer for ex in examples))
+    check = choice_check(lm, [result.best_head], choice, method=method, n_random=n_random, seed=seed,
+                         batch_size=batch_size)
     return {**check.to_dict(), "prompt_template": template, "task": result.task}
 
 
