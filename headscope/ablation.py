@@ -7,6 +7,9 @@
            choice between continuations (`hs.causal`, `headscope coref --ablate`)
     ablate_each(lm, task=...)      every head alone (for "does looking predict mattering?")
     importance(lm, texts)          gradient head importance (Michel et al. 2019)
+    causal_evidence(lm, texts, scores, probes)
+        -> analyses.causal.CausalEvidence: every head alone, importance, the induction ablation and
+           the probes' cloze checks, for the report (`headscope run`)
     norm_attention(lm, texts)      ‖α_ij f(x_j)‖ per head and per layer (Kobayashi et al. 2020)
 
 The effect metric follows the model and the task unless given: a decoder's next-token loss over a
@@ -28,7 +31,7 @@ from headscope.probe.effects import (EffectTask, logit_diff, next_token_loss, op
 from headscope.probe.interventions import AblationMethod, ablate as ablate_heads, check_heads, head_means
 from headscope.probe.loading import LoadedModel
 
-__all__ = ["Choice", "Cloze", "InductionTask", "ablate", "choice_check", "ablate_each", "effect_task", "importance", "norm_attention",
+__all__ = ["Choice", "Cloze", "InductionTask", "ablate", "causal_evidence", "choice_check", "ablate_each", "effect_task", "importance", "norm_attention",
            "DEFAULT_REFERENCE_TEXTS"]
 
 DEFAULT_REFERENCE_TEXTS = 64  # built-in corpus texts behind method="mean" when no corpus is given
@@ -212,3 +215,32 @@ def norm_attention(lm: LoadedModel, texts: str | Sequence[str], *, batch_size: i
     from headscope.probe.norms import norm_attention as _norm_attention
 
     return _norm_attention(lm, texts, batch_size=batch_size, truncate=truncate)
+
+
+def causal_evidence(lm: LoadedModel, texts: Sequence[str], scores=None, probes: Sequence = (), *,
+                    method: AblationMethod = "zero", n_random: int = 19, induction_k: int = 5,
+                    induction: InductionTask = InductionTask(n_sequences=5, length=25), cloze_examples: int = 40,
+                    seed: int = 0, batch_size: int = 8, progress: bool = False):
+    """Every head ablated alone on `texts`, gradient importance over them, for a decoder the top
+    `induction_k` induction heads of `scores` (at most half the heads) against random sets, and each probe's cloze check
+    (its chosen head, the first `cloze_examples` examples) -> `analyses.causal.CausalEvidence`."""
+    from headscope.analyses.causal import CausalEvidence
+    from headscope.api import causal
+
+    texts = list(texts)
+    measure, _ = effect_task(lm, corpus=texts, batch_size=batch_size)
+    frame = ablate_each(lm, method=method, corpus=texts, batch_size=batch_size, progress=progress)
+    single = torch.tensor(frame["effect"].to_numpy(), dtype=torch.float64).view(
+        lm.config.num_hidden_layers, lm.config.num_attention_heads)
+    imp = importance(lm, texts, batch_size=batch_size)
+    top = None
+    if lm.is_causal and scores is not None and "induction" in scores.metrics and induction_k > 0:
+        total = lm.config.num_hidden_layers * lm.config.num_attention_heads
+        t = scores.top("induction", k=min(induction_k, total // 2))  # random sets need heads outside the top
+        top = ablate(lm, [(int(r.layer), int(r.head)) for r in t.itertuples()], method=method, task=induction,
+                     n_random=n_random, seed=seed, batch_size=batch_size)
+    choices = {p.task: causal(lm, p, method=method, n_random=n_random, seed=seed, batch_size=batch_size,
+                              max_examples=cloze_examples) for p in probes}
+    return CausalEvidence(model=lm.name, method=method, effect_metric=measure.metric, description=measure.description,
+                          stronger=measure.stronger, n_texts=measure.n, single=single, importance=imp.importance,
+                          importance_loss=imp.loss, induction=top, choices=choices, n_random=n_random, seed=seed)

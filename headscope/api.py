@@ -489,6 +489,14 @@ class RunSettings:
     device: str = "cpu"
     dtype: str = "float32"
     truncate: bool = False
+    # Causal evidence (`headscope.causal_evidence`): None = where it is cheap, i.e. for encoders (one
+    # forward pass per head over `causal_texts` texts: seconds for minilm); a decoder adds an LM head
+    # per pass, the induction ablation and three cloze checks (minutes on a CPU), so only with True.
+    causal: bool | None = None
+    causal_texts: int = 32
+    causal_random: int = 19
+    causal_examples: int = 40
+    induction_k: int = 5
 
 
 @dataclass(frozen=True)
@@ -504,6 +512,7 @@ class ModelAnalysis:
     info: dict
     notes: tuple[str, ...] = ()
     seconds: dict = field(default_factory=dict)
+    causal: Any = None  # analyses.causal.CausalEvidence, or None where it was not run
 
     def to_dict(self) -> dict:
         """The run.json entry of this model."""
@@ -515,6 +524,7 @@ class ModelAnalysis:
             "heads": self.scores.to_dict(table=False),
             "probes": [{k: val for k, val in p.to_dict().items() if k != "heads"} for p in self.probes],
             "notes": list(self.notes), "seconds": dict(self.seconds),
+            "causal": None if self.causal is None else self.causal.to_dict(self.scores),
         }
 
 
@@ -577,6 +587,18 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
     for p in probes:
         say(f"  {p.task}: {p.verdict}")
 
+    evidence = None
+    if settings.causal or (settings.causal is None and not lm.is_causal):
+        from headscope.ablation import causal_evidence
+
+        causal_texts = [fit_context(lm, t) if settings.truncate else t for t in texts[: settings.causal_texts]]
+        evidence = stage.run("causal", causal_evidence, lm, causal_texts, scores, probes,
+                             n_random=settings.causal_random, induction_k=settings.induction_k,
+                             cloze_examples=settings.causal_examples, seed=settings.seed,
+                             batch_size=settings.batch_size, progress=progress)
+        say(f"{lm.name}: causal evidence, every head ablated alone on {evidence.n_texts} texts "
+            f"({stage.seconds['causal']:.1f} s)")
+
     maps = stage.run("sentences", extract, lm, list(settings.texts), level="token", truncate=settings.truncate)
     sentences = "--text" if settings.texts != REPORT_SENTENCES else "built-in"
     corpus = corpus_stats(lm.tokenizer, [("heads corpus", settings.corpus, texts),
@@ -585,7 +607,8 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
                                           ("report sentences", sentences, list(settings.texts))])
     info = _model_info(lm, verification, stage.seconds)
     return ModelAnalysis(model=lm.name, verification=verification, scores=scores, probes=tuple(probes),
-                         maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds))
+                         maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds),
+                         causal=evidence)
 
 
 def _model_info(lm, verification, seconds: dict) -> dict:

@@ -147,7 +147,7 @@ def model_section(analysis):
 
     return ModelSection(model=analysis.model, maps=analysis.maps, word_maps=_word_maps(analysis.maps),
                         verification=analysis.verification, scores=analysis.scores, probes=analysis.probes,
-                        corpus=analysis.corpus, info=analysis.info, notes=analysis.notes)
+                        corpus=analysis.corpus, info=analysis.info, notes=analysis.notes, causal=analysis.causal)
 
 
 def _word_maps(maps) -> tuple:
@@ -248,6 +248,11 @@ def reclaim_stale(out: Path) -> None:
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 @click.option("--truncate", is_flag=True, help="Cut texts longer than a model's context instead of failing.")
+@click.option("--causal/--no-causal", default=None,
+              help="Causal evidence: ablate every head alone, gradient importance, the induction ablation and the "
+                   "probes' cloze checks. Default: on for encoders (seconds), off for decoders (minutes on a CPU).")
+@click.option("--causal-texts", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Corpus texts that every single-head ablation and the importance are measured on.")
 @click.option("--format", "formats", default="png", show_default=True, callback=_check_formats,
               help="Figure files to write, comma-separated: png, svg, pdf (fonts embedded). The page inlines PNG.")
 @click.option("--dpi", type=click.IntRange(min=10, max=1200), default=100, show_default=True,
@@ -258,7 +263,7 @@ def reclaim_stale(out: Path) -> None:
 @json_option
 @device_options
 def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, induction_seqs, permutations, seed,
-        batch_size, truncate, formats, dpi, width, quiet, as_json, device, dtype) -> None:
+        batch_size, truncate, causal, causal_texts, formats, dpi, width, quiet, as_json, device, dtype) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
     --json prints the run.json record. Exits 1 when a model's attention is not verified (the report
@@ -282,7 +287,8 @@ def cli(models, corpus_path, coref_path, texts, out_dir, force, level, limit, in
         corpus="built-in" if corpus_path is None else str(corpus_path),
         coref=f"built-in ({', '.join(_COREF_SETS)})" if coref_path is None else str(coref_path),
         texts=tuple(texts) or REPORT_SENTENCES, level=level, limit=limit, induction_sequences=induction_seqs,
-        permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate)
+        permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate,
+        causal=causal, causal_texts=causal_texts)
 
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser.
     with Interrupts() as interrupts:
