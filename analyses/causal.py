@@ -17,9 +17,9 @@ loss change, or minus the cosine). Its 95% interval is the Fisher z-interval wit
 1.06 / √(n − 3) that Fieller, Hartley & Pearson (1957) give for Spearman's ρ:
 tanh(atanh ρ ± 1.96 · 1.06 / √(n − 3)).
 
->>> r = spearman_interval([1, 2, 3, 4, 5, 6], [2, 1, 4, 3, 6, 5])
+>>> r = spearman_interval([1, 2, 3, 4, 5, 6], [2, 1, 4, 3, 6, 5])  # ρ = 1 − 6·Σd²/(n(n²−1)) = 1 − 36/210
 >>> round(r.rho, 3), r.n, [round(v, 3) for v in (r.low, r.high)]
-(0.829, 6, [-0.003, 0.985])
+(0.829, 6, [-0.016, 0.983])
 """
 
 from __future__ import annotations
