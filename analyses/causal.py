@@ -96,7 +96,7 @@ class CausalEvidence:
     importance: Any = None  # [layer, head] gradient importance (normalised per layer), or None
     importance_loss: str = ""
     induction: AblationResult | None = None
-    choices: Mapping[str, dict] = None  # probe task -> ChoiceCheck.to_dict() + template, or {"skipped": why}
+    choices: Mapping[str, dict] | None = None  # probe task -> ChoiceCheck.to_dict() + template, or {"skipped": why}
     n_random: int = 19
     seed: int = 0
 
