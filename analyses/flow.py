@@ -17,9 +17,13 @@ head-averaged attention Ā_l becomes
 
 from __future__ import annotations
 
+from typing import Callable, Literal, Mapping
+
 import torch
 
-__all__ = ["FLOW_MAX_EDGES", "residual_attention", "rollout", "flow"]
+__all__ = ["FLOW_MAX_EDGES", "TOKEN_MAPS", "TokenMap", "flow_fits", "residual_attention", "rollout", "flow"]
+
+TokenMap = Literal["rollout", "flow"]
 
 FLOW_MAX_EDGES = 12_000  # layers × tokens²: e.g. 30 layers × 20 tokens, 12 layers × 31 tokens
 
@@ -57,6 +61,12 @@ def rollout(attention: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def flow_fits(attention: torch.Tensor, *, max_edges: int = FLOW_MAX_EDGES) -> bool:
+    """Whether `flow` accepts this `[layer, head, query, key]` attention (layers × tokens² ≤ `max_edges`)."""
+    L, _, T, _ = attention.shape
+    return L * T * T <= max_edges
+
+
 def flow(attention: torch.Tensor, *, max_edges: int = FLOW_MAX_EDGES) -> torch.Tensor:
     """Attention flow `[query, key]` of one text's `[layer, head, query, key]` attention (float64).
 
@@ -85,3 +95,6 @@ def flow(attention: torch.Tensor, *, max_edges: int = FLOW_MAX_EDGES) -> torch.T
             if graph.has_node((L, i)) and graph.has_node((0, j)):
                 out[i, j] = nx.maximum_flow_value(graph, (L, i), (0, j))
     return out / out.sum(-1, keepdim=True).clamp_min(1e-300)
+
+
+TOKEN_MAPS: Mapping[str, Callable[[torch.Tensor], torch.Tensor]] = {"rollout": rollout, "flow": flow}

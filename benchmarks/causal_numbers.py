@@ -13,6 +13,10 @@ Steps, each `KIND:MODEL`, results written to OUT.json after every step (a partia
   bootstrap 95% intervals — does looking predict mattering?
 - encoder: importance ranking of an encoder and its top-5 heads ablated against random heads
   (sentence-embedding cosine).
+- roles: head scores over the corpus, then for each role metric its top-3 heads ablated together
+  against random sets of 3, and every head alone, with Spearman ρ (Fisher-z interval,
+  `analyses.causal.spearman_interval`) of each role score against the single-head harm — the
+  report's causal evidence at benchmark sizes.
 """
 
 from __future__ import annotations
@@ -202,6 +206,34 @@ def encoder(name: str, out: dict, save) -> None:
     save()
 
 
+def roles(name: str, out: dict, save, k: int = 3) -> None:
+    from headscope.analyses.causal import role_grids, spearman_interval
+    from headscope.analyses.metrics import METRICS
+
+    t0 = time.time()
+    lm = _model(name)
+    res = out.setdefault(name, {})
+    scores = heads(lm, CORPUS, induction_sequences=SCORE_SEQS, induction_length=SCORE_LEN, seed=0)
+    grids = role_grids(scores)
+    res["role_top_heads_ablated"] = {}
+    for metric in grids:
+        top = [(int(r.layer), int(r.head)) for r in scores.top(metric, k=k).itertuples()]
+        r = ablation.ablate(lm, top, method="zero", corpus=CORPUS, n_random=N_RANDOM, seed=1)
+        res["role_top_heads_ablated"][f"{METRICS[metric].role} ({metric})"] = r.to_dict()
+        print(name, metric, r.verdict, flush=True)
+        save()
+    res["seconds_roles_topk"] = time.time() - t0
+    frame = ablation.ablate_each(lm, corpus=CORPUS[:32])
+    single = frame["effect"].to_numpy().reshape(lm.config.num_hidden_layers, lm.config.num_attention_heads)
+    harm = single if lm.is_causal else -single  # larger = hurt more (loss up, cosine down)
+    res["single_head_effect_32_texts"] = {head_name(int(r.layer), int(r.head)): float(r.effect)
+                                          for r in frame.itertuples()}
+    res["spearman_role_score_vs_single_harm"] = {
+        m: spearman_interval(g.ravel(), harm.ravel(), score=m).to_dict() for m, g in grids.items()}
+    res["seconds_roles"] = time.time() - t0
+    save()
+
+
 def main() -> None:
     path, names = sys.argv[1], sys.argv[2:]
     torch.set_num_threads(2)
@@ -213,7 +245,7 @@ def main() -> None:
 
     for step in names:  # e.g. top_k:smollm2 top_k:gemma3-270m importance:smollm2 each:smollm2 encoder:minilm
         kind, name = step.split(":")
-        {"top_k": top_k, "importance": importance, "each": each, "encoder": encoder, "attrib": attrib,
+        {"top_k": top_k, "importance": importance, "each": each, "encoder": encoder, "attrib": attrib, "roles": roles,
          "top_5": lambda name, out, save: top_k(name, out, save, ks=(5,))}[kind](name, out, save)
 
 

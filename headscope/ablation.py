@@ -1,14 +1,20 @@
 """Does the head matter? Workflows that compose interventions, effects and their statistics.
 
-    ablate(lm, heads, method=..., corpus=... | task="induction" | task=Cloze(...))
+    ablate(lm, heads, method=..., corpus=... | task="induction" | task=Cloze(...) | task=Choice(...))
         -> analyses.ablation.AblationResult: the effect against random head sets of the same size
+    choice_check(lm, heads, Choice(...))
+        -> analyses.ablation.ChoiceCheck: the per-example preferences behind flips of a decoder's
+           choice between continuations (`hs.causal`, `headscope coref --ablate`)
     ablate_each(lm, task=...)      every head alone (for "does looking predict mattering?")
     importance(lm, texts)          gradient head importance (Michel et al. 2019)
+    causal_evidence(lm, texts, scores, probes)
+        -> analyses.causal.CausalEvidence: every head alone, importance, the induction ablation and
+           the probes' cloze checks, for the report (`headscope run`)
     norm_attention(lm, texts)      ‖α_ij f(x_j)‖ per head and per layer (Kobayashi et al. 2020)
 
 The effect metric follows the model and the task unless given: a decoder's next-token loss over a
 corpus, the loss on the second copy of repeated random tokens for `task="induction"`, the logit
-difference for a `Cloze`; an encoder's sentence embedding (cosine to the clean one), or a chosen
+difference for a `Cloze`, the preference between options for a `Choice`; an encoder's sentence embedding (cosine to the clean one), or a chosen
 word's final representation with `word=`.
 """
 
@@ -19,12 +25,13 @@ from typing import Literal, Sequence
 
 import torch
 
-from headscope.analyses.ablation import AblationResult, random_head_sets
-from headscope.probe.effects import EffectTask, logit_diff, next_token_loss, sentence_cosine, sequence_loss, word_cosine
+from headscope.analyses.ablation import AblationResult, ChoiceCheck, random_head_sets
+from headscope.probe.effects import (EffectTask, logit_diff, next_token_loss, option_preference, sentence_cosine,
+                                     sequence_loss, word_cosine)
 from headscope.probe.interventions import AblationMethod, ablate as ablate_heads, check_heads, head_means
 from headscope.probe.loading import LoadedModel
 
-__all__ = ["Cloze", "InductionTask", "ablate", "ablate_each", "effect_task", "importance", "norm_attention",
+__all__ = ["Choice", "Cloze", "InductionTask", "ablate", "causal_evidence", "choice_check", "ablate_each", "effect_task", "importance", "norm_attention",
            "DEFAULT_REFERENCE_TEXTS"]
 
 DEFAULT_REFERENCE_TEXTS = 64  # built-in corpus texts behind method="mean" when no corpus is given
@@ -40,6 +47,15 @@ class Cloze:
 
 
 @dataclass(frozen=True)
+class Choice:
+    """Prompts, each with its options (whole continuations, any number of tokens) and the right one's index."""
+
+    prompts: tuple[str, ...]
+    options: tuple[tuple[str, ...], ...]
+    answers: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class InductionTask:
     """Repeated random tokens (Olsson et al. 2022): the loss on the second copy needs induction heads."""
 
@@ -48,8 +64,11 @@ class InductionTask:
     seed: int = 0
 
 
+Task = Literal["induction"] | InductionTask | Cloze | Choice  # what an ablation is measured on, besides a corpus
+
+
 def effect_task(lm: LoadedModel, *, corpus: Sequence[str] | None = None,
-                task: Literal["induction"] | InductionTask | Cloze | None = None, word: str | None = None,
+                task: Task | None = None, word: str | None = None,
                 batch_size: int = 8) -> tuple[EffectTask, dict]:
     """The effect measurement for a model and a task, and the settings that describe it."""
     if (corpus is None) == (task is None):
@@ -69,8 +88,11 @@ def effect_task(lm: LoadedModel, *, corpus: Sequence[str] | None = None,
                  "prefix": list(prefix)})
     if isinstance(task, Cloze):
         return logit_diff(lm, task.prompts, task.right, task.wrong, batch_size=batch_size), {"task": "cloze"}
+    if isinstance(task, Choice):
+        return (option_preference(lm, task.prompts, task.options, task.answers, batch_size=batch_size),
+                {"task": "choice"})
     if task is not None:
-        raise ValueError(f"task must be 'induction', an InductionTask or a Cloze, got {task!r}")
+        raise ValueError(f"task must be 'induction', an InductionTask, a Cloze or a Choice, got {task!r}")
     texts = list(corpus)
     if word is not None:
         return word_cosine(lm, texts, word, batch_size=batch_size), {"task": "corpus", "word": word}
@@ -90,7 +112,7 @@ def _means(lm: LoadedModel, method: str, corpus, reference, batch_size: int) -> 
 
 
 def ablate(lm: LoadedModel, heads: Sequence[tuple[int, int]], *, method: AblationMethod = "zero",
-           corpus: Sequence[str] | None = None, task: Literal["induction"] | InductionTask | Cloze | None = None,
+           corpus: Sequence[str] | None = None, task: Task | None = None,
            word: str | None = None, reference: Sequence[str] | None = None, n_random: int = 19, seed: int = 0,
            batch_size: int = 8) -> AblationResult:
     """Ablate `heads`, then `n_random` random sets of as many other heads, and compare the effects.
@@ -103,31 +125,64 @@ def ablate(lm: LoadedModel, heads: Sequence[tuple[int, int]], *, method: Ablatio
     >>> r.to_dict()["random"]["n"], r.effect_metric
     (3, 'next_token_loss')
     """
-    heads = check_heads(lm, heads)
-    if not heads:
-        raise ValueError("no heads to ablate")
-    if n_random < 0:
-        raise ValueError("n_random must be 0 or more")
+    heads = _checked(lm, heads, n_random)
     measure, settings = effect_task(lm, corpus=corpus, task=task, word=word, batch_size=batch_size)
     means = _means(lm, method, corpus, reference, batch_size)
-    clean = measure.read(lm)
-
-    def effect_of(chosen) -> float:
-        with ablate_heads(lm, chosen, method=method, means=means):
-            return measure.change(clean, measure.read(lm))
-
-    effect = effect_of(heads)
-    sets = random_head_sets(lm.config.num_hidden_layers, lm.config.num_attention_heads, heads, len(heads), n_random,
-                            seed=seed)
-    random_effects = tuple(effect_of(s) for s in sets)
+    clean, ablated, _, random_readouts = _readouts(lm, heads, measure, method=method, means=means, n_random=n_random,
+                                                   seed=seed)
+    effect = measure.change(clean, ablated)
+    random_effects = tuple(measure.change(clean, r) for r in random_readouts)
     baseline = float(clean.double().mean()) if clean.dim() == 1 else 1.0
     return AblationResult(model=lm.name, heads=heads, method=method, effect_metric=measure.metric, effect=effect,
                           random_effects=random_effects, stronger=measure.stronger, baseline=baseline, n=measure.n,
                           description=measure.description, extra=settings | {"random_seed": seed})
 
 
+def choice_check(lm: LoadedModel, heads: Sequence[tuple[int, int]], choice: Choice, *,
+                 method: AblationMethod = "zero", reference: Sequence[str] | None = None, n_random: int = 19,
+                 seed: int = 0, batch_size: int = 8) -> ChoiceCheck:
+    """Ablate `heads`, then `n_random` random sets of as many other heads, and keep every example's preference.
+
+    The random sets are `ablate`'s for the same seed; with 19 of them the smallest p is 0.05.
+    """
+    heads = _checked(lm, heads, n_random)
+    measure, _ = effect_task(lm, task=choice, batch_size=batch_size)
+    means = _means(lm, method, None, reference, batch_size)
+    clean, ablated, _, random_readouts = _readouts(lm, heads, measure, method=method, means=means, n_random=n_random,
+                                                   seed=seed)
+
+    def values(t: torch.Tensor) -> tuple[float, ...]:
+        return tuple(float(v) for v in t)
+
+    return ChoiceCheck(model=lm.name, heads=heads, method=method, before=values(clean), after=values(ablated),
+                       random_after=tuple(values(r) for r in random_readouts))
+
+
+def _checked(lm: LoadedModel, heads, n_random: int) -> tuple[tuple[int, int], ...]:
+    heads = check_heads(lm, heads)
+    if not heads:
+        raise ValueError("no heads to ablate")
+    if n_random < 0:
+        raise ValueError("n_random must be 0 or more")
+    return heads
+
+
+def _readouts(lm: LoadedModel, heads, measure: EffectTask, *, method: AblationMethod, means, n_random: int, seed: int):
+    """(clean readout, readout with `heads` ablated, the random sets, their readouts)."""
+    clean = measure.read(lm)
+
+    def read_with(chosen) -> torch.Tensor:
+        with ablate_heads(lm, chosen, method=method, means=means):
+            return measure.read(lm)
+
+    sets = random_head_sets(lm.config.num_hidden_layers, lm.config.num_attention_heads, heads, len(heads), n_random,
+                            seed=seed)
+    ablated = read_with(heads)
+    return clean, ablated, sets, tuple(read_with(s) for s in sets)
+
+
 def ablate_each(lm: LoadedModel, *, method: AblationMethod = "zero", corpus: Sequence[str] | None = None,
-                task: Literal["induction"] | InductionTask | Cloze | None = None, word: str | None = None,
+                task: Task | None = None, word: str | None = None,
                 reference: Sequence[str] | None = None, batch_size: int = 8, progress: bool = False):
     """The effect of ablating every head alone: a tidy frame `(model, layer, head, effect_metric, effect)`."""
     import pandas as pd
@@ -160,3 +215,32 @@ def norm_attention(lm: LoadedModel, texts: str | Sequence[str], *, batch_size: i
     from headscope.probe.norms import norm_attention as _norm_attention
 
     return _norm_attention(lm, texts, batch_size=batch_size, truncate=truncate)
+
+
+def causal_evidence(lm: LoadedModel, texts: Sequence[str], scores=None, probes: Sequence = (), *,
+                    method: AblationMethod = "zero", n_random: int = 19, induction_k: int = 5,
+                    induction: InductionTask = InductionTask(n_sequences=5, length=25), cloze_examples: int = 40,
+                    seed: int = 0, batch_size: int = 8, progress: bool = False):
+    """Every head ablated alone on `texts`, gradient importance over them, for a decoder the top
+    `induction_k` induction heads of `scores` (at most half the heads) against random sets, and each probe's cloze check
+    (its chosen head, the first `cloze_examples` examples) -> `analyses.causal.CausalEvidence`."""
+    from headscope.analyses.causal import CausalEvidence
+    from headscope.api import causal
+
+    texts = list(texts)
+    measure, _ = effect_task(lm, corpus=texts, batch_size=batch_size)
+    frame = ablate_each(lm, method=method, corpus=texts, batch_size=batch_size, progress=progress)
+    single = torch.tensor(frame["effect"].to_numpy(), dtype=torch.float64).view(
+        lm.config.num_hidden_layers, lm.config.num_attention_heads)
+    imp = importance(lm, texts, batch_size=batch_size)
+    top = None
+    if lm.is_causal and scores is not None and "induction" in scores.metrics and induction_k > 0:
+        total = lm.config.num_hidden_layers * lm.config.num_attention_heads
+        t = scores.top("induction", k=min(induction_k, total // 2))  # random sets need heads outside the top
+        top = ablate(lm, [(int(r.layer), int(r.head)) for r in t.itertuples()], method=method, task=induction,
+                     n_random=n_random, seed=seed, batch_size=batch_size)
+    choices = {p.task: causal(lm, p, method=method, n_random=n_random, seed=seed, batch_size=batch_size,
+                              max_examples=cloze_examples) for p in probes}
+    return CausalEvidence(model=lm.name, method=method, effect_metric=measure.metric, description=measure.description,
+                          stronger=measure.stronger, n_texts=measure.n, single=single, importance=imp.importance,
+                          importance_loss=imp.loss, induction=top, choices=choices, n_random=n_random, seed=seed)

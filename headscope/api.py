@@ -577,25 +577,29 @@ def probe_sets(lm, sets: Sequence[tuple[str, Sequence]], *, heldout: tuple[str, 
     return main, parts
 
 
-def causal(lm, result, *, template: str | None = None, n_random: int = 19, seed: int = 0,
-           batch_size: int = 8) -> dict:
+def causal(lm, result, *, template: str | None = None, method: str = "zero", n_random: int = 19, seed: int = 0,
+           batch_size: int = 8, max_examples: int | None = None) -> dict:
     """Ablate `result`'s best head and compare the model's preference between the candidates
     with random head sets (decoders), on the examples the head was chosen on -> a dict.
 
-    `template` is the continuation prompt (default: `analyses.relations.COREF_TEMPLATE`).
+    `template` is the continuation prompt (default: `analyses.relations.COREF_TEMPLATE`); `method`
+    one of `probe.interventions.ABLATION_METHODS`; `max_examples` keeps the first examples only.
+    The dict is `analyses.ablation.ChoiceCheck.to_dict()` (delta of the preference, flips) with the
+    template and task, or `{"skipped": why}`.
     """
+    from headscope.ablation import Choice, choice_check
     from headscope.analyses.relations import COREF_TEMPLATE, continuation
-    from headscope.probe.ablate import causal_check
 
     template = template or COREF_TEMPLATE
     if result.best_head is None:
         return {"skipped": "no head was selected, so there is nothing to ablate"}
     if not lm.is_causal:
         return {"skipped": f"{lm.name} is an encoder: it does not predict a continuation to compare"}
-    examples = result.data.examples
+    examples = result.data.examples[:max_examples]
     prompts, options = zip(*(continuation(ex, template=template) for ex in examples))
-    check = causal_check(lm, prompts, options, [ex.answer for ex in examples], [result.best_head],
-                         n_random=n_random, seed=seed, batch_size=batch_size)
+    choice = Choice(tuple(prompts), tuple(tuple(o) for o in options), tuple(ex.answer for ex in examples))
+    check = choice_check(lm, [result.best_head], choice, method=method, n_random=n_random, seed=seed,
+                         batch_size=batch_size)
     return {**check.to_dict(), "prompt_template": template, "task": result.task}
 
 
@@ -709,6 +713,14 @@ class RunSettings:
     generate: int = 0
     conllu: str | None = None  # a CoNLL-U treebank: the report gains a Syntax section (scored on it)
     select_on: str | None = None  # a second treebank to choose the syntax heads on (else a seeded half of conllu)
+    # Causal evidence (`headscope.causal_evidence`): None = where it is cheap, i.e. for encoders (one
+    # forward pass per head over `causal_texts` texts: seconds for minilm); a decoder adds an LM head
+    # per pass, the induction ablation and three cloze checks (minutes on a CPU), so only with True.
+    causal: bool | None = None
+    causal_texts: int = 32
+    causal_random: int = 19
+    causal_examples: int = 40
+    induction_k: int = 5
 
 
 # What an encoder–decoder model's decoder reads when no targets are given: each report sentence itself
@@ -734,6 +746,7 @@ class ModelAnalysis:
     generations: tuple = ()  # GenerationAttention after each report sentence (decoders, `RunSettings.generate`)
     syntax: Any = None  # analyses.syntax.SyntaxResult when settings.conllu was given
     syntax_clusters: Any = None  # its heads embedded by attention distance (analyses.syntax.head_clusters)
+    causal: Any = None  # analyses.causal.CausalEvidence, or None where it was not run
 
     def to_dict(self) -> dict:
         """The run.json entry of this model (with "syntax" only when the syntax analysis ran)."""
@@ -747,6 +760,7 @@ class ModelAnalysis:
             "notes": list(self.notes), "seconds": dict(self.seconds),
             **({"generated": [{"prompt": g.prompt.text, "text": g.text, "stopped": g.stopped} for g in self.generations]}
                if self.generations else {}),
+            "causal": None if self.causal is None else self.causal.to_dict(self.scores),
         }
         if self.syntax is not None:
             record["syntax"] = self.syntax.to_dict()
@@ -823,6 +837,18 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
     for p in probes:
         say(f"  {p.task}: {p.verdict}")
 
+    evidence = None
+    if settings.causal or (settings.causal is None and not lm.is_causal):
+        from headscope.ablation import causal_evidence
+
+        causal_texts = [fit_context(lm, t) if settings.truncate else t for t in texts[: settings.causal_texts]]
+        evidence = stage.run("causal", causal_evidence, lm, causal_texts, scores, probes,
+                             n_random=settings.causal_random, induction_k=settings.induction_k,
+                             cloze_examples=settings.causal_examples, seed=settings.seed,
+                             batch_size=settings.batch_size, progress=progress)
+        say(f"{lm.name}: causal evidence, every head ablated alone on {evidence.n_texts} texts "
+            f"({stage.seconds['causal']:.1f} s)")
+
     maps, pairs, norm_maps = stage.run("sentences", _report_attention, lm, settings)
     generations = ()
     if settings.generate and lm.is_causal:
@@ -846,7 +872,7 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
     return ModelAnalysis(model=lm.name, verification=verification, scores=scores, probes=tuple(probes),
                          maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds),
                          pairs=tuple(pairs), norm_maps=tuple(norm_maps), generations=tuple(generations),
-                         syntax=found, syntax_clusters=clusters)
+                         syntax=found, syntax_clusters=clusters, causal=evidence)
 
 
 def _generations(lm, settings: RunSettings) -> tuple:

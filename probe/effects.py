@@ -10,6 +10,10 @@ by name from `EFFECT_TASKS`:
                       task scores the second copy of a repeated random sequence (Olsson et al. 2022)
     logit_diff        decoders: a cloze, logit(right) − logit(wrong) for the next token after each
                       prompt; effect = mean change (lower = mattered more)
+    option_preference decoders: a choice between continuations, log P(right option) − the largest
+                      log P(other option) after each prompt (each option's log-probability summed
+                      over its tokens); effect = mean change (lower = mattered more), and an
+                      example's preference flips when its sign changes
     word_cosine       encoders: the final representation of a chosen word (mean over its tokens);
                       effect = mean cosine of the ablated to the clean vector (lower = mattered more)
     sentence_cosine   sentence encoders (minilm): the sentence embedding — the mean of the final
@@ -30,9 +34,10 @@ from .extract import Encoded, base_model, check_texts, encode_many, pad_batch
 from .loading import LoadedModel
 
 __all__ = ["EffectMetric", "EffectTask", "EFFECT_TASKS", "next_token_loss", "sequence_loss", "logit_diff",
-           "word_cosine", "sentence_cosine"]
+           "option_logprobs", "option_preference", "word_cosine", "sentence_cosine"]
 
-EffectMetric = Literal["next_token_loss", "sequence_loss", "logit_diff", "word_cosine", "sentence_cosine"]
+EffectMetric = Literal["next_token_loss", "sequence_loss", "logit_diff", "option_preference", "word_cosine",
+                       "sentence_cosine"]
 Stronger = Literal["higher", "lower"]
 
 
@@ -131,6 +136,83 @@ def logit_diff(lm: LoadedModel, prompts: Sequence[str], right: Sequence[str], wr
                       "change in logit(right) − logit(wrong) of the next token", len(items))
 
 
+def option_logprobs(lm: LoadedModel, prompts: Sequence[str], options: Sequence[Sequence[str]], *,
+                    batch_size: int = 8) -> list[list[float]]:
+    """log P(option | prompt), summed over the option's tokens, for each prompt and each of its options.
+
+    Only the tokens that condition a prediction are run: the prompt plus all but the last token of
+    an option. Options that share those (single-token options, or a shared first word such as
+    " the") share one forward pass.
+    """
+    _require_decoder(lm, "option_logprobs")
+    wanted = _option_contexts(lm, prompts, options)  # per prompt, per option: (context, option ids)
+    # For each context, the (position, token) log-probabilities the options need.
+    needed: dict[tuple[int, ...], set[tuple[int, int]]] = {}
+    for row in wanted:
+        for ctx, o_ids in row:
+            start = len(ctx) - len(o_ids)  # position whose prediction is the option's first token
+            needed.setdefault(ctx, set()).update((start + j, t) for j, t in enumerate(o_ids))
+    contexts = sorted(needed, key=len)
+    value: dict[tuple[tuple[int, ...], int, int], float] = {}
+    with torch.inference_mode():
+        for chunk in _batches(contexts, batch_size):
+            t_max = max(len(c) for c in chunk)
+            ids = torch.zeros(len(chunk), t_max, dtype=torch.long)
+            mask = torch.zeros(len(chunk), t_max, dtype=torch.long)
+            for b, c in enumerate(chunk):
+                ids[b, : len(c)] = torch.tensor(c)
+                mask[b, : len(c)] = 1
+            logits = lm.model(input_ids=ids.to(lm.device), attention_mask=mask.to(lm.device), use_cache=False).logits
+            lp = torch.log_softmax(logits.float(), dim=-1)  # (B, T, vocab)
+            for b, c in enumerate(chunk):
+                for pos, t in needed[c]:
+                    value[(c, pos, t)] = float(lp[b, pos, t])
+    return [[sum(value[(ctx, len(ctx) - len(o_ids) + j, t)] for j, t in enumerate(o_ids)) for ctx, o_ids in row]
+            for row in wanted]
+
+
+def _option_contexts(lm: LoadedModel, prompts: Sequence[str], options: Sequence[Sequence[str]]):
+    """Per prompt, per option: (the token ids that condition the option's tokens, the option's ids)."""
+    tok = lm.tokenizer
+    special = set(getattr(tok, "all_special_ids", []))
+    wanted = []
+    for i, (prompt, opts) in enumerate(zip(prompts, options, strict=True)):
+        p_ids = list(tok(prompt)["input_ids"])
+        while p_ids and p_ids[-1] in special and len(p_ids) > 1:  # an appended EOS/SEP is no context
+            p_ids.pop()
+        row = []
+        for opt in opts:
+            o_ids = list(tok(opt, add_special_tokens=False)["input_ids"])
+            if not o_ids:
+                raise ValueError(f"option {opt!r} of prompt {i} is empty after tokenisation")
+            if len(p_ids) + len(o_ids) > lm.max_length:
+                raise ValueError(f"prompt {i} and option {opt!r} exceed {lm.name}'s {lm.max_length} tokens")
+            row.append((tuple(p_ids + o_ids[:-1]), o_ids))
+        wanted.append(row)
+    return wanted
+
+
+def option_preference(lm: LoadedModel, prompts: Sequence[str], options: Sequence[Sequence[str]],
+                      answers: Sequence[int], *, batch_size: int = 8) -> EffectTask:
+    """log P(right option) − max log P(other options) after each prompt; > 0 where the right one is preferred."""
+    _require_decoder(lm, "option_preference")
+    if not (len(prompts) == len(options) == len(answers)):
+        raise ValueError("a choice needs one list of options and one answer per prompt")
+    bad = [i for i, (opts, a) in enumerate(zip(options, answers)) if len(opts) < 2 or not 0 <= a < len(opts)]
+    if bad:
+        raise ValueError(f"prompt {bad[0]} needs at least two options and an answer that indexes one of them")
+    _option_contexts(lm, prompts, options)  # a bad option fails here, before any ablation
+
+    def read(m: LoadedModel) -> torch.Tensor:
+        prefs = []
+        for vals, a in zip(option_logprobs(m, prompts, options, batch_size=batch_size), answers):
+            prefs.append(vals[a] - max(v for j, v in enumerate(vals) if j != a))
+        return torch.tensor(prefs, dtype=torch.float64)
+
+    return EffectTask("option_preference", read, _mean_difference, "lower",
+                      "change in log P(right option) − max log P(other options) (nats)", len(prompts))
+
+
 def _drop_trailing_special(e: Encoded, special: set[int]) -> Encoded:
     n = len(e.ids)
     while n > 1 and e.ids[n - 1] in special:  # an appended EOS/SEP is no context
@@ -189,6 +271,7 @@ EFFECT_TASKS: dict[str, Callable[..., EffectTask]] = {
     "next_token_loss": next_token_loss,
     "sequence_loss": sequence_loss,
     "logit_diff": logit_diff,
+    "option_preference": option_preference,
     "word_cosine": word_cosine,
     "sentence_cosine": sentence_cosine,
 }

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Ma
 import numpy as np
 
 from headscope.analyses.coref import ProbeResult
+from headscope.analyses.flow import FLOW_MAX_EDGES, TOKEN_MAPS, TokenMap, flow_fits
 from headscope.analyses.heads import HeadScores
 from headscope.analyses.metrics import METRICS
 from headscope.probe.types import AttentionMap, head_name
@@ -45,6 +46,7 @@ if TYPE_CHECKING:
 __all__ = [
     "attention_heatmap",
     "attention_mosaic",
+    "token_map",
     "score_grid",
     "probe_grid",
     "difference_grid",
@@ -257,11 +259,23 @@ def attention_heatmap(
     >>> [t.get_text() for t in fig.axes[0].get_xticklabels()]
     ['我', '爱']
     """
-    import seaborn as sns
-
     li, hi = _index(amap.layer_ids, layer, "layer"), _index(amap.head_ids, head, "head")
     weights = amap.attention[li, hi].detach().float().cpu().numpy()  # [query, key]
-    # A cross-attention map's rows are the target's units and its columns the source's.
+    model = amap.meta.get("model", "")
+    cross = hasattr(amap, "queries")
+    return _token_heatmap(weights, amap, ax=ax, cmap=cmap, cbar="attention weight",
+                          title=title or f"{model + ' · ' if model else ''}{'cross-attention · ' if cross else ''}"
+                                         f"layer {layer} head {head} · {amap.level} level",
+                          xlabel="source key (attended to)" if cross else "key (attended to)",
+                          ylabel="target query (attending)" if cross else "query (attending)")
+
+
+def _token_heatmap(weights: np.ndarray, amap: AttentionMap, *, ax: Axes | None, cmap: str, cbar: str,
+                   title: str, xlabel: str = "key (attended to)", ylabel: str = "query (attending)") -> Figure:
+    """A [query, key] map over `amap`'s units, a label on every row and column; a causal map's upper triangle grey.
+    A cross-attention map's rows are the target's units and its columns the source's."""
+    import seaborn as sns
+
     rows = [display_label(t) for t in getattr(amap, "queries", amap).labels]
     labels = [display_label(t) for t in getattr(amap, "keys", amap).labels]
     n_q, n = len(rows), len(labels)
@@ -272,19 +286,37 @@ def attention_heatmap(
         ax.set_facecolor(_MASKED)
         sns.heatmap(weights, ax=ax, mask=mask, vmin=0.0, vmax=1.0, cmap=cmap, square=True,
                     xticklabels=labels, yticklabels=rows, linewidths=0.0,
-                    cbar_kws={"label": "attention weight", "shrink": 0.6 if max(n, n_q) > 12 else 0.9})
+                    cbar_kws={"label": cbar, "shrink": 0.6 if max(n, n_q) > 12 else 0.9})
         size = _label_size(n)
         ax.tick_params(axis="x", labelsize=size, length=0)
         for tick in ax.get_xticklabels():  # one character (or two CJK ones) upright, the rest vertical
             tick.set_rotation(0 if _upright(tick.get_text()) else 90)
         ax.tick_params(axis="y", labelrotation=0, labelsize=size, length=0)
-        cross = hasattr(amap, "queries")
-        ax.set_xlabel("source key (attended to)" if cross else "key (attended to)")
-        ax.set_ylabel("target query (attending)" if cross else "query (attending)")
-        model = amap.meta.get("model", "")
-        ax.set_title(title or f"{model + ' · ' if model else ''}{'cross-attention · ' if cross else ''}layer {layer} "
-                              f"head {head} · {amap.level} level", fontsize=11)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title, fontsize=11)
     return fig
+
+
+def token_map(amap: AttentionMap, kind: TokenMap = "rollout", *, ax: Axes | None = None, cmap: str = "Purples") -> Figure:
+    """Attention rollout or flow (Abnar & Zuidema 2020, `analyses.flow.TOKEN_MAPS`) of one text:
+    row i = output token i after the last layer, column j = how much of it comes from input token j.
+
+    >>> import torch
+    >>> from headscope.probe.types import AttentionMap
+    >>> a = torch.tensor([[[[1.0, 0.0], [0.5, 0.5]]]])          # [layer, head, query, key]
+    >>> m = AttentionMap(text="a b", level="token", labels=("a", "b"), spans=((0, 1), (2, 3)),
+    ...                  special=(False, False), attention=a, causal=True)
+    >>> token_map(m, "flow").axes[0].get_title()
+    'attention flow · token level'
+    """
+    if kind not in TOKEN_MAPS:
+        raise ValueError(f"kind must be one of {', '.join(TOKEN_MAPS)}, got {kind!r}")
+    weights = TOKEN_MAPS[kind](amap.attention.detach().float().cpu()).numpy()  # [query, key]
+    model = amap.meta.get("model", "")
+    return _token_heatmap(weights, amap, ax=ax, cmap=cmap, cbar=f"share of the output ({kind})",
+                          title=f"{model + ' · ' if model else ''}attention {kind} · {amap.level} level",
+                          xlabel="input token", ylabel="output token (after the last layer)")
 
 
 def attention_mosaic(amap: AttentionMap, *, cmap: str = "viridis", max_width: float = 16.0) -> Figure:
@@ -688,6 +720,14 @@ def _seq2seq_panels(section: Any) -> Iterable[Panel]:
                                           "target": pair.decoder.text, "level": amap.level}, amap)
 
 
+def _token_map_panels(kind: TokenMap):
+    def panels(section: Any) -> Iterable[Panel]:
+        for i, amap in enumerate(section.maps):  # token level: every layer of the whole text
+            if kind != "flow" or flow_fits(amap.attention):
+                yield Panel((amap, kind), {"i": i, "text": amap.text}, amap)
+    return panels
+
+
 def _mosaic_panels(section: Any) -> Iterable[Panel]:
     if section.maps:
         yield Panel((section.maps[0],), {"text": section.maps[0].text}, section.maps)  # the first of the sentences
@@ -751,6 +791,13 @@ FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
                "{stack} · layer {layer_id}, head {head_id}: target “{target}”, source “{text}” ({level} level)."),
     FigureSpec("attention_mosaic", "maps", "attention", attention_mosaic, _mosaic_panels,
                "model-view", "Every head on “{text}” (token level), one small heatmap per head."),
+    FigureSpec("rollout", "maps", "attention", token_map, _token_map_panels("rollout"),
+               "rollout-{i}", "Attention rollout (Abnar & Zuidema 2020) on “{text}”: how much of each output token "
+               "(row) comes from each input token (column), heads averaged, the residual as 0.5·A + 0.5·I."),
+    FigureSpec("flow", "maps", "attention", token_map, _token_map_panels("flow"),
+               "flow-{i}", "Attention flow (Abnar & Zuidema 2020) on “{text}”: the max-flow from each output token "
+               "(row) to each input token (column) through the layers, rows normalised (drawn when layers × "
+               f"tokens² ≤ {FLOW_MAX_EDGES:,})."),
     FigureSpec("syntax_relations", "syntax", "syntax", relation_bars, _relation_bar_panels,
                "syntax-{file_direction}",
                "{direction}: per relation, the head chosen on the selection sentences, its test accuracy (95% "

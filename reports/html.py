@@ -31,6 +31,7 @@ import pandas as pd
 from headscope.analyses.metrics import METRICS
 from headscope.probe.types import head_name, json_safe
 
+from .causal import causal_heads_table, causal_view, probe_line, roles_table
 from .figures import FIGURES, FORMATS, STACKS, figure_bytes, plotted_metrics, slug, start_head, to_png
 from .syntax import relations_frame, syntax_tables, trees_frame
 
@@ -80,6 +81,7 @@ class ModelSection:
     comparison: Any = None  # analyses.compare.HeadComparison of this model (B) with the model it is compared to (A)
     info: Mapping[str, Any] = field(default_factory=dict)  # family, layers, heads, dtype, source, timings
     notes: tuple[str, ...] = ()  # problems to show prominently (a stage that could not run, ...)
+    causal: Any = None  # analyses.causal.CausalEvidence (reports/causal.py), or None
 
     def __post_init__(self) -> None:
         for name in ("word_maps", "pairs", "word_pairs", "norm_maps"):
@@ -367,6 +369,7 @@ def report_tables(sections: Sequence[ModelSection]) -> dict[str, pd.DataFrame]:
         if s.comparison is not None:
             put("comparison_heads", s.comparison.table, s.model, compared_with=s.comparison.a)
             put("comparison_roles", s.comparison.roles_changed, s.model, compared_with=s.comparison.a)
+        put("causal_heads", causal_heads_table(s), s.model)
     return {k: pd.concat(v, ignore_index=True) for k, v in parts.items()}
 
 
@@ -539,8 +542,10 @@ def _template_model(s: ModelSection, figs: Sequence[FigureFile]) -> dict:
                       f"(relative); recomputation took {v.overhead:.2f}× the forward pass",
             "notes": list(getattr(v, "notes", ()) or ()),
         },
-        "scores": None if scores is None else _scores_view(scores),
-        "probes": [_probe_view(p, [f for f in by_group.get("probe", []) if f.result is p]) for p in s.probes],
+        "scores": None if scores is None else _scores_view(scores, roles_table(s)),
+        "causal": _causal_view(s),
+        "probes": [_probe_view(p, [f for f in by_group.get("probe", []) if f.result is p])
+                   | {"causal": probe_line(s, p.task)} for p in s.probes],
         "corpus": _view(s.corpus),
         "comparison": _comparison_view(s.comparison, by_group.get("comparison", [])),
         "syntax": _syntax_view(s.syntax, by_group.get("syntax", []), by_group.get("syntax-grid", [])),
@@ -552,7 +557,12 @@ def _kind_first(frame: pd.DataFrame) -> pd.DataFrame:
     return frame[["kind", *[c for c in frame.columns if c != "kind"]]] if "kind" in frame.columns else frame
 
 
-def _scores_view(scores: Any) -> dict:
+def _causal_view(s: ModelSection) -> dict | None:
+    view = causal_view(s)
+    return None if view is None else view | {"correlations": _view(view["correlations"], digits=2)}
+
+
+def _scores_view(scores: Any, roles: pd.DataFrame) -> dict:
     plotted = plotted_metrics(scores)
     top = []
     for m in plotted:
@@ -563,7 +573,7 @@ def _scores_view(scores: Any) -> dict:
         "setting": getattr(scores, "setting", f"{scores.level} level"),
         "n_texts": getattr(scores, "n_texts", None),
         "n_sequences": getattr(scores, "n_sequences", None),
-        "roles": _view(scores.roles[[c for c in scores.roles.columns if c != "model"]]),
+        "roles": _view(roles[[c for c in roles.columns if c != "model"]]),
         "n_roles": len(scores.roles),
         "top": _view(pd.DataFrame(top)),
         "not_applicable": [m for m in scores.metrics if m not in plotted],

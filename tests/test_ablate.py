@@ -1,10 +1,15 @@
-"""Head ablation and the causal check, on tiny random models with known answers."""
+"""Zero ablation on a whole layer, and the choice check (cloze preferences and their flips), on tiny
+random models with known answers: the old `probe/ablate.py` tests, run on `probe.interventions`."""
 
 import pytest
 import torch
 
-from headscope.probe.ablate import ablate_heads, causal_check, option_logprobs, output_projections
-from headscope.probe.families import FAMILIES
+from headscope.ablation import Choice, choice_check
+from headscope.analyses.ablation import ChoiceCheck
+from headscope.probe.effects import option_logprobs
+from headscope.probe.extract import base_model
+from headscope.probe.families import family_for
+from headscope.probe.interventions import ablate
 from headscope.probe.tiny import tiny_model
 
 
@@ -17,44 +22,15 @@ def _ids(lm, text="The cat sat on the mat."):
     return torch.tensor([lm.tokenizer(text)["input_ids"]])
 
 
-def _capture(module):
-    seen = {}
-
-    def hook(mod, args, output):
-        seen["input"], seen["output"] = args[0].detach().clone(), output.detach().clone()
-
-    return seen, module.register_forward_hook(hook)
-
-
-@pytest.mark.parametrize("family", sorted(n for n, f in FAMILIES.items() if f.kind != "encoder-decoder"))
-def test_ablation_zeroes_exactly_the_heads_slice(family):
-    lm = tiny_model(family)
-    proj = output_projections(lm)
-    assert sorted(proj) == list(range(lm.config.num_hidden_layers))
-    hd = getattr(lm.config, "head_dim", None) or lm.config.hidden_size // lm.config.num_attention_heads
-    seen, handle = _capture(proj[1])
-    try:
-        with torch.no_grad():
-            lm.model(input_ids=_ids(lm))
-            clean = seen["input"]
-            with ablate_heads(lm, [(1, 2)]):
-                lm.model(input_ids=_ids(lm))
-            ablated = seen["input"]
-            lm.model(input_ids=_ids(lm))
-            restored = seen["input"]
-    finally:
-        handle.remove()
-    assert (ablated[..., 2 * hd : 3 * hd] == 0).all() and not (clean[..., 2 * hd : 3 * hd] == 0).all()
-    torch.testing.assert_close(ablated[..., : 2 * hd], clean[..., : 2 * hd])  # layer 1's input is untouched
-    torch.testing.assert_close(ablated[..., 3 * hd :], clean[..., 3 * hd :])
-    torch.testing.assert_close(restored, clean)  # the hook is gone after the block
+def _out_proj(lm, layer):
+    return family_for(lm.config).out_proj(base_model(lm), layer)
 
 
 def test_ablating_every_head_of_a_layer_silences_its_attention(llama):
-    proj = output_projections(llama)
-    seen, handle = _capture(proj[0])
+    seen = {}
+    handle = _out_proj(llama, 0).register_forward_hook(lambda m, a, out: seen.__setitem__("output", out.clone()))
     try:
-        with torch.no_grad(), ablate_heads(llama, [(0, h) for h in range(4)]):
+        with torch.no_grad(), ablate(llama, [(0, h) for h in range(4)]):
             llama.model(input_ids=_ids(llama))
     finally:
         handle.remove()
@@ -64,7 +40,7 @@ def test_ablating_every_head_of_a_layer_silences_its_attention(llama):
 def test_later_layers_change_earlier_ones_do_not(llama):
     with torch.no_grad():
         clean = llama.model(input_ids=_ids(llama), output_hidden_states=True).hidden_states
-        with ablate_heads(llama, [(1, 0)]):
+        with ablate(llama, [(1, 0)]):
             ablated = llama.model(input_ids=_ids(llama), output_hidden_states=True).hidden_states
     torch.testing.assert_close(ablated[1], clean[1])  # after layer 0: unchanged
     assert not torch.allclose(ablated[2], clean[2])  # after layer 1: changed
@@ -72,10 +48,12 @@ def test_later_layers_change_earlier_ones_do_not(llama):
 
 def test_bad_heads_and_models_say_what_is_wrong(llama):
     with pytest.raises(ValueError, match="out of range"):
-        with ablate_heads(llama, [(5, 0)]):
+        with ablate(llama, [(5, 0)]):
             pass
-    with pytest.raises(ValueError, match="does not predict the next word"):
+    with pytest.raises(ValueError, match="needs a decoder with a language-model head"):
         option_logprobs(tiny_model("bert"), ["a"], [[" b", " c"]])
+    with pytest.raises(ValueError, match="at least two options"):
+        choice_check(llama, [(0, 0)], Choice(("a",), ((" b",),), (0,)))
 
 
 def test_option_logprobs_match_a_direct_computation():
@@ -103,11 +81,15 @@ def _preference_by_hand(logps):
     return [logps[0][0] - logps[0][1], logps[1][1] - logps[1][0]]
 
 
+CHOICE = Choice(tuple(PROMPTS), tuple(OPTIONS), tuple(ANSWERS))
+
+
 def _silence_heads_except(lm, keep: set[tuple[int, int]]):
     """Zero the output-projection columns of every head not in `keep`: ablating one of them changes nothing."""
     hd = lm.config.head_dim
     with torch.no_grad():
-        for layer, proj in output_projections(lm).items():
+        for layer in range(lm.config.num_hidden_layers):
+            proj = _out_proj(lm, layer)
             for h in range(lm.config.num_attention_heads):
                 if (layer, h) not in keep:
                     proj.weight[:, h * hd : (h + 1) * hd] = 0
@@ -120,17 +102,20 @@ def test_causal_check_against_heads_that_cannot_matter():
     lm = tiny_model("llama", seed=3)
     _silence_heads_except(lm, {(1, 3)})
     n_random = 4
-    check = causal_check(lm, PROMPTS, OPTIONS, ANSWERS, [(1, 3)], n_random=n_random, seed=1)
+    check = choice_check(lm, [(1, 3)], CHOICE, n_random=n_random, seed=1)
     before = _preference_by_hand(option_logprobs(lm, PROMPTS, OPTIONS))
-    with ablate_heads(lm, [(1, 3)]):
+    with ablate(lm, [(1, 3)]):
         after = _preference_by_hand(option_logprobs(lm, PROMPTS, OPTIONS))
     expected_delta = sum(a - b for a, b in zip(after, before)) / 2
     assert check.n == 2 and check.heads == ((1, 3),) and check.random_deltas == (0.0,) * n_random
-    assert check.preference_before == pytest.approx(sum(before) / 2)
+    assert check.to_dict()["preference_before"] == pytest.approx(sum(before) / 2)
     assert check.delta == pytest.approx(expected_delta) and abs(check.delta) > 1e-4
     assert check.p_value == (1 / (1 + n_random) if check.delta < 0 else 1.0)
     assert check.verdict.startswith("ablating L1H3 moves the preference")
     assert check.to_dict()["heads"] == [{"layer": 1, "head": 3}]
+    flipped = sum((b > 0) != (a > 0) for b, a in zip(before, after))
+    assert check.flips == flipped and check.random_flips == (0,) * n_random
+    assert check.flips_p_value == (1 / (1 + n_random) if flipped else 1.0)
 
 
 def test_causal_check_when_no_head_can_matter():
@@ -138,7 +123,18 @@ def test_causal_check_when_no_head_can_matter():
     # the p-value (1 + #ties) / (1 + n) is exactly 1.
     lm = tiny_model("llama", seed=3)
     _silence_heads_except(lm, set())
-    check = causal_check(lm, PROMPTS, OPTIONS, ANSWERS, [(0, 1), (1, 2)], n_random=3, seed=0)
+    check = choice_check(lm, [(0, 1), (1, 2)], CHOICE, n_random=3, seed=0)
     assert check.delta == 0.0 and check.random_deltas == (0.0, 0.0, 0.0) and check.p_value == 1.0
-    assert check.preference_after == check.preference_before
+    assert check.after == check.before and check.flips == 0 and check.flips_p_value == 1.0
     assert check.verdict.endswith("not a larger drop than random heads give (p = 1).")
+
+
+def test_flips_count_sign_changes_and_compare_with_the_random_sets():
+    # Hand-built preferences: example 0 flips (+ to -), example 1 stays -, example 2 flips (- to +).
+    c = ChoiceCheck(model="m", heads=((2, 1),), method="zero", before=(1.0, -1.0, -0.5), after=(-1.0, -2.0, 0.5),
+                    random_after=((1.0, -1.0, -0.5), (-1.0, -1.0, -0.5), (-1.0, 1.0, 0.5)))
+    assert c.flips == 2 and c.random_flips == (0, 1, 3)
+    assert c.flips_p_value == (1 + 1) / (1 + 3)  # only the third random set flips as many
+    assert c.delta == pytest.approx((-2 - 1 + 1) / 3)
+    assert c.flips_verdict.startswith("ablating L2H1 (zero) flips 2/3 cloze preferences; random 1-head ablations "
+                                      "flip 1.3 ± 1.5 (p = 0.5, 3 draws)")

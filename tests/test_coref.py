@@ -416,7 +416,11 @@ def test_cli_causal_check_on_a_tiny_decoder(monkeypatch):
     assert res.exit_code == 0, res.output
     causal = json.loads(res.stdout)["causal"]
     assert causal["n"] == 20 and len(causal["random_deltas"]) == 2 and causal["verdict"].startswith("ablating L")
-    assert causal["prompt_template"].endswith('refers to')
+    assert causal["prompt_template"].endswith('refers to') and causal["method"] == "zero"
+    res = CliRunner().invoke(cli, ["coref", "--model", "tiny", "--data", "agreement", "--limit", "20", "--permutations",
+                                   "200", "--ablate", "--method", "uniform", "--random-sets", "2"])
+    assert res.exit_code == 0, res.output
+    assert "(uniform) flips " in res.output and "random 1-head ablations flip" in res.output
     monkeypatch.setattr(coref_cmd, "load_or_fail", lambda name, device, dtype: tiny_model("bert"))
     res = CliRunner().invoke(cli, ["probe", "--model", "tiny", "--limit", "20", "--permutations", "200", "--ablate"])
     assert res.exit_code == 0, res.output

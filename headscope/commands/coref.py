@@ -41,6 +41,9 @@ def probe_options(fn):
         click.option("--ablate", is_flag=True,
                      help="Causal check (decoders): ablate the best head and compare how the model's preference "
                           "between the candidates moves, against random heads."),
+        click.option("--method", type=click.Choice(["zero", "mean", "uniform"]), default="zero", show_default=True,
+                     help="How --ablate removes the head: zero its output, replace it by its mean output over the "
+                          "first 64 built-in corpus texts, or make it attend uniformly."),
         click.option("--random-sets", "n_random", type=click.IntRange(1, None), default=19, show_default=True,
                      help="How many random head sets --ablate compares with (19 allows p = 0.05)."),
         quiet_option,
@@ -85,8 +88,9 @@ def _parse_head(spec: str | None) -> tuple[int, int] | None:
 def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, template: str, model_name: str,
                 data_spec: str | None, heldout_path: str | None, level: str, head_word: bool, folds: int,
                 n_perm: int, seed: int, limit: int | None, batch_size: int, show_head: str | None,
-                out_path: Path | None, ablate: bool, n_random: int, quiet: bool, as_json: bool, no_verify: bool,
-                device: str, dtype: str, attention: str = "eager", memory_budget: int | None = None) -> None:
+                out_path: Path | None, ablate: bool, method: str, n_random: int, quiet: bool, as_json: bool,
+                no_verify: bool, device: str, dtype: str, attention: str = "eager",
+                memory_budget: int | None = None) -> None:
     """What `headscope coref` and `headscope probe` do, given their built-in default sets.
 
     `template` is the continuation prompt of the causal check (`--ablate`).
@@ -112,7 +116,7 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, templa
                                  world=world)
         if not world.is_main:  # every process of a torchrun run holds the same results; rank 0 goes on alone
             return
-        check = causal(lm, main, template=template, n_random=n_random, seed=seed,
+        check = causal(lm, main, template=template, method=method, n_random=n_random, seed=seed,
                        batch_size=batch_size) if ablate else None
     except (ValueError, RuntimeError) as exc:
         fail(f"{model_name}: {exc}")
@@ -157,6 +161,8 @@ def _emit(main, parts, head, out_path, as_json, causal=None, verification=None) 
         _print_drill(drill, head)
     if causal is not None:
         click.echo(f"causal check ({main.task}): {causal.get('verdict') or causal['skipped']}")
+        if "flips_verdict" in causal:
+            click.echo(f"causal check ({main.task}): {causal['flips_verdict']}")
 
 
 def _print_result(r) -> None:

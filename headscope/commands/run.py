@@ -164,7 +164,7 @@ def model_section(analysis):
                         generations=analysis.generations,
                         verification=analysis.verification, scores=analysis.scores, probes=analysis.probes,
                         corpus=analysis.corpus, info=analysis.info, notes=analysis.notes,
-                        syntax=analysis.syntax, syntax_clusters=analysis.syntax_clusters)
+                        syntax=analysis.syntax, syntax_clusters=analysis.syntax_clusters, causal=analysis.causal)
 
 
 def _word_maps(maps) -> tuple:
@@ -285,6 +285,11 @@ def reclaim_stale(out: Path) -> None:
 @click.option("--select-on", "select_path", default=None,
               help="A second CoNLL-U file to choose the syntax heads on (e.g. dev -> test); without it, a seeded "
                    "half of --conllu. Needs --conllu.")
+@click.option("--causal/--no-causal", default=None,
+              help="Causal evidence: ablate every head alone, gradient importance, the induction ablation and the "
+                   "probes' cloze checks. Default: on for encoders (seconds), off for decoders (minutes on a CPU).")
+@click.option("--causal-texts", type=click.IntRange(min=1), default=32, show_default=True,
+              help="Corpus texts that every single-head ablation and the importance are measured on.")
 @click.option("--format", "formats", default="png", show_default=True, callback=_check_formats,
               help="Figure files to write, comma-separated: png, svg, pdf (fonts embedded). The page inlines PNG.")
 @click.option("--dpi", type=click.IntRange(min=10, max=1200), default=100, show_default=True,
@@ -296,8 +301,8 @@ def reclaim_stale(out: Path) -> None:
 @attention_options
 @device_options
 def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, force, level, limit, induction_seqs,
-        permutations, seed, batch_size, truncate, conllu_path, select_path, formats, dpi, width, quiet, as_json, device,
-        dtype, attention, memory_budget) -> None:
+        permutations, seed, batch_size, truncate, conllu_path, select_path, causal, causal_texts, formats, dpi, width,
+        quiet, as_json, device, dtype, attention, memory_budget) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
     --json prints the run.json record. Exits 1 when a model's attention is not verified (the report
@@ -330,7 +335,7 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
         texts=tuple(texts) or REPORT_SENTENCES, level=level, limit=limit, induction_sequences=induction_seqs,
         permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate,
         attention=attention, memory_budget=memory_budget, targets=tuple(targets), generate=generate,
-        conllu=conllu_path, select_on=select_path)
+        conllu=conllu_path, select_on=select_path, causal=causal, causal_texts=causal_texts)
     world = join_run(device)
 
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser.

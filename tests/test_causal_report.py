@@ -1,0 +1,182 @@
+"""Causal evidence in `headscope run` and the rollout/flow maps, on tiny random models and hand-built numbers.
+
+Expected values come from elsewhere: scipy and the Fisher-z formula for the interval, the
+`ablate` workflow for a single-head effect, `random_head_sets` for the random heads, a sort by
+hand for importance ranks, `analyses.flow` for the drawn maps.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from scipy import stats
+
+import headscope as hs
+from headscope import ablation
+from headscope.analyses.ablation import random_head_sets
+from headscope.analyses.causal import CausalEvidence, spearman_interval
+from headscope.analyses.flow import flow, rollout
+from headscope.api import RunSettings, analyse_model
+from headscope.probe.tiny import tiny_model
+
+TEXTS = ["The cat sat on the mat.", "A dog ran to the park and back.", "Mary told John that she left.",
+         "It was raining again."]
+SETS = [("agreement", hs.builtin_set("agreement")[:16])]
+
+
+def _settings(**kw) -> RunSettings:
+    return RunSettings(corpus="c", coref="p", texts=("The cat sat.",), permutations=100, induction_sequences=4,
+                       causal_texts=3, **kw)
+
+
+@pytest.fixture(scope="module")
+def bert_run():
+    lm = tiny_model("bert")
+    return lm, analyse_model(lm, TEXTS, SETS, _settings())
+
+
+@pytest.fixture(scope="module")
+def llama_run():
+    lm = tiny_model("llama")
+    return lm, analyse_model(lm, TEXTS, SETS, _settings(causal=True, causal_examples=6, induction_k=2))
+
+
+# --- pure numbers ----------------------------------------------------------------------------
+
+def test_spearman_interval_is_scipys_rho_with_the_fisher_z_interval():
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=30), rng.normal(size=30)
+    y = y + x
+    r = spearman_interval(x, y, score="s")
+    rho = stats.spearmanr(x, y).statistic
+    half = stats.norm.ppf(0.975) * 1.06 / math.sqrt(30 - 3)
+    assert r.rho == pytest.approx(rho) and r.n == 30
+    assert (r.low, r.high) == pytest.approx((math.tanh(math.atanh(rho) - half), math.tanh(math.atanh(rho) + half)))
+    assert math.isnan(spearman_interval([1, 1, 1, 1], [1, 2, 3, 4]).rho)  # a constant has no ranks
+
+
+def _evidence(single, stronger="higher", importance=None):
+    return CausalEvidence(model="m", method="zero", effect_metric="next_token_loss", description="d",
+                          stronger=stronger, n_texts=3, single=torch.tensor(single), importance=importance,
+                          n_random=5, seed=2)
+
+
+def test_head_effect_compares_with_the_random_heads_of_the_sweep():
+    single = [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]]
+    e = _evidence(single).head_effect(1, 2)
+    sets = random_head_sets(2, 3, [(1, 2)], 1, 5, seed=2)
+    assert e.random_effects == tuple(single[l][h] for ((l, h),) in sets)
+    assert e.effect == 5.0 and e.p_value == 1 / 6  # no other head has a larger loss change
+    lower = _evidence(single, stronger="lower")  # a cosine: the smallest value is the strongest
+    assert lower.head_effect(0, 0).p_value == 1 / 6 and (lower.harm == -np.asarray(single)).all()
+
+
+def test_importance_rank_and_roles_table():
+    import pandas as pd
+
+    imp = torch.tensor([[0.1, 0.9, 0.5], [0.5, 0.2, 0.0]])
+    ev = _evidence([[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]], importance=imp)
+    # by hand: 0.9 (L0H1), 0.5 (L0H2, before L1H0 on the tie), 0.5 (L1H0), 0.2, 0.1, 0.0
+    assert ev.importance_rank().tolist() == [[5, 1, 2], [3, 4, 6]]
+    roles = pd.DataFrame({"model": "m", "layer": [1, 0], "head": [0, 2], "role": "r", "metric": "x",
+                          "value": [0.9, 0.7], "threshold": 0.5})
+    table = ev.roles_table(roles)
+    assert table["importance_rank"].tolist() == [3, 2] and table["ablation_effect"].tolist() == [3.0, 2.0]
+    assert table["p_vs_random"].tolist() == [ev.head_effect(1, 0).p_value, ev.head_effect(0, 2).p_value]
+    assert list(roles.columns) == ["model", "layer", "head", "role", "metric", "value", "threshold"]  # not mutated
+    [(role, sentence)] = ev.role_verdicts(roles)
+    assert role == "r" and sentence.startswith("ablating L1H0 changes the next-token loss by +3 nats; random")
+
+
+# --- the workflow and analyse_model ------------------------------------------------------------
+
+def test_encoders_get_causal_evidence_by_default_decoders_do_not(bert_run):
+    lm, a = bert_run
+    ev = a.causal
+    assert ev is not None and ev.effect_metric == "sentence_cosine" and ev.n_texts == 3 and "causal" in a.seconds
+    assert tuple(ev.single.shape) == (2, 4) and ev.importance is not None
+    one = ablation.ablate(lm, [(1, 2)], corpus=TEXTS[:3], n_random=0).effect  # the sweep is the ablate workflow
+    assert float(ev.single[1, 2]) == pytest.approx(one)
+    assert ev.induction is None and ev.choices["agreement"].get("skipped") is not None
+    d = a.to_dict()["causal"]
+    assert len(d["heads"]) == 8 and {c["score"] for c in d["correlations"]} >= {"gradient importance"}
+    llama = tiny_model("llama")
+    assert analyse_model(llama, TEXTS, SETS, _settings()).causal is None
+    assert analyse_model(lm, TEXTS, SETS, _settings(causal=False)).causal is None
+
+
+def test_decoders_with_causal_get_induction_and_cloze_flips(llama_run):
+    _, a = llama_run
+    ev = a.causal
+    assert ev.effect_metric == "next_token_loss" and len(ev.induction.heads) == 2
+    assert len(ev.induction.random_effects) == 19
+    check = ev.choices["agreement"]
+    if "skipped" not in check:  # a tiny random model may select no head
+        assert check["n"] == 6 and len(check["random_flips"]) == 19 and 0 <= check["flips"] <= 6
+        assert check["flips_verdict"].startswith("ablating L")
+
+
+# --- the report --------------------------------------------------------------------------------
+
+def test_report_shows_causal_columns_lines_and_token_maps(bert_run, llama_run):
+    from headscope.commands.run import model_section
+    from headscope.reports.html import build_report
+
+    report = build_report([model_section(bert_run[1]), model_section(llama_run[1])])
+    html = report.html
+    assert html.count("<h3>Causal evidence</h3>") == 2 and "Does looking predict mattering?" in html
+    assert "<th>importance_rank</th>" in html and "<th>p_vs_random</th>" in html
+    assert "is an encoder: it does not predict a continuation" in html or "nothing to ablate" in html
+    assert "induction ablation" in html
+    assert set(report.tables["causal_heads"]["model"]) == {"tiny-bert", "tiny-llama"}
+    names = [f.name for f in report.figures]
+    assert {"tiny-bert-rollout-0.png", "tiny-bert-flow-0.png", "tiny-llama-rollout-0.png"} <= set(names)
+
+
+def test_token_map_draws_rollout_and_flow_of_the_map():
+    from headscope.reports.figures import FIGURES, token_map
+
+    [amap] = hs.extract(tiny_model("llama"), "The cat sat on the mat.")
+    fig = token_map(amap, "rollout")
+    drawn = fig.axes[0].collections[0].get_array()  # seaborn's mesh, masked where a causal model cannot look
+    expected = np.ma.masked_array(rollout(amap.attention).numpy(), np.triu(np.ones((len(amap),) * 2), 1))
+    np.testing.assert_allclose(np.ma.compressed(drawn), np.ma.compressed(expected), rtol=1e-6)
+    assert token_map(amap, "flow").axes[0].get_title().endswith("attention flow · token level")
+    with pytest.raises(ValueError, match="kind must be one of"):
+        token_map(amap, "saliency")
+
+    class Section:  # a text too long for flow gets a rollout and no flow
+        maps = (amap,)
+
+    long = hs.extract(tiny_model("llama"), "word " * 25)[0]  # 2 layers × ~100 tokens² > 12,000 edges
+    assert 2 * len(long) ** 2 > 12_000
+    Section.maps = (long,)
+    assert len(list(FIGURES["rollout"].panels(Section))) == 1 and not list(FIGURES["flow"].panels(Section))
+    torch.testing.assert_close(flow(amap.attention).sum(-1), torch.ones(len(amap), dtype=torch.float64))
+
+
+# --- the CLI -------------------------------------------------------------------------------------
+
+def test_cli_causal_flags(monkeypatch, tmp_path):
+    from headscope.cli import cli
+    from headscope.commands import run as run_mod
+
+    monkeypatch.setattr(run_mod, "load_or_fail", lambda name, device, dtype: tiny_model("bert"))
+    from headscope.analyses.relations import builtin_path
+
+    base = ["run", "--model", "bert", "--limit", "4", "--permutations", "100", "--quiet", "--text", "The cat sat.",
+            "--coref", str(builtin_path("agreement"))]
+    on = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "on"), "--causal-texts", "2", "--json"])
+    assert on.exit_code == 0, on.output
+    record = json.loads(on.stdout)
+    assert record["models"][0]["causal"]["n_texts"] == 2 and record["settings"]["causal"] is None
+    off = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "off"), "--no-causal", "--json"])
+    assert off.exit_code == 0, off.output
+    assert json.loads(off.stdout)["models"][0]["causal"] is None
+    bad = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "bad"), "--causal-texts", "0"])
+    assert bad.exit_code != 0 and "--causal-texts" in bad.output
