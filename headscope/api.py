@@ -838,7 +838,12 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
         say(f"  {p.task}: {p.verdict}")
 
     evidence = None
-    if settings.causal or (settings.causal is None and not lm.is_causal):
+    from headscope.probe.extract import is_seq2seq
+
+    if settings.causal and is_seq2seq(lm):  # the ablation effects read one stack's output (an LM loss or an embedding)
+        notes.append("causal evidence was not run: head ablation covers encoders and decoders, not encoder-decoder "
+                     "models")
+    elif settings.causal or (settings.causal is None and not lm.is_causal and not is_seq2seq(lm)):
         from headscope.ablation import causal_evidence
 
         causal_texts = [fit_context(lm, t) if settings.truncate else t for t in texts[: settings.causal_texts]]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -94,6 +95,10 @@ def test_analyse_model_pairs_the_report_sentences_with_their_targets():
     html = build_report([model_section(a)]).html
     assert re.search(r"<thead><tr><th>kind</th><th>layer</th>", html)
     assert "Targets: given." in json.dumps(explorer_data([model_section(a)]), ensure_ascii=False)
+    # Head ablation reads one stack's output: not run by default, and asked for, it says why in the notes.
+    assert a.causal is None and not any("causal" in n for n in a.notes)
+    asked = analyse_model(lm, ["A dog ran."], sets, replace(given, causal=True, texts=SOURCES[:1], targets=TARGETS[:1]))
+    assert asked.causal is None and any("causal evidence was not run" in n for n in asked.notes)
 
 
 def test_without_targets_each_sentence_is_its_own_target():
