@@ -63,8 +63,33 @@ def json_safe(obj: Any) -> Any:
     return obj
 
 
+class _HeadGrid:
+    """The layer and head ids of a `[layer, head, query, key]` tensor `attention`, whose rows are the model
+    layers `layers` and columns the heads `heads` (all of them when empty)."""
+
+    attention: torch.Tensor
+    layers: tuple[int, ...]
+    heads: tuple[int, ...]
+
+    @property
+    def n_layers(self) -> int:
+        return self.attention.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.attention.shape[1]
+
+    @property
+    def layer_ids(self) -> tuple[int, ...]:
+        return self.layers or tuple(range(self.n_layers))
+
+    @property
+    def head_ids(self) -> tuple[int, ...]:
+        return self.heads or tuple(range(self.n_heads))
+
+
 @dataclass(frozen=True, eq=False)
-class AttentionMap:
+class AttentionMap(_HeadGrid):
     """Attention of one text: `attention[layer, head, query, key]`, padding removed.
 
     Units are sub-word tokens (`level="token"`) or words (`level="word"`). Special tokens
@@ -103,22 +128,6 @@ class AttentionMap:
 
     def __len__(self) -> int:
         return len(self.labels)
-
-    @property
-    def n_layers(self) -> int:
-        return self.attention.shape[0]
-
-    @property
-    def n_heads(self) -> int:
-        return self.attention.shape[1]
-
-    @property
-    def layer_ids(self) -> tuple[int, ...]:
-        return self.layers or tuple(range(self.n_layers))
-
-    @property
-    def head_ids(self) -> tuple[int, ...]:
-        return self.heads or tuple(range(self.n_heads))
 
     @property
     def weight(self) -> Weight:
@@ -228,7 +237,7 @@ class Units:
 
 
 @dataclass(frozen=True, eq=False)
-class CrossAttentionMap:
+class CrossAttentionMap(_HeadGrid):
     """Cross-attention of one (source, target) pair: `attention[layer, head, query, key]`, padding removed,
     queries the target's units (the decoder's input) and keys the source's (the encoder's input).
 
@@ -261,22 +270,6 @@ class CrossAttentionMap:
     @property
     def causal(self) -> bool:
         return False  # every target position sees the whole source
-
-    @property
-    def n_layers(self) -> int:
-        return self.attention.shape[0]
-
-    @property
-    def n_heads(self) -> int:
-        return self.attention.shape[1]
-
-    @property
-    def layer_ids(self) -> tuple[int, ...]:
-        return self.layers or tuple(range(self.n_layers))
-
-    @property
-    def head_ids(self) -> tuple[int, ...]:
-        return self.heads or tuple(range(self.n_heads))
 
 
 @dataclass(frozen=True, eq=False)
