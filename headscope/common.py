@@ -23,7 +23,7 @@ import click
 __all__ = [
     "fail", "model_option", "models_option", "device_options", "quiet_option", "json_option", "out_option",
     "TABLE_WRITERS", "write_table", "writable_or_fail", "load_or_fail", "echo_json", "verify_option", "verify_step",
-    "finish", "say", "Interrupts", "too_long_or_fail", "attention_options", "parse_size", "attention_note",
+    "finish", "say", "Interrupts", "too_long_or_fail", "attention_options", "parse_size", "attention_note", "parsed",
     "join_run",
 ]
 
@@ -91,18 +91,22 @@ def parse_size(text: str) -> int:
     return int(float(m.group(1)) * _SIZE_UNITS[unit])
 
 
-def _check_memory_budget(ctx, param, value: str | None) -> int | None:
-    if value is None:
-        return None
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        fail(f"--memory-budget {exc}")
+def parsed(parse: Callable[[str], Any], option: str):
+    """A click callback giving `parse(value)` (None stays None); a ValueError is one line naming `option`, exit 2."""
+    def callback(ctx, param, value: str | None):
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except ValueError as exc:
+            fail(f"{option} {exc}")
+
+    return callback
 
 
 def attention_options(fn):
     """--attention eager|recompute|auto and --memory-budget: how attention is obtained (`probe.recompute`)."""
-    fn = click.option("--memory-budget", "memory_budget", default=None, metavar="SIZE", callback=_check_memory_budget,
+    fn = click.option("--memory-budget", "memory_budget", default=None, metavar="SIZE", callback=parsed(parse_size, "--memory-budget"),
                       help="Bytes that eager attention may take before --attention auto recomputes it "
                            "(8GB, 512MiB; default: a quarter of RAM).")(fn)
     return click.option("--attention", type=click.Choice(["eager", "recompute", "auto"]), default="eager",

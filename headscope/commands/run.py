@@ -31,7 +31,7 @@ from ..api import REPORT_SENTENCES, RunSettings, analyse_model, versions
 from filelock import FileLock, Timeout
 
 from ..common import (Interrupts, attention_options, device_options, echo_json, fail, join_run, json_option, load_or_fail,
-                      models_option, quiet_option, say, too_long_or_fail, writable_or_fail)
+                      models_option, parsed, quiet_option, say, too_long_or_fail, writable_or_fail)
 
 __all__ = ["cli", "model_section", "write_atomic", "not_a_report", "check_out"]
 
@@ -97,15 +97,10 @@ def _check_formats(ctx, param, value: str) -> tuple[str, ...]:
     return formats
 
 
-def _check_width(ctx, param, value: str | None) -> float | None:
-    from headscope.reports.figures import parse_width
+def _parse_width(value: str) -> float:
+    from headscope.reports.figures import parse_width  # imported when the option is given: matplotlib is slow to load
 
-    if value is None:
-        return None
-    try:
-        return parse_width(value)
-    except ValueError as exc:
-        fail(f"--width {exc}")
+    return parse_width(value)
 
 
 def check_out(out: Path, force: bool, option: str = "--out") -> None:
@@ -294,7 +289,7 @@ def reclaim_stale(out: Path) -> None:
               help="Figure files to write, comma-separated: png, svg, pdf (fonts embedded). The page inlines PNG.")
 @click.option("--dpi", type=click.IntRange(min=10, max=1200), default=100, show_default=True,
               help="Resolution of PNG figures (and of images inside vector ones).")
-@click.option("--width", default=None, callback=_check_width,
+@click.option("--width", default=None, callback=parsed(_parse_width, "--width"),
               help="Scale every figure file to this width, keeping its aspect: 3.5in, 8.9cm, 89mm or 252pt.")
 @quiet_option
 @json_option
