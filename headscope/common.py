@@ -23,7 +23,7 @@ import click
 __all__ = [
     "fail", "model_option", "models_option", "device_options", "quiet_option", "json_option", "out_option",
     "TABLE_WRITERS", "write_table", "writable_or_fail", "load_or_fail", "echo_json", "verify_option", "verify_step",
-    "finish", "say", "Interrupts", "too_long_or_fail", "attention_options", "parse_size", "attention_note", "parsed",
+    "finish", "say", "Interrupts", "too_long_or_fail", "attention_options", "parse_size", "attention_note", "parsed", "new_file_or_fail",
     "join_run",
 ]
 
@@ -173,10 +173,17 @@ def _check_table_path(ctx, param, value: Path | None) -> Path | None:
         fail(f"--out {value}: use a {', '.join(TABLE_WRITERS)} file name")
     if value.is_dir():
         fail(f"--out {value} is a folder; give a file name ending in {', '.join(TABLE_WRITERS)}")
-    if value.exists() and not ctx.meta.get(_FORCE, False):
-        fail(f"--out {value} already exists; pass --force to replace it, or choose another file")
-    writable_or_fail(value, "--out")
+    new_file_or_fail(value, "--out")
     return value
+
+
+def new_file_or_fail(path: Path, option: str) -> None:
+    """Refuse, before any compute, an output file that exists (unless --force was given) or cannot be written."""
+    if path.is_dir():
+        fail(f"{option} {path} is a folder; give a file name")
+    if path.exists() and not click.get_current_context().meta.get(_FORCE, False):
+        fail(f"{option} {path} already exists; pass --force to replace it, or choose another file")
+    writable_or_fail(path, option)
 
 
 def out_option(fn):
@@ -189,7 +196,7 @@ def out_option(fn):
                       help="Write the full table here: .csv, .parquet or .json by the suffix "
                            "(missing folders are created).")(fn)
     return click.option("--force", is_flag=True, is_eager=True, expose_value=False, callback=_remember_force,
-                        help="Replace an existing --out file (atomically: the old one stays until the new one "
+                        help="Replace an existing output file (atomically: the old one stays until the new one "
                              "is complete).")(fn)
 
 

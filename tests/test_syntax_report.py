@@ -202,3 +202,16 @@ def test_clusters_figure_and_refusals(tiny_syntax_models, tmp_path):
         assert res.exit_code == 2 and message in res.output, res.output
         assert len(res.output.strip().splitlines()) == 1
     assert not (tmp_path / "c.csv").exists()
+
+
+def test_clusters_never_replace_a_file_without_force(tiny_syntax_models, tmp_path):
+    for name in ("mine.png", "mine.csv"):
+        own = tmp_path / name
+        own.write_bytes(b"the user's own file")
+        res = _syntax(tmp_path, "--clusters", str(own))
+        assert res.exit_code == 2 and "already exists; pass --force" in res.output, res.output
+        assert own.read_bytes() == b"the user's own file"  # refused before any compute, untouched
+        res = _syntax(tmp_path, "--clusters", str(own), "--force")
+        assert res.exit_code == 0, res.output
+        assert own.read_bytes() != b"the user's own file"
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []  # no partial file left

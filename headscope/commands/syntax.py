@@ -3,13 +3,14 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import click
 
 from ..common import (TABLE_WRITERS, attention_options, device_options, echo_json, fail, finish, json_option,
-                      load_or_fail, model_option, out_option, quiet_option, say, verify_option, verify_step,
-                      write_table)
+                      load_or_fail, model_option, new_file_or_fail, out_option, quiet_option, say, verify_option,
+                      verify_step, write_table)
 
 __all__ = ["cli", "treebank_or_fail"]
 
@@ -115,6 +116,8 @@ def _check_clusters(path: Path | None, cluster_with) -> None:
         fail("--cluster-with needs --clusters FILE (where the clusters of the models together are written)")
     if path is not None and path.suffix not in _cluster_writers():
         fail(f"--clusters {path}: give a file ending in {', '.join(_cluster_writers())}")
+    if path is not None:
+        new_file_or_fail(path, "--clusters")
 
 
 def _write_clusters(lm, others, treebank, path: Path, *, n_sentences: int, seed: int, batch_size: int, device: str,
@@ -136,11 +139,16 @@ def _write_clusters(lm, others, treebank, path: Path, *, n_sentences: int, seed:
     from headscope.reports.figures import save
     from headscope.reports.syntax import cluster_plot
 
+    # Drawn into a temporary file beside `path`, renamed over it when complete: a replaced file is never half written.
+    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}{path.suffix}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        save(cluster_plot(table), path)
+        save(cluster_plot(table), tmp)
+        os.replace(tmp, path)
     except OSError as exc:
         fail(f"--clusters {path}: {exc}")
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def _pct(x) -> str:
