@@ -30,12 +30,12 @@ import numpy as np
 import torch
 from scipy import stats
 
-from headscope import ablation
+from headscope.workflows import ablation
 from pathlib import Path
 
 import headscope.analyses
 from headscope.analyses.corpus import read_corpus
-from headscope.api import heads
+from headscope import heads
 from headscope.probe import load_model
 from headscope.probe.types import head_name, json_safe
 
@@ -140,7 +140,7 @@ def attrib(name: str, out: dict, save) -> None:
     """
     import torch.nn.functional as F
 
-    from headscope.api import induction_inputs
+    from headscope import induction_inputs
     from headscope.probe.extract import Encoded, pad_batch
     from headscope.probe.interventions import head_mask
 

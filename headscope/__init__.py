@@ -5,90 +5,125 @@
     >>> maps = hs.extract(lm, ["The animal didn't cross the street because it was too tired."], level="word")  # doctest: +SKIP
     >>> hs.verify(lm).passed, hs.heads(lm, hs.builtin_corpus()[:20]).top("previous_token", 3)  # doctest: +SKIP
 
-Importing headscope loads no model, reads no file and does not import torch: the workflows in
-`headscope.api` import what they need when they run, and the result types below are looked up
-on first use.
+This module is the façade and nothing else: every public name is defined once, in the module that
+`_HOMES` names, and looked up there on first use. So importing headscope loads no model, reads no
+file and does not import torch; `dir(hs)` and `hs.__all__` list the API. The rooms below it:
+
+    probe/        models, attention extraction, its sources (eager / recompute / auto), the
+                  from-scratch attention and its verification, interventions
+    analyses/     what heads do, relation probes, syntax, statistics: results from maps, never a model
+    reports/      figures, the HTML report (its sections, its folder), notebook views
+    workflows/    the questions composed from those: heads, relations, syntax, ablation, compare, run
 """
 
-__version__ = "0.1.0"
+from __future__ import annotations
 
-from .api import (  # noqa: E402
-    REPORT_SENTENCES,
-    ModelAnalysis,
-    RunSettings,
-    analyse_model,
-    builtin_corpus,
-    builtin_set,
-    causal,
-    corpus_stats,
-    coref,
-    explain,
-    extract,
-    extract_scores,
-    heads,
-    induction_inputs,
-    load,
-    probe_sets,
-    read_corpus,
-    read_probe_file,
-    relation_probe,
-    verify,
-    versions,
-)
+import importlib
+import warnings
+from importlib import metadata
 
-# Result types and the workflows that live in their own module, imported from their home module on
-# first use (they need torch).
-_LAZY = {
+try:
+    __version__ = metadata.version("headscope")
+except metadata.PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
+
+# public name -> "module" (the same name there) or ("module", "name there")
+_HOMES: dict[str, str | tuple[str, str]] = {
+    # models and their attention
+    "load": ("headscope.probe.loading", "load_model"),
     "LoadedModel": "headscope.probe.loading",
+    "extract": "headscope.probe.extract",
+    "fit_context": "headscope.probe.extract",
+    "verify": "headscope.probe.verify",
+    "explain": "headscope.probe.explain",
+    "source_for": "headscope.probe.sources",
+    "SOURCES": "headscope.probe.sources",
+    "memory_budget": "headscope.probe.sources",
+    "norm_attention": "headscope.probe.norms",
+    "generate_attention": "headscope.probe.generate",
+    "from_hf": "headscope.probe.interop",
+    "from_transformer_lens": "headscope.probe.interop",
+    "long_frame": "headscope.probe.interop",
+    # the workflows
+    "heads": "headscope.workflows.heads",
+    "induction_inputs": "headscope.workflows.heads",
+    "extract_scores": "headscope.workflows.relations",
+    "relation_probe": "headscope.workflows.relations",
+    "coref": "headscope.workflows.relations",
+    "probe_sets": "headscope.workflows.relations",
+    "syntax": "headscope.workflows.syntax",
+    "syntax_clusters": "headscope.workflows.syntax",
+    "ablate": "headscope.workflows.ablation",
+    "ablate_each": "headscope.workflows.ablation",
+    "ablate_chosen_head": "headscope.workflows.ablation",
+    "importance": "headscope.workflows.ablation",
+    "choice_check": "headscope.workflows.ablation",
+    "causal_evidence": "headscope.workflows.ablation",
+    "Cloze": "headscope.workflows.ablation",
+    "Choice": "headscope.workflows.ablation",
+    "InductionTask": "headscope.workflows.ablation",
+    "compare_models": "headscope.workflows.compare",
+    "analyse_model": "headscope.workflows.run",
+    "RunSettings": "headscope.workflows.run",
+    "corpus_stats": "headscope.workflows.run",
+    "REPORT_SENTENCES": "headscope.workflows.run",
+    "DEFAULT_TARGETS": "headscope.workflows.run",
+    # data
+    "builtin_corpus": "headscope.analyses.corpus",
+    "read_corpus": "headscope.analyses.corpus",
+    "builtin_set": "headscope.analyses.relations",
+    "read_probe_file": "headscope.analyses.relations",
+    # results
     "AttentionMap": "headscope.probe.types",
     "CrossAttentionMap": "headscope.probe.types",
     "Seq2SeqAttention": "headscope.probe.types",
     "Verification": "headscope.probe.verify",
     "Explanation": "headscope.probe.explain",
+    "GenerationAttention": "headscope.probe.generate",
     "HeadScores": "headscope.analyses.heads",
     "ProbeScores": "headscope.analyses.coref",
     "ProbeResult": "headscope.analyses.coref",
     "RelationExample": "headscope.analyses.relations",
     "HeadComparison": "headscope.analyses.compare",
-    "GenerationAttention": "headscope.generate",
-    "compare_models": "headscope.compare",
-    "generate_attention": "headscope.generate",
-    "from_hf": "headscope.probe.interop",
-    "from_transformer_lens": "headscope.probe.interop",
-    "long_frame": "headscope.probe.interop",
-    "plot": "headscope.reports",
-    "ablate": "headscope.ablation",
-    "ablate_each": "headscope.ablation",
-    "importance": "headscope.ablation",
-    "norm_attention": "headscope.ablation",
-    "Cloze": "headscope.ablation",
-    "InductionTask": "headscope.ablation",
-    "Choice": "headscope.ablation",
-    "choice_check": "headscope.ablation",
-    "causal_evidence": "headscope.ablation",
-    "CausalEvidence": "headscope.analyses.causal",
     "AblationResult": "headscope.analyses.ablation",
-    "syntax_clusters": "headscope.syntax",
+    "CausalEvidence": "headscope.analyses.causal",
     "rollout": "headscope.analyses.flow",
     "flow": "headscope.analyses.flow",
+    # reports
+    "ModelAnalysis": "headscope.reports.analysis",
+    "report": "headscope.reports.folder",
+    "versions": "headscope.reports.folder",
+    "plot": "headscope.reports",
     "show": "headscope.reports",
+    # the choices, named once (`probe.names`)
+    "Level": "headscope.probe.names",
+    "Weight": "headscope.probe.names",
+    "Attention": "headscope.probe.names",
+    "DEFAULT_ATTENTION": "headscope.probe.names",
+    "DEFAULT_LEVEL": "headscope.probe.names",
+    "DEFAULT_INCLUDE_SPECIAL": "headscope.probe.names",
 }
 
-__all__ = [
-    "__version__", "load", "extract", "verify", "explain", "heads", "induction_inputs", "extract_scores", "coref",
-    "relation_probe", "probe_sets", "causal", "corpus_stats", "versions", "builtin_corpus", "builtin_set",
-    "read_corpus", "read_probe_file", "analyse_model", "ModelAnalysis", "RunSettings", "REPORT_SENTENCES",
-    *_LAZY,
-]
+# Old public names, kept for one release: each warns once per use and answers with its new name.
+_RENAMED: dict[str, str] = {
+    "causal": "ablate_chosen_head",
+}
+
+__all__ = ["__version__", *_HOMES]
 
 
 def __getattr__(name: str):
-    if name in _LAZY:
-        import importlib
-
-        return getattr(importlib.import_module(_LAZY[name]), name)
-    raise AttributeError(f"module 'headscope' has no attribute {name!r}")
+    if name in _RENAMED:
+        new = _RENAMED[name]
+        warnings.warn(f"headscope.{name} is now headscope.{new}; the old name goes in the next release",
+                      DeprecationWarning, stacklevel=2)
+        return __getattr__(new)
+    if name not in _HOMES:
+        raise AttributeError(f"module 'headscope' has no attribute {name!r}")
+    home = _HOMES[name]
+    module, attribute = (home, name) if isinstance(home, str) else home
+    return getattr(importlib.import_module(module), attribute)
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_HOMES))

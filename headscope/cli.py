@@ -1,4 +1,4 @@
-"""The `headscope` command: thin wrappers over the public API (`headscope.api`).
+"""The `headscope` command: thin wrappers over the public API (`import headscope as hs`, the façade).
 
 Each subcommand lives in `headscope/commands/<name>.py` and exposes a click command `cli`.
 Whatever goes wrong ends in one line on stderr and a non-zero exit: a bad argument exits 2, an

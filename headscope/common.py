@@ -15,6 +15,7 @@ import signal
 import sys
 import tempfile
 from contextlib import suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -24,7 +25,7 @@ __all__ = [
     "fail", "model_option", "models_option", "device_options", "quiet_option", "json_option", "out_option",
     "TABLE_WRITERS", "write_table", "writable_or_fail", "load_or_fail", "echo_json", "verify_option", "verify_step",
     "finish", "say", "Interrupts", "too_long_or_fail", "attention_options", "parse_size", "attention_note", "parsed", "new_file_or_fail",
-    "join_run",
+    "join_run", "check_out", "Corpus", "corpus_or_fail",
 ]
 
 
@@ -207,16 +208,11 @@ def writable_or_fail(target: Path, option: str) -> None:
     removed at once, so the check leaves nothing behind (missing folders are created later, by the
     writer).
     """
-    existing = Path(target).absolute().parent
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir():
-        fail(f"{option} {target}: {existing} is a file, not a folder")
-    try:
-        with tempfile.TemporaryFile(dir=existing):
-            pass
-    except OSError as exc:
-        fail(f"{option} {target}: cannot write in {existing} ({exc.strerror or exc})")
+    from headscope.probe.folders import writable
+
+    problem = writable(target)
+    if problem:
+        fail(f"{option} {target}: {problem}")
 
 
 def write_table(table, path: Path) -> None:
@@ -243,6 +239,66 @@ def write_table(table, path: Path) -> None:
                 tmp.unlink()
 
 
+# ---------------------------------------------------------------- inputs
+
+
+def check_out(out: Path, force: bool, option: str = "--out") -> None:
+    """Refuse, before any work, a report folder (`option`) that must not be replaced or cannot be written."""
+    from headscope.reports.folder import ReportFolderError, check_report_folder
+
+    try:
+        check_report_folder(out, force=force, option=option)
+    except ReportFolderError as exc:
+        fail(str(exc))
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The texts of `--corpus` (or the built-in corpus), checked before any model loads.
+
+    `texts` is a list, or (`stream=True`) an iterator over the file read again lazily; `lines` holds
+    each text with its file and line (`analyses.corpus.CorpusLine`) when they were read into memory,
+    so a text too long for a model can be named by its line.
+    """
+
+    texts: Any
+    total: int
+    source: str
+    path: str | None
+    lines: tuple = ()
+
+
+def corpus_or_fail(path: str | None, limit: int | None = None, *, stream: bool = False) -> Corpus:
+    """The corpus of `--corpus PATH` (the first `limit` texts), or the built-in one; a bad file is one line, exit 2.
+
+    A file is read once through to check every line; with `stream` its texts are then read again as
+    they are scored (a corpus larger than memory), else they are kept.
+    """
+    from itertools import islice
+
+    from headscope.analyses.corpus import CorpusError, builtin_corpus, iter_corpus, iter_corpus_lines
+
+    if path is None:
+        texts = builtin_corpus()[:limit] if limit else builtin_corpus()
+        return Corpus(texts=texts, total=len(texts), source="built-in corpus", path=None)
+    try:
+        if stream:
+            total = sum(1 for _ in islice(iter_corpus(path), limit))  # the checking pass: a bad line fails here
+            lines: tuple = ()
+        else:
+            lines = tuple(islice(iter_corpus_lines(path), limit))
+            total = len(lines)
+    except FileNotFoundError:
+        fail(f"--corpus {path}: no such file; give a text file with one text per line (or JSONL with a 'text' "
+             "field), or leave --corpus out for the built-in corpus")
+    except (CorpusError, OSError, UnicodeError, ValueError) as exc:
+        fail(f"--corpus {path}: {exc}")
+    if not total:
+        fail(f"--corpus {path}: the file holds no texts (only empty lines); give one text per line")
+    texts = islice(iter_corpus(path), limit) if stream else [line.text for line in lines]
+    return Corpus(texts=texts, total=total, source=str(path), path=str(path), lines=lines)
+
+
 # ---------------------------------------------------------------- running
 
 
@@ -254,8 +310,8 @@ def say(message: str, *, quiet: bool) -> None:
 
 def load_or_fail(name: str, device: str = "cpu", dtype: str = "float32"):
     """Load a model; an unknown or missing one exits with the list of offline models."""
-    from headscope.api import load
-    from headscope.probe import ModelNotAvailable
+    from headscope import load
+    from headscope.probe.registry import ModelNotAvailable
 
     try:
         return load(name, device=device, dtype=dtype)
@@ -324,7 +380,7 @@ def verify_step(lm, *, enabled: bool = True, keep: list | None = None) -> dict:
     and makes the command exit 1 after its output (`finish`); an architecture without a
     family is stated, not hidden. `keep`: a list that receives the `Verification` (for a report).
     """
-    from headscope.api import verify
+    from headscope import verify
     from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
 
     if not enabled:

@@ -23,7 +23,9 @@ from .loading import LoadedModel
 from .scratch import attention_from_scratch, project_qk
 from .types import head_name
 from .verify import capture
-from .recompute import DEFAULT_BUDGET, Attention, _layer_inputs, check_prefix, choose_attention, eager_bytes
+from .names import DEFAULT_ATTENTION, Attention
+from .recompute import layer_inputs
+from .sources import source_for
 
 __all__ = ["Explanation", "explain", "scale_effect", "PermutationCheck", "permutation_check"]
 
@@ -83,7 +85,7 @@ def _find_token(labels: list[str], enc: Encoded, token: str | int, occurrence: i
 
 @torch.inference_mode()
 def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: int, occurrence: int = 0,
-            attention: Attention = "eager", budget: int = DEFAULT_BUDGET) -> Explanation:
+            attention: Attention = DEFAULT_ATTENTION, budget: int | None = None) -> Explanation:
     """Walk through softmax(q·kᵀ/√d)·v for `token` as the query in head `layer`.`head`.
 
     Each key's score is taken apart into the terms the model adds: `raw_score` q·k (content only),
@@ -92,9 +94,14 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
     `scaled_score` = raw_score × scale + position_bias + position_scores, the logit the softmax takes
     (Gemma 2 then caps it: c·tanh(logit / c)).
 
-    `attention="recompute"` (or `"auto"` beyond `budget` bytes of eager weights) runs the model with
-    fast attention and recomputes only this layer; the model's own weights of the head are then
-    compared on the text's prefix (`probe.recompute.check_prefix`), recorded in `check`.
+    `attention="recompute"` (or `"auto"` beyond `budget` bytes of eager weights; `probe.sources`) runs
+    the model with fast attention and recomputes only this layer; the model's own weights of the layer
+    are then compared on the text's prefix (`probe.recompute.check_prefix`), recorded in `check`.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> e = explain(tiny_model("bert"), "The cat sat.", token="cat", layer=1, head=2)
+    >>> e.query, round(float(e.table["weight"].sum()), 6)
+    ('cat', 1.0)
 
     >>> from headscope.probe import load_model                                          # doctest: +SKIP
     >>> e = explain(load_model("minilm"), "The animal didn't cross the street because it was too tired.",
@@ -102,6 +109,9 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
     >>> e.table.columns.tolist()                                              # doctest: +SKIP
     ['key', 'raw_score', 'scaled_score', 'weight', 'value_norm', 'contribution_norm']
     """
+    if isinstance(occurrence, bool) or not isinstance(occurrence, int) or occurrence < 0:
+        raise ValueError(f"occurrence must be 0 (the first), 1 (the second), ...; got {occurrence!r}")
+    source = source_for(lm, attention, budget=budget)
     family, enc = family_for(lm.config), encode(lm, text)
     n_layers, n_heads = family.n_layers(lm.config), lm.config.num_attention_heads
     if not (0 <= layer < n_layers and 0 <= head < n_heads):
@@ -109,9 +119,9 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
     labels = list(token_labels(lm, enc))
     q_idx = _find_token(labels, enc, token, occurrence)
     spec = family.layer_spec(base_model(lm), layer, lm.config)
-    if choose_attention(attention, eager_bytes(lm, len(enc.ids)), budget) == "recompute":
+    if source.mode(len(enc.ids)) == "recompute":
         # only this layer's input, caught under fast attention: no layer's T × T weights are kept by the model
-        x = _layer_inputs(lm, family, [enc], [layer])[layer]
+        x = layer_inputs(lm, family, [enc], [layer])[layer]
         cap, valid = None, torch.ones(1, len(enc.ids), dtype=torch.long, device=x.device)
     else:
         cap = capture(lm, [enc], family)
@@ -135,9 +145,7 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
     if cap is not None:
         check, err = None, float((cap.probs[layer][0, head, q_idx] - weights).abs().max())
     else:  # the model's own weights of this layer on the text's prefix: eager weights of the whole text are what is avoided
-        found = check_prefix(lm, enc, layers=[layer])  # every head of the layer (DeBERTa recomputes no fewer)
-        if not found.passed:
-            raise RuntimeError(f"{lm.name}: {found.summary()}; the recomputed attention cannot be trusted")
+        found = source.checked(enc, layers=[layer])  # every head of the layer (DeBERTa recomputes no fewer)
         check, err = found.to_dict(), found.max_abs_err
     return Explanation(
         text=text, query=labels[q_idx], query_index=q_idx, layer=layer, head=head, scale=spec.scale, table=table,

@@ -24,6 +24,10 @@ __all__ = ["Encoded", "encode", "encode_many", "encode_targets", "seq2seq_inputs
            "text_units"]
 
 
+# The reason a text is left out of an analysis when it has more tokens than the model takes.
+TOO_LONG = "longer than the model's context"
+
+
 @dataclass(frozen=True)
 class Encoded:
     """One tokenised text: ids, the tokens' character spans, and which are special."""
@@ -493,3 +497,41 @@ def _token_ids(i: int, seq: object) -> tuple[int, ...]:
         raise TypeError(f"sequence {i} is a {type(seq).__name__}; each sequence is a list of token ids (ints), "
                         "e.g. sequences=[[5, 17, 2]]")
     return tuple(_index(t, f"sequence {i}: token id") for t in seq)
+
+
+def special_prefix(tokenizer) -> list[int]:
+    """The ids of the special tokens the tokenizer itself puts at the start of a text (Gemma's <bos>;
+    none for SmolLM2, which adds none)."""
+    enc = tokenizer("a", add_special_tokens=True, return_special_tokens_mask=True)
+    prefix = []
+    for i, sp in zip(enc["input_ids"], enc["special_tokens_mask"]):
+        if not sp:
+            break
+        prefix.append(int(i))
+    return prefix
+
+
+def ordinary_token_ids(lm: LoadedModel) -> list[int]:
+    """The vocabulary's ids without special or added tokens: what random token sequences are drawn from."""
+    tok = lm.tokenizer
+    excluded = set(getattr(tok, "all_special_ids", [])) | set(getattr(tok, "added_tokens_decoder", {}) or {})
+    return [i for i in range(min(len(tok), lm.config.vocab_size)) if i not in excluded]
+
+
+def fit_context(lm: LoadedModel, text: str) -> str:
+    """`text` cut after the last token that fits `lm`'s context (special tokens included); unchanged if it fits.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> lm = tiny_model("bert")
+    >>> fit_context(lm, "The cat sat.") == "The cat sat."
+    True
+    >>> long = fit_context(lm, "cat " * 5000)
+    >>> len(lm.tokenizer(long)["input_ids"]) <= lm.max_length < len(lm.tokenizer("cat " * 5000)["input_ids"])
+    True
+    """
+    if len(lm.tokenizer(text)["input_ids"]) <= lm.max_length:
+        return text
+    with warnings.catch_warnings():  # the caller asked for the cut; encode's "truncating" warning says it again
+        warnings.simplefilter("ignore")
+        enc = encode(lm, text, truncate=True)
+    return text[: max(b for (a, b), special in zip(enc.spans, enc.special) if not special)]

@@ -7,8 +7,9 @@ an entry that fails the manifest is deleted and rebuilt, never used.
 
 One process converts a given entry at a time: it holds a file lock (`<entry>.lock`) while it
 checks, builds and renames the entry, and a second process waits on the lock and then reuses
-what the first one wrote. The operating system drops the lock when its holder dies, so a temporary
-folder whose entry's lock nobody holds was left by a killed run and is removed on the next load.
+what the first one wrote. The entry itself is written by `probe.folders.write_folder` (a temporary
+sibling under its writer's own lock, renamed into place); the operating system drops a lock when
+its holder dies, so the temporaries of a killed conversion are removed on the next load.
 A cache folder that cannot be used (a file, read-only, a full disk) costs a warning, not the load:
 the model is then read from its GGUF file directly.
 """
@@ -20,25 +21,24 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 import tempfile
 import time
 import warnings
 from contextlib import ExitStack, contextmanager, suppress
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Literal
+from typing import Iterator
 
 import torch
 from filelock import FileLock, Timeout
 
 from .families import SUPPORTED_TYPES
+from .folders import reclaim_stale, write_folder
+from .names import Device, DType
 from .registry import KNOWN_MODELS, ModelNotAvailable, ModelSpec, locate, not_available_message
 
 __all__ = ["LoadedModel", "load_model", "cache_dir", "Device", "DType"]
 
-Device = Literal["cpu", "cuda", "mps", "auto"]
-DType = Literal["float32", "float16", "bfloat16"]
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _CACHE_FORMAT = 1
 log = logging.getLogger(__name__)
@@ -381,12 +381,12 @@ def _cached_conversion(label: str, path: Path, gguf_file: str) -> tuple[Path, bo
     entry = root / f"{label}-{_cache_key(path, gguf_file)}"
     if entry.is_dir() and _check_manifest(entry) is None:  # a complete entry is read without the lock,
         with suppress(OSError):                            # so a read-only cache that holds it still serves
-            _reclaim_stale(root, None)
+            reclaim_stale(root)
         return entry, False
     try:
         root.mkdir(parents=True, exist_ok=True)
         with _entry_lock(entry):
-            _reclaim_stale(root, entry)
+            reclaim_stale(root)
             return _entry_or_conversion(entry, label, path, gguf_file)
     except OSError as exc:  # not a folder, read-only, disk full: the load goes on without the cache
         warnings.warn(f"headscope: the cache folder {root} cannot be used ({exc.strerror or exc}); loading {label} "
@@ -414,20 +414,6 @@ def _lock_path(entry: Path) -> Path:
     return entry.with_name(entry.name + ".lock")
 
 
-def _reclaim_stale(root: Path, held: Path | None) -> None:
-    """Remove temporary folders of conversions that were killed: those whose entry's lock nobody holds."""
-    for tmp in root.glob("*.tmp"):
-        entry = root / tmp.name.rsplit(".", 2)[0]  # mkdtemp named it "<entry>.<random>.tmp"
-        if entry == held:  # its lock is ours, so no one else is writing it
-            shutil.rmtree(tmp, ignore_errors=True)
-            continue
-        try:
-            with FileLock(_lock_path(entry), timeout=0):
-                shutil.rmtree(tmp, ignore_errors=True)
-        except Timeout:
-            pass  # another process is converting that entry right now
-
-
 def _entry_or_conversion(entry: Path, label: str, path: Path, gguf_file: str) -> tuple[Path, bool]:
     """The checked entry, or a fresh conversion renamed into its place (called with the entry's lock held)."""
     if entry.exists():
@@ -435,10 +421,9 @@ def _entry_or_conversion(entry: Path, label: str, path: Path, gguf_file: str) ->
         if problem is None:
             return entry, False
         warnings.warn(f"headscope: cache entry {entry} is unusable ({problem}); rebuilding it.", stacklevel=4)
-        shutil.rmtree(entry, ignore_errors=True)
     log.warning("headscope: converting %s from GGUF to fp32 once (about a minute); cached in %s", label, entry)
-    tmp = Path(tempfile.mkdtemp(prefix=entry.name + ".", suffix=".tmp", dir=entry.parent))
-    try:
+
+    def fill(tmp: Path) -> None:
         model, tok = _from_folder(str(path), gguf_file, torch.float32, "cpu", label)
         # The dequantised weights are plain fp32 tensors; transformers still tags the model as
         # "quantized with gguf", which blocks saving and would make the next load look for a GGUF.
@@ -448,9 +433,9 @@ def _entry_or_conversion(entry: Path, label: str, path: Path, gguf_file: str) ->
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         _write_manifest(tmp)
-        os.replace(tmp, entry)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+
+    # an unusable entry is replaced: it moves aside and goes once the new one is in place
+    write_folder(entry, fill, replace=lambda unusable: None)
     return entry, True
 
 

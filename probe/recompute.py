@@ -14,35 +14,29 @@ No `[layer, head, T, T]` tensor for all layers ever exists: the extra memory is 
 count chosen from a byte budget (`block_rows`), plus the caught inputs (layers × T × D). Consumers
 (`analyses.blocks`) reduce each block as it comes.
 
-`extract(..., attention="eager"|"recompute"|"auto")` returns the usual `AttentionMap`s (for texts
-short enough to hold whole maps); in recompute mode it also checks the recomputation against the
-model's own eager attention on a short prefix (`check_prefix`) and records that in each map's meta.
+Which texts are recomputed, and the maps, streams and checks built from these blocks, is the
+business of the attention sources (`probe.sources`): every recomputed text is trusted only after
+`check_prefix` compares the recomputation with the model's own eager attention on a short prefix.
 """
 
 from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Literal, Sequence
+from typing import Iterator, Sequence
 
 import torch
 
 from .families import Family, family_for
-from .extract import Encoded, _make_map, _select, base_model, check_texts, encode, encode_many, pad_batch
-from .extract import extract as extract_eager
+from .extract import Encoded, _select, base_model, check_texts, encode, pad_batch
 from .loading import LoadedModel
 from .scratch import block_probs, project_qk
-from .types import AttentionMap, Level
 from .verify import tolerances
-from .words import Segmenter, to_word_level
 
 __all__ = [
-    "Attention", "Block", "PrefixCheck", "DEFAULT_BUDGET", "PREFIX_TOKENS",
-    "block_rows", "eager_bytes", "choose_attention", "fast_attention", "iter_blocks", "iter_blocks_encoded",
-    "check_prefix", "extract",
+    "Block", "PrefixCheck", "DEFAULT_BUDGET", "PREFIX_TOKENS",
+    "block_rows", "fast_attention", "iter_blocks", "iter_blocks_encoded", "check_prefix", "layer_inputs",
 ]
-
-Attention = Literal["eager", "recompute", "auto"]
 
 DEFAULT_BUDGET = 256 * 2**20  # bytes for one block and its working copies
 PREFIX_TOKENS = 256  # tokens of the eager check in recompute mode
@@ -108,26 +102,6 @@ def block_rows(n_keys: int, n_heads: int, budget: int, itemsize: int = 4) -> int
     return max(1, int(budget) // per_row)
 
 
-def eager_bytes(lm: LoadedModel, n_tokens: int, *, n_layers: int | None = None, batch: int = 1) -> int:
-    """What eager extraction keeps: layers × heads × T² × itemsize per text (every head is computed)."""
-    n_layers = lm.config.num_hidden_layers if n_layers is None else n_layers
-    itemsize = torch.empty((), dtype=lm.dtype).element_size()
-    return batch * n_layers * lm.config.num_attention_heads * n_tokens**2 * itemsize
-
-
-def choose_attention(attention: Attention, eager_need: int, budget: int) -> Literal["eager", "recompute"]:
-    """`auto` picks recompute when eager attention would need more than the budget.
-
-    >>> choose_attention("auto", 10, 5), choose_attention("auto", 5, 10), choose_attention("eager", 10, 5)
-    ('recompute', 'eager', 'eager')
-    """
-    if attention not in ("eager", "recompute", "auto"):
-        raise ValueError(f"attention must be 'eager', 'recompute' or 'auto', got {attention!r}")
-    if attention == "auto":
-        return "recompute" if eager_need > budget else "eager"
-    return attention
-
-
 @contextlib.contextmanager
 def fast_attention(model: torch.nn.Module, implementation: str = "sdpa") -> Iterator[str]:
     """Run `model` with another attention implementation inside the block; restore the old one after.
@@ -154,7 +128,7 @@ class _Enough(Exception):
 
 
 @torch.inference_mode()
-def _layer_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], layers: Sequence[int],
+def layer_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], layers: Sequence[int],
                   implementation: str = "sdpa") -> dict[int, torch.Tensor]:
     """Each wanted layer's attention input (B, T, D), from one forward pass with fast attention."""
     base = base_model(lm)
@@ -235,7 +209,7 @@ def iter_blocks_encoded(
     family = family or family_for(lm.config)
     layer_idx = _select(layers, lm.config.num_hidden_layers, "layer")
     head_idx = _select(heads, lm.config.num_attention_heads, "head")
-    inputs = _layer_inputs(lm, family, items, layer_idx, implementation)
+    inputs = layer_inputs(lm, family, items, layer_idx, implementation)
     base = base_model(lm)
     for layer in layer_idx:
         spec = family.layer_spec(base, layer, lm.config)
@@ -303,53 +277,3 @@ def _eager_probs(lm: LoadedModel, enc: Encoded, layers: Sequence[int]) -> dict[i
     if not out.attentions or any(out.attentions[i] is None for i in layers):
         raise RuntimeError(f"{lm.name}: eager attention exposed no weights; the prefix check cannot run")
     return {i: out.attentions[i][0] for i in layers}
-
-
-def extract(
-    lm: LoadedModel,
-    texts: str | Iterable[str],
-    *,
-    attention: Attention = "auto",
-    budget: int = DEFAULT_BUDGET,
-    batch_size: int = 8,
-    level: Level = "token",
-    layers: Sequence[int] | None = None,
-    heads: Sequence[int] | None = None,
-    store_dtype: torch.dtype = torch.float32,
-    truncate: bool = False,
-    segmenter: Segmenter | None = None,
-) -> list[AttentionMap]:
-    """`probe.extract` with a choice of how attention is obtained: eager, recompute, or auto by budget.
-
-    Eager maps are exactly `probe.extract`'s. Recomputed maps are assembled from blocks and carry
-    `meta["attention"] = "recompute"` and `meta["check"]`, the eager check on the first text's prefix.
-    """
-    if batch_size < 1:
-        raise ValueError("batch_size must be at least 1")
-    if level not in ("token", "word"):
-        raise ValueError(f"level must be 'token' or 'word', got {level!r}")
-    texts = check_texts(texts)
-    layer_idx = _select(layers, lm.config.num_hidden_layers, "layer")
-    head_idx = _select(heads, lm.config.num_attention_heads, "head")
-    encoded = encode_many(lm, texts, truncate=truncate)
-    longest = max(len(e.ids) for e in encoded)
-    need = eager_bytes(lm, longest, n_layers=len(layer_idx), batch=min(batch_size, len(encoded)))
-    if choose_attention(attention, need, budget) == "eager":
-        return extract_eager(lm, texts, batch_size=batch_size, level=level, layers=layers, heads=heads,
-                             store_dtype=store_dtype, truncate=truncate, segmenter=segmenter)
-    check = check_prefix(lm, encoded[0], layers=layer_idx, heads=head_idx)
-    all_layers = len(layer_idx) == lm.config.num_hidden_layers
-    all_heads = len(head_idx) == lm.config.num_attention_heads
-    out: list[AttentionMap] = []
-    for start in range(0, len(encoded), batch_size):
-        batch = encoded[start : start + batch_size]
-        maps = [torch.empty(len(layer_idx), len(head_idx), len(e.ids), len(e.ids), dtype=store_dtype) for e in batch]
-        row_of = {layer: r for r, layer in enumerate(layer_idx)}
-        for b, block in iter_blocks_encoded(lm, batch, layers=layer_idx, heads=head_idx, budget=budget):
-            maps[b][row_of[block.layer], :, block.query_start : block.query_stop] = block.probs  # [layer, head, query, key]
-        for enc, a in zip(batch, maps):
-            amap = _make_map(lm, enc, a, segmenter, () if all_layers else tuple(layer_idx),
-                             () if all_heads else tuple(head_idx))
-            amap.meta.update(attention="recompute", check=check.to_dict())
-            out.append(to_word_level(amap) if level == "word" else amap)
-    return out

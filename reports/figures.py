@@ -655,7 +655,7 @@ class Panel:
 
 @dataclass(frozen=True)
 class FigureSpec:
-    """A figure of the report. `source` names the field of a report section (`reports.html.ModelSection`)
+    """A figure of the report. `source` names the field of a model's analysis (`reports.analysis.ModelAnalysis`)
     it draws; `panels(section)` lists what to draw from it (nothing when the field is empty); `stem`
     and `caption` are format strings over each panel's words; `group` is the report section showing it."""
 

@@ -21,14 +21,14 @@ from __future__ import annotations
 import functools
 import uuid
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
+
+import torch
+
+from headscope.probe.generate import GenerationAttention
+from headscope.probe.types import AttentionMap
 
 from .html import _script_json, static_script
-
-if TYPE_CHECKING:
-    import torch
-
-    from headscope.probe.types import AttentionMap
 
 __all__ = ["InlineView", "show", "view_data", "generation_data"]
 
@@ -143,7 +143,7 @@ def show(maps: Any, labels: Sequence[str] | None = None, *, key_labels: Sequence
     `key_labels` when keys differ from queries: cross-attention). `layer`/`head` (model indices)
     pick the head enlarged first.
     """
-    if hasattr(maps, "dim"):  # a tensor
+    if isinstance(maps, torch.Tensor):
         if labels is None:
             raise ValueError("a tensor needs its labels: show(attention, labels)")
         if maps.dim() != 4:
@@ -152,7 +152,7 @@ def show(maps: Any, labels: Sequence[str] | None = None, *, key_labels: Sequence
         n_l, n_h = maps.shape[:2]
         data = _data([_map_data(maps, list(labels), keys, causal=causal, text=title)], list(range(n_l)),
                      list(range(n_h)), layer=layer, head=head, title=title, cross=key_labels is not None)
-    elif hasattr(maps, "steps") and hasattr(maps, "key_labels"):  # a GenerationAttention (headscope.generate)
+    elif isinstance(maps, GenerationAttention):
         data = generation_data(maps, layer=layer, head=head, title=title)
     else:
         items = list(maps) if isinstance(maps, (list, tuple)) else [maps]

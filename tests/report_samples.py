@@ -16,7 +16,8 @@ from headscope.analyses.relations import parse_example
 from headscope.probe.types import AttentionMap
 from headscope.probe.verify import LayerCheck, Verification
 from headscope.probe.words import to_word_level, word_spans
-from headscope.reports.html import ModelSection, build_report
+from headscope.reports.analysis import ModelAnalysis
+from headscope.reports.html import build_report
 
 INJECTED = '<script>alert(1)</script> "><img src=x onerror="window.__xss=1">'
 SENTENCES = (
@@ -92,14 +93,13 @@ def probe_result(model: str = "toy", *, n: int = 40, task: str = "coref-toy"):
     return score_probe(data, task=task, n_perm=200)
 
 
-def section(model: str = "toy", *, causal: bool = False, passed: bool = True, texts=SENTENCES) -> ModelSection:
+def section(model: str = "toy", *, causal: bool = False, passed: bool = True, texts=SENTENCES) -> ModelAnalysis:
     maps = tuple(token_map(t, model=model, causal=causal, seed=i) for i, t in enumerate(texts))
     scores = score_corpus(maps, level="token", model=model)
     import pandas as pd
 
     corpus = pd.DataFrame([{"corpus": "toy", "source": "hand-built", "texts": len(texts), "words": 20, "tokens": 30}])
-    return ModelSection(model=model, maps=maps, word_maps=tuple(to_word_level(m) for m in maps),
-                        verification=verification(model, passed=passed), scores=scores,
+    return ModelAnalysis(model=model, maps=maps, verification=verification(model, passed=passed), scores=scores,
                         probes=(probe_result(model),), corpus=corpus,
                         info={"family": "toy", "layers": N_LAYERS, "heads": N_HEADS, "file": INJECTED})
 

@@ -4,7 +4,7 @@ random models with known answers: the old `probe/ablate.py` tests, run on `probe
 import pytest
 import torch
 
-from headscope.ablation import Choice, choice_check
+from headscope.workflows.ablation import Choice, choice_check
 from headscope.analyses.ablation import ChoiceCheck
 from headscope.probe.effects import option_logprobs
 from headscope.probe.extract import base_model

@@ -66,9 +66,9 @@ def test_write_table_round_trips(tmp_path, suffix):
 @pytest.mark.parametrize("command", [["models"], ["verify"], ["heads"], ["coref"], ["probe"],
                                      ["explain", "x", "--token", "x", "--head", "L0H0"]])
 def test_an_unknown_out_suffix_is_one_line_before_any_work(command, tmp_path, monkeypatch):
-    import headscope.api
+    import headscope.probe.loading
 
-    monkeypatch.setattr(headscope.api, "load", lambda *a, **k: pytest.fail("loaded a model"))
+    monkeypatch.setattr(headscope.probe.loading, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
     res = CliRunner().invoke(cli, [*command, "--out", str(tmp_path / "t.xlsx")])
     assert res.exit_code == 2 and res.output.count("\n") == 1
     assert "use a .csv, .parquet, .json file name" in res.output and "Traceback" not in res.output

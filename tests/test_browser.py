@@ -135,10 +135,11 @@ def test_arrow_keys_step_through_heads_once_the_heatmap_has_focus(page):
 
 def test_a_word_level_only_map_ignores_the_token_toggle(browser, tmp_path):
     from headscope.probe.words import to_word_level
-    from headscope.reports.html import ModelSection, build_report
+    from headscope.reports.analysis import ModelAnalysis
+    from headscope.reports.html import build_report
 
     words = to_word_level(R.token_map("The animal didn't cross"))
-    build_report([ModelSection(model="w", maps=(words,))]).write(tmp_path)
+    build_report([ModelAnalysis(model="w", maps=(words,))]).write(tmp_path)
     page = browser.new_page()
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))

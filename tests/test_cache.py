@@ -20,7 +20,10 @@ import pytest
 from filelock import FileLock
 
 from headscope.probe import load_model, loading
+from headscope.probe.folders import temporary_name
 from headscope.probe.tiny import tiny_model
+
+PARTIALS = ".*.partial-*"  # a folder being written (`probe.folders.write_folder`), and its lock
 
 # A child process: fake conversion (a tiny llama; `mode` decides how it behaves), then one cache lookup.
 _CHILD = textwrap.dedent("""
@@ -102,7 +105,7 @@ def test_two_cold_processes_convert_once_and_share_the_entry(gguf):
     assert sorted(r["converted"] for r in results) == [False, True]  # one converted, the other reused it
     assert len((signals / "conversions").read_text().split()) == 1
     entry = Path(results[0]["entry"])
-    assert loading._check_manifest(entry) is None and not list(entry.parent.glob("*.tmp"))
+    assert loading._check_manifest(entry) is None and not list(entry.parent.glob(PARTIALS))
 
 
 @pytest.mark.timeout(300)
@@ -117,13 +120,13 @@ def test_a_conversion_killed_mid_save_leaves_nothing_behind(gguf, monkeypatch):
     kid.send_signal(signal.SIGKILL)
     kid.wait(timeout=60)
     converted_dir = Path(os.environ["HEADSCOPE_CACHE"]) / "converted"
-    [stale] = converted_dir.glob("*.tmp")  # what SIGKILL left: a half-written temporary folder
+    [stale] = [p for p in converted_dir.glob(PARTIALS) if p.is_dir()]  # what SIGKILL left: a half-written folder
     assert (stale / "model.safetensors").exists()
 
     calls = _fake_conversion(monkeypatch)
     entry, converted = loading._cached_conversion("m", src, "m.gguf")
     assert converted and calls and loading._check_manifest(entry) is None
-    assert not stale.exists() and not list(converted_dir.glob("*.tmp"))
+    assert not stale.exists() and not list(converted_dir.glob(PARTIALS))
 
 
 def test_stale_temporaries_of_other_entries_go_unless_someone_converts_them(gguf, monkeypatch):
@@ -131,12 +134,13 @@ def test_stale_temporaries_of_other_entries_go_unless_someone_converts_them(gguf
     _fake_conversion(monkeypatch)
     root = Path(os.environ["HEADSCOPE_CACHE"]) / "converted"
     root.mkdir(parents=True)
-    orphan = root / "other-0123456789abcdef.k2j3h4.tmp"  # its converter is gone: nobody holds its lock
-    busy = root / "busy-0123456789abcdef.p9q8r7.tmp"  # its converter is alive and holds its lock
+    orphan = root / temporary_name("other-0123456789abcdef", "11-k2j3h4")  # its converter is gone: its lock is free
+    busy = root / temporary_name("busy-0123456789abcdef", "12-p9q8r7")  # its converter is alive and holds its lock
     for folder in (orphan, busy):
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"partial")
-    holder = FileLock(root / "busy-0123456789abcdef.lock")
+        (folder.parent / f"{folder.name}.lock").touch()
+    holder = FileLock(root / f"{busy.name}.lock")
     acquired = threading.Event()
     done = threading.Event()
 
@@ -193,7 +197,7 @@ def test_unusable_cache_folder_warns_once_and_loads_without_it(gguf, monkeypatch
     assert lm.timings["converted_gguf"] is False and lm.model_type == "llama"
     assert calls[-1] == "m.gguf"  # the GGUF itself was loaded, not a cache folder
     if kind == "full disk":
-        assert not list((tmp_path / "cache" / "converted").glob("*.tmp"))  # the half-written folder went
+        assert not list((tmp_path / "cache" / "converted").glob(PARTIALS))  # the half-written folder went
 
 
 @pytest.fixture

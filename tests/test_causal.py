@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from headscope import ablation
+from headscope.workflows import ablation
 from headscope.analyses.ablation import AblationResult, empirical_p, random_head_sets
 from headscope.probe.effects import next_token_loss, sentence_cosine, word_cosine
 from headscope.probe.extract import base_model

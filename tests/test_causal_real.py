@@ -5,8 +5,8 @@ import hashlib
 import pytest
 import torch
 
-from headscope import ablation
-from headscope.api import heads as run_heads
+from headscope.workflows import ablation
+from headscope import heads as run_heads
 
 pytestmark = pytest.mark.slow
 

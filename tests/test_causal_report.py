@@ -17,11 +17,11 @@ from click.testing import CliRunner
 from scipy import stats
 
 import headscope as hs
-from headscope import ablation
+from headscope.workflows import ablation
 from headscope.analyses.ablation import random_head_sets
 from headscope.analyses.causal import CausalEvidence, spearman_interval
 from headscope.analyses.flow import flow, rollout
-from headscope.api import RunSettings, analyse_model
+from headscope import RunSettings, analyse_model
 from headscope.probe.tiny import tiny_model
 
 TEXTS = ["The cat sat on the mat.", "A dog ran to the park and back.", "Mary told John that she left.",
@@ -124,10 +124,9 @@ def test_decoders_with_causal_get_induction_and_cloze_flips(llama_run):
 # --- the report --------------------------------------------------------------------------------
 
 def test_report_shows_causal_columns_lines_and_token_maps(bert_run, llama_run):
-    from headscope.commands.run import model_section
     from headscope.reports.html import build_report
 
-    report = build_report([model_section(bert_run[1]), model_section(llama_run[1])])
+    report = build_report([bert_run[1], llama_run[1]])
     html = report.html
     assert html.count("<h3>Causal evidence</h3>") == 2 and "Does looking predict mattering?" in html
     assert "<th>importance_rank</th>" in html and "<th>p_vs_random</th>" in html

@@ -21,6 +21,8 @@ from click.testing import CliRunner
 
 from headscope.cli import cli
 from headscope.commands import run as run_mod
+from headscope.probe.folders import reclaim_stale
+from headscope.reports.folder import not_a_report
 
 
 def _small_probe() -> str:
@@ -33,20 +35,16 @@ def _small_probe() -> str:
 def stub_run(monkeypatch):
     """`headscope run` without the model, the analyses or the drawing: a report of three tables."""
     import pandas as pd
+    from report_samples import verification
 
-    from headscope.reports.html import ModelSection, Report
-
-    class Analysed:
-        model = "stub"
-
-        def to_dict(self):
-            return {"model": self.model, "verified": True}
+    from headscope.reports.analysis import ModelAnalysis
+    from headscope.reports.html import Report
 
     monkeypatch.setattr(run_mod, "load_or_fail", lambda name, *a: type("LM", (), {"name": name, "source": "stub"})())
     monkeypatch.setattr(run_mod, "too_long_or_fail", lambda *a, **kw: None, raising=False)
-    monkeypatch.setattr(run_mod, "analyse_model", lambda lm, *a, **kw: Analysed())
-    monkeypatch.setattr(run_mod, "model_section", lambda analysis: ModelSection(model=analysis.model))
-    monkeypatch.setattr("headscope.reports.html.build_report", lambda sections, **kw: Report(
+    monkeypatch.setattr("headscope.workflows.run.analyse_model",
+                        lambda lm, *a, **kw: ModelAnalysis(model="stub", verification=verification("stub")))
+    monkeypatch.setattr("headscope.reports.folder.build_report", lambda analyses, **kw: Report(
         html="<p>new</p>", figures=(), tables={f"t{i}": pd.DataFrame({"a": [i]}) for i in range(3)}))
 
 
@@ -105,20 +103,20 @@ def test_force_replaces_only_a_folder_headscope_wrote(stub_run, tmp_path):
 def test_a_folder_is_a_report_only_when_its_run_json_lists_everything(tmp_path):
     folder = tmp_path / "r"
     folder.mkdir()
-    assert run_mod.not_a_report(folder) is None  # empty: nothing to lose
+    assert not_a_report(folder) is None  # empty: nothing to lose
     (folder / "index.html").write_text("x")
-    assert "no run.json" in run_mod.not_a_report(folder)
+    assert "no run.json" in not_a_report(folder)
     (folder / "run.json").write_text("[1, 2]")
-    assert "not a headscope run record" in run_mod.not_a_report(folder)
+    assert "not a headscope run record" in not_a_report(folder)
     record = {"headscope": "0", "files": {"report": "index.html", "figures": ["figures/a.png"], "tables": ["t.csv"]}}
     (folder / "run.json").write_text(json.dumps(record))
     (folder / "figures").mkdir()
     (folder / "figures" / "a.png").write_bytes(b"")
     (folder / "t.csv").write_text("")
-    assert run_mod.not_a_report(folder) is None
+    assert not_a_report(folder) is None
     (folder / "t.csv").unlink()
     (folder / "t.csv").mkdir()  # a listed name that is a folder, not the file headscope wrote
-    assert "t.csv" in run_mod.not_a_report(folder)
+    assert "t.csv" in not_a_report(folder)
 
 
 # ---------------------------------------------------------------- 6. outputs checked before any compute
@@ -329,9 +327,14 @@ def test_headscope_warnings_print_as_one_clean_line(monkeypatch):
 _DRIVER = textwrap.dedent("""
     import gc, os, signal, sys
     import pandas as pd
+    import headscope.probe.folders as folders
+    import headscope.reports.folder as report_folder
     import headscope.reports.html as html
+    import headscope.workflows.run as workflow
     from headscope.commands import run as run_mod
     from headscope.cli import main
+    from headscope.probe.verify import LayerCheck, Verification
+    from headscope.reports.analysis import ModelAnalysis
 
     hook = os.environ["HOOK"]
     steps = [0]
@@ -367,17 +370,14 @@ _DRIVER = textwrap.dedent("""
         real_replace(src, dst)
         step()
 
-    class Analysed:
-        model = "stub"
-        def to_dict(self):
-            return {"model": self.model, "verified": True}
+    verified = Verification("stub", "bert", "float32", 1e-5, 1e-5, 1, 1, 1,
+                            (LayerCheck(0, 0.0, 0.0, 0.0, 0.0, True),), 0.1, 0.1)
 
     html.Report.write = write
-    run_mod.os.replace = replace
+    folders.os.replace = replace
     run_mod.load_or_fail = lambda name, *a: type("LM", (), {"name": name, "source": "stub"})()
-    run_mod.analyse_model = lambda lm, *a, **kw: Analysed()
-    run_mod.model_section = lambda analysis: html.ModelSection(model=analysis.model)
-    html.build_report = lambda sections, **kw: html.Report(
+    workflow.analyse_model = lambda lm, *a, **kw: ModelAnalysis(model="stub", verification=verified)
+    report_folder.build_report = lambda analyses, **kw: html.Report(
         html="<p>new</p>", figures=(), tables={f"t{i}": pd.DataFrame({"a": [i]}) for i in range(4)})
     sys.argv = ["headscope", *sys.argv[1:]]
     main()
@@ -428,7 +428,7 @@ def test_a_report_write_killed_at_any_point_leaves_nothing_stale_after_the_next_
     _previous_report(out)
     done = _driven(f"kill:{point}", out, "--force")
     assert done.returncode == -signal.SIGKILL, done.stderr
-    run_mod.reclaim_stale(out.absolute())  # what the next run does first
+    reclaim_stale(out.absolute().parent, out.name)  # what the next run does first
     assert _leftovers(tmp_path) == []
     assert (out / "index.html").read_text() in ("previous", "<p>new</p>")  # never lost, never half
     result = _run("--out", str(out), "--force")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from headscope.analyses.compare import compare_scores, per_text_scores
-from headscope.compare import IncompatibleModels, compare_models
+from headscope.workflows.compare import IncompatibleModels, compare_models
 from headscope.probe import loading
 from headscope.probe.registry import ModelNotAvailable
 from headscope.probe.tiny import TINY_CORPUS, tiny_model

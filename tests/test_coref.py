@@ -340,7 +340,8 @@ def test_decoder_crop_changes_no_number():
 
 
 def test_runner_counts_texts_longer_than_the_context():
-    from headscope.api import TOO_LONG, extract_scores
+    from headscope import extract_scores
+    from headscope.probe.extract import TOO_LONG
     from headscope.probe.tiny import tiny_model
 
     lm = tiny_model("bert")  # 128 positions

@@ -59,7 +59,7 @@ def _worker(rank: int, model: str, root: str, ports: dict[str, int]) -> None:
         os.environ["MASTER_PORT"] = str(ports[name])
         codes[name] = _run_cli(args, mine / f"{name}.stdout", mine / f"{name}.stderr")
     # The API on inputs that test the edges: a rank with an empty shard, a bad text on rank 1 only.
-    from headscope.api import heads, load
+    from headscope import heads, load
 
     lm = load(model)
     with process_group(World(rank, RANKS), init_method=f"file://{root}/init") as world:
@@ -134,7 +134,7 @@ def test_rank_one_writes_and_prints_nothing(runs):
 
 
 def test_a_rank_with_an_empty_shard_adds_nothing(runs):
-    from headscope.api import heads, load
+    from headscope import heads, load
 
     root, _, api = runs
     expected = heads(load(str(root / "tiny-llama")), CORPUS[:1]).table

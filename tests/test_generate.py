@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from headscope.generate import generate_attention
+from headscope.probe.generate import generate_attention
 from headscope.probe import extract
 from headscope.probe.extract import base_model
 from headscope.probe.tiny import tiny_model

@@ -158,7 +158,7 @@ def test_a_causal_view_greys_the_future(browser):
 
 def _generation():
     """A hand-built generation: a 3-token prompt, then two tokens, each attending as stated."""
-    from headscope.generate import GenerationAttention
+    from headscope.probe.generate import GenerationAttention
 
     prompt = R.token_map("The cat", causal=True, layers=2, heads=2)  # [CLS] The cat [SEP]: 4 tokens
     n = len(prompt)

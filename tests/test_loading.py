@@ -69,7 +69,7 @@ def test_cache_converts_once(fake_gguf):
     assert converted and (entry / "manifest.json").exists() and (entry / "model.safetensors").exists()
     again, converted = loading._cached_conversion("m", src, "m.gguf")
     assert again == entry and not converted and len(calls) == 1
-    assert not list(entry.parent.glob("*.tmp"))  # no half-written folder left behind
+    assert not list(entry.parent.glob(".*.partial-*"))  # no half-written folder left behind
 
 
 @pytest.mark.parametrize("damage", ["flip", "truncate", "no-manifest", "missing-file"])

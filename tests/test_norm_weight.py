@@ -3,6 +3,8 @@ attention/norm toggle."""
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 
@@ -10,7 +12,8 @@ import headscope as hs
 from headscope.probe.norms import NormAttention, norm_weighted
 from headscope.probe.tiny import tiny_model
 from headscope.probe.types import AttentionMap
-from headscope.reports.html import ModelSection, build_report, explorer_data
+from headscope.reports.analysis import ModelAnalysis
+from headscope.reports.html import build_report, explorer_data
 
 TEXTS = ["The cat sat on the mat.", "A dog ran home quickly."]
 
@@ -75,20 +78,27 @@ def test_heads_with_norm_weighting():
     assert a.shape == n.shape and not a.equals(n)
 
 
-def _section() -> ModelSection:
-    lm = tiny_model("bert")
+@functools.lru_cache(maxsize=1)
+def _bert():
+    return tiny_model("bert")
+
+
+def _section() -> ModelAnalysis:
+    lm = _bert()
     maps = tuple(hs.extract(lm, TEXTS))
-    return ModelSection(model="b", maps=maps, word_maps=tuple(hs.extract(lm, TEXTS, level="word")),
-                        norm_maps=tuple(hs.extract(lm, TEXTS, level="word", weight="norm")))
+    return ModelAnalysis(model="b", maps=maps, norm_maps=tuple(hs.extract(lm, TEXTS, weight="norm")))
 
 
-def test_explorer_data_carries_norm_weights_at_the_level_given():
+def test_explorer_data_carries_norm_weights_at_word_level():
     section = _section()
+    word_norms = tuple(hs.extract(_bert(), TEXTS, level="word", weight="norm"))
+    for shown, direct in zip(section.shown_norm_maps, word_norms):  # the page's word level is extract's
+        torch.testing.assert_close(shown.attention, direct.attention, atol=1e-6, rtol=0)
     [model] = explorer_data([section])["models"]
     view = model["sentences"][1]["views"]["self"]
     assert set(view) == {"attention", "norm"} and list(view["norm"]) == ["word"]
     norm = view["norm"]["word"]
-    expected = (section.norm_maps[1].attention * 100).round().int().reshape(len(norm["att"]), -1).tolist()
+    expected = (section.shown_norm_maps[1].attention * 100).round().int().reshape(len(norm["att"]), -1).tolist()
     assert norm["scale"] == 100 and norm["att"] == expected
     assert "scale" not in view["attention"]["word"]
 

@@ -12,13 +12,19 @@ import torch
 from headscope.analyses.blocks import HeadMap, feed, row_quantities, word_blocks
 from headscope.probe import extract as extract_eager
 from headscope.probe.recompute import (
-    _WORKING_COPIES, Block, block_rows, check_prefix, choose_attention, extract, fast_attention, iter_blocks,
+    DEFAULT_BUDGET, _WORKING_COPIES, Block, block_rows, check_prefix, fast_attention, iter_blocks,
 )
 from headscope.probe.errors import UnsupportedFeature
 from headscope.probe.extract import base_model, encode
 from headscope.probe.families import family_for
+from headscope.probe.sources import SOURCES, source_for
 from headscope.probe.tiny import TINY_CORPUS
 from headscope.probe.words import to_word_level
+
+
+def extract(lm, texts, *, attention="auto", budget=DEFAULT_BUDGET, batch_size=8, **options):
+    """Whole maps from the attention source named `attention` (`probe.sources`), `budget` bytes for eager."""
+    return source_for(lm, attention, budget=budget, batch_size=batch_size).maps(texts, **options)
 
 LONG = " ".join(TINY_CORPUS[:4])  # longer than gemma3's tiny sliding window (4 keys)
 PIECES = LONG + " Photosynthesis seems extraordinary."  # words the tiny vocabularies split into pieces
@@ -126,11 +132,14 @@ def test_block_rows_from_the_budget():
 
 def test_auto_picks_recompute_only_beyond_the_budget(tiny):
     _skip_whole_sequences_only(tiny)
-    assert choose_attention("auto", 101, 100) == "recompute"
-    assert choose_attention("auto", 100, 100) == "eager"
-    assert choose_attention("recompute", 1, 100) == "recompute"
-    with pytest.raises(ValueError, match="attention must be"):
-        choose_attention("flash", 1, 1)
+    need = 2 * tiny.config.num_hidden_layers * tiny.config.num_attention_heads * 100**2 * 4  # 2 texts of 100 tokens
+    assert source_for(tiny, "auto", budget=need - 1).mode(100, 2) == "recompute"
+    assert source_for(tiny, "auto", budget=need).mode(100, 2) == "eager"
+    assert source_for(tiny, "recompute", budget=10**12).mode(1) == "recompute"
+    assert source_for(tiny, "eager", budget=1).mode(10**6) == "eager"
+    assert set(SOURCES) == {"eager", "recompute", "auto"}
+    with pytest.raises(ValueError, match="attention must be 'eager', 'recompute', 'auto'"):
+        source_for(tiny, "flash")
     [big] = extract(tiny, LONG, attention="auto", budget=10**12)
     [small] = extract(tiny, LONG, attention="auto", budget=1)
     assert "attention" not in big.meta and small.meta["attention"] == "recompute"

@@ -9,19 +9,20 @@ import pytest
 
 import headscope as hs
 from headscope import RunSettings, analyse_model, builtin_set
-from headscope.generate import generate_attention
+from headscope.probe.generate import generate_attention
 from headscope.probe.tiny import tiny_model
-from headscope.reports.html import ModelSection, build_report, explorer_data
+from headscope.reports.analysis import ModelAnalysis
+from headscope.reports.html import build_report, explorer_data
 
 PROMPT = "The cat sat on the"
 N = 4
 
 
 @functools.lru_cache(maxsize=None)
-def _section(family: str) -> ModelSection:
+def _section(family: str) -> ModelAnalysis:
     lm = tiny_model(family)
     gen = generate_attention(lm, PROMPT, max_new_tokens=N)
-    return ModelSection(model=f"tiny-{family}", maps=tuple(hs.extract(lm, PROMPT)), generations=(gen,))
+    return ModelAnalysis(model=f"tiny-{family}", maps=tuple(hs.extract(lm, PROMPT)), generations=(gen,))
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama"])

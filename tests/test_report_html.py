@@ -12,7 +12,9 @@ import pandas as pd
 import pytest
 
 import report_samples as R
-from headscope.reports.html import ModelSection, build_report, explorer_data, report_tables, slug
+from headscope.reports.analysis import ModelAnalysis
+from headscope.reports.html import build_report, explorer_data, slug
+from headscope.reports.sections import report_tables
 
 
 @pytest.fixture(scope="module")
@@ -145,7 +147,7 @@ def test_sections_show_models_side_by_side(report):
 
 
 def test_a_failed_verification_is_shown_first_and_loud():
-    sec = ModelSection(model="bad", maps=(R.token_map("a b"),), verification=R.verification("bad", passed=False))
+    sec = ModelAnalysis(model="bad", maps=(R.token_map("a b"),), verification=R.verification("bad", passed=False))
     html = build_report([sec]).html
     banner = html.index('id="verification-failed"')
     assert banner < html.index('<section id="explorer">')
@@ -154,7 +156,7 @@ def test_a_failed_verification_is_shown_first_and_loud():
 
 
 def test_missing_parts_are_said_not_hidden():
-    sec = ModelSection(model="bare", maps=(R.token_map("just a map"),))
+    sec = ModelAnalysis(model="bare", maps=(R.token_map("just a map"),))
     html = build_report([sec]).html
     assert "not verified in this run" in html
     assert html.count("not run") >= 3
@@ -162,7 +164,7 @@ def test_missing_parts_are_said_not_hidden():
 
 
 def test_notes_are_escaped_banners():
-    sec = ModelSection(model="m", maps=(R.token_map("x y"),), notes=("<b>verification could not run</b>",))
+    sec = ModelAnalysis(model="m", maps=(R.token_map("x y"),), notes=("<b>verification could not run</b>",))
     html = build_report([sec]).html
     assert "m: &lt;b&gt;verification could not run&lt;/b&gt;" in html
 
@@ -180,13 +182,13 @@ def test_slug_keeps_file_names_safe():
 
 
 def test_explorer_data_skips_models_without_maps(sections):
-    data = explorer_data([ModelSection(model="nothing"), sections[0]])
+    data = explorer_data([ModelAnalysis(model="nothing"), sections[0]])
     assert [m["name"] for m in data["models"]] == ["toy-enc"]
-    assert report_tables([ModelSection(model="nothing")]) == {}
+    assert report_tables([ModelAnalysis(model="nothing")]) == {}
 
 
 def test_models_whose_names_share_a_slug_get_distinct_files():
-    a, b = (ModelSection(model=m, verification=R.verification(m)) for m in ("org/model", "org-model"))
+    a, b = (ModelAnalysis(model=m, verification=R.verification(m)) for m in ("org/model", "org-model"))
     report = build_report([a, b])
     assert [f.name for f in report.figures] == ["org-model-verification.png", "org-model-2-verification.png"]
 
@@ -204,7 +206,7 @@ def test_a_figure_is_one_registry_entry(monkeypatch):
     extra = FigureSpec("extra", "verification", "verification", verification_plot, panels,
                        "extra-{layer}", "Extra view of layer {layer}.")
     monkeypatch.setattr(H, "FIGURES", {**FIGURES, "extra": extra})
-    sec = ModelSection(model="m", verification=R.verification("m"))
+    sec = ModelAnalysis(model="m", verification=R.verification("m"))
     report = build_report([sec])
     extra_files = [f for f in report.figures if f.name.startswith("m-extra-")]
     assert [(f.name, f.caption, f.group) for f in extra_files] == [
@@ -216,7 +218,7 @@ def test_a_figure_is_one_registry_entry(monkeypatch):
 
 def test_probe_figures_sit_beside_their_probe():
     first, second = R.probe_result(task="task-a"), R.probe_result(task="task-b")
-    report = build_report([ModelSection(model="m", probes=(first, second))])
+    report = build_report([ModelAnalysis(model="m", probes=(first, second))])
     probe_part = report.html[report.html.index('<section id="probe">'):report.html.index('<section id="attention">')]
     a, b = probe_part.index("<h3>task-a"), probe_part.index("<h3>task-b")
     for f in report.figures:

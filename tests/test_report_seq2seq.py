@@ -13,21 +13,23 @@ from click.testing import CliRunner
 
 from headscope import RunSettings, analyse_model, builtin_set
 from headscope.cli import cli
-from headscope.probe import extract, to_word_level
+from headscope.probe import extract
 from headscope.probe.tiny import tiny_model
-from headscope.reports.html import ModelSection, build_report, explorer_data
+from headscope.reports.analysis import ModelAnalysis
+from headscope.reports.html import build_report, explorer_data
 
 SOURCES = ("The cat sat on the mat.", "A dog ran.")
 TARGETS = ("Le chat dort.", "Un chien court vite.")
 
 
 @functools.lru_cache(maxsize=None)
-def _section(family: str) -> ModelSection:
+def _section(family: str) -> ModelAnalysis:
     lm = tiny_model(family)
     maps = tuple(extract(lm, list(SOURCES)))
     pairs = tuple(extract(lm, list(SOURCES), target=list(TARGETS)))
-    return ModelSection(model=f"tiny-{family}", maps=maps, word_maps=tuple(to_word_level(m) for m in maps),
-                        pairs=pairs, word_pairs=tuple(to_word_level(p) for p in pairs))
+    analysis = ModelAnalysis(model=f"tiny-{family}", maps=maps, pairs=pairs)
+    assert analysis.word_pairs and all(w.level == "word" for w in analysis.word_pairs)  # derived, both sides know words
+    return analysis
 
 
 @pytest.mark.parametrize("family", ["t5", "bart"])
@@ -57,7 +59,7 @@ def test_explorer_data_has_all_three_kinds_with_their_own_labels(family):
 
 def test_one_stack_sections_keep_a_single_self_view():
     lm = tiny_model("bert")
-    data = explorer_data([ModelSection(model="b", maps=tuple(extract(lm, list(SOURCES))))])
+    data = explorer_data([ModelAnalysis(model="b", maps=tuple(extract(lm, list(SOURCES))))])
     [model] = data["models"]
     assert [list(s["views"]) for s in model["sentences"]] == [["self"], ["self"]]
     assert model["note"] == ""
@@ -76,7 +78,7 @@ def test_figures_show_decoder_and_cross_attention_and_say_which():
 def test_mismatched_pairs_are_refused():
     section = _section("t5")
     with pytest.raises(ValueError, match="1 pairs for 2 sentences"):
-        ModelSection(model="m", maps=section.maps, pairs=section.pairs[:1])
+        ModelAnalysis(model="m", maps=section.maps, pairs=section.pairs[:1])
 
 
 def test_analyse_model_pairs_the_report_sentences_with_their_targets():
@@ -86,15 +88,13 @@ def test_analyse_model_pairs_the_report_sentences_with_their_targets():
     a = analyse_model(lm, ["A dog ran."] * 2, sets, given)
     assert [p.decoder.text for p in a.pairs] == list(TARGETS) and a.info["targets"] == "given"
     assert [p.encoder.text for p in a.pairs] == [m.text for m in a.maps] == list(SOURCES)
-    # The verification rows say which attention they check, first.
-    from headscope.commands.run import model_section
-
     # The encoder's norm-based weights for the explorer's toggle, kept at word level in the report.
     assert [m.weight for m in a.norm_maps] == ["norm", "norm"]
-    assert {m.level for m in model_section(a).norm_maps} == {"word"}
-    html = build_report([model_section(a)]).html
+    assert {m.level for m in a.shown_norm_maps} == {"word"}
+    html = build_report([a]).html
+    # The verification rows say which attention they check, first.
     assert re.search(r"<thead><tr><th>kind</th><th>layer</th>", html)
-    assert "Targets: given." in json.dumps(explorer_data([model_section(a)]), ensure_ascii=False)
+    assert "Targets: given." in json.dumps(explorer_data([a]), ensure_ascii=False)
     # Head ablation reads one stack's output: not run by default, and asked for, it says why in the notes.
     assert a.causal is None and not any("causal" in n for n in a.notes)
     asked = analyse_model(lm, ["A dog ran."], sets, replace(given, causal=True, texts=SOURCES[:1], targets=TARGETS[:1]))
@@ -102,7 +102,7 @@ def test_analyse_model_pairs_the_report_sentences_with_their_targets():
 
 
 def test_without_targets_each_sentence_is_its_own_target():
-    from headscope.api import DEFAULT_TARGETS, _report_attention
+    from headscope.workflows.run import DEFAULT_TARGETS, _report_attention
 
     settings = RunSettings(corpus="c", coref="p", texts=SOURCES)
     maps, pairs, norm_maps = _report_attention(tiny_model("bart"), settings)

@@ -92,19 +92,14 @@ def test_default_sentences_and_probe_sets(tiny_models, tmp_path):
 def quick_report(tiny_models, monkeypatch):
     """The run without its analyses and drawing: for tests of where and how the folder is written."""
     import pandas as pd
+    from report_samples import verification
 
-    from headscope.reports.html import ModelSection, Report
+    from headscope.reports.analysis import ModelAnalysis
+    from headscope.reports.html import Report
 
-    class Analysed:  # stands in for hs.ModelAnalysis
-        def __init__(self, name):
-            self.model = name
-
-        def to_dict(self):
-            return {"model": self.model, "verified": True}
-
-    monkeypatch.setattr(run_mod, "analyse_model", lambda lm, *args, **kw: Analysed(lm.name))
-    monkeypatch.setattr(run_mod, "model_section", lambda analysis: ModelSection(model=analysis.model))
-    monkeypatch.setattr("headscope.reports.html.build_report", lambda sections, **kw: Report(
+    monkeypatch.setattr("headscope.workflows.run.analyse_model",
+                        lambda lm, *args, **kw: ModelAnalysis(model=lm.name, verification=verification(lm.name)))
+    monkeypatch.setattr("headscope.reports.folder.build_report", lambda analyses, **kw: Report(
         html="<p>report</p>", figures=(), tables={"t": pd.DataFrame({"a": [1]})}))
 
 
@@ -129,16 +124,16 @@ def test_existing_folder_needs_force_and_only_a_report_is_replaced_whole(quick_r
 
 
 def test_failed_verification_is_written_then_exits_nonzero(tiny_models, tmp_path, monkeypatch):
-    import headscope.probe.verify
+    import headscope.workflows.run
     from report_samples import verification
 
-    real = headscope.probe.verify.verify
+    real = headscope.workflows.run.verify
 
     def broken(lm, texts=None, **kw):
         v = real(lm, texts, **kw)
         return verification(v.model, passed=False, layers=len(v.layers))
 
-    monkeypatch.setattr(headscope.probe.verify, "verify", broken)
+    monkeypatch.setattr(headscope.workflows.run, "verify", broken)
     out = tmp_path / "report"
     result = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", str(out), *FAST])
     assert result.exit_code == 1
@@ -168,17 +163,20 @@ def test_an_interrupted_write_leaves_no_half_report(quick_report, tmp_path, monk
     assert (out / "index.html").read_text() == "previous" and _leftovers(tmp_path) == []
 
 
-def test_write_atomic_restores_the_old_folder_when_the_move_fails(tmp_path, monkeypatch):
+def test_write_folder_restores_the_old_folder_when_the_move_fails(tmp_path, monkeypatch):
+    from headscope.probe.folders import write_folder
+    from headscope.reports.folder import not_a_report
+
     out = tmp_path / "r"
     out.mkdir()
     (out / "a").write_text("old")
     record = json.dumps({"headscope": "0", "files": {"report": "a"}})  # a report: --force may replace it
     (out / "run.json").write_text(record)
-    run_mod.write_atomic(out, lambda d: [(d / "a").write_text("new"), (d / "run.json").write_text(record)],
-                         force=True)
+    write_folder(out, lambda d: [(d / "a").write_text("new"), (d / "run.json").write_text(record)],
+                 replace=not_a_report)
     assert (out / "a").read_text() == "new" and _leftovers(tmp_path) == []
     with pytest.raises(RuntimeError):
-        run_mod.write_atomic(out, lambda d: (_ for _ in ()).throw(RuntimeError("boom")), force=True)
+        write_folder(out, lambda d: (_ for _ in ()).throw(RuntimeError("boom")), replace=not_a_report)
     assert (out / "a").read_text() == "new" and _leftovers(tmp_path) == []
 
 

@@ -341,7 +341,7 @@ def _sentences_file(tmp_path, name, n):
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
 def test_workflow_on_tiny_models(tmp_path, family):
     from headscope.probe.tiny import tiny_model
-    from headscope.syntax import syntax
+    from headscope.workflows.syntax import syntax
 
     lm = tiny_model(family)
     test, dev = _sentences_file(tmp_path, "test.conllu", 12), _sentences_file(tmp_path, "dev.conllu", 11)
@@ -448,7 +448,7 @@ def test_figures_from_hand_built_results():
 
 @pytest.mark.slow
 def test_minilm_on_a_slice_of_ewt(minilm, shared_data):
-    from headscope.syntax import syntax
+    from headscope.workflows.syntax import syntax
 
     ewt = shared_data / "ud-english-ewt"
     r = syntax(minilm, ewt / "en_ewt-ud-test.conllu", select_on=ewt / "en_ewt-ud-dev.conllu", limit=60,
@@ -463,7 +463,7 @@ def test_syntax_clusters_on_tiny_models(tmp_path):
     import pandas as pd
 
     from headscope.probe.tiny import tiny_model
-    from headscope.syntax import syntax_clusters
+    from headscope.workflows.syntax import syntax_clusters
 
     path = _sentences_file(tmp_path, "t.conllu", 3)
     bert, gpt2 = tiny_model("bert"), tiny_model("gpt2")
@@ -479,7 +479,7 @@ def test_syntax_clusters_on_tiny_models(tmp_path):
 @pytest.mark.parametrize("family", ["bert", "gpt2"])
 def test_syntax_recompute_equals_eager(tmp_path, family):
     from headscope.probe.tiny import tiny_model
-    from headscope.syntax import syntax
+    from headscope.workflows.syntax import syntax
 
     lm = tiny_model(family)
     test = _sentences_file(tmp_path, "test.conllu", 4)

@@ -12,7 +12,8 @@ from click.testing import CliRunner
 
 from headscope.analyses.syntax import choose_tree_head, score_syntax
 from headscope.reports.figures import FIGURES
-from headscope.reports.html import ModelSection, build_report
+from headscope.reports.analysis import ModelAnalysis
+from headscope.reports.html import build_report
 
 from test_syntax import _records, _sentences_file, _split
 
@@ -33,7 +34,7 @@ def _clusters():
 @pytest.fixture(scope="module")
 def report():
     result = _result()
-    return result, build_report([ModelSection(model="toy", syntax=result, syntax_clusters=_clusters())])
+    return result, build_report([ModelAnalysis(model="toy", syntax=result, syntax_clusters=_clusters())])
 
 
 def test_syntax_figures_are_registry_entries_drawn_by_name(report):
@@ -79,7 +80,7 @@ def test_syntax_section_in_the_page(report):
 def test_a_report_without_syntax_has_no_syntax_section():
     from report_samples import section
 
-    rep = build_report([ModelSection(model="toy", corpus=section().corpus)])
+    rep = build_report([ModelAnalysis(model="toy", corpus=section().corpus)])
     assert 'id="syntax"' not in rep.html and "#syntax" not in rep.html
     assert not [t for t in rep.tables if t.startswith("syntax")] and not rep.figures
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from ..common import device_options, echo_json, fail, json_option, load_or_fail, model_option
+from ..common import corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail, model_option
 
 __all__ = ["cli", "parse_top"]
 
@@ -13,7 +13,7 @@ TOP_TEXTS = 32  # built-in corpus texts scored for --top when the effect is meas
 
 def parse_top(spec: str) -> tuple[str, int]:
     """`METRIC:K` -> (metric, k); the metric is one of `headscope heads`' metrics."""
-    from headscope.analyses.heads import METRICS
+    from headscope.analyses.metrics import METRICS
 
     metric, sep, k = spec.partition(":")
     if not sep or not k.strip().isdigit() or int(k) < 1:
@@ -30,7 +30,7 @@ def _parse_heads(spec: str) -> list[tuple[int, int]]:
 
 
 def _top_heads(lm, metric: str, k: int, texts: list[str]) -> list[tuple[int, int]]:
-    from headscope.api import heads
+    from headscope import heads
 
     top = heads(lm, texts).top(metric, k)
     if top.empty:
@@ -60,7 +60,7 @@ def _top_heads(lm, metric: str, k: int, texts: list[str]) -> list[tuple[int, int
 def cli(model_name, heads_spec, top_spec, method, corpus_path, task, word, n_random, seed, limit, batch_size, as_json,
         device, dtype) -> None:
     """Ablate heads and compare the effect with ablating random heads (mean, sd, empirical p)."""
-    from headscope.analyses.corpus import CorpusError, builtin_corpus, read_corpus
+    from headscope import ablate, builtin_corpus
 
     if (heads_spec is None) == (top_spec is None):
         fail("give exactly one of --heads L16H0,L18H6 or --top METRIC:K")
@@ -69,18 +69,16 @@ def cli(model_name, heads_spec, top_spec, method, corpus_path, task, word, n_ran
     try:
         heads = _parse_heads(heads_spec) if heads_spec is not None else None
         top = parse_top(top_spec) if top_spec is not None else None
-        texts = read_corpus(corpus_path)[:limit] if corpus_path else None
-    except (CorpusError, OSError, ValueError) as exc:
+    except ValueError as exc:
         fail(str(exc))
+    texts = corpus_or_fail(corpus_path, limit).texts if corpus_path else None
     if heads is not None and not heads:
         fail("--heads is empty; write e.g. L16H0,L18H6")
     lm = load_or_fail(model_name, device, dtype)
-    from headscope import ablation
-
     try:
         if top is not None:
             heads = _top_heads(lm, *top, texts or builtin_corpus()[:TOP_TEXTS])
-        result = ablation.ablate(lm, heads, method=method, corpus=texts, task=task, word=word, n_random=n_random,
+        result = ablate(lm, heads, method=method, corpus=texts, task=task, word=word, n_random=n_random,
                                seed=seed, batch_size=batch_size)
     except (TypeError, ValueError) as exc:
         fail(str(exc))

@@ -1,19 +1,19 @@
 """`headscope compare A B`: which heads changed between two checkpoints, with intervals over texts.
 
-A thin wrapper over `headscope.compare.compare_models`; the rule for "changed" is in
-`analyses.compare`. `--report DIR` also writes an HTML report (the Comparison section: differences
-with intervals, the changed heads, one layer × head difference grid per metric; both models'
-verification), its figures and CSV tables, and run.json, as `headscope run` writes its folder.
+A thin wrapper over `headscope.compare_models`; the rule for "changed" is in `analyses.compare`.
+`--report DIR` also writes an HTML report through `headscope.report` (the Comparison section:
+differences with intervals, the changed heads, one layer × head difference grid per metric; both
+models' verification), its figures and CSV tables, and run.json, as `headscope run` writes its folder.
 """
 
 from __future__ import annotations
 
-from itertools import islice
 from pathlib import Path
 
 import click
 
-from ..common import echo_json, fail, json_option, load_or_fail, device_options, verify_option, verify_step
+from ..common import (check_out, corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail,
+                      verify_option, verify_step)
 
 __all__ = ["cli"]
 
@@ -42,22 +42,14 @@ __all__ = ["cli"]
 def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, batch_size, truncate, report_dir, force,
         as_json, device, dtype, no_verify) -> None:
     """Compare every head of MODEL_A and MODEL_B (names, folders, GGUF files or hub ids, NAME@REVISION)."""
-    from headscope.analyses.corpus import CorpusError, builtin_corpus, read_corpus
-
-    from .run import check_out
+    from headscope import compare_models
 
     if report_dir is not None:
         check_out(report_dir, force, "--report")
-
-    try:
-        texts, source = ((builtin_corpus(), "built-in corpus") if corpus_path is None
-                         else (read_corpus(corpus_path), str(corpus_path)))
-    except (CorpusError, OSError, ValueError) as exc:
-        fail(str(exc))
-    texts = list(islice(texts, limit)) if limit else texts
+    corpus = corpus_or_fail(corpus_path, limit)
+    texts, source = corpus.texts, corpus.source
     if len(texts) < 2:
         fail(f"{source} holds {len(texts)} text; intervals over texts need at least 2")
-    from headscope.compare import compare_models
 
     lm_a, lm_b = load_or_fail(model_a, device, dtype), load_or_fail(model_b, device, dtype)
     verified: dict[str, list] = {"a": [], "b": []}  # the Verification of each model, for the report
@@ -80,43 +72,27 @@ def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, bat
 
 
 def _write_report(out: Path, result, models, verified: dict, checks: dict, source: str, *, force: bool) -> None:
-    """The report of the comparison: a section per model (its verification), B's carrying the comparison."""
-    import json
-    from datetime import datetime, timezone
-
+    """The report of the comparison: one `ModelAnalysis` per model (its verification), B's carrying the comparison."""
     import matplotlib
 
     matplotlib.use("Agg")
-    from headscope.api import versions
-    from headscope.probe.types import json_safe
-    from headscope.reports.html import ModelSection, build_report
+    from headscope import ModelAnalysis, report
+    from headscope.reports.folder import ReportFolderError
 
-    from .run import write_atomic
-
-    sections = [ModelSection(model=lm.name, verification=next(iter(verified[key]), None), comparison=comp,
-                             info={"source": lm.source, "layers": lm.config.num_hidden_layers,
-                                   "heads": lm.config.num_attention_heads, "verification": checks[key]["summary"]})
+    analyses = [ModelAnalysis(model=lm.name, verification=next(iter(verified[key]), None), comparison=comp,
+                              info={"source": lm.source, "layers": lm.config.num_hidden_layers,
+                                    "heads": lm.config.num_attention_heads, "verification": checks[key]["summary"]})
                 for key, lm, comp in (("a", models[0], None), ("b", models[1], result))]
-    the_versions = versions()
-    report = build_report(sections, title=f"headscope comparison — {result.b} vs {result.a}",
-                          settings={"corpus": source, "texts": result.n_texts, "rule": result.rule},
-                          versions=the_versions)
-    record = {"headscope": the_versions["headscope"], "command": "compare",
-              "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "out": str(out),
-              "corpus": source, "comparison": result.to_dict(), "verification": checks, "versions": the_versions,
-              "files": {"report": "index.html", "figures": [f"figures/{n}" for f in report.figures for n in f.written],
-                        "tables": [f"{t}.csv" for t in sorted(report.tables)]}}
-
-    def fill(folder: Path) -> None:
-        report.write(folder)
-        (folder / "run.json").write_text(json.dumps(json_safe(record), indent=2, ensure_ascii=False) + "\n",
-                                         encoding="utf-8")
-
     try:
-        write_atomic(out, fill, force=force)
+        written = report(analyses, out, force=force, title=f"headscope comparison — {result.b} vs {result.a}",
+                         settings={"corpus": source, "texts": result.n_texts, "rule": result.rule},
+                         record={"command": "compare", "corpus": source, "comparison": result.to_dict(),
+                                 "verification": checks})
+    except ReportFolderError as exc:
+        fail(str(exc))
     except OSError as exc:
         fail(f"could not write the report to {out}: {exc}")
-    click.echo(f"wrote {out / 'index.html'}, {len(report.figures)} figures, {len(report.tables)} tables", err=True)
+    click.echo(f"wrote {out / 'index.html'}, {written.n_figures} figures, {len(written.tables)} tables", err=True)
 
 
 def _print(result, source: str) -> None:

@@ -1,7 +1,7 @@
 """`headscope coref`: which heads let a pronoun look at the word it refers to, with honest statistics.
 
 Also home of `probe_command`, the command factory `headscope probe` shares: read the sets, call
-`headscope.probe_sets` (and `headscope.causal` with --ablate), print.
+`headscope.probe_sets` (and `headscope.ablate_chosen_head` with --ablate), print.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, templa
     `template` is the continuation prompt of the causal check (`--ablate`).
     """
     from headscope.analyses.relations import ProbeDataError
-    from headscope.api import causal, probe_sets
+    from headscope import ablate_chosen_head, probe_sets
 
     head = _parse_head(show_head)
     try:
@@ -116,7 +116,7 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, templa
                                  world=world)
         if not world.is_main:  # every process of a torchrun run holds the same results; rank 0 goes on alone
             return
-        check = causal(lm, main, template=template, method=method, n_random=n_random, seed=seed,
+        check = ablate_chosen_head(lm, main, template=template, method=method, n_random=n_random, seed=seed,
                        batch_size=batch_size) if ablate else None
     except (ValueError, RuntimeError) as exc:
         fail(f"{model_name}: {exc}")

@@ -50,7 +50,7 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
     """
     import pandas as pd
 
-    from headscope.api import explain, fit_context
+    from headscope import explain, fit_context
     from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
     from headscope.probe.explain import permutation_check
     from headscope.probe.explain import scale_effect as scale_table

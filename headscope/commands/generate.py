@@ -23,7 +23,7 @@ __all__ = ["cli"]
 @device_options
 def cli(model_name, prompt, max_new_tokens, k, as_json, device, dtype) -> None:
     """Continue PROMPT greedily and record the attention of every generated token."""
-    from headscope.generate import generate_attention
+    from headscope import generate_attention
 
     lm = load_or_fail(model_name, device, dtype)
     try:

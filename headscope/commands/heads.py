@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
-from ..api import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL
-from ..common import (attention_note, attention_options, device_options, echo_json, fail, finish, join_run, json_option,
-                      load_or_fail, model_option, out_option, quiet_option, too_long_or_fail, verify_option,
-                      verify_step, write_table)
+from headscope.probe.names import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL
+
+from ..common import (attention_note, attention_options, corpus_or_fail, device_options, echo_json, fail, finish,
+                      join_run, json_option, load_or_fail, model_option, out_option, quiet_option, too_long_or_fail,
+                      verify_option, verify_step, write_table)
 
 __all__ = ["cli"]
 
@@ -41,17 +42,17 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
 
     With --json: settings, top heads and roles; the full table goes to --out.
     """
-    from headscope.api import heads
+    from itertools import islice
 
-    texts, total, source = _corpus(corpus_path, limit)
+    from headscope import heads
+    from headscope.analyses.corpus import iter_corpus_lines
+
+    corpus = corpus_or_fail(corpus_path, limit, stream=True)
+    texts, total, source = corpus.texts, corpus.total, corpus.source
     world = join_run(device)
     lm = load_or_fail(model_name, device, dtype)
-    if corpus_path is not None:  # a text too long for the model is named by its file and line
-        from itertools import islice
-
-        from headscope.analyses.corpus import iter_corpus_lines
-
-        too_long_or_fail(lm, islice(iter_corpus_lines(corpus_path), limit), truncate=truncate)
+    if corpus.path is not None:  # a text too long for the model is named by its file and line
+        too_long_or_fail(lm, islice(iter_corpus_lines(corpus.path), limit), truncate=truncate)
     verification = verify_step(lm, enabled=not no_verify)
     try:
         scores = heads(lm, texts, level=level, include_special=include_special, batch_size=batch_size,
@@ -75,30 +76,8 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
     finish(verification)
 
 
-def _corpus(corpus_path: str | None, limit: int | None):
-    """(texts, how many, source name), checked before the model loads; a file's texts then stream."""
-    from itertools import islice
-
-    from headscope.analyses.corpus import CorpusError, builtin_corpus, iter_corpus
-
-    try:
-        if corpus_path is None:
-            texts, source = builtin_corpus(), "built-in corpus"
-            total = len(texts)
-        else:
-            total = sum(1 for _ in iter_corpus(corpus_path))  # the checking pass: a bad line fails here
-            if not total:
-                fail(f"{corpus_path} holds no texts (only empty lines); give one text per line")
-            texts, source = iter_corpus(corpus_path), str(corpus_path)
-    except (CorpusError, OSError, ValueError) as exc:
-        fail(str(exc))
-    if limit:
-        texts, total = islice(texts, limit), min(total, limit)
-    return texts, total, source
-
-
 def _print(scores, k: int, source: str, out_path) -> None:
-    from headscope.analyses.heads import METRICS
+    from headscope.analyses.metrics import METRICS
     from headscope.probe.types import head_name
 
     click.echo(f"{scores.model}: {scores.n_layers} layers × {scores.n_heads} heads, {scores.n_texts} texts from {source}")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import click
 
-from ..common import device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option, write_table
+from ..common import (corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail, model_option,
+                      out_option, write_table)
 
 __all__ = ["cli"]
 
@@ -24,20 +25,14 @@ __all__ = ["cli"]
 @device_options
 def cli(model_name, corpus_path, out_path, limit, batch_size, k, truncate, as_json, device, dtype) -> None:
     """Rank every head by E|∂L/∂ξ_h| through a head mask, normalised per layer."""
-    from headscope.analyses.corpus import CorpusError, builtin_corpus, read_corpus
+    from headscope import importance
     from headscope.probe.importance import IMPORTANCE_LOSSES
     from headscope.probe.types import head_name
 
-    try:
-        texts = read_corpus(corpus_path) if corpus_path else builtin_corpus()
-    except (CorpusError, OSError, ValueError) as exc:
-        fail(str(exc))
-    texts = texts[:limit] if limit else texts
+    texts = corpus_or_fail(corpus_path, limit).texts
     lm = load_or_fail(model_name, device, dtype)
-    from headscope import ablation
-
     try:
-        result = ablation.importance(lm, texts, batch_size=batch_size, truncate=truncate)
+        result = importance(lm, texts, batch_size=batch_size, truncate=truncate)
     except (TypeError, ValueError) as exc:
         fail(str(exc))
     frame = result.to_frame()

@@ -77,7 +77,7 @@ def _read(path: Path, option: str):
 def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, n_perm, seed, limit, batch_size,
         clusters_path, cluster_with, cluster_sentences, out_path, as_json, quiet, no_verify, device, dtype, attention,
         memory_budget) -> None:
-    from headscope.syntax import syntax
+    from headscope import syntax
 
     _check_clusters(clusters_path, cluster_with)
     test = _read(_existing(conllu_path, "--conllu"), "--conllu")
@@ -122,7 +122,7 @@ def _check_clusters(path: Path | None, cluster_with) -> None:
 
 def _write_clusters(lm, others, treebank, path: Path, *, n_sentences: int, seed: int, batch_size: int, device: str,
                     dtype: str) -> None:
-    from headscope.syntax import syntax_clusters
+    from headscope import syntax_clusters
 
     models = [lm, *(load_or_fail(name, device, dtype) for name in others)]
     try:

@@ -25,7 +25,7 @@ def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], trunc
 
     --out writes the per-layer table.
     """
-    from headscope.api import verify
+    from headscope import verify
     from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
 
     lm = load_or_fail(model_name, device, dtype)

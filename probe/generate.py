@@ -19,8 +19,9 @@ from typing import Literal
 
 import torch
 
-from headscope.probe import AttentionMap, LoadedModel, extract
-from headscope.probe.extract import encode, is_seq2seq
+from .extract import encode, extract, is_seq2seq
+from .loading import LoadedModel
+from .types import AttentionMap
 
 __all__ = ["GenerationAttention", "generate_attention"]
 

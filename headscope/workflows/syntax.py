@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
+import pandas as pd
 
 from headscope.analyses.syntax import (
     SentenceAttention,
@@ -30,11 +31,16 @@ from headscope.analyses.syntax import (
     score_syntax,
     summarise,
 )
+from headscope.analyses.coref import head_rank
 from headscope.analyses.treebank import Sentence, Treebank, read_conllu, segmenter_for
+from headscope.probe.extract import TOO_LONG, extract
+from headscope.probe.loading import LoadedModel
+from headscope.probe.names import DEFAULT_ATTENTION, Attention
+from headscope.probe.sources import AttentionSource, source_for
 
-__all__ = ["syntax", "attend", "split_sentences", "syntax_clusters", "TOO_LONG", "TREE_SAMPLE"]
+from .heads import heads as head_scores
 
-TOO_LONG = "longer than the model's context"
+__all__ = ["syntax", "attend", "split_sentences", "syntax_clusters", "TREE_SAMPLE"]
 TREE_SAMPLE = 500  # selection sentences on which every head's trees are decoded to choose the tree head
 
 
@@ -49,16 +55,16 @@ def split_sentences(sentences: Sequence[Sentence], *, seed: int = 0) -> tuple[li
     return ([s for i, s in enumerate(sentences) if i in first], [s for i, s in enumerate(sentences) if i not in first])
 
 
-def attend(lm, sentences: Sequence[Sentence], *, keep: Sequence[int] = (), match_trees: Sequence[int] = (),
-           batch_size: int = 8, progress: bool = False, desc: str = "", attention: str = "eager",
-           budget: int | None = None) -> tuple[list[SentenceAttention], dict]:
+def attend(lm: LoadedModel, sentences: Sequence[Sentence], *, keep: Sequence[int] = (),
+           match_trees: Sequence[int] = (), batch_size: int = 8, progress: bool = False, desc: str = "",
+           source: AttentionSource | None = None) -> tuple[list[SentenceAttention], dict]:
     """`SentenceAttention` of each sentence that fits the model's context, and the skipped count by reason.
 
     `keep` lists the flat heads whose tree scores every sentence keeps; for the sentences whose
     position is in `match_trees`, every head's tree is decoded and its matched gold arcs kept.
+    `source`: where the attention comes from (`probe.sources`; eager by default). Trees are decoded
+    from whole maps, so an eager source streams them and any other assembles each batch's maps.
     """
-    from headscope.probe import iter_extract
-
     limit = lm.max_length
     lengths = [len(ids) for ids in lm.tokenizer([s.text for s in sentences])["input_ids"]] if sentences else []
     fits = [i for i, n in enumerate(lengths) if n <= limit]
@@ -69,10 +75,8 @@ def attend(lm, sentences: Sequence[Sentence], *, keep: Sequence[int] = (), match
     # about a third fewer tokens on EWT. Each sentence's attention is the same; records keep file order.
     by_length = sorted(range(len(chosen)), key=lambda k: lengths[fits[k]])
     texts = [chosen[k].text for k in by_length]
-    if attention == "eager":
-        maps = iter_extract(lm, texts, level="word", batch_size=batch_size, segmenter=segmenter_for(chosen), window=4)
-    else:  # trees are decoded from whole maps: each batch's maps are assembled from recomputed blocks
-        maps = _recomputed_maps(lm, texts, segmenter_for(chosen), batch_size, attention, budget)
+    source = source or source_for(lm, "eager", batch_size=batch_size)
+    maps = source.iter_maps(texts, level="word", segmenter=segmenter_for(chosen), window=4)
     if progress:
         from tqdm import tqdm
 
@@ -84,32 +88,18 @@ def attend(lm, sentences: Sequence[Sentence], *, keep: Sequence[int] = (), match
     return records, dict(skipped)
 
 
-def _recomputed_maps(lm, texts: list[str], segmenter, batch_size: int, attention: str, budget: int | None):
-    from headscope.api import memory_budget
-    from headscope.probe.recompute import extract
-
-    for start in range(0, len(texts), batch_size):  # one batch of maps alive at a time
-        maps = extract(lm, texts[start : start + batch_size], attention=attention, budget=memory_budget(budget),
-                       batch_size=batch_size, level="word", segmenter=segmenter)
-        check = maps[0].meta.get("check")
-        if check is not None and not check["passed"]:
-            raise RuntimeError(f"{lm.name}: {check['summary']}; the recomputed attention cannot be trusted")
-        yield from maps
-
-
 def syntax(lm, conllu: str | Path | Treebank, *, select_on: str | Path | Treebank | None = None,
            subtypes: bool = False, trees: bool = True, tree_sample: int | None = TREE_SAMPLE, n_perm: int = 10_000,
            seed: int = 0, alpha: float = 0.05, batch_size: int = 8, limit: int | None = None,
-           progress: bool = False, attention: str = "eager", budget: int | None = None) -> SyntaxResult:
+           progress: bool = False, attention: Attention = DEFAULT_ATTENTION, budget: int | None = None) -> SyntaxResult:
     """Which heads follow which dependency relations on a treebank, honestly selected and tested.
 
     Heads, offsets and the tree head are chosen on `select_on` (else on a seeded half of `conllu`)
     and scored on `conllu`. `subtypes` keeps relation subtypes (nmod:poss) apart; `limit` uses only
     the first sentences of each file (a subset: the output says how many were used). `attention` and
-    `budget` as in `headscope.heads` (recomputed maps are checked against eager attention per batch).
+    `budget` as in `headscope.heads` (a recomputed batch's maps are assembled from blocks; the first
+    recomputed sentence is checked against eager attention).
     """
-    from headscope.analyses.coref import head_rank
-
     test_tb = _treebank(conllu)
     if select_on is not None:
         sel_tb = _treebank(select_on)
@@ -127,7 +117,8 @@ def syntax(lm, conllu: str | Path | Treebank, *, select_on: str | Path | Treeban
     n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
     rank = head_rank(n_layers, n_heads, seed=seed)
     sample = _tree_sample(select, tree_sample, seed) if trees else []
-    how_attend = dict(batch_size=batch_size, progress=progress, attention=attention, budget=budget)
+    how_attend = dict(batch_size=batch_size, progress=progress,
+                      source=source_for(lm, attention, budget=budget, batch_size=batch_size))
     sel_records, sel_long = attend(lm, select, match_trees=sample, desc="selection", **how_attend)
     choice: TreeSelection | None = None
     if trees:
@@ -169,8 +160,6 @@ def syntax_clusters(models: Sequence, conllu: str | Path | Treebank, *, n_senten
     tokens too), else a ValueError says so. `roles`: a roles table to label the points by;
     `score_roles`: label them by each model's roles from `headscope.heads` over those same sentences.
     """
-    from headscope.probe import extract
-
     sentences = list(_treebank(conllu).sentences)
     fit = [s for s in sentences if all(len(lm.tokenizer(s.text)["input_ids"]) <= lm.max_length for lm in models)]
     chosen = fit[:n_sentences]
@@ -178,10 +167,6 @@ def syntax_clusters(models: Sequence, conllu: str | Path | Treebank, *, n_senten
                     segmenter=segmenter_for(chosen)) for lm in models]
     distance, heads = head_distances(maps)  # refuses models whose units differ, before any head scoring
     if score_roles:
-        import pandas as pd
-
-        from headscope.api import heads as head_scores
-
         roles = pd.concat([head_scores(lm, [s.text for s in chosen], batch_size=batch_size, seed=seed).roles
                            for lm in models], ignore_index=True)
     return head_clusters(distance, heads, roles=roles, seed=seed)

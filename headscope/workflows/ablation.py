@@ -10,7 +10,8 @@
     causal_evidence(lm, texts, scores, probes)
         -> analyses.causal.CausalEvidence: every head alone, importance, the induction ablation and
            the probes' cloze checks, for the report (`headscope run`)
-    norm_attention(lm, texts)      ‖α_ij f(x_j)‖ per head and per layer (Kobayashi et al. 2020)
+    ablate_chosen_head(lm, probe)  a relation probe's chosen head against random heads, on the
+                                   decoder's choice between the candidates (`headscope coref --ablate`)
 
 The effect metric follows the model and the task unless given: a decoder's next-token loss over a
 corpus, the loss on the second copy of repeated random tokens for `task="induction"`, the logit
@@ -23,16 +24,23 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Sequence
 
+import pandas as pd
 import torch
 
 from headscope.analyses.ablation import AblationResult, ChoiceCheck, random_head_sets
+from headscope.analyses.causal import CausalEvidence
+from headscope.analyses.corpus import builtin_corpus
+from headscope.analyses.relations import COREF_TEMPLATE, continuation
 from headscope.probe.effects import (EffectTask, logit_diff, next_token_loss, option_preference, sentence_cosine,
                                      sequence_loss, word_cosine)
+from headscope.probe.importance import gradient_importance
 from headscope.probe.interventions import AblationMethod, ablate as ablate_heads, check_heads, head_means
 from headscope.probe.loading import LoadedModel
 
-__all__ = ["Choice", "Cloze", "InductionTask", "ablate", "causal_evidence", "choice_check", "ablate_each", "effect_task", "importance", "norm_attention",
-           "DEFAULT_REFERENCE_TEXTS"]
+from .heads import induction_inputs
+
+__all__ = ["Choice", "Cloze", "InductionTask", "ablate", "causal_evidence", "choice_check", "ablate_each", "effect_task", "importance",
+           "ablate_chosen_head", "DEFAULT_REFERENCE_TEXTS"]
 
 DEFAULT_REFERENCE_TEXTS = 64  # built-in corpus texts behind method="mean" when no corpus is given
 
@@ -76,8 +84,6 @@ def effect_task(lm: LoadedModel, *, corpus: Sequence[str] | None = None,
     if task == "induction":
         task = InductionTask()
     if isinstance(task, InductionTask):
-        from headscope.api import induction_inputs
-
         if not lm.is_causal:
             raise ValueError(f"the induction task needs a decoder; {lm.name} is an encoder")
         seqs, prefix = induction_inputs(lm, n_sequences=task.n_sequences, length=task.length, seed=task.seed)
@@ -105,8 +111,6 @@ def _means(lm: LoadedModel, method: str, corpus, reference, batch_size: int) -> 
     if method != "mean":
         return None
     if reference is None:
-        from headscope.analyses.corpus import builtin_corpus
-
         reference = list(corpus) if corpus is not None else builtin_corpus()[:DEFAULT_REFERENCE_TEXTS]
     return head_means(lm, reference, batch_size=batch_size)
 
@@ -185,8 +189,6 @@ def ablate_each(lm: LoadedModel, *, method: AblationMethod = "zero", corpus: Seq
                 task: Task | None = None, word: str | None = None,
                 reference: Sequence[str] | None = None, batch_size: int = 8, progress: bool = False):
     """The effect of ablating every head alone: a tidy frame `(model, layer, head, effect_metric, effect)`."""
-    import pandas as pd
-
     measure, _ = effect_task(lm, corpus=corpus, task=task, word=word, batch_size=batch_size)
     means = _means(lm, method, corpus, reference, batch_size)
     clean = measure.read(lm)
@@ -205,16 +207,7 @@ def ablate_each(lm: LoadedModel, *, method: AblationMethod = "zero", corpus: Seq
 
 def importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False):
     """Gradient head importance (`probe.importance.gradient_importance`); `.to_frame()` gives tidy rows."""
-    from headscope.probe.importance import gradient_importance
-
     return gradient_importance(lm, texts, batch_size=batch_size, truncate=truncate)
-
-
-def norm_attention(lm: LoadedModel, texts: str | Sequence[str], *, batch_size: int = 8, truncate: bool = False):
-    """Norm-based attention of each text (`probe.norms.norm_attention`)."""
-    from headscope.probe.norms import norm_attention as _norm_attention
-
-    return _norm_attention(lm, texts, batch_size=batch_size, truncate=truncate)
 
 
 def causal_evidence(lm: LoadedModel, texts: Sequence[str], scores=None, probes: Sequence = (), *,
@@ -224,9 +217,6 @@ def causal_evidence(lm: LoadedModel, texts: Sequence[str], scores=None, probes: 
     """Every head ablated alone on `texts`, gradient importance over them, for a decoder the top
     `induction_k` induction heads of `scores` (at most half the heads) against random sets, and each probe's cloze check
     (its chosen head, the first `cloze_examples` examples) -> `analyses.causal.CausalEvidence`."""
-    from headscope.analyses.causal import CausalEvidence
-    from headscope.api import causal
-
     texts = list(texts)
     measure, _ = effect_task(lm, corpus=texts, batch_size=batch_size)
     frame = ablate_each(lm, method=method, corpus=texts, batch_size=batch_size, progress=progress)
@@ -239,8 +229,33 @@ def causal_evidence(lm: LoadedModel, texts: Sequence[str], scores=None, probes: 
         t = scores.top("induction", k=min(induction_k, total // 2))  # random sets need heads outside the top
         top = ablate(lm, [(int(r.layer), int(r.head)) for r in t.itertuples()], method=method, task=induction,
                      n_random=n_random, seed=seed, batch_size=batch_size)
-    choices = {p.task: causal(lm, p, method=method, n_random=n_random, seed=seed, batch_size=batch_size,
+    choices = {p.task: ablate_chosen_head(lm, p, method=method, n_random=n_random, seed=seed, batch_size=batch_size,
                               max_examples=cloze_examples) for p in probes}
     return CausalEvidence(model=lm.name, method=method, effect_metric=measure.metric, description=measure.description,
                           stronger=measure.stronger, n_texts=measure.n, single=single, importance=imp.importance,
                           importance_loss=imp.loss, induction=top, choices=choices, n_random=n_random, seed=seed)
+
+
+def ablate_chosen_head(lm: LoadedModel, result, *, template: str | None = None, method: AblationMethod = "zero",
+                       n_random: int = 19, seed: int = 0, batch_size: int = 8,
+                       max_examples: int | None = None) -> dict:
+    """Ablate a relation probe's chosen head (`result`, an `analyses.coref.ProbeResult`) and compare the
+    model's preference between the candidates with random head sets (decoders), on the examples the
+    head was chosen on -> a dict.
+
+    `template` is the continuation prompt (default: `analyses.relations.COREF_TEMPLATE`); `method`
+    one of `probe.interventions.ABLATION_METHODS`; `max_examples` keeps the first examples only.
+    The dict is `analyses.ablation.ChoiceCheck.to_dict()` (delta of the preference, flips) with the
+    template and task, or `{"skipped": why}`.
+    """
+    template = template or COREF_TEMPLATE
+    if result.best_head is None:
+        return {"skipped": "no head was selected, so there is nothing to ablate"}
+    if not lm.is_causal:
+        return {"skipped": f"{lm.name} is an encoder: it does not predict a continuation to compare"}
+    examples = result.data.examples[:max_examples]
+    prompts, options = zip(*(continuation(ex, template=template) for ex in examples))
+    choice = Choice(tuple(prompts), tuple(tuple(o) for o in options), tuple(ex.answer for ex in examples))
+    check = choice_check(lm, [result.best_head], choice, method=method, n_random=n_random, seed=seed,
+                         batch_size=batch_size)
+    return {**check.to_dict(), "prompt_template": template, "task": result.task}

@@ -12,12 +12,13 @@ says which.
 
 from __future__ import annotations
 
-from typing import Iterable, Literal
+from typing import Iterable
 
 from headscope.analyses.compare import ALPHA, HeadComparison, compare_scores, per_text_scores
-from headscope.analyses.heads import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL
-from headscope.probe import LoadedModel, iter_extract, load_model
 from headscope.probe.extract import check_texts, encode_many
+from headscope.probe.loading import LoadedModel, load_model
+from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Level
+from headscope.probe.sources import source_for
 
 __all__ = ["IncompatibleModels", "compare_models", "check_compatible"]
 
@@ -31,20 +32,27 @@ def compare_models(
     b: str | LoadedModel,
     texts: str | Iterable[str],
     *,
-    level: Literal["token", "word"] = DEFAULT_LEVEL,
+    level: Level = DEFAULT_LEVEL,
     include_special: bool = DEFAULT_INCLUDE_SPECIAL,
     alpha: float = ALPHA,
     batch_size: int = 8,
     truncate: bool = False,
     device: str = "cpu",
     dtype: str = "float32",
+    attention: Attention = DEFAULT_ATTENTION,
+    budget: int | None = None,
 ) -> HeadComparison:
-    """Per-head metric differences B - A over `texts` (see `analyses.compare` for the rule)."""
+    """Per-head metric differences B - A over `texts` (see `analyses.compare` for the rule).
+
+    `attention`/`budget`: where each model's attention comes from (`probe.sources`); every text's whole
+    map is scored, so a recomputed text's map is assembled from blocks.
+    """
     texts = check_texts(texts)
     lm_a = a if isinstance(a, LoadedModel) else load_model(a, device=device, dtype=dtype)
     lm_b = b if isinstance(b, LoadedModel) else load_model(b, device=device, dtype=dtype)
     check_compatible(lm_a, lm_b, texts, truncate=truncate)
-    tables = [per_text_scores(iter_extract(lm, texts, batch_size=batch_size, level=level, truncate=truncate),
+    tables = [per_text_scores(source_for(lm, attention, budget=budget, batch_size=batch_size)
+                              .iter_maps(texts, level=level, truncate=truncate),
                               level=level, include_special=include_special) for lm in (lm_a, lm_b)]
     return compare_scores(*tables, a_name=lm_a.name, b_name=lm_b.name, alpha=alpha)
 

@@ -1,0 +1,132 @@
+"""What every head does over a corpus: `heads(lm, texts)` -> `analyses.heads.HeadScores`.
+
+    texts ──source.texts──> AttentionMap | TextBlocks ──HeadScoreAccumulator──> sums per (layer, head)
+    decoders: repeated random token sequences ──source.sequences──> duplicate-token and induction sums
+
+The attention source (`probe.sources`: eager, recompute, auto) is chosen once, by `source_for`;
+the accumulator keeps float64 sums only, so memory does not grow with the corpus. In a torchrun run
+each process folds its shard and the sums are added over the processes (`headscope.distributed`).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Mapping
+
+from headscope.analyses.heads import HeadScoreAccumulator, HeadScores
+from headscope.analyses.induction import repeated_random_tokens
+from headscope.distributed import World, merge_head_scores, shard, shard_length, together
+from headscope.probe.extract import is_seq2seq, ordinary_token_ids, special_prefix
+from headscope.probe.loading import LoadedModel
+from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Level, Weight
+from headscope.probe.sources import TextBlocks, source_for
+
+__all__ = ["heads", "induction_inputs"]
+
+
+def heads(
+    lm: LoadedModel,
+    texts: Iterable[str],
+    *,
+    level: Level = DEFAULT_LEVEL,
+    include_special: bool = DEFAULT_INCLUDE_SPECIAL,
+    batch_size: int = 8,
+    window: int = 4,
+    induction_sequences: int = 20,
+    induction_length: int = 50,
+    seed: int = 0,
+    truncate: bool = False,
+    thresholds: Mapping[str, float] | None = None,
+    progress: bool = False,
+    total: int | None = None,
+    source: str | None = None,
+    attention: Attention = DEFAULT_ATTENTION,
+    budget: int | None = None,
+    weight: Weight = "attention",
+    world: World | None = None,
+) -> HeadScores:
+    """Score every head of `lm` over `texts`, plus induction for decoders -> `HeadScores`.
+
+    `weight="norm"` scores the heads on norm-based weights (`extract(..., weight="norm")`) instead of
+    attention; the repeated random sequences are then skipped (their duplicate-token and induction
+    scores read attention) and `meta["weight"]` says "norm".
+
+    Texts stream through the attention source into `analyses.heads.HeadScoreAccumulator`; only
+    `window` batches of attention are alive at once (sorted by length together: less padding).
+    For decoders, repeated random token sequences (`induction_inputs`) give the duplicate-token
+    and induction scores; `induction_sequences=0` skips them. `total` sizes the progress bar
+    (stderr); `source` names the corpus in `meta`. An encoder–decoder model's texts are sources:
+    its encoder's self-attention is scored (`meta["stack"] == "encoder"`), with no induction.
+
+    `attention="recompute"` folds each text's attention in blocks of query rows recomputed from
+    scratch (`probe.recompute`), so no `[layer, head, T, T]` of all layers exists; `"auto"` does so
+    for the texts whose eager attention would exceed `budget` bytes (`probe.sources.memory_budget`).
+    Either way the recomputation is first checked against the model's eager attention on the first
+    recomputed text's prefix (`meta["check"]`); a mismatch raises.
+    `world` (a `headscope.distributed.World`, in a torchrun run): this process scores its shard of
+    the texts and of the induction sequences, and the sums are added over the processes, so every
+    process returns the scores of the whole corpus.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> s = heads(tiny_model("llama"), ["The cat sat.", "A dog ran!"], induction_sequences=2, induction_length=5)
+    >>> s.n_texts, s.n_sequences, s.level
+    (2, 2, 'word')
+    """
+    attend = source_for(lm, attention, budget=budget, batch_size=batch_size)
+    world = world or World()
+    texts = [texts] if isinstance(texts, str) else texts  # one text, as iter_extract takes it
+    acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special)
+    texts = shard(texts, world)
+    if progress:
+        from tqdm.auto import tqdm
+
+        total = None if total is None else shard_length(total, world)
+        texts = tqdm(texts, total=total, desc=f"{lm.name} heads", unit="text")
+    with together(world):
+        for item in attend.texts(texts, level=level, truncate=truncate, window=window, weight=weight):
+            if isinstance(item, TextBlocks):
+                acc.update_blocks(item.units, item.blocks, causal=item.causal, layers=item.layers, heads=item.heads)
+            else:
+                acc.update(item)
+    meta: dict = {"corpus": source, "batch_size": batch_size, "causal": lm.is_causal}
+    if is_seq2seq(lm):  # without targets, the texts are sources: the encoder's self-attention is scored
+        meta["stack"] = "encoder"
+    if weight != "attention":
+        meta["weight"] = weight
+    if lm.is_causal and induction_sequences > 0 and weight == "attention":
+        sequences, prefix = induction_inputs(lm, n_sequences=induction_sequences, length=induction_length, seed=seed)
+        with together(world):
+            for item in attend.sequences(shard(sequences, world)):
+                if isinstance(item, TextBlocks):
+                    acc.update_repeated_blocks(item.units.token_ids, item.blocks, causal=item.causal,
+                                               layers=item.layers, heads=item.heads)
+                else:
+                    acc.update_repeated(item)
+        meta["induction"] = {
+            "sequences": induction_sequences, "length": induction_length, "seed": seed, "prefix": list(prefix),
+            "prefix_tokens": lm.tokenizer.convert_ids_to_tokens(list(prefix)),
+        }
+    else:
+        meta["induction"] = None
+    if attention != "eager":  # an eager run's output stays as it was
+        meta.update(attend.record())
+    return merge_head_scores(acc).result(thresholds=thresholds, meta=meta)
+
+
+def induction_inputs(lm: LoadedModel, *, n_sequences: int = 20, length: int = 50,
+                     seed: int = 0) -> tuple[list[list[int]], list[int]]:
+    """Repeated random token sequences for `lm` and the prefix they start with: `(sequences, prefix)`.
+
+    The prefix is whatever special tokens the tokenizer itself puts at the start of a text (Gemma's
+    <bos>; nothing for SmolLM2, which adds none), so the sequences begin the way texts do, as
+    TransformerLens's `to_tokens` prepends BOS. Random tokens are drawn from the vocabulary without
+    special or added tokens (`probe.encoding`).
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> seqs, prefix = induction_inputs(tiny_model("llama"), n_sequences=2, length=3)
+    >>> len(seqs), all(s[len(prefix):][:3] == s[len(prefix):][3:] for s in seqs)
+    (2, True)
+    """
+    prefix = special_prefix(lm.tokenizer)
+    sequences = repeated_random_tokens(ordinary_token_ids(lm), n_sequences=n_sequences, length=length, seed=seed,
+                                       prefix=prefix)
+    return sequences, prefix

@@ -1,0 +1,265 @@
+"""One model, everything: the `headscope run` pipeline, as a function that returns a `ModelAnalysis`.
+
+    analyse_model(lm, texts, sets, settings)
+        verify            every layer recomputed from scratch (`probe.verify`)
+        heads             every head over the corpus (`workflows.heads`)
+        coref             the probe sets (`workflows.relations.probe_sets`)
+        causal            ablation evidence where asked for, or cheap (`workflows.ablation.causal_evidence`)
+        sentences         the report sentences' maps, norm weights, encoder–decoder pairs
+        generate          decoders: tokens generated after each sentence (`probe.generate`)
+        syntax            with a treebank: relations, trees, head clusters (`workflows.syntax`)
+    -> reports.analysis.ModelAnalysis: the input of `hs.report` (the page, its tables, run.json)
+
+`RunSettings` records what a run did. An architecture that cannot be verified is noted, not fatal.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import pandas as pd
+
+from headscope.analyses.treebank import Treebank
+from headscope.probe.extract import extract, fit_context, is_seq2seq
+from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
+from headscope.probe.generate import GenerationAttention, generate_attention
+from headscope.probe.loading import LoadedModel
+from headscope.probe.names import DEFAULT_ATTENTION, Attention
+from headscope.probe.sources import source_for
+from headscope.probe.verify import Verification, verify
+from headscope.probe.words import word_spans
+from headscope.reports.analysis import ModelAnalysis
+
+from .ablation import causal_evidence
+from .heads import heads
+from .relations import probe_sets
+from .syntax import syntax, syntax_clusters
+
+__all__ = ["RunSettings", "analyse_model", "corpus_stats", "REPORT_SENTENCES", "DEFAULT_TARGETS"]
+
+# The sentences of the explorer and the attention figures: the it -> animal sentence, its "too
+# wide" twin (where "it" is the street), and the textbook 我爱北京天安门.
+REPORT_SENTENCES = (
+    "The animal didn't cross the street because it was too tired.",
+    "The animal didn't cross the street because it was too wide.",
+    "我爱北京天安门",
+)
+
+# What an encoder–decoder model's decoder reads when no targets are given: each report sentence itself
+# (teacher-forced, as if it were the model's own output), so cross-attention has something to show.
+DEFAULT_TARGETS = "each report sentence itself (no --target given)"
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a run did, as recorded in run.json and the report."""
+
+    corpus: str  # "built-in" or a path
+    coref: str  # "built-in (agreement, winograd)" or a path
+    texts: tuple[str, ...]
+    level: str = "word"
+    include_special: bool = True
+    limit: int | None = None
+    induction_sequences: int = 20
+    permutations: int = 10_000
+    folds: int = 5
+    seed: int = 0
+    batch_size: int = 8
+    device: str = "cpu"
+    dtype: str = "float32"
+    truncate: bool = False
+    attention: Attention = DEFAULT_ATTENTION
+    memory_budget: int | None = None  # bytes; None: a quarter of RAM (`probe.sources.memory_budget`)
+    # An encoder–decoder model's decoder texts, one per report sentence; none: each sentence is its own
+    # target (`DEFAULT_TARGETS`). One-stack models ignore them.
+    targets: tuple[str, ...] = ()
+    # Decoders: greedily generate this many tokens after each report sentence and record each new token's
+    # attention (`probe.generate`), which the report's explorer steps through; 0: none.
+    generate: int = 0
+    conllu: str | None = None  # a CoNLL-U treebank: the report gains a Syntax section (scored on it)
+    select_on: str | None = None  # a second treebank to choose the syntax heads on (else a seeded half of conllu)
+    # Causal evidence (`workflows.ablation.causal_evidence`): None = where it is cheap, i.e. for encoders (one
+    # forward pass per head over `causal_texts` texts: seconds for minilm); a decoder adds an LM head
+    # per pass, the induction ablation and three cloze checks (minutes on a CPU), so only with True.
+    causal: bool | None = None
+    causal_texts: int = 32
+    causal_random: int = 19
+    causal_examples: int = 40
+    induction_k: int = 5
+
+
+class _Stages:
+    """Wall time of each named stage, in seconds."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def run(self, name: str, fn, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.seconds[name] = round(time.perf_counter() - t0, 3)
+
+
+def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[str, list]], settings: RunSettings,
+                  *, load_seconds: float = 0.0, progress: bool = False,
+                  log: Callable[[str], None] | None = None, conllu: Treebank | None = None,
+                  select_on: Treebank | None = None, world=None) -> ModelAnalysis:
+    """Verification, head scores over `texts`, the probe sets `[(task, examples), ...]` and the maps
+    of the report sentences, for one loaded model; with `settings.conllu`, the syntax analysis
+    (`workflows.syntax`) and its head clusters, labelled by the head scores' roles.
+
+    An architecture that cannot be verified is noted, not fatal. `log` receives one line per
+    finished stage; `progress` shows bars on stderr. `conllu` / `select_on`: the treebanks of
+    `settings.conllu` / `settings.select_on` already read (`analyses.treebank.Treebank`), so that
+    several models need not read them again; by default they are read from those paths.
+    `world` (a torchrun run): the corpus of the head scores and the probe examples are sharded over
+    the processes (`heads`, `probe_sets`); verification and the report sentences run whole on every process.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> from headscope.analyses.relations import builtin_set
+    >>> s = RunSettings(corpus="c", coref="p", texts=("The cat sat.",), permutations=100, induction_sequences=0)
+    >>> a = analyse_model(tiny_model("bert"), ["A dog ran."] * 4, [("t", builtin_set("agreement")[:16])], s)
+    >>> a.verification.passed, [p.task for p in a.probes], len(a.maps)
+    (True, ['t'], 1)
+    """
+    say = log or (lambda message: None)
+    stage = _Stages()
+    stage.seconds["load"] = round(load_seconds, 3)
+    notes: list[str] = []
+    verification: Verification | None
+    try:
+        verification = stage.run("verify", verify, lm, truncate=settings.truncate)
+        say(f"{lm.name}: {verification.summary()} ({stage.seconds['verify']:.1f} s)")
+    except (UnsupportedArchitecture, UnsupportedFeature) as exc:
+        verification = None
+        notes.append(f"verification could not run: {exc}")
+        say(f"{lm.name}: verification could not run: {exc}")
+
+    scores = stage.run("heads", heads, lm, texts, level=settings.level, include_special=settings.include_special,
+                       batch_size=settings.batch_size, induction_sequences=settings.induction_sequences,
+                       seed=settings.seed, truncate=settings.truncate, progress=progress, total=len(texts),
+                       attention=settings.attention, budget=settings.memory_budget, world=world)
+    scores.meta["corpus"] = settings.corpus
+    say(f"{lm.name}: head scores over {scores.n_texts} texts, {len(scores.roles)} roles "
+        f"({stage.seconds['heads']:.1f} s)")
+    if scores.meta.get("check"):
+        say(f"{lm.name}: {scores.meta['check']['summary']}")
+
+    main, parts = stage.run("coref", probe_sets, lm, sets,
+                            combined_task="coref-builtin", level=settings.level, folds=settings.folds,
+                            n_perm=settings.permutations, seed=settings.seed, batch_size=settings.batch_size,
+                            noun="pronouns", attention=settings.attention, budget=settings.memory_budget,
+                            world=world)
+    probes = [main, *parts]  # the combined result first when there are several sets
+    say(f"{lm.name}: coreference probe ({stage.seconds['coref']:.1f} s)")
+    for p in probes:
+        say(f"  {p.task}: {p.verdict}")
+
+    evidence = None
+    if settings.causal and is_seq2seq(lm):  # the ablation effects read one stack's output (an LM loss or an embedding)
+        notes.append("causal evidence was not run: head ablation covers encoders and decoders, not encoder-decoder "
+                     "models")
+    elif settings.causal or (settings.causal is None and not lm.is_causal and not is_seq2seq(lm)):
+        causal_texts = [fit_context(lm, t) if settings.truncate else t for t in texts[: settings.causal_texts]]
+        evidence = stage.run("causal", causal_evidence, lm, causal_texts, scores, probes,
+                             n_random=settings.causal_random, induction_k=settings.induction_k,
+                             cloze_examples=settings.causal_examples, seed=settings.seed,
+                             batch_size=settings.batch_size, progress=progress)
+        say(f"{lm.name}: causal evidence, every head ablated alone on {evidence.n_texts} texts "
+            f"({stage.seconds['causal']:.1f} s)")
+
+    maps, pairs, norm_maps = stage.run("sentences", _report_attention, lm, settings)
+    generations: tuple[GenerationAttention, ...] = ()
+    if settings.generate and lm.is_causal:
+        generations = stage.run("generate", _generations, lm, settings)
+        say(f"{lm.name}: {settings.generate} tokens generated after each report sentence "
+            f"({stage.seconds['generate']:.1f} s)")
+    sentences = "--text" if settings.texts != REPORT_SENTENCES else "built-in"
+    corpus = corpus_stats(lm.tokenizer, [("heads corpus", settings.corpus, texts),
+                                          *[(f"probe: {task}", settings.coref, [e.text for e in exs])
+                                            for task, exs in sets],
+                                          ("report sentences", sentences, list(settings.texts))])
+    found, clusters = None, None
+    if settings.conllu is not None:
+        found, clusters = _syntax_stages(lm, stage, settings, scores.roles, settings.conllu if conllu is None else conllu,
+                                         settings.select_on if select_on is None else select_on, progress=progress)
+        say(f"{lm.name}: syntax on {found.n_sentences} test sentences ({stage.seconds['syntax']:.1f} s), "
+            f"{len(clusters)} heads clustered ({stage.seconds['syntax_clusters']:.1f} s)")
+    info = _model_info(lm, verification, stage.seconds)
+    if pairs:
+        info["targets"] = "given" if settings.targets else DEFAULT_TARGETS
+    return ModelAnalysis(model=lm.name, verification=verification, scores=scores, probes=tuple(probes),
+                         maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds),
+                         pairs=tuple(pairs), norm_maps=tuple(norm_maps), generations=tuple(generations),
+                         syntax=found, syntax_clusters=clusters, causal=evidence)
+
+
+def corpus_stats(tokenizer, corpora: Sequence[tuple[str, str, Sequence[str]]]) -> pd.DataFrame:
+    """One row per `(name, source, texts)`: texts, words, tokens (with special tokens), tokens per
+    word, longest text -> DataFrame. `tokenizer` is any Hugging Face tokenizer.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> corpus_stats(tiny_model("bert").tokenizer, [("c", "here", ["The cat sat.", "Hi"])])[["texts", "words"]].values.tolist()
+    [[2, 5]]
+    """
+    rows = []
+    for name, source, texts in corpora:
+        texts = list(texts)
+        tokens = [len(ids) for ids in tokenizer(texts)["input_ids"]] if texts else []
+        words = [len(word_spans(t)) for t in texts]
+        rows.append({
+            "corpus": name, "source": source, "texts": len(texts), "words": sum(words), "tokens": sum(tokens),
+            "tokens_per_word": sum(tokens) / max(sum(words), 1),
+            "mean_tokens": sum(tokens) / max(len(texts), 1), "max_tokens": max(tokens, default=0),
+        })
+    return pd.DataFrame(rows)
+
+
+def _generations(lm: LoadedModel, settings: RunSettings) -> tuple[GenerationAttention, ...]:
+    return tuple(generate_attention(lm, text, max_new_tokens=settings.generate) for text in settings.texts)
+
+
+def _report_attention(lm: LoadedModel, settings: RunSettings) -> tuple[list, list, list]:
+    """The report sentences' maps (token level; whole maps, the figures draw every head), their norm-based
+    weights (none for an architecture whose attention cannot be recomputed) and, for an encoder–decoder
+    model, each sentence with its target (`settings.targets`, else itself): `(maps, pairs, norm_maps)`."""
+    texts = list(settings.texts)
+    source = source_for(lm, settings.attention, budget=settings.memory_budget, batch_size=8)
+    maps = source.maps(texts, level="token", truncate=settings.truncate)
+    try:
+        norm_maps = extract(lm, texts, level="token", weight="norm", truncate=settings.truncate)
+    except (UnsupportedArchitecture, UnsupportedFeature):
+        norm_maps = []
+    if not is_seq2seq(lm):
+        return maps, [], norm_maps
+    targets = list(settings.targets) or texts
+    if len(targets) != len(texts):
+        raise ValueError(f"{len(targets)} targets for {len(texts)} report sentences; give one target per sentence")
+    return maps, extract(lm, texts, target=targets, level="token", truncate=settings.truncate), norm_maps
+
+
+def _syntax_stages(lm: LoadedModel, stage: _Stages, settings: RunSettings, roles, conllu, select_on, *,
+                   progress: bool):
+    """The syntax analysis of `conllu` (heads chosen on `select_on`) and the clusters of its heads."""
+    found = stage.run("syntax", syntax, lm, conllu, select_on=select_on, n_perm=settings.permutations,
+                      seed=settings.seed, batch_size=settings.batch_size, progress=progress,
+                      attention=settings.attention, budget=settings.memory_budget)
+    clusters = stage.run("syntax_clusters", syntax_clusters, [lm], conllu, roles=roles, seed=settings.seed,
+                         batch_size=settings.batch_size)
+    return found, clusters
+
+
+def _model_info(lm: LoadedModel, verification: Verification | None, seconds: dict) -> dict:
+    cfg = lm.config
+    return {
+        "source": lm.source, "architecture": getattr(cfg, "model_type", "unknown"),
+        "family": getattr(verification, "family", None), "causal": lm.is_causal,
+        "layers": getattr(cfg, "num_hidden_layers", None), "heads": getattr(cfg, "num_attention_heads", None),
+        "kv_heads": getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_attention_heads", None),
+        "parameters": sum(p.numel() for p in lm.model.parameters()), "context": lm.max_length,
+        "dtype": str(lm.dtype).replace("torch.", ""), "device": str(lm.device), "seconds": dict(seconds),
+    }

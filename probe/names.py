@@ -1,0 +1,40 @@
+"""The choices every room shares, each named once as a `Literal` (TransformerLens's `head_detector` style).
+
+This file imports nothing but `typing`, so the façade (`import headscope`), the CLI's option lists
+and `--help` read these without importing torch. Every other file takes its choices from here:
+
+    Level      units of a map: sub-word tokens, or words (Clark et al. 2019's aggregation)
+    Weight     what a map's values are: attention probabilities α, or Kobayashi et al.'s
+               norm-based weights ‖α_ij f(x_j)‖ normalised per query row
+    Attention  where attention comes from: the model's eager weights, recomputed from scratch in
+               blocks of query rows, or recomputed only where eager would exceed the memory budget
+               (`probe.sources`, the registry of attention sources)
+    Device, DType   where and in which dtype a model runs
+    Stronger   which direction of an effect means "more": a loss rises, a cosine falls
+
+>>> from typing import get_args
+>>> get_args(Attention)
+('eager', 'recompute', 'auto')
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+__all__ = ["Level", "Weight", "Attention", "Device", "DType", "Stronger", "DEFAULT_ATTENTION", "DEFAULT_LEVEL",
+           "DEFAULT_INCLUDE_SPECIAL"]
+
+Level = Literal["token", "word"]
+Weight = Literal["attention", "norm"]
+Attention = Literal["eager", "recompute", "auto"]
+Device = Literal["cpu", "cuda", "mps", "auto"]
+DType = Literal["float32", "float16", "bfloat16"]
+Stronger = Literal["higher", "lower"]
+
+# Eager by default: recomputed numbers agree with eager ones to about 1e-7, not bit for bit, and the
+# default run keeps giving the numbers it gave.
+DEFAULT_ATTENTION: Attention = "eager"
+
+# The head analyses' default setting (Clark et al. 2019): words, with [CLS]/[SEP]/<bos> kept as units.
+DEFAULT_LEVEL: Level = "word"
+DEFAULT_INCLUDE_SPECIAL = True

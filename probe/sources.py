@@ -1,0 +1,326 @@
+"""Where attention comes from: the registry of attention sources, and the one place that picks one.
+
+transformers picks an attention *implementation* by name from one registry (`ALL_ATTENTION_FUNCTIONS`);
+headscope picks its attention *source* the same way, once per workflow call:
+
+    source = source_for(lm, attention, budget=..., batch_size=...)    # SOURCES[attention](lm, ...)
+
+    SOURCES     how each text's attention is obtained (`mode`)
+    eager       the model's own weights (`output_attentions=True`), whole maps, batched
+    recompute   the model runs with SDPA; each layer's probabilities are recomputed from scratch
+                in blocks of query rows (`probe.recompute`): no [layer, head, T, T] tensor exists
+    auto        recompute for a text whose eager attention would need more than `budget` bytes,
+                eager otherwise (the same numbers as eager on every text that fits)
+
+Every workflow that reads attention (head scores, relation probes, syntax, explain, the report's
+sentences) asks its source, never an if-chain of its own:
+
+    source.mode(n_tokens, batch)     "eager" | "recompute" for a text of that length in a batch that size
+    source.need(n_tokens, batch)     bytes eager attention would keep: batch × layers × heads × T² × itemsize
+    source.texts(texts, ...)         per text an `AttentionMap` (eager) or a `TextBlocks` (recomputed rows)
+    source.sequences(ids)            the same for token-id sequences (repeated random tokens)
+    source.blocks(enc)               one encoded text as `Block`s of query rows, layer by layer
+    source.iter_maps(texts, ...)     whole `AttentionMap`s, in order: eager, or assembled from blocks
+                                     (`maps` gives them as a list)
+    source.checked(enc, layers=)     the first recomputed text checked against the model's eager
+                                     attention on its prefix (`PrefixCheck`); a mismatch raises
+    source.record()                  what results say about it: meta["attention"], meta["check"]
+
+A new source (a GPU kernel, say) is one entry: a subclass with its `name` and `mode` (and, where it
+obtains blocks another way, its own `blocks`).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from itertools import islice
+from types import MappingProxyType
+from typing import ClassVar, Iterable, Iterator, Literal, Mapping, Sequence
+
+import torch
+
+from .extract import Encoded, _make_map, _select, check_texts, encode_many, is_seq2seq, iter_extract, text_units
+from .extract import extract as extract_eager
+from .extract import extract_ids
+from .loading import LoadedModel
+from .names import Attention, Level, Weight
+from .recompute import DEFAULT_BUDGET, Block, PrefixCheck, check_prefix, iter_blocks_encoded
+from .types import AttentionMap, Units
+from .words import Segmenter, to_word_level
+
+__all__ = ["AttentionSource", "EagerSource", "RecomputeSource", "AutoSource", "SOURCES", "TextBlocks", "source_for",
+           "memory_budget", "eager_bytes"]
+
+Mode = Literal["eager", "recompute"]
+
+
+def memory_budget(value: int | None = None) -> int:
+    """Bytes that eager attention may take before `attention="auto"` recomputes: `value`, or a quarter of RAM.
+
+    >>> memory_budget(2**30)
+    1073741824
+    """
+    if value is None:
+        import psutil
+
+        return psutil.virtual_memory().total // 4
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"memory_budget must be a positive number of bytes, got {value!r}")
+    return value
+
+
+def eager_bytes(lm: LoadedModel, n_tokens: int, *, n_layers: int | None = None, batch: int = 1) -> int:
+    """What eager extraction keeps: batch × layers × heads × T² × itemsize (every head is computed)."""
+    n_layers = lm.config.num_hidden_layers if n_layers is None else n_layers
+    itemsize = torch.empty((), dtype=lm.dtype).element_size()
+    return batch * n_layers * lm.config.num_attention_heads * n_tokens**2 * itemsize
+
+
+@dataclass(frozen=True, eq=False)
+class TextBlocks:
+    """One text's attention as token-level blocks of query rows (`probe.recompute.Block`), layer by layer
+    and each layer's rows in order, with the text's units; the blocks can be read once."""
+
+    units: Units
+    blocks: Iterator[Block]
+    causal: bool
+    layers: tuple[int, ...]  # the model layers the blocks cover
+    heads: tuple[int, ...]
+
+
+class AttentionSource:
+    """How `lm`'s attention is obtained, for one workflow call: the shared machinery of every source.
+
+    `budget`: bytes eager attention may take (`memory_budget`; a quarter of RAM by default);
+    `batch_size`: texts per forward pass. `counts` tallies the texts each mode served.
+    """
+
+    name: ClassVar[Attention]
+
+    def __init__(self, lm: LoadedModel, *, budget: int | None = None, batch_size: int = 8) -> None:
+        self.lm, self.budget, self.batch_size = lm, memory_budget(budget), batch_size
+        self.counts: Counter = Counter()
+        self.check: PrefixCheck | None = None  # of the first recomputed text
+        n = lm.config
+        self.all_layers, self.all_heads = tuple(range(n.num_hidden_layers)), tuple(range(n.num_attention_heads))
+
+    def mode(self, n_tokens: int, batch: int = 1) -> Mode:
+        """How the attention of a text of `n_tokens` tokens, in a batch of `batch` texts, is obtained."""
+        raise NotImplementedError
+
+    def need(self, n_tokens: int, batch: int = 1, *, n_layers: int | None = None) -> int:
+        return eager_bytes(self.lm, n_tokens, n_layers=n_layers, batch=batch)
+
+    # -- attention, one text at a time -------------------------------------------------------------
+
+    def texts(self, texts: Iterable[str], *, level: Level = "token", truncate: bool = False, window: int = 4,
+              weight: Weight = "attention") -> Iterator[AttentionMap | TextBlocks]:
+        """Per text, its eager `AttentionMap` (at `level`) or its recomputed `TextBlocks` (token level).
+
+        Texts stream in chunks of `batch_size × window`; within a chunk the eager texts come first, in
+        order, then the recomputed ones.
+        """
+        if weight != "attention":
+            raise ValueError(f"weight={weight!r} comes from the eager forward pass; use attention='eager' with it")
+        stream, done = iter(texts), 0
+        while chunk := list(islice(stream, self.batch_size * window)):
+            try:
+                chunk = check_texts(chunk)
+            except (TypeError, ValueError) as exc:  # name the text by its place in the whole stream
+                raise type(exc)(f"{exc} (text {done} is the first of this chunk of {len(chunk)})") from None
+            encoded = encode_many(self.lm, chunk, truncate=truncate, first_index=done)
+            modes = self._modes(encoded)
+            eager = [t for t, m in zip(chunk, modes) if m == "eager"]
+            yield from iter_extract(self.lm, eager, batch_size=self.batch_size, level=level, truncate=truncate,
+                                    window=window)
+            for enc, m in zip(encoded, modes):
+                if m == "recompute":
+                    yield TextBlocks(text_units(self.lm, enc), self.blocks(enc), self.lm.is_causal, self.all_layers,
+                                     self.all_heads)
+            done += len(chunk)
+
+    def sequences(self, sequences: Sequence[Sequence[int]]) -> Iterator[AttentionMap | TextBlocks]:
+        """Token-id sequences (repeated random tokens), `batch_size` at a time: eager maps of a batch
+        that fits, else each sequence's recomputed blocks (its units: the ids as they are)."""
+        bs = self.batch_size
+        for start in range(0, len(sequences), bs):  # one batch of maps alive at a time
+            chunk = sequences[start : start + bs]
+            if self.mode(max(map(len, chunk)), len(chunk)) == "eager":
+                yield from extract_ids(self.lm, chunk, batch_size=bs)
+                continue
+            for seq in chunk:
+                enc = _id_item(self.lm, seq)
+                units = Units(text="", level="token", labels=(), spans=enc.spans, special=enc.special,
+                              token_ids=enc.ids)
+                yield TextBlocks(units, self.blocks(enc), self.lm.is_causal, self.all_layers, self.all_heads)
+
+    def blocks(self, enc: Encoded, *, layers: Sequence[int] | None = None,
+               heads: Sequence[int] | None = None) -> Iterator[Block]:
+        """One text's blocks of query rows; the source's first recomputed text is checked first."""
+        self.checked(enc)
+        return (block for _, block in iter_blocks_encoded(self.lm, [enc], layers=layers, heads=heads,
+                                                          budget=self.block_budget))
+
+    @property
+    def block_budget(self) -> int:
+        """Bytes for one block of rows and its working copies."""
+        return min(DEFAULT_BUDGET, self.budget)
+
+    def checked(self, enc: Encoded, *, layers: Sequence[int] | None = None) -> PrefixCheck:
+        """The recomputation checked against the model's eager attention on `enc`'s prefix, once per source
+        (`layers`: only those; explain checks its one layer). A mismatch raises: nothing recomputed is used."""
+        if self.check is None:
+            self.check = check_prefix(self.lm, enc, layers=layers)
+            if not self.check.passed:
+                raise RuntimeError(f"{self.lm.name}: {self.check.summary()}; the recomputed attention cannot be "
+                                   "trusted, run with attention='eager'")
+        return self.check
+
+    # -- whole maps --------------------------------------------------------------------------------
+
+    def maps(self, texts: str | Iterable[str], **options) -> list[AttentionMap]:
+        """`iter_maps` as a list."""
+        return list(self.iter_maps(texts, **options))
+
+    def iter_maps(self, texts: str | Iterable[str], *, level: Level = "token", layers: Sequence[int] | None = None,
+                  heads: Sequence[int] | None = None, store_dtype: torch.dtype = torch.float32,
+                  truncate: bool = False, segmenter: Segmenter | None = None,
+                  window: int = 16) -> Iterator[AttentionMap]:
+        """Whole `AttentionMap`s of `texts`, in order, `batch_size` at a time: a batch's eager maps where its
+        eager attention fits, else its maps assembled from recomputed blocks (`meta["attention"] =
+        "recompute"` and `meta["check"]`). For texts short enough to hold whole maps (figures, trees)."""
+        if level not in ("token", "word"):
+            raise ValueError(f"level must be 'token' or 'word', got {level!r}")
+        texts = check_texts(texts)
+        layer_idx = _select(layers, self.lm.config.num_hidden_layers, "layer")
+        head_idx = _select(heads, self.lm.config.num_attention_heads, "head")
+        for start in range(0, len(texts), self.batch_size):
+            batch = texts[start : start + self.batch_size]
+            encoded = encode_many(self.lm, batch, truncate=truncate, first_index=start)
+            if self.mode(max(len(e.ids) for e in encoded), len(encoded)) == "eager":
+                self.counts["eager"] += len(batch)
+                yield from extract_eager(self.lm, batch, batch_size=self.batch_size, level=level, layers=layers,
+                                         heads=heads, store_dtype=store_dtype, truncate=truncate, segmenter=segmenter)
+                continue
+            self.counts["recompute"] += len(batch)
+            yield from self._assembled(encoded, layer_idx, head_idx, store_dtype, segmenter, level)
+
+    def _assembled(self, encoded: list[Encoded], layer_idx: list[int], head_idx: list[int], store_dtype,
+                   segmenter: Segmenter | None, level: Level) -> list[AttentionMap]:
+        """One batch's maps filled from recomputed blocks: [layer, head, query, key]."""
+        check = self.checked(encoded[0], layers=layer_idx)
+        maps = [torch.empty(len(layer_idx), len(head_idx), len(e.ids), len(e.ids), dtype=store_dtype) for e in encoded]
+        row_of = {layer: r for r, layer in enumerate(layer_idx)}
+        for b, block in iter_blocks_encoded(self.lm, encoded, layers=layer_idx, heads=head_idx,
+                                            budget=self.block_budget):
+            maps[b][row_of[block.layer], :, block.query_start : block.query_stop] = block.probs
+        all_layers = len(layer_idx) == self.lm.config.num_hidden_layers
+        all_heads = len(head_idx) == self.lm.config.num_attention_heads
+        out = []
+        for enc, a in zip(encoded, maps):
+            amap = _make_map(self.lm, enc, a, segmenter, () if all_layers else tuple(layer_idx),
+                             () if all_heads else tuple(head_idx))
+            amap.meta.update(attention="recompute", check=check.to_dict())
+            out.append(to_word_level(amap) if level == "word" else amap)
+        return out
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+
+    def eager_texts(self, texts: Sequence[str]) -> list[str]:
+        """The texts whose eager attention fits (all of them batched `batch_size` at a time)."""
+        encoded = encode_many(self.lm, texts)
+        return [t for t, m in zip(texts, self._modes(encoded)) if m == "eager"]
+
+    def _modes(self, encoded: Sequence[Encoded]) -> list[Mode]:
+        batch = min(self.batch_size, len(encoded))
+        modes = [self.mode(len(e.ids), batch) for e in encoded]
+        self.counts.update(modes)
+        return modes
+
+    def record(self) -> dict:
+        """What a result's `meta` says about how its attention was obtained."""
+        return {"attention": {"asked": self.name, "budget": self.budget,
+                              **{k: self.counts[k] for k in ("eager", "recompute")}},
+                "check": None if self.check is None else self.check.to_dict()}
+
+
+class EagerSource(AttentionSource):
+    """The model's own eager weights, for every text."""
+
+    name = "eager"
+
+    def mode(self, n_tokens: int, batch: int = 1) -> Mode:
+        return "eager"
+
+    def texts(self, texts: Iterable[str], *, level: Level = "token", truncate: bool = False, window: int = 4,
+              weight: Weight = "attention") -> Iterator[AttentionMap]:
+        """Every text eager, streamed through `probe.iter_extract` as they come (no decision to make)."""
+        return iter_extract(self.lm, texts, batch_size=self.batch_size, level=level, truncate=truncate,
+                            window=window, weight=weight)
+
+    def eager_texts(self, texts: Sequence[str]) -> list[str]:
+        return list(texts)
+
+    def iter_maps(self, texts: str | Iterable[str], *, level: Level = "token", layers: Sequence[int] | None = None,
+                  heads: Sequence[int] | None = None, store_dtype: torch.dtype = torch.float32,
+                  truncate: bool = False, segmenter: Segmenter | None = None,
+                  window: int = 16) -> Iterator[AttentionMap]:
+        """`probe.iter_extract` itself: batches sorted by length within windows of `window` batches."""
+        return iter_extract(self.lm, texts, batch_size=self.batch_size, level=level, layers=layers, heads=heads,
+                            store_dtype=store_dtype, truncate=truncate, segmenter=segmenter, window=window)
+
+
+class RecomputeSource(AttentionSource):
+    """Every text recomputed from scratch in blocks of query rows (one stack of self-attention)."""
+
+    name = "recompute"
+
+    def __init__(self, lm: LoadedModel, **kwargs) -> None:
+        if is_seq2seq(lm):  # recompute mode hooks one stack of self-attention
+            raise ValueError(f"{lm.name} is an encoder-decoder model; recomputed attention covers encoders and "
+                             "decoders only, use attention='eager'")
+        super().__init__(lm, **kwargs)
+
+    def mode(self, n_tokens: int, batch: int = 1) -> Mode:
+        return "recompute"
+
+
+class AutoSource(AttentionSource):
+    """Recompute where eager attention would exceed the budget, eager everywhere else."""
+
+    name = "auto"
+
+    def mode(self, n_tokens: int, batch: int = 1) -> Mode:
+        if is_seq2seq(self.lm):  # eager is all an encoder-decoder model has
+            return "eager"
+        return "recompute" if self.need(n_tokens, batch) > self.budget else "eager"
+
+
+SOURCES: Mapping[Attention, type[AttentionSource]] = MappingProxyType(
+    {cls.name: cls for cls in (EagerSource, RecomputeSource, AutoSource)})
+
+
+def source_for(lm: LoadedModel, attention: Attention, *, budget: int | None = None,
+               batch_size: int = 8) -> AttentionSource:
+    """The attention source named `attention` (`SOURCES`), for `lm`: the one place a workflow picks one.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> lm = tiny_model("gpt2")
+    >>> [source_for(lm, a, budget=10**4).mode(64) for a in ("eager", "recompute", "auto")]  # 2·4·64²·4 B > 10⁴
+    ['eager', 'recompute', 'recompute']
+    >>> source_for(lm, "auto", budget=10**6).mode(64)
+    'eager'
+    """
+    try:
+        cls = SOURCES[attention]
+    except (KeyError, TypeError):
+        raise ValueError(f"attention must be {', '.join(map(repr, SOURCES))}; got {attention!r}") from None
+    return cls(lm, budget=budget, batch_size=batch_size)
+
+
+def _id_item(lm: LoadedModel, seq: Sequence[int]) -> Encoded:
+    """A token-id sequence as an `Encoded` text (no text, the ids as they are)."""
+    special = set(getattr(lm.tokenizer, "all_special_ids", []))
+    ids = tuple(int(t) for t in seq)
+    return Encoded(text="", ids=ids, spans=((0, 0),) * len(ids), special=tuple(t in special for t in ids))

@@ -1,0 +1,113 @@
+"""The report's contract, declared once: `ModelAnalysis`, everything found about one model.
+
+`headscope.analyse_model` (the `headscope run` pipeline) fills one; `compare --report` fills two;
+anyone can build one from results they computed themselves. `reports.build_report` and
+`reports.folder.report` take a sequence of them (models side by side); each section of the page
+(`reports.sections.SECTIONS`) reads the fields it needs, and `to_dict()` is the model's run.json
+entry. Every field is a result (maps, scores, tables) — never a model — and any may be missing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import TYPE_CHECKING, Any, Mapping
+
+from headscope.probe.words import to_word_level
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from headscope.analyses.causal import CausalEvidence
+    from headscope.analyses.compare import HeadComparison
+    from headscope.analyses.coref import ProbeResult
+    from headscope.analyses.heads import HeadScores
+    from headscope.analyses.syntax import SyntaxResult
+    from headscope.probe.generate import GenerationAttention
+    from headscope.probe.types import AttentionMap, Seq2SeqAttention
+    from headscope.probe.verify import Verification
+
+__all__ = ["ModelAnalysis"]
+
+
+@dataclass(frozen=True, eq=False)
+class ModelAnalysis:
+    """Everything the report shows about one model, and its run.json entry (`to_dict`)."""
+
+    model: str
+    verification: Verification | None = None  # None where it could not run (the notes say why)
+    scores: HeadScores | None = None
+    probes: tuple[ProbeResult, ...] = ()  # the combined one first when there are several sets
+    maps: tuple[AttentionMap, ...] = ()  # the report sentences, token level (the page adds their word level)
+    pairs: tuple[Seq2SeqAttention, ...] = ()  # encoder–decoder models: each sentence with its target, token level
+    norm_maps: tuple[AttentionMap, ...] = ()  # the sentences' norm-based weights, token level (or none)
+    generations: tuple[GenerationAttention, ...] = ()  # decoders: tokens generated after each sentence
+    corpus: pd.DataFrame | None = None  # corpus statistics, one row per corpus
+    syntax: SyntaxResult | None = None  # the Syntax section (a treebank was given)
+    syntax_clusters: pd.DataFrame | None = None  # its heads embedded by attention distance
+    causal: CausalEvidence | None = None  # ablation evidence, or None where it was not run
+    comparison: HeadComparison | None = None  # this model (B) against the model it is compared with (A)
+    info: Mapping[str, Any] = field(default_factory=dict)  # family, layers, heads, dtype, source, timings
+    notes: tuple[str, ...] = ()  # problems to show prominently (a stage that could not run, ...)
+    seconds: Mapping[str, float] = field(default_factory=dict)  # wall time of each stage
+
+    def __post_init__(self) -> None:
+        for name in ("pairs", "norm_maps"):
+            given = getattr(self, name)
+            if given and len(given) != len(self.maps):
+                raise ValueError(f"{len(given)} {name.replace('_', ' ')} for {len(self.maps)} sentences; give one per "
+                                 "sentence, or none")
+
+    # -- the levels the page draws (derived once: the report shows words and tokens) --------------
+
+    @cached_property
+    def word_maps(self) -> tuple[AttentionMap, ...]:
+        """The report sentences at word level, when every token knows its word (else none)."""
+        return _word_level(self.maps)
+
+    @cached_property
+    def word_pairs(self) -> tuple[Seq2SeqAttention, ...]:
+        """Encoder–decoder pairs at word level, when both sides' tokens know their words (else none)."""
+        if self.pairs and all(_word_level((p.encoder, p.decoder)) for p in self.pairs):
+            return tuple(to_word_level(p) for p in self.pairs)
+        return ()
+
+    @cached_property
+    def shown_norm_maps(self) -> tuple[AttentionMap, ...]:
+        """The norm-based weights at one level: words where they can be, else tokens (the page stays small)."""
+        return _word_level(self.norm_maps) or self.norm_maps
+
+    @property
+    def heatmap_maps(self) -> tuple[AttentionMap, ...]:
+        """The sentences at the probe's level (words when there is no probe)."""
+        level = self.probes[0].level if self.probes else "word"
+        return self.word_maps if level == "word" and self.word_maps else self.maps
+
+    @property
+    def verified(self) -> bool:
+        return self.verification is not None and self.verification.passed
+
+    def to_dict(self) -> dict:
+        """The run.json entry of this model (with "syntax" only when the syntax analysis ran)."""
+        v = self.verification
+        record = {
+            "model": self.model, "info": dict(self.info),
+            "verification": None if v is None else v.to_dict(),
+            "verified": self.verified,
+            "heads": None if self.scores is None else self.scores.to_dict(table=False),
+            "probes": [{k: val for k, val in p.to_dict().items() if k != "heads"} for p in self.probes],
+            "notes": list(self.notes), "seconds": dict(self.seconds),
+            **({"generated": [{"prompt": g.prompt.text, "text": g.text, "stopped": g.stopped} for g in self.generations]}
+               if self.generations else {}),
+            "causal": None if self.causal is None or self.scores is None else self.causal.to_dict(self.scores),
+        }
+        if self.syntax is not None:
+            record["syntax"] = self.syntax.to_dict()
+        return record
+
+
+def _word_level(maps) -> tuple:
+    """`maps` at word level when every token of every map knows its word, else ()."""
+    if maps and all(len(m.word_index) == len(m) for m in maps):
+        return tuple(to_word_level(m) for m in maps)
+    return ()

@@ -1,0 +1,305 @@
+"""The report's sections, each defined once: `SECTIONS[name]`, beside `reports.figures.FIGURES`.
+
+A section is one entry: its anchor and navigation title, its template (`templates/_<name>.html.j2`),
+what it shows of one model (`view`: the strings and tables its template reads, from a
+`reports.analysis.ModelAnalysis` and the model's figures by group), the CSV tables it writes beside
+the page (`tables`), and, for a section a run may lack, when it is on the page at all (`shown`).
+The page lists the sections in this order; its figures are the `FIGURES` whose `group` the section
+reads. A new section is one entry here plus its template.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
+
+import pandas as pd
+
+from headscope.probe.types import head_name
+
+from .analysis import ModelAnalysis
+from .causal import causal_heads_table, causal_view, probe_line, roles_table
+from .figures import plotted_metrics
+from .syntax import relations_frame, syntax_tables, trees_frame
+
+__all__ = ["Section", "SECTIONS", "Table", "table_view", "flat", "report_tables"]
+
+Figures = Mapping[str, Sequence[Any]]  # a model's reports.html.FigureFile by FIGURES group
+
+
+@dataclass(frozen=True)
+class Table:
+    """A table ready for a template: header, rows of display strings, which columns are numbers."""
+
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    numeric: tuple[bool, ...]
+
+
+def table_view(frame: pd.DataFrame | None, *, digits: int = 3, max_rows: int | None = None) -> Table | None:
+    """`frame` as display strings (floats to `digits` decimals, NaN as n/a), or None for no table."""
+    if frame is None or not len(frame.columns):
+        return None
+    frame = frame if max_rows is None else frame.head(max_rows)
+    numeric = tuple(pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
+                    for c in frame.columns)
+    rows = tuple(tuple(_cell(v, digits) for v in r) for r in frame.itertuples(index=False, name=None))
+    return Table(tuple(str(c) for c in frame.columns), rows, numeric)
+
+
+def _cell(v: Any, digits: int) -> str:
+    if v is None:
+        return ""
+    if isinstance(v, float) or hasattr(v, "dtype") and getattr(v.dtype, "kind", "") == "f":
+        v = float(v)
+        if math.isnan(v):
+            return "n/a"
+        if v != 0 and (abs(v) < 10 ** -digits or abs(v) >= 1e6):
+            return f"{v:.2e}"
+        return f"{v:.{digits}f}"
+    return str(v)
+
+
+def flat(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
+    """A nested mapping as `(dotted.key, display value)` pairs (settings, versions, model info)."""
+    out: list[tuple[str, str]] = []
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, Mapping):
+            out.extend(flat(v, key + "."))
+        elif isinstance(v, (list, tuple)):
+            out.append((key, ", ".join(str(x) for x in v)))
+        else:
+            out.append((key, "" if v is None else str(v)))
+    return out
+
+
+def _nothing(a: ModelAnalysis, figures: Figures) -> dict:
+    return {}
+
+
+def _no_tables(a: ModelAnalysis) -> dict[str, pd.DataFrame | None]:
+    return {}
+
+
+def _always(analyses: Sequence[ModelAnalysis]) -> bool:
+    return True
+
+
+@dataclass(frozen=True)
+class Section:
+    """One section of the report page (see the module docstring)."""
+
+    name: str  # the anchor id, `templates/_<name>.html.j2`
+    title: str  # the navigation link
+    view: Callable[[ModelAnalysis, Figures], dict] = _nothing  # keys the template reads of each model
+    tables: Callable[[ModelAnalysis], Mapping[str, pd.DataFrame | None]] = _no_tables  # CSV name -> table
+    shown: Callable[[Sequence[ModelAnalysis]], bool] = _always
+
+    @property
+    def template(self) -> str:
+        return f"_{self.name}.html.j2"
+
+
+# ---------------------------------------------------------------- what each section shows of one model
+
+
+def _verification(a: ModelAnalysis, figures: Figures) -> dict:
+    v = a.verification
+    return {"verification": None if v is None else {
+        "passed": v.passed, "summary": v.summary(), "table": table_view(_kind_first(v.to_frame()), digits=2),
+        "detail": f"{v.n_texts} texts, {v.n_tokens} tokens; output tolerance {v.tolerance_output:g} "
+                  f"(relative); recomputation took {v.overhead:.2f}× the forward pass",
+        "notes": list(getattr(v, "notes", ()) or ()),
+    }}
+
+
+def _kind_first(frame: pd.DataFrame) -> pd.DataFrame:
+    """An encoder–decoder's verification rows say first which attention they are (encoder, decoder, cross)."""
+    return frame[["kind", *[c for c in frame.columns if c != "kind"]]] if "kind" in frame.columns else frame
+
+
+def _heads(a: ModelAnalysis, figures: Figures) -> dict:
+    causal = causal_view(a)
+    if causal is not None:
+        causal = causal | {"correlations": table_view(causal["correlations"], digits=2)}
+    scores = a.scores
+    if scores is None:
+        return {"scores": None, "causal": causal}
+    plotted = plotted_metrics(scores)
+    top = [{"metric": m, "heads": ", ".join(f"{head_name(r.layer, r.head)} ({float(r.value):.2f})"
+                                            for r in scores.top(m, k=3).itertuples())} for m in plotted]
+    roles = roles_table(a)
+    return {"causal": causal, "scores": {
+        "setting": getattr(scores, "setting", f"{scores.level} level"),
+        "n_texts": getattr(scores, "n_texts", None),
+        "n_sequences": getattr(scores, "n_sequences", None),
+        "roles": table_view(roles[[c for c in roles.columns if c != "model"]]),
+        "n_roles": len(scores.roles),
+        "top": table_view(pd.DataFrame(top)),
+        "not_applicable": [m for m in scores.metrics if m not in plotted],
+    }}
+
+
+def _probes(a: ModelAnalysis, figures: Figures) -> dict:
+    return {"probes": [_probe(p, [f for f in figures.get("probe", []) if f.result is p]) | {"causal": probe_line(a, p.task)}
+                       for p in a.probes]}
+
+
+def _probe(p: Any, figs: Sequence[Any]) -> dict:
+    best, ci = p.best_head, p.ci95
+    return {
+        "task": p.task, "level": p.level, "n": p.n, "verdict": p.verdict,
+        "best": f"layer {best[0]}, head {best[1]}" if best else "none",
+        "heldout": None if p.heldout_accuracy is None else
+        f"{p.heldout_accuracy:.1%} ({p.heldout_correct}/{p.heldout_n})",
+        "ci": None if not ci else f"{ci[0]:.1%} – {ci[1]:.1%}",
+        "p_value": None if p.p_value is None else (f"{p.p_value:.2g}"),
+        "baselines": [(k, "n/a" if v is None or not math.isfinite(v) else f"{v:.1%}")
+                      for k, v in (p.baselines or {}).items()],
+        "top_heads": table_view(p.heads.sort_values("accuracy", ascending=False).head(5)),
+        "examples": table_view(p.examples, max_rows=60),
+        "n_examples_rows": len(p.examples),
+        "figures": list(figs),
+    }
+
+
+def _syntax(a: ModelAnalysis, figures: Figures) -> dict:
+    """How heads were chosen, the relations and trees tables, the figures."""
+    shown = ["relation", "direction", "n", "best_head", "heldout_accuracy", "ci95_low", "ci95_high",
+             "baseline_offset", "baseline_accuracy", "p_value", "p_holm", "verdict"]
+    result = a.syntax
+    view = {"figures": list(figures.get("syntax", [])), "grids": list(figures.get("syntax-grid", [])), "result": None}
+    if result is not None:
+        trees = trees_frame(result)
+        view["result"] = {
+            "treebank": result.treebank, "selection": result.selection, "n": result.n_sentences,
+            "n_select": result.n_select_sentences, "n_skipped": result.n_skipped, "alpha": result.alpha,
+            "n_permutations": result.n_permutations, "notes": list(result.notes),
+            "skipped": [f"{v} × {k}" for k, v in result.skipped.items()],
+            "excluded": [f"{v} × {k}" for k, v in result.excluded.items()],
+            "relations": table_view(relations_frame(result)[shown]),
+            "trees": table_view(trees[[c for c in trees.columns if c != "verdict"]]) if len(trees) else None,
+            "trees_verdict": result.trees.verdict if result.trees is not None else None,
+        }
+    return {"syntax": view}
+
+
+def _comparison(a: ModelAnalysis, figures: Figures) -> dict:
+    """This model (B) against the model it was compared with (A): the rule, changed heads, roles, grids."""
+    c = a.comparison
+    if c is None:
+        return {"comparison": None}
+    changed = c.changed()
+    shown = changed.assign(head=[head_name(r.layer, r.head) for r in changed.itertuples()])
+    roles = c.roles_changed.assign(head=[head_name(r.layer, r.head) for r in c.roles_changed.itertuples()])
+    return {"comparison": {
+        "a": c.a, "b": c.b, "n_texts": c.n_texts, "rule": c.rule,
+        "heads": ", ".join(head_name(layer, head) for layer, head in c.changed_heads()) or "none",
+        "changed": table_view(shown[["head", "metric", "a", "b", "diff", "ci_low", "ci_high", "p_holm"]]),
+        "n_changed": len(changed), "n_pairs": len(c.table),
+        "roles": table_view(roles[["head", "role", "in_a", "in_b"]]) if len(roles) else None,
+        "figures": list(figures.get("comparison", [])),
+    }}
+
+
+def _corpus(a: ModelAnalysis, figures: Figures) -> dict:
+    return {"corpus": table_view(a.corpus)}
+
+
+# ---------------------------------------------------------------- the tables each section writes
+
+
+def _verification_tables(a: ModelAnalysis) -> dict:
+    return {"verification": None if a.verification is None else a.verification.to_frame()}
+
+
+def _heads_tables(a: ModelAnalysis) -> dict:
+    s = a.scores
+    return {"head_scores": None if s is None else s.table, "head_roles": None if s is None else s.roles,
+            "causal_heads": causal_heads_table(a)}
+
+
+def _probe_tables(a: ModelAnalysis) -> dict:
+    """Per probe its summary row, its heads and its examples, each with a `task` column (several probes stack)."""
+    def of(name: str) -> pd.DataFrame | None:
+        parts = [_with(frame, task=p.task) for p in a.probes if (frame := _probe_frames(p)[name]) is not None]
+        return pd.concat(parts, ignore_index=True) if parts else None
+
+    return {name: of(name) for name in ("probe_summary", "probe_heads", "probe_examples")}
+
+
+def _probe_frames(p: Any) -> dict[str, pd.DataFrame | None]:
+    best = p.best_head
+    ci = p.ci95 or (None, None)
+    row = {"level": p.level, "n": p.n, "best_layer": best[0] if best else None,
+           "best_head": best[1] if best else None, "heldout_accuracy": p.heldout_accuracy,
+           "heldout_correct": p.heldout_correct, "heldout_n": p.heldout_n, "ci95_low": ci[0], "ci95_high": ci[1],
+           "p_value": p.p_value, "verdict": p.verdict}
+    row.update({f"baseline_{k}": v for k, v in (p.baselines or {}).items()})
+    return {"probe_summary": pd.DataFrame([row]), "probe_heads": p.heads, "probe_examples": p.examples}
+
+
+def _syntax_tables(a: ModelAnalysis) -> dict:
+    return syntax_tables(a.syntax, a.syntax_clusters)
+
+
+def _comparison_tables(a: ModelAnalysis) -> dict:
+    c = a.comparison
+    if c is None:
+        return {}
+    return {"comparison_heads": _with(c.table, compared_with=c.a),
+            "comparison_roles": _with(c.roles_changed, compared_with=c.a)}
+
+
+def _corpus_tables(a: ModelAnalysis) -> dict:
+    return {"corpus": a.corpus}
+
+
+def _with(frame: pd.DataFrame | None, **cols: Any) -> pd.DataFrame | None:
+    """`frame` with columns `cols` first (replacing columns of those names); None stays None."""
+    if frame is None or not len(frame):
+        return None
+    frame = frame.copy()
+    for k, v in reversed(list(cols.items())):
+        if k in frame.columns:
+            frame = frame.drop(columns=k)
+        frame.insert(0, k, v)
+    return frame
+
+
+def report_tables(analyses: Sequence[ModelAnalysis]) -> dict[str, pd.DataFrame]:
+    """Every table of the report, models stacked (a `model` column first), ready for CSV."""
+    parts: dict[str, list[pd.DataFrame]] = {}
+    for section in SECTIONS.values():
+        for a in analyses:
+            for name, frame in section.tables(a).items():
+                frame = _with(frame, model=a.model)
+                if frame is not None:
+                    parts.setdefault(name, []).append(frame)
+    return {k: pd.concat(v, ignore_index=True) for k, v in parts.items()}
+
+
+# ---------------------------------------------------------------- the registry
+
+
+def _any(field: str, *more: str) -> Callable[[Sequence[ModelAnalysis]], bool]:
+    def shown(analyses: Sequence[ModelAnalysis]) -> bool:
+        return any(getattr(a, f) is not None for a in analyses for f in (field, *more))
+
+    return shown
+
+
+SECTIONS: Mapping[str, Section] = MappingProxyType({s.name: s for s in (
+    Section("explorer", "Head explorer"),
+    Section("verification", "Verification", _verification, _verification_tables),
+    Section("heads", "Head roles", _heads, _heads_tables),
+    Section("probe", "Coreference probe", _probes, _probe_tables),
+    Section("attention", "Attention figures"),
+    Section("syntax", "Syntax", _syntax, _syntax_tables, shown=_any("syntax", "syntax_clusters")),
+    Section("comparison", "Comparison", _comparison, _comparison_tables, shown=_any("comparison")),
+    Section("corpus", "Corpus", _corpus, _corpus_tables),
+    Section("settings", "Settings & versions"),
+)})
