@@ -134,7 +134,7 @@ def fit_context(lm, text: str) -> str:
     """
     import warnings
 
-    from headscope.probe.extract import encode
+    from headscope.probe.encoding import encode
 
     if len(lm.tokenizer(text)["input_ids"]) <= lm.max_length:
         return text
@@ -217,7 +217,7 @@ def heads(
     """
     from headscope.analyses.heads import HeadScoreAccumulator
     from headscope.distributed import World, merge_head_scores, shard, shard_length, together
-    from headscope.probe.extract import is_seq2seq
+    from headscope.probe.forward import is_seq2seq
 
     _check_attention(attention)
     if weight != "attention" and attention != "eager":
@@ -268,7 +268,7 @@ class _Fold:
         self.all = dict(layers=tuple(range(n.num_hidden_layers)), heads=tuple(range(n.num_attention_heads)))
 
     def mode(self, n_tokens: int, batch: int) -> str:
-        from headscope.probe.extract import is_seq2seq
+        from headscope.probe.forward import is_seq2seq
         from headscope.probe.recompute import choose_attention, eager_bytes
 
         if is_seq2seq(self.lm):  # recompute mode hooks one stack of self-attention
@@ -283,7 +283,7 @@ class _Fold:
         from itertools import islice
 
         from headscope.probe import iter_extract
-        from headscope.probe.extract import check_texts, encode_many, text_units
+        from headscope.probe.encoding import check_texts, encode_many, text_units
 
         if self.attention == "eager":
             for amap in iter_extract(self.lm, texts, batch_size=self.batch_size, level=level, truncate=truncate,
@@ -311,7 +311,7 @@ class _Fold:
 
     def eager_texts(self, texts: Sequence[str]) -> list[str]:
         """The texts whose eager attention fits the budget (batched `batch_size` at a time)."""
-        from headscope.probe.extract import encode_many
+        from headscope.probe.encoding import encode_many
 
         batch = min(self.batch_size, len(texts))
         return [t for t, e in zip(texts, encode_many(self.lm, texts)) if self.mode(len(e.ids), batch) == "eager"]
@@ -320,7 +320,7 @@ class _Fold:
         """The query rows of one text that its probe examples' sources need, from recomputed blocks."""
         from headscope.analyses.coref import Excluded, candidate_units, query_rows
         from headscope.probe import to_word_level
-        from headscope.probe.extract import encode, text_units
+        from headscope.probe.encoding import encode, text_units
 
         enc = encode(self.lm, text)
         units = text_units(self.lm, enc)
@@ -369,7 +369,7 @@ class _Fold:
 
 def _id_item(lm, seq: Sequence[int]):
     """A token-id sequence as an `Encoded` text (no text, the ids as they are)."""
-    from headscope.probe.extract import Encoded
+    from headscope.probe.encoding import Encoded
 
     special = set(getattr(lm.tokenizer, "all_special_ids", []))
     ids = tuple(int(t) for t in seq)
@@ -838,7 +838,7 @@ def analyse_model(lm, texts: Sequence[str], sets: Sequence[tuple[str, list]], se
         say(f"  {p.task}: {p.verdict}")
 
     evidence = None
-    from headscope.probe.extract import is_seq2seq
+    from headscope.probe.forward import is_seq2seq
 
     if settings.causal and is_seq2seq(lm):  # the ablation effects read one stack's output (an LM loss or an embedding)
         notes.append("causal evidence was not run: head ablation covers encoders and decoders, not encoder-decoder "
@@ -890,7 +890,7 @@ def _report_attention(lm, settings: RunSettings) -> tuple[list, list, list]:
     """The report sentences' maps (token level), their norm-based weights (none for an architecture
     whose attention cannot be recomputed) and, for an encoder–decoder model, each sentence with its
     target (`settings.targets`, else itself): `(maps, pairs, norm_maps)`."""
-    from headscope.probe.extract import is_seq2seq
+    from headscope.probe.forward import is_seq2seq
     from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
 
     texts = list(settings.texts)

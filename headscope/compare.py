@@ -17,7 +17,7 @@ from typing import Iterable, Literal
 from headscope.analyses.compare import ALPHA, HeadComparison, compare_scores, per_text_scores
 from headscope.analyses.heads import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL
 from headscope.probe import LoadedModel, iter_extract, load_model
-from headscope.probe.extract import check_texts, encode_many
+from headscope.probe.encoding import check_texts, encode_many
 
 __all__ = ["IncompatibleModels", "compare_models", "check_compatible"]
 

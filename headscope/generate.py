@@ -20,7 +20,8 @@ from typing import Literal
 import torch
 
 from headscope.probe import AttentionMap, LoadedModel, extract
-from headscope.probe.extract import encode, is_seq2seq
+from headscope.probe.encoding import encode
+from headscope.probe.forward import is_seq2seq
 
 __all__ = ["GenerationAttention", "generate_attention"]
 

@@ -30,7 +30,8 @@ from typing import Callable, Literal, Sequence
 import torch
 import torch.nn.functional as F
 
-from .extract import Encoded, base_model, check_texts, encode_many, pad_batch
+from .encoding import Encoded, check_texts, encode_many, pad_batch
+from .forward import base_model
 from .loading import LoadedModel
 
 __all__ = ["EffectMetric", "EffectTask", "EFFECT_TASKS", "next_token_loss", "sequence_loss", "logit_diff",

@@ -22,8 +22,9 @@ from typing import Callable, Iterable, Iterator, Literal, Sequence
 
 import torch
 
+from .encoding import encode_many, pad_batch
 from .families import Family, family_for
-from .extract import base_model, encode_many, pad_batch
+from .forward import base_model
 from .loading import LoadedModel
 from .scratch import LayerSpec, build_mask
 

@@ -19,8 +19,9 @@ from typing import Sequence
 
 import torch
 
+from .encoding import check_texts, encode_many, token_labels
 from .families import family_for
-from .extract import base_model, check_texts, encode_many, token_labels
+from .forward import base_model
 from .loading import LoadedModel
 from .scratch import ScratchResult, attention_from_scratch
 from .types import AttentionMap

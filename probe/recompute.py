@@ -27,9 +27,11 @@ from typing import Iterable, Iterator, Literal, Sequence
 
 import torch
 
-from .families import Family, family_for
-from .extract import Encoded, _make_map, _select, base_model, check_texts, encode, encode_many, pad_batch
+from .encoding import Encoded, check_texts, encode, encode_many, pad_batch
+from .extract import _make_map, _select
 from .extract import extract as extract_eager
+from .families import Family, family_for
+from .forward import base_model
 from .loading import LoadedModel
 from .scratch import block_probs, project_qk
 from .types import AttentionMap, Level

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headscope.probe import extract
-from headscope.probe.extract import base_model
+from headscope.probe.forward import base_model
 from headscope.probe.interop import from_hf, from_transformer_lens, long_frame
 from headscope.probe.tiny import tiny_model
 from headscope.probe.types import AttentionMap

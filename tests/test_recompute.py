@@ -15,7 +15,8 @@ from headscope.probe.recompute import (
     _WORKING_COPIES, Block, block_rows, check_prefix, choose_attention, extract, fast_attention, iter_blocks,
 )
 from headscope.probe.errors import UnsupportedFeature
-from headscope.probe.extract import base_model, encode
+from headscope.probe.encoding import encode
+from headscope.probe.forward import base_model
 from headscope.probe.families import family_for
 from headscope.probe.tiny import TINY_CORPUS
 from headscope.probe.words import to_word_level
