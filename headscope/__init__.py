@@ -39,7 +39,7 @@ from .api import (  # noqa: E402
 # Result types and the workflows that live in their own module, imported from their home module on
 # first use (they need torch).
 _LAZY = {
-    "LoadedModel": "headscope.probe.loading",
+    "LoadedModel": "headscope.probe.model",
     "AttentionMap": "headscope.probe.types",
     "CrossAttentionMap": "headscope.probe.types",
     "Seq2SeqAttention": "headscope.probe.types",

@@ -29,7 +29,7 @@ from headscope.analyses.ablation import AblationResult, ChoiceCheck, random_head
 from headscope.probe.effects import (EffectTask, logit_diff, next_token_loss, option_preference, sentence_cosine,
                                      sequence_loss, word_cosine)
 from headscope.probe.interventions import AblationMethod, ablate as ablate_heads, check_heads, head_means
-from headscope.probe.loading import LoadedModel
+from headscope.probe.model import LoadedModel
 
 __all__ = ["Choice", "Cloze", "InductionTask", "ablate", "causal_evidence", "choice_check", "ablate_each", "effect_task", "importance", "norm_attention",
            "DEFAULT_REFERENCE_TEXTS"]

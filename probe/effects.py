@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from .encoding import Encoded, check_texts, encode_many, pad_batch
 from .forward import base_model
-from .loading import LoadedModel
+from .model import LoadedModel
 
 __all__ = ["EffectMetric", "EffectTask", "EFFECT_TASKS", "next_token_loss", "sequence_loss", "logit_diff",
            "option_logprobs", "option_preference", "word_cosine", "sentence_cosine"]

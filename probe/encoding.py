@@ -16,7 +16,7 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from .loading import LoadedModel
+from .model import LoadedModel
 from .types import Units
 from .words import Segmenter, assign_words
 

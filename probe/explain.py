@@ -20,7 +20,7 @@ import torch
 from .encoding import Encoded, encode, token_labels
 from .families import Family, family_for
 from .forward import base_model
-from .loading import LoadedModel
+from .model import LoadedModel
 from .scratch import attention_from_scratch, project_qk
 from .types import head_name
 from .verify import capture

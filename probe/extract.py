@@ -16,7 +16,7 @@ import torch
 
 from .encoding import Encoded, _checked_stream, _text_source, check_texts, encode_many, encode_targets, text_units
 from .forward import forward_batch, forward_seq2seq, is_seq2seq
-from .loading import LoadedModel
+from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
 from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight
 from .words import Segmenter, to_word_level

@@ -15,7 +15,7 @@ import torch
 
 from .encoding import Encoded, pad_batch
 from .families import SUPPORTED_TYPES, UnsupportedArchitecture, UnsupportedFeature, family_for
-from .loading import LoadedModel
+from .model import LoadedModel
 
 __all__ = ["base_model", "is_seq2seq", "forward_one_stream", "forward_batch", "forward_seq2seq", "seq2seq_inputs"]
 

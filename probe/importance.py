@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from .encoding import check_texts, encode_many, pad_batch
 from .forward import base_model
 from .interventions import head_mask
-from .loading import LoadedModel
+from .model import LoadedModel
 
 __all__ = ["HeadImportance", "ImportanceLoss", "IMPORTANCE_LOSSES", "gradient_importance", "normalise_per_layer"]
 

@@ -25,7 +25,7 @@ import torch
 from .encoding import encode_many, pad_batch
 from .families import Family, family_for
 from .forward import base_model
-from .loading import LoadedModel
+from .model import LoadedModel
 from .scratch import LayerSpec, build_mask
 
 __all__ = ["AblationMethod", "ABLATION_METHODS", "ablate", "check_heads", "head_dim", "head_means", "head_mask"]

@@ -22,7 +22,7 @@ import torch
 from .encoding import check_texts, encode_many, token_labels
 from .families import family_for
 from .forward import base_model
-from .loading import LoadedModel
+from .model import LoadedModel
 from .scratch import ScratchResult, attention_from_scratch
 from .types import AttentionMap
 from .verify import capture

@@ -32,7 +32,7 @@ from .extract import _make_map, _select
 from .extract import extract as extract_eager
 from .families import Family, family_for
 from .forward import base_model
-from .loading import LoadedModel
+from .model import LoadedModel
 from .scratch import block_probs, project_qk
 from .types import AttentionMap, Level
 from .verify import tolerances

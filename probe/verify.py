@@ -25,7 +25,7 @@ import torch
 from .encoding import Encoded, check_texts, encode_many, encode_targets, pad_batch
 from .families import Family, Stack, family_for
 from .forward import base_model, forward_one_stream, seq2seq_inputs
-from .loading import LoadedModel
+from .model import LoadedModel
 from .scratch import LayerSpec, attention_from_scratch
 
 __all__ = ["LayerCheck", "Verification", "Captured", "capture", "verify", "DEFAULT_TEXTS", "tolerances"]
