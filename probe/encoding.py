@@ -1,11 +1,12 @@
-"""Text to tokens: checked texts, their token ids and character spans, padded batches, and the units a map is labelled by.
+"""Text to tokens: checked texts, their token ids and character spans, padded batches, and a map's units.
 
 Texts are checked as they stream (a clear error naming the text by its index), tokenised with their
 special tokens in one call of the fast tokenizer, and held to the model's context limit. A batch is
 padded on the right by us (no pad token needed, and a decoder's positions start at 0 whatever the
 batch). An encoder–decoder's targets start with the model's decoder start token, as in training.
-The labels, spans, special flags and words of a text's tokens (`text_units`) are the same for every
-map, whether its attention comes from `extract`, `recompute` or a user's own forward pass (`interop`).
+A token's label (`token_labels`, `tokenizer_labels`) is the same in every map, whether its attention
+comes from `extract`, `recompute` or a user's own forward pass (`interop`); `text_units` gives a text's
+units (labels, spans, special flags, words, ids) without the attention.
 """
 
 from __future__ import annotations
