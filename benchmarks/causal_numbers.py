@@ -141,7 +141,7 @@ def attrib(name: str, out: dict, save) -> None:
     import torch.nn.functional as F
 
     from headscope import induction_inputs
-    from headscope.probe.extract import Encoded, pad_batch
+    from headscope.probe.encoding import Encoded, pad_batch
     from headscope.probe.interventions import head_mask
 
     t0 = time.time()

@@ -64,7 +64,8 @@ def fitted_exponent(lengths, seconds) -> float:
 def _child(mode: str, model: str, n_tokens: int, budget: int, n_texts: int = 0, repeats: int = 1) -> dict:
     import torch
 
-    from headscope.probe.extract import base_model, encode, pad_batch
+    from headscope.probe.encoding import encode, pad_batch
+    from headscope.probe.forward import base_model
 
     lm = load(model)
     if mode == "corpus":

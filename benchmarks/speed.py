@@ -30,7 +30,7 @@ VERIFY_TARGET, VERIFY_WIDE = 1.0, 1.5  # item 3: <= 1.0x extra; fails beyond 1.5
 def same_batches(lm, texts: Sequence[str], *, batch_size: int, window: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The (input_ids, attention_mask) batches `probe.iter_extract` builds for `texts`: windows of
     `batch_size * window` texts, each sorted by token count, cut into batches, right-padded."""
-    from headscope.probe.extract import encode, pad_batch
+    from headscope.probe.encoding import encode, pad_batch
 
     batches = []
     step = batch_size * window
@@ -43,7 +43,7 @@ def same_batches(lm, texts: Sequence[str], *, batch_size: int, window: int) -> l
 
 def id_batches(lm, sequences: Sequence[Sequence[int]], *, batch_size: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """Padded batches of raw token-id sequences, as `probe.extract_ids` runs them (input order)."""
-    from headscope.probe.extract import Encoded, pad_batch
+    from headscope.probe.encoding import Encoded, pad_batch
 
     encoded = [Encoded(text="", ids=tuple(s), spans=((0, 0),) * len(s), special=(False,) * len(s)) for s in sequences]
     return [pad_batch(encoded[s : s + batch_size], lm.device) for s in range(0, len(encoded), batch_size)]
@@ -52,7 +52,7 @@ def id_batches(lm, sequences: Sequence[Sequence[int]], *, batch_size: int) -> li
 @torch.inference_mode()
 def bare_loop(lm, batches, *, output_attentions: bool = True) -> None:
     """Only the forward passes: the model's base over each prepared batch."""
-    from headscope.probe.extract import base_model
+    from headscope.probe.forward import base_model
 
     base = base_model(lm)
     for ids, mask in batches:
@@ -108,7 +108,7 @@ def naive_scores(lm, texts: Sequence[str]):
     Returns (HeadScores, bytes of attention kept at once).
     """
     from headscope.analyses.heads import HeadScoreAccumulator
-    from headscope.probe.extract import base_model
+    from headscope.probe.forward import base_model
 
     base, tok = base_model(lm), lm.tokenizer
     kept = []
@@ -157,7 +157,7 @@ def _isnan(x):
 
 def verify_vs_forward(lm, texts: Sequence[str], *, batch_size: int = 8, repeats: int = 3) -> Row:
     """Item 3: extra time of `probe.verify.verify` over the plain forward pass of the same batches."""
-    from headscope.probe.extract import encode, pad_batch
+    from headscope.probe.encoding import encode, pad_batch
     from headscope import verify
 
     encoded = [encode(lm, t) for t in texts]

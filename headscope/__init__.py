@@ -31,9 +31,9 @@ except metadata.PackageNotFoundError:  # run from a source tree that was never i
 _HOMES: dict[str, str | tuple[str, str]] = {
     # models and their attention
     "load": ("headscope.probe.loading", "load_model"),
-    "LoadedModel": "headscope.probe.loading",
+    "LoadedModel": "headscope.probe.model",
     "extract": "headscope.probe.extract",
-    "fit_context": "headscope.probe.extract",
+    "fit_context": "headscope.probe.encoding",
     "verify": "headscope.probe.verify",
     "explain": "headscope.probe.explain",
     "source_for": "headscope.probe.sources",

@@ -1,7 +1,8 @@
 """probe: models, real attention extraction, from-scratch attention and its verification."""
 
 from .extract import extract, extract_ids, iter_extract
-from .loading import LoadedModel, cache_dir, load_model
+from .loading import cache_dir, load_model
+from .model import LoadedModel
 from .registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotAvailable, model_table
 from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units
 from .words import to_word_level, word_spans

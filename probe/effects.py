@@ -30,8 +30,9 @@ from typing import Callable, Literal, Sequence
 import torch
 import torch.nn.functional as F
 
-from .extract import Encoded, base_model, check_texts, encode_many, pad_batch
-from .loading import LoadedModel
+from .encoding import Encoded, check_texts, encode_many, pad_batch
+from .forward import base_model
+from .model import LoadedModel
 
 __all__ = ["EffectMetric", "EffectTask", "EFFECT_TASKS", "next_token_loss", "sequence_loss", "logit_diff",
            "option_logprobs", "option_preference", "word_cosine", "sentence_cosine"]

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 import pandas as pd
 import torch
 
-from .extract import Encoded, base_model, encode, token_labels
+from .encoding import Encoded, encode, token_labels
 from .families import Family, family_for
-from .loading import LoadedModel
+from .forward import base_model
+from .model import LoadedModel
 from .scratch import attention_from_scratch, project_qk
 from .types import head_name
 from .verify import capture

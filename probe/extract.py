@@ -1,8 +1,8 @@
 """Real attention out of a real model: batched, right-padded, padding removed per text.
 
-Texts are tokenised one by one and padded on the right by us (no pad token needed, and a decoder's
-positions start at 0 whatever the batch), then run through the model's base (no LM head: the
-logits over a 262k vocabulary would cost more than the attention). Within a window of batches
+The extraction loop: texts are tokenised (`probe.encoding`), run in batches through the model's base
+(`probe.forward`), and each text's attention is cut out of its batch, padding removed, into an
+`AttentionMap` (a `Seq2SeqAttention` for an encoder–decoder's pairs). Within a window of batches
 texts are sorted by length so padding stays small; results come back in input order.
 """
 
@@ -10,198 +10,18 @@ from __future__ import annotations
 
 import operator
 import warnings
-from dataclasses import dataclass
 from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from .families import SUPPORTED_TYPES, UnsupportedArchitecture, UnsupportedFeature, family_for
-from .loading import LoadedModel
+from .encoding import Encoded, _checked_stream, _text_source, check_texts, encode_many, encode_targets, text_units
+from .forward import forward_batch, forward_seq2seq, is_seq2seq
+from .model import LoadedModel
+from .norms import norm_attention, norm_weighted
 from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight
-from .words import Segmenter, assign_words, to_word_level
+from .words import Segmenter, to_word_level
 
-__all__ = ["Encoded", "encode", "encode_many", "encode_targets", "seq2seq_inputs", "extract", "extract_ids", "iter_extract", "forward_batch", "base_model", "check_texts",
-           "text_units"]
-
-
-# The reason a text is left out of an analysis when it has more tokens than the model takes.
-TOO_LONG = "longer than the model's context"
-
-
-@dataclass(frozen=True)
-class Encoded:
-    """One tokenised text: ids, the tokens' character spans, and which are special."""
-
-    text: str
-    ids: tuple[int, ...]
-    spans: tuple[tuple[int, int], ...]
-    special: tuple[bool, ...]
-
-
-def check_texts(texts: str | Iterable[str]) -> list[str]:
-    """The texts as a list; a clear error for a non-string or an empty text (naming its index)."""
-    return list(_checked_stream(texts))
-
-
-def _check_one(i: int, t: object) -> None:
-    if not isinstance(t, str):
-        raise TypeError(f"text {i} is a {type(t).__name__}, not a str; pass strings (decode bytes first)")
-    if not t.strip():
-        raise ValueError(f"text {i} is empty; every text needs at least one non-space character")
-    try:
-        t.encode("utf-8")
-    except UnicodeEncodeError as exc:  # the tokenizer would fail with a bare TypeError
-        raise ValueError(f"text {i} holds a lone surrogate {t[exc.start]!r} at character {exc.start}, which is not "
-                         "Unicode text; decode its source with errors='replace' (or remove it)") from None
-
-
-def _text_source(texts: object) -> Iterable[str]:
-    """`texts` as an iterable of items to check one by one; a clear error for a wrong container."""
-    if isinstance(texts, str):
-        return [texts]
-    if isinstance(texts, (bytes, bytearray, memoryview)):
-        raise TypeError(f"texts is {type(texts).__name__}, not a str; decode it first, e.g. data.decode('utf-8')")
-    if not isinstance(texts, Iterable):
-        raise TypeError(f"texts must be a str or an iterable of str (a list, a generator, ...), got "
-                        f"{type(texts).__name__}")
-    return texts
-
-
-def _checked_stream(texts: str | Iterable[str]) -> Iterator[str]:
-    for i, t in enumerate(_text_source(texts)):
-        _check_one(i, t)
-        yield t
-
-
-def encode(lm: LoadedModel, text: str, *, truncate: bool = False) -> Encoded:
-    """Tokenise one text with its special tokens, checking the model's context limit."""
-    return encode_many(lm, [text], truncate=truncate)[0]
-
-
-def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False, first_index: int = 0) -> list[Encoded]:
-    """Tokenise texts in one call of the (Rust) fast tokenizer, checking the context limit of each.
-
-    Errors name a text by its position, counted from `first_index` (where `texts` is part of a stream).
-    """
-    tok, limit = lm.tokenizer, lm.max_length
-    enc = tok(list(texts), return_offsets_mapping=True, return_special_tokens_mask=True, add_special_tokens=True)
-    out = []
-    for i, text in enumerate(texts):
-        ids, offsets, special = enc["input_ids"][i], enc["offset_mapping"][i], enc["special_tokens_mask"][i]
-        if len(ids) > limit:
-            if not truncate:
-                raise ValueError(
-                    f"text {first_index + i} (starting {text[:40]!r}) has {len(ids)} tokens; {lm.name} takes at most {limit}. "
-                    "Split it, or pass truncate=True (CLI: --truncate) to keep its first tokens."
-                )
-            warnings.warn(f"{lm.name}: truncating a text of {len(ids)} tokens to the model's limit of {limit}",
-                          stacklevel=3)
-            cut = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True, truncation=True,
-                      max_length=limit)
-            ids, offsets, special = cut["input_ids"], cut["offset_mapping"], cut["special_tokens_mask"]
-        flags = tuple(bool(s) for s in special)
-        spans = tuple((0, 0) if s else (int(a), int(b)) for (a, b), s in zip(offsets, flags))
-        out.append(Encoded(text=text, ids=tuple(ids), spans=spans, special=flags))
-    return out
-
-
-def encode_targets(lm: LoadedModel, targets: Sequence[str], *, truncate: bool = False) -> list[Encoded]:
-    """The decoder's inputs for target texts, as in training (teacher forcing): the model's decoder
-    start token, a special unit of its own, then the target's tokens."""
-    start = lm.config.decoder_start_token_id
-    if start is None:
-        raise ValueError(f"{lm.name}: the config names no decoder_start_token_id, so the decoder's input is unknown")
-    return [Encoded(text=e.text, ids=(int(start),) + e.ids, spans=((0, 0),) + e.spans, special=(True,) + e.special)
-            for e in encode_many(lm, targets, truncate=truncate)]
-
-
-def seq2seq_inputs(sources: Sequence[Encoded], targets: Sequence[Encoded], device: torch.device) -> dict:
-    """Keyword arguments of one encoder–decoder forward pass: both sides right-padded, attention asked for."""
-    ids, mask = pad_batch(sources, device)
-    decoder_ids, decoder_mask = pad_batch(targets, device)
-    return dict(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids, decoder_attention_mask=decoder_mask,
-                output_attentions=True, use_cache=False)
-
-
-def is_seq2seq(lm: LoadedModel) -> bool:
-    """True for a model of an encoder–decoder family (extract takes a target text)."""
-    family = SUPPORTED_TYPES.get(lm.model_type)
-    return family is not None and family.kind == "encoder-decoder"
-
-
-def base_model(lm: LoadedModel) -> torch.nn.Module:
-    """The transformer without its task head (LlamaForCausalLM -> LlamaModel)."""
-    m = lm.model
-    return getattr(m, getattr(m, "base_model_prefix", ""), m)
-
-
-def forward_one_stream(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, *, output_attentions: bool):
-    """One forward pass over a batch of single texts: the base model, or an encoder–decoder's encoder
-    alone (its self-attention over the text is the model's one-text view: extract without a target)."""
-    base = base_model(lm)
-    if is_seq2seq(lm):  # the encoder stack takes no use_cache (T5's refuses it)
-        return base.get_encoder()(input_ids=ids, attention_mask=mask, output_attentions=output_attentions)
-    return base(input_ids=ids, attention_mask=mask, output_attentions=output_attentions, use_cache=False)
-
-
-def pad_batch(items: Sequence[Encoded], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded `input_ids` and `attention_mask`, both (B, T)."""
-    t_max = max(len(e.ids) for e in items)
-    ids = torch.zeros(len(items), t_max, dtype=torch.long)
-    mask = torch.zeros(len(items), t_max, dtype=torch.long)
-    for i, e in enumerate(items):
-        ids[i, : len(e.ids)] = torch.tensor(e.ids)
-        mask[i, : len(e.ids)] = 1
-    return ids.to(device), mask.to(device)
-
-
-@torch.inference_mode()
-def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[int] | None = None) -> list[torch.Tensor]:
-    """Attention of the chosen layers (all by default) for one batch: a list of (B, nh, T, T).
-
-    When only some layers are wanted, hooks on those layers' attention modules catch their weights
-    and the model is asked for none, so the other layers' O(T²) tensors are never kept alive.
-    """
-    wanted = list(range(lm.config.num_hidden_layers)) if layers is None else list(layers)
-    ids, mask = pad_batch(items, lm.device)
-    if len(wanted) < lm.config.num_hidden_layers:
-        caught = _forward_hooked(lm, ids, mask, wanted)
-        if caught is not None:
-            return caught
-    out = forward_one_stream(lm, ids, mask, output_attentions=True)
-    att = getattr(out, "attentions", None)
-    if not att or any(a is None for a in att):
-        raise RuntimeError(
-            f"{lm.name} returned no attention weights although it runs eager attention "
-            f"(implementation {lm.config._attn_implementation!r}); this model class does not expose them."
-        )
-    return [att[layer] for layer in wanted]
-
-
-def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int]) -> list[torch.Tensor] | None:
-    """The wanted layers' weights caught from their attention modules; None where that cannot work."""
-    try:
-        family = family_for(lm.config)
-    except (UnsupportedArchitecture, UnsupportedFeature):
-        return None
-    base = base_model(lm)
-    caught: dict[int, torch.Tensor | None] = {}
-
-    def grab(layer):
-        def hook(module, args, out):
-            # the weights come last: (output, weights), or (output, position_bias, weights) in T5
-            caught[layer] = out[-1] if isinstance(out, tuple) and len(out) > 1 else None
-        return hook
-
-    handles = [family.attention(base, layer).register_forward_hook(grab(layer)) for layer in wanted]
-    try:
-        forward_one_stream(lm, ids, mask, output_attentions=False)
-    finally:
-        for h in handles:
-            h.remove()
-    if any(caught.get(layer) is None for layer in wanted):
-        return None
-    return [caught[layer] for layer in wanted]
+__all__ = ["extract", "extract_ids", "iter_extract"]
 
 
 def iter_extract(
@@ -346,8 +166,6 @@ def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, 
             amap = _make_map(lm, encoded[i], a, segmenter, () if all_layers else tuple(layer_idx),
                              () if all_heads else tuple(head_idx))
             if norms is not None:
-                from .norms import norm_weighted  # norms builds on extract: imported when asked for
-
                 amap = norm_weighted(amap, norms[b])
             results[i] = to_word_level(amap) if level == "word" else amap
         del att, picked
@@ -357,8 +175,6 @@ def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, 
 
 def _norms(lm, texts: list[str], truncate: bool) -> list:
     """Norm-based attention of one batch of texts (`probe.norms`), in order; truncation already warned about."""
-    from .norms import norm_attention
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return norm_attention(lm, texts, batch_size=len(texts), truncate=truncate)
@@ -385,43 +201,6 @@ def _iter_seq2seq(lm, sources, targets, *, batch_size, level, store_dtype, trunc
             pair = Seq2SeqAttention(encoder=encoder, decoder=decoder, cross=cross)
             yield to_word_level(pair) if level == "word" else pair
         del att
-
-
-_SEQ2SEQ_ATTENTIONS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
-
-
-@torch.inference_mode()
-def forward_seq2seq(lm: LoadedModel, sources: Sequence[Encoded], targets: Sequence[Encoded]) -> dict[str, torch.Tensor]:
-    """Encoder self, decoder self and cross attention of one batch: "encoder" (B, L, nh, S, S),
-    "decoder" (B, L, nh, T, T), "cross" (B, L, nh, T, S)."""
-    out = base_model(lm)(**seq2seq_inputs(sources, targets, lm.device))
-    found = {}
-    for kind, name in _SEQ2SEQ_ATTENTIONS.items():
-        att = getattr(out, name, None)
-        if not att or any(a is None for a in att):
-            raise RuntimeError(f"{lm.name} returned no {kind} attention weights although it runs eager attention")
-        found[kind] = torch.stack(att, dim=1)
-    return found
-
-
-def token_labels(lm: LoadedModel, enc: Encoded) -> tuple[str, ...]:
-    """Display string per token: its text in the input, or the raw piece for specials and byte pieces."""
-    return tokenizer_labels(lm.tokenizer, enc)
-
-
-def tokenizer_labels(tokenizer, enc: Encoded) -> tuple[str, ...]:
-    """`token_labels` from the tokenizer alone (for attention computed outside headscope)."""
-    raw = tokenizer.convert_ids_to_tokens(list(enc.ids))
-    return tuple(r if sp or not enc.text[a:b].strip() else enc.text[a:b].strip()
-                 for r, (a, b), sp in zip(raw, enc.spans, enc.special))
-
-
-def text_units(lm: LoadedModel, enc: Encoded, segmenter: Segmenter | None = None) -> Units:
-    """The token units of one text (labels, spans, special flags, words, ids): an `AttentionMap`'s, without
-    the attention (for attention that comes in blocks of rows, `probe.recompute`)."""
-    unit_of_token, unit_spans, _ = assign_words(enc.text, enc.spans, enc.special, segmenter)
-    return Units(text=enc.text, level="token", labels=token_labels(lm, enc), spans=enc.spans, special=enc.special,
-                 word_index=tuple(unit_of_token), word_spans=tuple(unit_spans), token_ids=enc.ids)
 
 
 def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads, *, causal: bool | None = None) -> AttentionMap:
@@ -497,41 +276,3 @@ def _token_ids(i: int, seq: object) -> tuple[int, ...]:
         raise TypeError(f"sequence {i} is a {type(seq).__name__}; each sequence is a list of token ids (ints), "
                         "e.g. sequences=[[5, 17, 2]]")
     return tuple(_index(t, f"sequence {i}: token id") for t in seq)
-
-
-def special_prefix(tokenizer) -> list[int]:
-    """The ids of the special tokens the tokenizer itself puts at the start of a text (Gemma's <bos>;
-    none for SmolLM2, which adds none)."""
-    enc = tokenizer("a", add_special_tokens=True, return_special_tokens_mask=True)
-    prefix = []
-    for i, sp in zip(enc["input_ids"], enc["special_tokens_mask"]):
-        if not sp:
-            break
-        prefix.append(int(i))
-    return prefix
-
-
-def ordinary_token_ids(lm: LoadedModel) -> list[int]:
-    """The vocabulary's ids without special or added tokens: what random token sequences are drawn from."""
-    tok = lm.tokenizer
-    excluded = set(getattr(tok, "all_special_ids", [])) | set(getattr(tok, "added_tokens_decoder", {}) or {})
-    return [i for i in range(min(len(tok), lm.config.vocab_size)) if i not in excluded]
-
-
-def fit_context(lm: LoadedModel, text: str) -> str:
-    """`text` cut after the last token that fits `lm`'s context (special tokens included); unchanged if it fits.
-
-    >>> from headscope.probe.tiny import tiny_model
-    >>> lm = tiny_model("bert")
-    >>> fit_context(lm, "The cat sat.") == "The cat sat."
-    True
-    >>> long = fit_context(lm, "cat " * 5000)
-    >>> len(lm.tokenizer(long)["input_ids"]) <= lm.max_length < len(lm.tokenizer("cat " * 5000)["input_ids"])
-    True
-    """
-    if len(lm.tokenizer(text)["input_ids"]) <= lm.max_length:
-        return text
-    with warnings.catch_warnings():  # the caller asked for the cut; encode's "truncating" warning says it again
-        warnings.simplefilter("ignore")
-        enc = encode(lm, text, truncate=True)
-    return text[: max(b for (a, b), special in zip(enc.spans, enc.special) if not special)]

@@ -19,8 +19,10 @@ from typing import Literal
 
 import torch
 
-from .extract import encode, extract, is_seq2seq
-from .loading import LoadedModel
+from .encoding import encode
+from .extract import extract
+from .forward import is_seq2seq
+from .model import LoadedModel
 from .types import AttentionMap
 
 __all__ = ["GenerationAttention", "generate_attention"]

@@ -25,9 +25,10 @@ from typing import Literal, Sequence
 import torch
 import torch.nn.functional as F
 
-from .extract import base_model, check_texts, encode_many, pad_batch
+from .encoding import check_texts, encode_many, pad_batch
+from .forward import base_model
 from .interventions import head_mask
-from .loading import LoadedModel
+from .model import LoadedModel
 
 __all__ = ["HeadImportance", "ImportanceLoss", "IMPORTANCE_LOSSES", "gradient_importance", "normalise_per_layer"]
 

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .extract import Encoded, tokenizer_labels
+from .encoding import Encoded, tokenizer_labels
 from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units
 from .words import Segmenter, assign_words, to_word_level
 
@@ -55,7 +55,7 @@ def from_hf(
     `Seq2SeqAttention` per row instead. The encoding must then hold the decoder's input as well
     (`decoder_input_ids`, and `decoder_attention_mask` when padded), as the forward pass took it;
     `text` are the sources and `target` the targets (the decoder's input is the model's decoder start
-    token, then the target's tokens, as `probe.extract` builds it).
+    token, then the target's tokens, as `probe.encoding.encode_targets` builds it).
 
     >>> from headscope.probe.tiny import tiny_model                                   # doctest: +SKIP
     >>> enc = tok(texts, padding=True, return_offsets_mapping=True, return_tensors="pt")  # doctest: +SKIP

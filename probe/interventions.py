@@ -22,9 +22,10 @@ from typing import Callable, Iterable, Iterator, Literal, Sequence
 
 import torch
 
+from .encoding import encode_many, pad_batch
 from .families import Family, family_for
-from .extract import base_model, encode_many, pad_batch
-from .loading import LoadedModel
+from .forward import base_model
+from .model import LoadedModel
 from .scratch import LayerSpec, build_mask
 
 __all__ = ["AblationMethod", "ABLATION_METHODS", "ablate", "check_heads", "head_dim", "head_means", "head_mask"]

@@ -25,7 +25,6 @@ import tempfile
 import time
 import warnings
 from contextlib import ExitStack, contextmanager, suppress
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
@@ -34,74 +33,22 @@ from filelock import FileLock, Timeout
 
 from .families import SUPPORTED_TYPES
 from .folders import reclaim_stale, write_folder
+from .model import LoadedModel, encoder_only
 from .names import Device, DType
 from .registry import KNOWN_MODELS, ModelNotAvailable, ModelSpec, locate, not_available_message
+from .tiny import tiny_model
 
-__all__ = ["LoadedModel", "load_model", "cache_dir", "Device", "DType"]
+__all__ = ["load_model", "cache_dir", "Device", "DType"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _CACHE_FORMAT = 1
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, eq=False)
-class LoadedModel:
-    """A transformers model loaded with eager attention, its tokenizer and where it came from."""
-
-    name: str
-    model: torch.nn.Module
-    tokenizer: object
-    source: str  # human-readable origin of the weights
-    dtype: torch.dtype
-    device: torch.device
-    timings: dict = field(default_factory=dict)  # seconds: {"load": .., "converted": bool}
-
-    @property
-    def config(self):
-        return self.model.config
-
-    @property
-    def model_type(self) -> str:
-        return getattr(self.config, "model_type", "unknown")
-
-    @property
-    def is_causal(self) -> bool:
-        """Whether the attention of one text is causal. An encoder–decoder's is its encoder's (bidirectional):
-        its decoder attends causally only over a target, next to a source (`extract(..., target=...)`)."""
-        if getattr(self.config, "is_encoder_decoder", False):
-            return False
-        return bool(getattr(self.model.config, "is_decoder", False)) or not encoder_only(self.config)
-
-    @property
-    def max_length(self) -> int:
-        cfg = self.config
-        limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 2048
-        tok_limit = getattr(self.tokenizer, "model_max_length", None)
-        if isinstance(tok_limit, int) and 0 < tok_limit < limit:
-            limit = tok_limit
-        return int(limit)
-
-
-def encoder_only(config) -> bool:
-    """True for a bidirectional encoder (built with `AutoModel`, never asked for a next word)."""
-    model_type = getattr(config, "model_type", None)
-    family = SUPPORTED_TYPES.get(model_type)
-    if family is not None:
-        return family.kind == "encoder"
-    # A type no family covers (extractable, not verifiable): an encoder is what transformers can
-    # build with a masked-LM head and no causal-LM head.
-    from transformers.models.auto import modeling_auto
-
-    return (model_type in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
-            and model_type not in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
-
-
 TINY_PREFIX = "tiny:"
 
 
 def _tiny(name: str, *, device: str, dtype: str) -> LoadedModel:
-    from .tiny import tiny_model  # tiny builds LoadedModels, so it is imported only when asked for
-
     model_type = name[len(TINY_PREFIX):]
     if model_type not in SUPPORTED_TYPES:
         raise ModelNotAvailable(f"no tiny model for {model_type!r}; tiny: takes a verified model type: "

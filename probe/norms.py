@@ -19,9 +19,10 @@ from typing import Sequence
 
 import torch
 
+from .encoding import check_texts, encode_many, token_labels
 from .families import family_for
-from .extract import base_model, check_texts, encode_many, token_labels
-from .loading import LoadedModel
+from .forward import base_model
+from .model import LoadedModel
 from .scratch import ScratchResult, attention_from_scratch
 from .types import AttentionMap
 from .verify import capture

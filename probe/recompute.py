@@ -27,9 +27,11 @@ from typing import Iterator, Sequence
 
 import torch
 
+from .encoding import Encoded, check_texts, encode, pad_batch
+from .extract import _select
 from .families import Family, family_for
-from .extract import Encoded, _select, base_model, check_texts, encode, pad_batch
-from .loading import LoadedModel
+from .forward import base_model
+from .model import LoadedModel
 from .scratch import block_probs, project_qk
 from .verify import tolerances
 

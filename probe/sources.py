@@ -40,10 +40,11 @@ from typing import ClassVar, Iterable, Iterator, Literal, Mapping, Sequence
 
 import torch
 
-from .extract import Encoded, _make_map, _select, check_texts, encode_many, is_seq2seq, iter_extract, text_units
+from .encoding import Encoded, check_texts, encode_many, text_units
+from .extract import _make_map, _select, extract_ids, iter_extract
 from .extract import extract as extract_eager
-from .extract import extract_ids
-from .loading import LoadedModel
+from .forward import is_seq2seq
+from .model import LoadedModel
 from .names import Attention, Level, Weight
 from .recompute import DEFAULT_BUDGET, Block, PrefixCheck, check_prefix, iter_blocks_encoded
 from .types import AttentionMap, Units

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .families import FAMILIES, SUPPORTED_TYPES, Family, TokenizerKind
-from .loading import LoadedModel
+from .model import LoadedModel
 
 __all__ = ["tiny_model", "tiny_tokenizer", "TINY_CORPUS"]
 

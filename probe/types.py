@@ -134,20 +134,6 @@ class AttentionMap(_HeadGrid):
         """What the values are: attention probabilities, or norm-based weights (`extract(..., weight="norm")`)."""
         return self.meta.get("weight", "attention")
 
-    @classmethod
-    def from_hf(cls, outputs, encoding, tokenizer, **kwargs) -> list["AttentionMap"]:
-        """Maps from your own `model(..., output_attentions=True)` call (see `probe.interop.from_hf`)."""
-        from .interop import from_hf
-
-        return from_hf(outputs, encoding, tokenizer, **kwargs)
-
-    @classmethod
-    def from_transformer_lens(cls, cache, tokens, **kwargs) -> list["AttentionMap"]:
-        """Maps from a TransformerLens `ActivationCache` (see `probe.interop.from_transformer_lens`)."""
-        from .interop import from_transformer_lens
-
-        return from_transformer_lens(cache, tokens, **kwargs)
-
     def find(self, word: str, occurrence: int = 0) -> int:
         """Index of the `occurrence`-th unit whose text equals `word` (case-insensitive)."""
         hits = [i for i, lab in enumerate(self.labels) if not self.special[i] and _norm(lab) == _norm(word)]

@@ -22,10 +22,10 @@ from typing import Sequence
 
 import torch
 
-from .extract import (Encoded, base_model, check_texts, encode_many, encode_targets, forward_one_stream, pad_batch,
-                      seq2seq_inputs)
+from .encoding import Encoded, check_texts, encode_many, encode_targets, pad_batch
 from .families import Family, Stack, family_for
-from .loading import LoadedModel
+from .forward import base_model, forward_one_stream, seq2seq_inputs
+from .model import LoadedModel
 from .scratch import LayerSpec, attention_from_scratch
 
 __all__ = ["LayerCheck", "Verification", "Captured", "capture", "verify", "DEFAULT_TEXTS", "tolerances"]

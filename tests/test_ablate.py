@@ -7,7 +7,7 @@ import torch
 from headscope.workflows.ablation import Choice, choice_check
 from headscope.analyses.ablation import ChoiceCheck
 from headscope.probe.effects import option_logprobs
-from headscope.probe.extract import base_model
+from headscope.probe.forward import base_model
 from headscope.probe.families import family_for
 from headscope.probe.interventions import ablate
 from headscope.probe.tiny import tiny_model

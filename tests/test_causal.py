@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from headscope.workflows import ablation
 from headscope.analyses.ablation import AblationResult, empirical_p, random_head_sets
 from headscope.probe.effects import next_token_loss, sentence_cosine, word_cosine
-from headscope.probe.extract import base_model
+from headscope.probe.forward import base_model
 from headscope.probe.importance import gradient_importance, normalise_per_layer
 from headscope.probe.interventions import ablate
 from headscope.probe.norms import norm_attention, norm_weights

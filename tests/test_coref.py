@@ -341,7 +341,7 @@ def test_decoder_crop_changes_no_number():
 
 def test_runner_counts_texts_longer_than_the_context():
     from headscope import extract_scores
-    from headscope.probe.extract import TOO_LONG
+    from headscope.probe.encoding import TOO_LONG
     from headscope.probe.tiny import tiny_model
 
     lm = tiny_model("bert")  # 128 positions

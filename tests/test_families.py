@@ -15,8 +15,8 @@ from click.testing import CliRunner
 
 import headscope.probe.families as families
 from headscope.cli import cli
-from headscope.probe import loading
 from headscope.probe.families import FAMILIES, SUPPORTED_TYPES, UnsupportedFeature, family_for, family_of_type
+from headscope.probe.model import encoder_only
 from headscope.probe.rotary import rope
 from headscope.probe.tiny import tiny_model
 from headscope.probe.verify import verify
@@ -101,10 +101,10 @@ def test_encoder_only_from_the_registry_and_from_transformers_for_other_types():
     from transformers import AutoConfig
 
     for model_type, family in SUPPORTED_TYPES.items():
-        assert loading.encoder_only(AutoConfig.for_model(model_type)) == (family.kind == "encoder")
+        assert encoder_only(AutoConfig.for_model(model_type)) == (family.kind == "encoder")
     for model_type, encoder in [("distilbert", True), ("mpnet", True), ("deberta", True), ("t5", False),
                                 ("phi3", False), ("bart", False)]:
-        assert loading.encoder_only(AutoConfig.for_model(model_type)) == encoder, model_type
+        assert encoder_only(AutoConfig.for_model(model_type)) == encoder, model_type
 
 
 def _config(cls: str, **kwargs):

@@ -42,7 +42,7 @@ def _tiny_llama(rope_type: str, **extra):
 def past_the_context_limit(monkeypatch):
     """headscope refuses texts longer than `max_position_embeddings`, but that is where dynamic NTK starts
     changing its frequencies: lift the limit to the 128 positions the other tiny models have."""
-    from headscope.probe.loading import LoadedModel
+    from headscope.probe.model import LoadedModel
 
     monkeypatch.setattr(LoadedModel, "max_length", property(lambda self: 128))
 

@@ -138,7 +138,8 @@ def test_modernbert_local_layers_see_a_band_of_half_the_window():
 
 
 def test_gemma2_softcap_bounds_the_scores_it_bends():
-    from headscope.probe.extract import base_model, encode
+    from headscope.probe.encoding import encode
+    from headscope.probe.forward import base_model
     from headscope.probe.scratch import attention_from_scratch
     from headscope.probe.verify import capture
 

@@ -7,7 +7,7 @@ import torch
 
 from headscope.probe.generate import generate_attention
 from headscope.probe import extract
-from headscope.probe.extract import base_model
+from headscope.probe.forward import base_model
 from headscope.probe.tiny import tiny_model
 
 PROMPT = "The cat sat on the mat, and the dog"

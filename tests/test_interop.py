@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headscope.probe import extract
-from headscope.probe.extract import base_model
+from headscope.probe.forward import base_model
 from headscope.probe.interop import from_hf, from_transformer_lens, long_frame
 from headscope.probe.tiny import tiny_model
 from headscope.probe.types import AttentionMap
@@ -151,18 +151,18 @@ def test_from_hf_unbatched_encoding():
     _same_map(got, extract(lm, TEXTS[0])[0])
 
 
-def test_attention_map_classmethods_are_the_interop_functions():
+def test_the_public_names_are_the_interop_functions():
+    import headscope as hs
     from headscope.probe import interop
-    from headscope.probe.types import AttentionMap
 
+    assert hs.from_hf is interop.from_hf and hs.from_transformer_lens is interop.from_transformer_lens
     lm = tiny_model("llama")
     text = "The cat sat on the mat."
     enc = lm.tokenizer([text], return_tensors="pt", return_offsets_mapping=True)
     with torch.no_grad():
         out = lm.model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], output_attentions=True)
-    [a] = AttentionMap.from_hf(out, enc, lm.tokenizer, text=[text])
-    [b] = interop.from_hf(out, enc, lm.tokenizer, text=[text])
-    assert torch.equal(a.attention, b.attention) and a.labels == b.labels
+    [a] = hs.from_hf(out, enc, lm.tokenizer, text=[text])
+    _same_map(a, extract(lm, text)[0])
 
 
 # --- encoder–decoder outputs ---------------------------------------------------------------------

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from headscope.probe.families import family_for
-from headscope.probe.extract import base_model, encode_many, pad_batch
+from headscope.probe.encoding import encode_many, pad_batch
+from headscope.probe.forward import base_model
 from headscope.probe.interventions import ablate, head_dim, head_mask, head_means
 from headscope.probe.scratch import attention_from_scratch
 from headscope.probe.tiny import TINY_CORPUS

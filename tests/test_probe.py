@@ -8,7 +8,7 @@ import torch
 from headscope.probe import AttentionMap, extract, extract_ids, to_word_level, word_spans
 from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature, family_for
 from headscope.probe.explain import explain, permutation_check, scale_effect
-from headscope.probe.extract import base_model
+from headscope.probe.forward import base_model
 from headscope.probe.scratch import build_mask, stable_softmax
 from headscope.probe.tiny import tiny_model
 from headscope.probe.verify import verify
@@ -234,7 +234,8 @@ def test_permutation_equivariance_without_positions(tiny):
 
 
 def test_chosen_layers_are_caught_by_hooks_and_match(tiny):
-    from headscope.probe.extract import _forward_hooked, encode, pad_batch
+    from headscope.probe.encoding import encode, pad_batch
+    from headscope.probe.forward import _forward_hooked
 
     enc = [encode(tiny, TEXTS[0]), encode(tiny, TEXTS[2])]
     ids, mask = pad_batch(enc, tiny.device)

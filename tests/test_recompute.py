@@ -15,7 +15,8 @@ from headscope.probe.recompute import (
     DEFAULT_BUDGET, _WORKING_COPIES, Block, block_rows, check_prefix, fast_attention, iter_blocks,
 )
 from headscope.probe.errors import UnsupportedFeature
-from headscope.probe.extract import base_model, encode
+from headscope.probe.encoding import encode
+from headscope.probe.forward import base_model
 from headscope.probe.families import family_for
 from headscope.probe.sources import SOURCES, source_for
 from headscope.probe.tiny import TINY_CORPUS

@@ -6,7 +6,8 @@ import dataclasses
 import pytest
 import torch
 
-from headscope.probe.extract import encode_many, encode_targets, extract
+from headscope.probe.encoding import encode_many, encode_targets
+from headscope.probe.extract import extract
 from headscope.probe.families import FAMILIES, family_for
 from headscope.probe.families.t5 import relative_bias
 from headscope.probe.tiny import tiny_model

@@ -35,7 +35,7 @@ from headscope.probe.effects import (EffectTask, logit_diff, next_token_loss, op
                                      sequence_loss, word_cosine)
 from headscope.probe.importance import gradient_importance
 from headscope.probe.interventions import AblationMethod, ablate as ablate_heads, check_heads, head_means
-from headscope.probe.loading import LoadedModel
+from headscope.probe.model import LoadedModel
 
 from .heads import induction_inputs
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 from typing import Iterable
 
 from headscope.analyses.compare import ALPHA, HeadComparison, compare_scores, per_text_scores
-from headscope.probe.extract import check_texts, encode_many
-from headscope.probe.loading import LoadedModel, load_model
+from headscope.probe.encoding import check_texts, encode_many
+from headscope.probe.loading import load_model
+from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Level
 from headscope.probe.sources import source_for
 

@@ -15,8 +15,9 @@ from typing import Iterable, Mapping
 from headscope.analyses.heads import HeadScoreAccumulator, HeadScores
 from headscope.analyses.induction import repeated_random_tokens
 from headscope.distributed import World, merge_head_scores, shard, shard_length, together
-from headscope.probe.extract import is_seq2seq, ordinary_token_ids, special_prefix
-from headscope.probe.loading import LoadedModel
+from headscope.probe.encoding import ordinary_token_ids, special_prefix
+from headscope.probe.forward import is_seq2seq
+from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Level, Weight
 from headscope.probe.sources import TextBlocks, source_for
 

@@ -24,8 +24,9 @@ from headscope.analyses.coref import (CAUSAL_REASON, Excluded, ProbeResult, Prob
                                       collect_scores, concat_scores, query_rows, score_probe)
 from headscope.analyses.relations import RelationExample
 from headscope.distributed import World, sharded_probe_scores
-from headscope.probe.extract import TOO_LONG, encode, iter_extract, text_units
-from headscope.probe.loading import LoadedModel
+from headscope.probe.encoding import TOO_LONG, encode, text_units
+from headscope.probe.extract import iter_extract
+from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, Attention, Level
 from headscope.probe.sources import AttentionSource, source_for
 from headscope.probe.words import to_word_level, word_spans

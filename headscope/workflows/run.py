@@ -22,10 +22,12 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from headscope.analyses.treebank import Treebank
-from headscope.probe.extract import extract, fit_context, is_seq2seq
+from headscope.probe.encoding import fit_context
+from headscope.probe.extract import extract
+from headscope.probe.forward import is_seq2seq
 from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
 from headscope.probe.generate import GenerationAttention, generate_attention
-from headscope.probe.loading import LoadedModel
+from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, Attention
 from headscope.probe.sources import source_for
 from headscope.probe.verify import Verification, verify

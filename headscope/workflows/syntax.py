@@ -33,8 +33,9 @@ from headscope.analyses.syntax import (
 )
 from headscope.analyses.coref import head_rank
 from headscope.analyses.treebank import Sentence, Treebank, read_conllu, segmenter_for
-from headscope.probe.extract import TOO_LONG, extract
-from headscope.probe.loading import LoadedModel
+from headscope.probe.encoding import TOO_LONG
+from headscope.probe.extract import extract
+from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, Attention
 from headscope.probe.sources import AttentionSource, source_for
 

@@ -1,0 +1,185 @@
+"""Text to tokens: checked texts, their token ids and character spans, padded batches, and a map's units.
+
+Texts are checked as they stream (a clear error naming the text by its index), tokenised with their
+special tokens in one call of the fast tokenizer, and held to the model's context limit. A batch is
+padded on the right by us (no pad token needed, and a decoder's positions start at 0 whatever the
+batch). An encoder–decoder's targets start with the model's decoder start token, as in training.
+A token's label (`token_labels`, `tokenizer_labels`) is the same in every map, whether its attention
+comes from `extract`, `recompute` or a user's own forward pass (`interop`); `text_units` gives a text's
+units (labels, spans, special flags, words, ids) without the attention.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Iterable, Iterator, Sequence
+
+import torch
+
+from .model import LoadedModel
+from .types import Units
+from .words import Segmenter, assign_words
+
+__all__ = ["Encoded", "check_texts", "encode", "encode_many", "encode_targets", "pad_batch", "token_labels",
+           "tokenizer_labels", "text_units", "fit_context", "special_prefix", "ordinary_token_ids", "TOO_LONG"]
+
+
+# The reason a text is left out of an analysis when it has more tokens than the model takes.
+TOO_LONG = "longer than the model's context"
+
+
+@dataclass(frozen=True)
+class Encoded:
+    """One tokenised text: ids, the tokens' character spans, and which are special."""
+
+    text: str
+    ids: tuple[int, ...]
+    spans: tuple[tuple[int, int], ...]
+    special: tuple[bool, ...]
+
+
+def check_texts(texts: str | Iterable[str]) -> list[str]:
+    """The texts as a list; a clear error for a non-string or an empty text (naming its index)."""
+    return list(_checked_stream(texts))
+
+
+def _check_one(i: int, t: object) -> None:
+    if not isinstance(t, str):
+        raise TypeError(f"text {i} is a {type(t).__name__}, not a str; pass strings (decode bytes first)")
+    if not t.strip():
+        raise ValueError(f"text {i} is empty; every text needs at least one non-space character")
+    try:
+        t.encode("utf-8")
+    except UnicodeEncodeError as exc:  # the tokenizer would fail with a bare TypeError
+        raise ValueError(f"text {i} holds a lone surrogate {t[exc.start]!r} at character {exc.start}, which is not "
+                         "Unicode text; decode its source with errors='replace' (or remove it)") from None
+
+
+def _text_source(texts: object) -> Iterable[str]:
+    """`texts` as an iterable of items to check one by one; a clear error for a wrong container."""
+    if isinstance(texts, str):
+        return [texts]
+    if isinstance(texts, (bytes, bytearray, memoryview)):
+        raise TypeError(f"texts is {type(texts).__name__}, not a str; decode it first, e.g. data.decode('utf-8')")
+    if not isinstance(texts, Iterable):
+        raise TypeError(f"texts must be a str or an iterable of str (a list, a generator, ...), got "
+                        f"{type(texts).__name__}")
+    return texts
+
+
+def _checked_stream(texts: str | Iterable[str]) -> Iterator[str]:
+    for i, t in enumerate(_text_source(texts)):
+        _check_one(i, t)
+        yield t
+
+
+def encode(lm: LoadedModel, text: str, *, truncate: bool = False) -> Encoded:
+    """Tokenise one text with its special tokens, checking the model's context limit."""
+    return encode_many(lm, [text], truncate=truncate)[0]
+
+
+def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False, first_index: int = 0) -> list[Encoded]:
+    """Tokenise texts in one call of the (Rust) fast tokenizer, checking the context limit of each.
+
+    Errors name a text by its position, counted from `first_index` (where `texts` is part of a stream).
+    """
+    tok, limit = lm.tokenizer, lm.max_length
+    enc = tok(list(texts), return_offsets_mapping=True, return_special_tokens_mask=True, add_special_tokens=True)
+    out = []
+    for i, text in enumerate(texts):
+        ids, offsets, special = enc["input_ids"][i], enc["offset_mapping"][i], enc["special_tokens_mask"][i]
+        if len(ids) > limit:
+            if not truncate:
+                raise ValueError(
+                    f"text {first_index + i} (starting {text[:40]!r}) has {len(ids)} tokens; {lm.name} takes at most {limit}. "
+                    "Split it, or pass truncate=True (CLI: --truncate) to keep its first tokens."
+                )
+            warnings.warn(f"{lm.name}: truncating a text of {len(ids)} tokens to the model's limit of {limit}",
+                          stacklevel=3)
+            cut = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True, truncation=True,
+                      max_length=limit)
+            ids, offsets, special = cut["input_ids"], cut["offset_mapping"], cut["special_tokens_mask"]
+        flags = tuple(bool(s) for s in special)
+        spans = tuple((0, 0) if s else (int(a), int(b)) for (a, b), s in zip(offsets, flags))
+        out.append(Encoded(text=text, ids=tuple(ids), spans=spans, special=flags))
+    return out
+
+
+def encode_targets(lm: LoadedModel, targets: Sequence[str], *, truncate: bool = False) -> list[Encoded]:
+    """The decoder's inputs for target texts, as in training (teacher forcing): the model's decoder
+    start token, a special unit of its own, then the target's tokens."""
+    start = lm.config.decoder_start_token_id
+    if start is None:
+        raise ValueError(f"{lm.name}: the config names no decoder_start_token_id, so the decoder's input is unknown")
+    return [Encoded(text=e.text, ids=(int(start),) + e.ids, spans=((0, 0),) + e.spans, special=(True,) + e.special)
+            for e in encode_many(lm, targets, truncate=truncate)]
+
+
+def pad_batch(items: Sequence[Encoded], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded `input_ids` and `attention_mask`, both (B, T)."""
+    t_max = max(len(e.ids) for e in items)
+    ids = torch.zeros(len(items), t_max, dtype=torch.long)
+    mask = torch.zeros(len(items), t_max, dtype=torch.long)
+    for i, e in enumerate(items):
+        ids[i, : len(e.ids)] = torch.tensor(e.ids)
+        mask[i, : len(e.ids)] = 1
+    return ids.to(device), mask.to(device)
+
+
+def token_labels(lm: LoadedModel, enc: Encoded) -> tuple[str, ...]:
+    """Display string per token: its text in the input, or the raw piece for specials and byte pieces."""
+    return tokenizer_labels(lm.tokenizer, enc)
+
+
+def tokenizer_labels(tokenizer, enc: Encoded) -> tuple[str, ...]:
+    """`token_labels` from the tokenizer alone (for attention computed outside headscope)."""
+    raw = tokenizer.convert_ids_to_tokens(list(enc.ids))
+    return tuple(r if sp or not enc.text[a:b].strip() else enc.text[a:b].strip()
+                 for r, (a, b), sp in zip(raw, enc.spans, enc.special))
+
+
+def text_units(lm: LoadedModel, enc: Encoded, segmenter: Segmenter | None = None) -> Units:
+    """The token units of one text (labels, spans, special flags, words, ids): an `AttentionMap`'s, without
+    the attention (for attention that comes in blocks of rows, `probe.recompute`)."""
+    unit_of_token, unit_spans, _ = assign_words(enc.text, enc.spans, enc.special, segmenter)
+    return Units(text=enc.text, level="token", labels=token_labels(lm, enc), spans=enc.spans, special=enc.special,
+                 word_index=tuple(unit_of_token), word_spans=tuple(unit_spans), token_ids=enc.ids)
+
+
+def fit_context(lm: LoadedModel, text: str) -> str:
+    """`text` cut after the last token that fits `lm`'s context (special tokens included); unchanged if it fits.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> lm = tiny_model("bert")
+    >>> fit_context(lm, "The cat sat.") == "The cat sat."
+    True
+    >>> long = fit_context(lm, "cat " * 5000)
+    >>> len(lm.tokenizer(long)["input_ids"]) <= lm.max_length < len(lm.tokenizer("cat " * 5000)["input_ids"])
+    True
+    """
+    if len(lm.tokenizer(text)["input_ids"]) <= lm.max_length:
+        return text
+    with warnings.catch_warnings():  # the caller asked for the cut; encode's "truncating" warning says it again
+        warnings.simplefilter("ignore")
+        enc = encode(lm, text, truncate=True)
+    return text[: max(b for (a, b), special in zip(enc.spans, enc.special) if not special)]
+
+
+def special_prefix(tokenizer) -> list[int]:
+    """The ids of the special tokens the tokenizer itself puts at the start of a text (Gemma's <bos>;
+    none for SmolLM2, which adds none)."""
+    enc = tokenizer("a", add_special_tokens=True, return_special_tokens_mask=True)
+    prefix = []
+    for i, sp in zip(enc["input_ids"], enc["special_tokens_mask"]):
+        if not sp:
+            break
+        prefix.append(int(i))
+    return prefix
+
+
+def ordinary_token_ids(lm: LoadedModel) -> list[int]:
+    """The vocabulary's ids without special or added tokens: what random token sequences are drawn from."""
+    tok = lm.tokenizer
+    excluded = set(getattr(tok, "all_special_ids", [])) | set(getattr(tok, "added_tokens_decoder", {}) or {})
+    return [i for i in range(min(len(tok), lm.config.vocab_size)) if i not in excluded]

@@ -1,0 +1,115 @@
+"""Run the model, get its attention: one forward pass of the model's base over one padded batch.
+
+The base model runs without its task head (no LM head: the logits over a 262k vocabulary would cost
+more than the attention) and with eager attention, asked for its weights. When only some layers are
+wanted, hooks on those layers' attention modules catch their weights instead, so the other layers'
+O(T²) tensors are never kept. An encoder–decoder runs its encoder alone over single texts, or the
+whole model over (source, target) pairs, giving encoder self, decoder self and cross attention.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .encoding import Encoded, pad_batch
+from .families import SUPPORTED_TYPES, UnsupportedArchitecture, UnsupportedFeature, family_for
+from .model import LoadedModel
+
+__all__ = ["base_model", "is_seq2seq", "forward_one_stream", "forward_batch", "forward_seq2seq", "seq2seq_inputs"]
+
+
+def is_seq2seq(lm: LoadedModel) -> bool:
+    """True for a model of an encoder–decoder family (extract takes a target text)."""
+    family = SUPPORTED_TYPES.get(lm.model_type)
+    return family is not None and family.kind == "encoder-decoder"
+
+
+def base_model(lm: LoadedModel) -> torch.nn.Module:
+    """The transformer without its task head (LlamaForCausalLM -> LlamaModel)."""
+    m = lm.model
+    return getattr(m, getattr(m, "base_model_prefix", ""), m)
+
+
+def forward_one_stream(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, *, output_attentions: bool):
+    """One forward pass over a batch of single texts: the base model, or an encoder–decoder's encoder
+    alone (its self-attention over the text is the model's one-text view: extract without a target)."""
+    base = base_model(lm)
+    if is_seq2seq(lm):  # the encoder stack takes no use_cache (T5's refuses it)
+        return base.get_encoder()(input_ids=ids, attention_mask=mask, output_attentions=output_attentions)
+    return base(input_ids=ids, attention_mask=mask, output_attentions=output_attentions, use_cache=False)
+
+
+@torch.inference_mode()
+def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[int] | None = None) -> list[torch.Tensor]:
+    """Attention of the chosen layers (all by default) for one batch: a list of (B, nh, T, T).
+
+    When only some layers are wanted, hooks on those layers' attention modules catch their weights
+    and the model is asked for none, so the other layers' O(T²) tensors are never kept alive.
+    """
+    wanted = list(range(lm.config.num_hidden_layers)) if layers is None else list(layers)
+    ids, mask = pad_batch(items, lm.device)
+    if len(wanted) < lm.config.num_hidden_layers:
+        caught = _forward_hooked(lm, ids, mask, wanted)
+        if caught is not None:
+            return caught
+    out = forward_one_stream(lm, ids, mask, output_attentions=True)
+    att = getattr(out, "attentions", None)
+    if not att or any(a is None for a in att):
+        raise RuntimeError(
+            f"{lm.name} returned no attention weights although it runs eager attention "
+            f"(implementation {lm.config._attn_implementation!r}); this model class does not expose them."
+        )
+    return [att[layer] for layer in wanted]
+
+
+def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int]) -> list[torch.Tensor] | None:
+    """The wanted layers' weights caught from their attention modules; None where that cannot work."""
+    try:
+        family = family_for(lm.config)
+    except (UnsupportedArchitecture, UnsupportedFeature):
+        return None
+    base = base_model(lm)
+    caught: dict[int, torch.Tensor | None] = {}
+
+    def grab(layer):
+        def hook(module, args, out):
+            # the weights come last: (output, weights), or (output, position_bias, weights) in T5
+            caught[layer] = out[-1] if isinstance(out, tuple) and len(out) > 1 else None
+        return hook
+
+    handles = [family.attention(base, layer).register_forward_hook(grab(layer)) for layer in wanted]
+    try:
+        forward_one_stream(lm, ids, mask, output_attentions=False)
+    finally:
+        for h in handles:
+            h.remove()
+    if any(caught.get(layer) is None for layer in wanted):
+        return None
+    return [caught[layer] for layer in wanted]
+
+
+def seq2seq_inputs(sources: Sequence[Encoded], targets: Sequence[Encoded], device: torch.device) -> dict:
+    """Keyword arguments of one encoder–decoder forward pass: both sides right-padded, attention asked for."""
+    ids, mask = pad_batch(sources, device)
+    decoder_ids, decoder_mask = pad_batch(targets, device)
+    return dict(input_ids=ids, attention_mask=mask, decoder_input_ids=decoder_ids, decoder_attention_mask=decoder_mask,
+                output_attentions=True, use_cache=False)
+
+
+_SEQ2SEQ_ATTENTIONS = {"encoder": "encoder_attentions", "decoder": "decoder_attentions", "cross": "cross_attentions"}
+
+
+@torch.inference_mode()
+def forward_seq2seq(lm: LoadedModel, sources: Sequence[Encoded], targets: Sequence[Encoded]) -> dict[str, torch.Tensor]:
+    """Encoder self, decoder self and cross attention of one batch: "encoder" (B, L, nh, S, S),
+    "decoder" (B, L, nh, T, T), "cross" (B, L, nh, T, S)."""
+    out = base_model(lm)(**seq2seq_inputs(sources, targets, lm.device))
+    found = {}
+    for kind, name in _SEQ2SEQ_ATTENTIONS.items():
+        att = getattr(out, name, None)
+        if not att or any(a is None for a in att):
+            raise RuntimeError(f"{lm.name} returned no {kind} attention weights although it runs eager attention")
+        found[kind] = torch.stack(att, dim=1)
+    return found
