@@ -32,7 +32,7 @@ def _target(what: str, lm, n: int, tokens: int) -> Callable[[], object]:
 
         texts = corpus(n)
         return lambda: verify(lm, texts)
-    from headscope.probe import extract
+    from headscope.probe.extract import extract
     from scaling import text_of_tokens
 
     text = text_of_tokens(lm, tokens)

@@ -81,7 +81,7 @@ def _child(mode: str, model: str, n_tokens: int, budget: int, n_texts: int = 0, 
             base_model(lm)(input_ids=ids, attention_mask=mask, use_cache=False)
         note = impl
     elif mode == "eager":
-        from headscope.probe import extract
+        from headscope.probe.extract import extract
 
         [m] = extract(lm, text)
         note = f"{tuple(m.attention.shape)}"

@@ -81,7 +81,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     p.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     p.add_argument("--repeats", type=int, default=3, help="timed runs per length and option (1 from T >= 512)")
     args = p.parse_args(argv)
-    from headscope.probe import extract
+    from headscope.probe.extract import extract
 
     lm = load(args.model)
     records, skipped = [], []

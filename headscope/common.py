@@ -21,6 +21,8 @@ from typing import Any, Callable
 
 import click
 
+from headscope.probe.names import DEFAULT_ATTENTION, Attention, Device, DType, choices
+
 __all__ = [
     "fail", "model_option", "models_option", "device_options", "quiet_option", "json_option", "out_option",
     "TABLE_WRITERS", "write_table", "writable_or_fail", "load_or_fail", "echo_json", "verify_option", "verify_step",
@@ -55,9 +57,9 @@ def models_option(fn):
 
 def device_options(fn):
     """--device and --dtype, the way every command takes them."""
-    fn = click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), default="float32",
+    fn = click.option("--dtype", type=click.Choice(choices(DType)), default="float32",
                       show_default=True, help="Weights and compute dtype.")(fn)
-    fn = click.option("--device", type=click.Choice(["cpu", "cuda", "mps", "auto"]), default="cpu", show_default=True,
+    fn = click.option("--device", type=click.Choice(choices(Device)), default="cpu", show_default=True,
                       help="Where to run; 'auto' spreads a model too large for one GPU via accelerate's device_map.")(fn)
     return fn
 
@@ -110,7 +112,7 @@ def attention_options(fn):
     fn = click.option("--memory-budget", "memory_budget", default=None, metavar="SIZE", callback=parsed(parse_size, "--memory-budget"),
                       help="Bytes that eager attention may take before --attention auto recomputes it "
                            "(8GB, 512MiB; default: a quarter of RAM).")(fn)
-    return click.option("--attention", type=click.Choice(["eager", "recompute", "auto"]), default="eager",
+    return click.option("--attention", type=click.Choice(choices(Attention)), default=DEFAULT_ATTENTION,
                         show_default=True,
                         help="The model's eager attention weights, or recomputed from scratch in blocks of query rows "
                              "(long texts: no layers × heads × T² tensor), or recomputed only where eager would "

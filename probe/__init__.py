@@ -1,28 +1,33 @@
-"""probe: models, real attention extraction, from-scratch attention and its verification."""
+"""probe: models, real attention extraction, its sources, from-scratch attention and its verification.
 
-from .extract import extract, extract_ids, iter_extract
-from .loading import cache_dir, load_model
-from .model import LoadedModel
-from .registry import DEFAULT_MODEL, KNOWN_MODELS, ModelNotAvailable, model_table
-from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units
-from .words import to_word_level, word_spans
+The names below are looked up in their home module on first use, so `import headscope.probe` (and
+`headscope.probe.names`, the choices every room shares) imports nothing until one is asked for.
+Extraction itself is `headscope.probe.extract.extract` (the module `probe.extract` keeps its name).
+"""
 
-__all__ = [
-    "AttentionMap",
-    "CrossAttentionMap",
-    "DEFAULT_MODEL",
-    "KNOWN_MODELS",
-    "Level",
-    "LoadedModel",
-    "ModelNotAvailable",
-    "Seq2SeqAttention",
-    "Units",
-    "cache_dir",
-    "extract",
-    "extract_ids",
-    "iter_extract",
-    "load_model",
-    "model_table",
-    "to_word_level",
-    "word_spans",
-]
+from __future__ import annotations
+
+import importlib
+
+# public name -> the module of this package that defines it
+_HOMES = {
+    "extract_ids": "extract", "iter_extract": "extract",
+    "cache_dir": "loading", "load_model": "loading",
+    "LoadedModel": "model",
+    "DEFAULT_MODEL": "registry", "KNOWN_MODELS": "registry", "ModelNotAvailable": "registry", "model_table": "registry",
+    "AttentionMap": "types", "CrossAttentionMap": "types", "Seq2SeqAttention": "types", "Units": "types",
+    "Level": "names",
+    "to_word_level": "words", "word_spans": "words",
+}
+
+__all__ = sorted(_HOMES)
+
+
+def __getattr__(name: str):
+    if name in _HOMES:
+        return getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOMES))

@@ -99,7 +99,7 @@ def extract(lm: LoadedModel, texts: str | Iterable[str], **kwargs) -> list[Atten
     For an encoder–decoder model, `extract(lm, source, target=...)` gives one `Seq2SeqAttention` per
     (source, target) pair: encoder self, decoder self and cross attention, each with its own units.
 
-    >>> from headscope.probe import load_model, extract                       # doctest: +SKIP
+    >>> from headscope.probe.extract import extract                            # doctest: +SKIP
     >>> [m] = extract(load_model("minilm"), "The animal didn't cross the street")  # doctest: +SKIP
     >>> m.attention.shape, m.labels[:3]                               # doctest: +SKIP
     (torch.Size([6, 12, 10, 10]), ('[CLS]', 'The', 'animal'))

@@ -18,7 +18,7 @@ every hook is removed on exit, also after an error — the model is bit-for-bit 
 from __future__ import annotations
 
 from contextlib import ExitStack, contextmanager
-from typing import Callable, Iterable, Iterator, Literal, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -26,11 +26,11 @@ from .encoding import encode_many, pad_batch
 from .families import Family, family_for
 from .forward import base_model
 from .model import LoadedModel
+from .names import AblationMethod
 from .scratch import LayerSpec, build_mask
 
 __all__ = ["AblationMethod", "ABLATION_METHODS", "ablate", "check_heads", "head_dim", "head_means", "head_mask"]
 
-AblationMethod = Literal["zero", "mean", "uniform"]
 Head = tuple[int, int]
 
 

@@ -10,6 +10,7 @@ and `--help` read these without importing torch. Every other file takes its choi
                blocks of query rows, or recomputed only where eager would exceed the memory budget
                (`probe.sources`, the registry of attention sources)
     Device, DType   where and in which dtype a model runs
+    AblationMethod  how a head is switched off (`probe.interventions.ABLATION_METHODS`)
     Stronger   which direction of an effect means "more": a loss rises, a cosine falls
 
 >>> from typing import get_args
@@ -19,16 +20,17 @@ and `--help` read these without importing torch. Every other file takes its choi
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
-__all__ = ["Level", "Weight", "Attention", "Device", "DType", "Stronger", "DEFAULT_ATTENTION", "DEFAULT_LEVEL",
-           "DEFAULT_INCLUDE_SPECIAL"]
+__all__ = ["Level", "Weight", "Attention", "Device", "DType", "AblationMethod", "Stronger", "DEFAULT_ATTENTION",
+           "DEFAULT_LEVEL", "DEFAULT_INCLUDE_SPECIAL", "choices"]
 
 Level = Literal["token", "word"]
 Weight = Literal["attention", "norm"]
 Attention = Literal["eager", "recompute", "auto"]
 Device = Literal["cpu", "cuda", "mps", "auto"]
 DType = Literal["float32", "float16", "bfloat16"]
+AblationMethod = Literal["zero", "mean", "uniform"]
 Stronger = Literal["higher", "lower"]
 
 # Eager by default: recomputed numbers agree with eager ones to about 1e-7, not bit for bit, and the
@@ -38,3 +40,13 @@ DEFAULT_ATTENTION: Attention = "eager"
 # The head analyses' default setting (Clark et al. 2019): words, with [CLS]/[SEP]/<bos> kept as units.
 DEFAULT_LEVEL: Level = "word"
 DEFAULT_INCLUDE_SPECIAL = True
+
+
+def choices(name: object, first: str | None = None) -> list[str]:
+    """The values of a `Literal` as a list (for the CLI's option lists), `first` moved to the front.
+
+    >>> choices(Level), choices(Level, first="word")
+    (['token', 'word'], ['word', 'token'])
+    """
+    values = list(get_args(name))
+    return values if first is None else [first, *(v for v in values if v != first)]

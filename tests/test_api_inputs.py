@@ -5,7 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from headscope.probe import extract, extract_ids
+from headscope.probe import extract_ids
+
+from headscope.probe.extract import extract
 from headscope.probe.extract import iter_extract
 
 

@@ -142,7 +142,7 @@ def test_different_architecture_or_tokenizer_is_refused():
 
 def test_per_text_scores_pool_to_the_corpus_scores():
     from headscope.analyses.heads import score_corpus
-    from headscope.probe import extract
+    from headscope.probe.extract import extract
 
     maps = extract(tiny_model("llama"), list(TINY_CORPUS), level="word")
     per_text = per_text_scores(maps)

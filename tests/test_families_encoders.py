@@ -7,7 +7,7 @@ import re
 import pytest
 import torch
 
-from headscope.probe import extract
+from headscope.probe.extract import extract
 from headscope.probe.families import FAMILIES, UnsupportedFeature, family_for
 from headscope.probe.families.bloom import key_position_bias
 from headscope.probe.families.deberta_v2 import log_bucket

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headscope.probe.generate import generate_attention
-from headscope.probe import extract
+from headscope.probe.extract import extract
 from headscope.probe.forward import base_model
 from headscope.probe.tiny import tiny_model
 

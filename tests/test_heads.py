@@ -542,7 +542,8 @@ def test_run_heads_tiny(tiny):
 
 def test_run_heads_equals_notebook_path():
     from headscope import heads as run_heads, induction_inputs
-    from headscope.probe import extract, extract_ids
+    from headscope.probe import extract_ids
+    from headscope.probe.extract import extract
     from headscope.probe.tiny import TINY_CORPUS, tiny_model
 
     lm = tiny_model("llama")
@@ -588,7 +589,7 @@ def test_cli_matches_runner(tmp_path, monkeypatch):
 
 def test_cli_defaults_are_the_analysis_defaults():
     import headscope as hs
-    from headscope.probe import extract
+    from headscope.probe.extract import extract
     from headscope.probe.tiny import TINY_CORPUS, tiny_model
 
     lm = tiny_model("bert")

@@ -5,7 +5,7 @@ import copy
 import pytest
 import torch
 
-from headscope.probe import extract
+from headscope.probe.extract import extract
 from headscope.probe.forward import base_model
 from headscope.probe.interop import from_hf, from_transformer_lens, long_frame
 from headscope.probe.tiny import tiny_model

@@ -5,7 +5,9 @@ import dataclasses
 import pytest
 import torch
 
-from headscope.probe import AttentionMap, extract, extract_ids, to_word_level, word_spans
+from headscope.probe import AttentionMap, extract_ids, to_word_level, word_spans
+
+from headscope.probe.extract import extract
 from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature, family_for
 from headscope.probe.explain import explain, permutation_check, scale_effect
 from headscope.probe.forward import base_model

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from headscope.probe import extract
+from headscope.probe.extract import extract
 from headscope.probe.verify import verify
 
 pytestmark = pytest.mark.slow

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from headscope.analyses.blocks import HeadMap, feed, row_quantities, word_blocks
-from headscope.probe import extract as extract_eager
+from headscope.probe.extract import extract as extract_eager
 from headscope.probe.recompute import (
     DEFAULT_BUDGET, _WORKING_COPIES, Block, block_rows, check_prefix, fast_attention, iter_blocks,
 )

@@ -7,7 +7,8 @@ import torch
 
 import headscope as hs
 from headscope.analyses.heads import METRICS, HeadScoreAccumulator
-from headscope.probe import extract, extract_ids
+from headscope.probe import extract_ids
+from headscope.probe.extract import extract
 from headscope.probe.forward import base_model
 from headscope.probe.families import family_for
 from headscope.probe.errors import UnsupportedFeature

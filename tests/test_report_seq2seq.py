@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from headscope import RunSettings, analyse_model, builtin_set
 from headscope.cli import cli
-from headscope.probe import extract
+from headscope.probe.extract import extract
 from headscope.probe.tiny import tiny_model
 from headscope.reports.analysis import ModelAnalysis
 from headscope.reports.html import build_report, explorer_data

@@ -181,7 +181,7 @@ def test_unit_of_words_and_word_scores_when_a_token_spans_two_words():
 
 def test_text_without_spaces_through_a_sentencepiece_model():
     from headscope.analyses.treebank import segmenter_for
-    from headscope.probe import extract
+    from headscope.probe.extract import extract
     from headscope.probe.tiny import tiny_model
 
     chinese = ("我爱北京天安门。", [row(1, "我", 2, "nsubj", "SpaceAfter=No"), row(2, "爱", 0, "root", "SpaceAfter=No"),

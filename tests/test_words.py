@@ -4,7 +4,9 @@ import unicodedata
 
 import pytest
 
-from headscope.probe import extract, word_spans
+from headscope.probe import word_spans
+
+from headscope.probe.extract import extract
 
 
 def _words(text: str) -> list[str]:

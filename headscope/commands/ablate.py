@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from headscope.probe.names import AblationMethod, choices
+
 from ..common import corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail, model_option
 
 __all__ = ["cli", "parse_top"]
@@ -43,7 +45,7 @@ def _top_heads(lm, metric: str, k: int, texts: list[str]) -> list[tuple[int, int
 @click.option("--heads", "heads_spec", default=None, help="Heads to ablate, e.g. L16H0,L18H6.")
 @click.option("--top", "top_spec", default=None, help="Ablate the K heads scoring highest on METRIC (METRIC:K), "
               "scored as `headscope heads` does.")
-@click.option("--method", type=click.Choice(["zero", "mean", "uniform"]), default="zero", show_default=True,
+@click.option("--method", type=click.Choice(choices(AblationMethod)), default="zero", show_default=True,
               help="Zero the head, replace it by its mean output, or make its attention uniform.")
 @click.option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None,
               help="Measure on these texts (one per line, or JSONL with 'text').")

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import click
 
+from headscope.probe.names import DEFAULT_LEVEL, Level, choices
+
 from ..common import (check_out, corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail,
                       verify_option, verify_step)
 
@@ -23,7 +25,7 @@ __all__ = ["cli"]
 @click.argument("model_b")
 @click.option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None,
               help="Text file (one text per line) or JSONL with a 'text' field; default: the built-in corpus.")
-@click.option("--level", type=click.Choice(["token", "word"]), default="word", show_default=True,
+@click.option("--level", type=click.Choice(choices(Level)), default=DEFAULT_LEVEL, show_default=True,
               help="Score sub-word tokens or words (Clark et al. 2019 aggregation).")
 @click.option("--special/--no-special", "include_special", default=True, show_default=True,
               help="Keep [CLS]/[SEP]/<bos> as units, or drop them and renormalise each row.")

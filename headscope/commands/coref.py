@@ -11,6 +11,8 @@ from typing import Sequence
 
 import click
 
+from headscope.probe.names import AblationMethod, Level, choices
+
 from ..common import (attention_options, device_options, echo_json, fail, finish, join_run, json_option, load_or_fail,
                       model_option, out_option, quiet_option, verify_option, verify_step, write_table)
 
@@ -24,7 +26,7 @@ def probe_options(fn):
         click.option("--heldout", "heldout_path", default=None,
                      help="Also choose the head on all of --data and score it on this file "
                           "(e.g. GAP development -> validation); the k-fold result on --data is kept under 'sets'."),
-        click.option("--level", type=click.Choice(["word", "token"]), default="word", show_default=True,
+        click.option("--level", type=click.Choice(choices(Level, first="word")), default="word", show_default=True,
                      help="Attention between words (pieces summed/averaged) or raw tokens."),
         click.option("--head-word", is_flag=True, help="Score a multi-word name by its last word only (default: sum over it)."),
         click.option("--folds", type=click.IntRange(2, None), default=5, show_default=True, help="k of the group k-fold."),
@@ -41,7 +43,7 @@ def probe_options(fn):
         click.option("--ablate", is_flag=True,
                      help="Causal check (decoders): ablate the best head and compare how the model's preference "
                           "between the candidates moves, against random heads."),
-        click.option("--method", type=click.Choice(["zero", "mean", "uniform"]), default="zero", show_default=True,
+        click.option("--method", type=click.Choice(choices(AblationMethod)), default="zero", show_default=True,
                      help="How --ablate removes the head: zero its output, replace it by its mean output over the "
                           "first 64 built-in corpus texts, or make it attend uniformly."),
         click.option("--random-sets", "n_random", type=click.IntRange(1, None), default=19, show_default=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from headscope.probe.names import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL
+from headscope.probe.names import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Level, choices
 
 from ..common import (attention_note, attention_options, corpus_or_fail, device_options, echo_json, fail, finish,
                       join_run, json_option, load_or_fail, model_option, out_option, quiet_option, too_long_or_fail,
@@ -17,7 +17,7 @@ __all__ = ["cli"]
 @model_option
 @click.option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None,
               help="Text file (one text per line) or JSONL with a 'text' field; default: the built-in corpus.")
-@click.option("--level", type=click.Choice(["token", "word"]), default=DEFAULT_LEVEL, show_default=True,
+@click.option("--level", type=click.Choice(choices(Level)), default=DEFAULT_LEVEL, show_default=True,
               help="Score sub-word tokens or words (Clark et al. 2019 aggregation).")
 @click.option("--special/--no-special", "include_special", default=DEFAULT_INCLUDE_SPECIAL, show_default=True,
               help="Keep [CLS]/[SEP]/<bos> as units, or drop them and renormalise each row.")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import click
 
+from headscope.probe.names import DEFAULT_LEVEL, Level, choices
+
 from ..common import (Interrupts, attention_options, check_out, corpus_or_fail, device_options, echo_json, fail,
                       join_run, json_option, load_or_fail, models_option, parsed, quiet_option, say, too_long_or_fail)
 
@@ -95,7 +97,7 @@ def _parse_width(value: str) -> float:
               help="Folder to write the report into (created; must not exist unless --force).")
 @click.option("--force", is_flag=True,
               help="Replace an existing --out folder that headscope wrote (its run.json lists every file in it).")
-@click.option("--level", type=click.Choice(["word", "token"]), default="word", show_default=True,
+@click.option("--level", type=click.Choice(choices(Level, first="word")), default=DEFAULT_LEVEL, show_default=True,
               help="Units for head scores and the probe: words (Clark et al. 2019) or sub-word tokens.")
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N corpus texts.")
 @click.option("--induction-seqs", type=click.IntRange(min=0), default=20, show_default=True,
