@@ -8,22 +8,20 @@ block:
 - `word_blocks`: word-level blocks (Clark et al. 2019: sum over key pieces, mean over query pieces),
   exact across block edges: a word whose pieces straddle two blocks is held back, its partial query
   sum carried, until its last piece has come.
-- `row_quantities`: per query row, what the head metrics average — attention to the previous / same /
-  next position, entropy, max weight, and the attention sums over key sets.
 
-Nothing here touches a model.
+The head metrics themselves fold blocks in `analyses.heads.HeadScoreAccumulator.update_blocks`, with
+the very computation that scores whole maps (`analyses.metrics.METRICS`). Nothing here touches a model.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterable, Iterator, Protocol, Sequence
 
 import torch
 
 from headscope.probe.recompute import Block
 
-__all__ = ["BlockConsumer", "feed", "HeadMap", "word_blocks", "RowQuantities", "row_quantities"]
+__all__ = ["BlockConsumer", "feed", "HeadMap", "word_blocks"]
 
 
 class BlockConsumer(Protocol):
@@ -108,56 +106,3 @@ def word_blocks(blocks: Iterable[Block], word_index: Sequence[int]) -> Iterator[
             pending, done = pending[:, k:], ready
     if layer is not None and done < n_units:
         raise ValueError(f"layer {layer}: its blocks stopped before word {done} was complete")
-
-
-@dataclass(frozen=True, eq=False)
-class RowQuantities:
-    """Per query row of a block (`[head, row]`), what the head metrics average over rows.
-
-    previous / self_ / next: `A[q, q-1]`, `A[q, q]`, `A[q, q+1]` (0 where the row has no such key);
-    entropy: `-Σ_k A ln A` in nats; max_weight: `max_k A`; key_sets: `Σ_{k∈S} A[q, k]` per set,
-    `[head, row, set]`.
-    """
-
-    previous: torch.Tensor
-    self_: torch.Tensor
-    next: torch.Tensor
-    entropy: torch.Tensor
-    max_weight: torch.Tensor
-    key_sets: torch.Tensor | None
-
-
-def row_quantities(block: Block, key_sets: torch.Tensor | None = None) -> RowQuantities:
-    """The per-row quantities of one block; `key_sets` is a 0/1 `[key, set]` matrix (optional).
-
-    >>> b = Block(0, (0,), 1, torch.tensor([[[0.5, 0.5, 0.0], [0.0, 0.25, 0.75]]]))  # queries 1 and 2
-    >>> rq = row_quantities(b)
-    >>> rq.previous.tolist(), rq.self_.tolist(), rq.next.tolist(), rq.max_weight.tolist()
-    ([[0.5, 0.25]], [[0.5, 0.75]], [[0.0, 0.0]], [[0.5, 0.75]])
-    """
-    a = block.probs  # (H, R, T)
-    R, T = a.shape[-2:]
-    q = torch.arange(block.query_start, block.query_stop, device=a.device)  # each row's query position
-    return RowQuantities(
-        previous=_at_offset(a, q, -1),
-        self_=_at_offset(a, q, 0),
-        next=_at_offset(a, q, 1),
-        entropy=_entropy(a),
-        max_weight=a.amax(-1),
-        key_sets=None if key_sets is None else a @ key_sets.to(a),
-    )
-
-
-def _entropy(a: torch.Tensor) -> torch.Tensor:
-    """-Σ_k A ln A per row, (H, R): the head analyses' formula, 0·ln(tiny) = 0 standing in for 0·ln 0
-    (masked keys), with its temporaries done in place in one buffer."""
-    terms = a.clamp_min(torch.finfo(a.dtype).tiny).log_().mul_(a)  # A ln A
-    return -terms.sum(-1)
-
-
-def _at_offset(a: torch.Tensor, q: torch.Tensor, offset: int) -> torch.Tensor:
-    """`a[h, r, q[r] + offset]` per row, 0 where that key is outside the text: (H, R)."""
-    k = q + offset
-    inside = (k >= 0) & (k < a.shape[-1])
-    picked = a.gather(-1, k.clamp(0, a.shape[-1] - 1).expand(a.shape[0], -1)[..., None])[..., 0]
-    return picked * inside

@@ -2,10 +2,11 @@
 
 Scores stream: `HeadScoreAccumulator.update(amap)` folds one `AttentionMap` (`[layer, head, query,
 key]`) into float64 sums and counts per (layer, head), so memory does not grow with the corpus.
-`score_corpus(maps)` does the whole loop. Nothing here touches a model: feed it maps from
+`update_blocks` folds a text given as blocks of query rows (`probe.recompute.Block`, recompute mode)
+into the same sums. `score_corpus(maps)` does the whole loop. Nothing here touches a model: feed it maps from
 `probe.iter_extract` (texts) and `probe.extract_ids` (repeated random tokens, for induction).
 
-Metrics (each a mean over query rows; `n` counts those rows; no row -> NaN with n = 0):
+The built-in metrics (each a mean over query rows; `n` counts those rows; no row -> NaN with n = 0):
 
 - previous_token / next_token: `A[q, q-1]` / `A[q, q+1]`, over the queries that have that neighbour.
   next_token is not applicable to causal (decoder) attention: NaN, n = 0.
@@ -33,8 +34,11 @@ as queries and as keys, and every remaining row is renormalised to sum to 1 over
 keys — the head's attention among the text's own units; cls and sep are then NaN (n = 0) and
 first_token means the first non-special unit.
 
-Every metric, its role and the role's threshold are defined once, in `analyses.metrics.METRICS`; a
-head gets a role when its score reaches the threshold, and the roles table keeps the score beside the label.
+Every metric, what computes it, its role and the role's threshold are defined once, in
+`analyses.metrics.METRICS`: the accumulator loops over the registry it is given (`metrics=`, METRICS
+by default), so a registry of one's own (`{**METRICS, "name": Metric(...)}`) is scored, tabled and
+given roles with nothing here changed. A head gets a role when its score reaches the threshold, and
+the roles table keeps the score beside the label.
 
 >>> import torch
 >>> from headscope.probe.types import AttentionMap
@@ -51,9 +55,9 @@ head gets a role when its score reaches the threshold, and the roles table keeps
 from __future__ import annotations
 
 import math
-import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Callable, Iterable, Literal, Mapping, Sequence
 
 import numpy as np
@@ -65,8 +69,9 @@ from headscope.probe.types import AttentionMap, Units, head_name
 from headscope.probe.words import to_word_level
 
 from .blocks import word_blocks
-from .induction import detection_pattern, pattern_sums
-from .metrics import METRICS, ROLE_LABELS, THRESHOLDS, MetricName
+from .induction import pattern_sums
+from .metrics import (METRICS, ROLE_LABELS, THRESHOLDS, Diagonal, KeyShare, Metric, Pattern, RowStatistic,
+                      is_punctuation, role_labels_of, thresholds_of)
 
 __all__ = [
     "METRICS",
@@ -85,13 +90,6 @@ __all__ = [
 DEFAULT_LEVEL: Literal["token", "word"] = "word"  # Clark et al. 2019 aggregate to words ...
 DEFAULT_INCLUDE_SPECIAL = True  # ... and keep [CLS]/[SEP]
 
-# Columns of the accumulator's sums, in table order, and which of them each kind of input fills.
-_COLUMN: dict[MetricName, int] = {name: i for i, name in enumerate(METRICS)}
-_CORPUS: tuple[MetricName, ...] = tuple(name for name, m in METRICS.items() if m.kind == "corpus")
-_PATTERN: tuple[MetricName, ...] = tuple(name for name, m in METRICS.items() if m.kind == "pattern")
-_CORPUS_COLUMNS = torch.tensor([_COLUMN[name] for name in _CORPUS])
-_PATTERN_COLUMNS = torch.tensor([_COLUMN[name] for name in _PATTERN])
-
 _TABLE_COLUMNS = ["model", "layer", "head", "metric", "value", "n"]
 _ROLE_COLUMNS = ["model", "layer", "head", "role", "metric", "value", "threshold"]
 
@@ -105,22 +103,14 @@ def settings_note(level: str, include_special: bool) -> str:
     return f"{units}; {special}" + (" — the default, as Clark et al. 2019" if default else "")
 
 
-def is_punctuation(label: str) -> bool:
-    """True when `label` (stripped) is non-empty and only Unicode punctuation (category P*).
-
-    >>> [is_punctuation(s) for s in (".", "?!", "。", '"', "$", "a.", " ")]
-    [True, True, True, True, False, False, False]
-    """
-    s = label.strip()
-    return bool(s) and all(unicodedata.category(c).startswith("P") for c in s)
-
-
 @dataclass(frozen=True, eq=False)
 class HeadScores:
     """Per-head scores over a corpus: a tidy `table` (`model, layer, head, metric, value, n`) and `roles`.
 
     `n` is the number of query rows a value averages over (NaN with n = 0: not applicable, e.g.
     next_token for a decoder). `level`/`include_special` state how the numbers were computed.
+    `registry` is the metrics they were computed with (`analyses.metrics.METRICS` unless the
+    accumulator was given others): their order, roles and thresholds.
     """
 
     model: str
@@ -133,18 +123,19 @@ class HeadScores:
     n_texts: int = 0
     n_sequences: int = 0  # repeated random sequences behind duplicate_token / induction
     meta: dict = field(default_factory=dict)  # e.g. how the induction sequences were drawn
+    registry: Mapping[str, Metric] = field(default_factory=lambda: dict(METRICS), repr=False)
 
     @property
     def metrics(self) -> list[str]:
-        return [m for m in METRICS if m in set(self.table["metric"])]
+        return [m for m in self.registry if m in set(self.table["metric"])]
 
     @property
     def setting(self) -> str:
         return settings_note(self.level, self.include_special)
 
     def _rows(self, metric: str) -> pd.DataFrame:
-        if metric not in METRICS:
-            raise KeyError(f"unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+        if metric not in self.registry:
+            raise KeyError(f"unknown metric {metric!r}; choose one of {', '.join(self.registry)}")
         return self.table[self.table["metric"] == metric]
 
     def grid(self, metric: str) -> pd.DataFrame:
@@ -175,7 +166,7 @@ class HeadScores:
         out = {
             "model": self.model, "n_layers": self.n_layers, "n_heads": self.n_heads, "level": self.level,
             "include_special": self.include_special, "setting": self.setting, "n_texts": self.n_texts,
-            "n_sequences": self.n_sequences, "meta": dict(self.meta), "thresholds": dict(THRESHOLDS),
+            "n_sequences": self.n_sequences, "meta": dict(self.meta), "thresholds": thresholds_of(self.registry),
             "top": {m: _records(self.top(m, k)[["layer", "head", "value", "n"]]) for m in self.metrics},
             "roles": _records(self.roles),
         }
@@ -205,29 +196,34 @@ class HeadScoreAccumulator:
     """Streaming sums per (layer, head): `update(amap)` for corpus texts, `update_repeated(amap)` for
     repeated random token sequences, then `result()`. Keeps only `[layer, head, metric]` float64 sums.
 
-    Maps are not modified. Token-level maps are aggregated to words when `level="word"`.
+    `metrics` is the registry scored (`analyses.metrics.METRICS` by default), in its order: every
+    update loops over its entries' computations. Maps are not modified. Token-level maps are
+    aggregated to words when `level="word"`.
     """
 
     def __init__(self, *, model: str | None = None, level: Literal["token", "word"] = DEFAULT_LEVEL,
-                 include_special: bool = DEFAULT_INCLUDE_SPECIAL) -> None:
+                 include_special: bool = DEFAULT_INCLUDE_SPECIAL, metrics: Mapping[str, Metric] = METRICS) -> None:
         if level not in ("token", "word"):
             raise ValueError(f"level must be 'token' or 'word', got {level!r}")
         self.model = model
         self.level = level
         self.include_special = bool(include_special)
+        self.metrics: Mapping[str, Metric] = MappingProxyType(dict(metrics))  # a copy: later edits don't reach it
+        self._plan = _Plan.of(self.metrics)
         self._layers: tuple[int, ...] | None = None
         self._heads: tuple[int, ...] | None = None
         self._sums: torch.Tensor | None = None  # [layer, head, metric] float64
-        self._counts = torch.zeros(len(METRICS), dtype=torch.float64)  # query rows behind each metric
+        self._counts = torch.zeros(len(self.metrics), dtype=torch.float64)  # query rows behind each metric
         self._n_texts = 0
         self._n_sequences = 0
 
     def update(self, amap: AttentionMap) -> None:
         """Fold in one text's attention (`[layer, head, query, key]`)."""
         amap = self._prepare(amap)
-        rows = _TextRows.of(Units.of(amap), causal=amap.causal, include_special=self.include_special)
-        self._sums[..., _CORPUS_COLUMNS] += rows.sums(amap.attention.float(), 0)  # float32 sums into float64 totals
-        self._counts[_CORPUS_COLUMNS] += rows.counts
+        plan = self._plan
+        rows = _TextRows.of(Units.of(amap), plan, causal=amap.causal, include_special=self.include_special)
+        self._sums[..., plan.corpus_columns] += rows.sums(amap.attention.float(), 0)  # float32 sums into float64 totals
+        self._counts[plan.corpus_columns] += rows.counts
         self._n_texts += 1
 
     def update_blocks(self, units: Units, blocks: Iterable[Block], *, causal: bool, layers: Sequence[int],
@@ -243,11 +239,12 @@ class HeadScoreAccumulator:
         self._start(tuple(layers), tuple(heads))
         if self.level == "word":
             blocks, units = word_blocks(blocks, units.word_index), to_word_level(units)
-        rows = _TextRows.of(units, causal=causal, include_special=self.include_special)
+        plan = self._plan
+        rows = _TextRows.of(units, plan, causal=causal, include_special=self.include_special)
         for block in blocks:
             layer, heads_at = self._place(block)
-            self._sums[layer][heads_at[:, None], _CORPUS_COLUMNS] += rows.sums(block.probs.float(), block.query_start)
-        self._counts[_CORPUS_COLUMNS] += rows.counts
+            self._sums[layer][heads_at[:, None], plan.corpus_columns] += rows.sums(block.probs.float(), block.query_start)
+        self._counts[plan.corpus_columns] += rows.counts
         self._n_texts += 1
 
     def update_repeated(self, amap: AttentionMap) -> None:
@@ -256,10 +253,11 @@ class HeadScoreAccumulator:
             raise ValueError("induction scores need a token-level map with its token_ids; use probe.extract_ids")
         _check_causal(amap.causal)
         self._check_shape(amap)
-        for name in _PATTERN:  # each pattern metric is scored with the detection pattern of its name
-            matched, total = pattern_sums(amap.attention, detection_pattern(amap.token_ids, name))
-            self._sums[..., _COLUMN[name]] += matched / total
-            self._counts[_COLUMN[name]] += len(amap)
+        plan = self._plan
+        for column, pattern in zip(plan.pattern_columns.tolist(), plan.patterns(amap.token_ids)):
+            matched, total = pattern_sums(amap.attention, pattern)
+            self._sums[..., column] += matched / total
+            self._counts[column] += len(amap)
         self._n_sequences += 1
 
     def update_repeated_blocks(self, token_ids: Sequence[int], blocks: Iterable[Block], *, causal: bool,
@@ -268,18 +266,20 @@ class HeadScoreAccumulator:
         blocks, then divided, as the whole map would give them."""
         _check_causal(causal)
         self._start(tuple(layers), tuple(heads))
-        patterns = [detection_pattern(token_ids, name) for name in _PATTERN]
-        parts = torch.zeros(2, len(_PATTERN), len(self._layers), len(self._heads), dtype=torch.float64)
+        plan = self._plan
+        patterns = plan.patterns(token_ids)
+        parts = torch.zeros(2, len(patterns), len(self._layers), len(self._heads), dtype=torch.float64)
         for block in blocks:
             layer, heads_at = self._place(block)
             for j, pattern in enumerate(patterns):
                 matched, total = pattern_sums(block.probs, pattern[block.query_start : block.query_stop])
                 parts[0, j, layer, heads_at] += matched
                 parts[1, j, layer, heads_at] += total
-        for j, name in enumerate(_PATTERN):
-            self._sums[..., _COLUMN[name]] += parts[0, j] / parts[1, j]
-            self._counts[_COLUMN[name]] += len(token_ids)
+        for j, column in enumerate(plan.pattern_columns.tolist()):
+            self._sums[..., column] += parts[0, j] / parts[1, j]
+            self._counts[column] += len(token_ids)
         self._n_sequences += 1
+
     @property
     def units(self) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
         """(layer ids, head ids) of the maps so far; None before the first map."""
@@ -299,10 +299,11 @@ class HeadScoreAccumulator:
         if self.units not in (None, units):
             raise ValueError(f"this accumulator scores layers and heads {self.units}, not {units}")
         sums = self._sums if self._sums is not None else torch.zeros(
-            len(units[0]), len(units[1]), len(METRICS), dtype=torch.float64)
+            len(units[0]), len(units[1]), len(self.metrics), dtype=torch.float64)
         n = torch.tensor([self._n_texts, self._n_sequences], dtype=torch.float64)
         sums, counts, n = add(sums, self._counts, n)
-        out = HeadScoreAccumulator(model=self.model, level=self.level, include_special=self.include_special)
+        out = HeadScoreAccumulator(model=self.model, level=self.level, include_special=self.include_special,
+                                   metrics=self.metrics)
         out._layers, out._heads = units
         out._sums, out._counts = sums.clone(), counts.clone()
         out._n_texts, out._n_sequences = int(n[0]), int(n[1])
@@ -312,14 +313,16 @@ class HeadScoreAccumulator:
         """The scores so far as a `HeadScores` (the accumulator can keep going afterwards)."""
         if self._sums is None:
             raise ValueError("no attention maps were given; pass at least one text")
+        plan = self._plan
         values = self._sums.clone()
-        values[..., _CORPUS_COLUMNS] /= self._counts[_CORPUS_COLUMNS]  # 0/0 -> NaN: not applicable
-        values[..., _PATTERN_COLUMNS] /= self._n_sequences if self._n_sequences else float("nan")
-        table = _tidy(self.model or "", self._layers, self._heads, values, self._counts)
+        values[..., plan.corpus_columns] /= self._counts[plan.corpus_columns]  # 0/0 -> NaN: not applicable
+        values[..., plan.pattern_columns] /= self._n_sequences if self._n_sequences else float("nan")
+        table = _tidy(self.model or "", self._layers, self._heads, plan.names, values, self._counts)
         return HeadScores(
             model=self.model or "", n_layers=len(self._layers), n_heads=len(self._heads), level=self.level,
-            include_special=self.include_special, table=table, roles=assign_roles(table, thresholds),
-            n_texts=self._n_texts, n_sequences=self._n_sequences, meta=dict(meta or {}),
+            include_special=self.include_special, table=table,
+            roles=assign_roles(table, thresholds, metrics=self.metrics), n_texts=self._n_texts,
+            n_sequences=self._n_sequences, meta=dict(meta or {}), registry=dict(self.metrics),
         )
 
     def _prepare(self, amap: AttentionMap) -> AttentionMap:
@@ -339,7 +342,7 @@ class HeadScoreAccumulator:
     def _start(self, layers: tuple[int, ...], heads: tuple[int, ...]) -> None:
         if self._sums is None:
             self._layers, self._heads = layers, heads
-            self._sums = torch.zeros(len(layers), len(heads), len(METRICS), dtype=torch.float64)
+            self._sums = torch.zeros(len(layers), len(heads), len(self.metrics), dtype=torch.float64)
         elif (layers, heads) != (self._layers, self._heads):
             raise ValueError(f"this map has layers {layers} and heads {heads}, the earlier ones "
                              f"{self._layers} and {self._heads}; extract every text with the same layers/heads")
@@ -369,12 +372,14 @@ def score_corpus(
     thresholds: Mapping[str, float] | None = None,
     progress: bool = False,
     total: int | None = None,
+    metrics: Mapping[str, Metric] = METRICS,
 ) -> HeadScores:
-    """Scores of every head over `maps` (one per text), plus induction scores over `repeated` maps.
+    """Scores of every head over `maps` (one per text), plus induction scores over `repeated` maps,
+    for each metric of the registry `metrics`.
 
     Maps are consumed one at a time, so a generator such as `probe.iter_extract` keeps memory flat.
     """
-    acc = HeadScoreAccumulator(model=model, level=level, include_special=include_special)
+    acc = HeadScoreAccumulator(model=model, level=level, include_special=include_special, metrics=metrics)
     if progress:
         from tqdm.auto import tqdm
 
@@ -386,17 +391,20 @@ def score_corpus(
     return acc.result(thresholds=thresholds)
 
 
-def assign_roles(table: pd.DataFrame, thresholds: Mapping[str, float] | None = None) -> pd.DataFrame:
-    """One row per (head, role) whose score reaches its threshold (defaults: `THRESHOLDS`)."""
-    chosen = dict(THRESHOLDS if thresholds is None else thresholds)
-    unknown = sorted(set(chosen) - set(ROLE_LABELS))
+def assign_roles(table: pd.DataFrame, thresholds: Mapping[str, float] | None = None, *,
+                 metrics: Mapping[str, Metric] = METRICS) -> pd.DataFrame:
+    """One row per (head, role) whose score reaches its threshold, roles and thresholds those of the
+    registry `metrics` (default thresholds: its entries', `THRESHOLDS` for `METRICS`)."""
+    labels = role_labels_of(metrics)
+    chosen = dict(thresholds_of(metrics) if thresholds is None else thresholds)
+    unknown = sorted(set(chosen) - set(labels))
     if unknown:
-        raise ValueError(f"no role is defined for {unknown}; thresholds can be set for {sorted(ROLE_LABELS)}")
+        raise ValueError(f"no role is defined for {unknown}; thresholds can be set for {sorted(labels)}")
     limit = table["metric"].map(chosen)
     hit = table[limit.notna() & (table["value"] >= limit)].copy()
-    hit["role"] = hit["metric"].map(ROLE_LABELS)
+    hit["role"] = hit["metric"].map(labels)
     hit["threshold"] = hit["metric"].map(chosen).astype(float)
-    order = {m: i for i, m in enumerate(METRICS)}
+    order = {m: i for i, m in enumerate(metrics)}
     hit = hit.sort_values(["metric", "value"], key=lambda c: c.map(order) if c.name == "metric" else -c)
     return hit[_ROLE_COLUMNS].reset_index(drop=True)
 
@@ -404,7 +412,83 @@ def assign_roles(table: pd.DataFrame, thresholds: Mapping[str, float] | None = N
 # --- per-map sums -------------------------------------------------------------------------------
 
 
-_KEY_SETS: tuple[MetricName, ...] = ("first_token", "cls", "sep", "punctuation")  # "attention to a set of keys"
+@dataclass(frozen=True)
+class _StatisticGroup:
+    """The registry's row statistics that share one `statistic`: computed once per block, weighted for
+    all of them by one matmul with their row-weight columns (`columns`, a slice where they are adjacent)."""
+
+    statistic: Callable[[torch.Tensor], torch.Tensor]
+    names: tuple[str, ...]
+    columns: slice | torch.Tensor
+
+
+@dataclass(frozen=True, eq=False)
+class _Plan:
+    """What the accumulator computes for one registry, worked out once from its entries.
+
+    `names`: every metric, in table order (the columns of the sums). `corpus` / `pattern`: the names of
+    each kind in that order, at `corpus_columns` / `pattern_columns`; `_row_sums` gives the corpus
+    metrics' sums in `corpus` order. `diagonals` (name, offset), `key_shares` (name, entry) and
+    `weights` (one `RowStatistic` per distinct row weight, the table's last columns) say how.
+    """
+
+    metrics: Mapping[str, Metric]
+    names: tuple[str, ...]
+    corpus: tuple[str, ...]
+    pattern: tuple[str, ...]
+    corpus_columns: torch.Tensor
+    pattern_columns: torch.Tensor
+    diagonals: tuple[tuple[str, int], ...]
+    key_shares: tuple[tuple[str, KeyShare], ...]
+    weights: tuple[RowStatistic, ...]
+    statistics: tuple[_StatisticGroup, ...]
+
+    @classmethod
+    def of(cls, metrics: Mapping[str, Metric]) -> "_Plan":
+        kinds = (Diagonal, KeyShare, RowStatistic, Pattern)
+        for name, m in metrics.items():
+            if not isinstance(m, Metric) or m.name != name:
+                raise ValueError(f"metrics[{name!r}] must be a Metric named {name!r}, got {m!r}")
+            if not isinstance(m.computation, kinds):
+                raise ValueError(f"metric {name!r}: its computation must be one of "
+                                 f"{', '.join(k.__name__ for k in kinds)}, got {m.computation!r}")
+        names = tuple(metrics)
+        corpus = tuple(n for n in names if metrics[n].kind == "corpus")
+        pattern = tuple(n for n in names if metrics[n].kind == "pattern")
+        stats = [(n, metrics[n].computation) for n in corpus if isinstance(metrics[n].computation, RowStatistic)]
+        weight_of: dict[tuple, int] = {}  # (scale, min_keys) -> its column among the weights
+        weights: list[RowStatistic] = []
+        groups: dict[Callable, list[tuple[str, int]]] = {}
+        for n, c in stats:
+            key = (c.scale, c.min_keys)
+            if key not in weight_of:
+                weight_of[key] = len(weights)
+                weights.append(c)
+            groups.setdefault(c.statistic, []).append((n, weight_of[key]))
+        return cls(
+            metrics=metrics, names=names, corpus=corpus, pattern=pattern,
+            corpus_columns=torch.tensor([names.index(n) for n in corpus], dtype=torch.long),
+            pattern_columns=torch.tensor([names.index(n) for n in pattern], dtype=torch.long),
+            diagonals=tuple((n, metrics[n].computation.offset) for n in corpus
+                            if isinstance(metrics[n].computation, Diagonal)),
+            key_shares=tuple((n, metrics[n].computation) for n in corpus
+                             if isinstance(metrics[n].computation, KeyShare)),
+            weights=tuple(weights),
+            statistics=tuple(_StatisticGroup(f, tuple(n for n, _ in members), _columns([j for _, j in members]))
+                             for f, members in groups.items()),
+        )
+
+    def patterns(self, token_ids: Sequence[int]) -> list[torch.Tensor]:
+        """The 0/1 `[query, key]` pattern of each pattern metric (in `pattern` order) for `token_ids`."""
+        ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
+        return [self.metrics[n].computation.pattern(ids) for n in self.pattern]
+
+
+def _columns(js: list[int]) -> slice | torch.Tensor:
+    """Columns `js` as a slice where they are adjacent and increasing (a view), else an index."""
+    if js == list(range(js[0], js[0] + len(js))):
+        return slice(js[0], js[0] + len(js))
+    return torch.tensor(js, dtype=torch.long)
 
 
 @dataclass(frozen=True, eq=False)
@@ -412,46 +496,58 @@ class _TextRows:
     """What the corpus metrics need of one text besides its attention, built once per text.
 
     `keep`: the units kept as queries and keys (special units removed, `include_special=False`), None
-    for all. `table[unit, column]` (kept units): membership of each key set, then whether the unit is a
-    query counted for each set, then `rows` and `rows_over_log` (see `_weights`). `counts`: the rows
-    behind each corpus metric, in `_CORPUS` order.
+    for all. `table[unit, column]` (kept units): membership of each key set of the plan, then whether
+    the unit is a query counted for each set, then each row weight of the plan's row statistics (0
+    for rows they leave out). `counts`: the rows behind each corpus metric, in the plan's `corpus` order.
     """
 
     keep: torch.Tensor | None
     table: torch.Tensor
     counts: torch.Tensor
+    plan: _Plan
 
     @classmethod
-    def of(cls, units: Units, *, causal: bool, include_special: bool) -> "_TextRows":
-        special = list(units.special)
-        punct = [is_punctuation(lab) and not sp for lab, sp in zip(units.labels, special)]
+    def of(cls, units: Units, plan: _Plan, *, causal: bool, include_special: bool) -> "_TextRows":
+        labels, special = list(units.labels), list(units.special)
         keep = None
         if not include_special and any(special):
             kept = [i for i, sp in enumerate(special) if not sp]
-            keep, punct, special = torch.tensor(kept, dtype=torch.long), [punct[i] for i in kept], [False] * len(kept)
-        w = _weights(special, punct, causal)
+            keep, labels, special = torch.tensor(kept, dtype=torch.long), [labels[i] for i in kept], [False] * len(kept)
         t = len(special)
-        table = torch.tensor([[*(w.targets[m][i] for m in _KEY_SETS), *(w.queries[m][i] for m in _KEY_SETS),
-                               w.rows[i], w.rows_over_log[i]] for i in range(t)],
-                             dtype=torch.float32).reshape(t, 2 * len(_KEY_SETS) + 2)  # [unit, 2·set + 2]
-        n_rows = float(t - 1 if causal else (t if t >= 2 else 0))  # rows that see >= 2 keys
-        counts: dict[MetricName, float] = {
-            "previous_token": t - 1, "next_token": t - 1, "self": t,
-            **{m: sum(w.queries[m]) for m in _KEY_SETS},
-            "entropy": n_rows, "normalized_entropy": n_rows, "max_weight": n_rows,
-        }
-        if causal:  # a metric for encoders only counts no row of a decoder: NaN, n = 0
-            counts.update({m: 0 for m in _CORPUS if METRICS[m].applies_to == "encoders"})
-        if t == 0:
-            counts = dict.fromkeys(_CORPUS, 0)
-        return cls(keep, table, torch.tensor([counts[m] for m in _CORPUS], dtype=torch.float64))
+        # per-unit 0/1 columns, built in plain Python: one tensor per map, not one per unit
+        members = [[bool(x) for x in share.keys(labels, special)] for _, share in plan.key_shares]
+        for (name, _), member in zip(plan.key_shares, members):
+            if len(member) != t:
+                raise ValueError(f"metric {name!r}: its keys() marked {len(member)} units of a text of {t}")
+        queries = [[bool(x) for x in share.queries(member, causal=causal)]
+                   for (_, share), member in zip(plan.key_shares, members)]
+        visible = [i + 1 if causal else t for i in range(t)]  # the keys each row can see
+        weights = [[w.weight(v) for v in visible] for w in plan.weights]
+        width = 2 * len(members) + len(weights)
+        table = torch.tensor([[*(float(m[i]) for m in members), *(float(q[i]) for q in queries), *(w[i] for w in weights)]
+                              for i in range(t)], dtype=torch.float32).reshape(t, width)  # [unit, 2·set + weight]
+        counted = dict(zip((n for n, _ in plan.key_shares), queries))
+        counts = []
+        for name in plan.corpus:
+            spec = plan.metrics[name]
+            c = spec.computation
+            if causal and spec.applies_to == "encoders":  # a metric for encoders counts no row of a decoder
+                n = 0
+            elif isinstance(c, Diagonal):  # the queries that have the key at that offset
+                n = max(t - abs(c.offset), 0)
+            elif isinstance(c, KeyShare):
+                n = sum(counted[name])
+            else:  # RowStatistic: the rows that see enough keys
+                n = sum(v >= c.min_keys for v in visible)
+            counts.append(n)
+        return cls(keep, table, torch.tensor(counts, dtype=torch.float64), plan)
 
     def sums(self, a: torch.Tensor, query_start: int) -> torch.Tensor:
         """Sums of each corpus metric over the query rows `a[..., row, key]` (units `query_start ..` of
-        the text, every key): `[..., metric]` in `_CORPUS` order."""
+        the text, every key): `[..., metric]` in the plan's `corpus` order."""
         if self.keep is not None:
             a, query_start = _drop_special(a, query_start, self.keep)
-        return _row_sums(a, query_start, self.table)
+        return _row_sums(a, query_start, self.table, self.plan)
 
 
 def _drop_special(a: torch.Tensor, query_start: int, keep: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -462,81 +558,34 @@ def _drop_special(a: torch.Tensor, query_start: int, keep: torch.Tensor) -> tupl
     return a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny), lo
 
 
-def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor) -> torch.Tensor:
-    """Sums over the query rows `a[..., row, key]` (units `query_start ..`) of each corpus metric,
-    `[..., metric]` in `_CORPUS` order. The one definition of every corpus metric, for a whole map
-    (`query_start` 0, every row) and for blocks of rows alike: the sums of a map's blocks add up to
-    the map's. A handful of tensor ops per block, none per head.
+def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Plan) -> torch.Tensor:
+    """Sums over the query rows `a[..., row, key]` (units `query_start ..`) of each corpus metric of the
+    plan, `[..., metric]` in its `corpus` order. The one place the registry's corpus computations run,
+    for a whole map (`query_start` 0, every row) and for blocks of rows alike: the sums of a map's
+    blocks add up to the map's. A handful of tensor ops per block, none per head: one matmul for every
+    key set, each row statistic once and one matmul for the metrics that share it.
     """
     r, t = a.shape[-2:]
-    if r == 0 or t == 0:
-        return a.new_zeros(*a.shape[:-2], len(_CORPUS))
-    s = len(_KEY_SETS)
+    if r == 0 or t == 0 or not plan.corpus:
+        return a.new_zeros(*a.shape[:-2], len(plan.corpus))
+    s = len(plan.key_shares)
     table = table.to(a.dtype)
     here = table[query_start : query_start + r]
-    targets, queries, rows = table[:, :s], here[:, s : 2 * s], here[:, 2 * s :]  # [key, set], [row, set], [row, 2]
-    # 0·ln(tiny) = 0 stands in for 0·ln 0 (masked keys); twice as fast as torch.special.xlogy on CPU
-    entropy = -(a * a.clamp_min(torch.finfo(a.dtype).tiny).log()).sum(-1)  # [..., row], nats
-    shares = (a @ targets * queries).sum(-2)  # [..., set]: one matmul for every key set
-    entropies = entropy @ rows  # [..., 2]: entropy, normalized_entropy
+    targets, queries, weights = table[:, :s], here[:, s : 2 * s], here[:, 2 * s :]  # [key, set], [row, set], [row, w]
+    sums: dict[str, torch.Tensor] = {}
     # row r is query q = query_start + r: A[q, q + d] lies on the diagonal at offset query_start + d
-    sums: dict[MetricName, torch.Tensor] = {
-        "previous_token": a.diagonal(query_start - 1, -2, -1).sum(-1),
-        "next_token": a.diagonal(query_start + 1, -2, -1).sum(-1),  # 0 under a causal mask, where it does not apply
-        "self": a.diagonal(query_start, -2, -1).sum(-1),
-        **{m: shares[..., i] for i, m in enumerate(_KEY_SETS)},
-        "entropy": entropies[..., 0],
-        "normalized_entropy": entropies[..., 1],
-        "max_weight": (a.amax(-1) @ rows[:, :1])[..., 0],
-    }
-    return torch.stack([sums[m] for m in _CORPUS], -1)
+    for name, offset in plan.diagonals:  # 0 where no row has that key (next_token under a causal mask)
+        sums[name] = a.diagonal(query_start + offset, -2, -1).sum(-1)
+    if s:
+        shares = (a @ targets * queries).sum(-2)  # [..., set]: one matmul for every key set
+        sums.update({name: shares[..., i] for i, (name, _) in enumerate(plan.key_shares)})
+    for group in plan.statistics:
+        weighted = group.statistic(a) @ weights[:, group.columns]  # [..., row] @ [row, metric] -> [..., metric]
+        sums.update({name: weighted[..., i] for i, name in enumerate(group.names)})
+    return torch.stack([sums[m] for m in plan.corpus], -1)
 
 
-@dataclass(frozen=True)
-class _Weights:
-    """Per-unit 0/1 columns (built in plain Python: one tensor per map, not one per unit).
-
-    targets[m]: key in the set of metric m; queries[m]: query counted for it (outside the set, and
-    able to see one of its keys: causal queries from its first key on); rows: row counted for entropy
-    and max_weight (sees >= 2 keys); rows_over_log: the same divided by ln(visible keys).
-    """
-
-    targets: dict[MetricName, list[float]]
-    queries: dict[MetricName, list[float]]
-    rows: list[float]
-    rows_over_log: list[float]
-
-
-def _weights(special: Sequence[bool], punct: Sequence[bool], causal: bool) -> _Weights:
-    t = len(special)
-    lead = _run_length(special)
-    trail = min(_run_length(special[::-1]), t - lead)
-    members: dict[MetricName, list[bool]] = {  # the key set of each "attention to a set of keys" metric
-        "first_token": [i == 0 for i in range(t)],
-        "cls": [i < lead for i in range(t)],
-        "sep": [i >= t - trail for i in range(t)],
-        "punctuation": [bool(p) for p in punct],
-    }
-    targets, queries = {}, {}
-    for m, member in members.items():
-        start = member.index(True) if any(member) else t  # the set's first key
-        targets[m] = [float(x) for x in member]
-        queries[m] = [float(not member[i] and start < t and (not causal or i >= start)) for i in range(t)]
-    visible = [i + 1 if causal else t for i in range(t)]
-    rows = [float(v >= 2) for v in visible]
-    return _Weights(targets, queries, rows, [1 / math.log(v) if v >= 2 else 0.0 for v in visible])
-
-
-def _run_length(flags: Sequence[bool]) -> int:
-    n = 0
-    for f in flags:
-        if not f:
-            break
-        n += 1
-    return n
-
-
-def _tidy(model: str, layers: Sequence[int], heads: Sequence[int], values: torch.Tensor,
+def _tidy(model: str, layers: Sequence[int], heads: Sequence[int], names: Sequence[str], values: torch.Tensor,
           counts: torch.Tensor) -> pd.DataFrame:
     n_l, n_h, n_m = values.shape  # [layer, head, metric]
     metric_major = values.permute(2, 0, 1).reshape(-1).numpy()
@@ -544,7 +593,7 @@ def _tidy(model: str, layers: Sequence[int], heads: Sequence[int], values: torch
         "model": model,
         "layer": np.tile(np.repeat(np.asarray(layers, dtype=np.int64), n_h), n_m),
         "head": np.tile(np.asarray(heads, dtype=np.int64), n_l * n_m),
-        "metric": np.repeat(np.asarray(list(METRICS), dtype=object), n_l * n_h),
+        "metric": np.repeat(np.asarray(list(names), dtype=object), n_l * n_h),
         "value": metric_major.astype(np.float64),
         "n": np.repeat(counts.numpy().astype(np.int64), n_l * n_h),
     })[_TABLE_COLUMNS]

@@ -26,32 +26,37 @@ from typing import Callable, Literal, Mapping, Sequence
 
 import torch
 
-__all__ = ["PatternKind", "PATTERNS", "detection_pattern", "pattern_score", "pattern_sums", "repeated_random_tokens"]
+__all__ = ["PatternKind", "PATTERNS", "previous_token_pattern", "duplicate_token_pattern", "induction_pattern",
+           "detection_pattern", "pattern_score", "pattern_sums", "repeated_random_tokens"]
 
 PatternKind = Literal["previous_token", "duplicate_token", "induction"]
 
 
-def _previous_token(ids: torch.Tensor) -> torch.Tensor:
+def previous_token_pattern(ids: torch.Tensor) -> torch.Tensor:
+    """`P[q, q - 1] = 1`: the key just before the query."""
     n = ids.numel()
     return torch.diag(torch.ones(max(n - 1, 0)), -1) if n else torch.zeros(0, 0)
 
 
-def _duplicate_token(ids: torch.Tensor) -> torch.Tensor:
+def duplicate_token_pattern(ids: torch.Tensor) -> torch.Tensor:
+    """`P[q, k] = 1` when `ids[k] == ids[q]` and `k < q`: an earlier copy of the query's token."""
     return torch.tril((ids[:, None] == ids[None, :]).float(), diagonal=-1)  # [query, key], diagonal cleared
 
 
-def _induction(ids: torch.Tensor) -> torch.Tensor:
-    dup = _duplicate_token(ids)
+def induction_pattern(ids: torch.Tensor) -> torch.Tensor:
+    """`P[q, k] = 1` when `ids[k - 1] == ids[q]`, `1 <= k <= q`: the token after an earlier copy."""
+    dup = duplicate_token_pattern(ids)
     ind = torch.zeros_like(dup)
     ind[:, 1:] = dup[:, :-1]  # key k marks ids[k - 1] == ids[query]
     return torch.tril(ind)
 
 
-# One pattern per name; the pattern metrics of `analyses.metrics` are scored with the pattern of their name.
+# TransformerLens's detection patterns by its names (`detection_pattern`). The pattern metrics of
+# `analyses.metrics` hold their builder themselves (`metrics.Pattern`): a new one needs no name here.
 PATTERNS: Mapping[PatternKind, Callable[[torch.Tensor], torch.Tensor]] = MappingProxyType({
-    "previous_token": _previous_token,
-    "duplicate_token": _duplicate_token,
-    "induction": _induction,
+    "previous_token": previous_token_pattern,
+    "duplicate_token": duplicate_token_pattern,
+    "induction": induction_pattern,
 })
 
 

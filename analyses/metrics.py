@@ -1,24 +1,52 @@
 """The head metrics, defined once: `METRICS[name]` says what a metric measures, how it is computed,
 its value range, and the role a head earns by reaching its threshold.
 
-Everything else reads this registry by name: the order of the scores table and of the CSV
+A registry entry is its computation: `Metric.computation` is one of four kinds of row reduction,
+which `analyses.heads.HeadScoreAccumulator` folds for every entry of the registry it is given,
+whole maps and blocks of query rows alike:
+
+- `Diagonal(offset)`: attention at a diagonal offset, `A[q, q + offset]`, over the queries that have
+  that key (previous_token -1, self 0, next_token +1);
+- `KeyShare(keys, queries)`: the share of attention on a set of keys, `Σ_{k∈S} A[q, k]`; `keys`
+  marks the set from the text's units, `queries` says which query rows count for it;
+- `RowStatistic(statistic, scale)`: a statistic of each row (entropy, max weight) weighted by
+  `scale(visible keys)`, over the rows that see at least `min_keys` keys;
+- `Pattern(pattern)`: TransformerLens's detection-pattern score `Σ A⊙P / Σ A` on repeated random
+  tokens, `pattern(token ids)` being the 0/1 pattern `P` (`analyses.induction`).
+
+Everything else reads the registry by name: the order of the scores table and of the CSV
 (`analyses.heads`), the roles and their thresholds, the figures' colour scales and labels and the
-report's grids (`reports`). A new metric is one entry here plus its computation in `analyses.heads`,
-keyed by the same name.
+report's grids (`reports`). A new metric is one entry here (and its name in `MetricName`, the static
+list of the built-in names). A registry of one's own is a mapping too, `{**METRICS, "name":
+Metric("name", ...)}`, given to `HeadScoreAccumulator(metrics=...)` or `score_corpus(metrics=...)`:
+nothing here is changed.
 
 >>> [m for m, spec in METRICS.items() if spec.kind == "pattern"]
 ['duplicate_token', 'induction']
 >>> THRESHOLDS["induction"], ROLE_LABELS["induction"]
 (0.25, 'induction head')
+>>> METRICS["previous_token"].computation
+Diagonal(offset=-1)
 """
 
 from __future__ import annotations
 
+import math
+import unicodedata
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Literal, Mapping
+from typing import Callable, ClassVar, Literal, Mapping, Sequence, Union
 
-__all__ = ["MetricName", "MetricKind", "Metric", "METRICS", "THRESHOLDS", "ROLE_LABELS"]
+import torch
+
+from .induction import duplicate_token_pattern, induction_pattern
+
+__all__ = [
+    "MetricName", "MetricKind", "Metric", "Computation", "Diagonal", "KeyShare", "RowStatistic", "Pattern",
+    "METRICS", "THRESHOLDS", "ROLE_LABELS", "thresholds_of", "role_labels_of",
+    "is_punctuation", "first_unit", "leading_special", "trailing_special", "punctuation_units",
+    "outside_and_seeing", "row_entropy", "row_max", "unscaled", "over_log",
+]
 
 MetricName = Literal[
     "previous_token", "next_token", "self", "first_token", "cls", "sep", "punctuation",
@@ -29,20 +57,172 @@ MetricName = Literal[
 MetricKind = Literal["corpus", "pattern"]
 
 
+# --- the pieces the built-in entries are made of ----------------------------------------------------
+
+
+def is_punctuation(label: str) -> bool:
+    """True when `label` (stripped) is non-empty and only Unicode punctuation (category P*).
+
+    >>> [is_punctuation(s) for s in (".", "?!", "。", '"', "$", "a.", " ")]
+    [True, True, True, True, False, False, False]
+    """
+    s = label.strip()
+    return bool(s) and all(unicodedata.category(c).startswith("P") for c in s)
+
+
+def first_unit(labels: Sequence[str], special: Sequence[bool]) -> list[bool]:
+    """Position 0, whatever it is."""
+    return [i == 0 for i in range(len(special))]
+
+
+def leading_special(labels: Sequence[str], special: Sequence[bool]) -> list[bool]:
+    """The run of special units at the start ([CLS], <bos>).
+
+    >>> leading_special("abcd", [True, False, True, True])
+    [True, False, False, False]
+    """
+    lead = _run_length(special)
+    return [i < lead for i in range(len(special))]
+
+
+def trailing_special(labels: Sequence[str], special: Sequence[bool]) -> list[bool]:
+    """The run of special units at the end ([SEP], </s>, <eos>), none of the leading run.
+
+    >>> trailing_special("abcd", [True, False, True, True]), trailing_special("ab", [True, True])
+    ([False, False, True, True], [False, False])
+    """
+    t = len(special)
+    trail = min(_run_length(special[::-1]), t - _run_length(special))
+    return [i >= t - trail for i in range(t)]
+
+
+def punctuation_units(labels: Sequence[str], special: Sequence[bool]) -> list[bool]:
+    """Units whose label is only Unicode punctuation (`is_punctuation`), special units left out."""
+    return [is_punctuation(lab) and not sp for lab, sp in zip(labels, special)]
+
+
+def outside_and_seeing(member: Sequence[bool], *, causal: bool) -> list[bool]:
+    """The queries counted for a key set: outside it (a sink attending to itself is `self`) and able to
+    see one of its keys (a causal query from the set's first key on). A set with no key counts none.
+
+    >>> outside_and_seeing([False, True, False, True], causal=True)
+    [False, False, True, False]
+    """
+    t = len(member)
+    start = list(member).index(True) if any(member) else t  # the set's first key
+    return [not member[i] and start < t and (not causal or i >= start) for i in range(t)]
+
+
+def row_entropy(a: torch.Tensor) -> torch.Tensor:
+    """`-Σ_k A[q, k] ln A[q, k]` per row, in nats: `[..., row, key]` -> `[..., row]`."""
+    # 0·ln(tiny) = 0 stands in for 0·ln 0 (masked keys); twice as fast as torch.special.xlogy on CPU
+    return -(a * a.clamp_min(torch.finfo(a.dtype).tiny).log()).sum(-1)
+
+
+def row_max(a: torch.Tensor) -> torch.Tensor:
+    """`max_k A[q, k]` per row: `[..., row, key]` -> `[..., row]`."""
+    return a.amax(-1)
+
+
+def unscaled(visible: int) -> float:
+    """Every counted row weighs 1."""
+    return 1.0
+
+
+def over_log(visible: int) -> float:
+    """`1 / ln(visible keys)`: the row's entropy relative to the uniform row's (only for >= 2 keys)."""
+    return 1 / math.log(visible)
+
+
+def _run_length(flags: Sequence[bool]) -> int:
+    n = 0
+    for f in flags:
+        if not f:
+            break
+        n += 1
+    return n
+
+
+# --- the four kinds of computation ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Diagonal:
+    """Attention at a diagonal offset, `A[q, q + offset]`, averaged over the queries that have that key
+    (`T - |offset|` of a text's `T`)."""
+
+    offset: int
+    kind: ClassVar[MetricKind] = "corpus"
+
+
+@dataclass(frozen=True)
+class KeyShare:
+    """The attention on a set of keys, `Σ_{k∈S} A[q, k]`, averaged over the query rows that count for it.
+
+    `keys(labels, special)` marks the set's keys (one bool per unit) from the labels and special flags
+    of the units a text is scored on (with `include_special=False` its special units are already
+    removed, so none is special); `queries(member, causal=...)` marks the queries counted for it.
+    """
+
+    keys: Callable[[Sequence[str], Sequence[bool]], Sequence[bool]]
+    queries: Callable[..., Sequence[bool]] = outside_and_seeing
+    kind: ClassVar[MetricKind] = "corpus"
+
+
+@dataclass(frozen=True)
+class RowStatistic:
+    """A statistic of each query row, `statistic(a[..., row, key]) -> [..., row]`, weighted per row by
+    `scale(visible keys)`; rows that see fewer than `min_keys` keys are left out (weight 0, not counted).
+
+    Metrics of one registry that share a `statistic` (the same function) share its computation: it runs
+    once per block, and one matmul weights it for all of them.
+    """
+
+    statistic: Callable[[torch.Tensor], torch.Tensor]
+    scale: Callable[[int], float] = unscaled
+    min_keys: int = 2
+    kind: ClassVar[MetricKind] = "corpus"
+
+    def weight(self, visible: int) -> float:
+        """The weight of a row that sees `visible` keys."""
+        return self.scale(visible) if visible >= self.min_keys else 0.0
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """TransformerLens's detection-pattern score `Σ A⊙P / Σ A` of one repeated random sequence, averaged
+    over sequences: `pattern(ids)` is the 0/1 `[query, key]` pattern of the token ids (a 1-d long tensor)."""
+
+    pattern: Callable[[torch.Tensor], torch.Tensor]
+    kind: ClassVar[MetricKind] = "pattern"
+
+
+Computation = Union[Diagonal, KeyShare, RowStatistic, Pattern]
+
+
+# --- the registry -----------------------------------------------------------------------------------
+
+
 @dataclass(frozen=True)
 class Metric:
-    """One head metric. `value_range` is the colour scale; an upper bound of None means "up to the
-    largest value drawn" (entropy has no fixed maximum). `threshold` is the score at which a head
-    gets `role` (both None when the metric names no role)."""
+    """One head metric and what computes it. `value_range` is the colour scale; an upper bound of None
+    means "up to the largest value drawn" (entropy has no fixed maximum). `threshold` is the score at
+    which a head gets `role` (both None when the metric names no role). `applies_to="encoders"`: a
+    corpus metric that counts no row of causal attention (NaN, n = 0 for a decoder)."""
 
-    name: MetricName
+    name: str  # a built-in's is a MetricName
     measures: str
-    kind: MetricKind
+    computation: Computation
     value_range: tuple[float, float | None] = (0.0, 1.0)
     unit: str = ""
     role: str | None = None
     threshold: float | None = None
     applies_to: Literal["all", "encoders", "decoders"] = "all"
+
+    @property
+    def kind(self) -> MetricKind:
+        """"corpus" (a mean over the query rows of texts) or "pattern" (repeated random tokens)."""
+        return self.computation.kind
 
     @property
     def label(self) -> str:
@@ -55,33 +235,44 @@ class Metric:
 # TransformerLens's definition (the first copy has nothing to match), so 0.25 means about half its
 # attention in the second copy goes to the target.
 _ALL = (
-    Metric("previous_token", "attention to the previous unit, A[q, q-1]", "corpus",
+    Metric("previous_token", "attention to the previous unit, A[q, q-1]", Diagonal(-1),
            role="previous-token head", threshold=0.5),
-    Metric("next_token", "attention to the next unit, A[q, q+1] (none under a causal mask)", "corpus",
+    Metric("next_token", "attention to the next unit, A[q, q+1] (none under a causal mask)", Diagonal(+1),
            role="next-token head", threshold=0.5, applies_to="encoders"),
-    Metric("self", "attention to the query's own unit, A[q, q]", "corpus",
+    Metric("self", "attention to the query's own unit, A[q, q]", Diagonal(0),
            role="self (current-token) head", threshold=0.5),
-    Metric("first_token", "attention to position 0, whatever it is", "corpus",
+    Metric("first_token", "attention to position 0, whatever it is", KeyShare(first_unit),
            role="first-token sink", threshold=0.5),
-    Metric("cls", "attention to the special units at the start ([CLS], <bos>)", "corpus",
+    Metric("cls", "attention to the special units at the start ([CLS], <bos>)", KeyShare(leading_special),
            role="[CLS]/BOS sink", threshold=0.5),
-    Metric("sep", "attention to the special units at the end ([SEP], </s>, <eos>)", "corpus",
+    Metric("sep", "attention to the special units at the end ([SEP], </s>, <eos>)", KeyShare(trailing_special),
            role="[SEP]/EOS sink", threshold=0.5),
-    Metric("punctuation", "attention to units made only of Unicode punctuation", "corpus",
+    Metric("punctuation", "attention to units made only of Unicode punctuation", KeyShare(punctuation_units),
            role="punctuation head", threshold=0.5),
-    Metric("entropy", "entropy of the row, in nats", "corpus", value_range=(0.0, None), unit="nats"),
-    Metric("normalized_entropy", "entropy divided by ln(visible keys): 1 is uniform", "corpus",
+    Metric("entropy", "entropy of the row, in nats", RowStatistic(row_entropy),
+           value_range=(0.0, None), unit="nats"),
+    Metric("normalized_entropy", "entropy divided by ln(visible keys): 1 is uniform", RowStatistic(row_entropy, over_log),
            role="broad head", threshold=0.8),
-    Metric("max_weight", "largest weight of the row (confidence)", "corpus",
+    Metric("max_weight", "largest weight of the row (confidence)", RowStatistic(row_max),
            role="confident head", threshold=0.8),
-    Metric("duplicate_token", "attention to earlier copies of the query's token", "pattern",
+    Metric("duplicate_token", "attention to earlier copies of the query's token", Pattern(duplicate_token_pattern),
            role="duplicate-token head", threshold=0.25, applies_to="decoders"),
-    Metric("induction", "attention to the token after an earlier copy of the query's token", "pattern",
+    Metric("induction", "attention to the token after an earlier copy of the query's token", Pattern(induction_pattern),
            role="induction head", threshold=0.25, applies_to="decoders"),
 )
 
+
+def thresholds_of(metrics: Mapping[str, Metric]) -> dict[str, float]:
+    """The role thresholds of a registry, in its order."""
+    return {name: m.threshold for name, m in metrics.items() if m.threshold is not None}
+
+
+def role_labels_of(metrics: Mapping[str, Metric]) -> dict[str, str]:
+    """The role each metric of a registry names, in its order."""
+    return {name: m.role for name, m in metrics.items() if m.role is not None}
+
+
 # Table order: the scores table, the CSV and every listing follow it.
 METRICS: Mapping[MetricName, Metric] = MappingProxyType({m.name: m for m in _ALL})
-THRESHOLDS: Mapping[MetricName, float] = MappingProxyType(
-    {m.name: m.threshold for m in _ALL if m.threshold is not None})
-ROLE_LABELS: Mapping[MetricName, str] = MappingProxyType({m.name: m.role for m in _ALL if m.role is not None})
+THRESHOLDS: Mapping[MetricName, float] = MappingProxyType(thresholds_of(METRICS))
+ROLE_LABELS: Mapping[MetricName, str] = MappingProxyType(role_labels_of(METRICS))

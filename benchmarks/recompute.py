@@ -7,10 +7,12 @@ tables to `.bench/recompute/results.md` (every child's line also to `runs.jsonl`
 
 - `sdpa`: a plain forward of the base model with SDPA attention on one text of exactly T tokens — the
   time baseline.
-- `recompute`: `probe.recompute.iter_blocks_encoded` over every layer and head of that text, each block
-  reduced at once (`analyses.blocks.word_blocks` then `row_quantities`: previous / self / next /
-  entropy / max weight per row and the attention to the first word, CLS, SEP and punctuation, summed
-  per head in float64): the streaming head analyses' work, nothing per text kept.
+- `recompute`: the product on that text, `hs.heads(lm, [text], attention="recompute", budget=...,
+  induction_sequences=0)`: the eager check of the text's prefix (`probe.recompute.check_prefix`),
+  then `probe.recompute.iter_blocks_encoded` over every layer and head, each block folded at once by
+  `HeadScoreAccumulator.update_blocks` (word blocks, then every corpus metric of
+  `analyses.metrics.METRICS`, summed per head in float64), nothing per text kept — the code
+  `headscope heads --attention recompute` runs.
 - `eager`: `probe.extract` (eager, `output_attentions=True`), only where its estimated need, layers ×
   heads × T² × 4 B kept twice (the model's output and the extracted map), fits in `--eager-limit-gb`.
 - `corpus`: `hs.heads` over N short sentences (the built-in corpus cycled) / a bare batched eager loop
@@ -72,6 +74,8 @@ def _child(mode: str, model: str, n_tokens: int, budget: int, n_texts: int = 0, 
         return _corpus(lm, n_texts, repeats)
     text = _text_of_tokens(lm, n_tokens)
     enc = encode(lm, text)
+    if mode == "recompute":
+        from headscope.workflows import heads  # noqa: F401  (imported before the clock starts)
     t0, c0 = time.perf_counter(), time.process_time()
     if mode == "sdpa":
         from headscope.probe.recompute import fast_attention
@@ -86,7 +90,7 @@ def _child(mode: str, model: str, n_tokens: int, budget: int, n_texts: int = 0, 
         [m] = extract(lm, text)
         note = f"{tuple(m.attention.shape)}"
     elif mode == "recompute":
-        note = _recompute(lm, enc, budget)
+        note = _recompute(lm, text, budget)
     else:
         raise ValueError(f"unknown mode {mode!r}")
     seconds, cpu = time.perf_counter() - t0, time.process_time() - c0
@@ -128,37 +132,16 @@ def _corpus(lm, n_texts: int, repeats: int) -> dict:
             "peak_rss": _process_peak(), "seconds_ours": times["ours"], "seconds_bare": times["bare"]}
 
 
-def _recompute(lm, enc, budget: int) -> str:
-    """Every head of every layer through word blocks into the corpus metrics' per-row quantities:
-    previous / self / next / entropy / max weight per row, and the attention to four key sets (first
-    word, CLS-like special at the start, SEP-like special at the end, punctuation), summed per head."""
-    import torch
+def _recompute(lm, text: str, budget: int) -> str:
+    """`hs.heads` on the one text in recompute mode, every layer and head, every corpus metric: the
+    product's own path (`headscope.workflows.heads`), the prefix check against eager attention included."""
+    import headscope as hs
 
-    from headscope.analyses.blocks import row_quantities, word_blocks
-    from headscope.probe.recompute import iter_blocks_encoded
-    from headscope.probe.words import assign_words
-
-    word_index, word_spans, _ = assign_words(enc.text, enc.spans, enc.special)
-    n_words = max(word_index) + 1
-    key_sets = torch.zeros(n_words, 4)  # [word, set]: first, cls, sep, punctuation
-    key_sets[0, 0] = 1
-    if enc.special[0]:
-        key_sets[word_index[0], 1] = 1
-    if enc.special[-1]:
-        key_sets[word_index[-1], 2] = 1
-    for w, (a, b) in enumerate(word_spans):
-        piece = enc.text[a:b].strip()
-        key_sets[w, 3] = float(bool(piece) and all(not c.isalnum() for c in piece))
-    L, H = lm.config.num_hidden_layers, lm.config.num_attention_heads
-    sums = torch.zeros(L, H, 9, dtype=torch.float64)  # [layer, head, quantity]
-    n_blocks = 0
-    token_blocks = (block for _, block in iter_blocks_encoded(lm, [enc], budget=budget))
-    for wb in word_blocks(token_blocks, word_index):
-        rq = row_quantities(wb, key_sets)
-        per_row = torch.stack([rq.previous, rq.self_, rq.next, rq.entropy, rq.max_weight], -1)  # (H, R, 5)
-        sums[wb.layer] += torch.cat([per_row, rq.key_sets], -1).sum(1).double()
-        n_blocks += 1
-    return f"{n_blocks} word blocks, {n_words} words; mean self {float(sums[..., 1].sum() / (L * H * n_words)):.4f}"
+    s = hs.heads(lm, [text], attention="recompute", budget=budget, induction_sequences=0)
+    n_words = int(s.table.loc[s.table["metric"] == "self", "n"].iloc[0])  # word level: one row per word
+    return (f"{s.meta['attention']['recompute']} text recomputed, prefix check "
+            f"{'passed' if s.meta['check']['passed'] else 'FAILED'}, {n_words} words; "
+            f"mean self {float(s.grid('self').to_numpy().mean()):.4f}")
 
 
 def _process_peak() -> int:

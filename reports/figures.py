@@ -441,7 +441,7 @@ def score_grid(scores: Any, metric: str, *, ax: Axes | None = None, k: int = 3) 
 
     Cells where the metric does not apply (NaN, e.g. next_token for a decoder) stay grey.
     """
-    spec = METRICS[metric]
+    spec = scores.registry[metric]
     grid = scores.grid(metric)
     values = grid.to_numpy(dtype=float)
     finite = values[np.isfinite(values)]
@@ -676,7 +676,8 @@ def _verification_panels(section: Any) -> Iterable[Panel]:
 def _score_panels(section: Any) -> Iterable[Panel]:
     if section.scores is not None:
         for metric in plotted_metrics(section.scores):
-            yield Panel((section.scores, metric), {"metric": metric, "label": METRICS[metric].label}, section.scores)
+            yield Panel((section.scores, metric), {"metric": metric, "label": section.scores.registry[metric].label},
+                        section.scores)
 
 
 def _probe_panels(section: Any) -> Iterable[Panel]:

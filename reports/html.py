@@ -30,8 +30,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import pandas as pd
 
-from headscope.analyses.metrics import METRICS
-from headscope.probe.types import head_name, json_safe
+from headscope.probe.types import json_safe
 
 from .analysis import ModelAnalysis
 from .figures import FIGURES, FORMATS, STACKS, figure_bytes, plotted_metrics, slug, start_head, to_png
@@ -281,7 +280,8 @@ def _grids(section: ModelAnalysis, layer_ids: list[int], head_ids: list[int]) ->
                                              (f", chance {chance:.0%}" if chance is not None else ""))
     if section.scores is not None:
         for metric in plotted_metrics(section.scores):
-            grids[metric] = _grid(section.scores.grid(metric), layer_ids, head_ids, METRICS[metric].label,
+            grids[metric] = _grid(section.scores.grid(metric), layer_ids, head_ids,
+                                  section.scores.registry[metric].label,
                                   f"{section.scores.level} level, {section.scores.n_texts} texts"
                                   if getattr(section.scores, "n_texts", 0) else "")
     return grids

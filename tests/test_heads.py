@@ -6,7 +6,9 @@ Attention tensors are `[layer, head, query, key]` throughout.
 import gc
 import json
 import math
+import pickle
 import weakref
+from typing import get_args
 
 import numpy as np
 import pandas as pd
@@ -21,9 +23,12 @@ from headscope.analyses.heads import (
     score_corpus,
 )
 from headscope.analyses.induction import PATTERNS, detection_pattern, pattern_score, repeated_random_tokens
-from headscope.analyses.metrics import ROLE_LABELS, THRESHOLDS
+from headscope.analyses.metrics import (
+    ROLE_LABELS, THRESHOLDS, Diagonal, KeyShare, Metric, MetricName, Pattern, RowStatistic, row_entropy, row_max,
+)
 from headscope.probe.families import family_for
-from headscope.probe.types import AttentionMap
+from headscope.probe.recompute import Block
+from headscope.probe.types import AttentionMap, Units
 
 # The corpus metrics the loop reference below defines; test_reference_covers_the_registry keeps it honest.
 CORPUS_METRICS = ("previous_token", "next_token", "self", "first_token", "cls", "sep", "punctuation",
@@ -452,6 +457,8 @@ def test_reference_covers_the_registry():
     pattern = {m for m, spec in METRICS.items() if spec.kind == "pattern"}
     assert corpus == set(CORPUS_METRICS) and corpus | pattern == set(METRICS)
     assert pattern <= set(PATTERNS)  # every pattern metric has a detection pattern of its name
+    for name in pattern:  # ... and is scored with it: TransformerLens's pattern, held by the entry
+        assert METRICS[name].computation.pattern is PATTERNS[name]
     for name, spec in METRICS.items():
         assert spec.name == name
         assert (spec.role is None) == (spec.threshold is None), name
@@ -511,6 +518,133 @@ def test_head_scores_serialise(tmp_path):
         s.save(tmp_path / "t.xlsx")
     html = s._repr_html_()
     assert "HeadScores" in html and "previous_token" in html
+
+
+# --- a registry of one's own: a new metric is one entry ------------------------------------------
+
+
+def test_metric_name_literal_is_the_registry():
+    # the Literal stays the one static list of the built-in names, in table order
+    assert get_args(MetricName) == tuple(METRICS)
+    assert all(isinstance(spec.computation, (Diagonal, KeyShare, RowStatistic, Pattern)) for spec in METRICS.values())
+
+
+def _last_unit(labels, special):
+    return [i == len(labels) - 1 for i in range(len(labels))]
+
+
+THROWAWAY = {
+    **METRICS,
+    "two_back": Metric("two_back", "attention two units back, A[q, q-2]", Diagonal(-2),
+                       role="two-back head", threshold=0.5),
+    "last_unit": Metric("last_unit", "attention to the last unit", KeyShare(_last_unit),
+                        role="last-unit sink", threshold=0.1),
+}
+
+
+def _two_heads():
+    """Head 0: rows written out by hand; head 1: every row two units back (rows 0 and 1 on themselves)."""
+    h0 = torch.tensor([[0.4, 0.3, 0.1, 0.1, 0.1],
+                       [0.2, 0.4, 0.2, 0.0, 0.2],
+                       [0.5, 0.1, 0.2, 0.1, 0.1],
+                       [0.1, 0.3, 0.2, 0.2, 0.2],
+                       [0.1, 0.2, 0.4, 0.3, 0.0]])
+    return torch.stack([h0, shifted(5, -2)])[None]  # [layer, head, query, key]
+
+
+def _blocks_of(m, rows):
+    for li, layer in enumerate(m.layer_ids):
+        for start in range(0, len(m), rows):
+            yield Block(layer, m.head_ids, start, m.attention[li, :, start : start + rows])
+
+
+def test_a_new_metric_is_one_registry_entry():
+    a = _two_heads()
+    m = amap(a)
+    before = a.clone()
+    # by hand. two_back: queries 2, 3, 4 have a key two back; head 0 puts 0.5, 0.3, 0.4 there.
+    # last_unit: queries 0..3 (the last unit itself is left out), head 0: 0.1, 0.2, 0.1, 0.2; head 1: 0.
+    hand = {"two_back": ([(0.5 + 0.3 + 0.4) / 3, 1.0], 3), "last_unit": ([(0.1 + 0.2 + 0.1 + 0.2) / 4, 0.0], 4)}
+    whole = score_corpus([m], level="token", metrics=THROWAWAY)
+    acc = HeadScoreAccumulator(level="token", metrics=THROWAWAY)
+    for rows in (1, 2):  # the block path, blocks of one and of two query rows
+        acc.update_blocks(Units.of(m), _blocks_of(m, rows), causal=False, layers=m.layer_ids, heads=m.head_ids)
+    blocks = acc.result()
+    assert blocks.n_texts == 2  # the same text twice: the same means
+    for s in (whole, blocks):
+        assert list(dict.fromkeys(s.table["metric"])) == list(THROWAWAY) == s.metrics  # table order = registry order
+        for name, (values, n) in hand.items():
+            for head, v in enumerate(values):
+                got, got_n = value(s, name, head=head)
+                assert got == pytest.approx(v, abs=1e-6) and got_n == n * s.n_texts, (name, head)
+        assert s.grid("two_back").to_numpy().ravel().tolist() == pytest.approx([0.4, 1.0], abs=1e-6)
+        assert s.top("last_unit", k=1)["head"].tolist() == [0]
+        d = s.to_dict()
+        assert d["thresholds"]["two_back"] == 0.5 and d["top"]["two_back"][0]["head"] == 1
+        # roles: head 1 is a two-back head (1.0 >= 0.5), head 0 a last-unit sink (0.15 >= 0.1)
+        roles = s.roles[s.roles["metric"].isin(["two_back", "last_unit"])]
+        assert [(r.head, r.role, r.threshold) for r in roles.itertuples()] == [
+            (1, "two-back head", 0.5), (0, "last-unit sink", 0.1)]
+    shared = whole.table["metric"].isin(list(METRICS))  # the built-ins are as without the extra entries
+    pd.testing.assert_frame_equal(whole.table[shared].reset_index(drop=True), score_corpus([m], level="token").table)
+    np.testing.assert_allclose(blocks.table["value"], whole.table["value"], atol=1e-6, rtol=0)
+    assert (blocks.table["n"] == 2 * whole.table["n"]).all()
+    assert torch.equal(m.attention, before)  # the caller's tensor is untouched
+    lax = score_corpus([m], level="token", metrics=THROWAWAY, thresholds={"two_back": 0.3})
+    assert sorted(lax.roles["head"]) == [0, 1] and set(lax.roles["role"]) == {"two-back head"}
+    with pytest.raises(ValueError, match="no role is defined"):
+        score_corpus([m], level="token", thresholds={"two_back": 0.3})  # the default registry has no such role
+    with pytest.raises(KeyError, match="unknown metric"):
+        score_corpus([m], level="token").grid("two_back")
+
+
+def test_row_statistics_of_a_registry_share_their_statistic():
+    # entropy in bits and half the max weight: new row weights (not adjacent to the built-ins' in the
+    # weight table) for statistics the built-ins compute too
+    registry = {**METRICS,
+                "half_max": Metric("half_max", "half the largest weight", RowStatistic(row_max, _half)),
+                "entropy_bits": Metric("entropy_bits", "entropy in bits", RowStatistic(row_entropy, _per_ln2),
+                                       value_range=(0.0, None), unit="bits")}
+    gen = torch.Generator().manual_seed(3)
+    maps = [_random_map(gen, t, causal, with_special=True) for t, causal in ((6, False), (5, True), (7, True))]
+    for m in maps:
+        whole = HeadScoreAccumulator(level="token", metrics=registry)
+        blocks = HeadScoreAccumulator(level="token", metrics=registry)
+        whole.update(m)
+        blocks.update_blocks(Units.of(m), _blocks_of(m, 2), causal=m.causal, layers=m.layer_ids, heads=m.head_ids)
+        for s in (whole.result(), blocks.result()):
+            for mine, builtin, factor in (("half_max", "max_weight", 0.5), ("entropy_bits", "entropy", 1 / math.log(2))):
+                for layer in range(3):
+                    for head in range(2):
+                        v, n = value(s, mine, layer, head)
+                        ref, ref_n = value(s, builtin, layer, head)
+                        assert v == pytest.approx(ref * factor, rel=1e-6) and n == ref_n
+
+
+def _half(visible):
+    return 0.5
+
+
+def _per_ln2(visible):
+    return 1 / math.log(2)
+
+
+def test_a_registry_is_checked_kept_and_carried():
+    with pytest.raises(ValueError, match="must be a Metric named 'x'"):
+        HeadScoreAccumulator(metrics={**METRICS, "x": METRICS["self"]})
+    with pytest.raises(ValueError, match="computation must be one of"):
+        HeadScoreAccumulator(metrics={"x": Metric("x", "?", "corpus")})
+    registry = dict(THROWAWAY)
+    acc = HeadScoreAccumulator(level="token", metrics=registry)
+    registry.pop("two_back")  # the caller's dict changing later does not reach the accumulator
+    acc.update(amap(_two_heads()))
+    s = acc.result()
+    assert "two_back" in s.metrics and list(s.registry) == list(THROWAWAY)
+    merged = acc.merged(lambda *totals: totals).result()  # what a data-parallel run does, one process
+    pd.testing.assert_frame_equal(merged.table, s.table)
+    assert list(merged.registry) == list(THROWAWAY)
+    back = pickle.loads(pickle.dumps(score_corpus([amap(_two_heads())], level="token")))  # HeadScores still pickle
+    pd.testing.assert_frame_equal(back.table, score_corpus([amap(_two_heads())], level="token").table)
 
 
 # --- the runner on tiny random models ------------------------------------------------------------
@@ -658,3 +792,31 @@ def test_minilm_heads_are_stable_over_corpus_halves(minilm):
     prev_heads = [set(map(tuple, h.roles[h.roles.metric == "previous_token"][["layer", "head"]].to_numpy()))
                   for h in halves]
     assert prev_heads[0] == prev_heads[1] and prev_heads[0]
+
+
+def test_a_new_metric_flows_through_hs_heads_and_the_report():
+    """The throwaway entries, and nothing else, reach the workflow (eager and recomputed alike), the
+    report's layer × head grid figures and the explorer's score grids."""
+    import headscope as hs
+    from headscope.probe.tiny import tiny_model
+    from headscope.reports.analysis import ModelAnalysis
+    from headscope.reports.figures import FIGURES
+    from headscope.reports.html import explorer_data
+
+    lm = tiny_model("gpt2")
+    texts = ["The cat sat on the mat.", "A dog ran home quickly, then slept."]
+    eager = hs.heads(lm, texts, metrics=THROWAWAY, induction_sequences=2, induction_length=5)
+    recomputed = hs.heads(lm, texts, metrics=THROWAWAY, induction_sequences=2, induction_length=5,
+                          attention="recompute", budget=2_000)
+    assert eager.metrics == recomputed.metrics == list(THROWAWAY)
+    np.testing.assert_allclose(recomputed.table["value"], eager.table["value"], atol=1e-5, rtol=0)
+    # two_back by a plain loop over the word-level maps: A[q, q-2] averaged over the rows that have it
+    maps = hs.extract(lm, texts, level="word")
+    by_hand = torch.stack([m.attention[:, :, q, q - 2] for m in maps for q in range(2, len(m))]).mean(0)
+    np.testing.assert_allclose(eager.grid("two_back").to_numpy(), by_hand.numpy(), atol=1e-6, rtol=0)
+    analysis = ModelAnalysis(model=lm.name, scores=eager, maps=tuple(hs.extract(lm, texts[:1])))
+    panels = [p.words["metric"] for p in FIGURES["head_scores"].panels(analysis)]
+    # a decoder's queries never see the last unit (it comes after them): last_unit has no row, so no figure
+    assert "two_back" in panels and "last_unit" not in panels and eager.grid("last_unit").isna().all().all()
+    grids = explorer_data([analysis])["models"][0]["grids"]
+    assert grids["two_back"]["title"] == "two back"

@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headscope.analyses.blocks import HeadMap, feed, row_quantities, word_blocks
+from headscope.analyses.blocks import HeadMap, feed, word_blocks
+from headscope.analyses.heads import HeadScoreAccumulator
 from headscope.probe.extract import extract as extract_eager
 from headscope.probe.recompute import (
     DEFAULT_BUDGET, _WORKING_COPIES, Block, block_rows, check_prefix, fast_attention, iter_blocks,
@@ -20,6 +21,7 @@ from headscope.probe.forward import base_model
 from headscope.probe.families import family_for
 from headscope.probe.sources import SOURCES, source_for
 from headscope.probe.tiny import TINY_CORPUS
+from headscope.probe.types import Units
 from headscope.probe.words import to_word_level
 
 
@@ -206,23 +208,31 @@ def test_word_blocks_refuse_a_layer_left_unfinished():
 
 
 @pytest.mark.parametrize("rows", [1, 2, 5, 9])
-def test_row_quantities_over_blocks_equal_the_whole_map(rows):
+def test_head_metrics_over_blocks_equal_the_formulas_on_the_whole_map(rows):
+    # the blocks path of the product (HeadScoreAccumulator.update_blocks), against formulas on the whole map
     g = torch.Generator().manual_seed(0)
     H, T = 3, 9
     a = torch.softmax(torch.randn(H, T, T, generator=g) * 3, -1)  # [head, query, key]
-    a[0] = torch.tril(a[0]) / torch.tril(a[0]).sum(-1, keepdim=True)  # a causal head with exact zeros
-    key_sets = torch.zeros(T, 2)
-    key_sets[0, 0] = key_sets[[3, 7], 1] = 1
-    parts = [row_quantities(Block(0, (0, 1, 2), s, a[:, s : s + rows]), key_sets) for s in range(0, T, rows)]
-    cat = {f: torch.cat([getattr(p, f) for p in parts], 1) for f in ("previous", "self_", "next", "entropy",
-                                                                     "max_weight", "key_sets")}
-    zero = torch.zeros(H, 1)
-    torch.testing.assert_close(cat["previous"], torch.cat([zero, a.diagonal(-1, -2, -1)], 1))
-    torch.testing.assert_close(cat["self_"], a.diagonal(0, -2, -1))
-    torch.testing.assert_close(cat["next"], torch.cat([a.diagonal(1, -2, -1), zero], 1))
-    torch.testing.assert_close(cat["entropy"], torch.special.entr(a).sum(-1))
-    torch.testing.assert_close(cat["max_weight"], a.max(-1).values)
-    torch.testing.assert_close(cat["key_sets"], torch.stack([a[..., 0], a[..., 3] + a[..., 7]], -1))
+    a[0] = torch.tril(a[0]) / torch.tril(a[0]).sum(-1, keepdim=True)  # a head with exact zeros
+    labels = tuple(".," [i % 2] if i in (3, 7) else f"w{i}" for i in range(T))  # punctuation at keys 3 and 7
+    units = Units("x" * T, "token", labels, tuple((i, i + 1) for i in range(T)), (False,) * T, word_index=tuple(range(T)))
+    acc = HeadScoreAccumulator(level="token")
+    acc.update_blocks(units, (Block(0, (0, 1, 2), s, a[:, s : s + rows]) for s in range(0, T, rows)), causal=False,
+                      layers=[0], heads=[0, 1, 2])
+    table = acc.result().table
+    got = {m: torch.tensor(table[table.metric == m]["value"].to_numpy()) for m in table.metric.unique()}
+    d = a.double()
+    others = [q for q in range(T) if q not in (3, 7)]
+    want = {
+        "previous_token": d.diagonal(-1, -2, -1).mean(-1), "self": d.diagonal(0, -2, -1).mean(-1),
+        "next_token": d.diagonal(1, -2, -1).mean(-1), "entropy": torch.special.entr(d).sum(-1).mean(-1),
+        "normalized_entropy": torch.special.entr(d).sum(-1).mean(-1) / torch.log(torch.tensor(float(T))),
+        "max_weight": d.max(-1).values.mean(-1), "first_token": d[:, 1:, 0].mean(-1),
+        "punctuation": (d[:, others, 3] + d[:, others, 7]).mean(-1),
+    }
+    for m, w in want.items():
+        torch.testing.assert_close(got[m], w, atol=1e-6, rtol=1e-5, msg=m)
+    assert got["cls"].isnan().all() and got["sep"].isnan().all()  # no special unit: no row counts
 
 
 # --- real models ------------------------------------------------------------------------------

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import click
 
 from ..common import (corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail, model_option,

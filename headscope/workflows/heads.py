@@ -14,6 +14,7 @@ from typing import Iterable, Mapping
 
 from headscope.analyses.heads import HeadScoreAccumulator, HeadScores
 from headscope.analyses.induction import repeated_random_tokens
+from headscope.analyses.metrics import METRICS, Metric
 from headscope.distributed import World, merge_head_scores, shard, shard_length, together
 from headscope.probe.encoding import ordinary_token_ids, special_prefix
 from headscope.probe.forward import is_seq2seq
@@ -44,6 +45,7 @@ def heads(
     budget: int | None = None,
     weight: Weight = "attention",
     world: World | None = None,
+    metrics: Mapping[str, Metric] = METRICS,
 ) -> HeadScores:
     """Score every head of `lm` over `texts`, plus induction for decoders -> `HeadScores`.
 
@@ -65,7 +67,8 @@ def heads(
     recomputed text's prefix (`meta["check"]`); a mismatch raises.
     `world` (a `headscope.distributed.World`, in a torchrun run): this process scores its shard of
     the texts and of the induction sequences, and the sums are added over the processes, so every
-    process returns the scores of the whole corpus.
+    process returns the scores of the whole corpus. `metrics`: the registry scored
+    (`analyses.metrics.METRICS`; `{**METRICS, "mine": Metric(...)}` adds one).
 
     >>> from headscope.probe.tiny import tiny_model
     >>> s = heads(tiny_model("llama"), ["The cat sat.", "A dog ran!"], induction_sequences=2, induction_length=5)
@@ -75,7 +78,7 @@ def heads(
     attend = source_for(lm, attention, budget=budget, batch_size=batch_size)
     world = world or World()
     texts = [texts] if isinstance(texts, str) else texts  # one text, as iter_extract takes it
-    acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special)
+    acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special, metrics=metrics)
     texts = shard(texts, world)
     if progress:
         from tqdm.auto import tqdm
