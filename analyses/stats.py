@@ -1,4 +1,4 @@
-"""Small, honest statistics for head probes: Wilson intervals, group k-fold, permutation tests.
+"""Small, honest statistics for head probes: Wilson intervals, group k-fold, permutation tests, Holm.
 
 Everything works on plain arrays of per-example outcomes (torch tensors or numpy arrays), so each
 piece can be checked by hand. Permutation p-values are real Monte Carlo computations with a fixed
@@ -10,7 +10,7 @@ CPU, where torch's thread pool can stall for milliseconds on each.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Sequence, overload
 
 import numpy as np
 
@@ -23,6 +23,7 @@ __all__ = [
     "cv_choices",
     "cv_signflip_p",
     "cv_relabel_p",
+    "holm",
 ]
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
@@ -244,3 +245,48 @@ def cv_relabel_p(pred, answer, n_candidates, folds: Sequence[int], rank, *, n_pe
         held = [onehot[:, idx].reshape(r, -1) @ picks[idx].reshape(-1, m) for idx in index]  # (R, m) per fold
         nulls.append(_cv_stat(held, rank)[0])
     return _p_from_null(observed, np.concatenate(nulls))
+
+
+# --------------------------------------------------------------------------------------------
+# Many tests at once
+
+
+@overload
+def holm(p_values: np.ndarray) -> np.ndarray: ...
+
+
+@overload
+def holm(p_values: Sequence[float | None]) -> list[float | None]: ...
+
+
+def holm(p_values):
+    """Holm's step-down adjustment (family-wise error) of the p-values given; a missing one stays missing.
+
+    The m p-values present are sorted; the i-th smallest (i from 0) is multiplied by m - i, capped
+    at 1, and never left below the adjusted value before it. A numpy array gives an array, NaN (or
+    any non-finite entry) marking a test not run (NaN out); any other sequence gives a list, None
+    (or NaN) marking one and kept as it was.
+
+    >>> holm([0.01, None, 0.04, 0.03])
+    [0.03, None, 0.06, 0.06]
+    >>> holm(np.array([0.01, 0.04, np.nan, 0.03])).round(3).tolist()
+    [0.03, 0.06, nan, 0.06]
+    """
+    if isinstance(p_values, np.ndarray):
+        return _holm(p_values)
+    given = list(p_values)
+    adjusted = _holm(np.array([math.nan if p is None else p for p in given], dtype=np.float64))
+    return [p if p is None or not math.isfinite(p) else float(q) for p, q in zip(given, adjusted)]
+
+
+def _holm(p: np.ndarray) -> np.ndarray:
+    out = np.full_like(p, np.nan, dtype=np.float64)
+    idx = np.flatnonzero(np.isfinite(p))
+    order = idx[np.argsort(p[idx], kind="stable")]
+    m = len(order)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+

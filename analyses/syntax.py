@@ -40,7 +40,7 @@ import torch
 from headscope.probe.types import AttentionMap, head_name
 
 from .coref import head_rank, select_head
-from .stats import signflip_max_p, wilson
+from .stats import holm, signflip_max_p, wilson
 from .treebank import Sentence
 
 __all__ = [
@@ -60,7 +60,6 @@ __all__ = [
     "summarise",
     "collect_arcs",
     "best_offset",
-    "holm",
     "score_relations",
     "decode_tree",
     "undirected_matches",
@@ -264,20 +263,6 @@ def best_offset(offsets: Sequence[frozenset]) -> int | None:
     if not counts:
         return None
     return max(counts, key=lambda o: (counts[o], -abs(o), o < 0))
-
-
-def holm(p_values: Sequence[float | None]) -> list[float | None]:
-    """Holm's step-down adjustment (family-wise error) of the p-values given; None stays None.
-
-    >>> holm([0.01, None, 0.04, 0.03])
-    [0.03, None, 0.06, 0.06]
-    """
-    idx = sorted((i for i, p in enumerate(p_values) if p is not None), key=lambda i: p_values[i])
-    m, out, running = len(idx), [None] * len(p_values), 0.0
-    for rank, i in enumerate(idx):
-        running = max(running, min(1.0, (m - rank) * p_values[i]))
-        out[i] = running
-    return out
 
 
 @dataclass(frozen=True)
