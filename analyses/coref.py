@@ -45,7 +45,7 @@ from headscope.probe.types import AttentionMap, Units, head_name
 from headscope.probe.words import to_word_level
 
 from .relations import RelationExample, first_choice, nearest_choice
-from .stats import cv_choices, cv_relabel_p, cv_signflip_p, group_folds, relabel_max_p, signflip_max_p, wilson
+from .stats import cv_choices, cv_relabel_p, cv_signflip_p, format_p, group_folds, relabel_max_p, signflip_max_p, wilson
 
 __all__ = [
     "ProbeResult",
@@ -499,10 +499,6 @@ def _pick_baseline(outcomes: dict[str, torch.Tensor]) -> str:
     return max(outcomes, key=lambda k: (float(outcomes[k].sum()), k != "chance"))
 
 
-def _fmt_p(p: float) -> str:
-    return "p < 0.001" if p < 0.001 else f"p = {p:.2g}"
-
-
 @dataclass(frozen=True, eq=False)
 class _Selection:
     """How the head was chosen and the outcomes it is judged on."""
@@ -651,7 +647,7 @@ def _verdict(best, fold_heads, c, n, ci, base, base_correct, p, p_max, n_heads, 
     did = f"resolves {c}/{n} held-out {noun}" if noun == "pronouns" else f"picks the target in {c}/{n} held-out {noun}"
     stats = f"({c / n:.0%}, 95% CI {ci[0]:.0%}–{ci[1]:.0%})"
     where = "the held-out set" if split else "all examples"
-    tests = f"{_fmt_p(p)}; max-T over all {n_heads} heads on {where}: {_fmt_p(p_max)}"
+    tests = f"{format_p(p)}; max-T over all {n_heads} heads on {where}: {format_p(p_max)}"
     if split:
         chosen = f"{head_name(*best)} (chosen on the selection set)"
     else:

@@ -24,6 +24,7 @@ __all__ = [
     "cv_signflip_p",
     "cv_relabel_p",
     "holm",
+    "format_p",
 ]
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
@@ -248,7 +249,7 @@ def cv_relabel_p(pred, answer, n_candidates, folds: Sequence[int], rank, *, n_pe
 
 
 # --------------------------------------------------------------------------------------------
-# Many tests at once
+# Many tests at once, and p-values in words
 
 
 @overload
@@ -290,3 +291,14 @@ def _holm(p: np.ndarray) -> np.ndarray:
         out[i] = running
     return out
 
+
+def format_p(p: float, *, floor: float | None = 0.001) -> str:
+    """A p-value for a sentence: two significant digits, or `p < floor` below `floor`.
+
+    Below 0.001 the digits of a Monte Carlo p-value say little (it is at least 1 / (1 + draws));
+    `floor=None` writes every p as it is (the ablation checks, with a few random head sets).
+
+    >>> format_p(0.0432), format_p(0.0004), format_p(1.0), format_p(0.00067, floor=None)
+    ('p = 0.043', 'p < 0.001', 'p = 1', 'p = 0.00067')
+    """
+    return f"p < {floor:g}" if floor is not None and p < floor else f"p = {p:.2g}"

@@ -40,7 +40,7 @@ import torch
 from headscope.probe.types import AttentionMap, head_name
 
 from .coref import head_rank, select_head
-from .stats import holm, signflip_max_p, wilson
+from .stats import format_p, holm, signflip_max_p, wilson
 from .treebank import Sentence
 
 __all__ = [
@@ -322,10 +322,6 @@ def _offset_hits(offsets: Sequence[frozenset], offset: int | None) -> np.ndarray
     return np.array([offset is not None and offset in s for s in offsets], dtype=bool)
 
 
-def _fmt_p(p: float) -> str:
-    return "p < 0.001" if p < 0.001 else f"p = {p:.2g}"
-
-
 def _one_relation(select: Arcs, test: Arcs, relation: str, direction: str, ids: tuple, rank: torch.Tensor,
                   *, n_perm: int, seed: int, min_examples: int) -> tuple[dict, np.ndarray, np.ndarray]:
     """Fields of a `RelationScore` (without Holm and verdict) and the per-head correct counts of both splits."""
@@ -358,7 +354,7 @@ def _verdict(f: dict, p_holm: float | None, n_tests: int, beats: bool, min_examp
     n, c, lo, hi = f["n"], f["heldout_correct"], *f["ci95"]
     off = f["baseline_offset"]
     base = f"the best fixed offset ({off:+d}, chosen on the selection split)" if off is not None else "no offset"
-    tests = f"{_fmt_p(f['p_value'])}, Holm-adjusted over {n_tests} tests {_fmt_p(p_holm)}"
+    tests = f"{format_p(f['p_value'])}, Holm-adjusted over {n_tests} tests {format_p(p_holm)}"
     did = (f"{head_name(*f['best_head'])} (chosen on the selection split) finds the answer for {c}/{n} "
            f"held-out examples ({c / n:.0%}, 95% CI {lo:.0%}–{hi:.0%})")
     if beats:
@@ -557,7 +553,7 @@ def score_trees(records: Sequence[SentenceAttention], head: int, best_head: tupl
     verdict = (f"{head_name(*best_head)} (chosen on {selection.n_sentences} selection sentences) decodes trees with "
                f"UUAS {u(h):.1%} on {len(h)} test sentences; right-branching {u(r):.1%}, "
                f"offset {'none' if offset is None else f'{offset:+d}'} {u(o):.1%}; "
-               f"{'above' if beats else 'not above'} the {base_name} baseline ({_fmt_p(p)}).")
+               f"{'above' if beats else 'not above'} the {base_name} baseline ({format_p(p)}).")
     return TreeScore(best_head=best_head, uuas=u(h), right_branching_uuas=u(r), offset=offset, offset_uuas=u(o),
                      baseline=base_name, p_value=p, n_sentences=len(h), n_edges=edges, select_uuas=selection.uuas,
                      select_sentences=selection.n_sentences, verdict=verdict,

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from headscope.analyses.stats import holm
+from headscope.analyses.stats import format_p, holm
 
 # --------------------------------------------------------------------------------------------
 # Holm
@@ -30,3 +30,13 @@ def test_holm_gives_the_same_numbers_for_an_array_with_nan():
     assert [float(x) for i, x in enumerate(arr) if i != 1] == [x for x in listed if x is not None]
     assert all(isinstance(x, float) for x in listed if x is not None)
     assert np.isnan(holm(np.array([np.nan, np.nan]))).all()
+
+
+# --------------------------------------------------------------------------------------------
+# p-values in words
+
+
+def test_format_p_two_digits_and_a_floor():
+    assert format_p(0.04567) == "p = 0.046" and format_p(1.0) == "p = 1" and format_p(0.001) == "p = 0.001"
+    assert format_p(0.0009) == "p < 0.001" and format_p(0.005, floor=0.01) == "p < 0.01"
+    assert format_p(0.0009, floor=None) == "p = 0.0009"
