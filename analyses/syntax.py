@@ -11,7 +11,8 @@ segmenter=...)` with the gold words as segments) and on gold `treebank.Sentence`
    *head->dependent*: the governor is the query; one example per (governor, relation), right when the
    most-attended word is any of its dependents with that relation.
 3. `score_relations`: per relation and direction, the head with the most right answers on the
-   selection sentences is scored on the test sentences (Wilson interval). The baseline is the best
+   selection sentences (ties by the seeded rank of `analyses.selection`) is scored on the test
+   sentences (Wilson interval). The baseline is the best
    fixed relative offset for that relation and direction, chosen on the selection sentences too.
    `p_value` is a one-sided paired sign-flip test of head vs offset on the test examples (valid as
    is: nothing was chosen on them); `p_holm` adjusts it for the number of relations tested.
@@ -39,7 +40,7 @@ import torch
 
 from headscope.probe.types import AttentionMap, head_name
 
-from .coref import head_rank, select_head
+from .selection import beats_baseline, chosen_head, head_rank, heldout_score, no_head_beats, select_head, too_few
 from .stats import format_p, holm, signflip_max_p, wilson
 from .treebank import Sentence
 
@@ -349,17 +350,17 @@ def _one_relation(select: Arcs, test: Arcs, relation: str, direction: str, ids: 
 def _verdict(f: dict, p_holm: float | None, n_tests: int, beats: bool, min_examples: int) -> str:
     name = f"{f['relation']} ({f['direction']})"
     if f["best_head"] is None:
-        return (f"{name}: too few examples to crown a head ({f['n_select']} for selection, {f['n']} for test; "
-                f"at least {min_examples} needed on each) — not a claim.")
+        return f"{name}: " + too_few(f" ({f['n_select']} for selection, {f['n']} for test; at least {min_examples} "
+                                     f"needed on each)")
     n, c, lo, hi = f["n"], f["heldout_correct"], *f["ci95"]
     off = f["baseline_offset"]
     base = f"the best fixed offset ({off:+d}, chosen on the selection split)" if off is not None else "no offset"
     tests = f"{format_p(f['p_value'])}, Holm-adjusted over {n_tests} tests {format_p(p_holm)}"
-    did = (f"{head_name(*f['best_head'])} (chosen on the selection split) finds the answer for {c}/{n} "
-           f"held-out examples ({c / n:.0%}, 95% CI {lo:.0%}–{hi:.0%})")
+    did = (f"{chosen_head(f['best_head'], None, on='the selection split')} finds the answer for "
+           f"{heldout_score(c, n, (lo, hi), 'examples')}")
     if beats:
         return f"{name}: {did}, above {base} at {f['baseline_correct']}/{n} ({tests})."
-    return f"{name}: no head beats the offset baseline: {did}; {base} gets {f['baseline_correct']}/{n} ({tests})."
+    return f"{name}: " + no_head_beats(did, base, f"{f['baseline_correct']}/{n}", tests, against="offset baseline")
 
 
 def score_relations(select: Arcs, test: Arcs, layer_ids: Sequence[int], head_ids: Sequence[int], *,
@@ -376,7 +377,7 @@ def score_relations(select: Arcs, test: Arcs, layer_ids: Sequence[int], head_ids
     n_tests = sum(p is not None for p in adjusted)
     scores = []
     for (f, _, _), p_h in zip(parts, adjusted):
-        beats = p_h is not None and p_h < alpha and f["heldout_correct"] > f["baseline_correct"]
+        beats = beats_baseline(p_h, f["heldout_correct"], f["baseline_correct"], alpha=alpha)
         scores.append(RelationScore(**f, p_holm=p_h, beats_baseline=beats,
                                     verdict=_verdict(f, p_h, n_tests, beats, min_examples)))
     return scores, _head_table(parts, scores, ids)
@@ -549,8 +550,8 @@ def score_trees(records: Sequence[SentenceAttention], head: int, best_head: tupl
     base_name, base = ("right-branching", r) if r.sum() >= o.sum() else (f"offset {offset:+d}", o)
     p = signflip_max_p(h - base, n_perm=n_perm, seed=seed) if len(h) else math.nan
     u = lambda x: float(x.sum()) / edges if edges else math.nan  # noqa: E731
-    beats = p < alpha and h.sum() > base.sum()
-    verdict = (f"{head_name(*best_head)} (chosen on {selection.n_sentences} selection sentences) decodes trees with "
+    beats = beats_baseline(p, h.sum(), base.sum(), alpha=alpha)
+    verdict = (f"{chosen_head(best_head, None, on=f'{selection.n_sentences} selection sentences')} decodes trees with "
                f"UUAS {u(h):.1%} on {len(h)} test sentences; right-branching {u(r):.1%}, "
                f"offset {'none' if offset is None else f'{offset:+d}'} {u(o):.1%}; "
                f"{'above' if beats else 'not above'} the {base_name} baseline ({format_p(p)}).")

@@ -108,7 +108,7 @@ def syntax(lm, conllu: str | Path | Treebank, *, select_on: str | Path | Treeban
     the first sentences of each file (a subset: the output says how many were used). `attention` and
     `budget` as in `headscope.heads` (recomputed maps are checked against eager attention per batch).
     """
-    from headscope.analyses.coref import head_rank
+    from headscope.analyses.selection import head_rank
 
     test_tb = _treebank(conllu)
     if select_on is not None:
