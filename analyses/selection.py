@@ -47,7 +47,7 @@ import torch
 
 from headscope.probe.types import head_name
 
-from .stats import cv_choices, cv_relabel_p, cv_signflip_p, group_folds, relabel_max_p, signflip_max_p
+from .stats import cv_choices, cv_relabel_p, cv_signflip_p, group_folds, ranked_argmax, relabel_max_p, signflip_max_p
 
 __all__ = [
     "Scheme",
@@ -93,8 +93,7 @@ def select_head(correct: torch.Tensor, rank: torch.Tensor | None = None) -> tupl
     n_heads = correct.shape[2]
     flat = correct.flatten(1).to(torch.float64).sum(0)  # [layer * head]
     rank = torch.zeros_like(flat) if rank is None else torch.as_tensor(rank, dtype=torch.float64)
-    best = int((flat * (flat.numel() + 1) + rank).argmax())
-    return divmod(best, n_heads)
+    return divmod(int(ranked_argmax(flat.numpy(), rank.numpy())), n_heads)
 
 
 def cross_validate(

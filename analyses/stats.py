@@ -18,6 +18,7 @@ __all__ = [
     "Z95",
     "wilson",
     "group_folds",
+    "ranked_argmax",
     "signflip_max_p",
     "relabel_max_p",
     "cv_choices",
@@ -77,6 +78,19 @@ def group_folds(groups: Sequence[str], k: int, *, seed: int = 0) -> list[int]:
         fold_of[g] = f
         load[f] += size[g]
     return [fold_of[g] for g in groups]
+
+
+def ranked_argmax(totals, rank) -> np.ndarray:
+    """Position of the largest of integer `totals` along the last axis; ties go to the larger `rank`.
+
+    `rank` holds a number per position, distinct numbers 0..m-1 (a fixed seeded order:
+    `analyses.selection.head_rank`) so the choice is unique, or zeros (ties: the first).
+
+    >>> int(ranked_argmax([3, 5, 5, 1], [3, 0, 2, 1])), ranked_argmax([[1, 1], [0, 2]], [1, 0]).tolist()
+    (2, [0, 1])
+    """
+    t = np.asarray(totals, dtype=np.float64)
+    return (t * (t.shape[-1] + 1) + np.asarray(rank, dtype=np.float64)).argmax(axis=-1)
 
 
 def _p_from_null(observed: float, null: np.ndarray) -> float:
@@ -175,14 +189,13 @@ def _fold_index(folds: Sequence[int]) -> list[np.ndarray]:
 def _cv_stat(held: list[np.ndarray], rank: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     """Summed held-out score of the column chosen on the other folds; `held[f]` is (R, m) per-fold sums.
 
-    The choice is the largest training sum, ties broken by `rank` (distinct numbers 0..m-1).
+    The choice is the largest training sum, ties broken by `rank` (`ranked_argmax`).
     """
     total = sum(held)
-    m = total.shape[1]
     out = np.zeros(total.shape[0])
     chosen = []
     for h in held:
-        sel = ((total - h) * (m + 1) + rank).argmax(axis=1)  # (R,)
+        sel = ranked_argmax(total - h, rank)  # (R,)
         out += np.take_along_axis(h, sel[:, None], axis=1)[:, 0]
         chosen.append(sel)
     return out, chosen

@@ -41,7 +41,7 @@ import torch
 from headscope.probe.types import AttentionMap, head_name
 
 from .selection import beats_baseline, chosen_head, head_rank, heldout_score, no_head_beats, select_head, too_few
-from .stats import format_p, holm, signflip_max_p, wilson
+from .stats import format_p, holm, ranked_argmax, signflip_max_p, wilson
 from .treebank import Sentence
 
 __all__ = [
@@ -486,7 +486,7 @@ def choose_tree_head(records: Sequence[SentenceAttention], rank: torch.Tensor) -
         raise ValueError("no sentence carries decoded trees (summarise with match_trees=True)")
     matches = np.sum([r.tree_matches for r in used], axis=0).astype(np.int64)
     edges = sum(len(r.sentence) - 1 for r in used)
-    best = int(np.argmax(matches * (len(rank) + 1) + rank.numpy()))
+    best = int(ranked_argmax(matches, rank.numpy()))
     return TreeSelection(head=best, matches=matches, n_edges=edges, n_sentences=len(used))
 
 
