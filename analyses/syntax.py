@@ -12,8 +12,8 @@ segmenter=...)` with the gold words as segments) and on gold `treebank.Sentence`
    most-attended word is any of its dependents with that relation.
 3. `score_relations`: per relation and direction, the head with the most right answers on the
    selection sentences (ties by the seeded rank of `analyses.selection`) is scored on the test
-   sentences (Wilson interval). The baseline is the best
-   fixed relative offset for that relation and direction, chosen on the selection sentences too.
+   sentences (Wilson interval). The baseline is the best fixed relative offset for that relation
+   and direction, chosen on the selection sentences too.
    `p_value` is a one-sided paired sign-flip test of head vs offset on the test examples (valid as
    is: nothing was chosen on them); `p_holm` adjusts it for the number of relations tested.
 4. Trees (Htut et al. 2019): each head's word-to-word scores decoded into a maximum spanning
