@@ -25,6 +25,8 @@ import numpy as np
 
 from headscope.probe.types import head_name
 
+from .stats import format_p
+
 __all__ = ["AblationResult", "ChoiceCheck", "empirical_p", "random_head_sets", "ALPHA"]
 
 ALPHA = 0.05  # a verdict calls an effect stronger than random at p <= ALPHA (19 draws: p = 0.05 at best)
@@ -106,8 +108,8 @@ class AblationResult:
                 f"{self.random_mean:+.4g} ± {self.random_sd:.3g}")
         p = self.p_value
         if p <= ALPHA:
-            return f"{head}{rand} — a stronger effect than random heads (p = {p:.2g})."
-        return f"{head}{rand} — not a stronger effect than random heads give (p = {p:.2g})."
+            return f"{head}{rand} — a stronger effect than random heads ({format_p(p, floor=None)})."
+        return f"{head}{rand} — not a stronger effect than random heads give ({format_p(p, floor=None)})."
 
     def to_dict(self) -> dict:
         return {
@@ -185,8 +187,8 @@ class ChoiceCheck:
         return (f"ablating {names} moves the preference for the right option by {delta:+.3f} nats on average "
                 f"(right preferred in {int((before > 0).sum())}/{n} -> {int((after > 0).sum())}/{n}); "
                 f"{k} random sets of {len(self.heads)} head(s): {rd.mean():+.3f} ± {rd.std(ddof=1) if k > 1 else 0:.3f}; "
-                + (f"a larger drop than random (p = {p:.2g})." if p < ALPHA and delta < 0 else
-                   f"not a larger drop than random heads give (p = {p:.2g})."))
+                + (f"a larger drop than random ({format_p(p, floor=None)})." if p < ALPHA and delta < 0 else
+                   f"not a larger drop than random heads give ({format_p(p, floor=None)})."))
 
     @property
     def flips_verdict(self) -> str:
@@ -199,7 +201,7 @@ class ChoiceCheck:
             return text + "; no random head sets were drawn."
         sd = rf.std(ddof=1) if rf.size > 1 else 0.0
         return (f"{text}; random {k}-head ablations flip {rf.mean():.1f} ± {sd:.1f} "
-                f"(p = {self.flips_p_value:.2g}, {rf.size} draws).")
+                f"({format_p(self.flips_p_value, floor=None)}, {rf.size} draws).")
 
     def to_dict(self) -> dict:
         before, after = np.asarray(self.before), np.asarray(self.after)

@@ -33,7 +33,7 @@ import numpy as np
 from headscope.probe.types import head_name
 
 from .ablation import AblationResult, random_head_sets
-from .stats import Z95
+from .stats import Z95, format_p
 
 __all__ = ["CausalEvidence", "RankCorrelation", "role_grids", "spearman_interval", "INTERVAL_METHOD"]
 
@@ -169,7 +169,7 @@ class CausalEvidence:
         if not e.random_effects:
             return f"ablating {head_name(layer, head)} {what}."
         return (f"ablating {head_name(layer, head)} {what}; random 1-head ablations {e.random_mean:.4g} ± "
-                f"{e.random_sd:.2g} (p = {e.p_value:.2g}, {len(e.random_effects)} draws)")
+                f"{e.random_sd:.2g} ({format_p(e.p_value, floor=None)}, {len(e.random_effects)} draws)")
 
     def to_dict(self, scores=None) -> dict:
         L, H = np.asarray(self.single).shape

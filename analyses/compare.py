@@ -40,6 +40,7 @@ import pandas as pd
 from headscope.probe.types import AttentionMap, json_safe
 
 from .heads import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, HeadScoreAccumulator, assign_roles
+from .stats import holm
 
 __all__ = ["HeadComparison", "per_text_scores", "compare_scores", "MIN_EFFECT", "DEFAULT_MIN_EFFECT", "ALPHA"]
 
@@ -128,7 +129,7 @@ def compare_scores(a: pd.DataFrame, b: pd.DataFrame, *, a_name: str = "a", b_nam
         mean_b = np.nanmean(np.where(both, vb, np.nan)[:, keep], 0)
         diff, lo, hi, p = _paired_t(d[:, keep], n[keep])
     table = wide_a.columns[keep].to_frame(index=False)
-    table = table.assign(a=mean_a, b=mean_b, diff=diff, ci_low=lo, ci_high=hi, n_texts=n[keep], p=p, p_holm=_holm(p))
+    table = table.assign(a=mean_a, b=mean_b, diff=diff, ci_low=lo, ci_high=hi, n_texts=n[keep], p=p, p_holm=holm(p))
     effect = table["metric"].map(lambda m: MIN_EFFECT.get(m, DEFAULT_MIN_EFFECT))
     table["changed"] = (table["p_holm"] < alpha) & (table["diff"].abs() >= effect)
     roles = _roles_changed(_pooled(a), _pooled(b), thresholds)
@@ -157,23 +158,6 @@ def _paired_t(d: np.ndarray, n: np.ndarray):
     half = np.where(exact, 0.0, half)
     p = np.where(n >= 2, p, np.nan)  # one text: no interval, not tested
     return mean, mean - half, mean + half, p
-
-
-def _holm(p: np.ndarray) -> np.ndarray:
-    """Holm's step-down adjusted p-values over the finite entries of `p` (NaN stays NaN).
-
-    >>> _holm(np.array([0.01, 0.04, np.nan, 0.03])).round(3).tolist()
-    [0.03, 0.06, nan, 0.06]
-    """
-    out = np.full_like(p, np.nan, dtype=np.float64)
-    idx = np.flatnonzero(np.isfinite(p))
-    order = idx[np.argsort(p[idx], kind="stable")]
-    m = len(order)
-    running = 0.0
-    for rank, i in enumerate(order):
-        running = max(running, min(1.0, (m - rank) * p[i]))
-        out[i] = running
-    return out
 
 
 def _pooled(per_text: pd.DataFrame) -> pd.DataFrame:

@@ -12,20 +12,15 @@ The pipeline, each step a plain function:
 4. `score_probe`: per-head accuracy with Wilson intervals, baselines (nearest preceding candidate,
    first candidate, chance), honest selection and permutation tests, a verdict in words.
 
-What is tested (see `score_probe`). Selection: the head with the most correct examples on k-1
-folds (k-fold by `group`, so a Winograd pair never straddles the split; ties by a fixed seeded
-order of heads) is scored on the held-out fold; pooled over folds, every example is scored once by
-a head chosen without it (`heldout_accuracy`). `p_value` is a one-sided permutation test of that
-whole procedure against the best baseline on the same examples: under H0 (no head's attention
-tells more than the baseline), each permutation swaps head and baseline outcomes per example (a
-sign flip of the per-example difference, the same for all L x H heads; against chance: redraws the
-answer among the candidates), re-runs the k-fold choice and recomputes the pooled held-out score.
-Re-running the choice matters: testing the pooled held-out outcomes as if independent is not valid
-(the fold choices share data; on pure noise that test rejected 7 times in 40 at alpha = 0.05).
-`p_value_max` corroborates with a Westfall-Young max-T test over all heads on all examples (same
-flips, statistic = the best head's advantage), which accounts for the L x H choice with no split.
-With a separate held-out set (`heldout=`), the head is chosen on `data` alone, so `p_value` is the
-plain paired test of its held-out outcomes.
+What is tested (see `score_probe`; the method is `analyses.selection`'s). Selection: the head
+with the most correct examples on k-1 folds (k-fold by `group`, so a Winograd pair never straddles
+the split; ties by a fixed seeded order of heads) is scored on the held-out fold; pooled over
+folds, every example is scored once by a head chosen without it (`heldout_accuracy`). `p_value` is
+a one-sided permutation test of that whole procedure against the best baseline on the same
+examples (nearest or first candidate: a paired sign flip; chance: the answer redrawn among the
+candidates), re-running the k-fold choice in every permutation; `p_value_max` corroborates with
+max-T over all heads on all examples. With a separate held-out set (`heldout=`), the head is
+chosen on `data` alone, so `p_value` is the plain test of its held-out outcomes.
 
 Decoders are causal: a pronoun only sees earlier words, so examples with a candidate after the
 source are excluded for them (and counted in `excluded`).
@@ -45,7 +40,22 @@ from headscope.probe.types import AttentionMap, Units, head_name
 from headscope.probe.words import to_word_level
 
 from .relations import RelationExample, first_choice, nearest_choice
-from .stats import cv_choices, cv_relabel_p, cv_signflip_p, group_folds, relabel_max_p, signflip_max_p, wilson
+from .selection import (
+    Chance,
+    Paired,
+    Selection,
+    beats_baseline,
+    chosen_head,
+    choose,
+    head_rank,
+    heldout_score,
+    no_head_beats,
+    p_value,
+    p_value_max,
+    select_head,
+    too_few,
+)
+from .stats import format_p, wilson
 
 __all__ = [
     "ProbeResult",
@@ -58,9 +68,6 @@ __all__ = [
     "collect_scores",
     "head_picks",
     "head_correct",
-    "head_rank",
-    "select_head",
-    "cross_validate",
     "candidate_units",
     "QueryRows",
     "query_rows",
@@ -299,7 +306,7 @@ def collect_scores(
 
 
 # --------------------------------------------------------------------------------------------
-# 3. Picks, correctness and selection ([example, layer, head])
+# 3. Picks and correctness ([example, layer, head]); choosing among heads is `analyses.selection`
 
 
 def head_picks(scores: torch.Tensor) -> torch.Tensor:
@@ -318,50 +325,6 @@ def head_picks(scores: torch.Tensor) -> torch.Tensor:
 def head_correct(scores: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
     """Whether each head picks the answer, bool `[example, layer, head]`."""
     return head_picks(scores) == answers[:, None, None]
-
-
-def head_rank(n_layers: int, n_heads: int, *, seed: int = 0) -> torch.Tensor:
-    """A fixed random order of the heads, `[layer * n_heads + head]`, that breaks ties in accuracy.
-
-    It depends on the seed only, never on the data, so the permutation tests can re-run the very
-    same selection (a data-driven tie-break such as the attention margin could not be permuted).
-    """
-    return torch.randperm(n_layers * n_heads, generator=torch.Generator().manual_seed(seed)).to(torch.float64)
-
-
-def select_head(correct: torch.Tensor, rank: torch.Tensor | None = None) -> tuple[int, int]:
-    """Axis positions (layer, head) of the most accurate head; ties go to the higher `rank`.
-
-    >>> c = torch.tensor([[[True, False], [True, True]]])      # [example=1, layer=2, head=2]
-    >>> select_head(c, torch.tensor([0.0, 1.0, 3.0, 2.0]))
-    (1, 0)
-    """
-    n_heads = correct.shape[2]
-    flat = correct.flatten(1).to(torch.float64).sum(0)  # [layer * head]
-    rank = torch.zeros_like(flat) if rank is None else torch.as_tensor(rank, dtype=torch.float64)
-    best = int((flat * (flat.numel() + 1) + rank).argmax())
-    return divmod(best, n_heads)
-
-
-def cross_validate(
-    correct: torch.Tensor, folds: Sequence[int], rank: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
-    """Choose a head on all folds but one, score it on that one.
-
-    Returns `(heldout_correct [example], heldout_head [example, 2], choice per fold)`; every
-    example is scored once, by the head chosen without it.
-    """
-    n_heads = correct.shape[2]
-    rank = torch.zeros(correct.shape[1] * n_heads, dtype=torch.float64) if rank is None else rank
-    fold = torch.tensor(list(folds))
-    choices = [divmod(c, n_heads) for c in cv_choices(correct.flatten(1), folds, rank)]
-    out = torch.zeros(correct.shape[0], dtype=torch.bool)
-    which = torch.zeros(correct.shape[0], 2, dtype=torch.long)
-    for f, (li, hi) in zip(sorted(set(fold.tolist())), choices):
-        test = fold == f
-        out[test] = correct[test, li, hi]
-        which[test] = torch.tensor([li, hi])
-    return out, which, choices
 
 
 # --------------------------------------------------------------------------------------------
@@ -499,60 +462,14 @@ def _pick_baseline(outcomes: dict[str, torch.Tensor]) -> str:
     return max(outcomes, key=lambda k: (float(outcomes[k].sum()), k != "chance"))
 
 
-def _fmt_p(p: float) -> str:
-    return "p < 0.001" if p < 0.001 else f"p = {p:.2g}"
-
-
-@dataclass(frozen=True, eq=False)
-class _Selection:
-    """How the head was chosen and the outcomes it is judged on."""
-
-    eval_data: ProbeScores  # the examples the chosen head is scored on
-    correct: torch.Tensor  # [example, layer, head] on eval_data
-    heldout_correct: torch.Tensor  # [example]: the chosen head's outcome on each eval example
-    heldout_pick: torch.Tensor | None  # [example]: its pick (separate held-out set only)
-    choices: list[tuple[int, int]]  # axis positions chosen (one per fold, or one)
-    folds: list[int] | None  # fold of each example under k-fold
-    description: str
-    usable: bool
-
-
 def _select(data: ProbeScores, heldout: ProbeScores | None, correct: torch.Tensor, rank: torch.Tensor,
-            folds: int, seed: int) -> _Selection:
-    if heldout is not None:
-        if (heldout.layer_ids, heldout.head_ids) != (data.layer_ids, data.head_ids):
-            raise ValueError("the held-out scores must cover the same layers and heads as the selection data")
-        li, hi = select_head(correct, rank) if len(data) else (0, 0)
-        eval_correct = head_correct(heldout.scores, heldout.answers)
-        return _Selection(heldout, eval_correct, eval_correct[:, li, hi], head_picks(heldout.scores)[:, li, hi],
-                          [(li, hi)], None, f"chosen on {len(data)} examples, scored on {len(heldout)} others",
-                          len(data) > 0 and len(heldout) > 0)
-    n_groups = len(set(e.group for e in data.examples))
-    k = min(folds, n_groups)
-    if k < 2:
-        return _Selection(data, correct, torch.zeros(len(data), dtype=torch.bool), None, [], None,
-                          f"no split possible ({n_groups} group(s))", False)
-    fold_of = group_folds([e.group for e in data.examples], k, seed=seed)
-    h_correct, _, choices = cross_validate(correct, fold_of, rank)
-    return _Selection(data, correct, h_correct, None, choices, fold_of, f"{k}-fold by group ({n_groups} groups)", True)
-
-
-def _p_values(sel: _Selection, base: str, baseline: torch.Tensor, rank: torch.Tensor, n_perm: int,
-              seed: int) -> tuple[float, float]:
-    """(`p_value`, `p_value_max`) of the chosen head against baseline `base` (see the module docstring)."""
-    ev = sel.eval_data
-    all_picks = head_picks(ev.scores).flatten(1)  # [example, layer * head]
-    kw = dict(n_perm=n_perm, seed=seed)
-    if base == "chance":
-        p_max = relabel_max_p(all_picks, ev.answers, ev.n_candidates, **kw)
-        if sel.folds is None:
-            return relabel_max_p(sel.heldout_pick[:, None], ev.answers, ev.n_candidates, **kw), p_max
-        return cv_relabel_p(all_picks, ev.answers, ev.n_candidates, sel.folds, rank, **kw), p_max
-    diff = sel.correct.flatten(1).to(torch.float64) - baseline.to(torch.float64)[:, None]
-    p_max = signflip_max_p(diff, **kw)
-    if sel.folds is None:
-        return signflip_max_p(sel.heldout_correct.to(torch.float64) - baseline, **kw), p_max
-    return cv_signflip_p(diff, sel.folds, rank, **kw), p_max
+            folds: int, seed: int) -> Selection:
+    """The head chosen on `data` and scored on `heldout`, or by k-fold by group on `data`."""
+    if heldout is None:
+        return choose(correct, groups=[e.group for e in data.examples], rank=rank, folds=folds, seed=seed)
+    if (heldout.layer_ids, heldout.head_ids) != (data.layer_ids, data.head_ids):
+        raise ValueError("the held-out scores must cover the same layers and heads as the selection data")
+    return choose(correct, groups=(), rank=rank, heldout=head_correct(heldout.scores, heldout.answers))
 
 
 def score_probe(
@@ -581,7 +498,8 @@ def score_probe(
     rank = head_rank(len(data.layer_ids), len(data.head_ids), seed=seed)
     heads = _head_table(data, correct)
     sel = _select(data, heldout, correct, rank, folds, seed)
-    ev, n_eval = sel.eval_data, len(sel.eval_data)
+    ev = data if heldout is None else heldout  # the examples the chosen head is scored on
+    n_eval = len(ev)
     outcomes = _baseline_outcomes(ev.examples) if n_eval else {}
     baselines = {k: float(outcomes[k].mean()) if n_eval else float("nan") for k in ("nearest", "first", "chance")}
     best = None
@@ -597,16 +515,17 @@ def score_probe(
 
     if not sel.usable or n_eval < min_heldout:
         where = f", the best head on all data, {head_name(*best)}, gets {int(heads.correct.max())}/{len(data)}" if best else ""
-        verdict = (f"too few examples to crown a head: {n_eval} held-out example(s), at least {min_heldout} needed"
-                   f"{where} — not a claim.")
+        verdict = too_few(f": {n_eval} held-out example(s), at least {min_heldout} needed{where}")
         return ProbeResult(best_head=None, heldout_accuracy=None, heldout_correct=c if sel.usable else 0,
                            heldout_n=n_eval if sel.usable else 0, ci95=None, p_value=None, verdict=verdict,
                            examples=drill, **common)
 
     base = _pick_baseline(outcomes)
-    p, p_max = _p_values(sel, base, outcomes[base], rank, n_perm, seed)
+    null = Chance(head_picks(ev.scores), ev.answers, ev.n_candidates) if base == "chance" else Paired(outcomes[base])
+    p = p_value(sel, null, rank=rank, n_perm=n_perm, seed=seed)
+    p_max = p_value_max(sel, null, n_perm=n_perm, seed=seed)
     acc, ci = c / n_eval, wilson(c, n_eval)
-    beats = p < alpha and acc > baselines[base]
+    beats = beats_baseline(p, acc, baselines[base], alpha=alpha)
     verdict = _verdict(best, fold_heads, c, n_eval, ci, base, float(outcomes[base].sum()), p, p_max,
                        len(data.layer_ids) * len(data.head_ids), beats, noun, heldout is not None)
     return ProbeResult(best_head=best, heldout_accuracy=acc, heldout_correct=c, heldout_n=n_eval, ci95=ci,
@@ -648,20 +567,10 @@ def _merge_excluded(data: ProbeScores, heldout: ProbeScores | None) -> dict:
 def _verdict(best, fold_heads, c, n, ci, base, base_correct, p, p_max, n_heads, beats, noun, split) -> str:
     base_word = _BASELINE_WORDS[base]
     base_count = f"{base_correct:.0f}/{n}" if base != "chance" else f"{base_correct:.1f}/{n} expected"
-    did = f"resolves {c}/{n} held-out {noun}" if noun == "pronouns" else f"picks the target in {c}/{n} held-out {noun}"
-    stats = f"({c / n:.0%}, 95% CI {ci[0]:.0%}–{ci[1]:.0%})"
+    verb = "resolves" if noun == "pronouns" else "picks the target in"
+    claim = f"{chosen_head(best, None if split else fold_heads)} {verb} {heldout_score(c, n, ci, noun)}"
     where = "the held-out set" if split else "all examples"
-    tests = f"{_fmt_p(p)}; max-T over all {n_heads} heads on {where}: {_fmt_p(p_max)}"
-    if split:
-        chosen = f"{head_name(*best)} (chosen on the selection set)"
-    else:
-        tally = Counter(fold_heads)
-        if len(tally) == 1 and best in tally:
-            chosen = f"{head_name(*best)} (chosen in all {len(fold_heads)} folds)"
-        else:
-            picks = ", ".join(f"{head_name(*h)} in {k}" for h, k in tally.most_common())
-            chosen = f"the head chosen on the other folds ({picks} of {len(fold_heads)} folds; {head_name(*best)} on all data)"
+    tests = f"{format_p(p)}; max-T over all {n_heads} heads on {where}: {format_p(p_max)}"
     if beats:
-        return f"{chosen} {did} {stats}, above the {base_word} baseline ({base_count}) at {tests}."
-    return (f"no head beats the baselines: {chosen} {did} {stats}; the {base_word} baseline gets {base_count} "
-            f"({tests}).")
+        return f"{claim}, above the {base_word} baseline ({base_count}) at {tests}."
+    return no_head_beats(claim, f"the {base_word} baseline", base_count, tests, against="baselines")

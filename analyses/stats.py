@@ -1,4 +1,4 @@
-"""Small, honest statistics for head probes: Wilson intervals, group k-fold, permutation tests.
+"""Small, honest statistics for head probes: Wilson intervals, group k-fold, permutation tests, Holm.
 
 Everything works on plain arrays of per-example outcomes (torch tensors or numpy arrays), so each
 piece can be checked by hand. Permutation p-values are real Monte Carlo computations with a fixed
@@ -10,7 +10,7 @@ CPU, where torch's thread pool can stall for milliseconds on each.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Sequence, overload
 
 import numpy as np
 
@@ -18,11 +18,14 @@ __all__ = [
     "Z95",
     "wilson",
     "group_folds",
+    "ranked_argmax",
     "signflip_max_p",
     "relabel_max_p",
     "cv_choices",
     "cv_signflip_p",
     "cv_relabel_p",
+    "holm",
+    "format_p",
 ]
 
 Z95 = 1.959963984540054  # two-sided 95% normal quantile
@@ -75,6 +78,19 @@ def group_folds(groups: Sequence[str], k: int, *, seed: int = 0) -> list[int]:
         fold_of[g] = f
         load[f] += size[g]
     return [fold_of[g] for g in groups]
+
+
+def ranked_argmax(totals, rank) -> np.ndarray:
+    """Position of the largest of integer `totals` along the last axis; ties go to the larger `rank`.
+
+    `rank` holds a number per position, distinct numbers 0..m-1 (a fixed seeded order:
+    `analyses.selection.head_rank`) so the choice is unique, or zeros (ties: the first).
+
+    >>> int(ranked_argmax([3, 5, 5, 1], [3, 0, 2, 1])), ranked_argmax([[1, 1], [0, 2]], [1, 0]).tolist()
+    (2, [0, 1])
+    """
+    t = np.asarray(totals, dtype=np.float64)
+    return (t * (t.shape[-1] + 1) + np.asarray(rank, dtype=np.float64)).argmax(axis=-1)
 
 
 def _p_from_null(observed: float, null: np.ndarray) -> float:
@@ -173,14 +189,13 @@ def _fold_index(folds: Sequence[int]) -> list[np.ndarray]:
 def _cv_stat(held: list[np.ndarray], rank: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
     """Summed held-out score of the column chosen on the other folds; `held[f]` is (R, m) per-fold sums.
 
-    The choice is the largest training sum, ties broken by `rank` (distinct numbers 0..m-1).
+    The choice is the largest training sum, ties broken by `rank` (`ranked_argmax`).
     """
     total = sum(held)
-    m = total.shape[1]
     out = np.zeros(total.shape[0])
     chosen = []
     for h in held:
-        sel = ((total - h) * (m + 1) + rank).argmax(axis=1)  # (R,)
+        sel = ranked_argmax(total - h, rank)  # (R,)
         out += np.take_along_axis(h, sel[:, None], axis=1)[:, 0]
         chosen.append(sel)
     return out, chosen
@@ -244,3 +259,59 @@ def cv_relabel_p(pred, answer, n_candidates, folds: Sequence[int], rank, *, n_pe
         held = [onehot[:, idx].reshape(r, -1) @ picks[idx].reshape(-1, m) for idx in index]  # (R, m) per fold
         nulls.append(_cv_stat(held, rank)[0])
     return _p_from_null(observed, np.concatenate(nulls))
+
+
+# --------------------------------------------------------------------------------------------
+# Many tests at once, and p-values in words
+
+
+@overload
+def holm(p_values: np.ndarray) -> np.ndarray: ...
+
+
+@overload
+def holm(p_values: Sequence[float | None]) -> list[float | None]: ...
+
+
+def holm(p_values):
+    """Holm's step-down adjustment (family-wise error) of the p-values given; a missing one stays missing.
+
+    The m p-values present are sorted; the i-th smallest (i from 0) is multiplied by m - i, capped
+    at 1, and never left below the adjusted value before it. A numpy array gives an array, NaN (or
+    any non-finite entry) marking a test not run (NaN out); any other sequence gives a list, None
+    (or NaN) marking one and kept as it was.
+
+    >>> holm([0.01, None, 0.04, 0.03])
+    [0.03, None, 0.06, 0.06]
+    >>> holm(np.array([0.01, 0.04, np.nan, 0.03])).round(3).tolist()
+    [0.03, 0.06, nan, 0.06]
+    """
+    if isinstance(p_values, np.ndarray):
+        return _holm(p_values)
+    given = list(p_values)
+    adjusted = _holm(np.array([math.nan if p is None else p for p in given], dtype=np.float64))
+    return [p if p is None or not math.isfinite(p) else float(q) for p, q in zip(given, adjusted)]
+
+
+def _holm(p: np.ndarray) -> np.ndarray:
+    out = np.full_like(p, np.nan, dtype=np.float64)
+    idx = np.flatnonzero(np.isfinite(p))
+    order = idx[np.argsort(p[idx], kind="stable")]
+    m = len(order)
+    running = 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p[i]))
+        out[i] = running
+    return out
+
+
+def format_p(p: float, *, floor: float | None = 0.001) -> str:
+    """A p-value for a sentence: two significant digits, or `p < floor` below `floor`.
+
+    Below 0.001 the digits of a Monte Carlo p-value say little (it is at least 1 / (1 + draws));
+    `floor=None` writes every p as it is (the ablation checks, with a few random head sets).
+
+    >>> format_p(0.0432), format_p(0.0004), format_p(1.0), format_p(0.00067, floor=None)
+    ('p = 0.043', 'p < 0.001', 'p = 1', 'p = 0.00067')
+    """
+    return f"p < {floor:g}" if floor is not None and p < floor else f"p = {p:.2g}"

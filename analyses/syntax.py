@@ -11,8 +11,9 @@ segmenter=...)` with the gold words as segments) and on gold `treebank.Sentence`
    *head->dependent*: the governor is the query; one example per (governor, relation), right when the
    most-attended word is any of its dependents with that relation.
 3. `score_relations`: per relation and direction, the head with the most right answers on the
-   selection sentences is scored on the test sentences (Wilson interval). The baseline is the best
-   fixed relative offset for that relation and direction, chosen on the selection sentences too.
+   selection sentences (ties by the seeded rank of `analyses.selection`) is scored on the test
+   sentences (Wilson interval). The baseline is the best fixed relative offset for that relation
+   and direction, chosen on the selection sentences too.
    `p_value` is a one-sided paired sign-flip test of head vs offset on the test examples (valid as
    is: nothing was chosen on them); `p_holm` adjusts it for the number of relations tested.
 4. Trees (Htut et al. 2019): each head's word-to-word scores decoded into a maximum spanning
@@ -39,8 +40,8 @@ import torch
 
 from headscope.probe.types import AttentionMap, head_name
 
-from .coref import head_rank, select_head
-from .stats import signflip_max_p, wilson
+from .selection import beats_baseline, chosen_head, head_rank, heldout_score, no_head_beats, select_head, too_few
+from .stats import format_p, holm, ranked_argmax, signflip_max_p, wilson
 from .treebank import Sentence
 
 __all__ = [
@@ -60,7 +61,6 @@ __all__ = [
     "summarise",
     "collect_arcs",
     "best_offset",
-    "holm",
     "score_relations",
     "decode_tree",
     "undirected_matches",
@@ -266,20 +266,6 @@ def best_offset(offsets: Sequence[frozenset]) -> int | None:
     return max(counts, key=lambda o: (counts[o], -abs(o), o < 0))
 
 
-def holm(p_values: Sequence[float | None]) -> list[float | None]:
-    """Holm's step-down adjustment (family-wise error) of the p-values given; None stays None.
-
-    >>> holm([0.01, None, 0.04, 0.03])
-    [0.03, None, 0.06, 0.06]
-    """
-    idx = sorted((i for i, p in enumerate(p_values) if p is not None), key=lambda i: p_values[i])
-    m, out, running = len(idx), [None] * len(p_values), 0.0
-    for rank, i in enumerate(idx):
-        running = max(running, min(1.0, (m - rank) * p_values[i]))
-        out[i] = running
-    return out
-
-
 @dataclass(frozen=True)
 class RelationScore:
     """One relation in one direction: the head chosen on the selection split, scored on the test split."""
@@ -337,10 +323,6 @@ def _offset_hits(offsets: Sequence[frozenset], offset: int | None) -> np.ndarray
     return np.array([offset is not None and offset in s for s in offsets], dtype=bool)
 
 
-def _fmt_p(p: float) -> str:
-    return "p < 0.001" if p < 0.001 else f"p = {p:.2g}"
-
-
 def _one_relation(select: Arcs, test: Arcs, relation: str, direction: str, ids: tuple, rank: torch.Tensor,
                   *, n_perm: int, seed: int, min_examples: int) -> tuple[dict, np.ndarray, np.ndarray]:
     """Fields of a `RelationScore` (without Holm and verdict) and the per-head correct counts of both splits."""
@@ -368,17 +350,17 @@ def _one_relation(select: Arcs, test: Arcs, relation: str, direction: str, ids: 
 def _verdict(f: dict, p_holm: float | None, n_tests: int, beats: bool, min_examples: int) -> str:
     name = f"{f['relation']} ({f['direction']})"
     if f["best_head"] is None:
-        return (f"{name}: too few examples to crown a head ({f['n_select']} for selection, {f['n']} for test; "
-                f"at least {min_examples} needed on each) — not a claim.")
+        return f"{name}: " + too_few(f" ({f['n_select']} for selection, {f['n']} for test; at least {min_examples} "
+                                     f"needed on each)")
     n, c, lo, hi = f["n"], f["heldout_correct"], *f["ci95"]
     off = f["baseline_offset"]
     base = f"the best fixed offset ({off:+d}, chosen on the selection split)" if off is not None else "no offset"
-    tests = f"{_fmt_p(f['p_value'])}, Holm-adjusted over {n_tests} tests {_fmt_p(p_holm)}"
-    did = (f"{head_name(*f['best_head'])} (chosen on the selection split) finds the answer for {c}/{n} "
-           f"held-out examples ({c / n:.0%}, 95% CI {lo:.0%}–{hi:.0%})")
+    tests = f"{format_p(f['p_value'])}, Holm-adjusted over {n_tests} tests {format_p(p_holm)}"
+    did = (f"{chosen_head(f['best_head'], None, on='the selection split')} finds the answer for "
+           f"{heldout_score(c, n, (lo, hi), 'examples')}")
     if beats:
         return f"{name}: {did}, above {base} at {f['baseline_correct']}/{n} ({tests})."
-    return f"{name}: no head beats the offset baseline: {did}; {base} gets {f['baseline_correct']}/{n} ({tests})."
+    return f"{name}: " + no_head_beats(did, base, f"{f['baseline_correct']}/{n}", tests, against="offset baseline")
 
 
 def score_relations(select: Arcs, test: Arcs, layer_ids: Sequence[int], head_ids: Sequence[int], *,
@@ -395,7 +377,7 @@ def score_relations(select: Arcs, test: Arcs, layer_ids: Sequence[int], head_ids
     n_tests = sum(p is not None for p in adjusted)
     scores = []
     for (f, _, _), p_h in zip(parts, adjusted):
-        beats = p_h is not None and p_h < alpha and f["heldout_correct"] > f["baseline_correct"]
+        beats = beats_baseline(p_h, f["heldout_correct"], f["baseline_correct"], alpha=alpha)
         scores.append(RelationScore(**f, p_holm=p_h, beats_baseline=beats,
                                     verdict=_verdict(f, p_h, n_tests, beats, min_examples)))
     return scores, _head_table(parts, scores, ids)
@@ -504,7 +486,7 @@ def choose_tree_head(records: Sequence[SentenceAttention], rank: torch.Tensor) -
         raise ValueError("no sentence carries decoded trees (summarise with match_trees=True)")
     matches = np.sum([r.tree_matches for r in used], axis=0).astype(np.int64)
     edges = sum(len(r.sentence) - 1 for r in used)
-    best = int(np.argmax(matches * (len(rank) + 1) + rank.numpy()))
+    best = int(ranked_argmax(matches, rank.numpy()))
     return TreeSelection(head=best, matches=matches, n_edges=edges, n_sentences=len(used))
 
 
@@ -568,11 +550,11 @@ def score_trees(records: Sequence[SentenceAttention], head: int, best_head: tupl
     base_name, base = ("right-branching", r) if r.sum() >= o.sum() else (f"offset {offset:+d}", o)
     p = signflip_max_p(h - base, n_perm=n_perm, seed=seed) if len(h) else math.nan
     u = lambda x: float(x.sum()) / edges if edges else math.nan  # noqa: E731
-    beats = p < alpha and h.sum() > base.sum()
-    verdict = (f"{head_name(*best_head)} (chosen on {selection.n_sentences} selection sentences) decodes trees with "
+    beats = beats_baseline(p, h.sum(), base.sum(), alpha=alpha)
+    verdict = (f"{chosen_head(best_head, None, on=f'{selection.n_sentences} selection sentences')} decodes trees with "
                f"UUAS {u(h):.1%} on {len(h)} test sentences; right-branching {u(r):.1%}, "
                f"offset {'none' if offset is None else f'{offset:+d}'} {u(o):.1%}; "
-               f"{'above' if beats else 'not above'} the {base_name} baseline ({_fmt_p(p)}).")
+               f"{'above' if beats else 'not above'} the {base_name} baseline ({format_p(p)}).")
     return TreeScore(best_head=best_head, uuas=u(h), right_branching_uuas=u(r), offset=offset, offset_uuas=u(o),
                      baseline=base_name, p_value=p, n_sentences=len(h), n_edges=edges, select_uuas=selection.uuas,
                      select_sentences=selection.n_sentences, verdict=verdict,

@@ -15,14 +15,12 @@ from headscope.analyses.coref import (
     candidate_attention,
     collect_scores,
     concat_scores,
-    cross_validate,
     head_correct,
     head_picks,
-    head_rank,
     score_probe,
-    select_head,
 )
 from headscope.analyses.relations import builtin_set, parse_example
+from headscope.analyses.selection import cross_validate, head_rank, select_head
 from headscope.analyses.stats import Z95, group_folds, relabel_max_p, signflip_max_p, wilson
 from headscope.probe.types import AttentionMap
 

@@ -19,7 +19,6 @@ from headscope.analyses.syntax import (
     decode_tree,
     head_clusters,
     head_distances,
-    holm,
     offset_tree,
     right_branching,
     score_relations,
@@ -30,6 +29,7 @@ from headscope.analyses.syntax import (
     unit_of_words,
     word_scores,
 )
+from headscope.analyses.stats import holm
 from headscope.analyses.treebank import Sentence, TreebankError, parse_conllu, read_conllu
 from headscope.probe.types import AttentionMap
 

@@ -31,7 +31,7 @@ from headscope.analyses.syntax import (
     score_syntax,
     summarise,
 )
-from headscope.analyses.coref import head_rank
+from headscope.analyses.selection import head_rank
 from headscope.analyses.treebank import Sentence, Treebank, read_conllu, segmenter_for
 from headscope.probe.encoding import TOO_LONG
 from headscope.probe.extract import extract
