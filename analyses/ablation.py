@@ -19,10 +19,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from headscope.probe.names import Stronger
 from headscope.probe.types import head_name
 
 from .stats import format_p
@@ -32,7 +33,7 @@ __all__ = ["AblationResult", "ChoiceCheck", "empirical_p", "random_head_sets", "
 ALPHA = 0.05  # a verdict calls an effect stronger than random at p <= ALPHA (19 draws: p = 0.05 at best)
 
 
-def empirical_p(effect: float, random_effects: Sequence[float], *, stronger: Literal["higher", "lower"]) -> float | None:
+def empirical_p(effect: float, random_effects: Sequence[float], *, stronger: Stronger) -> float | None:
     """`(1 + #random at least as strong as effect) / (1 + n)`; None without random draws.
 
     >>> empirical_p(2.0, [0.0, 1.0, 2.0], stronger="higher"), empirical_p(2.0, [0.0, 1.0, 2.0], stronger="lower")
@@ -77,7 +78,7 @@ class AblationResult:
     effect_metric: str
     effect: float
     random_effects: tuple[float, ...]
-    stronger: Literal["higher", "lower"]
+    stronger: Stronger
     baseline: float = math.nan
     n: int = 0
     description: str = ""

@@ -32,14 +32,15 @@ roles one model's head has and the other's lacks.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Literal, Mapping
+from typing import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
 
+from headscope.probe.names import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Level
 from headscope.probe.types import AttentionMap, json_safe
 
-from .heads import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, HeadScoreAccumulator, assign_roles
+from .heads import HeadScoreAccumulator, assign_roles
 from .stats import holm
 
 __all__ = ["HeadComparison", "per_text_scores", "compare_scores", "MIN_EFFECT", "DEFAULT_MIN_EFFECT", "ALPHA"]
@@ -99,7 +100,7 @@ class HeadComparison:
                           "roles_changed": roles, "rule": self.rule})
 
 
-def per_text_scores(maps: Iterable[AttentionMap], *, level: Literal["token", "word"] = DEFAULT_LEVEL,
+def per_text_scores(maps: Iterable[AttentionMap], *, level: Level = DEFAULT_LEVEL,
                     include_special: bool = DEFAULT_INCLUDE_SPECIAL) -> pd.DataFrame:
     """Every head's metrics on each text alone: `text, layer, head, metric, value, n` (text = 0, 1, ...)."""
     frames = []

@@ -58,12 +58,13 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Callable, Iterable, Literal, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
+from headscope.probe.names import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Level
 from headscope.probe.recompute import Block
 from headscope.probe.types import AttentionMap, Units, head_name
 from headscope.probe.words import to_word_level
@@ -87,8 +88,7 @@ __all__ = [
     "settings_note",
 ]
 
-DEFAULT_LEVEL: Literal["token", "word"] = "word"  # Clark et al. 2019 aggregate to words ...
-DEFAULT_INCLUDE_SPECIAL = True  # ... and keep [CLS]/[SEP]
+# Clark et al. 2019 aggregate to words and keep [CLS]/[SEP]: `probe.names.DEFAULT_LEVEL`, `DEFAULT_INCLUDE_SPECIAL`.
 
 _TABLE_COLUMNS = ["model", "layer", "head", "metric", "value", "n"]
 _ROLE_COLUMNS = ["model", "layer", "head", "role", "metric", "value", "threshold"]
@@ -201,7 +201,7 @@ class HeadScoreAccumulator:
     aggregated to words when `level="word"`.
     """
 
-    def __init__(self, *, model: str | None = None, level: Literal["token", "word"] = DEFAULT_LEVEL,
+    def __init__(self, *, model: str | None = None, level: Level = DEFAULT_LEVEL,
                  include_special: bool = DEFAULT_INCLUDE_SPECIAL, metrics: Mapping[str, Metric] = METRICS) -> None:
         if level not in ("token", "word"):
             raise ValueError(f"level must be 'token' or 'word', got {level!r}")
@@ -367,7 +367,7 @@ def score_corpus(
     *,
     repeated: Iterable[AttentionMap] = (),
     model: str | None = None,
-    level: Literal["token", "word"] = DEFAULT_LEVEL,
+    level: Level = DEFAULT_LEVEL,
     include_special: bool = DEFAULT_INCLUDE_SPECIAL,
     thresholds: Mapping[str, float] | None = None,
     progress: bool = False,

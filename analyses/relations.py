@@ -406,7 +406,7 @@ def first_choice(ex: RelationExample) -> int:
     return min((a, j) for j, (a, _) in enumerate(ex.candidate_spans))[1]
 
 
-# Continuation prompts for the causal check: a decoder completes them with one of the candidates.
+# Continuation prompts for the ablation check: a decoder completes them with one of the candidates.
 COREF_TEMPLATE = '{text} In that sentence, "{source}" refers to'
 RELATION_TEMPLATE = '{text} In that sentence, the word "{source}" goes with'
 

@@ -58,7 +58,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "ablate_chosen_head": "headscope.workflows.ablation",
     "importance": "headscope.workflows.ablation",
     "choice_check": "headscope.workflows.ablation",
-    "causal_evidence": "headscope.workflows.ablation",
+    "ablation_evidence": "headscope.workflows.ablation",
     "Cloze": "headscope.workflows.ablation",
     "Choice": "headscope.workflows.ablation",
     "InductionTask": "headscope.workflows.ablation",
@@ -86,7 +86,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "RelationExample": "headscope.analyses.relations",
     "HeadComparison": "headscope.analyses.compare",
     "AblationResult": "headscope.analyses.ablation",
-    "CausalEvidence": "headscope.analyses.causal",
+    "AblationEvidence": "headscope.analyses.evidence",
     "rollout": "headscope.analyses.flow",
     "flow": "headscope.analyses.flow",
     # reports
@@ -105,8 +105,11 @@ _HOMES: dict[str, str | tuple[str, str]] = {
 }
 
 # Old public names, kept for one release: each warns once per use and answers with its new name.
+# ("causal" now means only a decoder's mask, `lm.is_causal`; what ablation shows is ablation evidence.)
 _RENAMED: dict[str, str] = {
     "causal": "ablate_chosen_head",
+    "causal_evidence": "ablation_evidence",
+    "CausalEvidence": "AblationEvidence",
 }
 
 __all__ = ["__version__", *_HOMES]

@@ -8,6 +8,7 @@ unusable cache folder) print as one line too.
 
 from __future__ import annotations
 
+import copy
 import os
 import sys
 import warnings
@@ -16,7 +17,7 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout
 import click
 
 from . import __version__
-from .commands import ablate, compare, coref, explain, generate, heads, importance, models, probe, run, syntax, verify
+from .commands import ablate, compare, coref, explain, generate, heads, importance, models, relations, run, syntax, verify
 
 
 class _OneLine(click.ClickException):
@@ -77,11 +78,15 @@ def cli(debug: bool) -> None:
 
 # In the order `headscope --help` lists them.
 _COMMANDS = {
-    "models": models, "verify": verify, "explain": explain, "heads": heads, "coref": coref, "probe": probe,
+    "models": models, "verify": verify, "explain": explain, "heads": heads, "coref": coref, "relations": relations,
     "syntax": syntax, "run": run, "compare": compare, "generate": generate, "ablate": ablate, "importance": importance,
 }
 for _name, _module in _COMMANDS.items():
     cli.add_command(_module.cli, name=_name)
+# The name before 0.2, for one release: `headscope probe` runs `headscope relations` after a warning.
+cli.add_command(copy.copy(relations.cli), name="probe")
+cli.commands["probe"].hidden = True
+cli.commands["probe"].deprecated = "use `headscope relations`"
 
 
 @contextmanager

@@ -33,13 +33,13 @@ import torch.nn.functional as F
 from .encoding import Encoded, check_texts, encode_many, pad_batch
 from .forward import base_model
 from .model import LoadedModel
+from .names import Stronger
 
 __all__ = ["EffectMetric", "EffectTask", "EFFECT_TASKS", "next_token_loss", "sequence_loss", "logit_diff",
            "option_logprobs", "option_preference", "word_cosine", "sentence_cosine"]
 
 EffectMetric = Literal["next_token_loss", "sequence_loss", "logit_diff", "option_preference", "word_cosine",
                        "sentence_cosine"]
-Stronger = Literal["higher", "lower"]
 
 
 @dataclass(frozen=True, eq=False)

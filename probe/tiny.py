@@ -1,4 +1,4 @@
-"""Tiny randomly initialised models of each family, with tokenizers trained on the spot.
+"""Tiny randomly initialised models of each family, with tokenizers made on the spot (the same every time).
 
 Each family declares its tiny config, tokenizer kind and Auto class in `probe/families/`.
 
@@ -29,15 +29,16 @@ TINY_CORPUS = (
 
 
 def tiny_tokenizer(kind: TokenizerKind):
-    """A fast tokenizer of the given kind, trained in milliseconds on `TINY_CORPUS`."""
+    """A fast tokenizer of the given kind, made in milliseconds from `TINY_CORPUS`: the same one on every call."""
     from tokenizers import ByteLevelBPETokenizer, SentencePieceBPETokenizer, processors
     from tokenizers.implementations import BertWordPieceTokenizer
     from transformers import PreTrainedTokenizerFast
 
     corpus = list(TINY_CORPUS) * 4
     if kind == "wordpiece":
-        raw = BertWordPieceTokenizer(lowercase=True)
-        raw.train_from_iterator(corpus, vocab_size=400, show_progress=False, special_tokens=["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+        # Built, not trained: the WordPiece trainer breaks ties between equally frequent pairs in hash order,
+        # so each training gave another vocabulary (and other token ids) — in every process and every call.
+        raw = BertWordPieceTokenizer(_wordpiece_vocab(), lowercase=True)
         cls_id, sep_id = raw.token_to_id("[CLS]"), raw.token_to_id("[SEP]")
         raw.post_processor = processors.BertProcessing(("[SEP]", sep_id), ("[CLS]", cls_id))
         return PreTrainedTokenizerFast(tokenizer_object=raw._tokenizer, cls_token="[CLS]", sep_token="[SEP]",
@@ -55,6 +56,25 @@ def tiny_tokenizer(kind: TokenizerKind):
         return PreTrainedTokenizerFast(tokenizer_object=raw._tokenizer, bos_token="<bos>", eos_token="<eos>",
                                        pad_token="<pad>", unk_token="<unk>")
     raise ValueError(f"unknown tokenizer kind {kind!r}")
+
+
+def _wordpiece_vocab() -> dict[str, int]:
+    """A WordPiece vocabulary fixed by `TINY_CORPUS` alone: the special tokens, the corpus's characters and
+    the ASCII letters and digits (alone and as `##` continuations), then the corpus's words of up to five
+    characters, most frequent first (ties in alphabetical order). Longer words and words outside the
+    corpus are split into pieces (`animal` -> `a ##n ##i ##m ##a ##l`), as a sub-word vocabulary does."""
+    import string
+    from collections import Counter
+
+    from tokenizers.normalizers import BertNormalizer
+    from tokenizers.pre_tokenizers import BertPreTokenizer
+
+    normalizer, split = BertNormalizer(lowercase=True), BertPreTokenizer()
+    words = Counter(w for text in TINY_CORPUS for w, _ in split.pre_tokenize_str(normalizer.normalize_str(text)))
+    chars = sorted({c for w in words for c in w} | set(string.ascii_lowercase + string.digits))
+    tokens = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *chars, *(f"##{c}" for c in chars)]
+    tokens += [w for w, _ in sorted(words.items(), key=lambda wc: (-wc[1], wc[0])) if len(w) <= 5 and w not in chars]
+    return {t: i for i, t in enumerate(tokens)}
 
 
 def _family(name: str) -> Family:

@@ -9,17 +9,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
+
+from .names import Level, Weight
 
 __all__ = ["AttentionMap", "Units", "CrossAttentionMap", "Seq2SeqAttention", "Level", "Weight", "head_name", "parse_head",
            "json_safe"]
 
-Level = Literal["token", "word"]
-# What a map's values are: the softmax probabilities α, or Kobayashi et al.'s norm-based weights
-# ‖α_ij f(x_j)‖ normalised per query row (probe.norms).
-Weight = Literal["attention", "norm"]
 
 _HEAD = re.compile(r"\s*L(\d+)\s*H(\d+)\s*|\s*(\d+)\s*,\s*(\d+)\s*", re.IGNORECASE)
 

@@ -18,7 +18,7 @@ from headscope.probe.words import to_word_level
 if TYPE_CHECKING:
     import pandas as pd
 
-    from headscope.analyses.causal import CausalEvidence
+    from headscope.analyses.evidence import AblationEvidence
     from headscope.analyses.compare import HeadComparison
     from headscope.analyses.coref import ProbeResult
     from headscope.analyses.heads import HeadScores
@@ -45,7 +45,7 @@ class ModelAnalysis:
     corpus: pd.DataFrame | None = None  # corpus statistics, one row per corpus
     syntax: SyntaxResult | None = None  # the Syntax section (a treebank was given)
     syntax_clusters: pd.DataFrame | None = None  # its heads embedded by attention distance
-    causal: CausalEvidence | None = None  # ablation evidence, or None where it was not run
+    evidence: AblationEvidence | None = None  # ablation evidence, or None where it was not run
     comparison: HeadComparison | None = None  # this model (B) against the model it is compared with (A)
     info: Mapping[str, Any] = field(default_factory=dict)  # family, layers, heads, dtype, source, timings
     notes: tuple[str, ...] = ()  # problems to show prominently (a stage that could not run, ...)
@@ -99,7 +99,7 @@ class ModelAnalysis:
             "notes": list(self.notes), "seconds": dict(self.seconds),
             **({"generated": [{"prompt": g.prompt.text, "text": g.text, "stopped": g.stopped} for g in self.generations]}
                if self.generations else {}),
-            "causal": None if self.causal is None or self.scores is None else self.causal.to_dict(self.scores),
+            "ablation": None if self.evidence is None or self.scores is None else self.evidence.to_dict(self.scores),
         }
         if self.syntax is not None:
             record["syntax"] = self.syntax.to_dict()

@@ -20,7 +20,7 @@ import pandas as pd
 from headscope.probe.types import head_name
 
 from .analysis import ModelAnalysis
-from .causal import causal_heads_table, causal_view, probe_line, roles_table
+from .evidence import ablation_heads_table, evidence_view, probe_line, roles_table
 from .figures import plotted_metrics
 from .syntax import relations_frame, syntax_tables, trees_frame
 
@@ -122,17 +122,17 @@ def _kind_first(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def _heads(a: ModelAnalysis, figures: Figures) -> dict:
-    causal = causal_view(a)
-    if causal is not None:
-        causal = causal | {"correlations": table_view(causal["correlations"], digits=2)}
+    evidence = evidence_view(a)
+    if evidence is not None:
+        evidence = evidence | {"correlations": table_view(evidence["correlations"], digits=2)}
     scores = a.scores
     if scores is None:
-        return {"scores": None, "causal": causal}
+        return {"scores": None, "evidence": evidence}
     plotted = plotted_metrics(scores)
     top = [{"metric": m, "heads": ", ".join(f"{head_name(r.layer, r.head)} ({float(r.value):.2f})"
                                             for r in scores.top(m, k=3).itertuples())} for m in plotted]
     roles = roles_table(a)
-    return {"causal": causal, "scores": {
+    return {"evidence": evidence, "scores": {
         "setting": getattr(scores, "setting", f"{scores.level} level"),
         "n_texts": getattr(scores, "n_texts", None),
         "n_sequences": getattr(scores, "n_sequences", None),
@@ -144,7 +144,7 @@ def _heads(a: ModelAnalysis, figures: Figures) -> dict:
 
 
 def _probes(a: ModelAnalysis, figures: Figures) -> dict:
-    return {"probes": [_probe(p, [f for f in figures.get("probe", []) if f.result is p]) | {"causal": probe_line(a, p.task)}
+    return {"probes": [_probe(p, [f for f in figures.get("probe", []) if f.result is p]) | {"ablation": probe_line(a, p.task)}
                        for p in a.probes]}
 
 
@@ -219,7 +219,7 @@ def _verification_tables(a: ModelAnalysis) -> dict:
 def _heads_tables(a: ModelAnalysis) -> dict:
     s = a.scores
     return {"head_scores": None if s is None else s.table, "head_roles": None if s is None else s.roles,
-            "causal_heads": causal_heads_table(a)}
+            "ablation_heads": ablation_heads_table(a)}
 
 
 def _probe_tables(a: ModelAnalysis) -> dict:

@@ -95,7 +95,7 @@ def _silence_heads_except(lm, keep: set[tuple[int, int]]):
                     proj.weight[:, h * hd : (h + 1) * hd] = 0
 
 
-def test_causal_check_against_heads_that_cannot_matter():
+def test_ablation_check_against_heads_that_cannot_matter():
     # Only L1H3 writes to the residual stream; every random set ablates heads whose output is
     # multiplied by zero columns, so each random delta is exactly 0. With ties counted as "at least
     # as large a drop", p = 1/(1+n) when ablating L1H3 lowers the preference, and 1 otherwise.
@@ -118,7 +118,7 @@ def test_causal_check_against_heads_that_cannot_matter():
     assert check.flips_p_value == (1 / (1 + n_random) if flipped else 1.0)
 
 
-def test_causal_check_when_no_head_can_matter():
+def test_ablation_check_when_no_head_can_matter():
     # Every head's output columns are zero: no ablation changes anything, all deltas tie at 0 and
     # the p-value (1 + #ties) / (1 + n) is exactly 1.
     lm = tiny_model("llama", seed=3)

@@ -63,7 +63,7 @@ def test_write_table_round_trips(tmp_path, suffix):
     pd.testing.assert_frame_equal(back, table, check_dtype=False)
 
 
-@pytest.mark.parametrize("command", [["models"], ["verify"], ["heads"], ["coref"], ["probe"],
+@pytest.mark.parametrize("command", [["models"], ["verify"], ["heads"], ["coref"], ["relations"],
                                      ["explain", "x", "--token", "x", "--head", "L0H0"]])
 def test_an_unknown_out_suffix_is_one_line_before_any_work(command, tmp_path, monkeypatch):
     import headscope.probe.loading
@@ -74,7 +74,7 @@ def test_an_unknown_out_suffix_is_one_line_before_any_work(command, tmp_path, mo
     assert "use a .csv, .parquet, .json file name" in res.output and "Traceback" not in res.output
 
 
-@pytest.mark.parametrize("command", ["verify", "explain", "heads", "coref", "probe", "run"])
+@pytest.mark.parametrize("command", ["verify", "explain", "heads", "coref", "relations", "run"])
 def test_every_model_command_takes_the_same_options(command):
     params = {opt for p in cli.commands[command].params for opt in p.opts}
     assert {"--model", "--device", "--dtype", "--json"} <= params

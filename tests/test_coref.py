@@ -370,7 +370,7 @@ def test_cli_json_keys(monkeypatch, tmp_path):
     assert obj["drill_down"]["layer"] == 1 and len(obj["drill_down"]["examples"]) == 2 * obj["n"]
     assert out.read_text().splitlines()[0] == "model,task,layer,head,accuracy,correct,n,ci_low,ci_high"
 
-    res = CliRunner().invoke(cli, ["probe", "--model", "tiny", "--permutations", "200", "--limit", "30"])
+    res = CliRunner().invoke(cli, ["relations", "--model", "tiny", "--permutations", "200", "--limit", "30"])
     assert res.exit_code == 0, res.output
     assert "verb-subject" in res.output and "verdict:" in res.output
 
@@ -383,7 +383,7 @@ def test_cli_json_keys(monkeypatch, tmp_path):
 
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "x", "pronoun": "it"}\n')
-    res = CliRunner().invoke(cli, ["probe", "--model", "tiny", "--data", str(bad)])
+    res = CliRunner().invoke(cli, ["relations", "--model", "tiny", "--data", str(bad)])
     assert res.exit_code == 2 and "bad.jsonl:1: missing 'answer'" in res.output
 
 
@@ -413,15 +413,15 @@ def test_cli_causal_check_on_a_tiny_decoder(monkeypatch):
     res = CliRunner().invoke(cli, ["coref", "--model", "tiny", "--data", "agreement", "--limit", "20", "--permutations",
                                    "200", "--ablate", "--random-sets", "2", "--json"])
     assert res.exit_code == 0, res.output
-    causal = json.loads(res.stdout)["causal"]
-    assert causal["n"] == 20 and len(causal["random_deltas"]) == 2 and causal["verdict"].startswith("ablating L")
-    assert causal["prompt_template"].endswith('refers to') and causal["method"] == "zero"
+    ablation = json.loads(res.stdout)["ablation"]
+    assert ablation["n"] == 20 and len(ablation["random_deltas"]) == 2 and ablation["verdict"].startswith("ablating L")
+    assert ablation["prompt_template"].endswith('refers to') and ablation["method"] == "zero"
     res = CliRunner().invoke(cli, ["coref", "--model", "tiny", "--data", "agreement", "--limit", "20", "--permutations",
                                    "200", "--ablate", "--method", "uniform", "--random-sets", "2"])
     assert res.exit_code == 0, res.output
     assert "(uniform) flips " in res.output and "random 1-head ablations flip" in res.output
     monkeypatch.setattr(coref_cmd, "load_or_fail", lambda name, device, dtype: tiny_model("bert"))
-    res = CliRunner().invoke(cli, ["probe", "--model", "tiny", "--limit", "20", "--permutations", "200", "--ablate"])
+    res = CliRunner().invoke(cli, ["relations", "--model", "tiny", "--limit", "20", "--permutations", "200", "--ablate"])
     assert res.exit_code == 0, res.output
     assert "is an encoder: it does not predict a continuation" in res.output
 
@@ -438,3 +438,17 @@ def test_a_decoder_with_nothing_to_score_says_so():
     result = score_probe(data, task="empty", n_perm=100)
     assert result.best_head is None and result.verdict.startswith("too few examples to crown a head: 0 held-out")
     assert len(result.heads) == 8
+
+
+def test_the_old_probe_command_still_works_one_release_with_a_warning(monkeypatch):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+    from headscope.probe.tiny import tiny_model
+
+    monkeypatch.setattr("headscope.commands.coref.load_or_fail", lambda name, device, dtype: tiny_model("bert"))
+    new = CliRunner().invoke(cli, ["relations", "--limit", "20", "--permutations", "100", "--no-verify", "--json"])
+    old = CliRunner().invoke(cli, ["probe", "--limit", "20", "--permutations", "100", "--no-verify", "--json"])
+    assert new.exit_code == old.exit_code == 0, old.output
+    assert json.loads(old.stdout)["verdict"] == json.loads(new.stdout)["verdict"]
+    assert "deprecated" in old.stderr and "headscope relations" in old.stderr and "deprecated" not in new.stderr

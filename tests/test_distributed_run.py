@@ -33,7 +33,7 @@ def _commands(model: str, out: Path) -> dict[str, list[str]]:
     return {
         "heads": ["heads", "--model", model, "--corpus", str(out.parent / "corpus.txt"), "--induction-seqs", "3",
                   "--induction-length", "5", "--quiet", "--out", str(out / "heads.csv")],
-        "probe": ["probe", "--model", model, "--data", "verb-subject", "--limit", "25", "--permutations", "200",
+        "probe": ["relations", "--model", model, "--data", "verb-subject", "--limit", "25", "--permutations", "200",
                   "--quiet", "--out", str(out / "probe.csv")],
     }
 

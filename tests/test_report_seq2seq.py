@@ -96,9 +96,9 @@ def test_analyse_model_pairs_the_report_sentences_with_their_targets():
     assert re.search(r"<thead><tr><th>kind</th><th>layer</th>", html)
     assert "Targets: given." in json.dumps(explorer_data([a]), ensure_ascii=False)
     # Head ablation reads one stack's output: not run by default, and asked for, it says why in the notes.
-    assert a.causal is None and not any("causal" in n for n in a.notes)
-    asked = analyse_model(lm, ["A dog ran."], sets, replace(given, causal=True, texts=SOURCES[:1], targets=TARGETS[:1]))
-    assert asked.causal is None and any("causal evidence was not run" in n for n in asked.notes)
+    assert a.evidence is None and not any("ablation" in n for n in a.notes)
+    asked = analyse_model(lm, ["A dog ran."], sets, replace(given, ablation=True, texts=SOURCES[:1], targets=TARGETS[:1]))
+    assert asked.evidence is None and any("ablation evidence was not run" in n for n in asked.notes)
 
 
 def test_without_targets_each_sentence_is_its_own_target():

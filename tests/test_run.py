@@ -232,9 +232,9 @@ def test_default_model_end_to_end(tmp_path):
     html = (out / "index.html").read_text(encoding="utf-8")
     assert "attention verified" in html and "The animal didn&#39;t cross the street" in html
     assert (out / "figures" / "minilm-model-view.png").stat().st_size > 10_000
-    # causal evidence is on by default for an encoder: 72 heads ablated alone on 32 of the 40 texts
-    assert model["causal"]["n_texts"] == 32 and len(model["causal"]["heads"]) == 72
-    assert "<h3>Causal evidence</h3>" in html and (out / "figures" / "minilm-rollout-0.png").exists()
+    # ablation evidence is on by default for an encoder: 72 heads ablated alone on 32 of the 40 texts
+    assert model["ablation"]["n_texts"] == 32 and len(model["ablation"]["heads"]) == 72
+    assert "<h3>Ablation evidence</h3>" in html and (out / "figures" / "minilm-rollout-0.png").exists()
 
 
 def test_recorded_versions_are_the_installed_packages():

@@ -41,7 +41,7 @@ def probe_options(fn):
                           "(model indices, from 0)."),
         out_option,
         click.option("--ablate", is_flag=True,
-                     help="Causal check (decoders): ablate the best head and compare how the model's preference "
+                     help="Ablation check (decoders): ablate the best head and compare how the model's preference "
                           "between the candidates moves, against random heads."),
         click.option("--method", type=click.Choice(choices(AblationMethod)), default="zero", show_default=True,
                      help="How --ablate removes the head: zero its output, replace it by its mean output over the "
@@ -95,7 +95,7 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, templa
                 memory_budget: int | None = None) -> None:
     """What `headscope coref` and `headscope probe` do, given their built-in default sets.
 
-    `template` is the continuation prompt of the causal check (`--ablate`).
+    `template` is the continuation prompt of the ablation check (`--ablate`).
     """
     from headscope.analyses.relations import ProbeDataError
     from headscope import ablate_chosen_head, probe_sets
@@ -126,7 +126,7 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, templa
     finish(verification)
 
 
-def _emit(main, parts, head, out_path, as_json, causal=None, verification=None) -> None:
+def _emit(main, parts, head, out_path, as_json, ablation=None, verification=None) -> None:
     import pandas as pd
 
     results = [main, *parts]
@@ -145,8 +145,8 @@ def _emit(main, parts, head, out_path, as_json, causal=None, verification=None) 
             obj["sets"] = {r.task: r.to_dict() for r in parts}
         if drill is not None:
             obj["drill_down"] = {"layer": head[0], "head": head[1], "examples": drill.to_dict(orient="records")}
-        if causal is not None:
-            obj["causal"] = causal
+        if ablation is not None:
+            obj["ablation"] = ablation
         if verification is not None:
             obj["verification"] = verification
         if main.data.check is not None:
@@ -161,10 +161,10 @@ def _emit(main, parts, head, out_path, as_json, causal=None, verification=None) 
         _print_result(r)
     if drill is not None:
         _print_drill(drill, head)
-    if causal is not None:
-        click.echo(f"causal check ({main.task}): {causal.get('verdict') or causal['skipped']}")
-        if "flips_verdict" in causal:
-            click.echo(f"causal check ({main.task}): {causal['flips_verdict']}")
+    if ablation is not None:
+        click.echo(f"ablation check ({main.task}): {ablation.get('verdict') or ablation['skipped']}")
+        if "flips_verdict" in ablation:
+            click.echo(f"ablation check ({main.task}): {ablation['flips_verdict']}")
 
 
 def _print_result(r) -> None:

@@ -113,11 +113,15 @@ def _parse_width(value: str) -> float:
 @click.option("--select-on", "select_path", default=None,
               help="A second CoNLL-U file to choose the syntax heads on (e.g. dev -> test); without it, a seeded "
                    "half of --conllu. Needs --conllu.")
-@click.option("--causal/--no-causal", default=None,
-              help="Causal evidence: ablate every head alone, gradient importance, the induction ablation and the "
+@click.option("--ablation/--no-ablation", default=None,
+              help="Ablation evidence: ablate every head alone, gradient importance, the induction ablation and the "
                    "probes' cloze checks. Default: on for encoders (seconds), off for decoders (minutes on a CPU).")
-@click.option("--causal-texts", type=click.IntRange(min=1), default=32, show_default=True,
+@click.option("--ablation-texts", type=click.IntRange(min=1), default=32, show_default=True,
               help="Corpus texts that every single-head ablation and the importance are measured on.")
+# The names before 0.2 ("causal" now means only a decoder's mask), accepted for one release with a warning.
+@click.option("--causal/--no-causal", "old_ablation", default=None, hidden=True, deprecated="use --ablation/--no-ablation")
+@click.option("--causal-texts", "old_ablation_texts", type=click.IntRange(min=1), default=None, hidden=True,
+              deprecated="use --ablation-texts")
 @click.option("--format", "formats", default="png", show_default=True, callback=_check_formats,
               help="Figure files to write, comma-separated: png, svg, pdf (fonts embedded). The page inlines PNG.")
 @click.option("--dpi", type=click.IntRange(min=10, max=1200), default=100, show_default=True,
@@ -129,7 +133,8 @@ def _parse_width(value: str) -> float:
 @attention_options
 @device_options
 def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, force, level, limit, induction_seqs,
-        permutations, seed, batch_size, truncate, conllu_path, select_path, causal, causal_texts, formats, dpi, width,
+        permutations, seed, batch_size, truncate, conllu_path, select_path, ablation, ablation_texts, old_ablation,
+        old_ablation_texts, formats, dpi, width,
         quiet, as_json, device, dtype, attention, memory_budget) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
@@ -166,7 +171,8 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
         texts=tuple(texts) or REPORT_SENTENCES, level=level, limit=limit, induction_sequences=induction_seqs,
         permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate,
         attention=attention, memory_budget=memory_budget, targets=tuple(targets), generate=generate,
-        conllu=conllu_path, select_on=select_path, causal=causal, causal_texts=causal_texts)
+        conllu=conllu_path, select_on=select_path, ablation=old_ablation if ablation is None else ablation,
+        ablation_texts=old_ablation_texts if old_ablation_texts is not None else ablation_texts)
     world = join_run(device)
 
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser.

@@ -4,11 +4,11 @@
         -> analyses.ablation.AblationResult: the effect against random head sets of the same size
     choice_check(lm, heads, Choice(...))
         -> analyses.ablation.ChoiceCheck: the per-example preferences behind flips of a decoder's
-           choice between continuations (`hs.causal`, `headscope coref --ablate`)
+           choice between continuations (`hs.ablate_chosen_head`, `headscope coref --ablate`)
     ablate_each(lm, task=...)      every head alone (for "does looking predict mattering?")
     importance(lm, texts)          gradient head importance (Michel et al. 2019)
-    causal_evidence(lm, texts, scores, probes)
-        -> analyses.causal.CausalEvidence: every head alone, importance, the induction ablation and
+    ablation_evidence(lm, texts, scores, probes)
+        -> analyses.evidence.AblationEvidence: every head alone, importance, the induction ablation and
            the probes' cloze checks, for the report (`headscope run`)
     ablate_chosen_head(lm, probe)  a relation probe's chosen head against random heads, on the
                                    decoder's choice between the candidates (`headscope coref --ablate`)
@@ -28,7 +28,7 @@ import pandas as pd
 import torch
 
 from headscope.analyses.ablation import AblationResult, ChoiceCheck, random_head_sets
-from headscope.analyses.causal import CausalEvidence
+from headscope.analyses.evidence import AblationEvidence
 from headscope.analyses.corpus import builtin_corpus
 from headscope.analyses.relations import COREF_TEMPLATE, continuation
 from headscope.probe.effects import (EffectTask, logit_diff, next_token_loss, option_preference, sentence_cosine,
@@ -39,7 +39,7 @@ from headscope.probe.model import LoadedModel
 
 from .heads import induction_inputs
 
-__all__ = ["Choice", "Cloze", "InductionTask", "ablate", "causal_evidence", "choice_check", "ablate_each", "effect_task", "importance",
+__all__ = ["Choice", "Cloze", "InductionTask", "ablate", "ablation_evidence", "choice_check", "ablate_each", "effect_task", "importance",
            "ablate_chosen_head", "DEFAULT_REFERENCE_TEXTS"]
 
 DEFAULT_REFERENCE_TEXTS = 64  # built-in corpus texts behind method="mean" when no corpus is given
@@ -210,13 +210,13 @@ def importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, tr
     return gradient_importance(lm, texts, batch_size=batch_size, truncate=truncate)
 
 
-def causal_evidence(lm: LoadedModel, texts: Sequence[str], scores=None, probes: Sequence = (), *,
+def ablation_evidence(lm: LoadedModel, texts: Sequence[str], scores=None, probes: Sequence = (), *,
                     method: AblationMethod = "zero", n_random: int = 19, induction_k: int = 5,
                     induction: InductionTask = InductionTask(n_sequences=5, length=25), cloze_examples: int = 40,
                     seed: int = 0, batch_size: int = 8, progress: bool = False):
     """Every head ablated alone on `texts`, gradient importance over them, for a decoder the top
     `induction_k` induction heads of `scores` (at most half the heads) against random sets, and each probe's cloze check
-    (its chosen head, the first `cloze_examples` examples) -> `analyses.causal.CausalEvidence`."""
+    (its chosen head, the first `cloze_examples` examples) -> `analyses.evidence.AblationEvidence`."""
     texts = list(texts)
     measure, _ = effect_task(lm, corpus=texts, batch_size=batch_size)
     frame = ablate_each(lm, method=method, corpus=texts, batch_size=batch_size, progress=progress)
@@ -231,7 +231,7 @@ def causal_evidence(lm: LoadedModel, texts: Sequence[str], scores=None, probes: 
                      n_random=n_random, seed=seed, batch_size=batch_size)
     choices = {p.task: ablate_chosen_head(lm, p, method=method, n_random=n_random, seed=seed, batch_size=batch_size,
                               max_examples=cloze_examples) for p in probes}
-    return CausalEvidence(model=lm.name, method=method, effect_metric=measure.metric, description=measure.description,
+    return AblationEvidence(model=lm.name, method=method, effect_metric=measure.metric, description=measure.description,
                           stronger=measure.stronger, n_texts=measure.n, single=single, importance=imp.importance,
                           importance_loss=imp.loss, induction=top, choices=choices, n_random=n_random, seed=seed)
 

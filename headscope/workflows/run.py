@@ -4,7 +4,7 @@
         verify            every layer recomputed from scratch (`probe.verify`)
         heads             every head over the corpus (`workflows.heads`)
         coref             the probe sets (`workflows.relations.probe_sets`)
-        causal            ablation evidence where asked for, or cheap (`workflows.ablation.causal_evidence`)
+        ablation          ablation evidence where asked for, or cheap (`workflows.ablation.ablation_evidence`)
         sentences         the report sentences' maps, norm weights, encoder–decoder pairs
         generate          decoders: tokens generated after each sentence (`probe.generate`)
         syntax            with a treebank: relations, trees, head clusters (`workflows.syntax`)
@@ -34,7 +34,7 @@ from headscope.probe.verify import Verification, verify
 from headscope.probe.words import word_spans
 from headscope.reports.analysis import ModelAnalysis
 
-from .ablation import causal_evidence
+from .ablation import ablation_evidence
 from .heads import heads
 from .relations import probe_sets
 from .syntax import syntax, syntax_clusters
@@ -82,13 +82,13 @@ class RunSettings:
     generate: int = 0
     conllu: str | None = None  # a CoNLL-U treebank: the report gains a Syntax section (scored on it)
     select_on: str | None = None  # a second treebank to choose the syntax heads on (else a seeded half of conllu)
-    # Causal evidence (`workflows.ablation.causal_evidence`): None = where it is cheap, i.e. for encoders (one
-    # forward pass per head over `causal_texts` texts: seconds for minilm); a decoder adds an LM head
+    # Ablation evidence (`workflows.ablation.ablation_evidence`): None = where it is cheap, i.e. for encoders (one
+    # forward pass per head over `ablation_texts` texts: seconds for minilm); a decoder adds an LM head
     # per pass, the induction ablation and three cloze checks (minutes on a CPU), so only with True.
-    causal: bool | None = None
-    causal_texts: int = 32
-    causal_random: int = 19
-    causal_examples: int = 40
+    ablation: bool | None = None
+    ablation_texts: int = 32
+    ablation_random: int = 19
+    ablation_examples: int = 40
     induction_k: int = 5
 
 
@@ -162,17 +162,17 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
         say(f"  {p.task}: {p.verdict}")
 
     evidence = None
-    if settings.causal and is_seq2seq(lm):  # the ablation effects read one stack's output (an LM loss or an embedding)
-        notes.append("causal evidence was not run: head ablation covers encoders and decoders, not encoder-decoder "
+    if settings.ablation and is_seq2seq(lm):  # the ablation effects read one stack's output (an LM loss or an embedding)
+        notes.append("ablation evidence was not run: head ablation covers encoders and decoders, not encoder-decoder "
                      "models")
-    elif settings.causal or (settings.causal is None and not lm.is_causal and not is_seq2seq(lm)):
-        causal_texts = [fit_context(lm, t) if settings.truncate else t for t in texts[: settings.causal_texts]]
-        evidence = stage.run("causal", causal_evidence, lm, causal_texts, scores, probes,
-                             n_random=settings.causal_random, induction_k=settings.induction_k,
-                             cloze_examples=settings.causal_examples, seed=settings.seed,
+    elif settings.ablation or (settings.ablation is None and not lm.is_causal and not is_seq2seq(lm)):
+        ablation_texts = [fit_context(lm, t) if settings.truncate else t for t in texts[: settings.ablation_texts]]
+        evidence = stage.run("ablation", ablation_evidence, lm, ablation_texts, scores, probes,
+                             n_random=settings.ablation_random, induction_k=settings.induction_k,
+                             cloze_examples=settings.ablation_examples, seed=settings.seed,
                              batch_size=settings.batch_size, progress=progress)
-        say(f"{lm.name}: causal evidence, every head ablated alone on {evidence.n_texts} texts "
-            f"({stage.seconds['causal']:.1f} s)")
+        say(f"{lm.name}: ablation evidence, every head ablated alone on {evidence.n_texts} texts "
+            f"({stage.seconds['ablation']:.1f} s)")
 
     maps, pairs, norm_maps = stage.run("sentences", _report_attention, lm, settings)
     generations: tuple[GenerationAttention, ...] = ()
@@ -197,7 +197,7 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
     return ModelAnalysis(model=lm.name, verification=verification, scores=scores, probes=tuple(probes),
                          maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds),
                          pairs=tuple(pairs), norm_maps=tuple(norm_maps), generations=tuple(generations),
-                         syntax=found, syntax_clusters=clusters, causal=evidence)
+                         syntax=found, syntax_clusters=clusters, evidence=evidence)
 
 
 def corpus_stats(tokenizer, corpora: Sequence[tuple[str, str, Sequence[str]]]) -> pd.DataFrame:

@@ -1,4 +1,4 @@
-"""The causal engine on the packaged models (slow): a known causal result, and the model left untouched."""
+"""The ablation engine on the packaged models (slow): a known ablation result, and the model left untouched."""
 
 import hashlib
 

@@ -1,4 +1,4 @@
-"""The causal engine's statistics, effect readouts, gradient importance, norm-based attention, API and CLI.
+"""The ablation engine's statistics, effect readouts, gradient importance, norm-based attention, API and CLI.
 
 Tiny random models and hand-built numbers; expected values from a reference loop, a finite
 difference, or by hand.

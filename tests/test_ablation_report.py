@@ -1,4 +1,4 @@
-"""Causal evidence in `headscope run` and the rollout/flow maps, on tiny random models and hand-built numbers.
+"""Ablation evidence in `headscope run` and the rollout/flow maps, on tiny random models and hand-built numbers.
 
 Expected values come from elsewhere: scipy and the Fisher-z formula for the interval, the
 `ablate` workflow for a single-head effect, `random_head_sets` for the random heads, a sort by
@@ -19,7 +19,7 @@ from scipy import stats
 import headscope as hs
 from headscope.workflows import ablation
 from headscope.analyses.ablation import random_head_sets
-from headscope.analyses.causal import CausalEvidence, spearman_interval
+from headscope.analyses.evidence import AblationEvidence, spearman_interval
 from headscope.analyses.flow import flow, rollout
 from headscope import RunSettings, analyse_model
 from headscope.probe.tiny import tiny_model
@@ -31,7 +31,7 @@ SETS = [("agreement", hs.builtin_set("agreement")[:16])]
 
 def _settings(**kw) -> RunSettings:
     return RunSettings(corpus="c", coref="p", texts=("The cat sat.",), permutations=100, induction_sequences=4,
-                       causal_texts=3, **kw)
+                       ablation_texts=3, **kw)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +43,7 @@ def bert_run():
 @pytest.fixture(scope="module")
 def llama_run():
     lm = tiny_model("llama")
-    return lm, analyse_model(lm, TEXTS, SETS, _settings(causal=True, causal_examples=6, induction_k=2))
+    return lm, analyse_model(lm, TEXTS, SETS, _settings(ablation=True, ablation_examples=6, induction_k=2))
 
 
 # --- pure numbers ----------------------------------------------------------------------------
@@ -61,7 +61,7 @@ def test_spearman_interval_is_scipys_rho_with_the_fisher_z_interval():
 
 
 def _evidence(single, stronger="higher", importance=None):
-    return CausalEvidence(model="m", method="zero", effect_metric="next_token_loss", description="d",
+    return AblationEvidence(model="m", method="zero", effect_metric="next_token_loss", description="d",
                           stronger=stronger, n_texts=3, single=torch.tensor(single), importance=importance,
                           n_random=5, seed=2)
 
@@ -95,24 +95,24 @@ def test_importance_rank_and_roles_table():
 
 # --- the workflow and analyse_model ------------------------------------------------------------
 
-def test_encoders_get_causal_evidence_by_default_decoders_do_not(bert_run):
+def test_encoders_get_ablation_evidence_by_default_decoders_do_not(bert_run):
     lm, a = bert_run
-    ev = a.causal
-    assert ev is not None and ev.effect_metric == "sentence_cosine" and ev.n_texts == 3 and "causal" in a.seconds
+    ev = a.evidence
+    assert ev is not None and ev.effect_metric == "sentence_cosine" and ev.n_texts == 3 and "ablation" in a.seconds
     assert tuple(ev.single.shape) == (2, 4) and ev.importance is not None
     one = ablation.ablate(lm, [(1, 2)], corpus=TEXTS[:3], n_random=0).effect  # the sweep is the ablate workflow
     assert float(ev.single[1, 2]) == pytest.approx(one)
     assert ev.induction is None and ev.choices["agreement"].get("skipped") is not None
-    d = a.to_dict()["causal"]
+    d = a.to_dict()["ablation"]
     assert len(d["heads"]) == 8 and {c["score"] for c in d["correlations"]} >= {"gradient importance"}
     llama = tiny_model("llama")
-    assert analyse_model(llama, TEXTS, SETS, _settings()).causal is None
-    assert analyse_model(lm, TEXTS, SETS, _settings(causal=False)).causal is None
+    assert analyse_model(llama, TEXTS, SETS, _settings()).evidence is None
+    assert analyse_model(lm, TEXTS, SETS, _settings(ablation=False)).evidence is None
 
 
-def test_decoders_with_causal_get_induction_and_cloze_flips(llama_run):
+def test_decoders_with_ablation_get_induction_and_cloze_flips(llama_run):
     _, a = llama_run
-    ev = a.causal
+    ev = a.evidence
     assert ev.effect_metric == "next_token_loss" and len(ev.induction.heads) == 2
     assert len(ev.induction.random_effects) == 19
     check = ev.choices["agreement"]
@@ -123,16 +123,16 @@ def test_decoders_with_causal_get_induction_and_cloze_flips(llama_run):
 
 # --- the report --------------------------------------------------------------------------------
 
-def test_report_shows_causal_columns_lines_and_token_maps(bert_run, llama_run):
+def test_report_shows_ablation_columns_lines_and_token_maps(bert_run, llama_run):
     from headscope.reports.html import build_report
 
     report = build_report([bert_run[1], llama_run[1]])
     html = report.html
-    assert html.count("<h3>Causal evidence</h3>") == 2 and "Does looking predict mattering?" in html
+    assert html.count("<h3>Ablation evidence</h3>") == 2 and "Does looking predict mattering?" in html
     assert "<th>importance_rank</th>" in html and "<th>p_vs_random</th>" in html
     assert "is an encoder: it does not predict a continuation" in html or "nothing to ablate" in html
     assert "induction ablation" in html
-    assert set(report.tables["causal_heads"]["model"]) == {"tiny-bert", "tiny-llama"}
+    assert set(report.tables["ablation_heads"]["model"]) == {"tiny-bert", "tiny-llama"}
     names = [f.name for f in report.figures]
     assert {"tiny-bert-rollout-0.png", "tiny-bert-flow-0.png", "tiny-llama-rollout-0.png"} <= set(names)
 
@@ -161,7 +161,7 @@ def test_token_map_draws_rollout_and_flow_of_the_map():
 
 # --- the CLI -------------------------------------------------------------------------------------
 
-def test_cli_causal_flags(monkeypatch, tmp_path):
+def test_cli_ablation_flags(monkeypatch, tmp_path):
     from headscope.cli import cli
     from headscope.commands import run as run_mod
 
@@ -170,12 +170,29 @@ def test_cli_causal_flags(monkeypatch, tmp_path):
 
     base = ["run", "--model", "bert", "--limit", "4", "--permutations", "100", "--quiet", "--text", "The cat sat.",
             "--coref", str(builtin_path("agreement"))]
-    on = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "on"), "--causal-texts", "2", "--json"])
+    on = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "on"), "--ablation-texts", "2", "--json"])
     assert on.exit_code == 0, on.output
     record = json.loads(on.stdout)
-    assert record["models"][0]["causal"]["n_texts"] == 2 and record["settings"]["causal"] is None
-    off = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "off"), "--no-causal", "--json"])
+    assert record["models"][0]["ablation"]["n_texts"] == 2 and record["settings"]["ablation"] is None
+    off = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "off"), "--no-ablation", "--json"])
     assert off.exit_code == 0, off.output
-    assert json.loads(off.stdout)["models"][0]["causal"] is None
-    bad = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "bad"), "--causal-texts", "0"])
-    assert bad.exit_code != 0 and "--causal-texts" in bad.output
+    assert json.loads(off.stdout)["models"][0]["ablation"] is None
+    bad = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "bad"), "--ablation-texts", "0"])
+    assert bad.exit_code != 0 and "--ablation-texts" in bad.output
+
+
+def test_the_old_causal_flags_still_work_one_release_with_a_warning(monkeypatch, tmp_path):
+    from headscope.analyses.relations import builtin_path
+    from headscope.cli import cli
+    from headscope.commands import run as run_mod
+
+    monkeypatch.setattr(run_mod, "load_or_fail", lambda name, device, dtype: tiny_model("bert"))
+    base = ["run", "--model", "bert", "--limit", "4", "--permutations", "100", "--quiet", "--text", "The cat sat.",
+            "--coref", str(builtin_path("agreement")), "--json"]
+    old = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "old"), "--causal-texts", "2"])
+    assert old.exit_code == 0, old.output
+    assert json.loads(old.stdout)["models"][0]["ablation"]["n_texts"] == 2
+    assert "deprecated" in old.stderr and "--ablation-texts" in old.stderr
+    off = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "off"), "--no-causal"])
+    assert off.exit_code == 0 and json.loads(off.stdout)["models"][0]["ablation"] is None
+    assert "--ablation/--no-ablation" in off.stderr

@@ -1,4 +1,7 @@
-"""`headscope probe`: which head lets a source word attend to its target, for any word-to-word relation.
+"""`headscope relations`: which head lets a source word attend to its target, for any word-to-word relation.
+
+(`headscope probe` before 0.2: "probe" now names only the extraction room `probe/`; the old command
+name still works for one release, with a warning.)
 
 The same machinery as `headscope coref` (see there), on a relation set such as verb -> subject.
 """

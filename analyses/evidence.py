@@ -1,6 +1,6 @@
-"""Does looking predict mattering? Causal evidence for one model's heads, as plain numbers (no model).
+"""Does looking predict mattering? Ablation evidence for one model's heads, as plain numbers (no model).
 
-`CausalEvidence` holds what `headscope.causal_evidence` measured:
+`AblationEvidence` holds what `headscope.ablation_evidence` measured:
 
 - `single[layer, head]`: the effect of ablating that head alone on the corpus (a decoder's change in
   next-token loss, an encoder's cosine of the ablated sentence embedding to the clean one);
@@ -26,16 +26,17 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from headscope.probe.names import Stronger
 from headscope.probe.types import head_name
 
 from .ablation import AblationResult, random_head_sets
 from .stats import Z95, format_p
 
-__all__ = ["CausalEvidence", "RankCorrelation", "role_grids", "spearman_interval", "INTERVAL_METHOD"]
+__all__ = ["AblationEvidence", "RankCorrelation", "role_grids", "spearman_interval", "INTERVAL_METHOD"]
 
 INTERVAL_METHOD = "Fisher z-interval, SE 1.06/√(n−3) (Fieller, Hartley & Pearson 1957)"
 
@@ -83,14 +84,14 @@ def role_grids(scores) -> dict[str, np.ndarray]:
 
 
 @dataclass(frozen=True, eq=False)
-class CausalEvidence:
+class AblationEvidence:
     """Single-head effects, importance, the induction ablation and the cloze checks of one model."""
 
     model: str
     method: str
     effect_metric: str
     description: str
-    stronger: Literal["higher", "lower"]
+    stronger: Stronger
     n_texts: int
     single: Any  # [layer, head] float tensor: the effect of ablating each head alone
     importance: Any = None  # [layer, head] gradient importance (normalised per layer), or None

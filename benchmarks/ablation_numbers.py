@@ -1,6 +1,6 @@
 """The numbers behind "does the head matter?" on the packaged models (CPU).
 
-    python benchmarks/causal_numbers.py OUT.json top_k:smollm2 top_k:gemma3-270m importance:smollm2 \
+    python benchmarks/ablation_numbers.py OUT.json top_k:smollm2 top_k:gemma3-270m importance:smollm2 \
         each:smollm2 each:gemma3-270m encoder:minilm
 
 Steps, each `KIND:MODEL`, results written to OUT.json after every step (a partial run keeps its numbers):
@@ -15,8 +15,8 @@ Steps, each `KIND:MODEL`, results written to OUT.json after every step (a partia
   (sentence-embedding cosine).
 - roles: head scores over the corpus, then for each role metric its top-3 heads ablated together
   against random sets of 3, and every head alone, with Spearman ρ (Fisher-z interval,
-  `analyses.causal.spearman_interval`) of each role score against the single-head harm — the
-  report's causal evidence at benchmark sizes.
+  `analyses.evidence.spearman_interval`) of each role score against the single-head harm — the
+  report's ablation evidence at benchmark sizes.
 """
 
 from __future__ import annotations
@@ -207,7 +207,7 @@ def encoder(name: str, out: dict, save) -> None:
 
 
 def roles(name: str, out: dict, save, k: int = 3) -> None:
-    from headscope.analyses.causal import role_grids, spearman_interval
+    from headscope.analyses.evidence import role_grids, spearman_interval
     from headscope.analyses.metrics import METRICS
 
     t0 = time.time()

@@ -1,9 +1,9 @@
-"""The report's causal evidence: what ablating heads does, beside what they look at.
+"""The report's ablation evidence: what ablating heads does, beside what they look at.
 
-`causal_view(section)` turns a section's `analyses.causal.CausalEvidence` into the strings and
-tables that `templates/_causal.html.j2` shows in the head-roles section (the roles table with
+`evidence_view(section)` turns a section's `analyses.evidence.AblationEvidence` into the strings and
+tables that `templates/_evidence.html.j2` shows in the head-roles section (the roles table with
 importance rank and single-head effect, a sentence per role, the induction ablation, the rank
-correlations) and `probe_line` gives each probe's cloze check. `causal_heads_table` is the CSV.
+correlations) and `probe_line` gives each probe's cloze check. `ablation_heads_table` is the CSV.
 """
 
 from __future__ import annotations
@@ -13,14 +13,14 @@ from typing import Any
 
 import pandas as pd
 
-from headscope.analyses.causal import INTERVAL_METHOD
+from headscope.analyses.evidence import INTERVAL_METHOD
 
-__all__ = ["causal_view", "causal_heads_table", "probe_line", "roles_table"]
+__all__ = ["evidence_view", "ablation_heads_table", "probe_line", "roles_table"]
 
 
-def causal_view(section: Any) -> dict | None:
-    """Strings and frames for the template, or None where the causal evidence was not run."""
-    e, scores = section.causal, section.scores
+def evidence_view(section: Any) -> dict | None:
+    """Strings and frames for the template, or None where the ablation evidence was not run."""
+    e, scores = section.evidence, section.scores
     if e is None:
         return None
     correlations = pd.DataFrame([{"score": c.score, "Spearman ρ": c.rho,
@@ -41,25 +41,25 @@ def causal_view(section: Any) -> dict | None:
 def roles_table(section: Any) -> pd.DataFrame:
     """The roles table, with importance rank and single-head ablation columns when the evidence is there."""
     roles = section.scores.roles
-    return roles if section.causal is None else section.causal.roles_table(roles)
+    return roles if section.evidence is None else section.evidence.roles_table(roles)
 
 
 def probe_line(section: Any, task: str) -> str | None:
     """'ablating the chosen head flips 12/40 cloze preferences; random ...' for one probe, or why not."""
-    e = section.causal
+    e = section.evidence
     if e is None:
         return None
     check = (e.choices or {}).get(task)
     if check is None:
         return None
     if "skipped" in check:
-        return f"Causal check not run: {check['skipped']}."
-    return f"Causal check: {check['flips_verdict']} Mean preference shift: {check['verdict']}"
+        return f"Ablation check not run: {check['skipped']}."
+    return f"Ablation check: {check['flips_verdict']} Mean preference shift: {check['verdict']}"
 
 
-def causal_heads_table(section: Any) -> pd.DataFrame | None:
-    """One row per head: single-head effect, importance and its rank (CSV `causal_heads`)."""
-    if section.causal is None:
+def ablation_heads_table(section: Any) -> pd.DataFrame | None:
+    """One row per head: single-head effect, importance and its rank (CSV `ablation_heads`)."""
+    if section.evidence is None:
         return None
-    return pd.DataFrame(section.causal.to_dict()["heads"]).assign(
-        effect_metric=section.causal.effect_metric, method=section.causal.method)
+    return pd.DataFrame(section.evidence.to_dict()["heads"]).assign(
+        effect_metric=section.evidence.effect_metric, method=section.evidence.method)
