@@ -4,7 +4,7 @@ PY := .venv/bin/python
 OUT ?= headscope-report
 MODEL ?= minilm
 
-.PHONY: setup report test browser bench
+.PHONY: setup report test browser bench docs
 setup: .venv/.setup-done
 .venv/.setup-done: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -24,3 +24,7 @@ test: setup browser
 bench: setup
 	-bash benchmarks/setup_peer.sh
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
+
+# The documentation site (mkdocs.yml) into .site/; --strict: a broken link or API reference fails.
+docs: setup
+	$(PY) -m mkdocs build --strict

@@ -169,13 +169,13 @@ def test_linear_rope_scaling_verifies():
     assert verify(lm, ["The cat sat on the mat, and the dog sat on the log!"]).passed
 
 
-def test_readme_table_is_the_registry():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    found = re.search(r"<!-- families:start -->\n(.*?)<!-- families:end -->", readme, re.S)
-    assert found, "README.md lacks the <!-- families:start --> / <!-- families:end --> markers"
+def test_docs_table_is_the_registry():
+    page = (ROOT / "docs" / "families.md").read_text(encoding="utf-8")
+    found = re.search(r"<!-- families:start -->\n(.*?)<!-- families:end -->", page, re.S)
+    assert found, "docs/families.md lacks the <!-- families:start --> / <!-- families:end --> markers"
     assert found.group(1) == families.coverage_markdown(), (
-        "README.md's family table differs from probe/families/; replace the lines between the markers with the "
-        "output of: python -c 'from headscope.probe.families import coverage_markdown; print(coverage_markdown(), end=\"\")'"
+        "docs/families.md's family table differs from probe/families/; replace the lines between the markers with "
+        "the output of: python -c 'from headscope.probe.families import coverage_markdown; print(coverage_markdown(), end=\"\")'"
     )
 
 

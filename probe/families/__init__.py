@@ -144,7 +144,7 @@ def family_table() -> list[dict]:
 
 
 def coverage_markdown() -> str:
-    """The README's coverage table, one row per family."""
+    """The coverage table of docs/families.md (between its families markers), one row per family."""
     lines = ["| family | model types | kind | what the from-scratch attention reproduces |", "|---|---|---|---|"]
     for f in FAMILIES.values():
         lines.append(f"| {f.name} | {', '.join(f.model_types)} | {f.kind} | {'; '.join(f.features)} |")
