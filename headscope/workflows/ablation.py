@@ -27,6 +27,8 @@ from typing import Literal, Sequence
 import pandas as pd
 import torch
 
+from tqdm.auto import tqdm
+
 from headscope.analyses.ablation import AblationResult, ChoiceCheck, random_head_sets
 from headscope.analyses.evidence import AblationEvidence
 from headscope.analyses.corpus import builtin_corpus
@@ -194,8 +196,6 @@ def ablate_each(lm: LoadedModel, *, method: AblationMethod = "zero", corpus: Seq
     clean = measure.read(lm)
     heads = [(l, h) for l in range(lm.config.num_hidden_layers) for h in range(lm.config.num_attention_heads)]
     if progress:
-        from tqdm.auto import tqdm
-
         heads = tqdm(heads, desc=f"{lm.name} single-head ablations", unit="head")
     rows = []
     for l, h in heads:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
+from tqdm.auto import tqdm
+
 from headscope.analyses.heads import HeadScoreAccumulator, HeadScores
 from headscope.analyses.induction import repeated_random_tokens
 from headscope.analyses.metrics import METRICS, Metric
@@ -81,8 +83,6 @@ def heads(
     acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special, metrics=metrics)
     texts = shard(texts, world)
     if progress:
-        from tqdm.auto import tqdm
-
         total = None if total is None else shard_length(total, world)
         texts = tqdm(texts, total=total, desc=f"{lm.name} heads", unit="text")
     with together(world):

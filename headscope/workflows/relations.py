@@ -20,6 +20,8 @@ from typing import Sequence
 
 import torch
 
+from tqdm import tqdm
+
 from headscope.analyses.coref import (CAUSAL_REASON, Excluded, ProbeResult, ProbeScores, candidate_units,
                                       collect_scores, concat_scores, query_rows, score_probe)
 from headscope.analyses.relations import RelationExample
@@ -90,13 +92,12 @@ def extract_scores(lm: LoadedModel, examples: Sequence[RelationExample], *, leve
     def pairs():
         maps = iter_extract(lm, eager, level=level, batch_size=batch_size, window=2)
         if progress:
-            from tqdm import tqdm
-
             maps = tqdm(maps, total=len(eager), desc=f"{lm.name} attention", unit="text", file=sys.stderr)
         for text, amap in zip(eager, maps):
             for ex in by_text[text]:
                 yield ex, amap
-        for text in (t for t in texts if t not in set(eager)):
+        recomputed = set(texts) - set(eager)
+        for text in (t for t in texts if t in recomputed):
             rows = _query_rows(source, text, by_text[text], level=level, head_word=head_word)
             for ex in by_text[text]:
                 yield ex, rows

@@ -21,6 +21,8 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from tqdm import tqdm
+
 from headscope.analyses.syntax import (
     SentenceAttention,
     SyntaxResult,
@@ -79,8 +81,6 @@ def attend(lm: LoadedModel, sentences: Sequence[Sentence], *, keep: Sequence[int
     source = source or source_for(lm, "eager", batch_size=batch_size)
     maps = source.iter_maps(texts, level="word", segmenter=segmenter_for(chosen), window=4)
     if progress:
-        from tqdm import tqdm
-
         maps = tqdm(maps, total=len(chosen), desc=f"{lm.name} {desc}".strip(), unit="sentence", file=sys.stderr)
     decode = {fits.index(i) for i in set(match_trees) & set(fits)}
     records: list[SentenceAttention | None] = [None] * len(chosen)
