@@ -5,6 +5,7 @@ import hashlib
 import pytest
 import torch
 
+import headscope as hs
 from headscope.workflows import ablation
 from headscope import heads as run_heads
 
@@ -39,5 +40,5 @@ def test_uniform_ablation_on_minilm_keeps_the_model_and_moves_the_embedding(mini
     r = ablation.ablate(minilm, [(0, 0), (1, 3)], method="uniform", corpus=texts, n_random=2)
     assert _weights_hash(minilm.model) == before
     assert r.effect_metric == "sentence_cosine" and 0.5 < r.effect < 1.0
-    [m] = ablation.norm_attention(minilm, texts[1])
+    [m] = hs.norm_attention(minilm, texts[1])
     assert m.per_head.shape[:2] == (6, 12) and torch.isfinite(m.per_layer).all()
