@@ -15,7 +15,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from .encoding import Encoded, _checked_stream, _text_source, check_texts, encode_many, encode_targets, text_units
-from .forward import forward_batch, forward_seq2seq, is_seq2seq
+from .forward import forward_batch, forward_seq2seq, is_seq2seq, learned_sinks
 from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
 from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight
@@ -219,6 +219,7 @@ def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads, *, causal: 
         layers=layers,
         heads=heads,
         meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")},
+        sinks=learned_sinks(lm),
     )
 
 
@@ -266,7 +267,7 @@ def extract_ids(
                 attention=picked[b, :, :, :n, :n].to("cpu", store_dtype, copy=True),  # [layer, head, query, key]
                 causal=lm.is_causal, word_index=tuple(range(n)), token_ids=enc.ids,
                 layers=() if layers is None else tuple(layer_idx), heads=() if heads is None else tuple(head_idx),
-                meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")},
+                meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")}, sinks=learned_sinks(lm),
             ))
     return out
 

@@ -17,13 +17,19 @@ from .encoding import Encoded, pad_batch
 from .families import SUPPORTED_TYPES, UnsupportedArchitecture, UnsupportedFeature, family_for
 from .model import LoadedModel
 
-__all__ = ["base_model", "is_seq2seq", "forward_one_stream", "forward_batch", "forward_seq2seq", "seq2seq_inputs"]
+__all__ = ["base_model", "is_seq2seq", "learned_sinks", "forward_one_stream", "forward_batch", "forward_seq2seq", "seq2seq_inputs"]
 
 
 def is_seq2seq(lm: LoadedModel) -> bool:
     """True for a model of an encoder–decoder family (extract takes a target text)."""
     family = SUPPORTED_TYPES.get(lm.model_type)
     return family is not None and family.kind == "encoder-decoder"
+
+
+def learned_sinks(lm: LoadedModel) -> bool:
+    """True when the model's attention has learned sinks (gpt-oss: a `sinks` logit per head), so that its
+    attention rows sum to less than 1. Read off the parameters, so it holds for unverified models too."""
+    return any(name.rsplit(".", 1)[-1] == "sinks" for name, _ in lm.model.named_parameters())
 
 
 def base_model(lm: LoadedModel) -> torch.nn.Module:

@@ -149,7 +149,7 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float =
     if kind == "layer":
         xf = xf - xf.mean(-1, keepdim=True)  # centred: the mean square is now the variance
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    w = weight.float() if weight.dim() == 1 else weight.float()[:, None, :]  # (n, d) -> (n, 1, d)
+    w = weight.float()[:, None, :] if weight.dim() == 2 else weight.float()  # (n, d) -> (n, 1, d)
     return (normed * (offset + w)).to(x.dtype)
 
 
