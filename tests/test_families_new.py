@@ -164,3 +164,58 @@ def test_umt5_needs_each_layers_own_bias_table():
     broken = dataclasses.replace(family, stacks=tuple(first_table if s.kind == "encoder" else s for s in family.stacks))
     v = verify(lm, TEXTS, family=broken)
     assert [c.passed for c in v.layers if c.kind == "encoder"] == [True, False]
+
+
+# --- a hybrid stack (only some layers have softmax attention) and an unknown type: unverified, never broken ---
+
+
+@pytest.fixture(scope="module")
+def hybrid():
+    """A tiny random Qwen3.5 text model: three gated delta-net layers, then one full-attention layer."""
+    import transformers
+    from transformers import AutoConfig
+
+    from headscope.probe.model import LoadedModel
+    from headscope.probe.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer("bytebpe")
+    cfg = AutoConfig.for_model("qwen3_5_text", vocab_size=len(tok), hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                               linear_num_key_heads=2, linear_num_value_heads=2, linear_key_head_dim=8,
+                               linear_value_head_dim=8, max_position_embeddings=128, pad_token_id=0,
+                               layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"])
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    return LoadedModel(name="tiny-qwen3.5", model=model, tokenizer=tok, source="random init", dtype=torch.float32,
+                       device=torch.device("cpu"))
+
+
+def test_a_hybrid_model_is_extracted_by_its_own_layer_numbers(hybrid):
+    from headscope.probe.extract import extract
+    from headscope.probe.families import UnsupportedArchitecture
+    from headscope.probe.forward import attention_layers, hybrid_note
+
+    assert attention_layers(hybrid) == (1, 3)
+    maps = extract(hybrid, TEXTS[:2], batch_size=2)
+    for m in maps:
+        assert m.layer_ids == (1, 3) and m.attention.shape[:2] == (2, 4)  # L1 and L3, never renumbered 0 and 1
+        torch.testing.assert_close(m.attention.sum(-1), torch.ones(m.attention.shape[:-1]))
+    with torch.no_grad():  # the model's own maps of its layer 3, in the order it returns them
+        own = hybrid.model(hybrid.tokenizer(TEXTS[0], return_tensors="pt").input_ids, output_attentions=True).attentions
+    torch.testing.assert_close(maps[0].attention[1], own[1][0])
+    [one] = extract(hybrid, TEXTS[0], layers=[3])
+    assert one.layer_ids == (3,) and torch.equal(one.attention[0], maps[0].attention[1])
+    with pytest.raises(ValueError, match=r"layer 2 of tiny-qwen3.5 has no softmax attention \(a 'linear_attention' "
+                                         r"layer of a hybrid stack\); its attention layers are 1, 3"):
+        extract(hybrid, TEXTS[0], layers=[2])
+    assert hybrid_note(hybrid).startswith("hybrid stack: layers 1, 3 of 4 have softmax attention; layers 0, 2 "
+                                          "(linear_attention) have none")
+    with pytest.raises(UnsupportedArchitecture, match="no from-scratch attention adapter for model type 'qwen3_5_text'"):
+        verify(hybrid, TEXTS)
+
+
+def test_head_scores_of_a_hybrid_model_name_its_attention_layers(hybrid):
+    from headscope.workflows.heads import heads
+
+    scores = heads(hybrid, TEXTS, induction_sequences=0)
+    assert set(scores.table["layer"]) == {1, 3}
