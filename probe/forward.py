@@ -17,7 +17,8 @@ from .encoding import Encoded, pad_batch
 from .families import SUPPORTED_TYPES, UnsupportedArchitecture, UnsupportedFeature, family_for
 from .model import LoadedModel
 
-__all__ = ["base_model", "is_seq2seq", "learned_sinks", "attention_layers", "hybrid_note", "NO_SOFTMAX_LAYER_TYPES", "forward_one_stream", "forward_batch", "forward_seq2seq", "seq2seq_inputs"]
+__all__ = ["base_model", "is_seq2seq", "learned_sinks", "attention_layers", "hybrid_note", "no_attention_reason",
+           "NO_SOFTMAX_LAYER_TYPES", "forward_one_stream", "forward_batch", "forward_seq2seq", "seq2seq_inputs"]
 
 
 def is_seq2seq(lm: LoadedModel) -> bool:

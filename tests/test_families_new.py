@@ -23,7 +23,8 @@ SECOND_CONFIGS = {
     "mixtral": {"sliding_window": 3}, "qwen2_moe": {}, "phimoe": {"sliding_window": None},
     "granite": {"attention_multiplier": 0.05}, "granitemoe": {"attention_multiplier": 2.0},
     "starcoder2": {"sliding_window": 2}, "seed_oss": {}, "gemma": {},
-    "qwen3_moe": {"sliding_window": 3}, "apertus": {}, "exaone4": {"layer_types": ["full_attention", "sliding_attention"]},
+    "qwen3_moe": {"sliding_window": 3}, "apertus": {},
+    "exaone4": {"layer_types": ["full_attention", "sliding_attention"]},
     "hunyuan_v1_dense": {}, "hunyuan_v1_moe": {},
     "olmoe": {}, "olmo3": {"layer_types": ["full_attention", "sliding_attention"], "sliding_window": 2},
     "vaultgemma": {"layer_types": ["full_attention"] * 3}, "mt5": {}, "umt5": {}, "mbart": {}, "pegasus": {},
@@ -31,12 +32,14 @@ SECOND_CONFIGS = {
     "cohere": {"use_qk_norm": False}, "cohere2": {"layer_types": ["full_attention", "sliding_attention"]},
     "phi": {}, "stablelm": {}, "gpt_bigcode": {"multi_query": False},
     "gpt_oss": {"layer_types": ["full_attention", "sliding_attention"]},
+    "ministral": {"layer_types": ["full_attention", "sliding_attention"]}, "arcee": {}, "olmo": {}, "solar_open": {},
+    "dots1": {"layer_types": ["sliding_attention", "full_attention"], "sliding_window": 3}, "flex_olmo": {},
 }
 
 
 def test_every_new_type_is_registered():
     assert set(SECOND_CONFIGS) <= set(SUPPORTED_TYPES)
-    assert len(SUPPORTED_TYPES) >= 57
+    assert len(SUPPORTED_TYPES) >= 63
 
 
 @pytest.mark.parametrize("model_type", sorted(SECOND_CONFIGS))
@@ -210,7 +213,7 @@ def test_a_hybrid_model_is_extracted_by_its_own_layer_numbers(hybrid):
         extract(hybrid, TEXTS[0], layers=[2])
     assert hybrid_note(hybrid).startswith("hybrid stack: layers 1, 3 of 4 have softmax attention; layers 0, 2 "
                                           "(linear_attention) have none")
-    with pytest.raises(UnsupportedArchitecture, match="no from-scratch attention adapter for model type 'qwen3_5_text'"):
+    with pytest.raises(UnsupportedArchitecture, match="no from-scratch attention adapter for model type 'qwen3_5"):
         verify(hybrid, TEXTS)
 
 
@@ -219,3 +222,12 @@ def test_head_scores_of_a_hybrid_model_name_its_attention_layers(hybrid):
 
     scores = heads(hybrid, TEXTS, induction_sequences=0)
     assert set(scores.table["layer"]) == {1, 3}
+
+
+def test_olmo_clipping_of_q_k_v_is_refused_by_name():
+    from transformers import AutoConfig
+
+    from headscope.probe.families import UnsupportedFeature
+
+    with pytest.raises(UnsupportedFeature, match=r"clip_qkv=8.0: clamping q, k and v is not reproduced"):
+        family_for(AutoConfig.for_model("olmo", clip_qkv=8.0))

@@ -1,4 +1,5 @@
-"""Gemma 2 and VaultGemma (the same attention): attention-logit softcapping, `query_pre_attn_scalar`, alternating sliding-window layers.
+"""Gemma 2 and VaultGemma (the same attention): attention-logit softcapping, `query_pre_attn_scalar`,
+alternating sliding-window layers.
 
 Softcapping bends every score s to c · tanh(s / c) after the scaling and before the mask, so no
 score can exceed ±c (`attn_logit_softcapping`, 50 in the released models).

@@ -1,8 +1,9 @@
 """Llama and its close kin: Llama, Mistral, Qwen2, SmolLM2 (rotary positions, grouped-query attention).
 
 Also every model whose attention transformers copies from Llama's, whatever its MLP: the mixtures of
-experts Mixtral, Qwen2-MoE, PhiMoE and Granite-MoE, and Starcoder2, Seed-OSS, Granite (its
-`attention_multiplier` is the scale, read off the module) and Gemma (v1).
+experts Mixtral, Qwen2-MoE, PhiMoE, Granite-MoE and Solar Open, and Starcoder2, Seed-OSS, Ministral,
+Arcee, OLMo (v1; its optional clipping of q, k and v is refused), Granite (its `attention_multiplier` is
+the scale, read off the module) and Gemma (v1).
 
 Their attention layout (q/k/v/o projections under `self_attn`, one rotary module on the base model)
 is shared by later decoders (Qwen3, OLMo 2, SmolLM3), whose families build on `llama_spec`.
@@ -77,6 +78,12 @@ def _tiny_config(vocab: int, model_type: str):
     return tiny_llama_config(vocab, model_type, **extra)
 
 
+def _clip_qkv(cfg) -> str | None:
+    if getattr(cfg, "clip_qkv", None) is not None:  # OLMo (v1)
+        return f"clip_qkv={cfg.clip_qkv}: clamping q, k and v is not reproduced"
+    return None
+
+
 def _bidirectional(cfg) -> str | None:
     if getattr(cfg, "use_bidirectional_attention", False):  # Gemma's encoder use
         return "use_bidirectional_attention=True is not reproduced"
@@ -86,7 +93,7 @@ def _bidirectional(cfg) -> str | None:
 FAMILY = Family(
     name="llama",
     model_types=("llama", "mistral", "qwen2", "mixtral", "qwen2_moe", "phimoe", "granite", "granitemoe",
-                 "starcoder2", "seed_oss", "gemma"),
+                 "starcoder2", "seed_oss", "gemma", "ministral", "arcee", "olmo", "solar_open"),
     kind="decoder",
     features=(f"rotary: {', '.join(ROPE_INV_FREQ)}", "grouped-query KV heads", "sliding window where configured",
               "the module's own scale (Granite's attention_multiplier)"),
@@ -94,7 +101,7 @@ FAMILY = Family(
     attention=lambda base, i: base.layers[i].self_attn,
     out_proj=lambda base, i: base.layers[i].self_attn.o_proj,
     refuses=(Refusal("rope type", lambda cfg: unsupported_rope(cfg, whole_head=True)),
-             Refusal("bidirectional attention", _bidirectional)),
+             Refusal("bidirectional attention", _bidirectional), Refusal("clip_qkv", _clip_qkv)),
     tiny_config=_tiny_config,
     tokenizer="bytebpe",
     auto_class="AutoModelForCausalLM",

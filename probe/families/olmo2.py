@@ -1,7 +1,7 @@
 """OLMo 2: the Llama layout plus an RMS norm of the whole query and key projections (all heads at once,
 plain weight), before the split into heads and rotary.
 
-The same attention in OLMoE (a mixture of experts) and OLMo 3 (sliding-window layers, rope per layer type)."""
+The same attention in OLMoE and FlexOlmo (mixtures of experts) and OLMo 3 (sliding-window layers, rope per layer type)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def _tiny_config(vocab: int, model_type: str):
 FAMILY = dataclasses.replace(
     LLAMA,  # the Llama layout: same modules, refusals, tokenizer kind and Auto class
     name="olmo2",
-    model_types=("olmo2", "olmoe", "olmo3"),
+    model_types=("olmo2", "olmoe", "olmo3", "flex_olmo"),
     features=("QK norm over the whole projection (plain weight)", f"rotary: {', '.join(ROPE_INV_FREQ)}",
               "grouped-query KV heads", "sliding-window layers where configured"),
     layer_spec=_spec,

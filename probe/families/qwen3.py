@@ -1,6 +1,6 @@
 """Qwen 3: the Llama layout plus an RMS norm of each query and key head (plain weight), before rotary.
 
-The same attention in Qwen3-MoE, Apertus and EXAONE 4 (whose global layers, in a model with sliding
+The same attention in Qwen3-MoE, dots.llm1, Apertus and EXAONE 4 (whose global layers, in a model with sliding
 layers, have no rotary: NoPE), and in HunYuan v1 (dense and MoE), which norms each head after rotary.
 """
 
@@ -42,7 +42,7 @@ def _tiny_config(vocab: int, model_type: str):
 FAMILY = dataclasses.replace(
     LLAMA,  # the Llama layout: same modules, refusals, tokenizer kind and Auto class
     name="qwen3",
-    model_types=("qwen3", "qwen3_moe", "apertus", "exaone4", "hunyuan_v1_dense", "hunyuan_v1_moe"),
+    model_types=("qwen3", "qwen3_moe", "apertus", "exaone4", "hunyuan_v1_dense", "hunyuan_v1_moe", "dots1"),
     features=("QK norm per head (plain weight), after rotary in HunYuan", f"rotary: {', '.join(ROPE_INV_FREQ)}",
               "grouped-query KV heads", "sliding-window layers where configured", "NoPE global layers (EXAONE 4)"),
     layer_spec=_spec,

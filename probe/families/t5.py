@@ -56,7 +56,8 @@ def _tiny_config(vocab: int, model_type: str):
     from transformers import AutoConfig
 
     # 8 buckets up to distance 16: the tiny texts reach the logarithmic buckets and the last one.
-    return AutoConfig.for_model(model_type, vocab_size=vocab, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+    return AutoConfig.for_model(model_type, vocab_size=vocab, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                num_decoder_layers=2, num_heads=4,
                     relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0)
 
 
@@ -77,7 +78,8 @@ FAMILY = Family(
     name="t5",
     model_types=("t5", "mt5", "umt5"),
     kind="encoder-decoder",
-    features=("relative bias: bucketed, from the first layer of each stack (every layer's own in UMT5)", "no 1/√d scaling",
+    features=("relative bias: bucketed, from the first layer of each stack (every layer's own in UMT5)",
+              "no 1/√d scaling",
               "causal decoder", "cross-attention"),
     layer_spec=ENCODER.layer_spec,
     attention=ENCODER.attention,
