@@ -390,7 +390,11 @@ def verify_step(lm, *, enabled: bool = True, keep: list | None = None) -> dict:
     try:
         v = verify(lm)
     except (UnsupportedArchitecture, UnsupportedFeature) as exc:
-        return {"summary": f"attention not verified: {exc}", "passed": None, "max_abs_err": None}
+        from headscope.probe.forward import hybrid_note
+
+        hybrid = hybrid_note(lm)  # which layers of a hybrid stack have attention: every command's output says so
+        return {"summary": f"attention not verified: {exc}" + (f"\n{hybrid}" if hybrid else ""), "passed": None,
+                "max_abs_err": None}
     if keep is not None:
         keep.append(v)
     if not v.passed:

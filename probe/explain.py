@@ -21,7 +21,7 @@ from .encoding import Encoded, encode, token_labels
 from .families import Family, family_for
 from .forward import base_model
 from .model import LoadedModel
-from .scratch import attention_from_scratch, project_qk
+from .scratch import attention_from_scratch, project_qk, sink_share
 from .types import head_name
 from .verify import capture
 from .names import DEFAULT_ATTENTION, Attention
@@ -47,6 +47,7 @@ class Explanation:
     output_norm: float  # ‖Σ_j w_j v_j‖
     model_weight_max_abs_err: float  # our weights vs the model's own attention for this row
     check: dict | None = None  # recompute mode: the eager check on the text's prefix, which gives the error above
+    sink_share: float = 0.0  # the share of the row that went to the head's learned sink (gpt-oss): 1 − Σ weight
 
     def to_frame(self) -> pd.DataFrame:
         return self.table
@@ -54,8 +55,9 @@ class Explanation:
     def summary(self) -> str:
         top = self.table.sort_values("weight", ascending=False).head(3)
         parts = ", ".join(f"{k!r} {w:.3f}" for k, w in zip(top["key"], top["weight"]))
+        sink = f", the learned sink {self.sink_share:.3f}" if self.sink_share else ""
         return (f"{head_name(self.layer, self.head)}, query {self.query!r}: scores q·k × {self.scale:.4g}, softmax → "
-                f"largest weights {parts}; output norm {self.output_norm:.3f} "
+                f"largest weights {parts}{sink}; output norm {self.output_norm:.3f} "
                 f"(matches the model's weights to {self.model_weight_max_abs_err:.1e})")
 
     def _repr_html_(self) -> str:
@@ -151,6 +153,7 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
     return Explanation(
         text=text, query=labels[q_idx], query_index=q_idx, layer=layer, head=head, scale=spec.scale, table=table,
         output_norm=float(contrib.sum(0).norm()), model_weight_max_abs_err=err, check=check,
+        sink_share=0.0 if spec.sinks is None else float(sink_share(weights)),
     )
 
 

@@ -15,7 +15,7 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from .encoding import Encoded, _checked_stream, _text_source, check_texts, encode_many, encode_targets, text_units
-from .forward import forward_batch, forward_seq2seq, is_seq2seq
+from .forward import attention_layers, forward_batch, forward_seq2seq, is_seq2seq, learned_sinks, no_attention_reason
 from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
 from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight
@@ -71,7 +71,7 @@ def iter_extract(
                              "so extract all and index the maps")
         return _iter_seq2seq(lm, _text_source(texts), target, batch_size=batch_size, level=level,
                              store_dtype=store_dtype, truncate=truncate, segmenter=segmenter)
-    layer_idx = _select(layers, lm.config.num_hidden_layers, "layer")
+    layer_idx = _select_layers(lm, layers)
     head_idx = _select(heads, lm.config.num_attention_heads, "head")
     texts = _text_source(texts)
     # Checked above, before the first text is asked for; the texts themselves are checked as they stream.
@@ -105,6 +105,17 @@ def extract(lm: LoadedModel, texts: str | Iterable[str], **kwargs) -> list[Atten
     (torch.Size([6, 12, 10, 10]), ('[CLS]', 'The', 'animal'))
     """
     return list(iter_extract(lm, texts, **kwargs))
+
+
+def _select_layers(lm: LoadedModel, layers: Sequence[int] | None) -> list[int]:
+    """The chosen layers (by default every layer with softmax attention); a hybrid model's layers without
+    attention are refused by name."""
+    have = attention_layers(lm)
+    chosen = _select(list(have) if layers is None else layers, lm.config.num_hidden_layers, "layer")
+    for layer in chosen:
+        if layer not in have:
+            raise ValueError(no_attention_reason(lm, layer))
+    return chosen
 
 
 def _select(chosen: Sequence[int] | None, n: int, what: str) -> list[int]:
@@ -219,6 +230,7 @@ def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads, *, causal: 
         layers=layers,
         heads=heads,
         meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")},
+        sinks=learned_sinks(lm),
     )
 
 
@@ -249,7 +261,7 @@ def extract_ids(
         if len(ids) > lm.max_length:
             raise ValueError(f"sequence {i} has {len(ids)} tokens; {lm.name} takes at most {lm.max_length}")
         encoded.append(Encoded(text="", ids=ids, spans=((0, 0),) * len(ids), special=tuple(t in special_ids for t in ids)))
-    layer_idx = _select(layers, lm.config.num_hidden_layers, "layer")
+    layer_idx = _select_layers(lm, layers)
     head_idx = _select(heads, lm.config.num_attention_heads, "head")
     out = []
     for start in range(0, len(encoded), batch_size):
@@ -265,8 +277,9 @@ def extract_ids(
                 spans=enc.spans, special=enc.special,
                 attention=picked[b, :, :, :n, :n].to("cpu", store_dtype, copy=True),  # [layer, head, query, key]
                 causal=lm.is_causal, word_index=tuple(range(n)), token_ids=enc.ids,
-                layers=() if layers is None else tuple(layer_idx), heads=() if heads is None else tuple(head_idx),
-                meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")},
+                layers=() if len(layer_idx) == lm.config.num_hidden_layers else tuple(layer_idx),  # model numbers
+                heads=() if heads is None else tuple(head_idx),
+                meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")}, sinks=learned_sinks(lm),
             ))
     return out
 

@@ -17,13 +17,60 @@ from .encoding import Encoded, pad_batch
 from .families import SUPPORTED_TYPES, UnsupportedArchitecture, UnsupportedFeature, family_for
 from .model import LoadedModel
 
-__all__ = ["base_model", "is_seq2seq", "forward_one_stream", "forward_batch", "forward_seq2seq", "seq2seq_inputs"]
+__all__ = ["base_model", "is_seq2seq", "learned_sinks", "attention_layers", "hybrid_note", "no_attention_reason",
+           "NO_SOFTMAX_LAYER_TYPES", "forward_one_stream", "forward_batch", "forward_seq2seq", "seq2seq_inputs"]
 
 
 def is_seq2seq(lm: LoadedModel) -> bool:
     """True for a model of an encoder–decoder family (extract takes a target text)."""
     family = SUPPORTED_TYPES.get(lm.model_type)
     return family is not None and family.kind == "encoder-decoder"
+
+
+# Layer types of hybrid stacks (transformers' `config.layer_types`) whose layers have no softmax attention:
+# gated delta-net / Mamba / recurrent blocks ("linear_attention": Qwen3.5, Qwen3-Next, Jamba, Bamba, Granite
+# hybrid, Zamba 2, RecurrentGemma) and short convolutions ("conv": LFM2). They return no attention weights.
+NO_SOFTMAX_LAYER_TYPES = frozenset({"linear_attention", "conv", "mamba", "recurrent"})
+
+
+def attention_layers(lm: LoadedModel) -> tuple[int, ...]:
+    """The model's own numbers of its layers with softmax attention: all of them, but in a hybrid stack only
+    those whose `layer_types` entry is not one of `NO_SOFTMAX_LAYER_TYPES` (L3 stays L3, never renumbered)."""
+    n = lm.config.num_hidden_layers
+    kinds = getattr(lm.config, "layer_types", None)
+    if not kinds or len(kinds) < n:
+        return tuple(range(n))
+    return tuple(i for i in range(n) if kinds[i] not in NO_SOFTMAX_LAYER_TYPES)
+
+
+def no_attention_reason(lm: LoadedModel, layer: int) -> str:
+    """One line: why layer `layer` of a hybrid model has no attention map, and which layers have one."""
+    kind = lm.config.layer_types[layer]
+    found = ", ".join(map(str, attention_layers(lm))) or "none"
+    return (f"layer {layer} of {lm.name} has no softmax attention (a {kind!r} layer of a hybrid stack); "
+            f"its attention layers are {found}")
+
+
+def hybrid_note(lm: LoadedModel) -> str | None:
+    """One line for results and reports of a hybrid stack: which layers have softmax attention and which have
+    none (with their kinds); None when every layer has attention."""
+    have = attention_layers(lm)
+    n = lm.config.num_hidden_layers
+    if len(have) == n:
+        return None
+    kinds: dict[str, list[int]] = {}
+    for i in range(n):
+        if i not in have:
+            kinds.setdefault(lm.config.layer_types[i], []).append(i)
+    without = "; ".join(f"{', '.join(map(str, layers))} ({kind})" for kind, layers in kinds.items())
+    return (f"hybrid stack: layers {', '.join(map(str, have)) or 'none'} of {n} have softmax attention; layers "
+            f"{without} have none and appear in no map, table or figure (layer numbers are the model's own)")
+
+
+def learned_sinks(lm: LoadedModel) -> bool:
+    """True when the model's attention has learned sinks (gpt-oss: a `sinks` logit per head), so that its
+    attention rows sum to less than 1. Read off the parameters, so it holds for unverified models too."""
+    return any(name.rsplit(".", 1)[-1] == "sinks" for name, _ in lm.model.named_parameters())
 
 
 def base_model(lm: LoadedModel) -> torch.nn.Module:
@@ -48,7 +95,11 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
     When only some layers are wanted, hooks on those layers' attention modules catch their weights
     and the model is asked for none, so the other layers' O(T²) tensors are never kept alive.
     """
-    wanted = list(range(lm.config.num_hidden_layers)) if layers is None else list(layers)
+    have = attention_layers(lm)
+    wanted = list(have) if layers is None else list(layers)
+    for layer in wanted:
+        if layer not in have:
+            raise ValueError(no_attention_reason(lm, layer))
     ids, mask = pad_batch(items, lm.device)
     if len(wanted) < lm.config.num_hidden_layers:
         caught = _forward_hooked(lm, ids, mask, wanted)
@@ -61,7 +112,12 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
             f"{lm.name} returned no attention weights although it runs eager attention "
             f"(implementation {lm.config._attn_implementation!r}); this model class does not expose them."
         )
-    return [att[layer] for layer in wanted]
+    if len(att) != len(have):
+        raise RuntimeError(f"{lm.name} returned attention for {len(att)} layers, but its config names {len(have)} "
+                           f"layers with softmax attention ({', '.join(map(str, have))}); headscope cannot tell which "
+                           f"map is which layer's")
+    row = {layer: k for k, layer in enumerate(have)}  # the model returns attention layers only, in order
+    return [att[row[layer]] for layer in wanted]
 
 
 def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int]) -> list[torch.Tensor] | None:

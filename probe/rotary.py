@@ -203,6 +203,9 @@ def rope(cfg, head_dim: int, layer_type: str | None = None, *, whole_head: bool 
 def unsupported_rope(cfg, layer_types=(None,), *, whole_head: bool = False) -> str | None:
     """Why the rope of `cfg` (for each of `layer_types`) cannot be reproduced, or None when it can."""
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    params, types = getattr(cfg, "rope_parameters", None) or {}, getattr(cfg, "layer_types", None) or ()
+    if tuple(layer_types) == (None,) and any(t in params for t in types):  # rope parameters per layer type (OLMo 3)
+        layer_types = sorted(set(types))
     for layer_type in layer_types:
         try:
             rope(cfg, head_dim, layer_type, whole_head=whole_head)

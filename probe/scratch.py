@@ -5,14 +5,16 @@ architecture families in `probe/families/`), recompute what the model's attentio
 
     q, k, v = x Wqᵀ + bq, x Wkᵀ + bk, x Wvᵀ + bv           project
     split into heads (grouped-query: a KV head serves several query heads)
-    optional RMS norm of q and k (per head, or over the whole projection)
+    optional RMS (or mean-centred layer) norm of q and k (per head, or over the whole projection)
     rotary positions on all or the first `rotary_dim` dims of each head (half-split or interleaved)
+    (HunYuan: the q/k norm after rotary instead of before)
     scores = q kᵀ · scale                                   (√d or the model's own scalar)
     scores += position bias                                 ALiBi slopes, T5 relative buckets
     scores += content↔position scores                       DeBERTa's c2p and p2c
     scores = c · tanh(scores / c)                           logit softcapping (Gemma 2)
     scores += mask                                          padding, causal, sliding window
     P = softmax(scores), written out: subtract the row max, exp, normalise
+        (learned sinks, gpt-oss: a per-head sink logit joins each row and is dropped, rows sum to < 1)
     y = P v, heads concatenated, out = y Woᵀ + bo
 
 No `scaled_dot_product_attention`, no transformers attention code: this is the independent
@@ -31,8 +33,8 @@ import torch
 from .errors import UnsupportedFeature
 
 __all__ = ["LayerSpec", "ScratchResult", "attention_from_scratch", "project_qk", "row_scores", "row_probs",
-           "block_probs", "stable_softmax", "rotary_cos_sin", "build_mask", "visible_keys", "alibi_slopes",
-           "relative_position_buckets"]
+           "block_probs", "stable_softmax", "softmax_with_sink", "sink_share", "rotary_cos_sin", "build_mask",
+           "visible_keys", "alibi_slopes", "relative_position_buckets"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,6 +67,9 @@ class LayerSpec:
     norm_eps: float = 1e-6
     norm_offset: float = 1.0  # the norm multiplies by (offset + w): 1 for Gemma's (1 + w), 0 for a plain w
     norm_scope: Literal["head", "projection"] = "head"  # OLMo 2 normalises the whole projection before the split
+    # "rms": x / rms(x); "layer": (x - mean) / std, no bias (Cohere's QK LayerNorm, weights (nh, hs) per head)
+    norm_kind: Literal["rms", "layer"] = "rms"
+    norm_after_rotary: bool = False  # HunYuan normalises q and k after rotary, not before
     # Additive per-head score bias from positions, a function (T_query, T_key) -> (nh, T_query, T_key):
     # ALiBi slopes, T5's bucketed relative bias. A block of rows calls it as
     # (stop_query, stop_key, query_start=, key_start=) and gets only its own rows and keys,
@@ -75,6 +80,9 @@ class LayerSpec:
     # q (B, nh, T, hs) and k (B, nh, S, hs) -> (B, nh, T, S): DeBERTa's content→position and
     # position→content terms.
     position_scores: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None
+    # Learned attention sinks (gpt-oss), (nh,): one extra logit per head joins every row's softmax and is
+    # then dropped, so a row sums to 1 - sink share (`sink_share`); never renormalised.
+    sinks: torch.Tensor | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -134,10 +142,20 @@ def _apply_rotary(t: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
     return torch.cat([_rotate(t[..., :d], cos, sin, interleaved=spec.rotary_interleaved), t[..., d:]], dim=-1)
 
 
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 1.0) -> torch.Tensor:
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 1.0,
+              kind: Literal["rms", "layer"] = "rms") -> torch.Tensor:
+    # x: (..., d); weight (d,), or (n, d) one row per head for x (B, n, T, d)
     xf = x.float()
+    if kind == "layer":
+        xf = xf - xf.mean(-1, keepdim=True)  # centred: the mean square is now the variance
     normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return (normed * (offset + weight.float())).to(x.dtype)
+    w = weight.float()[:, None, :] if weight.dim() == 2 else weight.float()  # (n, d) -> (n, 1, d)
+    return (normed * (offset + w)).to(x.dtype)
+
+
+def _norm_qk(q: torch.Tensor, k: torch.Tensor, spec: LayerSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    return (_rms_norm(q, spec.q_norm, spec.norm_eps, spec.norm_offset, spec.norm_kind),
+            _rms_norm(k, spec.k_norm, spec.norm_eps, spec.norm_offset, spec.norm_kind))
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -293,14 +311,14 @@ def project_qk(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool = True,
     q = _add_bias(x @ spec.wq.T.to(x.dtype), spec.bq)  # (B, T, nh*hs)
     k = _add_bias(source @ spec.wk.T.to(x.dtype), spec.bk)  # (B, S, nkv*hs)
     if spec.q_norm is not None and spec.norm_scope == "projection":
-        q = _rms_norm(q, spec.q_norm, spec.norm_eps, spec.norm_offset)
-        k = _rms_norm(k, spec.k_norm, spec.norm_eps, spec.norm_offset)
+        q, k = _norm_qk(q, k, spec)
     q, k = _heads(q, spec.n_heads, spec.head_dim), _heads(k, spec.n_kv_heads, spec.head_dim)
-    if spec.q_norm is not None and spec.norm_scope == "head":
-        q = _rms_norm(q, spec.q_norm, spec.norm_eps, spec.norm_offset)
-        k = _rms_norm(k, spec.k_norm, spec.norm_eps, spec.norm_offset)
+    if spec.q_norm is not None and spec.norm_scope == "head" and not spec.norm_after_rotary:
+        q, k = _norm_qk(q, k, spec)
     if spec.inv_freq is not None and use_positions:
         q, k = _apply_rotary(q, spec), _apply_rotary(k, spec)
+    if spec.q_norm is not None and spec.norm_after_rotary:
+        q, k = _norm_qk(q, k, spec)
     return q, k
 
 
@@ -365,7 +383,37 @@ def row_probs(
                         use_positions=use_positions, heads=heads)
     mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=q_rows.dtype,
                       local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start)
+    if spec.sinks is not None:
+        return scores, softmax_with_sink(scores + mask, _sink_logits(spec, heads))  # (B, h, R, K), rows sum < 1
     return scores, stable_softmax(scores + mask)  # (B, h, R, K)
+
+
+def _sink_logits(spec: LayerSpec, heads: list[int] | None) -> torch.Tensor:
+    sinks = spec.sinks.detach().float()
+    return sinks if heads is None else sinks[list(heads)]  # (h,)
+
+
+def softmax_with_sink(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """softmax over the keys plus one virtual sink key per head, the sink's column dropped (gpt-oss).
+
+    `scores` (B, h, R, K), `sinks` (h,) logits. Each row sums to 1 − its sink share (`sink_share`).
+
+    >>> softmax_with_sink(torch.zeros(1, 1, 1, 3), torch.tensor([0.0]))
+    tensor([[[[0.2500, 0.2500, 0.2500]]]])
+    """
+    sink = sinks.to(scores.dtype)[None, :, None, None].expand(*scores.shape[:-1], 1)  # (B, h, R, 1)
+    return stable_softmax(torch.cat([scores, sink], dim=-1))[..., :-1]  # (B, h, R, K)
+
+
+def sink_share(probs: torch.Tensor) -> torch.Tensor:
+    """The share of each row that went to the learned sink: 1 − row sum, (…, R) from probabilities (…, R, K).
+
+    Zero (up to rounding) for a model without sinks, whose rows sum to 1.
+
+    >>> sink_share(torch.tensor([[0.25, 0.25, 0.25]]))
+    tensor([0.2500])
+    """
+    return (1.0 - probs.sum(dim=-1)).clamp_min(0.0)
 
 
 def block_probs(
@@ -389,6 +437,8 @@ def block_probs(
     visible = visible_keys(key_valid, causal=spec.causal, sliding_window=spec.sliding_window,
                            local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start)
     p.masked_fill_(~visible, float("-inf"))
+    if spec.sinks is not None:  # the sink column costs one more buffer; rows sum to < 1
+        return softmax_with_sink(p, _sink_logits(spec, heads))
     row_max = p.amax(dim=-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))  # fully masked rows
     p.sub_(row_max).exp_()

@@ -114,6 +114,7 @@ class AttentionMap(_HeadGrid):
     layers: tuple[int, ...] = ()  # model layer index of each row of `attention` (all when empty)
     heads: tuple[int, ...] = ()  # model head index of each column (all when empty)
     meta: dict = field(default_factory=dict)  # model name, dtype, ... (never tensors)
+    sinks: bool = False  # the model gives learned attention sinks part of each row (gpt-oss): see `sink_share`
 
     def __post_init__(self) -> None:
         n = len(self.labels)
@@ -126,6 +127,18 @@ class AttentionMap(_HeadGrid):
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    @property
+    def sink_share(self) -> torch.Tensor | None:
+        """[layer, head, query]: the share of each row that went to the head's learned sink, 1 − the row's sum.
+
+        A model with learned sinks (gpt-oss) adds one logit per head to every softmax and drops it, so its
+        rows sum to less than 1; the maps keep the model's own weights, never renormalised, and this is the
+        rest. None for a model without sinks, whose rows sum to 1.
+        """
+        if not self.sinks:
+            return None
+        return (1.0 - self.attention.float().sum(-1)).clamp_min(0.0)
 
     @property
     def weight(self) -> Weight:

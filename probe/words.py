@@ -212,6 +212,7 @@ def _map_to_words(amap: AttentionMap) -> AttentionMap:
         layers=amap.layers,
         heads=amap.heads,
         meta=dict(amap.meta),
+        sinks=amap.sinks,  # a word's row sums what its tokens' rows (averaged) left to the sink
     )
 
 

@@ -12,6 +12,7 @@ import tokenize
 import pytest
 import torch
 from click.testing import CliRunner
+from conftest import _tiny
 
 import headscope.probe.families as families
 from headscope.cli import cli
@@ -85,7 +86,8 @@ def test_each_model_type_is_named_in_one_file_only():
 @pytest.mark.parametrize("model_type", sorted(SUPPORTED_TYPES))
 def test_tiny_model_by_model_type_is_its_family_model(model_type):
     family = SUPPORTED_TYPES[model_type]
-    lm = tiny_model(model_type)
+    lm = _tiny(model_type)  # built once per session, shared with the other per-type tests
+    assert lm.config.model_type == model_type
     assert lm.name == f"tiny-{family.name}"
     assert family_for(lm.config) is family
     assert lm.is_causal == (family.kind == "decoder")  # an encoder-decoder's one-text view is its encoder

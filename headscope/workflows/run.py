@@ -24,7 +24,7 @@ import pandas as pd
 from headscope.analyses.treebank import Treebank
 from headscope.probe.encoding import fit_context
 from headscope.probe.extract import extract
-from headscope.probe.forward import is_seq2seq
+from headscope.probe.forward import hybrid_note, is_seq2seq
 from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
 from headscope.probe.generate import GenerationAttention, generate_attention
 from headscope.probe.model import LoadedModel
@@ -131,7 +131,7 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
     say = log or (lambda message: None)
     stage = _Stages()
     stage.seconds["load"] = round(load_seconds, 3)
-    notes: list[str] = []
+    notes: list[str] = [note for note in [hybrid_note(lm)] if note]
     verification: Verification | None
     try:
         verification = stage.run("verify", verify, lm, truncate=settings.truncate)

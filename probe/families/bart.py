@@ -2,7 +2,8 @@
 self, and cross-attention from the decoder to the encoder's output.
 
 Positions are learned absolute embeddings added before the first layer of each stack, so the
-attention itself has nothing positional to reproduce. Marian (`marian.py`) has the same layers.
+attention itself has nothing positional to reproduce. mBART has the same layers, and so have Marian
+and Pegasus (`marian.py`), whose positions are sinusoidal.
 """
 
 from __future__ import annotations
@@ -42,14 +43,14 @@ def tiny_sizes(vocab: int) -> dict:
 
 
 def _tiny_config(vocab: int, model_type: str):
-    from transformers import BartConfig
+    from transformers import AutoConfig
 
-    return BartConfig(**tiny_sizes(vocab))
+    return AutoConfig.for_model(model_type, **tiny_sizes(vocab))
 
 
 FAMILY = Family(
     name="bart",
-    model_types=("bart",),
+    model_types=("bart", "mbart"),
     kind="encoder-decoder",
     features=("absolute positions (already in the layer input)", "causal decoder", "cross-attention"),
     layer_spec=ENCODER.layer_spec,

@@ -1,4 +1,5 @@
-"""Gemma 2: attention-logit softcapping, `query_pre_attn_scalar`, alternating sliding-window layers.
+"""Gemma 2 and VaultGemma (the same attention): attention-logit softcapping, `query_pre_attn_scalar`,
+alternating sliding-window layers.
 
 Softcapping bends every score s to c · tanh(s / c) after the scaling and before the mask, so no
 score can exceed ±c (`attn_logit_softcapping`, 50 in the released models).
@@ -30,10 +31,10 @@ def _bidirectional(cfg) -> str | None:
 
 
 def _tiny_config(vocab: int, model_type: str):
-    from transformers import Gemma2Config
+    from transformers import AutoConfig
 
     # A cap of 5 bends this model's scores (they reach about ±6), so a missing softcap shows.
-    return Gemma2Config(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+    return AutoConfig.for_model(model_type, vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
                         num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8,
                         attn_logit_softcapping=5.0, sliding_window=4,
                         layer_types=["sliding_attention", "full_attention", "sliding_attention"],
@@ -42,7 +43,7 @@ def _tiny_config(vocab: int, model_type: str):
 
 FAMILY = Family(
     name="gemma2",
-    model_types=("gemma2",),
+    model_types=("gemma2", "vaultgemma"),
     kind="decoder",
     features=("attention-logit softcapping", "query_pre_attn_scalar", "sliding-window layers",
               f"rotary: {', '.join(ROPE_INV_FREQ)}", "grouped-query KV heads"),

@@ -1,5 +1,7 @@
 """OLMo 2: the Llama layout plus an RMS norm of the whole query and key projections (all heads at once,
-plain weight), before the split into heads and rotary."""
+plain weight), before the split into heads and rotary.
+
+The same attention in OLMoE and FlexOlmo (mixtures of experts) and OLMo 3 (sliding-window layers, rope per layer type)."""
 
 from __future__ import annotations
 
@@ -19,15 +21,20 @@ def _spec(base, i: int, cfg) -> LayerSpec:
 
 
 def _tiny_config(vocab: int, model_type: str):
-    return tiny_llama_config(vocab, model_type, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    from transformers import AutoConfig
+
+    extra = {}
+    if hasattr(AutoConfig.for_model(model_type), "layer_types"):  # OLMo 3: a sliding and a full layer
+        extra = dict(sliding_window=4, layer_types=["sliding_attention", "full_attention"])
+    return tiny_llama_config(vocab, model_type, bos_token_id=None, eos_token_id=None, pad_token_id=None, **extra)
 
 
 FAMILY = dataclasses.replace(
     LLAMA,  # the Llama layout: same modules, refusals, tokenizer kind and Auto class
     name="olmo2",
-    model_types=("olmo2",),
+    model_types=("olmo2", "olmoe", "olmo3", "flex_olmo"),
     features=("QK norm over the whole projection (plain weight)", f"rotary: {', '.join(ROPE_INV_FREQ)}",
-              "grouped-query KV heads"),
+              "grouped-query KV heads", "sliding-window layers where configured"),
     layer_spec=_spec,
     tiny_config=_tiny_config,
 )

@@ -4,6 +4,8 @@ T5 has no position embeddings. The first layer of each stack owns a table `relat
 (n_buckets, nh); every layer of that stack adds the same per-head bias, looked up by the bucket of
 `key - query` (both directions in the encoder, only the past in the decoder). Cross-attention has
 no position bias. Scores are q·k with no 1/√d: T5 folds the scale into its initialisation.
+
+mT5 has T5's layers; UMT5's are the same except that every layer owns its own bias table.
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ def _attention_spec(attn, cfg, *, causal: bool, score_bias=None) -> LayerSpec:
 def _self_spec(stack: str, *, bidirectional: bool):
     def spec(base, i: int, cfg) -> LayerSpec:
         blocks = getattr(base, stack).block
-        table = blocks[0].layer[0].SelfAttention.relative_attention_bias.weight  # shared by the whole stack
+        owner = blocks[i] if hasattr(blocks[i].layer[0].SelfAttention, "relative_attention_bias") else blocks[0]
+        table = owner.layer[0].SelfAttention.relative_attention_bias.weight  # the stack's (T5) or the layer's (UMT5)
         bias = relative_bias(table, bidirectional=bidirectional, n_buckets=cfg.relative_attention_num_buckets,
                              max_distance=cfg.relative_attention_max_distance)
         return _attention_spec(blocks[i].layer[0].SelfAttention, cfg, causal=not bidirectional, score_bias=bias)
@@ -50,10 +53,11 @@ def _cross_spec(base, i: int, cfg) -> LayerSpec:
 
 
 def _tiny_config(vocab: int, model_type: str):
-    from transformers import T5Config
+    from transformers import AutoConfig
 
     # 8 buckets up to distance 16: the tiny texts reach the logarithmic buckets and the last one.
-    return T5Config(vocab_size=vocab, d_model=32, d_kv=8, d_ff=64, num_layers=2, num_decoder_layers=2, num_heads=4,
+    return AutoConfig.for_model(model_type, vocab_size=vocab, d_model=32, d_kv=8, d_ff=64, num_layers=2,
+                                num_decoder_layers=2, num_heads=4,
                     relative_attention_num_buckets=8, relative_attention_max_distance=16, decoder_start_token_id=0)
 
 
@@ -72,9 +76,10 @@ CROSS = Stack("cross", _cross_spec,
 
 FAMILY = Family(
     name="t5",
-    model_types=("t5",),
+    model_types=("t5", "mt5", "umt5"),
     kind="encoder-decoder",
-    features=("relative bias: bucketed, from the first layer of each stack", "no 1/√d scaling",
+    features=("relative bias: bucketed, from the first layer of each stack (every layer's own in UMT5)",
+              "no 1/√d scaling",
               "causal decoder", "cross-attention"),
     layer_spec=ENCODER.layer_spec,
     attention=ENCODER.attention,
