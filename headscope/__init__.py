@@ -62,6 +62,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "Cloze": "headscope.workflows.ablation",
     "Choice": "headscope.workflows.ablation",
     "InductionTask": "headscope.workflows.ablation",
+    "dla": "headscope.workflows.mechanisms",
     "compare_models": "headscope.workflows.compare",
     "analyse_model": "headscope.workflows.run",
     "RunSettings": "headscope.workflows.run",
@@ -87,6 +88,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "HeadComparison": "headscope.analyses.compare",
     "AblationResult": "headscope.analyses.ablation",
     "AblationEvidence": "headscope.analyses.evidence",
+    "DLAResult": "headscope.probe.attribution",
     "rollout": "headscope.analyses.flow",
     "flow": "headscope.analyses.flow",
     # reports
