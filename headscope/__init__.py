@@ -63,6 +63,10 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "Choice": "headscope.workflows.ablation",
     "InductionTask": "headscope.workflows.ablation",
     "dla": "headscope.workflows.mechanisms",
+    "patch": "headscope.workflows.mechanisms",
+    "PatchPair": "headscope.analyses.patching",
+    "builtin_pairs": "headscope.analyses.patching",
+    "read_pairs": "headscope.analyses.patching",
     "compare_models": "headscope.workflows.compare",
     "analyse_model": "headscope.workflows.run",
     "RunSettings": "headscope.workflows.run",
@@ -89,6 +93,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "AblationResult": "headscope.analyses.ablation",
     "AblationEvidence": "headscope.analyses.evidence",
     "DLAResult": "headscope.probe.attribution",
+    "PatchResult": "headscope.analyses.patching",
     "rollout": "headscope.analyses.flow",
     "flow": "headscope.analyses.flow",
     # reports

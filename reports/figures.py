@@ -32,6 +32,7 @@ from headscope.analyses.coref import ProbeResult
 from headscope.analyses.flow import FLOW_MAX_EDGES, TOKEN_MAPS, TokenMap, flow_fits
 from headscope.analyses.heads import HeadScores
 from headscope.analyses.metrics import METRICS
+from headscope.analyses.patching import PatchResult
 from headscope.probe.attribution import DLAResult
 from headscope.probe.types import AttentionMap, head_name
 from headscope.probe.verify import Verification
@@ -55,6 +56,7 @@ __all__ = [
     "verification_plot",
     "signed_grid",
     "dla_grid",
+    "patch_grid",
     "best_heads",
     "plot",
     "FigureSpec",
@@ -495,6 +497,17 @@ def dla_grid(result: DLAResult, *, ax: Axes | None = None, k: int = 3) -> Figure
     return signed_grid(result.grid(), title=title, label="direct logit attribution", ax=ax, k=k)
 
 
+def patch_grid(result: PatchResult, *, ax: Axes | None = None, k: int = 3) -> Figure:
+    """Head-output patching: the normalised metric with each head patched (0 = corrupt run, 1 = clean run)."""
+    title = (f"{result.model} · {result.direction} patching of head outputs on {len(result.pairs)} pairs "
+             f"(logit difference clean {result.clean.mean():.2f}, corrupt {result.corrupt.mean():.2f})")
+    if result.confirmation is not None:
+        c = result.confirmation
+        title += f"; held-out: chosen heads {c.fraction:.0%}, random sets {np.mean(c.random_fractions):.0%}"
+    return signed_grid(result.grid("normalised"), title=title, label="normalised metric (0 corrupt, 1 clean)", ax=ax,
+                       k=k)
+
+
 def difference_grid(comparison: Any, metric: str, *, ax: Axes | None = None) -> Figure:
     """B − A of one metric per head (`HeadComparison.grid`) on a diverging scale centred at 0, the
     changed heads boxed (the largest change thickest)."""
@@ -668,6 +681,11 @@ def _plot_verification(result: Verification, **kwargs: Any) -> Figure:
 @plot.register(DLAResult)
 def _plot_dla(result: DLAResult, **kwargs: Any) -> Figure:
     return dla_grid(result, **kwargs)
+
+
+@plot.register(PatchResult)
+def _plot_patch(result: PatchResult, **kwargs: Any) -> Figure:
+    return patch_grid(result, **kwargs)
 
 
 @plot.register(ProbeResult)

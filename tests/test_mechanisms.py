@@ -2,6 +2,8 @@
 
 import json
 
+import numpy as np
+
 import pytest
 import torch
 
@@ -97,3 +99,121 @@ def test_dla_command_json_and_refusal(tmp_path):
     assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
     res = runner.invoke(cli, ["dla", "--model", "tiny:bert", "--prompt", PROMPT, "--answer", " mat"])
     assert res.exit_code == 2 and "needs a decoder" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Activation patching
+
+from headscope.analyses.patching import PatchPair, bootstrap_ci, read_pairs, strength  # noqa: E402
+from headscope.probe.patching import patch_metrics, prepare_pairs, sweep_sites  # noqa: E402
+
+CLEAN = ["The cat sat on the", "and the dog sat on the"]  # the same length in both tiny tokenizers
+CORRUPT = ["The dog sat on the", "and the cat sat on the"]
+
+
+def _prepared(lm):
+    return prepare_pairs(lm, CLEAN, CORRUPT, [" mat", " log"], [" dog", " cat"])
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_patching_limits_are_exact(family):
+    lm = _tiny(family)
+    p = _prepared(lm)
+    state, hooks = _state(lm.model), _hooks(lm.model)
+    clean = patch_metrics(lm, p, [frozenset()], direction="noise")[0]
+    corrupt = patch_metrics(lm, p, [frozenset()], direction="denoise")[0]
+    # the metric read off the model's own logits, apart from the patching code
+    for i, (text, r, w) in enumerate(zip(CLEAN, p.right, p.wrong)):
+        logits = _model_logits(lm, text)
+        assert float(clean[i]) == pytest.approx(float(logits[r] - logits[w]), abs=1e-5)
+    L = lm.config.num_hidden_layers
+    resid = [frozenset([("resid", l, None)]) for l in range(L)]
+    heads = [frozenset([s]) for s in sweep_sites(lm, "head_out")]
+    for direction, base, source in (("denoise", corrupt, clean), ("noise", clean, corrupt)):
+        m = patch_metrics(lm, p, [frozenset(), *resid, *heads], direction=direction, batch_rows=5)
+        assert torch.allclose(m[0], base, rtol=0, atol=1e-6)  # patching nothing: the base run
+        assert torch.allclose(m[1 : 1 + L], source.expand(L, -1), rtol=0, atol=1e-6)  # the whole stream: the source
+        # the last layer's heads and MLP and its input, all patched: the source run again
+        last = frozenset({("resid", L - 1, None), ("mlp", L - 1, None), *(s for h in heads for s in h if s[1] == L - 1)})
+        assert torch.allclose(patch_metrics(lm, p, [last], direction=direction)[0], source, rtol=0, atol=1e-6)
+    same = prepare_pairs(lm, CLEAN, CLEAN, [" mat", " log"], [" dog", " cat"])  # clean == corrupt: no effect anywhere
+    m = patch_metrics(lm, same, heads + resid, direction="denoise")
+    assert torch.allclose(m, clean.expand_as(m), rtol=0, atol=1e-6)
+    assert _same(lm.model, state) and _hooks(lm.model) == hooks
+
+
+def test_batched_patching_equals_one_patch_per_forward():
+    lm = _tiny("llama")
+    p = _prepared(lm)
+    jobs = [frozenset([s]) for s in sweep_sites(lm, "head_out")] + [frozenset(sweep_sites(lm, "mlp"))]
+    batched = patch_metrics(lm, p, jobs, direction="noise", batch_rows=512)  # every job in one forward
+    one_by_one = torch.stack([patch_metrics(lm, p.subset([i]), [j], direction="noise", batch_rows=1)[0, 0]
+                              for j in jobs for i in range(p.n)]).view(len(jobs), p.n)  # reference loop
+    assert torch.allclose(batched, one_by_one, rtol=0, atol=1e-5)
+
+
+def test_patching_leaves_the_model_as_it_was_after_an_error():
+    lm = _tiny("gpt2")
+    p = _prepared(lm)
+    state, hooks = _state(lm.model), _hooks(lm.model)
+
+    def boom(module, args):
+        raise RuntimeError("boom")
+
+    handle = lm.model.transformer.h[1].register_forward_pre_hook(boom)
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            patch_metrics(lm, p, [frozenset([("head", 0, 1)]), frozenset([("resid", 1, 2)])], direction="denoise")
+    finally:
+        handle.remove()
+    assert _same(lm.model, state) and _hooks(lm.model) == hooks
+
+
+def test_patching_refuses_pairs_of_different_lengths_and_bad_files(tmp_path):
+    lm = _tiny("llama")
+    with pytest.raises(ValueError, match="pair 0: the clean prompt has"):
+        prepare_pairs(lm, ["The cat sat"], ["The cat sat on the mat"], [" on"], [" in"])
+    bad = tmp_path / "pairs.jsonl"
+    bad.write_text('{"clean": "a", "corrupt": "b", "right": "c"}\n')
+    with pytest.raises(ValueError, match="line 1: needs the text fields wrong"):
+        read_pairs(bad)
+
+
+def test_patch_statistics_by_hand():
+    # strength: how far a patch moves the metric toward the source run, signed by clean − corrupt
+    clean, corrupt = np.array([2.0, 4.0]), np.array([0.0, 0.0])
+    assert strength(np.array([1.0, 1.0]), clean, corrupt, "denoise").tolist() == [1.0, 1.0]
+    assert strength(np.array([1.0, 1.0]), clean, corrupt, "noise").tolist() == [1.0, 3.0]
+    # the bootstrap interval of a mean lies inside the data's range and holds the mean
+    v = np.array([0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0])
+    lo, hi = bootstrap_ci(v)
+    assert 0.0 <= lo < v.mean() < hi <= 7.0
+
+
+def test_patch_workflow_and_command_on_a_pair_file(tmp_path):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+    from headscope.workflows.mechanisms import patch
+
+    lm = _tiny("llama")
+    pairs = [PatchPair(a, b, r, w) for a, b, r, w in zip(CLEAN * 2, CORRUPT * 2, [" mat", " log"] * 2,
+                                                         [" dog", " cat"] * 2)]
+    r = patch(lm, pairs, n_random=3, k=2)
+    frame = r.to_frame()
+    assert len(frame) == 8 and r.confirmation is not None and len(r.confirmation.heads) == 2
+    assert set(r.confirmation.selection).isdisjoint(r.confirmation.heldout)
+    assert frame["value"].tolist() == pytest.approx(r.values.mean(-1).tolist())
+    gap = r.clean.mean() - r.corrupt.mean()
+    assert frame["normalised"].tolist() == pytest.approx(((r.values.mean(-1) - r.corrupt.mean()) / gap).tolist())
+    assert "random sets" in r.verdict
+    f = tmp_path / "pairs.jsonl"
+    f.write_text("\n".join(json.dumps({"clean": p.clean, "corrupt": p.corrupt, "right": p.right, "wrong": p.wrong})
+                           for p in pairs))
+    res = CliRunner().invoke(cli, ["patch", "--model", "tiny:llama", "--pairs", str(f), "--random", "3", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert {"clean", "corrupt", "heads", "verdict"} <= set(out) and len(out["heads"]) == 8
+    assert {"layer", "head", "value"} <= set(out["heads"][0])
+    res = CliRunner().invoke(cli, ["patch", "--model", "tiny:llama", "--pairs", str(tmp_path / "missing.jsonl")])
+    assert res.exit_code == 2 and "no such file" in res.stderr
