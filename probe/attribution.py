@@ -424,3 +424,194 @@ def direct_logit_attribution(lm: LoadedModel, prompt: str, answer: str | int, wr
                      identity_abs_err=abs(float(table["value"].sum()) - total), attention_abs_err=attn_err,
                      final_norm_abs_err=final_err, softcap=cap or None, capped_total=capped,
                      n_layers=len(tr.specs), n_heads=tr.specs[0].n_heads, labels=tr.labels)
+
+
+# --------------------------------------------------------------------------------------------
+# QK attribution
+
+
+def _rotate_at(parts: torch.Tensor, spec: LayerSpec, pos: int, T: int) -> torch.Tensor:
+    """Rotary at position `pos` applied to each row of `parts` (P, hs), as `probe.scratch` rotates a sequence of T."""
+    if spec.inv_freq is None:
+        return parts
+    from .scratch import _rotate, rotary_cos_sin
+
+    inv_freq = spec.inv_freq(T) if callable(spec.inv_freq) else spec.inv_freq
+    cos, sin = rotary_cos_sin(inv_freq.float().cpu(), torch.arange(T), spec.rope_scaling,
+                              interleaved=spec.rotary_interleaved)
+    cos, sin = cos[pos].double(), sin[pos].double()  # (d,)
+    d = spec.rotary_dim or parts.shape[-1]
+    turned = _rotate(parts[..., :d], cos, sin, interleaved=spec.rotary_interleaved)
+    return torch.cat([turned, parts[..., d:]], dim=-1)
+
+
+def _side(tr: Trace, spec: LayerSpec, layer: int, pos: int, w: torch.Tensor, b: torch.Tensor | None,
+          norm_w: torch.Tensor | None, full_w: torch.Tensor, full_b: torch.Tensor | None, slice_: slice
+          ) -> tuple[list[str], torch.Tensor, float]:
+    """One side (query or key) at position `pos`: names and (P, hs) parts of the projected, normed and
+    rotated vector of one head, and the max |Δ| of the attention input rebuilt from the parts."""
+    names, parts, _ = residual_parts(tr, pos, before=layer)
+    pre = tr.pre_attn[layer]
+    if pre is not None:
+        parts = pre.apply(parts, pos)
+        if pre.bias is not None:
+            names, parts = [*names, "norm_bias"], torch.cat([parts, pre.bias[None]])
+    x_err = float((parts.sum(0) - tr.attn_in[layer][pos]).abs().max())
+    proj = parts @ w.T  # (P, hs): this head's slice of the projection
+    if b is not None:
+        names, proj = [*names, "proj_bias"], torch.cat([proj, b[None]])
+    if norm_w is not None:  # QK-norm: the RMS of the whole vector (this head's, or the projection's) frozen
+        whole = tr.attn_in[layer][pos] @ full_w.T + (0 if full_b is None else full_b)  # (n*hs,)
+        if spec.norm_scope == "head":
+            whole = whole[slice_]
+        inv = torch.rsqrt(whole.pow(2).mean() + spec.norm_eps)
+        proj = proj * inv * (spec.norm_offset + norm_w)
+    return names, _rotate_at(proj, spec, pos, len(tr.ids)), x_err
+
+
+@dataclass(frozen=True, eq=False)
+class QKAttribution:
+    """One head's pre-softmax score for one (query, key) split over (query part, key part) pairs.
+
+    `terms` (query parts × key parts, a DataFrame) holds scale · q_a · k_b; `extra` the terms that are
+    not bilinear (a position bias, the softcap's change); together they sum to `score`, the
+    from-scratch attention's score, within `identity_abs_err`. `weight_without` is the softmax weight
+    of the key when one part is removed from one side (the others and every other key unchanged).
+    """
+
+    model: str
+    text: str
+    layer: int
+    head: int
+    query: int
+    key: int
+    query_label: str
+    key_label: str
+    score: float
+    weight: float
+    terms: pd.DataFrame
+    extra: dict
+    identity_abs_err: float
+    input_abs_err: float  # the attention input rebuilt from the parts against the model's own
+    weight_without: pd.DataFrame  # side, component, weight, change
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (query part, key part) pair: query_component, key_component, value."""
+        long = self.terms.stack().reset_index()
+        long.columns = ["query_component", "key_component", "value"]
+        return long
+
+    def top(self, k: int = 5) -> pd.DataFrame:
+        f = self.to_frame()
+        return f.reindex(f["value"].abs().sort_values(ascending=False).index).head(k)
+
+    def summary(self) -> str:
+        best = self.top(1).iloc[0]
+        share = best["value"] / self.score if self.score else float("nan")
+        return (f"{head_name(self.layer, self.head)} attends from {self.query_label!r} to {self.key_label!r} with weight "
+                f"{self.weight:.3f} (score {self.score:.4g}); {share:.0%} of the score from key-side "
+                f"{best['key_component']} × query-side {best['query_component']}; the terms sum to the from-scratch "
+                f"score within {self.identity_abs_err:.1e}")
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "text": self.text, "layer": self.layer, "head": self.head,
+                "query": self.query, "key": self.key, "query_label": self.query_label, "key_label": self.key_label,
+                "score": self.score, "weight": self.weight, "sum_of_terms": float(self.terms.to_numpy().sum())
+                + sum(self.extra.values()), "identity_abs_err": self.identity_abs_err,
+                "input_abs_err": self.input_abs_err, "extra": self.extra,
+                "top": self.top(20).to_dict(orient="records"),
+                "weight_without": self.weight_without.to_dict(orient="records"), "summary": self.summary()}
+
+    def _repr_html_(self) -> str:
+        return f"<p>{self.summary()}</p>" + self.top(10).to_html(index=False, float_format=lambda x: f"{x:.4f}")
+
+
+def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: int | str, key: int | str,
+                   occurrence: int = 0) -> QKAttribution:
+    """Split head `layer`.`head`'s score from `query` to `key` (token indices, or tokens of `text`) over
+    the residual stream's parts on each side, with the pre-attention norm and QK-norm scales frozen at
+    this run's values and rotary applied to each part.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> r = qk_attribution(tiny_model("llama"), "The cat sat on the mat.", layer=1, head=2, query=5, key=2)
+    >>> r.identity_abs_err < 1e-5
+    True
+    """
+    from .explain import _find_token
+    from .scratch import project_qk, row_probs
+
+    family = family_for(lm.config)
+    n_layers, nh = family.n_layers(lm.config), lm.config.num_attention_heads
+    if not (0 <= layer < n_layers and 0 <= head < nh):
+        raise ValueError(f"layer {layer}, head {head} out of range: {lm.name} has {n_layers} layers x {nh} heads")
+    tr = trace(lm, text)
+    spec = tr.specs[layer]
+    if spec.position_scores is not None:
+        raise UnsupportedFeature("content↔position scores (DeBERTa) are not bilinear in the two residual streams; "
+                                 "QK attribution does not split them")
+    enc = encode(lm, text)
+    labels = list(tr.labels)
+    i = _find_token(labels, enc, query, occurrence)
+    j = _find_token(labels, enc, key, 0)
+    if spec.causal and j > i:
+        raise ValueError(f"key {labels[j]!r} (token {j}) comes after query {labels[i]!r} (token {i}): a decoder's "
+                         "query never sees it")
+    hs, g = spec.head_dim, head // (spec.n_heads // spec.n_kv_heads)
+    wq, wk = spec.wq.double().cpu(), spec.wk.double().cpu()
+    bq = None if spec.bq is None else spec.bq.double().cpu()
+    bk = None if spec.bk is None else spec.bk.double().cpu()
+    qs, ks = slice(head * hs, (head + 1) * hs), slice(g * hs, (g + 1) * hs)
+    qn = kn = None
+    if spec.q_norm is not None:
+        if spec.norm_scope == "head":
+            qn, kn = spec.q_norm.double().cpu(), spec.k_norm.double().cpu()
+        else:
+            qn, kn = spec.q_norm.double().cpu()[qs], spec.k_norm.double().cpu()[ks]
+    q_names, q_parts, q_err = _side(tr, spec, layer, i, wq[qs], None if bq is None else bq[qs], qn, wq, bq, qs)
+    k_names, k_parts, k_err = _side(tr, spec, layer, j, wk[ks], None if bk is None else bk[ks], kn, wk, bk, ks)
+    terms = spec.scale * (q_parts @ k_parts.T)  # (Pq, Pk)
+    raw = float(terms.sum())
+    extra: dict[str, float] = {}
+    T = len(tr.ids)
+    if spec.score_bias is not None:
+        extra["position_bias"] = float(spec.score_bias(i + 1, T, query_start=i, key_start=0)[head, 0, j])
+    if spec.softcap is not None:
+        before = raw + extra.get("position_bias", 0.0)
+        extra["softcap"] = spec.softcap * float(torch.tanh(torch.tensor(before / spec.softcap))) - before
+    # the verified from-scratch attention on the model's own attention input, apart from the parts
+    x = tr.attn_in[layer][None].float()  # (1, T, D)
+    q_all, k_all = project_qk(x, spec)  # (1, nh, T, hs), (1, nkv, T, hs)
+    k_rep = k_all.repeat_interleave(spec.n_heads // spec.n_kv_heads, dim=1)
+    valid = torch.ones(1, T, dtype=torch.long)
+    scores, probs = row_probs(q_all[:, head : head + 1, i : i + 1], k_rep[:, head : head + 1], spec, valid,
+                              query_start=i, heads=[head])  # (1, 1, 1, T)
+    score = float(scores[0, 0, 0, j])
+    total = raw + sum(extra.values())
+    # the key's weight with one part removed from one side (frozen scales: the rest of the row unchanged)
+    q_full, k_mat = q_parts.sum(0), k_rep[0, head].double()  # (hs,), (T, hs) rotated keys of every position
+    row_scores_ = scores[0, 0, 0].double()  # (T,)
+    visible = torch.isfinite(probs[0, 0, 0]) & (torch.arange(T) <= i if spec.causal else torch.ones(T, dtype=torch.bool))
+    rows = []
+
+    def weight_of(new_row: torch.Tensor) -> float:
+        s = new_row.masked_fill(~visible, float("-inf"))
+        if spec.sliding_window is not None:
+            s = s.masked_fill(torch.arange(T) <= i - spec.sliding_window, float("-inf"))
+        return float(torch.softmax(s, -1)[j])
+
+    base_w = float(probs[0, 0, 0, j])
+    for a, name in enumerate(q_names):  # the query loses part a: every key's score changes
+        new = row_scores_ - spec.scale * (k_mat @ q_parts[a]) if spec.softcap is None else None
+        if new is not None:
+            rows.append(("query", name, weight_of(new)))
+    for b, name in enumerate(k_names):  # key j loses part b: only its own score changes
+        if spec.softcap is None:
+            new = row_scores_.clone()
+            new[j] = new[j] - spec.scale * float(q_full @ k_parts[b])
+            rows.append(("key", name, weight_of(new)))
+    without = pd.DataFrame(rows, columns=["side", "component", "weight"])
+    without["change"] = without["weight"] - base_w
+    return QKAttribution(model=lm.name, text=text, layer=layer, head=head, query=i, key=j, query_label=labels[i],
+                         key_label=labels[j], score=score, weight=base_w,
+                         terms=pd.DataFrame(terms.numpy(), index=q_names, columns=k_names), extra=extra,
+                         identity_abs_err=abs(total - score), input_abs_err=max(q_err, k_err), weight_without=without)

@@ -217,3 +217,63 @@ def test_patch_workflow_and_command_on_a_pair_file(tmp_path):
     assert {"layer", "head", "value"} <= set(out["heads"][0])
     res = CliRunner().invoke(cli, ["patch", "--model", "tiny:llama", "--pairs", str(tmp_path / "missing.jsonl")])
     assert res.exit_code == 2 and "no such file" in res.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# QK attribution
+
+from headscope.probe.attribution import qk_attribution  # noqa: E402
+
+TEXT = "The cat sat on the mat."
+
+
+def _model_attention(lm, text, layer, head):
+    ids = lm.tokenizer(text, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        return lm.model(ids, output_attentions=True).attentions[layer][0, head].double()  # (T, T)
+
+
+@pytest.mark.parametrize("family", DECODERS + ["gemma2", "bloom", "olmo2"])
+def test_qk_terms_sum_to_the_from_scratch_score_and_match_the_models_attention(family):
+    lm = _tiny(family)
+    layer, head, q = lm.config.num_hidden_layers - 1, 1, 5
+    state, hooks = _state(lm.model), _hooks(lm.model)
+    a = qk_attribution(lm, TEXT, layer=layer, head=head, query=q, key=2)
+    b = qk_attribution(lm, TEXT, layer=layer, head=head, query=q, key=4)
+    assert _same(lm.model, state) and _hooks(lm.model) == hooks
+    for r in (a, b):
+        assert r.identity_abs_err < 1e-5 and r.input_abs_err < 1e-5
+        assert float(r.terms.to_numpy().sum()) + sum(r.extra.values()) == pytest.approx(r.score, abs=1e-5)
+    # independent of the from-scratch code: the model's own weights, whose log-ratio is the score difference
+    p = _model_attention(lm, TEXT, layer, head)
+    assert a.weight == pytest.approx(float(p[q, 2]), abs=1e-5)
+    assert a.score - b.score == pytest.approx(float(torch.log(p[q, 2] / p[q, 4])), abs=1e-4)
+    # removing a part changes the key's weight exactly as the softmax of the changed score row says
+    if "softcap" not in a.extra:
+        row = a.weight_without.set_index(["side", "component"])["weight"]
+        n_q = len(a.terms.index)
+        assert len(row) == n_q + len(a.terms.columns)
+        part = a.terms.columns[0]  # key side: only this key's score moves, by the column sum
+        moved = a.score - float(a.terms[part].sum())
+        logits = torch.log(p[q, : q + 1])  # the row's logits up to a constant
+        logits[2] = logits[2] - a.score + moved
+        assert row[("key", part)] == pytest.approx(float(torch.softmax(logits, -1)[2]), abs=1e-4)
+
+
+def test_qk_refuses_a_key_after_the_query_in_a_decoder():
+    with pytest.raises(ValueError, match="comes after query"):
+        qk_attribution(_tiny("llama"), TEXT, layer=1, head=0, query=1, key=3)
+
+
+def test_qk_command(tmp_path):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+
+    res = CliRunner().invoke(cli, ["qk", TEXT, "--model", "tiny:gpt2", "--head", "L1H2", "--query", "5", "--key", "2",
+                                   "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["sum_of_terms"] == pytest.approx(out["score"], abs=1e-5) and out["identity_abs_err"] < 1e-5
+    res = CliRunner().invoke(cli, ["qk", TEXT, "--model", "tiny:gpt2", "--head", "nonsense", "--query", "5", "--key", "2"])
+    assert res.exit_code == 2 and "--head" in res.stderr

@@ -22,12 +22,12 @@ import numpy as np
 from headscope.analyses.ablation import random_head_sets
 from headscope.analyses.patching import (Confirmation, PatchPair, PatchResult, builtin_pairs, read_pairs,
                                          split_halves, strength, top_sites)
-from headscope.probe.attribution import DLAResult, direct_logit_attribution
+from headscope.probe.attribution import DLAResult, QKAttribution, direct_logit_attribution, qk_attribution
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat
 from headscope.probe.patching import patch_metrics, prepare_pairs, sweep_sites
 
-__all__ = ["dla", "patch", "patch_pairs"]
+__all__ = ["dla", "qk", "patch", "patch_pairs"]
 
 
 def dla(lm: LoadedModel, prompt: str, answer: str | int, wrong: str | int | None = None) -> DLAResult:
@@ -41,6 +41,22 @@ def dla(lm: LoadedModel, prompt: str, answer: str | int, wrong: str | int | None
     (True, (2, 4))
     """
     return direct_logit_attribution(lm, prompt, answer, wrong)
+
+
+def qk(lm: LoadedModel, text: str, *, layer: int, head: int, query: int | str, key: int | str,
+       occurrence: int = 0) -> QKAttribution:
+    """QK attribution: head `layer`.`head`'s pre-softmax score from `query` to `key` in `text` split
+    over (query-side part, key-side part) pairs of the residual stream, with the norms' scales frozen
+    and rotary applied to each part; the terms sum to the verified from-scratch score
+    (`probe.attribution.qk_attribution`). `weight_without` gives the key's softmax weight with one
+    part removed from one side.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> r = qk(tiny_model("gemma3"), "The cat sat on the mat.", layer=2, head=1, query=5, key=2)
+    >>> r.identity_abs_err < 1e-5, r.terms.shape[0] == r.terms.shape[1]
+    (True, True)
+    """
+    return qk_attribution(lm, text, layer=layer, head=head, query=query, key=key, occurrence=occurrence)
 
 
 def patch_pairs(lm: LoadedModel, pairs: str | Sequence[PatchPair]) -> tuple[list[PatchPair], int]:
