@@ -277,3 +277,31 @@ def test_qk_command(tmp_path):
     assert out["sum_of_terms"] == pytest.approx(out["score"], abs=1e-5) and out["identity_abs_err"] < 1e-5
     res = CliRunner().invoke(cli, ["qk", TEXT, "--model", "tiny:gpt2", "--head", "nonsense", "--query", "5", "--key", "2"])
     assert res.exit_code == 2 and "--head" in res.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# The done criteria on the packaged decoders
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_real_decoders_decompose_exactly_and_patch_limits_hold(name, request):
+    from headscope.analyses.patching import builtin_pairs
+
+    lm = request.getfixturevalue(name)
+    state = _state(lm.model)
+    prompt = "When Mary and John went to the store, John gave a drink to"
+    r = direct_logit_attribution(lm, prompt, " Mary", " John")
+    assert r.total > 1 and r.identity_rel_err < 1e-4  # the model prefers the indirect object, and the parts sum back
+    q = qk_attribution(lm, prompt, layer=lm.config.num_hidden_layers // 2, head=0, query=len(r.labels) - 1, key=2)
+    assert q.identity_abs_err < 1e-5
+    pairs = builtin_pairs("ioi")[:4]
+    p = prepare_pairs(lm, [x.clean for x in pairs], [x.corrupt for x in pairs], [x.right for x in pairs],
+                      [x.wrong for x in pairs])
+    clean = patch_metrics(lm, p, [frozenset()], direction="noise")[0]
+    corrupt = patch_metrics(lm, p, [frozenset()], direction="denoise")[0]
+    L = lm.config.num_hidden_layers
+    m = patch_metrics(lm, p, [frozenset(), frozenset([("resid", 0, None)]), frozenset([("resid", L - 1, None)])],
+                      direction="noise")
+    assert torch.allclose(m[0], clean, rtol=0, atol=1e-5) and torch.allclose(m[1:], corrupt.expand(2, -1), rtol=0, atol=1e-5)
+    assert _same(lm.model, state)
