@@ -165,7 +165,8 @@ def patch_metrics(lm: LoadedModel, p: Prepared, jobs: Sequence[frozenset[Site] |
         if kind == "resid" and x is not None and not 0 <= x < p.clean.shape[1]:
             raise ValueError(f"position {x} is outside the prompts ({p.clean.shape[1]} tokens)")
     run_ids, src_ids = (p.corrupt, p.clean) if direction == "denoise" else (p.clean, p.corrupt)
-    source = _source(lm, family, layers, src_ids, p.mask, set().union(*jobs) if jobs else set())
+    wanted = set().union(*jobs) if jobs else set()
+    source = _source(lm, family, layers, src_ids, p.mask, wanted) if wanted else {}  # no site: no source run
     metric = _Metric(lm)
     hs = head_dim(lm)
     N = p.n

@@ -122,12 +122,12 @@ def patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what: PatchWhat 
     corrupt = patch_metrics(lm, p, [frozenset()], direction="denoise")[0].numpy()
     sites = sweep_sites(lm, what, n_positions=n_positions)
     values = patch_metrics(lm, p, [frozenset([s]) for s in sites], direction=direction, batch_rows=batch_rows).numpy()
-    forwards = 2 + -(-len(sites) // max(1, batch_rows // p.n)) + 1
+    forwards = 2 + 1 + -(-len(sites) // max(1, batch_rows // p.n))  # clean, corrupt, the source run, the patches
     confirmation = None
     if what == "head_out" and p.n >= 4 and k > 0:
         confirmation = _confirm(lm, p, sites, values, clean, corrupt, direction=direction, k=k, n_random=n_random,
                                 seed=seed, batch_rows=batch_rows)
-        forwards += 1 + -(-(1 + n_random) // max(1, batch_rows // len(confirmation.heldout)))
+        forwards += 1 + -(-(1 + n_random) // max(1, batch_rows // len(confirmation.heldout)))  # source + patches
     return PatchResult(model=lm.name, what=what, direction=direction, sites=tuple(sites), values=values, clean=clean,
                        corrupt=corrupt, pairs=tuple(chosen), confirmation=confirmation, dropped=dropped,
                        seconds=time.perf_counter() - start, forwards=forwards)
