@@ -305,3 +305,34 @@ def test_real_decoders_decompose_exactly_and_patch_limits_hold(name, request):
                       direction="noise")
     assert torch.allclose(m[0], clean, rtol=0, atol=1e-5) and torch.allclose(m[1:], corrupt.expand(2, -1), rtol=0, atol=1e-5)
     assert _same(lm.model, state)
+
+
+# --------------------------------------------------------------------------------------------
+# Composition scores
+
+from headscope.probe.composition import composition_scores, head_factors  # noqa: E402
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_composition_scores_match_the_full_matrices(family):
+    lm = _tiny(family)
+    state = _state(lm.model)
+    c = composition_scores(lm, n_random=5)
+    f = head_factors(lm)
+    assert _same(lm.model, state)
+
+    def score(x, y):  # the definition, with the D × D matrices built in full
+        return float(torch.linalg.norm(x @ y) / (torch.linalg.norm(x) * torch.linalg.norm(y)))
+
+    L, nh = len(f.q), f.q[0].shape[0]
+    for a, ha, b, hb in [(0, 0, 1, 3), (0, 2, L - 1, 1), (L - 2, 3, L - 1, 0)]:
+        ov = f.v[a][ha] @ f.o[a][ha]
+        qk = f.q[b][hb] @ f.k[b][hb]
+        assert c.scores["q"][a, ha, b, hb] == pytest.approx(score(ov, qk), rel=1e-9)
+        assert c.scores["k"][a, ha, b, hb] == pytest.approx(score(ov, qk.T), rel=1e-9)
+        assert c.scores["v"][a, ha, b, hb] == pytest.approx(score(ov, f.v[b][hb] @ f.o[b][hb]), rel=1e-9)
+    assert np.isnan(c.scores["q"][1, 0, 0, 0]) and np.isnan(c.scores["v"][0, 0, 0, 1])  # only later receivers
+    # the folded factors are the model's: V O applied to a vector is what the head's value path writes
+    spec = lm.model.model.layers[0].self_attn
+    assert f.v[0].shape == (nh, lm.config.hidden_size, spec.head_dim)
+    assert 0 < min(c.baseline.values()) < 1 and len(c.to_frame()) == 3 * nh * nh * L * (L - 1) // 2

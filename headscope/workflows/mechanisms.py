@@ -4,6 +4,8 @@
                                                 (difference) split into embeddings, heads, MLPs, biases
     qk(lm, text, layer=, head=, query=, key=) -> probe.attribution.QKAttribution: one head's score for
                                                 one query and key split over (query part, key part) pairs
+    composition(lm)                          -> probe.composition.CompositionScores: Q-, K-, V-composition
+                                                between every pair of heads, against random matrices
     patch(lm, pairs, what=..., direction=...) -> analyses.patching.PatchResult: activation patching of
                                                 every head (or layer) on clean/corrupt pairs, with its
                                                 statistics
@@ -23,11 +25,12 @@ from headscope.analyses.ablation import random_head_sets
 from headscope.analyses.patching import (Confirmation, PatchPair, PatchResult, builtin_pairs, read_pairs,
                                          split_halves, strength, top_sites)
 from headscope.probe.attribution import DLAResult, QKAttribution, direct_logit_attribution, qk_attribution
+from headscope.probe.composition import CompositionScores, composition_scores
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat
 from headscope.probe.patching import patch_metrics, prepare_pairs, sweep_sites
 
-__all__ = ["dla", "qk", "patch", "patch_pairs"]
+__all__ = ["dla", "qk", "composition", "patch", "patch_pairs"]
 
 
 def dla(lm: LoadedModel, prompt: str, answer: str | int, wrong: str | int | None = None) -> DLAResult:
@@ -57,6 +60,13 @@ def qk(lm: LoadedModel, text: str, *, layer: int, head: int, query: int | str, k
     (True, True)
     """
     return qk_attribution(lm, text, layer=layer, head=head, query=query, key=key, occurrence=occurrence)
+
+
+def composition(lm: LoadedModel, *, n_random: int = 20, seed: int = 0) -> CompositionScores:
+    """Q-, K- and V-composition scores (Elhage et al. 2021) between every earlier and later head, from the
+    weights alone (the pre-attention norm weight folded in), with the mean score of random matrices of
+    the same shapes as the baseline (`probe.composition.composition_scores`)."""
+    return composition_scores(lm, n_random=n_random, seed=seed)
 
 
 def patch_pairs(lm: LoadedModel, pairs: str | Sequence[PatchPair]) -> tuple[list[PatchPair], int]:
