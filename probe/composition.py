@@ -75,9 +75,10 @@ def _norm2(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
 def composition_score(l1: torch.Tensor, r1: torch.Tensor, l2: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
     """‖(L1 R1)(L2 R2)‖_F / (‖L1 R1‖_F ‖L2 R2‖_F), broadcast: (A, D, r) etc. against (1, B, ...) gives (A, B).
 
-    >>> torch.manual_seed(0); a, b = torch.randn(5, 2, dtype=torch.float64), torch.randn(2, 5, dtype=torch.float64)
-    >>> float(composition_score(a, b, a @ b, torch.eye(5, dtype=torch.float64)))  # doctest: +ELLIPSIS
-    0.7...
+    >>> e = torch.eye(3, dtype=torch.float64)
+    >>> x, y = e[:, :1], e[:1]          # x y = e0 e0ᵀ, a rank-1 map of e0 onto itself
+    >>> float(composition_score(x, y, x, y)), float(composition_score(x, y, e[:, 1:2], e[1:2]))
+    (1.0, 0.0)
     """
     c = r1 @ l2  # (..., r1, r2): the only product through D
     num = _trace_norm(l1, c, r2)
