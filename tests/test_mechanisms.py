@@ -97,8 +97,9 @@ def test_dla_command_json_and_refusal(tmp_path):
     assert sum(c["value"] for c in out["components"]) == pytest.approx(out["total"], abs=1e-5)
     assert {"embed", "L1H3", "L1.mlp"} <= {c["component"] for c in out["components"]}
     assert (tmp_path / "grid.png").read_bytes()[:4] == b"\x89PNG"
-    res = runner.invoke(cli, ["dla", "--model", "tiny:bert", "--prompt", PROMPT, "--answer", " mat"])
-    assert res.exit_code == 2 and "needs a decoder" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    res = runner.invoke(cli, ["dla", "--model", "tiny:gpt2", "--prompt", PROMPT, "--answer", " mat",
+                              "--figure", str(tmp_path / "grid.png")])  # never replaces a file, before any work
+    assert res.exit_code == 2 and "exists" in res.stderr and len(res.stderr.strip().splitlines()) == 1
 
 
 # --------------------------------------------------------------------------------------------
@@ -129,23 +130,23 @@ def test_patching_limits_are_exact(family):
     L = lm.config.num_hidden_layers
     resid = [frozenset([("resid", l, None)]) for l in range(L)]
     heads = [frozenset([s]) for s in sweep_sites(lm, "head_out")]
+    # the last layer's heads and MLP and its input, all patched together
+    last = frozenset({("resid", L - 1, None), ("mlp", L - 1, None), *(s for h in heads for s in h if s[1] == L - 1)})
     for direction, base, source in (("denoise", corrupt, clean), ("noise", clean, corrupt)):
-        m = patch_metrics(lm, p, [frozenset(), *resid, *heads], direction=direction, batch_rows=5)
+        m = patch_metrics(lm, p, [frozenset(), *resid, last], direction=direction, batch_rows=5)
         assert torch.allclose(m[0], base, rtol=0, atol=1e-6)  # patching nothing: the base run
-        assert torch.allclose(m[1 : 1 + L], source.expand(L, -1), rtol=0, atol=1e-6)  # the whole stream: the source
-        # the last layer's heads and MLP and its input, all patched: the source run again
-        last = frozenset({("resid", L - 1, None), ("mlp", L - 1, None), *(s for h in heads for s in h if s[1] == L - 1)})
-        assert torch.allclose(patch_metrics(lm, p, [last], direction=direction)[0], source, rtol=0, atol=1e-6)
-    same = prepare_pairs(lm, CLEAN, CLEAN, [" mat", " log"], [" dog", " cat"])  # clean == corrupt: no effect anywhere
-    m = patch_metrics(lm, same, heads + resid, direction="denoise")
-    assert torch.allclose(m, clean.expand_as(m), rtol=0, atol=1e-6)
+        assert torch.allclose(m[1:], source.expand(L + 1, -1), rtol=0, atol=1e-6)  # the whole stream: the source
+    if family == "llama":  # clean == corrupt: no effect anywhere
+        same = prepare_pairs(lm, CLEAN, CLEAN, [" mat", " log"], [" dog", " cat"])
+        m = patch_metrics(lm, same, heads + resid, direction="denoise")
+        assert torch.allclose(m, clean.expand_as(m), rtol=0, atol=1e-6)
     assert _same(lm.model, state) and _hooks(lm.model) == hooks
 
 
 def test_batched_patching_equals_one_patch_per_forward():
     lm = _tiny("llama")
     p = _prepared(lm)
-    jobs = [frozenset([s]) for s in sweep_sites(lm, "head_out")] + [frozenset(sweep_sites(lm, "mlp"))]
+    jobs = [frozenset([("head", 0, 1)]), frozenset([("head", 1, 3), ("resid", 1, 2)]), frozenset(sweep_sites(lm, "mlp"))]
     batched = patch_metrics(lm, p, jobs, direction="noise", batch_rows=512)  # every job in one forward
     one_by_one = torch.stack([patch_metrics(lm, p.subset([i]), [j], direction="noise", batch_rows=1)[0, 0]
                               for j in jobs for i in range(p.n)]).view(len(jobs), p.n)  # reference loop
