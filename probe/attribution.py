@@ -42,7 +42,7 @@ from .errors import UnsupportedFeature
 from .families import Family, family_for
 from .forward import base_model
 from .model import LoadedModel
-from .scratch import LayerSpec, _apply_rotary, _heads, row_scores
+from .scratch import LayerSpec
 from .types import head_name
 
 __all__ = ["FrozenNorm", "Trace", "trace", "answer_token", "residual_parts", "DLAResult", "direct_logit_attribution",
