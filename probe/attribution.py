@@ -207,8 +207,8 @@ def trace(lm: LoadedModel, text: str) -> Trace:
             on(family.attention(base, l), grab_in("attn_in", l), pre=True, kwargs=True)
             on(family.out_proj(base, l), lambda m, a, l=l: got["heads"].__setitem__(l, a[0][0].detach()), pre=True)
             on(family.out_proj(base, l), grab_out("attn_out", l))
-            for name, child in layer.named_children():
-                if _is_norm(child):
+            for name, child in layer.named_modules():
+                if name and _is_norm(child):
                     on(child, grab_norm((l, name)))
         inside = {id(m) for layer in layers for m in layer.modules()}
         for name, child in base.named_modules():
@@ -234,6 +234,11 @@ def trace(lm: LoadedModel, text: str) -> Trace:
                         None))
         post.append(next((freeze_norm(m, x, y) for m, x, y in mine if x.shape == a_out.shape and torch.equal(x, a_out)),
                          None))
+    for l in range(n):  # a norm after the residual sum (BERT's post-LN) makes the stream no sum of parts
+        out_l = got["out"][l]
+        if any(y.shape == out_l.shape and torch.equal(y, out_l) for (layer, _), (m, x, y) in norms.items() if layer == l):
+            raise UnsupportedFeature(f"{lm.name} normalises the residual stream after each layer (post-LN), so the "
+                                     "stream is no sum of its parts; attribution covers pre-norm models")
     final = None
     unembed_in = got.get("unembed_in")
     if unembed_in is not None:

@@ -261,6 +261,13 @@ def test_qk_terms_sum_to_the_from_scratch_score_and_match_the_models_attention(f
         assert row[("key", part)] == pytest.approx(float(torch.softmax(logits, -1)[2]), abs=1e-4)
 
 
+def test_qk_on_a_pre_norm_encoder_and_refused_on_a_post_norm_one():
+    r = qk_attribution(_tiny("modernbert"), TEXT, layer=1, head=0, query=2, key=4)  # bidirectional: a later key
+    assert r.identity_abs_err < 1e-5
+    with pytest.raises(ValueError, match="post-LN"):
+        qk_attribution(_tiny("bert"), TEXT, layer=1, head=0, query=2, key=4)
+
+
 def test_qk_refuses_a_key_after_the_query_in_a_decoder():
     with pytest.raises(ValueError, match="comes after query"):
         qk_attribution(_tiny("llama"), TEXT, layer=1, head=0, query=1, key=3)
