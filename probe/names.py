@@ -12,6 +12,9 @@ and `--help` read these without importing torch. Every other file takes its choi
     Device, DType   where and in which dtype a model runs
     AblationMethod  how a head is switched off (`probe.interventions.ABLATION_METHODS`)
     Stronger   which direction of an effect means "more": a loss rises, a cosine falls
+    PatchWhat, PatchDirection, PatchPositions   what activation patching overwrites, which run
+               it patches (denoise: the corrupt run with clean activations; noise: the reverse),
+               and at which positions (`probe.patching`)
 
 >>> from typing import get_args
 >>> get_args(Attention)
@@ -22,7 +25,8 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-__all__ = ["Level", "Weight", "Attention", "Device", "DType", "AblationMethod", "Stronger", "DEFAULT_ATTENTION",
+__all__ = ["Level", "Weight", "Attention", "Device", "DType", "AblationMethod", "Stronger", "PatchWhat", "PatchDirection",
+           "PatchPositions", "DEFAULT_ATTENTION",
            "DEFAULT_LEVEL", "DEFAULT_INCLUDE_SPECIAL", "choices"]
 
 Level = Literal["token", "word"]
@@ -32,6 +36,9 @@ Device = Literal["cpu", "cuda", "mps", "auto"]
 DType = Literal["float32", "float16", "bfloat16"]
 AblationMethod = Literal["zero", "mean", "uniform"]
 Stronger = Literal["higher", "lower"]
+PatchWhat = Literal["head_out", "mlp", "resid"]
+PatchDirection = Literal["denoise", "noise"]
+PatchPositions = Literal["all", "each"]
 
 # Eager by default: recomputed numbers agree with eager ones to about 1e-7, not bit for bit, and the
 # default run keeps giving the numbers it gave.

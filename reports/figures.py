@@ -32,6 +32,8 @@ from headscope.analyses.coref import ProbeResult
 from headscope.analyses.flow import FLOW_MAX_EDGES, TOKEN_MAPS, TokenMap, flow_fits
 from headscope.analyses.heads import HeadScores
 from headscope.analyses.metrics import METRICS
+from headscope.analyses.patching import PatchResult
+from headscope.probe.attribution import DLAResult
 from headscope.probe.types import AttentionMap, head_name
 from headscope.probe.verify import Verification
 
@@ -52,6 +54,9 @@ __all__ = [
     "difference_grid",
     "probe_drilldown",
     "verification_plot",
+    "signed_grid",
+    "dla_grid",
+    "patch_grid",
     "best_heads",
     "plot",
     "FigureSpec",
@@ -465,6 +470,44 @@ def score_grid(scores: Any, metric: str, *, ax: Axes | None = None, k: int = 3) 
     return fig
 
 
+def signed_grid(grid: pd.DataFrame, *, title: str, label: str, ax: Axes | None = None, k: int = 3,
+                fmt: str = ".2f") -> Figure:
+    """A layer × head grid of signed numbers (index: layer, columns: head) on a diverging scale
+    centred at 0, the k largest |values| boxed: direct logit attribution, patching effects."""
+    values = grid.to_numpy(dtype=float)
+    finite = values[np.isfinite(values)]
+    bound = float(np.abs(finite).max()) if finite.size and np.abs(finite).max() > 0 else 1.0
+    flat = [(int(l), int(h), float(grid.loc[l, h])) for l in grid.index for h in grid.columns
+            if math.isfinite(float(grid.loc[l, h]))]
+    best = sorted(flat, key=lambda x: -abs(x[2]))[:k]
+    with font_context(title):
+        fig, ax = _grid_figure(grid, ax)
+        _grid_heatmap(ax, grid, vmin=-bound, vmax=bound, cmap="vlag", center=0.0, fmt=fmt, label=label)
+        _outline(ax, grid, [(l, h) for l, h, _ in best])
+        width = fig.get_figwidth()
+        ax.set_title(textwrap.fill(title, max(40, int(width * 11))), fontsize=9)
+    return fig
+
+
+def dla_grid(result: DLAResult, *, ax: Axes | None = None, k: int = 3) -> Figure:
+    """Direct logit attribution of every head (`DLAResult.grid()`), with the identity in the title."""
+    top = ", ".join(f"{r.component} {r.value:+.2f}" for r in result.top(3).itertuples())
+    title = (f"{result.model} · {result.what} = {result.total:.3f}; top parts {top}; "
+             f"parts sum to the model's number within {result.identity_abs_err:.0e}")
+    return signed_grid(result.grid(), title=title, label="direct logit attribution", ax=ax, k=k)
+
+
+def patch_grid(result: PatchResult, *, ax: Axes | None = None, k: int = 3) -> Figure:
+    """Head-output patching: the normalised metric with each head patched (0 = corrupt run, 1 = clean run)."""
+    title = (f"{result.model} · {result.direction} patching of head outputs on {len(result.pairs)} pairs "
+             f"(logit difference clean {result.clean.mean():.2f}, corrupt {result.corrupt.mean():.2f})")
+    if result.confirmation is not None:
+        c = result.confirmation
+        title += f"; held-out: chosen heads {c.fraction:.0%}, random sets {np.mean(c.random_fractions):.0%}"
+    return signed_grid(result.grid("normalised"), title=title, label="normalised metric (0 corrupt, 1 clean)", ax=ax,
+                       k=k)
+
+
 def difference_grid(comparison: Any, metric: str, *, ax: Axes | None = None) -> Figure:
     """B − A of one metric per head (`HeadComparison.grid`) on a diverging scale centred at 0, the
     changed heads boxed (the largest change thickest)."""
@@ -633,6 +676,16 @@ def _plot_scores(result: HeadScores, *, metric: str, **kwargs: Any) -> Figure:
 @plot.register(Verification)
 def _plot_verification(result: Verification, **kwargs: Any) -> Figure:
     return verification_plot(result, **kwargs)
+
+
+@plot.register(DLAResult)
+def _plot_dla(result: DLAResult, **kwargs: Any) -> Figure:
+    return dla_grid(result, **kwargs)
+
+
+@plot.register(PatchResult)
+def _plot_patch(result: PatchResult, **kwargs: Any) -> Figure:
+    return patch_grid(result, **kwargs)
 
 
 @plot.register(ProbeResult)

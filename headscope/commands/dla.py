@@ -1,0 +1,54 @@
+"""`headscope dla`: direct logit attribution of a decoder's next token, summed back to the model's own logit."""
+
+from __future__ import annotations
+
+import click
+
+from ..common import device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option, write_table
+
+__all__ = ["cli"]
+
+
+@click.command()
+@model_option
+@click.option("--prompt", required=True, help="The text whose next token is explained.")
+@click.option("--answer", required=True, help="The next token (its first token, e.g. ' Mary' with its space).")
+@click.option("--wrong", default=None, help="A wrong answer: explain logit(answer) − logit(wrong).")
+@click.option("--top", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Parts listed.")
+@click.option("--figure", "figure_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the layer × head grid (.png, .svg or .pdf).")
+@out_option
+@json_option
+@device_options
+def cli(model_name, prompt, answer, wrong, k, figure_path, out_path, as_json, device, dtype) -> None:
+    """Split the next-token logit (difference) into embeddings, heads, MLPs and biases.
+
+    The final norm's scale is frozen at this run's value; the parts sum to the model's own logit
+    (difference), and the error of that sum is printed with every result. --out writes every part.
+    """
+    from pathlib import Path
+
+    from headscope import dla
+    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
+
+    if figure_path is not None and Path(figure_path).exists():
+        fail(f"--figure {figure_path} exists; choose another file (headscope never replaces a file it did not write)")
+    lm = load_or_fail(model_name, device, dtype)
+    try:
+        result = dla(lm, prompt, answer, wrong)
+    except (UnsupportedArchitecture, UnsupportedFeature) as exc:
+        fail(f"{model_name}: {exc}", code=3)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
+    if out_path:
+        write_table(result.to_frame(), out_path)
+    if figure_path is not None:
+        from headscope.reports.figures import dla_grid, save
+
+        save(dla_grid(result), figure_path)
+    if as_json:
+        echo_json(result.to_dict())
+        return
+    click.echo(result.summary())
+    for r in result.top(k).itertuples():
+        click.echo(f"  {r.component:>16}  {r.value:+.4f}")

@@ -1,0 +1,71 @@
+"""`headscope patch`: activation patching of every head (or MLP, or residual stream) on clean/corrupt pairs."""
+
+from __future__ import annotations
+
+import click
+
+from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat, choices
+
+from ..common import device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option, write_table
+
+__all__ = ["cli"]
+
+
+@click.command()
+@model_option
+@click.option("--pairs", "pairs_spec", default="ioi", show_default=True,
+              help="A built-in pair set (ioi, agreement) or a JSONL file of {\"clean\", \"corrupt\", \"right\", \"wrong\"}.")
+@click.option("--what", type=click.Choice(choices(PatchWhat)), default="head_out", show_default=True,
+              help="What is patched: each head's output, each MLP's output, or the residual stream entering each layer.")
+@click.option("--direction", type=click.Choice(choices(PatchDirection)), default="denoise", show_default=True,
+              help="denoise: run the corrupt prompt, patch in clean activations; noise: the reverse.")
+@click.option("--positions", type=click.Choice(choices(PatchPositions)), default="all", show_default=True,
+              help="Patch at every position at once, or (with --what resid) at each position alone.")
+@click.option("--top", "k", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Heads chosen on half of the pairs and confirmed on the other half.")
+@click.option("--random", "n_random", type=click.IntRange(min=0), default=19, show_default=True,
+              help="Random head sets of the same size to compare the chosen heads with.")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--figure", "figure_path", type=click.Path(dir_okay=False), default=None,
+              help="Also write the layer × head grid of the normalised metric (.png, .svg or .pdf).")
+@out_option
+@json_option
+@device_options
+def cli(model_name, pairs_spec, what, direction, positions, k, n_random, seed, figure_path, out_path, as_json,
+        device, dtype) -> None:
+    """Patch every head's output (or MLP, or residual stream) from one run of each pair into the other.
+
+    The metric is logit(right) − logit(wrong) at the last token; normalised, 0 is the corrupt run and
+    1 the clean one. For head outputs the k strongest heads on half of the pairs are patched together
+    on the other half and compared with random head sets; the verdict says whether they beat them.
+    """
+    from pathlib import Path
+
+    from headscope import patch
+    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
+
+    if pairs_spec not in ("ioi", "agreement") and not Path(pairs_spec).is_file():
+        fail(f"--pairs {pairs_spec}: no such file; give a JSONL file or a built-in set (ioi, agreement)")
+    if figure_path is not None and Path(figure_path).exists():
+        fail(f"--figure {figure_path} exists; choose another file (headscope never replaces a file it did not write)")
+    if figure_path is not None and what != "head_out":
+        fail("--figure draws the layer × head grid: use it with --what head_out")
+    lm = load_or_fail(model_name, device, dtype)
+    try:
+        result = patch(lm, pairs_spec, what=what, direction=direction, positions=positions, k=k, n_random=n_random,
+                       seed=seed)
+    except (UnsupportedArchitecture, UnsupportedFeature) as exc:
+        fail(f"{model_name}: {exc}", code=3)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
+    if out_path:
+        write_table(result.to_frame(), out_path)
+    if figure_path is not None:
+        from headscope.reports.figures import patch_grid, save
+
+        save(patch_grid(result), figure_path)
+    if as_json:
+        echo_json(result.to_dict())
+        return
+    click.echo(result.summary())
+    click.echo(f"{result.forwards} batched forward passes in {result.seconds:.1f} s")

@@ -1,0 +1,61 @@
+"""`headscope qk`: why a head attends from one token to another — its score split over pairs of upstream parts."""
+
+from __future__ import annotations
+
+import click
+
+from ..common import device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option, write_table
+
+__all__ = ["cli"]
+
+
+def _position(value: str) -> int | str:
+    return int(value) if value.strip().lstrip("-").isdigit() else value
+
+
+@click.command()
+@click.argument("text")
+@model_option
+@click.option("--head", "head_spec", required=True, metavar="LxHy", help="The head, e.g. L2H3 (model indices, from 0).")
+@click.option("--query", required=True, help="The query token: a token of TEXT, or its index.")
+@click.option("--key", required=True, help="The key token: a token of TEXT, or its index.")
+@click.option("--occurrence", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Which occurrence of --query (0-based).")
+@click.option("--top", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Pairs listed.")
+@out_option
+@json_option
+@device_options
+def cli(text, model_name, head_spec, query, key, occurrence, k, out_path, as_json, device, dtype) -> None:
+    """Split one head's score from --query to --key over (query-side part, key-side part) pairs.
+
+    The parts are the embeddings, every earlier head, every earlier MLP and the biases; the norms'
+    scales are frozen at this run's values. The terms sum to the from-scratch score, and the error of
+    that sum is printed. --out writes every pair.
+    """
+    from headscope import qk
+    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
+    from headscope.probe.types import parse_head
+
+    try:
+        layer, head = parse_head(head_spec)
+    except ValueError as exc:
+        fail(f"--head: {exc}")
+    lm = load_or_fail(model_name, device, dtype)
+    try:
+        result = qk(lm, text, layer=layer, head=head, query=_position(query), key=_position(key),
+                    occurrence=occurrence)
+    except (UnsupportedArchitecture, UnsupportedFeature) as exc:
+        fail(f"{model_name}: {exc}", code=3)
+    except (TypeError, ValueError) as exc:
+        fail(str(exc))
+    if out_path:
+        write_table(result.to_frame(), out_path)
+    if as_json:
+        echo_json(result.to_dict())
+        return
+    click.echo(result.summary())
+    for r in result.top(k).itertuples():
+        click.echo(f"  query {r.query_component:>14} × key {r.key_component:<14} {r.value:+.4f}")
+    removed = result.weight_without.reindex(result.weight_without["change"].abs().sort_values(ascending=False).index)
+    click.echo("the key's weight with one part removed: " + ", ".join(
+        f"{r.side} {r.component} {r.weight:.3f}" for r in removed.head(5).itertuples()))

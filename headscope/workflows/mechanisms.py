@@ -1,0 +1,165 @@
+"""What a head writes and why it attends there: the decompositions and patching, composed for one question each.
+
+    dla(lm, prompt, answer, wrong=None)      -> probe.attribution.DLAResult: the next-token logit
+                                                (difference) split into embeddings, heads, MLPs, biases
+    qk(lm, text, layer=, head=, query=, key=) -> probe.attribution.QKAttribution: one head's score for
+                                                one query and key split over (query part, key part) pairs
+    composition(lm)                          -> probe.composition.CompositionScores: Q-, K-, V-composition
+                                                between every pair of heads, against random matrices
+    patch(lm, pairs, what=..., direction=...) -> analyses.patching.PatchResult: activation patching of
+                                                every head (or layer) on clean/corrupt pairs, with its
+                                                statistics
+
+Each decomposition is an identity that sums back to the model's own number; each result carries the
+error of that identity.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import numpy as np
+
+from headscope.analyses.ablation import random_head_sets
+from headscope.analyses.patching import (Confirmation, PatchPair, PatchResult, builtin_pairs, read_pairs,
+                                         split_halves, strength, top_sites)
+from headscope.probe.attribution import DLAResult, QKAttribution, direct_logit_attribution, qk_attribution
+from headscope.probe.composition import CompositionScores, composition_scores
+from headscope.probe.model import LoadedModel
+from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat
+from headscope.probe.patching import patch_metrics, prepare_pairs, sweep_sites
+
+__all__ = ["dla", "qk", "composition", "patch", "patch_pairs"]
+
+
+def dla(lm: LoadedModel, prompt: str, answer: str | int, wrong: str | int | None = None) -> DLAResult:
+    """Direct logit attribution (decoders): the logit of `answer` after `prompt`, minus that of `wrong`
+    if given, split into the residual stream's parts with the final norm's scale frozen at this run's
+    value (`probe.attribution.direct_logit_attribution`). `.summary()` states the identity's error.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> r = dla(tiny_model("gpt2"), "The cat sat on the", " mat")
+    >>> r.identity_abs_err < 1e-5, r.grid().shape
+    (True, (2, 4))
+    """
+    return direct_logit_attribution(lm, prompt, answer, wrong)
+
+
+def qk(lm: LoadedModel, text: str, *, layer: int, head: int, query: int | str, key: int | str,
+       occurrence: int = 0) -> QKAttribution:
+    """QK attribution: head `layer`.`head`'s pre-softmax score from `query` to `key` in `text` split
+    over (query-side part, key-side part) pairs of the residual stream, with the norms' scales frozen
+    and rotary applied to each part; the terms sum to the verified from-scratch score
+    (`probe.attribution.qk_attribution`). `weight_without` gives the key's softmax weight with one
+    part removed from one side.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> r = qk(tiny_model("gemma3"), "The cat sat on the mat.", layer=2, head=1, query=5, key=2)
+    >>> r.identity_abs_err < 1e-5, r.terms.shape[0] == r.terms.shape[1]
+    (True, True)
+    """
+    return qk_attribution(lm, text, layer=layer, head=head, query=query, key=key, occurrence=occurrence)
+
+
+def composition(lm: LoadedModel, *, n_random: int = 20, seed: int = 0) -> CompositionScores:
+    """Q-, K- and V-composition scores (Elhage et al. 2021) between every earlier and later head, from the
+    weights alone (the pre-attention norm weight folded in), with the mean score of random matrices of
+    the same shapes as the baseline (`probe.composition.composition_scores`)."""
+    return composition_scores(lm, n_random=n_random, seed=seed)
+
+
+def patch_pairs(lm: LoadedModel, pairs: str | Sequence[PatchPair]) -> tuple[list[PatchPair], int]:
+    """The pairs to patch and how many were left out: a built-in set's name ("ioi", "agreement"), whose
+    pairs with a clean and a corrupt prompt of different token lengths for this tokenizer are left
+    out; a JSONL path; or PatchPairs (which must all match in length)."""
+    if isinstance(pairs, str):
+        if pairs in ("ioi", "agreement"):
+            every = builtin_pairs(pairs)
+            tok = lm.tokenizer
+            kept = [p for p in every if len(tok(p.clean)["input_ids"]) == len(tok(p.corrupt)["input_ids"])]
+            if not kept:
+                raise ValueError(f"no pair of the built-in set {pairs!r} keeps its length under {lm.name}'s tokenizer")
+            return kept, len(every) - len(kept)
+        return read_pairs(pairs), 0
+    return list(pairs), 0
+
+
+def patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what: PatchWhat = "head_out",
+          direction: PatchDirection = "denoise", positions: PatchPositions = "all", k: int = 3,
+          n_random: int = 19, seed: int = 0, batch_rows: int = 512) -> PatchResult:
+    """Activation patching of every site of one kind (`what`: each head's output, each MLP, or the
+    residual stream entering each layer) on clean/corrupt pairs, in one `direction`.
+
+    `pairs`: a built-in set ("ioi", "agreement"), a JSONL file of {"clean", "corrupt", "right", "wrong"},
+    or a list of `PatchPair`. `positions="each"` patches the residual stream at each position alone
+    (all pairs must then have the same length). Every patch of a group of sites runs in one batched
+    forward pass over all pairs (`probe.patching.patch_metrics`).
+
+    For head outputs with at least 4 pairs the result also holds an honest check
+    (`analyses.patching.Confirmation`): the `k` heads that move the metric most on a random half of
+    the pairs, patched together on the other half, against `n_random` random sets of `k` heads.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> from headscope.analyses.patching import PatchPair
+    >>> r = patch(tiny_model("llama"), [PatchPair("The cat sat on the", "The dog sat on the", " mat", " dog")])
+    >>> r.values.shape   # [head, pair]
+    (8, 1)
+    """
+    if what not in ("head_out", "mlp", "resid"):
+        raise ValueError(f"what must be head_out, mlp or resid, got {what!r}")
+    if positions not in ("all", "each"):
+        raise ValueError(f"positions must be 'all' or 'each', got {positions!r}")
+    if positions == "each" and what != "resid":
+        raise ValueError("positions='each' patches the residual stream per position; use it with what='resid'")
+    chosen, dropped = patch_pairs(lm, pairs)
+    if positions == "each" and isinstance(pairs, str) and pairs in ("ioi", "agreement"):
+        # a built-in set mixes lengths; per-position patching keeps the most common one
+        lengths = [len(lm.tokenizer(x.clean)["input_ids"]) for x in chosen]
+        common = max(set(lengths), key=lambda n: (lengths.count(n), -n))
+        dropped += sum(n != common for n in lengths)
+        chosen = [x for x, n in zip(chosen, lengths) if n == common]
+    p = prepare_pairs(lm, [x.clean for x in chosen], [x.corrupt for x in chosen], [x.right for x in chosen],
+                      [x.wrong for x in chosen])
+    n_positions = None
+    if positions == "each":
+        if len(set(p.lengths)) != 1:
+            raise ValueError("per-position patching needs every pair to have the same number of tokens; "
+                             f"these have {sorted(set(p.lengths))}")
+        n_positions = p.lengths[0]
+    start = time.perf_counter()
+    clean = patch_metrics(lm, p, [frozenset()], direction="noise")[0].numpy()
+    corrupt = patch_metrics(lm, p, [frozenset()], direction="denoise")[0].numpy()
+    sites = sweep_sites(lm, what, n_positions=n_positions)
+    values = patch_metrics(lm, p, [frozenset([s]) for s in sites], direction=direction, batch_rows=batch_rows).numpy()
+    forwards = 2 + 1 + -(-len(sites) // max(1, batch_rows // p.n))  # clean, corrupt, the source run, the patches
+    confirmation = None
+    if what == "head_out" and p.n >= 4 and k > 0:
+        confirmation = _confirm(lm, p, sites, values, clean, corrupt, direction=direction, k=k, n_random=n_random,
+                                seed=seed, batch_rows=batch_rows)
+        forwards += 1 + -(-(1 + n_random) // max(1, batch_rows // len(confirmation.heldout)))  # source + patches
+    return PatchResult(model=lm.name, what=what, direction=direction, sites=tuple(sites), values=values, clean=clean,
+                       corrupt=corrupt, pairs=tuple(chosen), confirmation=confirmation, dropped=dropped,
+                       seconds=time.perf_counter() - start, forwards=forwards)
+
+
+def _confirm(lm, p, sites, values, clean, corrupt, *, direction, k, n_random, seed, batch_rows) -> Confirmation:
+    """Choose the k strongest heads on one half of the pairs; patch them together on the other half,
+    and as many random heads `n_random` times."""
+    sel, held = split_halves(p.n, seed=seed)
+    score = strength(values[:, sel], clean[sel], corrupt[sel], direction).mean(-1)  # [site]
+    k = min(k, len(sites) - 1)
+    heads = tuple(sorted((sites[i][1], sites[i][2]) for i in top_sites(score, k)))
+    n_layers, nh = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    sets = random_head_sets(n_layers, nh, heads, k, n_random, seed=seed)
+    jobs = [frozenset(("head", l, h) for l, h in s) for s in (heads, *sets)]
+    sub = p.subset(held.tolist())
+    v = patch_metrics(lm, sub, jobs, direction=direction, batch_rows=batch_rows).numpy()  # [job, held-out pair]
+    moved = strength(v, clean[held], corrupt[held], direction)  # [job, pair]
+    sign = 1.0 if float(np.mean(clean - corrupt)) >= 0 else -1.0
+    gap = sign * (clean[held] - corrupt[held])
+    g = float(gap.mean())
+    fractions = moved[1:].mean(-1) / g if g else np.full(len(sets), np.nan)
+    return Confirmation(heads=heads, direction=direction, selection=tuple(int(i) for i in sel),
+                        heldout=tuple(int(i) for i in held), per_pair=moved[0], gap=gap, random_sets=tuple(sets),
+                        random_fractions=np.asarray(fractions), n_heads=len(sites))

@@ -1,0 +1,622 @@
+"""What a head writes and why it attends there: exact decompositions of one forward pass.
+
+Both tools start from one traced forward pass of the real model (`trace`): every layer's input and
+output (the residual stream), every head's output (its slice of the W_O input, as in
+`probe.interventions`), and every norm the stream passes through, each with its scale **frozen at
+this run's value** — the convention of TransformerLens's `apply_ln_to_stack`. With the scale frozen a
+norm is linear (LayerNorm: centre, divide by the run's σ, multiply by the weight; RMS norm: divide
+by the run's RMS, multiply by the weight or Gemma's 1 + weight), so everything between two norms is
+a sum of parts:
+
+    resid(t) = embed(t) + Σ_layers [ Σ_heads y_h(t) W_O,hᵀ + b_O  (through the post-attention norm
+                                     where the model has one: Gemma 2/3, OLMo 2)  +  mlp(t) ]
+
+where `mlp` is the rest of the layer's write: its output minus its input minus its attention's write
+(the MLP, or for parallel-attention blocks the MLP branch). Which norm is where is read off the data
+flow of the traced pass (the norm whose output is the attention's input, the one whose input is
+W_O's output, the one whose output feeds the unembedding), and each norm's kind is the one that
+reproduces the model's own output; a norm that none reproduces is refused.
+
+- `direct_logit_attribution` (decoders): the next-token logit, or logit(right) − logit(wrong), as a
+  sum over those parts through the final norm and the unembedding. Identity: the parts sum to the
+  model's own number (`identity_abs_err`). Gemma 2's final logit softcap is applied after and said so.
+- `qk_attribution`: one head's pre-softmax score for one query and one key as a sum over
+  (query-side part, key-side part) pairs — q·k is bilinear once the pre-attention norm and the
+  QK-norm scales are frozen; rotary is linear and applies to each part. Identity: the terms sum to
+  the score of the verified from-scratch attention (`probe.scratch.row_scores`).
+
+Hooks only: nothing is written to the model, and every hook is removed on exit, also after an error.
+"""
+
+from __future__ import annotations
+
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Literal
+
+import pandas as pd
+import torch
+
+from .encoding import encode
+from .errors import UnsupportedFeature
+from .families import Family, family_for
+from .forward import base_model
+from .model import LoadedModel
+from .scratch import LayerSpec
+from .types import head_name
+
+__all__ = ["FrozenNorm", "Trace", "trace", "answer_token", "residual_parts", "DLAResult", "direct_logit_attribution",
+           "QKAttribution", "qk_attribution", "decoder_layers", "require_lm_head"]
+
+
+# --------------------------------------------------------------------------------------------
+# Norms with a frozen scale
+
+
+@dataclass(frozen=True, eq=False)
+class FrozenNorm:
+    """A norm module linearised at one run: `apply(c, t)` = the linear part for position t, `bias` the rest.
+
+    The norm of a sum x = Σ c_i is then Σ apply(c_i, t) + bias, exactly, at this run's scale.
+    """
+
+    kind: Literal["layer", "rms"]
+    inv_scale: torch.Tensor  # (T,) 1 / σ (LayerNorm) or 1 / RMS (RMS norm) of the run's input, float64
+    weight: torch.Tensor  # (D,) the multiplier (Gemma: 1 + w), float64
+    bias: torch.Tensor | None  # (D,) or None
+    max_abs_err: float  # this linearisation against the module's own output on the run
+
+    def apply(self, c: torch.Tensor, t: int | torch.Tensor) -> torch.Tensor:
+        """The linear part of the norm of `c` (..., D) at position(s) `t` (an int, or a tensor broadcast against c)."""
+        if self.kind == "layer":
+            c = c - c.mean(-1, keepdim=True)
+        s = self.inv_scale[t]
+        if isinstance(t, torch.Tensor):
+            s = s[..., None]
+        return c * s * self.weight
+
+    def full(self, x: torch.Tensor) -> torch.Tensor:
+        """The whole norm of (T, D) `x` at the frozen scale (the bias included)."""
+        out = self.apply(x, torch.arange(x.shape[0]))
+        return out if self.bias is None else out + self.bias
+
+
+def _eps(module) -> float:
+    for name in ("eps", "variance_epsilon", "epsilon", "layer_norm_eps"):
+        v = getattr(module, name, None)
+        if isinstance(v, (int, float)):
+            return float(v)
+    return 1e-5
+
+
+def freeze_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> FrozenNorm:
+    """The norm `module` linearised at input `x` (T, D) whose output was `y`: the kind (LayerNorm, RMS
+    with w or with 1 + w) that reproduces `y`; `UnsupportedFeature` when none does."""
+    x, y = x.double(), y.double()
+    D = x.shape[-1]
+    w = getattr(module, "weight", None)
+    w = torch.ones(D, dtype=torch.float64) if w is None else w.detach().double().cpu()
+    b = getattr(module, "bias", None)
+    b = None if b is None else b.detach().double().cpu()
+    eps = _eps(module)
+    centred = x - x.mean(-1, keepdim=True)
+    candidates = [
+        ("layer", torch.rsqrt(centred.pow(2).mean(-1) + eps), w),
+        ("rms", torch.rsqrt(x.pow(2).mean(-1) + eps), w),
+        ("rms", torch.rsqrt(x.pow(2).mean(-1) + eps), 1.0 + w),
+    ]
+    best = None
+    for kind, inv, weight in candidates:
+        norm = FrozenNorm(kind, inv, weight, b, 0.0)
+        err = float((norm.full(x) - y).abs().max())
+        if best is None or err < best[0]:
+            best = (err, norm)
+    err, norm = best
+    if not err <= 1e-3 * (1.0 + float(y.abs().max())):
+        raise UnsupportedFeature(f"{type(module).__name__} is neither a LayerNorm nor an RMS norm that headscope "
+                                 f"can freeze (closest |Δ| = {err:.2g}); it cannot be decomposed")
+    return FrozenNorm(norm.kind, norm.inv_scale, norm.weight, norm.bias, err)
+
+
+# --------------------------------------------------------------------------------------------
+# One traced forward pass
+
+
+def decoder_layers(lm: LoadedModel, family: Family) -> list[torch.nn.Module]:
+    """The transformer blocks, found as the parents of the family's attention modules."""
+    base = base_model(lm)
+    parent = {id(child): mod for mod in base.modules() for child in mod.children()}
+    return [parent[id(family.attention(base, i))] for i in range(family.n_layers(lm.config))]
+
+
+def _is_norm(module: torch.nn.Module) -> bool:
+    return isinstance(module, torch.nn.LayerNorm) or "norm" in type(module).__name__.lower()
+
+
+def require_lm_head(lm: LoadedModel, what: str) -> torch.nn.Module:
+    """The decoder's unembedding; a one-line refusal for an encoder."""
+    get = getattr(lm.model, "get_output_embeddings", None)
+    head = get() if get is not None else None
+    if not lm.is_causal or head is None:
+        raise ValueError(f"{what} needs a decoder with a language-model head; {lm.name} has none "
+                         "(an encoder's masked-LM head is not decomposed yet)")
+    return head
+
+
+@dataclass(frozen=True, eq=False)
+class Trace:
+    """One prompt's forward pass, taken apart (float64, CPU, positions 0 .. T-1, one text).
+
+    `heads_in[l]` (T, nh*hs) is the input of layer l's W_O (the heads' outputs concatenated),
+    `attn_out[l]` (T, D) W_O's own output; `post_attn[l]` the frozen norm the attention's output
+    passes before the residual (None for most models), `pre_attn[l]` the one that makes the
+    attention's input (None where the attention reads the stream itself, OLMo 2).
+    """
+
+    ids: tuple[int, ...]
+    labels: tuple[str, ...]
+    specs: tuple[LayerSpec, ...]
+    layer_in: tuple[torch.Tensor, ...]  # (T, D) per layer
+    layer_out: tuple[torch.Tensor, ...]  # (T, D) per layer
+    attn_in: tuple[torch.Tensor, ...]  # (T, D) the attention module's input x
+    heads_in: tuple[torch.Tensor, ...]  # (T, nh*hs)
+    attn_out: tuple[torch.Tensor, ...]  # (T, D)
+    pre_attn: tuple[FrozenNorm | None, ...]
+    post_attn: tuple[FrozenNorm | None, ...]
+    final_norm: FrozenNorm | None
+    unembed_in: torch.Tensor | None  # (D,) the input of the LM head at the last position
+    logits: torch.Tensor | None  # (V,) the LM head's output at the last position (before any softcap)
+
+
+def trace(lm: LoadedModel, text: str) -> Trace:
+    """Run `text` once through the model with hooks that catch everything the decompositions need."""
+    family = family_for(lm.config)
+    if family.kind == "encoder-decoder":
+        raise ValueError(f"{lm.name} is an encoder–decoder model; attribution covers one stack of self-attention")
+    base = base_model(lm)
+    enc = encode(lm, text)
+    ids = torch.tensor([enc.ids], device=lm.device)
+    layers = decoder_layers(lm, family)
+    n = len(layers)
+    got: dict = {"in": {}, "out": {}, "attn_in": {}, "heads": {}, "attn_out": {}, "norms": {}}
+    head = getattr(lm.model, "get_output_embeddings", lambda: None)() if lm.is_causal else None
+
+    def grab_in(store, layer):
+        def hook(module, args, kwargs):
+            got[store][layer] = (args[0] if args else kwargs["hidden_states"])[0].detach()
+        return hook
+
+    def grab_out(store, layer):
+        def hook(module, args, out):
+            got[store][layer] = (out[0] if isinstance(out, tuple) else out)[0].detach()
+        return hook
+
+    def grab_norm(name):
+        def hook(module, args, out):
+            got["norms"][name] = (module, args[0][0].detach(), out[0].detach())
+        return hook
+
+    with ExitStack() as stack, torch.inference_mode():
+        def on(module, hook, *, pre=False, kwargs=False):
+            register = module.register_forward_pre_hook if pre else module.register_forward_hook
+            stack.callback((register(hook, with_kwargs=True) if kwargs else register(hook)).remove)
+
+        for l, layer in enumerate(layers):
+            on(layer, grab_in("in", l), pre=True, kwargs=True)
+            on(layer, grab_out("out", l))
+            on(family.attention(base, l), grab_in("attn_in", l), pre=True, kwargs=True)
+            on(family.out_proj(base, l), lambda m, a, l=l: got["heads"].__setitem__(l, a[0][0].detach()), pre=True)
+            on(family.out_proj(base, l), grab_out("attn_out", l))
+            for name, child in layer.named_modules():
+                if name and _is_norm(child):
+                    on(child, grab_norm((l, name)))
+        inside = {id(m) for layer in layers for m in layer.modules()}
+        for name, child in base.named_modules():
+            if _is_norm(child) and id(child) not in inside:
+                on(child, grab_norm((None, name)))
+        if head is not None:
+            on(head, lambda m, a: got.__setitem__("unembed_in", a[0][0, -1].detach()), pre=True)
+            on(head, lambda m, a, out: got.__setitem__("logits", out[0, -1].detach()))
+            lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        else:
+            base(input_ids=ids, use_cache=False)
+
+    def f64(t):
+        return t.to("cpu", torch.float64)
+
+    specs = tuple(family.layer_spec(base, l, lm.config) for l in range(n))
+    norms = got["norms"]
+    pre, post = [], []
+    for l in range(n):
+        mine = [(m, x, y) for (layer, _), (m, x, y) in norms.items() if layer == l]
+        a_in, a_out = got["attn_in"][l], got["attn_out"][l]
+        pre.append(next((freeze_norm(m, x, y) for m, x, y in mine if y.shape == a_in.shape and torch.equal(y, a_in)),
+                        None))
+        post.append(next((freeze_norm(m, x, y) for m, x, y in mine if x.shape == a_out.shape and torch.equal(x, a_out)),
+                         None))
+    for l in range(n):  # a norm after the residual sum (BERT's post-LN) makes the stream no sum of parts
+        out_l = got["out"][l]
+        if any(y.shape == out_l.shape and torch.equal(y, out_l) for (layer, _), (m, x, y) in norms.items() if layer == l):
+            raise UnsupportedFeature(f"{lm.name} normalises the residual stream after each layer (post-LN), so the "
+                                     "stream is no sum of its parts; attribution covers pre-norm models")
+    final = None
+    unembed_in = got.get("unembed_in")
+    if unembed_in is not None:
+        top = [(m, x, y) for (layer, _), (m, x, y) in norms.items() if layer is None]
+        final = next((freeze_norm(m, x, y) for m, x, y in top if y.shape[-1] == unembed_in.shape[-1]
+                      and torch.equal(y[-1], unembed_in)), None)
+        if final is None:
+            raise UnsupportedFeature(f"{lm.name}: no final norm feeds the LM head directly (a projection between "
+                                     "them?); the logit cannot be decomposed")
+    from .encoding import token_labels
+
+    return Trace(
+        ids=tuple(enc.ids), labels=token_labels(lm, enc), specs=specs,
+        layer_in=tuple(f64(got["in"][l]) for l in range(n)), layer_out=tuple(f64(got["out"][l]) for l in range(n)),
+        attn_in=tuple(f64(got["attn_in"][l]) for l in range(n)), heads_in=tuple(f64(got["heads"][l]) for l in range(n)),
+        attn_out=tuple(f64(got["attn_out"][l]) for l in range(n)), pre_attn=tuple(pre), post_attn=tuple(post),
+        final_norm=final, unembed_in=None if unembed_in is None else f64(unembed_in),
+        logits=None if "logits" not in got else f64(got["logits"]),
+    )
+
+
+def residual_parts(tr: Trace, t: int, *, before: int | None = None) -> tuple[list[str], torch.Tensor, float]:
+    """The residual stream at position t, at the input of layer `before` (default: after the last
+    layer), as parts: (names, (P, D) float64, max |Δ| of the heads' sum against W_O's own output).
+
+    Names: "embed" (the input of the first layer, position embeddings included), "L3H1" (the head's
+    write: its output through its W_O slice, and the post-attention norm where there is one),
+    "L3.attn_bias" (W_O's bias and the post-attention norm's bias), "L3.mlp" (the rest of the layer's
+    write). They sum to the stream exactly (up to float64 rounding).
+    """
+    stop = len(tr.specs) if before is None else before
+    names, parts, attn_err = ["embed"], [tr.layer_in[0][t]], 0.0
+    for l in range(stop):
+        spec = tr.specs[l]
+        nh, hs = spec.n_heads, spec.head_dim
+        D = spec.wo.shape[0]
+        y = tr.heads_in[l][t].view(nh, hs)  # (nh, hs)
+        wo = spec.wo.double().cpu().view(D, nh, hs)  # (D, nh, hs): column block h is head h's W_O slice
+        heads = torch.einsum("dhk,hk->hd", wo, y)  # (nh, D) each head's write before any post-norm
+        bias = torch.zeros(D, dtype=torch.float64) if spec.bo is None else spec.bo.double().cpu()
+        attn_err = max(attn_err, float((heads.sum(0) + bias - tr.attn_out[l][t]).abs().max()))
+        post = tr.post_attn[l]
+        if post is not None:
+            heads, bias = post.apply(heads, t), post.apply(bias, t) + (0 if post.bias is None else post.bias)
+        mlp = tr.layer_out[l][t] - tr.layer_in[l][t] - heads.sum(0) - bias
+        names += [head_name(l, h) for h in range(nh)] + [f"L{l}.attn_bias", f"L{l}.mlp"]
+        parts += [*heads, bias, mlp]
+    return names, torch.stack(parts), attn_err
+
+
+def answer_token(lm: LoadedModel, answer: str | int) -> int:
+    """A token id: an int as it is, a string's first token (no special tokens added)."""
+    if isinstance(answer, int) and not isinstance(answer, bool):
+        if not 0 <= answer < lm.model.get_output_embeddings().weight.shape[0]:
+            raise ValueError(f"token id {answer} is outside {lm.name}'s vocabulary")
+        return answer
+    ids = lm.tokenizer(answer, add_special_tokens=False)["input_ids"]
+    if not ids:
+        raise ValueError(f"answer {answer!r} is empty after tokenisation")
+    return int(ids[0])
+
+
+# --------------------------------------------------------------------------------------------
+# Direct logit attribution
+
+
+@dataclass(frozen=True, eq=False)
+class DLAResult:
+    """The next-token logit (or logit difference) at a prompt's last token split into the stream's parts.
+
+    `table`: one row per part (component, kind, layer, head, value); `total` the model's own logit
+    (difference) before any final softcap; the parts sum to it within `identity_abs_err`.
+    """
+
+    model: str
+    prompt: str
+    answer: str
+    wrong: str | None
+    answer_id: int
+    wrong_id: int | None
+    total: float
+    table: pd.DataFrame
+    identity_abs_err: float
+    attention_abs_err: float  # each layer's heads + bias against W_O's own output (max |Δ| over layers)
+    final_norm_abs_err: float  # the frozen final norm against the model's own
+    softcap: float | None = None  # Gemma 2's final logit softcap: applied after the decomposition
+    capped_total: float | None = None
+    n_layers: int = 0
+    n_heads: int = 0
+    labels: tuple[str, ...] = field(default=())
+
+    @property
+    def identity_rel_err(self) -> float:
+        return self.identity_abs_err / max(abs(self.total), 1e-12)
+
+    @property
+    def what(self) -> str:
+        return (f"logit({self.answer!r}) − logit({self.wrong!r})" if self.wrong is not None
+                else f"logit({self.answer!r})")
+
+    def grid(self) -> pd.DataFrame:
+        """Head values as a layer × head frame (index: layer, columns: head)."""
+        heads = self.table[self.table["kind"] == "head"]
+        return heads.pivot(index="layer", columns="head", values="value").astype(float)
+
+    def top(self, k: int = 5) -> pd.DataFrame:
+        """The k parts with the largest |value|."""
+        return self.table.reindex(self.table["value"].abs().sort_values(ascending=False).index).head(k)
+
+    def identity(self) -> str:
+        return (f"parts sum to {self.table['value'].sum():.6g}, the model's {self.total:.6g} "
+                f"(|Δ| = {self.identity_abs_err:.1e}, relative {self.identity_rel_err:.1e})")
+
+    def summary(self) -> str:
+        top = ", ".join(f"{r.component} {r.value:+.3f}" for r in self.top(3).itertuples())
+        cap = ("" if self.softcap is None else
+               f"; the model caps logits at {self.softcap:g} after this (capped: {self.capped_total:.4f})")
+        return (f"{self.model}: {self.what} after {self.prompt!r} = {self.total:.4f}; largest parts {top}; "
+                f"{self.identity()}{cap}")
+
+    def to_frame(self) -> pd.DataFrame:
+        return self.table
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "prompt": self.prompt, "answer": self.answer, "wrong": self.wrong,
+                "answer_id": self.answer_id, "wrong_id": self.wrong_id, "total": self.total,
+                "sum_of_components": float(self.table["value"].sum()),
+                "identity_abs_err": self.identity_abs_err, "identity_rel_err": self.identity_rel_err,
+                "attention_abs_err": self.attention_abs_err, "final_norm_abs_err": self.final_norm_abs_err,
+                "softcap": self.softcap, "capped_total": self.capped_total,
+                "components": [{"component": r.component, "value": float(r.value)} for r in self.table.itertuples()]}
+
+    def _repr_html_(self) -> str:
+        return f"<p>{self.summary()}</p>" + self.top(10).to_html(index=False, float_format=lambda x: f"{x:.4f}")
+
+
+def _kind(name: str) -> tuple[str, int | None, int | None]:
+    if name.endswith(".mlp"):
+        return "mlp", int(name[1:-4]), None
+    if name.endswith(".attn_bias"):
+        return "attn_bias", int(name[1:].split(".")[0]), None
+    if name.startswith("L") and "H" in name:
+        l, h = name[1:].split("H")
+        return "head", int(l), int(h)
+    return name, None, None
+
+
+def direct_logit_attribution(lm: LoadedModel, prompt: str, answer: str | int, wrong: str | int | None = None
+                             ) -> DLAResult:
+    """Split the logit of `answer` (minus that of `wrong`) after `prompt` into the residual stream's parts.
+
+    Each part goes through the final norm at the run's frozen scale and the unembedding; the final
+    norm's bias and the unembedding's bias are parts of their own ("final_norm_bias", "unembed_bias").
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> r = direct_logit_attribution(tiny_model("llama"), "The cat sat on the", " mat", " dog")
+    >>> r.identity_rel_err < 1e-5, sorted(set(r.table["kind"]))
+    (True, ['attn_bias', 'embed', 'head', 'mlp'])
+    """
+    head = require_lm_head(lm, "direct logit attribution")
+    a = answer_token(lm, answer)
+    b = None if wrong is None else answer_token(lm, wrong)
+    tr = trace(lm, prompt)
+    t = len(tr.ids) - 1
+    names, parts, attn_err = residual_parts(tr, t)
+    W = head.weight.detach().double().cpu()
+    u = W[a] - (W[b] if b is not None else 0)  # (D,) the direction read off the final norm's output
+    values = tr.final_norm.apply(parts, t) @ u  # (P,)
+    rows = [(n, *_kind(n), float(v)) for n, v in zip(names, values)]
+    if tr.final_norm.bias is not None:
+        rows.append(("final_norm_bias", "final_norm_bias", None, None, float(tr.final_norm.bias @ u)))
+    hb = getattr(head, "bias", None)
+    if hb is not None:
+        hb = hb.detach().double().cpu()
+        rows.append(("unembed_bias", "unembed_bias", None, None, float(hb[a] - (hb[b] if b is not None else 0))))
+    table = pd.DataFrame(rows, columns=["component", "kind", "layer", "head", "value"])
+    table[["layer", "head"]] = table[["layer", "head"]].astype("Int64")
+    total = float(tr.logits[a] - (tr.logits[b] if b is not None else 0))
+    cap = getattr(lm.config, "final_logit_softcapping", None)
+    capped = None
+    if cap:
+        def c(v):
+            return cap * torch.tanh(v / cap)
+        capped = float(c(tr.logits[a]) - (c(tr.logits[b]) if b is not None else 0))
+    final_err = float((tr.final_norm.full(tr.layer_out[-1])[t] - tr.unembed_in).abs().max())
+    return DLAResult(model=lm.name, prompt=prompt, answer=str(answer), wrong=None if wrong is None else str(wrong),
+                     answer_id=a, wrong_id=b, total=total, table=table,
+                     identity_abs_err=abs(float(table["value"].sum()) - total), attention_abs_err=attn_err,
+                     final_norm_abs_err=final_err, softcap=cap or None, capped_total=capped,
+                     n_layers=len(tr.specs), n_heads=tr.specs[0].n_heads, labels=tr.labels)
+
+
+# --------------------------------------------------------------------------------------------
+# QK attribution
+
+
+def _rotate_at(parts: torch.Tensor, spec: LayerSpec, pos: int, T: int) -> torch.Tensor:
+    """Rotary at position `pos` applied to each row of `parts` (P, hs), as `probe.scratch` rotates a sequence of T."""
+    if spec.inv_freq is None:
+        return parts
+    from .scratch import _rotate, rotary_cos_sin
+
+    inv_freq = spec.inv_freq(T) if callable(spec.inv_freq) else spec.inv_freq
+    cos, sin = rotary_cos_sin(inv_freq.float().cpu(), torch.arange(T), spec.rope_scaling,
+                              interleaved=spec.rotary_interleaved)
+    cos, sin = cos[pos].double(), sin[pos].double()  # (d,)
+    d = spec.rotary_dim or parts.shape[-1]
+    turned = _rotate(parts[..., :d], cos, sin, interleaved=spec.rotary_interleaved)
+    return torch.cat([turned, parts[..., d:]], dim=-1)
+
+
+def _side(tr: Trace, spec: LayerSpec, layer: int, pos: int, w: torch.Tensor, b: torch.Tensor | None,
+          norm_w: torch.Tensor | None, full_w: torch.Tensor, full_b: torch.Tensor | None, slice_: slice
+          ) -> tuple[list[str], torch.Tensor, float]:
+    """One side (query or key) at position `pos`: names and (P, hs) parts of the projected, normed and
+    rotated vector of one head, and the max |Δ| of the attention input rebuilt from the parts."""
+    names, parts, _ = residual_parts(tr, pos, before=layer)
+    pre = tr.pre_attn[layer]
+    if pre is not None:
+        parts = pre.apply(parts, pos)
+        if pre.bias is not None:
+            names, parts = [*names, "norm_bias"], torch.cat([parts, pre.bias[None]])
+    x_err = float((parts.sum(0) - tr.attn_in[layer][pos]).abs().max())
+    proj = parts @ w.T  # (P, hs): this head's slice of the projection
+    if b is not None:
+        names, proj = [*names, "proj_bias"], torch.cat([proj, b[None]])
+    if norm_w is not None:  # QK-norm: the RMS of the whole vector (this head's, or the projection's) frozen
+        whole = tr.attn_in[layer][pos] @ full_w.T + (0 if full_b is None else full_b)  # (n*hs,)
+        if spec.norm_scope == "head":
+            whole = whole[slice_]
+        inv = torch.rsqrt(whole.pow(2).mean() + spec.norm_eps)
+        proj = proj * inv * (spec.norm_offset + norm_w)
+    return names, _rotate_at(proj, spec, pos, len(tr.ids)), x_err
+
+
+@dataclass(frozen=True, eq=False)
+class QKAttribution:
+    """One head's pre-softmax score for one (query, key) split over (query part, key part) pairs.
+
+    `terms` (query parts × key parts, a DataFrame) holds scale · q_a · k_b; `extra` the terms that are
+    not bilinear (a position bias, the softcap's change); together they sum to `score`, the
+    from-scratch attention's score, within `identity_abs_err`. `weight_without` is the softmax weight
+    of the key when one part is removed from one side (the others and every other key unchanged).
+    """
+
+    model: str
+    text: str
+    layer: int
+    head: int
+    query: int
+    key: int
+    query_label: str
+    key_label: str
+    score: float
+    weight: float
+    terms: pd.DataFrame
+    extra: dict
+    identity_abs_err: float
+    input_abs_err: float  # the attention input rebuilt from the parts against the model's own
+    weight_without: pd.DataFrame  # side, component, weight, change
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (query part, key part) pair: query_component, key_component, value."""
+        long = self.terms.stack().reset_index()
+        long.columns = ["query_component", "key_component", "value"]
+        return long
+
+    def top(self, k: int = 5) -> pd.DataFrame:
+        f = self.to_frame()
+        return f.reindex(f["value"].abs().sort_values(ascending=False).index).head(k)
+
+    def summary(self) -> str:
+        best = self.top(1).iloc[0]
+        share = best["value"] / self.score if self.score else float("nan")
+        return (f"{head_name(self.layer, self.head)} attends from {self.query_label!r} to {self.key_label!r} with weight "
+                f"{self.weight:.3f} (score {self.score:.4g}); {share:.0%} of the score from key-side "
+                f"{best['key_component']} × query-side {best['query_component']}; the terms sum to the from-scratch "
+                f"score within {self.identity_abs_err:.1e}")
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "text": self.text, "layer": self.layer, "head": self.head,
+                "query": self.query, "key": self.key, "query_label": self.query_label, "key_label": self.key_label,
+                "score": self.score, "weight": self.weight, "sum_of_terms": float(self.terms.to_numpy().sum())
+                + sum(self.extra.values()), "identity_abs_err": self.identity_abs_err,
+                "input_abs_err": self.input_abs_err, "extra": self.extra,
+                "top": self.top(20).to_dict(orient="records"),
+                "weight_without": self.weight_without.to_dict(orient="records"), "summary": self.summary()}
+
+    def _repr_html_(self) -> str:
+        return f"<p>{self.summary()}</p>" + self.top(10).to_html(index=False, float_format=lambda x: f"{x:.4f}")
+
+
+def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: int | str, key: int | str,
+                   occurrence: int = 0) -> QKAttribution:
+    """Split head `layer`.`head`'s score from `query` to `key` (token indices, or tokens of `text`) over
+    the residual stream's parts on each side, with the pre-attention norm and QK-norm scales frozen at
+    this run's values and rotary applied to each part.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> r = qk_attribution(tiny_model("llama"), "The cat sat on the mat.", layer=1, head=2, query=5, key=2)
+    >>> r.identity_abs_err < 1e-5
+    True
+    """
+    from .explain import _find_token
+    from .scratch import project_qk, row_probs
+
+    family = family_for(lm.config)
+    n_layers, nh = family.n_layers(lm.config), lm.config.num_attention_heads
+    if not (0 <= layer < n_layers and 0 <= head < nh):
+        raise ValueError(f"layer {layer}, head {head} out of range: {lm.name} has {n_layers} layers x {nh} heads")
+    tr = trace(lm, text)
+    spec = tr.specs[layer]
+    if spec.position_scores is not None:
+        raise UnsupportedFeature("content↔position scores (DeBERTa) are not bilinear in the two residual streams; "
+                                 "QK attribution does not split them")
+    enc = encode(lm, text)
+    labels = list(tr.labels)
+    i = _find_token(labels, enc, query, occurrence)
+    j = _find_token(labels, enc, key, 0)
+    if spec.causal and j > i:
+        raise ValueError(f"key {labels[j]!r} (token {j}) comes after query {labels[i]!r} (token {i}): a decoder's "
+                         "query never sees it")
+    hs, g = spec.head_dim, head // (spec.n_heads // spec.n_kv_heads)
+    wq, wk = spec.wq.double().cpu(), spec.wk.double().cpu()
+    bq = None if spec.bq is None else spec.bq.double().cpu()
+    bk = None if spec.bk is None else spec.bk.double().cpu()
+    qs, ks = slice(head * hs, (head + 1) * hs), slice(g * hs, (g + 1) * hs)
+    qn = kn = None
+    if spec.q_norm is not None:
+        if spec.norm_scope == "head":
+            qn, kn = spec.q_norm.double().cpu(), spec.k_norm.double().cpu()
+        else:
+            qn, kn = spec.q_norm.double().cpu()[qs], spec.k_norm.double().cpu()[ks]
+    q_names, q_parts, q_err = _side(tr, spec, layer, i, wq[qs], None if bq is None else bq[qs], qn, wq, bq, qs)
+    k_names, k_parts, k_err = _side(tr, spec, layer, j, wk[ks], None if bk is None else bk[ks], kn, wk, bk, ks)
+    terms = spec.scale * (q_parts @ k_parts.T)  # (Pq, Pk)
+    raw = float(terms.sum())
+    extra: dict[str, float] = {}
+    T = len(tr.ids)
+    if spec.score_bias is not None:
+        extra["position_bias"] = float(spec.score_bias(i + 1, T, query_start=i, key_start=0)[head, 0, j])
+    if spec.softcap is not None:
+        before = raw + extra.get("position_bias", 0.0)
+        extra["softcap"] = spec.softcap * float(torch.tanh(torch.tensor(before / spec.softcap))) - before
+    # the verified from-scratch attention on the model's own attention input, apart from the parts
+    x = tr.attn_in[layer][None].float()  # (1, T, D)
+    q_all, k_all = project_qk(x, spec)  # (1, nh, T, hs), (1, nkv, T, hs)
+    k_rep = k_all.repeat_interleave(spec.n_heads // spec.n_kv_heads, dim=1)
+    valid = torch.ones(1, T, dtype=torch.long)
+    scores, probs = row_probs(q_all[:, head : head + 1, i : i + 1], k_rep[:, head : head + 1], spec, valid,
+                              query_start=i, heads=[head])  # (1, 1, 1, T)
+    score = float(scores[0, 0, 0, j])
+    total = raw + sum(extra.values())
+    # the key's weight with one part removed from one side (frozen scales: the rest of the row unchanged)
+    q_full, k_mat = q_parts.sum(0), k_rep[0, head].double()  # (hs,), (T, hs) rotated keys of every position
+    row_scores_ = scores[0, 0, 0].double()  # (T,)
+    visible = torch.isfinite(probs[0, 0, 0]) & (torch.arange(T) <= i if spec.causal else torch.ones(T, dtype=torch.bool))
+    rows = []
+
+    def weight_of(new_row: torch.Tensor) -> float:
+        s = new_row.masked_fill(~visible, float("-inf"))
+        if spec.sliding_window is not None:
+            s = s.masked_fill(torch.arange(T) <= i - spec.sliding_window, float("-inf"))
+        return float(torch.softmax(s, -1)[j])
+
+    base_w = float(probs[0, 0, 0, j])
+    for a, name in enumerate(q_names):  # the query loses part a: every key's score changes
+        new = row_scores_ - spec.scale * (k_mat @ q_parts[a]) if spec.softcap is None else None
+        if new is not None:
+            rows.append(("query", name, weight_of(new)))
+    for b, name in enumerate(k_names):  # key j loses part b: only its own score changes
+        if spec.softcap is None:
+            new = row_scores_.clone()
+            new[j] = new[j] - spec.scale * float(q_full @ k_parts[b])
+            rows.append(("key", name, weight_of(new)))
+    without = pd.DataFrame(rows, columns=["side", "component", "weight"])
+    without["change"] = without["weight"] - base_w
+    return QKAttribution(model=lm.name, text=text, layer=layer, head=head, query=i, key=j, query_label=labels[i],
+                         key_label=labels[j], score=score, weight=base_w,
+                         terms=pd.DataFrame(terms.numpy(), index=q_names, columns=k_names), extra=extra,
+                         identity_abs_err=abs(total - score), input_abs_err=max(q_err, k_err), weight_without=without)

@@ -1,0 +1,161 @@
+"""Weight-based circuits: Q-, K- and V-composition scores between every pair of heads (Elhage et al. 2021).
+
+For heads A (layer a) and B (layer b > a), in the row-vector convention x ↦ x W:
+
+    W_OV(A) = W_V,Aᵀ W_O,Aᵀ   (D × D)     what A reads and writes
+    W_QK(B) = W_Q,Bᵀ W_K,B    (D × D)     the bilinear form of B's score (grouped-query heads: their shared KV head)
+
+    Q-composition  ‖W_OV(A) W_QK(B)‖_F  / (‖W_OV(A)‖_F ‖W_QK(B)‖_F)
+    K-composition  ‖W_OV(A) W_QK(B)ᵀ‖_F / (‖W_OV(A)‖_F ‖W_QK(B)‖_F)
+    V-composition  ‖W_OV(A) W_OV(B)‖_F  / (‖W_OV(A)‖_F ‖W_OV(B)‖_F)
+
+(TransformerLens's `all_composition_scores` formula.) Weights as headscope reads them (`LayerSpec`),
+with each layer's pre-attention norm weight folded into the weights that read the stream (Gemma:
+1 + w), and the post-attention norm weight, where there is one, into W_O; no centring and no biases.
+Each score is computed through hs × hs matrices (a Frobenius norm of a product of factors is a trace
+of small Gram matrices), never through a D × D product. The baseline is the mean score of random
+Gaussian factors of the same shapes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .attribution import trace
+from .model import LoadedModel
+from .types import head_name
+
+__all__ = ["Factors", "head_factors", "composition_score", "CompositionScores", "composition_scores"]
+
+
+@dataclass(frozen=True, eq=False)
+class Factors:
+    """Per layer, per head, the factors of W_OV = V O and W_QK = Q K: each (nh, D, hs) or (nh, hs, D), float64."""
+
+    v: list[torch.Tensor]  # (nh, D, hs)  W_V,hᵀ
+    o: list[torch.Tensor]  # (nh, hs, D)  W_O,hᵀ
+    q: list[torch.Tensor]  # (nh, D, hs)  W_Q,hᵀ
+    k: list[torch.Tensor]  # (nh, hs, D)  W_K,g for the head's KV head g
+
+
+def head_factors(lm: LoadedModel) -> Factors:
+    """The folded factors of every head (one short forward pass finds the norms; no weight is changed)."""
+    tr = trace(lm, "The")
+    v, o, q, k = [], [], [], []
+    for l, spec in enumerate(tr.specs):
+        nh, hs, group = spec.n_heads, spec.head_dim, spec.n_heads // spec.n_kv_heads
+        D = spec.wq.shape[1]
+        pre = tr.pre_attn[l]
+        w_in = torch.ones(D, dtype=torch.float64) if pre is None else pre.weight
+        post = tr.post_attn[l]
+        w_out = torch.ones(D, dtype=torch.float64) if post is None else post.weight
+        wq = spec.wq.double().cpu() * w_in  # (nh*hs, D): the norm's weight folded into the columns that read x
+        wk = spec.wk.double().cpu() * w_in
+        wv = spec.wv.double().cpu() * w_in
+        wo = spec.wo.double().cpu() * w_out[:, None]  # (D, nh*hs)
+        kv = torch.arange(nh) // group
+        q.append(wq.view(nh, hs, D).transpose(1, 2))
+        k.append(wk.view(spec.n_kv_heads, hs, D)[kv])
+        v.append(wv.view(spec.n_kv_heads, hs, D)[kv].transpose(1, 2))
+        o.append(wo.view(D, nh, hs).permute(1, 2, 0))
+    return Factors(v, o, q, k)
+
+
+def _norm2(left: torch.Tensor, right: torch.Tensor) -> torch.Tensor:
+    """‖L R‖_F² for (..., D, r) L and (..., r, D) R: trace(Lᵀ L · R Rᵀ)."""
+    g = left.transpose(-1, -2) @ left
+    h = right @ right.transpose(-1, -2)
+    return (g * h.transpose(-1, -2)).sum((-1, -2))
+
+
+def composition_score(l1: torch.Tensor, r1: torch.Tensor, l2: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
+    """‖(L1 R1)(L2 R2)‖_F / (‖L1 R1‖_F ‖L2 R2‖_F), broadcast: (A, D, r) etc. against (1, B, ...) gives (A, B).
+
+    >>> e = torch.eye(3, dtype=torch.float64)
+    >>> x, y = e[:, :1], e[:1]          # x y = e0 e0ᵀ, a rank-1 map of e0 onto itself
+    >>> float(composition_score(x, y, x, y)), float(composition_score(x, y, e[:, 1:2], e[1:2]))
+    (1.0, 0.0)
+    """
+    c = r1 @ l2  # (..., r1, r2): the only product through D
+    num = _trace_norm(l1, c, r2)
+    return torch.sqrt(num / (_norm2(l1, r1) * _norm2(l2, r2)))
+
+
+def _trace_norm(l1: torch.Tensor, c: torch.Tensor, r2: torch.Tensor) -> torch.Tensor:
+    """‖L1 C R2‖_F² = trace(Cᵀ (L1ᵀ L1) C (R2 R2ᵀ))."""
+    g = l1.transpose(-1, -2) @ l1  # (..., r1, r1)
+    h = r2 @ r2.transpose(-1, -2)  # (..., r2, r2)
+    return ((c.transpose(-1, -2) @ g @ c) * h.transpose(-1, -2)).sum((-1, -2))
+
+
+@dataclass(frozen=True, eq=False)
+class CompositionScores:
+    """Q-, K- and V-composition of every earlier head A into every later head B, and the random baseline.
+
+    `scores[kind]` is `[layer_a, head_a, layer_b, head_b]` (NaN where layer_b <= layer_a).
+    """
+
+    model: str
+    scores: dict[str, np.ndarray]
+    baseline: dict[str, float]
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per (kind, sender, receiver): score, baseline, score / baseline."""
+        rows = []
+        for kind, s in self.scores.items():
+            idx = np.argwhere(np.isfinite(s))
+            for la, ha, lb, hb in idx:
+                v = float(s[la, ha, lb, hb])
+                rows.append((kind, head_name(la, ha), head_name(lb, hb), int(la), int(ha), int(lb), int(hb), v,
+                             self.baseline[kind], v / self.baseline[kind]))
+        return pd.DataFrame(rows, columns=["kind", "sender", "receiver", "sender_layer", "sender_head",
+                                           "receiver_layer", "receiver_head", "score", "baseline", "ratio"])
+
+    def top(self, k: int = 10, kind: str | None = None) -> pd.DataFrame:
+        f = self.to_frame()
+        if kind is not None:
+            f = f[f["kind"] == kind]
+        return f.sort_values("ratio", ascending=False).head(k)
+
+    def summary(self) -> str:
+        parts = []
+        for kind in self.scores:
+            t = self.top(1, kind)
+            if len(t):
+                r = t.iloc[0]
+                parts.append(f"{kind}: {r.sender} → {r.receiver} {r.score:.3f} ({r.ratio:.1f}× random {r.baseline:.3f})")
+        return f"{self.model} composition, strongest edge per kind — " + "; ".join(parts)
+
+
+def composition_scores(lm: LoadedModel, *, n_random: int = 20, seed: int = 0) -> CompositionScores:
+    """Q-, K- and V-composition scores between every pair of heads in different layers, with the mean
+    score of `n_random` random Gaussian factor sets of the same shapes as the baseline.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> c = composition_scores(tiny_model("llama"))
+    >>> c.scores["q"].shape, sorted(c.baseline)
+    ((2, 4, 2, 4), ['k', 'q', 'v'])
+    """
+    f = head_factors(lm)
+    L, nh = len(f.q), f.q[0].shape[0]
+    out = {kind: np.full((L, nh, L, nh), np.nan) for kind in ("q", "k", "v")}
+    for a in range(L):
+        l1, r1 = f.v[a][:, None], f.o[a][:, None]  # (nh, 1, D, hs), (nh, 1, hs, D)
+        for b in range(a + 1, L):
+            qk_l, qk_r = f.q[b][None], f.k[b][None]  # (1, nh, D, hs), (1, nh, hs, D)
+            out["q"][a, :, b] = composition_score(l1, r1, qk_l, qk_r).numpy()
+            out["k"][a, :, b] = composition_score(l1, r1, qk_r.transpose(-1, -2), qk_l.transpose(-1, -2)).numpy()
+            out["v"][a, :, b] = composition_score(l1, r1, f.v[b][None], f.o[b][None]).numpy()
+    g = torch.Generator().manual_seed(seed)
+    D, hs = f.q[0].shape[1], f.q[0].shape[2]
+
+    def rnd(*shape):
+        return torch.randn(n_random, *shape, generator=g, dtype=torch.float64)
+
+    base = {kind: float(composition_score(rnd(D, hs), rnd(hs, D), rnd(D, hs), rnd(hs, D)).mean())
+            for kind in ("q", "k", "v")}
+    return CompositionScores(model=lm.name, scores=out, baseline=base)

@@ -1,0 +1,249 @@
+"""Activation patching on clean/corrupt prompt pairs, batched: many patches per forward pass.
+
+A pair is a clean prompt, a corrupted one of the same length in tokens, and a right and a wrong next
+token; the metric is logit(right) − logit(wrong) at the last token. Patching runs one prompt of each
+pair (the *base* run) and overwrites some activations with the other prompt's (the *source*):
+
+    denoise   run corrupt, patch in clean activations  (does this part restore the clean answer?)
+    noise     run clean, patch in corrupt activations  (does the clean answer need this part?)
+
+A *site* is one activation, at every position of the prompt:
+
+    ("head", l, h)    head h's output in layer l: its slice of the W_O input (as `probe.interventions`)
+    ("mlp", l, None)  layer l's MLP output (the `mlp` module of the block)
+    ("resid", l, p)   the residual stream entering layer l, at position p (None: every position)
+
+`patch_metrics(lm, prepared, jobs, direction=...)` evaluates any number of *jobs* — each a set of
+sites patched together — and answers `[job, pair]`. Jobs are stacked along the batch: a forward pass
+runs `batch_rows // n_pairs` jobs over all pairs at once (copy j of the batch is job j), so patching
+every head of a model is one forward per group of heads, never one per pair or per head.
+
+Exact limits (tests/test_mechanisms.py): the empty job gives the base run's metric; patching the
+residual stream at every position of any layer gives the source's; clean == corrupt gives the same
+number everywhere. Hooks only: every hook is removed on exit, also after an error, and the model's
+weights are never touched.
+"""
+
+from __future__ import annotations
+
+import inspect
+from contextlib import ExitStack
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from .attribution import answer_token, decoder_layers, require_lm_head
+from .encoding import encode_many, pad_batch
+from .families import family_for
+from .forward import base_model
+from .interventions import head_dim
+from .model import LoadedModel
+from .names import PatchDirection as Direction, PatchWhat
+
+__all__ = ["Direction", "PatchWhat", "Site", "Prepared", "prepare_pairs", "patch_metrics", "sweep_sites"]
+
+Site = tuple[str, int, int | None]
+
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """Pairs tokenised and padded (right) to one length: (N, T) ids of each side, the mask, the last real
+    position of each pair, and the right and wrong token ids."""
+
+    clean: torch.Tensor  # (N, T)
+    corrupt: torch.Tensor  # (N, T)
+    mask: torch.Tensor  # (N, T)
+    last: torch.Tensor  # (N,)
+    right: torch.Tensor  # (N,)
+    wrong: torch.Tensor  # (N,)
+    lengths: tuple[int, ...]
+
+    @property
+    def n(self) -> int:
+        return self.clean.shape[0]
+
+    def subset(self, index: Sequence[int]) -> "Prepared":
+        idx = torch.as_tensor(list(index), dtype=torch.long)
+        return Prepared(self.clean[idx], self.corrupt[idx], self.mask[idx], self.last[idx], self.right[idx],
+                        self.wrong[idx], tuple(self.lengths[i] for i in idx.tolist()))
+
+
+def prepare_pairs(lm: LoadedModel, clean: Sequence[str], corrupt: Sequence[str], right: Sequence[str],
+                  wrong: Sequence[str]) -> Prepared:
+    """Tokenise pairs; each clean and corrupt prompt must have the same number of tokens."""
+    require_lm_head(lm, "activation patching")
+    if not (len(clean) == len(corrupt) == len(right) == len(wrong)) or not clean:
+        raise ValueError("patching needs at least one pair, each with clean, corrupt, right and wrong")
+    a, b = encode_many(lm, list(clean)), encode_many(lm, list(corrupt))
+    for i, (x, y) in enumerate(zip(a, b)):
+        if len(x.ids) != len(y.ids):
+            raise ValueError(f"pair {i}: the clean prompt has {len(x.ids)} tokens and the corrupt one {len(y.ids)}; "
+                             "patching needs the same number (change the corrupt prompt's words)")
+    ids_a, mask = pad_batch(a, lm.device)
+    ids_b, _ = pad_batch(b, lm.device)
+    lengths = tuple(len(x.ids) for x in a)
+    return Prepared(ids_a, ids_b, mask, torch.tensor([n - 1 for n in lengths], device=lm.device),
+                    torch.tensor([answer_token(lm, r) for r in right], device=lm.device),
+                    torch.tensor([answer_token(lm, w) for w in wrong], device=lm.device), lengths)
+
+
+def _mlp(layer: torch.nn.Module, l: int) -> torch.nn.Module:
+    mlp = getattr(layer, "mlp", None)
+    if mlp is None:
+        raise ValueError(f"layer {l} has no `mlp` module to patch; patch head_out or resid")
+    if "residual" in inspect.signature(mlp.forward).parameters:
+        raise ValueError("this model's MLP module adds the residual stream itself (BLOOM); patch head_out or resid")
+    return mlp
+
+
+class _Metric:
+    """logit(right) − logit(wrong) from the final hidden state at each pair's last position (after
+    Gemma 2's final softcap where the model has one)."""
+
+    def __init__(self, lm: LoadedModel) -> None:
+        head = require_lm_head(lm, "activation patching")
+        self.w = head.weight.detach()
+        self.b = None if getattr(head, "bias", None) is None else head.bias.detach()
+        self.cap = getattr(lm.config, "final_logit_softcapping", None)
+
+    def __call__(self, hidden: torch.Tensor, p: Prepared, copies: int) -> torch.Tensor:
+        last, right, wrong = p.last.repeat(copies), p.right.repeat(copies), p.wrong.repeat(copies)
+        h = hidden[torch.arange(hidden.shape[0], device=hidden.device), last]  # (B, D)
+
+        def logit(tok):
+            v = (h * self.w[tok].to(h.dtype)).sum(-1)
+            if self.b is not None:
+                v = v + self.b[tok].to(h.dtype)
+            return self.cap * torch.tanh(v / self.cap) if self.cap else v
+
+        return (logit(right) - logit(wrong)).double().cpu().view(copies, -1)  # (copies, N)
+
+
+def _source(lm: LoadedModel, family, layers, ids, mask, sites: set[Site]) -> dict:
+    """The source run's activations at the sites' layers: head inputs of W_O, MLP outputs, layer inputs."""
+    base = base_model(lm)
+    got: dict = {}
+    need = {(kind, l) for kind, l, _ in sites}
+    with ExitStack() as stack:
+        for kind, l in need:
+            if kind == "head":
+                hook = family.out_proj(base, l).register_forward_pre_hook(
+                    lambda m, a, l=l: got.__setitem__(("head", l), a[0].detach().clone()))
+            elif kind == "mlp":
+                hook = _mlp(layers[l], l).register_forward_hook(
+                    lambda m, a, out, l=l: got.__setitem__(("mlp", l), out.detach().clone()))
+            else:
+                hook = layers[l].register_forward_pre_hook(
+                    lambda m, a, kw, l=l: got.__setitem__(("resid", l), (a[0] if a else kw["hidden_states"])
+                                                          .detach().clone()), with_kwargs=True)
+            stack.callback(hook.remove)
+        base(input_ids=ids, attention_mask=mask, use_cache=False)
+    return got
+
+
+@torch.inference_mode()
+def patch_metrics(lm: LoadedModel, p: Prepared, jobs: Sequence[frozenset[Site] | set[Site]], *,
+                  direction: Direction = "denoise", batch_rows: int = 512) -> torch.Tensor:
+    """The metric of every pair with each job's sites patched: `[job, pair]` (float64).
+
+    `direction="denoise"` runs the corrupt prompts with clean activations patched in; `"noise"` the
+    clean prompts with corrupt ones. An empty job is the base run itself.
+    """
+    if direction not in ("denoise", "noise"):
+        raise ValueError(f"direction must be 'denoise' or 'noise', got {direction!r}")
+    family = family_for(lm.config)
+    base = base_model(lm)
+    layers = decoder_layers(lm, family)
+    n_layers, nh = len(layers), lm.config.num_attention_heads
+    jobs = [frozenset(j) for j in jobs]
+    for kind, l, x in set().union(*jobs) if jobs else ():
+        if kind not in ("head", "mlp", "resid") or not 0 <= l < n_layers:
+            raise ValueError(f"no site {(kind, l, x)} in {lm.name} ({n_layers} layers)")
+        if kind == "head" and not (x is not None and 0 <= x < nh):
+            raise ValueError(f"no head {x} in layer {l} of {lm.name} ({nh} heads)")
+        if kind == "resid" and x is not None and not 0 <= x < p.clean.shape[1]:
+            raise ValueError(f"position {x} is outside the prompts ({p.clean.shape[1]} tokens)")
+    run_ids, src_ids = (p.corrupt, p.clean) if direction == "denoise" else (p.clean, p.corrupt)
+    wanted = set().union(*jobs) if jobs else set()
+    source = _source(lm, family, layers, src_ids, p.mask, wanted) if wanted else {}  # no site: no source run
+    metric = _Metric(lm)
+    hs = head_dim(lm)
+    N = p.n
+    per = max(1, batch_rows // N)
+    out = []
+    for start in range(0, len(jobs), per):
+        chunk = jobs[start : start + per]
+        k = len(chunk)
+        # which batch copies patch which site: copy j holds rows j*N .. (j+1)*N - 1
+        where: dict[Site, list[int]] = {}
+        for j, job in enumerate(chunk):
+            for site in job:
+                where.setdefault(site, []).append(j)
+        with ExitStack() as stack:
+            for (kind, l), sites in _by_module(where).items():
+                stack.callback(_hook(kind, l, sites, where, source, family, base, layers, N, hs).remove)
+            hidden = base(input_ids=run_ids.repeat(k, 1), attention_mask=p.mask.repeat(k, 1),
+                          use_cache=False).last_hidden_state  # (k*N, T, D)
+        out.append(metric(hidden, p, k))
+    return torch.cat(out) if out else torch.zeros(0, N, dtype=torch.float64)
+
+
+def _by_module(where: dict[Site, list[int]]) -> dict[tuple[str, int], list[Site]]:
+    grouped: dict[tuple[str, int], list[Site]] = {}
+    for site in where:
+        grouped.setdefault((site[0], site[1]), []).append(site)
+    return grouped
+
+
+def _rows(copies: list[int], N: int) -> torch.Tensor:
+    return torch.cat([torch.arange(j * N, (j + 1) * N) for j in copies])
+
+
+def _hook(kind, l, sites, where, source, family, base, layers, N, hs):
+    src = source[(kind, l)]
+    if kind == "head":
+        def pre(module, args):
+            y = args[0].clone()  # (k*N, T, nh*hs): never the caller's tensor
+            for _, _, h in sites:
+                rows = _rows(where[(kind, l, h)], N).to(y.device)
+                y[rows, :, h * hs : (h + 1) * hs] = src[:, :, h * hs : (h + 1) * hs].repeat(len(where[(kind, l, h)]), 1, 1)
+            return (y, *args[1:])
+        return family.out_proj(base, l).register_forward_pre_hook(pre)
+    if kind == "mlp":
+        def post(module, args, out):
+            out = out.clone()
+            for site in sites:
+                rows = _rows(where[site], N).to(out.device)
+                out[rows] = src.repeat(len(where[site]), 1, 1)
+            return out
+        return _mlp(layers[l], l).register_forward_hook(post)
+
+    def pre_layer(module, args, kwargs):
+        x = (args[0] if args else kwargs["hidden_states"]).clone()
+        for site in sites:
+            rows = _rows(where[site], N).to(x.device)
+            pos = site[2]
+            if pos is None:
+                x[rows] = src.repeat(len(where[site]), 1, 1)
+            else:
+                x[rows, pos] = src[:, pos].repeat(len(where[site]), 1)
+        if args:
+            return (x, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": x}
+    return layers[l].register_forward_pre_hook(pre_layer, with_kwargs=True)
+
+
+def sweep_sites(lm: LoadedModel, what: PatchWhat, *, n_positions: int | None = None) -> list[Site]:
+    """Every site of one kind: each head of each layer, each layer's MLP, or the residual stream
+    entering each layer (at every position, or at each of `n_positions` positions alone)."""
+    n_layers, nh = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    if what == "head_out":
+        return [("head", l, h) for l in range(n_layers) for h in range(nh)]
+    if what == "mlp":
+        return [("mlp", l, None) for l in range(n_layers)]
+    if what == "resid":
+        if n_positions is None:
+            return [("resid", l, None) for l in range(n_layers)]
+        return [("resid", l, t) for l in range(n_layers) for t in range(n_positions)]
+    raise ValueError(f"what must be head_out, mlp or resid, got {what!r}")
