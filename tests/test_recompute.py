@@ -24,6 +24,8 @@ from headscope.probe.tiny import TINY_CORPUS
 from headscope.probe.types import Units
 from headscope.probe.words import to_word_level
 
+from conftest import in_turn
+
 
 def extract(lm, texts, *, attention="auto", budget=DEFAULT_BUDGET, batch_size=8, **options):
     """Whole maps from the attention source named `attention` (`probe.sources`), `budget` bytes for eager."""
@@ -40,7 +42,8 @@ def _assert_same_maps(eager, recomputed, atol=1e-5):
         torch.testing.assert_close(r.attention, e.attention, atol=atol, rtol=0)
 
 
-@pytest.mark.parametrize("budget", [1, 2_000, 10**9])  # one row per block, a few rows, one block
+# one row per block, a few rows, one block: each family meets one of them in turn (conftest.in_turn)
+@pytest.mark.parametrize("tiny, budget", in_turn(1, 2_000, 10**9), indirect=["tiny"])
 def test_recompute_equals_eager_on_every_family(tiny, budget):
     texts = list(TINY_CORPUS) + [LONG]  # padded batches, CJK, a text past the sliding window
     if _whole_sequences_only(tiny) and budget < 10**9:
@@ -109,7 +112,7 @@ def test_fast_attention_switches_and_restores(tiny):
     assert tiny.model.config._attn_implementation == "eager"
 
 
-@pytest.mark.parametrize("budget", [1, 700, 5_000, 50_000])
+@pytest.mark.parametrize("tiny, budget", in_turn(1, 700, 5_000, 50_000), indirect=["tiny"])
 def test_blocks_respect_the_budget_and_cover_every_row_once(tiny, budget):
     _skip_whole_sequences_only(tiny)
     n = len(encode(tiny, LONG).ids)
@@ -189,7 +192,7 @@ def test_word_blocks_by_hand_across_a_block_edge():
     torch.testing.assert_close(w.probs, expected)
 
 
-@pytest.mark.parametrize("budget", [1, 400, 10**9])
+@pytest.mark.parametrize("tiny, budget", in_turn(1, 400, 10**9), indirect=["tiny"])
 def test_word_blocks_equal_word_level_of_the_whole_map(tiny, budget):
     _skip_whole_sequences_only(tiny)
     [full] = extract(tiny, PIECES, attention="recompute")

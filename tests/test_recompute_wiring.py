@@ -15,6 +15,8 @@ from headscope.probe.errors import UnsupportedFeature
 from headscope.probe.recompute import Block
 from headscope.probe.types import Units
 
+from conftest import in_turn
+
 TEXTS = ["The cat sat on the mat, didn't it?", "A dog ran! Unbelievably fast..."]
 
 
@@ -39,9 +41,10 @@ def _assert_same(got, want, tol=1e-5):
     assert ((abs(g - w) <= tol) | (numpy.isnan(g) & numpy.isnan(w))).all(), abs(g - w).max()
 
 
-@pytest.mark.parametrize("level", ["token", "word"])
-@pytest.mark.parametrize("include_special", [True, False])
-def test_block_sums_equal_whole_map_sums(tiny, level, include_special):
+@pytest.mark.parametrize("tiny, options", in_turn(("token", True), ("word", False), ("token", False), ("word", True)),
+                         indirect=["tiny"])
+def test_block_sums_equal_whole_map_sums(tiny, options):
+    level, include_special = options
     maps = extract(tiny, TEXTS)
     whole = HeadScoreAccumulator(level=level, include_special=include_special)
     for m in maps:
@@ -74,7 +77,7 @@ def test_blocks_outside_the_scored_heads_are_refused():
         acc.update_blocks(units, [Block(3, (0,), 0, torch.full((1, 2, 2), 0.5))], causal=False, layers=[0], heads=[0])
 
 
-@pytest.mark.parametrize("level", ["token", "word"])
+@pytest.mark.parametrize("tiny, level", in_turn("token", "word"), indirect=["tiny"])
 def test_heads_recompute_equals_eager_on_every_family(tiny, level):
     kw = dict(level=level, induction_sequences=2, induction_length=5)
     eager = hs.heads(tiny, TEXTS, **kw)
