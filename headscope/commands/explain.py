@@ -80,8 +80,7 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
         if scales is not None:
             out["scale_effect"] = scales.to_dict(orient="records")
         if perm is not None:
-            out["permutation"] = {"max_dev_without_positions": perm.max_dev_without_positions,
-                                  "max_dev_with_positions": perm.max_dev_with_positions, "layer": perm.layer}
+            out["permutation"] = perm.to_dict()
         echo_json(out)
         return
     with pd.option_context("display.max_rows", 500, "display.width", 120):
