@@ -27,7 +27,7 @@ __all__ = [
     "fail", "model_option", "models_option", "device_options", "quiet_option", "json_option", "out_option",
     "TABLE_WRITERS", "write_table", "writable_or_fail", "load_or_fail", "echo_json", "verify_option", "verify_step",
     "finish", "say", "Interrupts", "too_long_or_fail", "attention_options", "parse_size", "attention_note", "parsed", "new_file_or_fail",
-    "join_run", "check_out", "Corpus", "corpus_or_fail",
+    "join_run", "check_out", "Corpus", "corpus_or_fail", "utf8_text",
 ]
 
 
@@ -103,6 +103,26 @@ def parsed(parse: Callable[[str], Any], option: str):
             return parse(value)
         except ValueError as exc:
             fail(f"{option} {exc}")
+
+    return callback
+
+
+def utf8_text(option: str):
+    """A click callback that refuses a text argument that is not UTF-8 (one value or a repeated option's tuple).
+
+    A byte that is not UTF-8 in argv reaches Python as a lone surrogate, which the tokenizer would meet
+    after the model has loaded, with a bare TypeError.
+    """
+    def callback(ctx, param, value):
+        for i, text in enumerate((value,) if isinstance(value, str) else value or (), start=1):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                which = option if isinstance(value, str) else f"{option} {i}"
+                code = ord(text[exc.start])  # an undecodable byte b arrives as U+DC00 + b (surrogateescape)
+                what = f"the byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate {text[exc.start]!r}"
+                fail(f"{which} is not UTF-8 text (character {exc.start + 1} is {what}); pass the text in UTF-8")
+        return value
 
     return callback
 

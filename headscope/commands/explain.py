@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..common import (attention_options, device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
-                      write_table)
+                      utf8_text, write_table)
 
 
 def _layer_head(layer: int | None, spec: str) -> tuple[int, int]:
@@ -27,7 +27,7 @@ def _layer_head(layer: int | None, spec: str) -> tuple[int, int]:
 
 
 @click.command()
-@click.argument("text")
+@click.argument("text", callback=utf8_text("TEXT"))
 @model_option
 @click.option("--token", required=True, help="The query token (a word of TEXT; a split word starts at its first piece).")
 @click.option("--occurrence", type=click.IntRange(min=0), default=0, show_default=True,

@@ -7,13 +7,13 @@ import sys
 import click
 
 from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
-                      write_table)
+                      utf8_text, write_table)
 
 
 @click.command()
 @model_option
-@click.option("--text", "texts", multiple=True, help="Text to verify on (repeatable); default: built-in examples.")
-@click.option("--target", "targets", multiple=True,
+@click.option("--text", "texts", multiple=True, callback=utf8_text("--text"), help="Text to verify on (repeatable); default: built-in examples.")
+@click.option("--target", "targets", multiple=True, callback=utf8_text("--target"),
               help="Encoder-decoder models: the decoder's text for each --text, in order; default: the texts shifted by one.")
 @click.option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
 @out_option

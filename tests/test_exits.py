@@ -1,0 +1,72 @@
+"""Wrong results and exits (issue 24, items 12-17 and the smaller list): each bad input is one line on
+stderr and exit 2 before any model loads; each verdict follows its number."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from headscope.cli import cli
+
+NO_MODEL = "no-such-model-h24"  # a command that reached the model would fail on this name instead
+
+
+def _one_line(result) -> str:
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+# ------------------------------------------------------------------ item 15: lone surrogates
+
+
+def test_json_lines_with_a_lone_surrogate_are_refused_by_every_reader(tmp_path):
+    from headscope.analyses.corpus import CorpusError, read_corpus
+    from headscope.analyses.lines import strict_json_object
+    from headscope.analyses.relations import ProbeDataError, read_jsonl
+
+    assert strict_json_object('{"text": "pair \\ud83d\\ude00 ok"}') == {"text": "pair \U0001F600 ok"}
+    for bad in ('{"text": "a \\ud800 b"}', '{"text": "ok", "x": ["\\udfff"]}', '{"\\udc80": 1}'):
+        with pytest.raises(ValueError, match="lone surrogate"):
+            strict_json_object(bad)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "fine"}\n{"text": "a \\ud800 b"}\n')
+    with pytest.raises(CorpusError, match=r"c\.jsonl, line 2: .*lone surrogate"):
+        read_corpus(corpus)
+    probe = tmp_path / "p.jsonl"
+    probe.write_text('{"text": "The cat said it was \\ud800 tired.", "source": "it", "target": "cat"}\n')
+    with pytest.raises(ProbeDataError, match=r"p\.jsonl:1: .*lone surrogate"):
+        read_jsonl(probe)
+
+
+@pytest.mark.parametrize("command", ["heads", "coref"])
+def test_a_lone_surrogate_in_a_data_file_is_one_line_and_exit_2_before_the_model(tmp_path, command):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"text": "The cat said it was \\ud800 tired.", "source": "it", "target": "cat"}\n')
+    flag = "--corpus" if command == "heads" else "--data"
+    result = CliRunner().invoke(cli, [command, "--model", NO_MODEL, flag, str(path)])
+    assert result.exit_code == 2
+    line = _one_line(result)
+    assert "d.jsonl" in line and "lone surrogate" in line and NO_MODEL not in line
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["run", "--text", "ok", "--text", "a \udcff b"], "--text 2"),
+    (["run", "--text", "ok", "--target", "\udcfe"], "--target 1"),
+    (["verify", "--text", "a \udcff b"], "--text 1"),
+    (["explain", "a \udcff b", "--token", "a", "--head", "L0H0"], "TEXT"),
+    (["generate", "--prompt", "a \udcff b"], "--prompt"),
+])
+def test_a_text_argument_that_is_not_utf8_is_refused_before_the_model(tmp_path, args, flag):
+    # A byte that is not UTF-8 in argv arrives as a lone surrogate (U+DC00 + byte); the tokenizer met it only
+    # after the model loaded ("unexpected TypeError: TextEncodeInput ...", or after the whole run).
+    out = tmp_path / "report"
+    extra = ["--out", str(out)] if args[0] == "run" else []
+    result = CliRunner().invoke(cli, [args[0], "--model", NO_MODEL, *args[1:], *extra])
+    assert result.exit_code == 2
+    line = _one_line(result)
+    assert line.startswith(f"headscope: {flag} is not UTF-8 text") and "byte 0x" in line
+    assert not out.exists()
