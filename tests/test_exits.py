@@ -70,3 +70,50 @@ def test_a_text_argument_that_is_not_utf8_is_refused_before_the_model(tmp_path, 
     line = _one_line(result)
     assert line.startswith(f"headscope: {flag} is not UTF-8 text") and "byte 0x" in line
     assert not out.exists()
+
+
+# ------------------------------------------------------------------ item 16: nothing to score, duplicate IDs
+
+_GAP_HEADER = "ID\tText\tPronoun\tPronoun-offset\tA\tA-offset\tA-coref\tB\tB-offset\tB-coref\tURL\n"
+
+
+def _gap_row(ex_id: str) -> str:
+    text = "Anna met Beth because she was bored."
+    return f"{ex_id}\t{text}\tshe\t{text.index('she')}\tAnna\t0\tTRUE\tBeth\t{text.index('Beth')}\tFALSE\thttp://x\n"
+
+
+def test_a_repeated_id_is_refused_naming_both_lines(tmp_path):
+    from headscope.analyses.relations import ProbeDataError, read_gap, read_jsonl
+
+    gap = tmp_path / "g.tsv"
+    gap.write_text(_GAP_HEADER + _gap_row("dev-1") + _gap_row("dev-2") + _gap_row("dev-1"))
+    with pytest.raises(ProbeDataError, match=r"g\.tsv:4: id 'dev-1' is already used on line 2"):
+        read_gap(gap)
+    gap.write_text(_GAP_HEADER + _gap_row("dev-1") + _gap_row("dev-2"))
+    assert [e.id for e in read_gap(gap)] == ["dev-1", "dev-2"]
+    row = {"text": "Anna met Beth because she was bored.", "source": "she", "candidates": ["Anna", "Beth"],
+           "answer": "Anna"}
+    jsonl = tmp_path / "p.jsonl"
+    jsonl.write_text("\n".join(json.dumps({**row, "id": i}) for i in ("a", "b", "c", "b")) + "\n")
+    with pytest.raises(ProbeDataError, match=r"p\.jsonl:4: id 'b' is already used on line 2"):
+        read_jsonl(jsonl)
+
+
+def test_coref_with_no_scorable_example_says_so_and_exits_2(tmp_path, monkeypatch):
+    # A decoder cannot score an example whose candidates come after the source: with all excluded, the tables
+    # were all nan% and the exit 0.
+    from conftest import _tiny
+
+    import headscope.commands.coref as coref_cmd
+
+    monkeypatch.setattr(coref_cmd, "load_or_fail", lambda *a: _tiny("llama"))
+    row = {"text": "It was tired, said the old cat to the dog.", "source": "It", "source_occurrence": 0,
+           "candidates": ["cat", "dog"], "answer": "cat"}
+    data = tmp_path / "after.jsonl"
+    data.write_text(json.dumps(row) + "\n" + json.dumps({**row, "answer": "dog"}) + "\n")
+    result = CliRunner().invoke(cli, ["coref", "--model", "tiny:llama", "--data", str(data), "--quiet", "--no-verify",
+                                      "--permutations", "100"])
+    assert result.exit_code == 2, result.output
+    line = _one_line(result)
+    assert "nothing to score: none of the 2 example(s)" in line and "2 × a candidate is not before the source" in line
+    assert "nan" not in result.stdout
