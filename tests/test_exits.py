@@ -117,3 +117,53 @@ def test_coref_with_no_scorable_example_says_so_and_exits_2(tmp_path, monkeypatc
     line = _one_line(result)
     assert "nothing to score: none of the 2 example(s)" in line and "2 × a candidate is not before the source" in line
     assert "nan" not in result.stdout
+
+
+# ------------------------------------------------------------------ every command under one Ctrl-C guard
+
+
+class _SwallowedInterrupt:
+    """An object whose finaliser takes a Ctrl-C: Python prints 'Exception ignored ... KeyboardInterrupt' and goes on."""
+
+    def __del__(self):
+        import signal
+
+        signal.raise_signal(signal.SIGINT)
+        for _ in range(1000):  # the handler runs between bytecodes, here: inside the finaliser
+            pass
+
+
+@pytest.mark.parametrize("command", ["models", "syntax"])
+def test_a_ctrl_c_that_a_finaliser_swallows_still_ends_the_command_with_130(monkeypatch, command):
+    # Seen on `syntax`: SIGINT ended with "KeyboardInterrupt:" on stderr and exit 0; only `run` had the guard.
+    import click
+
+    def body(**kwargs):
+        _SwallowedInterrupt()  # collected at once
+        click.echo("done")
+
+    monkeypatch.setattr(cli.commands[command], "callback", body)
+    args = [command] + (["--conllu", "x.conllu"] if command == "syntax" else [])
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 130, (result.exit_code, result.output)
+    assert _one_line(result) == "headscope: interrupted; nothing was written or replaced"
+    assert "Exception ignored" not in result.stderr
+
+
+def test_nested_guards_mark_the_outer_one_and_restore_the_handlers():
+    import signal
+    import sys
+
+    from headscope.common import Interrupts
+
+    before, hook = signal.getsignal(signal.SIGINT), sys.unraisablehook
+    with Interrupts() as outer:
+        with Interrupts() as inner:
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)
+                for _ in range(1000):
+                    pass
+        assert inner.received and outer.received
+        with pytest.raises(KeyboardInterrupt):
+            outer.check()
+    assert signal.getsignal(signal.SIGINT) is before and sys.unraisablehook is hook
