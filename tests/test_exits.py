@@ -167,3 +167,25 @@ def test_nested_guards_mark_the_outer_one_and_restore_the_handlers():
         with pytest.raises(KeyboardInterrupt):
             outer.check()
     assert signal.getsignal(signal.SIGINT) is before and sys.unraisablehook is hook
+
+
+# ------------------------------------------------------------------ smaller items: shared options, tables
+
+
+def test_every_command_takes_quiet():
+    # The docs promise --quiet on every command; verify, explain, compare, generate, ablate and importance lacked it.
+    missing = [name for name, cmd in cli.commands.items()
+               if not any("--quiet" in p.opts for p in cmd.params if hasattr(p, "opts"))]
+    assert missing == []
+
+
+def test_models_families_columns_never_run_together():
+    from headscope.probe.families import family_table
+
+    rows = family_table()
+    result = CliRunner().invoke(cli, ["models", "--families"])
+    assert result.exit_code == 0
+    lines = result.stdout.splitlines()
+    for row, line in zip(rows, lines[1:]):
+        cells = [row["model_type"], row["family"], row["kind"], row["file"]]
+        assert line.split()[:4] == cells, line  # each cell its own word: "encoder-decoderprobe/..." was one

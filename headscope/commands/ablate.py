@@ -6,7 +6,8 @@ import click
 
 from headscope.probe.names import AblationMethod, choices
 
-from ..common import corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail, model_option
+from ..common import (corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail, model_option,
+                      quiet_option)
 
 __all__ = ["cli", "parse_top"]
 
@@ -58,9 +59,10 @@ def _top_heads(lm, metric: str, k: int, texts: list[str]) -> list[tuple[int, int
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N texts.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 @json_option
+@quiet_option
 @device_options
 def cli(model_name, heads_spec, top_spec, method, corpus_path, task, word, n_random, seed, limit, batch_size, as_json,
-        device, dtype) -> None:
+        device, dtype, quiet) -> None:
     """Ablate heads and compare the effect with ablating random heads (mean, sd, empirical p)."""
     from headscope import ablate, builtin_corpus
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..common import (attention_options, device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
-                      utf8_text, write_table)
+from ..common import (attention_options, device_options, echo_json, fail, json_option, load_or_fail, model_option,
+                      out_option, quiet_option, utf8_text, write_table)
 
 
 def _layer_head(layer: int | None, spec: str) -> tuple[int, int]:
@@ -40,10 +40,11 @@ def _layer_head(layer: int | None, spec: str) -> tuple[int, int]:
 @click.option("--truncate", is_flag=True, help="Cut TEXT to the model's context instead of failing.")
 @out_option
 @json_option
+@quiet_option
 @attention_options
 @device_options
 def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, permutation, truncate, out_path, as_json,
-        device, dtype, attention, memory_budget) -> None:
+        device, dtype, attention, memory_budget, quiet) -> None:
     """Explain how one head builds TOKEN's output in TEXT: scores, scaling, softmax, values.
 
     --out writes the per-key table.
