@@ -37,7 +37,7 @@ def _settings(**kw) -> RunSettings:
 @pytest.fixture(scope="module")
 def bert_run():
     lm = tiny_model("bert")
-    return lm, analyse_model(lm, TEXTS, SETS, _settings())
+    return lm, analyse_model(lm, TEXTS, SETS, _settings(generate=3))  # an encoder: generation is noted, not run
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +137,9 @@ def test_encoders_get_ablation_evidence_by_default_decoders_do_not(bert_run):
     one = ablation.ablate(lm, [(1, 2)], corpus=TEXTS[:3], n_random=0).effect  # the sweep is the ablate workflow
     assert float(ev.single[1, 2]) == pytest.approx(one)
     assert ev.induction is None and ev.choices["agreement"].get("skipped") is not None
+    # run --generate 3 on an encoder was silently ignored; it is said in the notes, as the ablation skip is
+    assert a.generations == () and any(n.startswith("generation was not run (3 tokens asked for): tiny-bert is not a "
+                                                    "decoder") for n in a.notes)
     d = a.to_dict()["ablation"]
     assert len(d["heads"]) == 8 and {c["score"] for c in d["correlations"]} >= {"gradient importance"}
     llama = tiny_model("llama")

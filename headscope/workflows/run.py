@@ -180,6 +180,9 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
         generations = stage.run("generate", _generations, lm, settings)
         say(f"{lm.name}: {settings.generate} tokens generated after each report sentence "
             f"({stage.seconds['generate']:.1f} s)")
+    elif settings.generate:
+        notes.append(f"generation was not run ({settings.generate} tokens asked for): {lm.name} is not a decoder, "
+                     "and only decoders continue a text")
     sentences = "--text" if settings.texts != REPORT_SENTENCES else "built-in"
     corpus = corpus_stats(lm.tokenizer, [("heads corpus", settings.corpus, texts),
                                           *[(f"probe: {task}", settings.coref, [e.text for e in exs])
