@@ -189,3 +189,34 @@ def test_models_families_columns_never_run_together():
     for row, line in zip(rows, lines[1:]):
         cells = [row["model_type"], row["family"], row["kind"], row["file"]]
         assert line.split()[:4] == cells, line  # each cell its own word: "encoder-decoderprobe/..." was one
+
+
+# ------------------------------------------------------------------ encoder–decoders in ablation and importance
+
+
+def test_ablation_and_importance_refuse_encoder_decoders_by_name(monkeypatch, tmp_path):
+    # Was transformers' raw "You must specify exactly one of input_ids or inputs_embeds".
+    import torch
+    from conftest import _tiny
+
+    from headscope.probe.importance import gradient_importance
+    from headscope.probe.interventions import ablate as ablate_heads, head_mask, head_means
+    from headscope.workflows.ablation import ablate, ablation_evidence
+
+    t5 = _tiny("t5")
+    calls = [lambda: ablate(t5, [(0, 0)], corpus=["The cat sat."], n_random=1),
+             lambda: ablation_evidence(t5, ["The cat sat."]),
+             lambda: gradient_importance(t5, ["The cat sat."]),
+             lambda: head_means(t5, ["The cat sat."]),
+             lambda: ablate_heads(t5, [(0, 0)]).__enter__(),
+             lambda: head_mask(t5, torch.ones(2, 4)).__enter__()]
+    for call in calls:
+        with pytest.raises(ValueError, match="tiny-t5 is an encoder–decoder model: .* covers encoders and decoders only"):
+            call()
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The cat sat on the mat.\n")
+    for command in ("importance", "ablate"):
+        monkeypatch.setattr(f"headscope.commands.{command}.load_or_fail", lambda *a: t5)
+        extra = ["--heads", "L0H0"] if command == "ablate" else []
+        result = CliRunner().invoke(cli, [command, "--model", "tiny:t5", "--corpus", str(corpus), *extra])
+        assert result.exit_code == 2 and "is an encoder–decoder model" in _one_line(result)

@@ -65,6 +65,7 @@ def cli(model_name, heads_spec, top_spec, method, corpus_path, task, word, n_ran
         device, dtype, quiet) -> None:
     """Ablate heads and compare the effect with ablating random heads (mean, sd, empirical p)."""
     from headscope import ablate, builtin_corpus
+    from headscope.probe.interventions import refuse_seq2seq
 
     if (heads_spec is None) == (top_spec is None):
         fail("give exactly one of --heads L16H0,L18H6 or --top METRIC:K")
@@ -80,6 +81,7 @@ def cli(model_name, heads_spec, top_spec, method, corpus_path, task, word, n_ran
         fail("--heads is empty; write e.g. L16H0,L18H6")
     lm = load_or_fail(model_name, device, dtype)
     try:
+        refuse_seq2seq(lm, "head ablation")  # before --top scores every head
         if top is not None:
             heads = _top_heads(lm, *top, texts or builtin_corpus()[:TOP_TEXTS])
         result = ablate(lm, heads, method=method, corpus=texts, task=task, word=word, n_random=n_random,
