@@ -27,15 +27,33 @@ __all__ = [
     "fail", "model_option", "models_option", "device_options", "quiet_option", "json_option", "out_option",
     "TABLE_WRITERS", "write_table", "writable_or_fail", "load_or_fail", "echo_json", "verify_option", "verify_step",
     "finish", "say", "Interrupts", "too_long_or_fail", "attention_options", "parse_size", "attention_note", "parsed", "new_file_or_fail",
-    "join_run", "check_out", "Corpus", "corpus_or_fail", "utf8_text",
+    "join_run", "check_out", "Corpus", "corpus_or_fail", "utf8_text", "flag_spelling",
 ]
 
 
 def fail(message: str, code: int = 2) -> None:
-    """Print `message` to stderr as one line and exit with `code` — no traceback wall."""
+    """Print `message` to stderr as one line and exit with `code` — no traceback wall.
+
+    The API's spelling of a choice in the message (`attention='eager'`) becomes the flag's (`--attention eager`).
+    """
     line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    click.echo(f"headscope: {line}", err=True)
+    click.echo(f"headscope: {flag_spelling(line)}", err=True)
     sys.exit(code)
+
+
+# Keyword arguments of the API whose CLI flag has the same name and takes the same values.
+_FLAG_KEYWORDS = ("attention",)
+
+
+def flag_spelling(message: str) -> str:
+    """`message` with each API keyword choice (`attention='eager'`) written as its flag (`--attention eager`).
+
+    >>> flag_spelling("recomputed attention covers encoders only, use attention='eager'")
+    'recomputed attention covers encoders only, use --attention eager'
+    """
+    import re
+
+    return re.sub(rf"\b({'|'.join(_FLAG_KEYWORDS)})=(['\"])([\w-]+)\2", r"--\1 \3", message)
 
 
 # ---------------------------------------------------------------- options

@@ -220,3 +220,20 @@ def test_ablation_and_importance_refuse_encoder_decoders_by_name(monkeypatch, tm
         extra = ["--heads", "L0H0"] if command == "ablate" else []
         result = CliRunner().invoke(cli, [command, "--model", "tiny:t5", "--corpus", str(corpus), *extra])
         assert result.exit_code == 2 and "is an encoder–decoder model" in _one_line(result)
+
+
+def test_cli_refusals_spell_the_flag_not_the_api_keyword(monkeypatch, tmp_path):
+    from conftest import _tiny
+
+    from headscope.common import flag_spelling
+
+    assert flag_spelling("use attention='eager' for this model") == "use --attention eager for this model"
+    assert flag_spelling('attention="auto", weight=\'norm\'') == "--attention auto, weight='norm'"  # no --weight flag
+    monkeypatch.setattr("headscope.commands.heads.load_or_fail", lambda *a: _tiny("t5"))
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The cat sat on the mat.\n")
+    result = CliRunner().invoke(cli, ["heads", "--model", "tiny:t5", "--attention", "recompute", "--corpus", str(corpus),
+                                      "--quiet", "--no-verify"])
+    line = _one_line(result)
+    assert result.exit_code == 2 and "encoder-decoder" in line
+    assert line.endswith("use --attention eager") and "attention='eager'" not in line
