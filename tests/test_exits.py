@@ -237,3 +237,20 @@ def test_cli_refusals_spell_the_flag_not_the_api_keyword(monkeypatch, tmp_path):
     line = _one_line(result)
     assert result.exit_code == 2 and "encoder-decoder" in line
     assert line.endswith("use --attention eager") and "attention='eager'" not in line
+
+
+def test_a_treebank_too_small_to_split_says_what_it_read():
+    # "no sentence could be read ... (skipped: none)" for a treebank of one good sentence
+    from headscope.analyses.treebank import parse_conllu
+    from headscope.workflows.syntax import syntax
+
+    row = "{}\t{}\t_\t_\t_\t_\t{}\t{}\t_\t_"
+    one = parse_conllu("# text = Hi you\n" + row.format(1, "Hi", 0, "root") + "\n" + row.format(2, "you", 1, "vocative")
+                       + "\n\n", name="one.conllu")
+    loop = parse_conllu("# text = Hi\n" + row.format(1, "Hi", 1, "root") + "\n\n", name="loop.conllu")
+    with pytest.raises(ValueError, match=r"^one\.conllu: only 1 sentence, .* needs at least 2; .*--select-on"):
+        syntax(None, one)  # refused before the model is touched
+    with pytest.raises(ValueError, match=r"^loop\.conllu: no sentence could be read \(skipped: 1 × not exactly one root\)"):
+        syntax(None, loop)
+    with pytest.raises(ValueError, match=r"^loop\.conllu: no sentence could be read"):
+        syntax(None, one, select_on=loop)
