@@ -254,3 +254,24 @@ def test_a_treebank_too_small_to_split_says_what_it_read():
         syntax(None, loop)
     with pytest.raises(ValueError, match=r"^loop\.conllu: no sentence could be read"):
         syntax(None, one, select_on=loop)
+
+
+# ------------------------------------------------------------------ hs.show and hs.extract inputs
+
+
+def test_show_refuses_non_finite_and_meta_attention():
+    import torch
+
+    import headscope as hs
+
+    labels = ["a", "b"]
+    for value in (float("nan"), float("inf"), -float("inf")):
+        att = torch.full((1, 2, 2, 2), 0.5)
+        att[0, 1, 1, 0] = value
+        before = att.clone()
+        with pytest.raises(ValueError, match=r"1 NaN or infinite value\(s\), the first at layer index 0, head 1, query 1, key 0"):
+            hs.show(att, labels)
+        torch.testing.assert_close(att, before, rtol=0, atol=0, equal_nan=True)  # the caller's tensor is untouched
+    with pytest.raises(ValueError, match="meta tensor"):
+        hs.show(torch.empty(1, 1, 2, 2, device="meta"), labels)
+    assert "-2147483648" not in hs.show(torch.full((1, 1, 2, 2), 0.5), labels).html
