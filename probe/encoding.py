@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -62,6 +62,10 @@ def _text_source(texts: object) -> Iterable[str]:
         return [texts]
     if isinstance(texts, (bytes, bytearray, memoryview)):
         raise TypeError(f"texts is {type(texts).__name__}, not a str; decode it first, e.g. data.decode('utf-8')")
+    if isinstance(texts, Mapping):  # iterating a dict gives its keys: {"text": "a"} would analyse "text"
+        raise TypeError(f"texts is a {type(texts).__name__}; pass a str or a list of str (e.g. list(d.values()))")
+    if isinstance(texts, (set, frozenset)):  # no order: the results' order would change from run to run
+        raise TypeError(f"texts is a {type(texts).__name__}, which has no order; pass a list (e.g. sorted(texts))")
     if not isinstance(texts, Iterable):
         raise TypeError(f"texts must be a str or an iterable of str (a list, a generator, ...), got "
                         f"{type(texts).__name__}")

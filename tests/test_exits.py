@@ -275,3 +275,21 @@ def test_show_refuses_non_finite_and_meta_attention():
     with pytest.raises(ValueError, match="meta tensor"):
         hs.show(torch.empty(1, 1, 2, 2, device="meta"), labels)
     assert "-2147483648" not in hs.show(torch.full((1, 1, 2, 2), 0.5), labels).html
+
+
+def test_extract_refuses_a_dict_a_set_and_a_segmenter_with_no_words():
+    # A dict was iterated for its keys ({"text": "a"} analysed "text"); a segmenter returning [] made the whole
+    # text one unit.
+    from conftest import _tiny
+
+    import headscope as hs
+
+    lm = _tiny("bert")
+    with pytest.raises(TypeError, match=r"texts is a dict; pass a str or a list of str"):
+        hs.extract(lm, {"text": "a"})
+    with pytest.raises(TypeError, match="texts is a set, which has no order"):
+        hs.extract(lm, {"a cat", "a dog"})
+    with pytest.raises(ValueError, match="segmenter returned no word span for the text 'the cat sat'"):
+        hs.extract(lm, "the cat sat", level="word", segmenter=lambda text: [])
+    [m] = hs.extract(lm, "the cat sat", level="word", segmenter=lambda text: [(0, 3), (4, 7), (8, 11)])
+    assert [lab for lab, sp in zip(m.labels, m.special) if not sp] == ["the", "cat", "sat"]
