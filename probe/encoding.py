@@ -22,7 +22,8 @@ from .types import Units
 from .words import Segmenter, assign_words
 
 __all__ = ["Encoded", "check_texts", "encode", "encode_many", "encode_targets", "pad_batch", "token_labels",
-           "tokenizer_labels", "text_units", "fit_context", "special_prefix", "ordinary_token_ids", "TOO_LONG"]
+           "tokenizer_labels", "text_units", "fit_context", "special_prefix", "ordinary_token_ids", "TOO_LONG",
+           "special_ids"]
 
 
 # The reason a text is left out of an analysis when it has more tokens than the model takes.
@@ -90,6 +91,7 @@ def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False
     """
     tok, limit = lm.tokenizer, lm.max_length
     enc = tok(list(texts), return_offsets_mapping=True, return_special_tokens_mask=True, add_special_tokens=True)
+    specials = special_ids(tok)
     out = []
     for i, text in enumerate(texts):
         ids, offsets, special = enc["input_ids"][i], enc["offset_mapping"][i], enc["special_tokens_mask"][i]
@@ -104,10 +106,21 @@ def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False
             cut = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True, truncation=True,
                       max_length=limit)
             ids, offsets, special = cut["input_ids"], cut["offset_mapping"], cut["special_tokens_mask"]
-        flags = tuple(bool(s) for s in special)
+        flags = tuple(bool(s) or int(t) in specials for s, t in zip(special, ids))  # a "[SEP]" typed in the text too
         spans = tuple((0, 0) if s else (int(a), int(b)) for (a, b), s in zip(offsets, flags))
         out.append(Encoded(text=text, ids=tuple(ids), spans=spans, special=flags))
     return out
+
+
+def special_ids(tokenizer) -> set[int]:
+    """The ids that are special tokens wherever they stand: the tokenizer's special tokens but its unknown token.
+
+    A tokenizer turns a "[SEP]" or "[MASK]" written in a text into the special token itself, yet its
+    special-tokens mask flags only the ones it added; the model sees the same token either way, so
+    headscope flags both (and `--no-special` drops both). The unknown token stands for real text.
+    """
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return {int(i) for i in (getattr(tokenizer, "all_special_ids", None) or []) if i != unk}
 
 
 def encode_targets(lm: LoadedModel, targets: Sequence[str], *, truncate: bool = False) -> list[Encoded]:

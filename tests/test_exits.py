@@ -293,3 +293,22 @@ def test_extract_refuses_a_dict_a_set_and_a_segmenter_with_no_words():
         hs.extract(lm, "the cat sat", level="word", segmenter=lambda text: [])
     [m] = hs.extract(lm, "the cat sat", level="word", segmenter=lambda text: [(0, 3), (4, 7), (8, 11)])
     assert [lab for lab, sp in zip(m.labels, m.special) if not sp] == ["the", "cat", "sat"]
+
+
+def test_special_tokens_written_in_the_text_are_flagged_special():
+    # The tokenizer turns a typed "[MASK]" / "[SEP]" into the special token itself, but its mask flagged only the
+    # ones it added: they survived --no-special as if they were words. The unknown token stays text.
+    from conftest import _tiny
+
+    import headscope as hs
+    from headscope.probe.encoding import encode, special_ids
+
+    lm = _tiny("bert")
+    tok = lm.tokenizer
+    [m] = hs.extract(lm, "The [MASK] sat [SEP] here", level="token")
+    by_id = {tok.convert_tokens_to_ids(t) for t in ("[CLS]", "[SEP]", "[MASK]")}
+    assert [int(i) in by_id for i in m.token_ids] == list(m.special)
+    assert m.labels[2] == "[MASK]" and m.special[2] and m.labels[4] == "[SEP]" and m.special[4]
+    assert tok.unk_token_id not in special_ids(tok) and tok.mask_token_id in special_ids(tok)
+    plain = encode(lm, "The cat sat here")
+    assert plain.special == tuple(bool(s) for s in tok("The cat sat here", return_special_tokens_mask=True)["special_tokens_mask"])
