@@ -312,3 +312,22 @@ def test_special_tokens_written_in_the_text_are_flagged_special():
     assert tok.unk_token_id not in special_ids(tok) and tok.mask_token_id in special_ids(tok)
     plain = encode(lm, "The cat sat here")
     assert plain.special == tuple(bool(s) for s in tok("The cat sat here", return_special_tokens_mask=True)["special_tokens_mask"])
+
+
+def test_a_report_with_a_probe_that_scored_nothing_is_written():
+    # `run --coref` on a decoder whose examples all have a candidate after the pronoun died after all the compute
+    # with "unexpected ValueError: All objects passed were None" (the empty probe tables).
+    import torch
+    from report_samples import verification
+
+    from headscope.analyses.coref import ProbeScores, score_probe
+    from headscope.reports.analysis import ModelAnalysis
+    from headscope.reports.sections import report_tables
+
+    empty = ProbeScores(examples=(), scores=torch.zeros(0, 2, 4, 2), model="toy", layer_ids=(0, 1),
+                        head_ids=(0, 1, 2, 3), excluded={"a candidate is not before the source": 2}, causal=True)
+    result = score_probe(empty, task="after", n_perm=100)
+    assert result.n == 0
+    tables = report_tables([ModelAnalysis(model="toy", verification=verification("toy"), probes=(result,))])
+    assert "probe_examples" not in tables  # nothing scored: no example rows to write
+    assert len(tables["probe_heads"]) == 8 and (tables["probe_heads"]["n"] == 0).all()
