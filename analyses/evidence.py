@@ -2,8 +2,9 @@
 
 `AblationEvidence` holds what `headscope.ablation_evidence` measured:
 
-- `single[layer, head]`: the effect of ablating that head alone on the corpus (a decoder's change in
-  next-token loss, an encoder's cosine of the ablated sentence embedding to the clean one);
+- `single[layer, head]`: the effect of ablating that head alone on the corpus, in the measure's own units
+  (a decoder's change in next-token loss, an encoder's cosine of the ablated sentence embedding to the
+  clean one);
 - `importance[layer, head]`: gradient head importance over the same texts (Michel et al. 2019);
 - `induction` (decoders): the top-K induction heads ablated together against random sets of K;
 - `choices`: per probe task, the cloze check of its chosen head (`ChoiceCheck.to_dict()`), or why not.
@@ -11,9 +12,13 @@
 A head's single effect is compared with `n_random` other heads ablated alone, drawn by
 `analyses.ablation.random_head_sets` from the same sweep, so no extra forward pass is needed.
 
+Every table, CSV and run.json shows a head's effect as its *harm*, `ablation_harm`: one direction for
+every model, higher = the ablation hurt more and 0 = it changed nothing — a decoder's rise in
+next-token loss (nats), an encoder's 1 − cosine of the ablated sentence embedding to the clean one
+(the cosine distance). The raw cosine (higher = *less* harm) never shares a column with a loss.
+
 Rank correlation across heads, "does looking predict mattering?": Spearman's ρ between a metric's
-score and the head's *harm* (the effect oriented so that larger = the ablation hurt more: the
-loss change, or minus the cosine). Its 95% interval is the Fisher z-interval with the standard error
+score and the head's harm. Its 95% interval is the Fisher z-interval with the standard error
 1.06 / √(n − 3) that Fieller, Hartley & Pearson (1957) give for Spearman's ρ:
 tanh(atanh ρ ± 1.96 · 1.06 / √(n − 3)).
 
@@ -36,9 +41,13 @@ from headscope.probe.types import head_name
 from .ablation import AblationResult, random_head_sets
 from .stats import Z95, format_p
 
-__all__ = ["AblationEvidence", "RankCorrelation", "role_grids", "spearman_interval", "INTERVAL_METHOD"]
+__all__ = ["AblationEvidence", "RankCorrelation", "role_grids", "spearman_interval", "INTERVAL_METHOD", "HARM_COLUMN"]
 
 INTERVAL_METHOD = "Fisher z-interval, SE 1.06/√(n−3) (Fieller, Hartley & Pearson 1957)"
+HARM_COLUMN = "ablation_harm"  # the one name of a head's oriented single-ablation effect, in every table
+
+# The effect of an ablation that changes nothing, where it is not 0 (a difference): a cosine of 1.
+_NO_CHANGE = {"sentence_cosine": 1.0, "word_cosine": 1.0}
 
 
 @dataclass(frozen=True)
@@ -103,19 +112,32 @@ class AblationEvidence:
 
     @property
     def harm(self) -> np.ndarray:
-        """[layer, head]: the single effect, oriented so that larger = the ablation hurt more."""
+        """[layer, head]: the single effect as harm — higher = the ablation hurt more, 0 = no change.
+
+        A loss change stays as it is; an effect where lower means more (a logit difference) is negated;
+        a cosine becomes 1 − cosine.
+        """
         s = np.asarray(self.single, dtype=float)
-        return s if self.stronger == "higher" else -s
+        unchanged = _NO_CHANGE.get(self.effect_metric, 0.0)
+        return s - unchanged if self.stronger == "higher" else unchanged - s
+
+    @property
+    def harm_description(self) -> str:
+        """What `harm` is, in words, with its unit."""
+        if self.stronger == "higher":
+            return self.description
+        if self.effect_metric in _NO_CHANGE:
+            return f"1 − {self.description} (cosine distance)"
+        return f"−({self.description})"
 
     def head_effect(self, layer: int, head: int) -> AblationResult:
-        """The head alone against `n_random` other heads alone, all read from the sweep."""
-        L, H = np.asarray(self.single).shape
-        single = np.asarray(self.single, dtype=float)
-        sets = random_head_sets(L, H, [(layer, head)], 1, self.n_random, seed=self.seed)
+        """The head's harm alone against `n_random` other heads' harm alone, all read from the sweep."""
+        harm = self.harm
+        sets = random_head_sets(*harm.shape, [(layer, head)], 1, self.n_random, seed=self.seed)
         return AblationResult(model=self.model, heads=((layer, head),), method=self.method,
-                              effect_metric=self.effect_metric, effect=float(single[layer, head]),
-                              random_effects=tuple(float(single[s[0]]) for s in sets), stronger=self.stronger,
-                              n=self.n_texts, description=self.description)
+                              effect_metric=self.effect_metric, effect=float(harm[layer, head]),
+                              random_effects=tuple(float(harm[s[0]]) for s in sets), stronger="higher",
+                              n=self.n_texts, description=self.harm_description)
 
     def importance_rank(self) -> np.ndarray | None:
         """[layer, head]: 1 for the most important head of the model, ties broken by (layer, head)."""
@@ -141,13 +163,15 @@ class AblationEvidence:
                      for name, g in grids.items())
 
     def roles_table(self, roles):
-        """The roles table (`HeadScores.roles`) with each head's importance rank and single-ablation effect."""
+        """The roles table (`HeadScores.roles`) with each head's importance rank and single-ablation harm.
+
+        `ablation_harm` (`HARM_COLUMN`), `random_mean` and `random_sd` are harm (higher = hurt more, see `harm`)."""
         rank = self.importance_rank()
         frame = roles.copy()
         effects = [self.head_effect(int(l), int(h)) for l, h in zip(frame["layer"], frame["head"])]
         if rank is not None:
             frame["importance_rank"] = [int(rank[int(l), int(h)]) for l, h in zip(frame["layer"], frame["head"])]
-        frame["ablation_effect"] = [e.effect for e in effects]
+        frame[HARM_COLUMN] = [e.effect for e in effects]
         frame["random_mean"] = [e.random_mean for e in effects]
         frame["random_sd"] = [e.random_sd for e in effects]
         frame["p_vs_random"] = [e.p_value for e in effects]
@@ -162,26 +186,31 @@ class AblationEvidence:
         return out
 
     def head_sentence(self, layer: int, head: int) -> str:
-        """'ablating L9H4 raises the loss by 0.12; random 1-head ablations 0.01 ± 0.02 (p = 0.05, 19 draws)'."""
+        """'ablating L9H4 changes the next-token loss by +0.12 nats; random 1-head ablations 0.01 ± 0.02 (p = 0.05, 19 draws)'.
+
+        Every number is harm (`harm`): the random heads' too."""
         e = self.head_effect(layer, head)
         what = (f"changes the next-token loss by {e.effect:+.4g} nats" if self.effect_metric == "next_token_loss"
-                else f"leaves the sentence embedding at cosine {e.effect:.4g} to the clean one"
-                if self.effect_metric == "sentence_cosine" else f"changes {self.description} by {e.effect:+.4g}")
+                else f"moves the sentence embedding away from the clean one by 1 − cosine = {e.effect:.4g}"
+                if self.effect_metric == "sentence_cosine" else f"has harm {e.effect:+.4g} ({self.harm_description})")
         if not e.random_effects:
             return f"ablating {head_name(layer, head)} {what}."
         return (f"ablating {head_name(layer, head)} {what}; random 1-head ablations {e.random_mean:.4g} ± "
                 f"{e.random_sd:.2g} ({format_p(e.p_value, floor=None)}, {len(e.random_effects)} draws)")
 
     def to_dict(self, scores=None) -> dict:
-        L, H = np.asarray(self.single).shape
+        harm = self.harm
+        L, H = harm.shape
         rank = self.importance_rank()
-        heads = [{"head": head_name(l, h), "single_effect": float(np.asarray(self.single)[l, h]),
+        heads = [{"head": head_name(l, h), HARM_COLUMN: float(harm[l, h]),
                   **({} if rank is None else {"importance": float(np.asarray(self.importance)[l, h]),
                                               "importance_rank": int(rank[l, h])})}
                  for l in range(L) for h in range(H)]
         return {
+            # what was measured, and the one number per head shown for it: harm, higher = hurt more
             "method": self.method, "effect_metric": self.effect_metric, "description": self.description,
-            "stronger": self.stronger, "n_texts": self.n_texts, "n_random": self.n_random, "seed": self.seed,
+            "harm": self.harm_description, "harm_direction": "higher = the ablation hurt more; 0 = no change",
+            "n_texts": self.n_texts, "n_random": self.n_random, "seed": self.seed,
             "importance_loss": self.importance_loss or None, "heads": heads,
             "induction": None if self.induction is None else self.induction.to_dict(),
             "choices": dict(self.choices or {}),

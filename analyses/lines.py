@@ -3,8 +3,9 @@
 Bytes are decoded one line at a time, so a bad byte is reported with its line and column and a file
 of any size streams. Lines end at "\\n" (a "\\r\\n" ending is removed too); a UTF-8 byte-order mark at
 the start of the file is not text and is dropped. JSON objects are decoded with `strict_json_object`,
-which refuses a key given twice (plain `json.loads` keeps the last one silently) and reports JSON
-nested too deeply for the decoder as invalid JSON, not as a RecursionError.
+which refuses a key given twice (plain `json.loads` keeps the last one silently) and a string holding a
+lone surrogate (a `\\ud800` escape without its pair: not text, and a tokenizer's TypeError later), and
+reports JSON nested too deeply for the decoder as invalid JSON, not as a RecursionError.
 """
 
 from __future__ import annotations
@@ -56,9 +57,30 @@ def strict_json_object(line: str) -> object:
     ValueError: the key 'a' is given twice in one object; give each field once
     """
     try:
-        return json.loads(line, object_pairs_hook=_unique_keys)
+        obj = json.loads(line, object_pairs_hook=_unique_keys)
     except RecursionError:  # "[[[[..." thousands deep: the decoder recurses once per level
         raise json.JSONDecodeError("nested too deeply", line, 0) from None
+    _no_lone_surrogate(obj)
+    return obj
+
+
+def _no_lone_surrogate(obj: object) -> None:
+    """A `ValueError` naming the first string of `obj` (keys too) with an unpaired UTF-16 half in it."""
+    stack = [obj]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:  # the tokenizer would fail with a bare TypeError
+                half = f"\\u{ord(item[exc.start]):04x}"
+                raise ValueError(f"the string {item[:40]!r} holds a lone surrogate (an unpaired {half} escape), which "
+                                 "is not Unicode text; remove it or give the full pair") from None
 
 
 def _unique_keys(pairs: list[tuple[str, object]]) -> dict:

@@ -206,11 +206,18 @@ def read_jsonl(path: str | Path) -> list[RelationExample]:
         examples.append(parse_example(obj, origin=origin, index=len(examples)))
     if not examples:
         raise ProbeDataError(f"{path}: no examples (the file is empty)")
-    ids = [e.id for e in examples]
-    if len(set(ids)) != len(ids):
-        dup = next(i for i in ids if ids.count(i) > 1)
-        raise ProbeDataError(f"{path}: id {dup!r} is used more than once; ids must be unique")
+    seen: dict[str, str] = {}
+    for e in examples:
+        _unique_id(seen, e.id, e.origin)
     return examples
+
+
+def _unique_id(seen: dict[str, str], ex_id: str, origin: str) -> None:
+    """Record `ex_id` as read at `origin` ("file:line"); a `ProbeDataError` naming both lines if it was read before."""
+    if ex_id in seen:
+        first = seen[ex_id].rsplit(":", 1)[-1]
+        raise ProbeDataError(f"{origin}: id {ex_id!r} is already used on line {first}; ids must be unique")
+    seen[ex_id] = origin
 
 
 def _field_str(obj: dict, key: str, origin: str) -> str:
@@ -272,8 +279,8 @@ _GAP_HEADER = ["ID", "Text", "Pronoun", "Pronoun-offset", "A", "A-offset", "A-co
 def read_gap(path: str | Path) -> list[RelationExample]:
     """Read a GAP .tsv file; keep the rows where exactly one of the two names is coreferent.
 
-    Offsets are checked against the text (a mismatch is an error naming `file:line`). Each example
-    is its own group; `kind` is "gap".
+    Offsets are checked against the text (a mismatch is an error naming `file:line`), and IDs must be
+    unique (a repeated one is an error naming both lines). Each example is its own group; `kind` is "gap".
     """
     path = Path(path)
     out: list[RelationExample] = []
@@ -281,12 +288,14 @@ def read_gap(path: str | Path) -> list[RelationExample]:
     _, header = next(rows, (1, None))
     if header is None or [h.strip() for h in header[:11]] != _GAP_HEADER:
         raise ProbeDataError(f"{path}:1: not a GAP file: expected the header {' '.join(_GAP_HEADER)}, got {header!r}")
+    seen: dict[str, str] = {}
     for lineno, row in rows:
         if not any(cell.strip() for cell in row):
             continue
         origin = f"{path}:{lineno}"
         if len(row) < 10:
             raise ProbeDataError(f"{origin}: expected 11 tab-separated columns, got {len(row)}")
+        _unique_id(seen, row[0], origin)  # every row, also one that is not kept: two rows with one ID are a broken file
         ex = _gap_row(row, origin)
         if ex is not None:
             out.append(ex)

@@ -9,8 +9,9 @@ word in that text, so a model's tokens can be grouped into the gold words (a seg
 Multi-word tokens (English *don't* = *do* + *n't*, Spanish *del* = *de* + *el*): when the words spell
 the surface form, each word gets its own part of it; otherwise all its words share the surface span
 (one unit for the model; an arc inside it cannot be scored). Empty nodes (ids such as 8.1) belong
-to enhanced graphs only and are skipped. A sentence that cannot be aligned is skipped and counted by
-reason, never guessed.
+to enhanced graphs only and are skipped. A sentence that cannot be aligned, or whose basic arcs are not
+a tree (no single root, a word governing itself, a cycle), or that has a line of more than 10 columns
+(the parser would drop the rest silently), is skipped and counted by reason, never guessed.
 """
 
 from __future__ import annotations
@@ -121,13 +122,16 @@ def parse_conllu(source: str | TextIO, *, name: str = "<text>") -> Treebank:
     """
     import conllu
 
-    fh = io.StringIO(source) if isinstance(source, str) else source
+    text = source if isinstance(source, str) else source.read()
+    extra = _extra_columns(text)
     sentences: list[Sentence] = []
     skipped: Counter = Counter()
     try:
-        for i, tokens in enumerate(conllu.parse_incr(fh)):
+        for i, tokens in enumerate(conllu.parse_incr(io.StringIO(text))):
             _check_fields(tokens)
             try:
+                if i in extra:  # the parser drops the extra columns silently
+                    raise _Unaligned(f"a line has more than the {extra[i]} columns")
                 sentences.append(_sentence(tokens, i))
             except _Unaligned as exc:
                 skipped[str(exc)] += 1
@@ -151,6 +155,26 @@ def _check_fields(tokens) -> None:
             raise _Invalid(f"a line has {len(t)} of the 10 columns (no {', '.join(missing)})")
 
 
+def _extra_columns(text: str) -> dict[int, int]:
+    """{sentence index: its column count} for each sentence with a line of more columns than the file has.
+
+    Sentences are split as `conllu.parse_incr` splits them (its `parse_sentences`), so the indices match;
+    the count is 10, or the number in a CoNLL-U Plus `# global.columns` line.
+    """
+    from conllu.parser import parse_sentences
+
+    out: dict[int, int] = {}
+    n_columns = 10
+    for i, block in enumerate(parse_sentences(io.StringIO(text))):
+        lines = block.strip().split("\n")
+        for line in lines:
+            if line.startswith("# global.columns = "):
+                n_columns = len(line.split("=", 1)[1].split())
+        if any(not line.startswith("#") and line.count("\t") + 1 > n_columns for line in lines):
+            out[i] = n_columns
+    return out
+
+
 def _is_word(tok) -> bool:
     return isinstance(tok["id"], int)
 
@@ -168,11 +192,29 @@ def _sentence(tokens, index: int) -> Sentence:
         deprels.append(str(t["deprel"]))
     if heads.count(-1) != 1:
         raise _Unaligned("not exactly one root")
+    if any(g == d for d, g in enumerate(heads)):
+        raise _Unaligned("a word is its own governor (HEAD = its ID)")
+    if not _reaches_root(heads):
+        raise _Unaligned("the arcs form a cycle (not a tree)")
     text = tokens.metadata.get("text") or _rebuild_text(tokens)
     segments, segment = _align(text, list(_surface_units(tokens)))
     return Sentence(id=str(tokens.metadata.get("sent_id", index + 1)), text=text,
                     forms=tuple(str(t["form"]) for t in words), heads=tuple(heads), deprels=tuple(deprels),
                     segment=tuple(segment), segments=tuple(segments))
+
+
+def _reaches_root(heads: list[int]) -> bool:
+    """Does every word reach the root (-1) by following its governors? (No cycle: a tree.)"""
+    ok = {-1}
+    for start in range(len(heads)):
+        path, w = [], start
+        while w not in ok and w not in path and len(path) <= len(heads):
+            path.append(w)
+            w = heads[w]
+        if w not in ok:
+            return False
+        ok.update(path)
+    return True
 
 
 def _surface_units(tokens) -> Iterator[tuple[str, list[str], dict | None]]:

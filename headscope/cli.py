@@ -19,6 +19,7 @@ import click
 from . import __version__
 from .commands import (ablate, compare, coref, dla, explain, generate, heads, importance, models, patch, qk, relations,
                        run, syntax, verify)
+from .common import Interrupts
 
 
 class _OneLine(click.ClickException):
@@ -40,10 +41,13 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context):
         debug = ctx.params.get("debug", False)
         try:
-            with warnings.catch_warnings():  # restores showwarning afterwards
+            # Every command under one Ctrl-C guard: an interrupt that a finaliser swallowed still ends in 130.
+            with warnings.catch_warnings(), Interrupts() as interrupts:  # both restored afterwards
                 if not debug:
                     warnings.showwarning = _warning_line
-                return super().invoke(ctx)
+                result = super().invoke(ctx)
+                interrupts.check()
+                return result
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
         except click.ClickException as exc:

@@ -27,15 +27,33 @@ __all__ = [
     "fail", "model_option", "models_option", "device_options", "quiet_option", "json_option", "out_option",
     "TABLE_WRITERS", "write_table", "writable_or_fail", "load_or_fail", "echo_json", "verify_option", "verify_step",
     "finish", "say", "Interrupts", "too_long_or_fail", "attention_options", "parse_size", "attention_note", "parsed", "new_file_or_fail",
-    "join_run", "check_out", "Corpus", "corpus_or_fail",
+    "join_run", "check_out", "Corpus", "corpus_or_fail", "utf8_text", "flag_spelling",
 ]
 
 
 def fail(message: str, code: int = 2) -> None:
-    """Print `message` to stderr as one line and exit with `code` — no traceback wall."""
+    """Print `message` to stderr as one line and exit with `code` — no traceback wall.
+
+    The API's spelling of a choice in the message (`attention='eager'`) becomes the flag's (`--attention eager`).
+    """
     line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    click.echo(f"headscope: {line}", err=True)
+    click.echo(f"headscope: {flag_spelling(line)}", err=True)
     sys.exit(code)
+
+
+# Keyword arguments of the API whose CLI flag has the same name and takes the same values.
+_FLAG_KEYWORDS = ("attention",)
+
+
+def flag_spelling(message: str) -> str:
+    """`message` with each API keyword choice (`attention='eager'`) written as its flag (`--attention eager`).
+
+    >>> flag_spelling("recomputed attention covers encoders only, use attention='eager'")
+    'recomputed attention covers encoders only, use --attention eager'
+    """
+    import re
+
+    return re.sub(rf"\b({'|'.join(_FLAG_KEYWORDS)})=(['\"])([\w-]+)\2", r"--\1 \3", message)
 
 
 # ---------------------------------------------------------------- options
@@ -103,6 +121,26 @@ def parsed(parse: Callable[[str], Any], option: str):
             return parse(value)
         except ValueError as exc:
             fail(f"{option} {exc}")
+
+    return callback
+
+
+def utf8_text(option: str):
+    """A click callback that refuses a text argument that is not UTF-8 (one value or a repeated option's tuple).
+
+    A byte that is not UTF-8 in argv reaches Python as a lone surrogate, which the tokenizer would meet
+    after the model has loaded, with a bare TypeError.
+    """
+    def callback(ctx, param, value):
+        for i, text in enumerate((value,) if isinstance(value, str) else value or (), start=1):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                which = option if isinstance(value, str) else f"{option} {i}"
+                code = ord(text[exc.start])  # an undecodable byte b arrives as U+DC00 + b (surrogateescape)
+                what = f"the byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate {text[exc.start]!r}"
+                fail(f"{which} is not UTF-8 text (character {exc.start + 1} is {what}); pass the text in UTF-8")
+        return value
 
     return callback
 
@@ -415,30 +453,46 @@ def finish(verification: dict) -> None:
 class Interrupts:
     """Ctrl-C that cannot be lost: SIGINT raises KeyboardInterrupt as usual and is also remembered.
 
-    A KeyboardInterrupt raised while Python runs a finaliser (a `__del__`, a weakref callback) is
-    printed as "Exception ignored ..." and dropped, and the run would go on; `check()` raises it
-    again at the next safe point. Used as a context manager in the main thread; the previous
-    handler is restored on exit.
+    A KeyboardInterrupt raised while Python runs a finaliser (a `__del__`, a weakref callback) would
+    be printed as "Exception ignored ... KeyboardInterrupt:" and dropped, and the run would go on;
+    `check()` raises it again at the next safe point (and the dropped one is not printed). Used as a
+    context manager in the main thread; the previous handler is restored on exit. Every command runs
+    inside one (`headscope.cli`, which checks it when the command returns); a guard opened inside
+    another (`run`'s, for its own safe points) marks the outer one too.
     """
 
     def __init__(self) -> None:
         self.received = False
         self._previous: Any = None
+        self._hook: Any = None
 
     def __enter__(self) -> "Interrupts":
         import threading
 
         if threading.current_thread() is threading.main_thread():  # only there can Python take a signal
             self._previous = signal.signal(signal.SIGINT, self._handler)
+            self._hook, sys.unraisablehook = sys.unraisablehook, self._unraisable
         return self
 
     def __exit__(self, *exc) -> None:
         if self._previous is not None:
             signal.signal(signal.SIGINT, self._previous)
+            sys.unraisablehook = self._hook
+
+    def _mark(self) -> None:
+        self.received = True
+        outer = getattr(self._previous, "__self__", None)
+        if isinstance(outer, Interrupts):
+            outer._mark()
 
     def _handler(self, signum, frame) -> None:
-        self.received = True
+        self._mark()
         raise KeyboardInterrupt
+
+    def _unraisable(self, unraisable) -> None:
+        if isinstance(unraisable.exc_value, KeyboardInterrupt) and self.received:
+            return  # remembered: check() raises it where it can stop the command
+        self._hook(unraisable)
 
     def check(self) -> None:
         """Raise KeyboardInterrupt if a Ctrl-C came in, even one that a finaliser swallowed."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Sequence
+from typing import Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -22,7 +22,8 @@ from .types import Units
 from .words import Segmenter, assign_words
 
 __all__ = ["Encoded", "check_texts", "encode", "encode_many", "encode_targets", "pad_batch", "token_labels",
-           "tokenizer_labels", "text_units", "fit_context", "special_prefix", "ordinary_token_ids", "TOO_LONG"]
+           "tokenizer_labels", "text_units", "fit_context", "special_prefix", "ordinary_token_ids", "TOO_LONG",
+           "special_ids"]
 
 
 # The reason a text is left out of an analysis when it has more tokens than the model takes.
@@ -62,6 +63,10 @@ def _text_source(texts: object) -> Iterable[str]:
         return [texts]
     if isinstance(texts, (bytes, bytearray, memoryview)):
         raise TypeError(f"texts is {type(texts).__name__}, not a str; decode it first, e.g. data.decode('utf-8')")
+    if isinstance(texts, Mapping):  # iterating a dict gives its keys: {"text": "a"} would analyse "text"
+        raise TypeError(f"texts is a {type(texts).__name__}; pass a str or a list of str (e.g. list(d.values()))")
+    if isinstance(texts, (set, frozenset)):  # no order: the results' order would change from run to run
+        raise TypeError(f"texts is a {type(texts).__name__}, which has no order; pass a list (e.g. sorted(texts))")
     if not isinstance(texts, Iterable):
         raise TypeError(f"texts must be a str or an iterable of str (a list, a generator, ...), got "
                         f"{type(texts).__name__}")
@@ -86,6 +91,7 @@ def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False
     """
     tok, limit = lm.tokenizer, lm.max_length
     enc = tok(list(texts), return_offsets_mapping=True, return_special_tokens_mask=True, add_special_tokens=True)
+    specials = special_ids(tok)
     out = []
     for i, text in enumerate(texts):
         ids, offsets, special = enc["input_ids"][i], enc["offset_mapping"][i], enc["special_tokens_mask"][i]
@@ -100,10 +106,21 @@ def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False
             cut = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True, truncation=True,
                       max_length=limit)
             ids, offsets, special = cut["input_ids"], cut["offset_mapping"], cut["special_tokens_mask"]
-        flags = tuple(bool(s) for s in special)
+        flags = tuple(bool(s) or int(t) in specials for s, t in zip(special, ids))  # a "[SEP]" typed in the text too
         spans = tuple((0, 0) if s else (int(a), int(b)) for (a, b), s in zip(offsets, flags))
         out.append(Encoded(text=text, ids=tuple(ids), spans=spans, special=flags))
     return out
+
+
+def special_ids(tokenizer) -> set[int]:
+    """The ids that are special tokens wherever they stand: the tokenizer's special tokens but its unknown token.
+
+    A tokenizer turns a "[SEP]" or "[MASK]" written in a text into the special token itself, yet its
+    special-tokens mask flags only the ones it added; the model sees the same token either way, so
+    headscope flags both (and `--no-special` drops both). The unknown token stands for real text.
+    """
+    unk = getattr(tokenizer, "unk_token_id", None)
+    return {int(i) for i in (getattr(tokenizer, "all_special_ids", None) or []) if i != unk}
 
 
 def encode_targets(lm: LoadedModel, targets: Sequence[str], *, truncate: bool = False) -> list[Encoded]:

@@ -23,7 +23,7 @@ from .forward import base_model
 from .model import LoadedModel
 from .scratch import attention_from_scratch, project_qk, sink_share
 from .types import head_name
-from .verify import capture
+from .verify import capture, tolerances
 from .names import DEFAULT_ATTENTION, Attention
 from .recompute import layer_inputs
 from .sources import source_for
@@ -208,17 +208,38 @@ def scale_effect(lm: LoadedModel, text: str, *, layers: list[int] | None = None)
 
 @dataclass(frozen=True)
 class PermutationCheck:
-    """Does permuting the tokens permute layer `layer`'s attention? (max |P(πx) − πP(x)π|)"""
+    """Does permuting the tokens permute layer `layer`'s attention? (max |P(πx) − πP(x)π|)
+
+    `exact` compares the deviation without positions with the model's dtype tolerance (the one
+    `verify` uses); the summary's verdict follows it.
+    """
 
     layer: int
     n_tokens: int
     permutation: tuple[int, ...]
     max_dev_without_positions: float  # ~1e-7: attention itself is permutation-equivariant
     max_dev_with_positions: float  # large: positions are what tell the model the order
+    tolerance: float = 1e-5  # `verify.tolerances(dtype)`: below it, "permuted exactly"
+
+    @property
+    def exact(self) -> bool:
+        """Without positions, is the attention the permuted original (within `tolerance`)?"""
+        return self.max_dev_without_positions <= self.tolerance
+
+    def to_dict(self) -> dict:
+        return {"layer": self.layer, "n_tokens": self.n_tokens, "permutation": list(self.permutation),
+                "max_dev_without_positions": self.max_dev_without_positions,
+                "max_dev_with_positions": self.max_dev_with_positions, "tolerance": self.tolerance,
+                "exact": self.exact}
 
     def summary(self) -> str:
-        return (f"layer {self.layer}, {self.n_tokens} tokens shuffled: without position information the attention "
-                f"is permuted exactly (max |Δ| = {self.max_dev_without_positions:.1e}); with positions it changes "
+        dev = f"max |Δ| = {self.max_dev_without_positions:.1e}, tolerance {self.tolerance:g}"
+        if self.exact:
+            verdict = f"without position information the attention is permuted exactly ({dev})"
+        else:
+            verdict = (f"without position information the attention is NOT permuted exactly ({dev}): "
+                       "some order information was not removed")
+        return (f"layer {self.layer}, {self.n_tokens} tokens shuffled: {verdict}; with positions it changes "
                 f"(max |Δ| = {self.max_dev_with_positions:.2f})")
 
 
@@ -226,7 +247,8 @@ class PermutationCheck:
 def permutation_check(lm: LoadedModel, text: str, *, layer: int = 0, seed: int = 0) -> PermutationCheck:
     """Shuffle the tokens of `text` and compare layer `layer`'s attention with the shuffled original.
 
-    "Without positions" removes every source of order: absolute position embeddings are zeroed
+    "Without positions" removes every source of order: absolute position embeddings (the family's
+    `position_embedding`; an encoder–decoder's is its encoder's) are zeroed
     for the forward pass (a hook on the embedding's output, the weights untouched), rotary is
     skipped, and the causal, sliding and local-band masks are dropped (a mask encodes order too). Layer 0 is the
     default because for a decoder the real forward pass still applies its causal mask before
@@ -253,7 +275,8 @@ def permutation_check(lm: LoadedModel, text: str, *, layer: int = 0, seed: int =
         return float((p_shuffled - p[:, perm][:, :, perm]).abs().max())
 
     return PermutationCheck(layer=layer, n_tokens=n, permutation=tuple(perm.tolist()),
-                            max_dev_without_positions=deviation(False), max_dev_with_positions=deviation(True))
+                            max_dev_without_positions=deviation(False), max_dev_with_positions=deviation(True),
+                            tolerance=tolerances(lm.dtype)[0])
 
 
 def _capture_without_positions(lm: LoadedModel, family: Family, enc: Encoded):

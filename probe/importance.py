@@ -27,7 +27,7 @@ import torch.nn.functional as F
 
 from .encoding import check_texts, encode_many, pad_batch
 from .forward import base_model
-from .interventions import head_mask
+from .interventions import head_mask, refuse_seq2seq
 from .model import LoadedModel
 
 __all__ = ["HeadImportance", "ImportanceLoss", "IMPORTANCE_LOSSES", "gradient_importance", "normalise_per_layer"]
@@ -77,6 +77,7 @@ def gradient_importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: in
 
     The model's weights get no gradient (they are not leaves we ask for) and are never changed.
     """
+    refuse_seq2seq(lm, "head importance")
     loss = loss or ("next_token_loss" if lm.is_causal else "embedding_norm")
     if loss not in IMPORTANCE_LOSSES:
         raise ValueError(f"loss must be one of {', '.join(IMPORTANCE_LOSSES)}, got {loss!r}")

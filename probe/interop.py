@@ -20,7 +20,7 @@ from typing import Any, Sequence
 
 import torch
 
-from .encoding import Encoded, tokenizer_labels
+from .encoding import Encoded, special_ids, tokenizer_labels
 from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units
 from .words import Segmenter, assign_words, to_word_level
 
@@ -89,7 +89,8 @@ def _hf_rows(layers: list[torch.Tensor], encoding, tokenizer, text, *, ids_key: 
     for b, row_ids in enumerate(ids):
         keep = [i for i, m in enumerate(mask[b]) if m]  # padding removed, left or right
         kept_ids = [int(row_ids[i]) for i in keep]
-        flags = ([bool(specials[b][i]) for i in keep] if specials is not None else _special_flags(tokenizer, kept_ids))
+        flags = ([bool(specials[b][i]) or f for i, f in zip(keep, _special_flags(tokenizer, kept_ids))]
+                 if specials is not None else _special_flags(tokenizer, kept_ids))
         if texts is None:
             enc = Encoded(text="", ids=tuple(kept_ids), spans=((0, 0),) * len(keep), special=tuple(flags))
         elif offsets is not None and specials is not None:
@@ -323,8 +324,8 @@ def _texts(text, n: int) -> list[str] | None:
 
 
 def _special_flags(tokenizer, ids: Sequence[int]) -> list[bool]:
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    return [i in special for i in ids]
+    special = special_ids(tokenizer)  # as extract flags them: a special token typed in the text too
+    return [int(i) in special for i in ids]
 
 
 def _encode_like(tokenizer, text: str, ids: Sequence[int]) -> Encoded:
@@ -343,7 +344,8 @@ def _encode_like(tokenizer, text: str, ids: Sequence[int]) -> Encoded:
             outside = [i for i in range(len(ids)) if not start <= i < start + len(got)]
             if not all(flags[i] for i in outside):
                 continue
-            flags[start : start + len(got)] = [bool(f) for f in enc["special_tokens_mask"]]  # as extract flags them
+            flags[start : start + len(got)] = [bool(f) or s for f, s in zip(enc["special_tokens_mask"],
+                                                                               _special_flags(tokenizer, got))]  # as extract
             spans = [(0, 0)] * len(ids)
             for j, (a, b) in enumerate(enc["offset_mapping"]):
                 if not flags[start + j]:

@@ -24,12 +24,13 @@ import torch
 
 from .encoding import encode_many, pad_batch
 from .families import Family, family_for
-from .forward import base_model
+from .forward import base_model, is_seq2seq
 from .model import LoadedModel
 from .names import AblationMethod
 from .scratch import LayerSpec, build_mask
 
-__all__ = ["AblationMethod", "ABLATION_METHODS", "ablate", "check_heads", "head_dim", "head_means", "head_mask"]
+__all__ = ["AblationMethod", "ABLATION_METHODS", "ablate", "check_heads", "head_dim", "head_means", "head_mask",
+           "refuse_seq2seq"]
 
 Head = tuple[int, int]
 
@@ -38,6 +39,13 @@ def head_dim(lm: LoadedModel) -> int:
     """Width of one head's slice of the W_O input."""
     cfg = lm.config
     return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+
+
+def refuse_seq2seq(lm: LoadedModel, what: str) -> None:
+    """A clear `ValueError` for an encoder–decoder model: ablation, head masks and importance cover one stack."""
+    if is_seq2seq(lm):
+        raise ValueError(f"{lm.name} is an encoder–decoder model: {what} covers encoders and decoders only "
+                         "(it switches heads of one stack and reads that stack's output)")
 
 
 def check_heads(lm: LoadedModel, heads: Iterable[Head]) -> tuple[Head, ...]:
@@ -128,6 +136,7 @@ def ablate(lm: LoadedModel, heads: Iterable[Head], *, method: AblationMethod = "
     """
     if method not in ABLATION_METHODS:
         raise ValueError(f"method must be one of {', '.join(ABLATION_METHODS)}, got {method!r}")
+    refuse_seq2seq(lm, "head ablation")
     heads = check_heads(lm, heads)
     family = family_for(lm.config)
     base = base_model(lm)
@@ -182,6 +191,7 @@ def head_means(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, tr
     The reference for `ablate(..., method="mean")`: the head is replaced by what it outputs on
     average, so only its input-specific part is removed.
     """
+    refuse_seq2seq(lm, "head_means")
     family = family_for(lm.config)
     base = base_model(lm)
     n_layers, nh, hs = lm.config.num_hidden_layers, lm.config.num_attention_heads, head_dim(lm)
@@ -216,6 +226,7 @@ def head_mask(lm: LoadedModel, xi: torch.Tensor) -> Iterator[None]:
     `xi` is `(B, n_layers, n_heads)` (one mask per example, so that a gradient w.r.t. `xi[b]` is
     example b's own) or `(n_layers, n_heads)`; give it `requires_grad=True` to get ∂L/∂ξ.
     """
+    refuse_seq2seq(lm, "the head mask")
     family = family_for(lm.config)
     base = base_model(lm)
     n_layers, nh, hs = lm.config.num_hidden_layers, lm.config.num_attention_heads, head_dim(lm)

@@ -45,6 +45,9 @@ def word_spans(text: str, segmenter: Segmenter | None = None) -> list[tuple[int,
     if segmenter is None:
         return _rule_spans(text)
     spans = [(int(a), int(b)) for a, b in segmenter(text)]
+    if not spans and text.strip():  # with no word, every token would be an orphan and the text one unit
+        raise ValueError(f"segmenter returned no word span for the text {text[:40]!r}; it must return the "
+                         "(start, end) span of at least one word")
     for (a, b), (c, _) in zip(spans, spans[1:] + [(len(text), len(text))]):
         if not (0 <= a < b <= c <= len(text)):
             raise ValueError(f"segmenter returned overlapping or out-of-range span {(a, b)} for a text of length {len(text)}")

@@ -13,7 +13,7 @@ from typing import Any
 
 import pandas as pd
 
-from headscope.analyses.evidence import INTERVAL_METHOD
+from headscope.analyses.evidence import HARM_COLUMN, INTERVAL_METHOD
 
 __all__ = ["evidence_view", "ablation_heads_table", "probe_line", "roles_table"]
 
@@ -27,7 +27,8 @@ def evidence_view(section: Any) -> dict | None:
                                   "95% interval": "n/a" if math.isnan(c.low) else f"{c.low:.2f} – {c.high:.2f}",
                                   "heads": c.n} for c in e.correlations(scores)])
     return {
-        "summary": (f"Every head ablated alone ({e.method} ablation) on {e.n_texts} corpus texts: {e.description}; "
+        "summary": (f"Every head ablated alone ({e.method} ablation) on {e.n_texts} corpus texts; its harm "
+                    f"({HARM_COLUMN}, higher = hurt more, 0 = no change) is the {e.harm_description}; "
                     f"each head is compared with {e.n_random} other heads ablated alone (seed {e.seed}), "
                     "p = (1 + #random heads at least as strong) / (1 + draws). Importance rank: gradient head "
                     f"importance (Michel et al. 2019, loss: {e.importance_loss}) over the same texts, 1 = highest."),
@@ -39,7 +40,7 @@ def evidence_view(section: Any) -> dict | None:
 
 
 def roles_table(section: Any) -> pd.DataFrame:
-    """The roles table, with importance rank and single-head ablation columns when the evidence is there."""
+    """The roles table, with importance rank and single-head ablation harm columns when the evidence is there."""
     roles = section.scores.roles
     return roles if section.evidence is None else section.evidence.roles_table(roles)
 
@@ -58,7 +59,7 @@ def probe_line(section: Any, task: str) -> str | None:
 
 
 def ablation_heads_table(section: Any) -> pd.DataFrame | None:
-    """One row per head: single-head effect, importance and its rank (CSV `ablation_heads`)."""
+    """One row per head: single-head harm (`ablation_harm`), importance and its rank (CSV `ablation_heads`)."""
     if section.evidence is None:
         return None
     return pd.DataFrame(section.evidence.to_dict()["heads"]).assign(

@@ -49,8 +49,15 @@ def _map_data(attention: torch.Tensor, queries: Sequence[str], keys: Sequence[st
               text: str) -> dict:
     import torch
 
+    if attention.device.type == "meta":
+        raise ValueError("attention is a meta tensor (a shape without values): load or compute the weights first")
     att = attention.detach().float().cpu()  # [layer, head, query, key]
     n_l, n_h, n_q, n_k = att.shape
+    bad = ~att.isfinite()
+    if bad.any():  # int32 would turn NaN and ±inf into -2147483648 and draw it as a weight
+        l, h, q, k = (int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"attention holds {int(bad.sum())} NaN or infinite value(s), the first at layer index {l}, "
+                         f"head {h}, query {q}, key {k}; attention weights are probabilities in [0, 1]")
     if (n_q, n_k) != (len(queries), len(keys)):
         raise ValueError(f"attention is {tuple(att.shape)} ([layer, head, query, key]) but there are "
                          f"{len(queries)} query and {len(keys)} key labels")

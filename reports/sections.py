@@ -225,7 +225,7 @@ def _heads_tables(a: ModelAnalysis) -> dict:
 def _probe_tables(a: ModelAnalysis) -> dict:
     """Per probe its summary row, its heads and its examples, each with a `task` column (several probes stack)."""
     def of(name: str) -> pd.DataFrame | None:
-        parts = [_with(frame, task=p.task) for p in a.probes if (frame := _probe_frames(p)[name]) is not None]
+        parts = [f for p in a.probes if (f := _with(_probe_frames(p)[name], task=p.task)) is not None]  # empty: none
         return pd.concat(parts, ignore_index=True) if parts else None
 
     return {name: of(name) for name in ("probe_summary", "probe_heads", "probe_examples")}

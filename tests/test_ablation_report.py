@@ -37,7 +37,7 @@ def _settings(**kw) -> RunSettings:
 @pytest.fixture(scope="module")
 def bert_run():
     lm = tiny_model("bert")
-    return lm, analyse_model(lm, TEXTS, SETS, _settings())
+    return lm, analyse_model(lm, TEXTS, SETS, _settings(generate=3))  # an encoder: generation is noted, not run
 
 
 @pytest.fixture(scope="module")
@@ -86,11 +86,45 @@ def test_importance_rank_and_roles_table():
     roles = pd.DataFrame({"model": "m", "layer": [1, 0], "head": [0, 2], "role": "r", "metric": "x",
                           "value": [0.9, 0.7], "threshold": 0.5})
     table = ev.roles_table(roles)
-    assert table["importance_rank"].tolist() == [3, 2] and table["ablation_effect"].tolist() == [3.0, 2.0]
+    assert table["importance_rank"].tolist() == [3, 2] and table["ablation_harm"].tolist() == [3.0, 2.0]
     assert table["p_vs_random"].tolist() == [ev.head_effect(1, 0).p_value, ev.head_effect(0, 2).p_value]
     assert list(roles.columns) == ["model", "layer", "head", "role", "metric", "value", "threshold"]  # not mutated
     [(role, sentence)] = ev.role_verdicts(roles)
     assert role == "r" and sentence.startswith("ablating L1H0 changes the next-token loss by +3 nats; random")
+
+
+def test_ablation_harm_has_one_direction_for_encoders_and_decoders():
+    # Issue 24 item 17: an encoder's effect is a cosine (higher = less harm), a decoder's a loss rise (higher =
+    # more): the roles table, ablation_heads.csv and run.json put both in one column. Now every one shows harm,
+    # higher = hurt more and 0 = no change: the loss rise as it is, 1 − cosine for the encoder.
+    import pandas as pd
+
+    from headscope.reports.evidence import ablation_heads_table
+
+    cos = [[1.0, 0.5, 0.9], [0.99, 0.8, 0.7]]  # L0H1 moved the embedding most
+    enc = AblationEvidence(model="e", method="zero", effect_metric="sentence_cosine", n_texts=3, n_random=5, seed=2,
+                           description="cosine of the ablated sentence embedding to the clean one", stronger="lower",
+                           single=torch.tensor(cos, dtype=torch.float64))
+    dec = _evidence([[0.0, 0.5, 0.1], [0.01, 0.2, 0.3]])  # the same harm, as a loss rise
+    by_hand = [[1 - c for c in row] for row in cos]
+    assert np.allclose(enc.harm, by_hand) and np.allclose(dec.harm, by_hand) and enc.harm[0, 0] == 0
+    roles = pd.DataFrame({"model": "m", "layer": [0, 0, 1], "head": [0, 1, 2], "role": "r", "metric": "x",
+                          "value": [0.9, 0.8, 0.7], "threshold": 0.5})
+    t_enc, t_dec = enc.roles_table(roles), dec.roles_table(roles)
+    assert "ablation_effect" not in t_enc.columns
+    for col in ("ablation_harm", "random_mean", "random_sd", "p_vs_random"):
+        assert t_enc[col].tolist() == pytest.approx(t_dec[col].tolist())
+    assert t_enc["ablation_harm"].tolist() == pytest.approx([0.0, 0.5, 0.3])
+    assert t_enc["p_vs_random"][1] == 1 / 6  # the most harmful head: no random head is stronger
+    for ev in (enc, dec):
+        heads = ev.to_dict()["heads"]
+        assert [h["ablation_harm"] for h in heads] == pytest.approx([v for row in by_hand for v in row])
+        assert all("single_effect" not in h for h in heads)
+        table = ablation_heads_table(type("Section", (), {"evidence": ev})())
+        assert table["ablation_harm"].tolist() == pytest.approx([v for row in by_hand for v in row])
+    assert enc.to_dict()["harm"].startswith("1 − cosine") and "higher = the ablation hurt more" in enc.to_dict()["harm_direction"]
+    [(_, sentence)] = enc.role_verdicts(roles)
+    assert "1 − cosine = 0" in sentence and "random 1-head ablations" in sentence
 
 
 # --- the workflow and analyse_model ------------------------------------------------------------
@@ -103,6 +137,9 @@ def test_encoders_get_ablation_evidence_by_default_decoders_do_not(bert_run):
     one = ablation.ablate(lm, [(1, 2)], corpus=TEXTS[:3], n_random=0).effect  # the sweep is the ablate workflow
     assert float(ev.single[1, 2]) == pytest.approx(one)
     assert ev.induction is None and ev.choices["agreement"].get("skipped") is not None
+    # run --generate 3 on an encoder was silently ignored; it is said in the notes, as the ablation skip is
+    assert a.generations == () and any(n.startswith("generation was not run (3 tokens asked for): tiny-bert is not a "
+                                                    "decoder") for n in a.notes)
     d = a.to_dict()["ablation"]
     assert len(d["heads"]) == 8 and {c["score"] for c in d["correlations"]} >= {"gradient importance"}
     llama = tiny_model("llama")

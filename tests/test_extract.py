@@ -242,6 +242,25 @@ def test_permutation_equivariance_without_positions(tiny):
     r = permutation_check(tiny, TEXTS[0])
     assert r.max_dev_without_positions < 1e-5
     assert r.max_dev_with_positions > 10 * r.max_dev_without_positions
+    assert r.exact and "permuted exactly" in r.summary()
+
+
+def test_permutation_equivariance_without_positions_seq2seq(tiny_seq2seq):
+    # BART's learned and Marian's sinusoidal positions sit in the encoder (`encoder.embed_positions`), not
+    # in the attention: the family must name them, or "without positions" still carries the order.
+    r = permutation_check(tiny_seq2seq, TEXTS[0])
+    assert r.max_dev_without_positions < 1e-5, r.summary()
+    assert r.max_dev_with_positions > 10 * r.max_dev_without_positions
+
+
+def test_permutation_verdict_follows_the_number():
+    from headscope.probe.explain import PermutationCheck
+
+    kw = dict(layer=0, n_tokens=5, permutation=(1, 0, 2, 4, 3), max_dev_with_positions=0.3, tolerance=1e-5)
+    bad, good = PermutationCheck(max_dev_without_positions=1.5e-2, **kw), PermutationCheck(max_dev_without_positions=2e-8, **kw)
+    assert not bad.exact and "is NOT permuted exactly" in bad.summary() and "is permuted exactly" not in bad.summary()
+    assert good.exact and "is permuted exactly" in good.summary() and "NOT" not in good.summary()
+    assert bad.to_dict()["exact"] is False and good.to_dict()["exact"] is True
 
 
 def test_chosen_layers_are_caught_by_hooks_and_match(tiny):

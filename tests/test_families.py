@@ -219,3 +219,36 @@ def test_tiny_prefix_refuses_an_unknown_type_in_one_line():
     result = CliRunner().invoke(cli, ["verify", "--model", "tiny:no-such-type"])
     assert result.exit_code == 2 and "tiny: takes a verified model type" in result.output
     assert "Traceback" not in result.output
+
+
+
+_DIGEST = """
+import hashlib, json
+from headscope.probe.tiny import tiny_tokenizer
+h = hashlib.sha256()
+for kind in ("wordpiece", "bytebpe", "sentencepiece"):
+    tok = tiny_tokenizer(kind)
+    h.update(json.dumps(tok.get_vocab(), sort_keys=True).encode())
+    h.update(str(tok("The animal didn't cross the street, unbelievably.")["input_ids"]).encode())
+print(h.hexdigest())
+"""
+
+
+def test_tiny_tokenizers_are_the_same_in_every_process_and_call():
+    # Issue 24 item 14: the trained WordPiece vocabulary differed between processes and calls (hash-ordered ties),
+    # so two identical `heads --model tiny:bert` runs differed and `compare tiny:bert tiny:bert` saw other
+    # tokenisations. The weights are seeded, so the same vocabulary gives the same tiny model.
+    import contextlib
+    import os
+    import subprocess
+
+    def here() -> str:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            exec(_DIGEST, {})
+        return out.getvalue()
+
+    other = subprocess.run([sys.executable, "-c", _DIGEST], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "12345"}).stdout
+    first = here()
+    assert len(first.strip()) == 64 and here() == first == other

@@ -163,7 +163,7 @@ def test_gap_errors_name_file_and_line(tmp_path):
     path.write_text(header + row.format(p=16))
     [ex] = read_gap(path)
     assert ex.answer_text == "Ann" and ex.source_span == (16, 19)
-    path.write_text(header + row.format(p=16) + row.format(p=12))
+    path.write_text(header + row.format(p=16) + row.format(p=12).replace("t-1", "t-2"))
     with pytest.raises(ProbeDataError, match=r"gap\.tsv:3: Pronoun 'she' is not at offset 12"):
         read_gap(path)
     path.write_text(header + row.format(p=16).replace("FALSE", "TRUE"))

@@ -111,6 +111,23 @@ def test_reader_counts_unaligned_sentences_and_rejects_a_broken_file(tmp_path):
         read_conllu(tmp_path / "missing.conllu")
 
 
+def test_reader_skips_sentences_that_are_not_trees_or_have_extra_columns():
+    # Each is skipped and counted by its reason; none is scored against a non-tree.
+    cycle = ("a b c", [row(1, "a", 3, "x"), row(2, "b", 0, "root"), row(3, "c", 1, "y")])  # 1 -> 3 -> 1
+    long_cycle = ("a b c d", [row(1, "a", 0, "root"), row(2, "b", 4, "x"), row(3, "c", 2, "y"), row(4, "d", 3, "z")])
+    self_loop = ("a b", [row(1, "a", 1, "x"), row(2, "b", 0, "root")])
+    twelve = ("a b", [row(1, "a", 2, "x") + "\textra\tmore", row(2, "b", 0, "root")])
+    eleven_last = ("a b", [row(1, "a", 2, "x"), row(2, "b", 0, "root") + "\tone"])
+    tb = parse_conllu(conllu(cycle, SHORT, long_cycle, self_loop, twelve, eleven_last))
+    assert [s.text for s in tb.sentences] == [SHORT[0]]
+    assert tb.skipped == {"the arcs form a cycle (not a tree)": 2, "a word is its own governor (HEAD = its ID)": 1,
+                          "a line has more than the 10 columns": 2}
+    # CoNLL-U Plus: a declared 12th column is not an extra one
+    plus = "# global.columns = ID FORM LEMMA UPOS XPOS FEATS HEAD DEPREL DEPS MISC A B\n" + conllu(
+        ("a b", [row(1, "a", 2, "x") + "\t_\t_", row(2, "b", 0, "root") + "\t_\t_"]))
+    assert len(parse_conllu(plus)) == 1
+
+
 # --------------------------------------------------------------------------------------------
 # from attention to picks
 

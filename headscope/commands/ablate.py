@@ -6,7 +6,8 @@ import click
 
 from headscope.probe.names import AblationMethod, choices
 
-from ..common import corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail, model_option
+from ..common import (corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail, model_option,
+                      quiet_option)
 
 __all__ = ["cli", "parse_top"]
 
@@ -58,11 +59,13 @@ def _top_heads(lm, metric: str, k: int, texts: list[str]) -> list[tuple[int, int
 @click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N texts.")
 @click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 @json_option
+@quiet_option
 @device_options
 def cli(model_name, heads_spec, top_spec, method, corpus_path, task, word, n_random, seed, limit, batch_size, as_json,
-        device, dtype) -> None:
+        device, dtype, quiet) -> None:
     """Ablate heads and compare the effect with ablating random heads (mean, sd, empirical p)."""
     from headscope import ablate, builtin_corpus
+    from headscope.probe.interventions import refuse_seq2seq
 
     if (heads_spec is None) == (top_spec is None):
         fail("give exactly one of --heads L16H0,L18H6 or --top METRIC:K")
@@ -78,6 +81,7 @@ def cli(model_name, heads_spec, top_spec, method, corpus_path, task, word, n_ran
         fail("--heads is empty; write e.g. L16H0,L18H6")
     lm = load_or_fail(model_name, device, dtype)
     try:
+        refuse_seq2seq(lm, "head ablation")  # before --top scores every head
         if top is not None:
             heads = _top_heads(lm, *top, texts or builtin_corpus()[:TOP_TEXTS])
         result = ablate(lm, heads, method=method, corpus=texts, task=task, word=word, n_random=n_random,

@@ -15,7 +15,7 @@ import click
 from headscope.probe.names import DEFAULT_LEVEL, Level, choices
 
 from ..common import (check_out, corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail,
-                      verify_option, verify_step)
+                      quiet_option, verify_option, verify_step)
 
 __all__ = ["cli"]
 
@@ -39,10 +39,11 @@ __all__ = ["cli"]
                    "unless --force).")
 @click.option("--force", is_flag=True, help="Replace an existing --report folder that headscope wrote.")
 @json_option
+@quiet_option
 @verify_option
 @device_options
 def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, batch_size, truncate, report_dir, force,
-        as_json, device, dtype, no_verify) -> None:
+        as_json, device, dtype, no_verify, quiet) -> None:
     """Compare every head of MODEL_A and MODEL_B (names, folders, GGUF files or hub ids, NAME@REVISION)."""
     from headscope import compare_models
 

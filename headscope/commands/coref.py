@@ -118,12 +118,21 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, templa
                                  world=world)
         if not world.is_main:  # every process of a torchrun run holds the same results; rank 0 goes on alone
             return
+        if not main.n:
+            _nothing_to_score(main, sets)
         check = ablate_chosen_head(lm, main, template=template, method=method, n_random=n_random, seed=seed,
                        batch_size=batch_size) if ablate else None
     except (ValueError, RuntimeError) as exc:
         fail(f"{model_name}: {exc}")
     _emit(main, parts, head, out_path, as_json, check, verification)
     finish(verification)
+
+
+def _nothing_to_score(result, sets) -> None:
+    """Exit 2: not one example could be scored (a table of nan% would look like a result)."""
+    n = sum(len(examples) for _, examples in sets)
+    why = "; ".join(f"{v} × {k}" for k, v in result.excluded.items()) or "none was kept"
+    fail(f"{result.model}: nothing to score: none of the {n} example(s) of {result.task} could be scored ({why})")
 
 
 def _emit(main, parts, head, out_path, as_json, ablation=None, verification=None) -> None:

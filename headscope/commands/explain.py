@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..common import (attention_options, device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
-                      write_table)
+from ..common import (attention_options, device_options, echo_json, fail, json_option, load_or_fail, model_option,
+                      out_option, quiet_option, utf8_text, write_table)
 
 
 def _layer_head(layer: int | None, spec: str) -> tuple[int, int]:
@@ -27,7 +27,7 @@ def _layer_head(layer: int | None, spec: str) -> tuple[int, int]:
 
 
 @click.command()
-@click.argument("text")
+@click.argument("text", callback=utf8_text("TEXT"))
 @model_option
 @click.option("--token", required=True, help="The query token (a word of TEXT; a split word starts at its first piece).")
 @click.option("--occurrence", type=click.IntRange(min=0), default=0, show_default=True,
@@ -40,10 +40,11 @@ def _layer_head(layer: int | None, spec: str) -> tuple[int, int]:
 @click.option("--truncate", is_flag=True, help="Cut TEXT to the model's context instead of failing.")
 @out_option
 @json_option
+@quiet_option
 @attention_options
 @device_options
 def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, permutation, truncate, out_path, as_json,
-        device, dtype, attention, memory_budget) -> None:
+        device, dtype, attention, memory_budget, quiet) -> None:
     """Explain how one head builds TOKEN's output in TEXT: scores, scaling, softmax, values.
 
     --out writes the per-key table.
@@ -80,8 +81,7 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
         if scales is not None:
             out["scale_effect"] = scales.to_dict(orient="records")
         if perm is not None:
-            out["permutation"] = {"max_dev_without_positions": perm.max_dev_without_positions,
-                                  "max_dev_with_positions": perm.max_dev_with_positions, "layer": perm.layer}
+            out["permutation"] = perm.to_dict()
         echo_json(out)
         return
     with pd.option_context("display.max_rows", 500, "display.width", 120):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import click
 
-from ..common import echo_json, fail, json_option, load_or_fail, device_options
+from ..common import device_options, echo_json, fail, json_option, load_or_fail, quiet_option, utf8_text
 
 __all__ = ["cli"]
 
@@ -15,13 +15,14 @@ __all__ = ["cli"]
 @click.command()
 @click.option("--model", "model_name", default="smollm2", show_default=True,
               help="A decoder: packaged name, folder, GGUF file or hub id (NAME@REVISION).")
-@click.option("--prompt", required=True, help="The text to continue.")
+@click.option("--prompt", required=True, callback=utf8_text("--prompt"), help="The text to continue.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--top", "k", type=click.IntRange(min=1), default=3, show_default=True,
               help="Keys listed per step (attention averaged over layers and heads).")
 @json_option
+@quiet_option
 @device_options
-def cli(model_name, prompt, max_new_tokens, k, as_json, device, dtype) -> None:
+def cli(model_name, prompt, max_new_tokens, k, as_json, device, dtype, quiet) -> None:
     """Continue PROMPT greedily and record the attention of every generated token."""
     from headscope import generate_attention
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..common import (corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail, model_option,
-                      out_option, write_table)
+                      out_option, quiet_option, write_table)
 
 __all__ = ["cli"]
 
@@ -20,8 +20,9 @@ __all__ = ["cli"]
 @click.option("--top", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Heads listed.")
 @click.option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
 @json_option
+@quiet_option
 @device_options
-def cli(model_name, corpus_path, out_path, limit, batch_size, k, truncate, as_json, device, dtype) -> None:
+def cli(model_name, corpus_path, out_path, limit, batch_size, k, truncate, as_json, device, dtype, quiet) -> None:
     """Rank every head by E|∂L/∂ξ_h| through a head mask, normalised per layer."""
     from headscope import importance
     from headscope.probe.importance import IMPORTANCE_LOSSES

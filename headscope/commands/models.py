@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import click
 
-from ..common import echo_json, json_option, out_option, write_table
+from ..common import echo_json, json_option, out_option, quiet_option, write_table
 
 
 @click.command()
 @click.option("--families", is_flag=True, help="List the model types whose attention is verified, by family.")
 @out_option
 @json_option
-def cli(families: bool, out_path, as_json: bool) -> None:
+@quiet_option
+def cli(families: bool, out_path, as_json: bool, quiet) -> None:
     """List the known models, their family, where the weights come from and if they are installed."""
     from headscope.probe.families import family_table
     from headscope.probe.registry import model_table
@@ -40,6 +41,9 @@ def _print_models(rows: list[dict]) -> None:
 
 
 def _print_families(rows: list[dict]) -> None:
-    click.echo(f"{'model type':<14}{'family':<8}{'kind':<9}{'file':<27}reproduces")
+    # Each column as wide as its widest cell and two spaces ("encoder-decoder" ran into the file name).
+    columns = {"model type": "model_type", "family": "family", "kind": "kind", "file": "file"}
+    width = {k: max([len(k), *(len(str(r[f])) for r in rows)]) + 2 for k, f in columns.items()}
+    click.echo("".join(f"{k:<{width[k]}}" for k in columns) + "reproduces")
     for r in rows:
-        click.echo(f"{r['model_type']:<14}{r['family']:<8}{r['kind']:<9}{r['file']:<27}{'; '.join(r['features'])}")
+        click.echo("".join(f"{str(r[f]):<{width[k]}}" for k, f in columns.items()) + "; ".join(r["features"]))

@@ -20,7 +20,8 @@ import click
 from headscope.probe.names import DEFAULT_LEVEL, Level, choices
 
 from ..common import (Interrupts, attention_options, check_out, corpus_or_fail, device_options, echo_json, fail,
-                      join_run, json_option, load_or_fail, models_option, parsed, quiet_option, say, too_long_or_fail)
+                      join_run, json_option, load_or_fail, models_option, parsed, quiet_option, say, too_long_or_fail,
+                      utf8_text)
 
 __all__ = ["cli"]
 
@@ -85,10 +86,10 @@ def _parse_width(value: str) -> float:
                    "Default: the built-in corpus.")
 @click.option("--coref", "coref_path", type=click.Path(dir_okay=False), default=None,
               help="Coreference probe data (JSONL or GAP .tsv). Default: the built-in agreement and Winograd sets.")
-@click.option("--text", "texts", multiple=True,
+@click.option("--text", "texts", multiple=True, callback=utf8_text("--text"),
               help="A sentence for the explorer and the attention figures (repeatable); replaces the defaults "
                    "(the it→animal sentence, its 'too wide' twin, 我爱北京天安门).")
-@click.option("--target", "targets", multiple=True,
+@click.option("--target", "targets", multiple=True, callback=utf8_text("--target"),
               help="Encoder-decoder models: the decoder's text for each --text (repeatable, paired in order). "
                    "Default: each sentence is its own target. Other models ignore it.")
 @click.option("--generate", "generate", type=click.IntRange(min=0), default=0, show_default=True,

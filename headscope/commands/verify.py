@@ -7,20 +7,21 @@ import sys
 import click
 
 from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
-                      write_table)
+                      quiet_option, utf8_text, write_table)
 
 
 @click.command()
 @model_option
-@click.option("--text", "texts", multiple=True, help="Text to verify on (repeatable); default: built-in examples.")
-@click.option("--target", "targets", multiple=True,
+@click.option("--text", "texts", multiple=True, callback=utf8_text("--text"), help="Text to verify on (repeatable); default: built-in examples.")
+@click.option("--target", "targets", multiple=True, callback=utf8_text("--target"),
               help="Encoder-decoder models: the decoder's text for each --text, in order; default: the texts shifted by one.")
 @click.option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
 @out_option
 @json_option
+@quiet_option
 @device_options
 def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], truncate: bool, out_path, as_json: bool, device: str,
-        dtype: str) -> None:
+        dtype: str, quiet) -> None:
     """Exit 0 only when every head of every layer matches the from-scratch attention.
 
     --out writes the per-layer table.

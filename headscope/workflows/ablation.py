@@ -36,7 +36,7 @@ from headscope.analyses.relations import COREF_TEMPLATE, continuation
 from headscope.probe.effects import (EffectTask, logit_diff, next_token_loss, option_preference, sentence_cosine,
                                      sequence_loss, word_cosine)
 from headscope.probe.importance import gradient_importance
-from headscope.probe.interventions import AblationMethod, ablate as ablate_heads, check_heads, head_means
+from headscope.probe.interventions import AblationMethod, ablate as ablate_heads, check_heads, head_means, refuse_seq2seq
 from headscope.probe.model import LoadedModel
 
 from .heads import induction_inputs
@@ -83,6 +83,7 @@ def effect_task(lm: LoadedModel, *, corpus: Sequence[str] | None = None,
     """The effect measurement for a model and a task, and the settings that describe it."""
     if (corpus is None) == (task is None):
         raise ValueError("give exactly one of corpus= (texts) or task= ('induction' or a Cloze)")
+    refuse_seq2seq(lm, "head ablation")  # before the clean readout, which would fail in the model
     if task == "induction":
         task = InductionTask()
     if isinstance(task, InductionTask):

@@ -157,6 +157,10 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
                             noun="pronouns", attention=settings.attention, budget=settings.memory_budget,
                             world=world)
     probes = [main, *parts]  # the combined result first when there are several sets
+    for p in probes:
+        if not p.n:  # its tables would be empty and its rates nan
+            why = "; ".join(f"{v} × {k}" for k, v in p.excluded.items()) or "none was kept"
+            notes.append(f"probe {p.task}: nothing to score, no example could be scored ({why})")
     say(f"{lm.name}: coreference probe ({stage.seconds['coref']:.1f} s)")
     for p in probes:
         say(f"  {p.task}: {p.verdict}")
@@ -180,6 +184,9 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
         generations = stage.run("generate", _generations, lm, settings)
         say(f"{lm.name}: {settings.generate} tokens generated after each report sentence "
             f"({stage.seconds['generate']:.1f} s)")
+    elif settings.generate:
+        notes.append(f"generation was not run ({settings.generate} tokens asked for): {lm.name} is not a decoder, "
+                     "and only decoders continue a text")
     sentences = "--text" if settings.texts != REPORT_SENTENCES else "built-in"
     corpus = corpus_stats(lm.tokenizer, [("heads corpus", settings.corpus, texts),
                                           *[(f"probe: {task}", settings.coref, [e.text for e in exs])

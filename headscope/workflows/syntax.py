@@ -89,6 +89,17 @@ def attend(lm: LoadedModel, sentences: Sequence[Sentence], *, keep: Sequence[int
     return records, dict(skipped)
 
 
+def _too_few_sentences(test_tb: Treebank, sel_tb: Treebank | None, limit: int | None) -> str:
+    """Why there is not a sentence to choose on and one to score on: none read (and why), or only one."""
+    used = "" if limit is None else f" (--limit {limit})"
+    for tb in (test_tb, sel_tb):
+        if tb is not None and not (tb.sentences[:limit] if limit else tb.sentences):
+            skipped = ", ".join(f"{v} × {k}" for k, v in tb.skipped.items()) or "the file holds no sentence"
+            return f"{tb.name}: no sentence could be read{used} (skipped: {skipped})"
+    return (f"{test_tb.name}: only 1 sentence{used}, and choosing heads on one half and scoring them on the other "
+            "needs at least 2; give more sentences, or a second treebank to choose on (--select-on)")
+
+
 def syntax(lm, conllu: str | Path | Treebank, *, select_on: str | Path | Treebank | None = None,
            subtypes: bool = False, trees: bool = True, tree_sample: int | None = TREE_SAMPLE, n_perm: int = 10_000,
            seed: int = 0, alpha: float = 0.05, batch_size: int = 8, limit: int | None = None,
@@ -113,8 +124,7 @@ def syntax(lm, conllu: str | Path | Treebank, *, select_on: str | Path | Treeban
                f"scored on the other half")
         sel_skipped = {}
     if not test or not select:
-        raise ValueError(f"{test_tb.name}: no sentence could be read for both selection and test "
-                         f"(skipped: {dict(test_tb.skipped) or 'none'})")
+        raise ValueError(_too_few_sentences(test_tb, sel_tb if select_on is not None else None, limit))
     n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
     rank = head_rank(n_layers, n_heads, seed=seed)
     sample = _tree_sample(select, tree_sample, seed) if trees else []

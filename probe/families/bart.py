@@ -2,8 +2,9 @@
 self, and cross-attention from the decoder to the encoder's output.
 
 Positions are learned absolute embeddings added before the first layer of each stack, so the
-attention itself has nothing positional to reproduce. mBART has the same layers, and so have Marian
-and Pegasus (`marian.py`), whose positions are sinusoidal.
+attention itself has nothing positional to reproduce; `position_embedding` names the encoder's, which
+`permutation_check` switches off. mBART has the same layers, and so have Marian and Pegasus
+(`marian.py`), whose positions are sinusoidal (in the same place).
 """
 
 from __future__ import annotations
@@ -61,4 +62,5 @@ FAMILY = Family(
     tokenizer="bytebpe",
     auto_class="AutoModelForSeq2SeqLM",
     stacks=STACKS,
+    position_embedding=lambda base: base.encoder.embed_positions,  # the encoder's: layer_spec is the encoder's
 )
