@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..common import device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option, write_table
+from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option,
+                      out_option, quiet_option, write_table)
 
 __all__ = ["cli"]
 
@@ -19,8 +20,9 @@ __all__ = ["cli"]
               help="Also write the layer × head grid (.png, .svg or .pdf).")
 @out_option
 @json_option
+@quiet_option
 @device_options
-def cli(model_name, prompt, answer, wrong, k, figure_path, out_path, as_json, device, dtype) -> None:
+def cli(model_name, prompt, answer, wrong, k, figure_path, out_path, as_json, device, dtype, quiet) -> None:
     """Split the next-token logit (difference) into embeddings, heads, MLPs and biases.
 
     The final norm's scale is frozen at this run's value; the parts sum to the model's own logit

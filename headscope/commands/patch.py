@@ -6,7 +6,8 @@ import click
 
 from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat, choices
 
-from ..common import device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option, write_table
+from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option,
+                      out_option, quiet_option, write_table)
 
 __all__ = ["cli"]
 
@@ -30,9 +31,10 @@ __all__ = ["cli"]
               help="Also write the layer × head grid of the normalised metric (.png, .svg or .pdf).")
 @out_option
 @json_option
+@quiet_option
 @device_options
 def cli(model_name, pairs_spec, what, direction, positions, k, n_random, seed, figure_path, out_path, as_json,
-        device, dtype) -> None:
+        device, dtype, quiet) -> None:
     """Patch every head's output (or MLP, or residual stream) from one run of each pair into the other.
 
     The metric is logit(right) − logit(wrong) at the last token; normalised, 0 is the corrupt run and

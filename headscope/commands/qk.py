@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..common import device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option, write_table
+from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option,
+                      out_option, quiet_option, write_table)
 
 __all__ = ["cli"]
 
@@ -24,8 +25,9 @@ def _position(value: str) -> int | str:
 @click.option("--top", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Pairs listed.")
 @out_option
 @json_option
+@quiet_option
 @device_options
-def cli(text, model_name, head_spec, query, key, occurrence, k, out_path, as_json, device, dtype) -> None:
+def cli(text, model_name, head_spec, query, key, occurrence, k, out_path, as_json, device, dtype, quiet) -> None:
     """Split one head's score from --query to --key over (query-side part, key-side part) pairs.
 
     The parts are the embeddings, every earlier head, every earlier MLP and the biases; the norms'
