@@ -5,16 +5,16 @@ from __future__ import annotations
 import click
 
 from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option,
-                      out_option, quiet_option, write_table)
+                      out_option, quiet_option, utf8_text, write_table)
 
 __all__ = ["cli"]
 
 
 @click.command()
 @model_option
-@click.option("--prompt", required=True, help="The text whose next token is explained.")
-@click.option("--answer", required=True, help="The next token (its first token, e.g. ' Mary' with its space).")
-@click.option("--wrong", default=None, help="A wrong answer: explain logit(answer) − logit(wrong).")
+@click.option("--prompt", required=True, callback=utf8_text("--prompt"), help="The text whose next token is explained.")
+@click.option("--answer", required=True, callback=utf8_text("--answer"), help="The next token (its first token, e.g. ' Mary' with its space).")
+@click.option("--wrong", default=None, callback=utf8_text("--wrong"), help="A wrong answer: explain logit(answer) − logit(wrong).")
 @click.option("--top", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Parts listed.")
 @click.option("--figure", "figure_path", type=click.Path(dir_okay=False), default=None,
               help="Also write the layer × head grid (.png, .svg or .pdf).")

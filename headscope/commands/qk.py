@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option,
-                      out_option, quiet_option, write_table)
+                      out_option, quiet_option, utf8_text, write_table)
 
 __all__ = ["cli"]
 
@@ -15,7 +15,7 @@ def _position(value: str) -> int | str:
 
 
 @click.command()
-@click.argument("text")
+@click.argument("text", callback=utf8_text("TEXT"))
 @model_option
 @click.option("--head", "head_spec", required=True, metavar="LxHy", help="The head, e.g. L2H3 (model indices, from 0).")
 @click.option("--query", required=True, help="The query token: a token of TEXT, or its index.")
