@@ -15,6 +15,7 @@ place, so an interrupted write leaves no half report. An existing `out` is repla
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -75,6 +76,9 @@ def check_report_folder(out: Path, *, force: bool, option: str = "out") -> None:
     if target == here or target in here.parents:
         raise ReportFolderError(f"{option} {out} is the working directory or a folder above it; give a new folder "
                                 "for the report")
+    if out.is_symlink():
+        raise ReportFolderError(f"{option} {out} is a symbolic link (to {os.readlink(out)}); headscope does not "
+                                "write a report through a link: give the folder itself or a new name")
     if out.exists() and not out.is_dir():
         raise ReportFolderError(f"{option} {out} exists and is not a folder; remove it or choose another name")
     if out.exists() and not force:

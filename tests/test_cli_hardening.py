@@ -323,7 +323,7 @@ def test_headscope_warnings_print_as_one_clean_line(monkeypatch):
 # Runs `headscope run` with stubs for the model, the analyses and the drawing. HOOK picks what the
 # report writer does: "sigint" sends SIGINT mid-write; "swallowed" sends it inside a finaliser
 # (Python prints "Exception ignored" and drops the KeyboardInterrupt); "kill:N" SIGKILLs the process
-# at its N-th step (a file written, a folder renamed).
+# at its N-th step (a file written, a folder renamed), "sigint:N" sends it SIGINT there.
 _DRIVER = textwrap.dedent("""
     import gc, os, signal, sys
     import pandas as pd
@@ -343,6 +343,8 @@ _DRIVER = textwrap.dedent("""
         steps[0] += 1
         if hook == f"kill:{steps[0]}":
             os.kill(os.getpid(), signal.SIGKILL)
+        if hook == f"sigint:{steps[0]}":
+            os.kill(os.getpid(), signal.SIGINT)
 
     class Interrupter:
         def __del__(self):

@@ -1,0 +1,120 @@
+"""Report folders under hostile use, third pass (issue 24, items 1-3): Ctrl-C while the new report is
+put in place, glob characters in `--out`, and a symlinked `--out`.
+
+The subprocess tests use the stub driver of test_cli_hardening (no model, no drawing).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_cli_hardening import _driven, _leftovers, _one_line, _previous_report, _run, stub_run  # noqa: F401
+
+from headscope.probe.folders import OLD, reclaim_stale, temporary_name, write_folder
+from headscope.reports.folder import not_a_report
+
+# The writer's steps (see test_cli_hardening): 1 index.html, 2-5 the tables, 6/7 before/after the old report
+# moves aside, 8/9 before/after the new one moves in.
+
+
+@pytest.mark.parametrize("point", [7, 9])
+def test_ctrl_c_at_any_step_either_keeps_the_old_report_or_completes_and_says_which(point, tmp_path):
+    out = tmp_path / "report"
+    _previous_report(out)
+    done = _driven(f"sigint:{point}", out, "--force")
+    last = done.stderr.splitlines()[-1] if done.stderr.strip() else ""
+    if done.returncode == 130:
+        assert last == "headscope: interrupted; nothing was written or replaced", done.stderr
+        assert (out / "index.html").read_text() == "previous"
+    else:
+        assert done.returncode == 0, done.stderr
+        assert (out / "index.html").read_text() == "<p>new</p>"
+        assert "Ctrl-C came while" in done.stderr and "the run finished" in done.stderr
+    assert "Traceback" not in done.stderr and _leftovers(tmp_path) == []
+
+
+def test_ctrl_c_while_replacing_in_process_finishes_the_replacement_and_warns(tmp_path):
+    out = tmp_path / "r"
+    _previous_report(out)
+    code = textwrap.dedent(f"""
+        import os, shutil, signal, warnings
+        from pathlib import Path
+        import headscope.probe.folders as folders
+        real = shutil.rmtree
+        def rmtree(path, *a, **kw):  # the old folder is being deleted when Ctrl-C comes
+            os.kill(os.getpid(), signal.SIGINT)
+            real(path, *a, **kw)
+        folders.shutil.rmtree = rmtree
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            folders.write_folder(Path({str(out)!r}), lambda d: (d / "index.html").write_text("new"),
+                                 replace=lambda t: None)
+        print(seen[0].message)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "Ctrl-C came while" in done.stdout
+    assert (out / "index.html").read_text() == "new" and _leftovers(tmp_path) == []
+
+
+def test_a_moved_aside_report_without_its_lock_is_reclaimed(tmp_path):
+    """What an interrupted cleanup used to leave: `.DIR.old-<token>` after its lock file was removed."""
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "index.html").write_text("new")
+    stale = tmp_path / temporary_name("report", "123-0abc", OLD)
+    stale.mkdir()
+    (stale / "index.html").write_text("half deleted")
+    half = tmp_path / temporary_name("report", "124-0abd")
+    half.mkdir()
+    reclaim_stale(tmp_path, "report")
+    assert _leftovers(tmp_path) == [] and (out / "index.html").read_text() == "new"
+
+
+@pytest.mark.parametrize("name, other", [("r[1]", "r1"), ("r*", "rA"), ("r?", "rb"), ("a.partial-1-x", "a")])
+def test_glob_characters_in_a_name_touch_only_its_own_temporaries(name, other, tmp_path):
+    mine = tmp_path / temporary_name(name, "11-aa")
+    mine.mkdir()
+    theirs = tmp_path / temporary_name(other, "12-bb", OLD)
+    theirs.mkdir()
+    (tmp_path / other).mkdir()  # so that theirs would be deleted, not moved back, by a cleaner of `other`
+    reclaim_stale(tmp_path, name)
+    assert not mine.exists() and theirs.exists()
+
+
+def test_a_report_named_with_glob_characters_is_replaced_and_leaves_nothing(stub_run, tmp_path):
+    out = tmp_path / "r[1]"
+    _previous_report(out)
+    neighbour = tmp_path / temporary_name("r1", "99-cafe", OLD)  # another report's backup: not ours
+    neighbour.mkdir()
+    assert _run("--out", str(out), "--force").exit_code == 0
+    assert (out / "index.html").read_text() == "<p>new</p>"
+    assert _leftovers(tmp_path) == [neighbour.name]
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_symlinked_out_is_refused_before_any_work(dangling, stub_run, tmp_path):
+    target = tmp_path / "real"
+    if not dangling:
+        _previous_report(target)
+    link = tmp_path / "link"
+    link.symlink_to(target)
+    result = _run("--out", str(link), "--force")
+    assert result.exit_code == 2
+    assert "is a symbolic link" in _one_line(result)
+    assert link.is_symlink() and _leftovers(tmp_path) == []
+    assert dangling or (target / "index.html").read_text() == "previous"
+
+
+def test_write_folder_refuses_a_symlink(tmp_path):
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "real")
+    with pytest.raises(FileExistsError, match="symbolic link"):
+        write_folder(tmp_path / "link", lambda d: None, replace=not_a_report)
+    assert (tmp_path / "link").is_symlink() and _leftovers(tmp_path) == []
