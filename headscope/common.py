@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -181,12 +180,36 @@ def _check_table_path(ctx, param, value: Path | None) -> Path | None:
 
 
 def new_file_or_fail(path: Path, option: str) -> None:
-    """Refuse, before any compute, an output file that exists (unless --force was given) or cannot be written."""
+    """Refuse, before any compute, an output file that exists (unless --force was given), cannot be written,
+    is a symbolic link, or is another output of the same command."""
+    if path.is_symlink():
+        fail(f"{option} {path} is a symbolic link (to {os.readlink(path)}); headscope does not write through links: "
+             "give the file itself or a new name")
     if path.is_dir():
         fail(f"{option} {path} is a folder; give a file name")
+    _claim_output(path, option, folder=False)
     if path.exists() and not click.get_current_context().meta.get(_FORCE, False):
         fail(f"{option} {path} already exists; pass --force to replace it, or choose another file")
     writable_or_fail(path, option)
+
+
+_OUTPUTS = "headscope.outputs"  # ctx.meta key: {resolved path: (option, is a folder)}, every output claimed so far
+
+
+def _claim_output(path: Path, option: str, *, folder: bool) -> None:
+    """Fail when `path` is (or, for a file, lies inside) an output that another option of this command writes."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return
+    claimed = ctx.find_root().meta.setdefault(_OUTPUTS, {})
+    here = Path(os.path.realpath(path))
+    for other, (other_option, other_folder) in claimed.items():
+        if other_option == option:
+            continue
+        if other == here or (other_folder and other in here.parents) or (folder and here in other.parents):
+            fail(f"{option} {path} and {other_option} name the same {'folder' if folder or other_folder else 'file'}; "
+                 "two outputs of one command may not overwrite each other: give each its own name")
+    claimed[here] = (option, folder)
 
 
 def out_option(fn):
@@ -227,9 +250,8 @@ def write_table(table, path: Path) -> None:
     tmp: Path | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".partial{path.suffix}", dir=path.parent)
-        os.close(fd)
-        tmp = Path(name)
+        # Named here but created by the writer, so the file gets the user's umask (mkstemp would make it 0600).
+        tmp = path.with_name(f".{path.name}.partial-{os.getpid()}-{os.urandom(4).hex()}{path.suffix}")
         TABLE_WRITERS[path.suffix](table, tmp)
         os.replace(tmp, path)
         tmp = None
@@ -252,6 +274,7 @@ def check_out(out: Path, force: bool, option: str = "--out") -> None:
         check_report_folder(out, force=force, option=option)
     except ReportFolderError as exc:
         fail(str(exc))
+    _claim_output(out, option, folder=True)
 
 
 @dataclass(frozen=True)

@@ -118,3 +118,69 @@ def test_write_folder_refuses_a_symlink(tmp_path):
     with pytest.raises(FileExistsError, match="symbolic link"):
         write_folder(tmp_path / "link", lambda d: None, replace=not_a_report)
     assert (tmp_path / "link").is_symlink() and _leftovers(tmp_path) == []
+
+
+# ---------------------------------------------------------------- 4. two outputs, one file
+
+
+@pytest.mark.parametrize("clusters", ["same.csv", "./same.csv", "sub/../same.csv"])
+def test_syntax_refuses_out_and_clusters_naming_one_file(clusters, tmp_path, monkeypatch):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "sub").mkdir()
+    result = CliRunner().invoke(cli, ["syntax", "--model", "tiny:bert", "--conllu", "missing.conllu",
+                                      "--out", "same.csv", "--clusters", clusters])
+    assert result.exit_code == 2
+    line = _one_line(result)
+    assert "--clusters" in line and "--out" in line and "same file" in line
+    assert not (tmp_path / "same.csv").exists()
+
+
+# ---------------------------------------------------------------- 5. files get the user's umask
+
+
+@pytest.fixture
+def umask_002():
+    previous = os.umask(0o002)
+    yield 0o664
+    os.umask(previous)
+
+
+@pytest.mark.parametrize("suffix", [".csv", ".json", ".parquet"])
+def test_tables_get_the_users_umask_even_over_an_existing_file(suffix, umask_002, tmp_path):
+    import pandas as pd
+
+    from headscope.common import write_table
+
+    path = tmp_path / f"t{suffix}"
+    write_table(pd.DataFrame({"a": [1]}), path)
+    assert path.stat().st_mode & 0o777 == umask_002
+    path.chmod(0o660)
+    write_table(pd.DataFrame({"a": [2]}), path)  # --force over an existing file: a new file, the umask's mode
+    assert path.stat().st_mode & 0o777 == umask_002 and _leftovers(tmp_path) == []
+
+
+def test_written_folders_get_the_users_umask(umask_002, tmp_path):
+    """The report folder and the GGUF cache entries are written by write_folder."""
+    write_folder(tmp_path / "entry", lambda d: (d / "f").write_text("x"))
+    assert (tmp_path / "entry").stat().st_mode & 0o777 == 0o775
+    assert (tmp_path / "entry" / "f").stat().st_mode & 0o777 == umask_002
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_a_symlinked_table_out_is_refused_before_any_work(dangling, tmp_path):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+
+    target = tmp_path / "real.csv"
+    if not dangling:
+        target.write_text("the user's table\n")
+    link = tmp_path / "link.csv"
+    link.symlink_to(target)
+    result = CliRunner().invoke(cli, ["heads", "--model", "no-such-model", "--out", str(link), "--force"])
+    assert result.exit_code == 2 and "is a symbolic link" in _one_line(result)
+    assert link.is_symlink() and (dangling or target.read_text() == "the user's table\n")
