@@ -173,6 +173,7 @@ def _check_table_path(ctx, param, value: Path | None) -> Path | None:
         return None
     if value.suffix not in TABLE_WRITERS:
         fail(f"--out {value}: use a {', '.join(TABLE_WRITERS)} file name")
+    writable_or_fail(value, "--out")  # first: a name too long for the file system cannot even be looked at
     if value.is_dir():
         fail(f"--out {value} is a folder; give a file name ending in {', '.join(TABLE_WRITERS)}")
     new_file_or_fail(value, "--out")
@@ -182,6 +183,7 @@ def _check_table_path(ctx, param, value: Path | None) -> Path | None:
 def new_file_or_fail(path: Path, option: str) -> None:
     """Refuse, before any compute, an output file that exists (unless --force was given), cannot be written,
     is a symbolic link, or is another output of the same command."""
+    writable_or_fail(path, option)  # first: a name too long for the file system cannot even be looked at
     if path.is_symlink():
         fail(f"{option} {path} is a symbolic link (to {os.readlink(path)}); headscope does not write through links: "
              "give the file itself or a new name")
@@ -190,7 +192,6 @@ def new_file_or_fail(path: Path, option: str) -> None:
     _claim_output(path, option, folder=False)
     if path.exists() and not click.get_current_context().meta.get(_FORCE, False):
         fail(f"{option} {path} already exists; pass --force to replace it, or choose another file")
-    writable_or_fail(path, option)
 
 
 _OUTPUTS = "headscope.outputs"  # ctx.meta key: {resolved path: (option, is a folder)}, every output claimed so far

@@ -149,11 +149,24 @@ def reclaim_stale(parent: Path, name: str | None = None) -> None:
         lock.unlink(missing_ok=True)
 
 
+NAME_MAX = 255  # bytes of one file name on the file systems headscope writes to (ext4, APFS, NTFS)
+_ROOM = 40  # bytes a temporary sibling adds to a name: `.<name>.partial-<pid>-<hex>.lock`
+
+
 def writable(target: Path) -> str | None:
-    """Why a file or folder could not be created at `target`, or None: its nearest existing folder must
-    take a new file (an anonymous temporary file is made there and removed at once)."""
-    existing = Path(target).absolute().parent
+    """Why a file or folder could not be created at `target`, or None: its name, with the room that a
+    temporary sibling needs, and the names of the folders still to be made must fit a file name; its
+    nearest existing folder must take a new file (an anonymous temporary file is made there and removed
+    at once)."""
+    target = Path(target).absolute()
+    size = len(os.fsencode(target.name))
+    if size > NAME_MAX - _ROOM:
+        return (f"its name is {size} bytes; give a name of at most {NAME_MAX - _ROOM} bytes (a file name takes "
+                f"{NAME_MAX}, and headscope writes a temporary beside it first)")
+    existing = target.parent
     while not existing.exists() and existing != existing.parent:
+        if len(os.fsencode(existing.name)) > NAME_MAX:
+            return f"the folder name {existing.name[:40]}… is {len(os.fsencode(existing.name))} bytes; at most {NAME_MAX}"
         existing = existing.parent
     if not existing.is_dir():
         return f"{existing} is a file, not a folder"

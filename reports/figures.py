@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import io
 import math
 import re
@@ -839,11 +840,20 @@ def start_head(section: Any) -> tuple[int, int]:
     return 0, 0
 
 
+SLUG_MAX = 60  # characters (ASCII: bytes) of a slug, so that every file name of a report stays far below 255 bytes
+
+
 def slug(text: str) -> str:
-    """A file-name-safe form of a model name or task.
+    """A file-name-safe form of a model name or task, at most `SLUG_MAX` characters: a longer one keeps its
+    start and ends in a hash of the whole text, so different texts keep different slugs.
 
     >>> slug("HuggingFaceTB/SmolLM2-135M"), slug("../my model")
     ('HuggingFaceTB-SmolLM2-135M', 'my-model')
+    >>> len(slug("/data/" + "checkpoints/" * 40 + "step-1000"))
+    60
     """
-    s = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
-    return s or "model"
+    s = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "model"
+    if len(s) <= SLUG_MAX:
+        return s
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{s[:SLUG_MAX - len(digest) - 1].rstrip('-.')}-{digest}"

@@ -72,6 +72,9 @@ def check_report_folder(out: Path, *, force: bool, option: str = "out") -> None:
     """Refuse, before any work, a report folder that must not be replaced or cannot be written
     (`ReportFolderError`, naming `option`)."""
     out = Path(out)
+    problem = writable(out)  # first: a name too long for the file system cannot even be looked at
+    if problem:
+        raise ReportFolderError(f"{option} {out}: {problem}")
     here, target = Path.cwd().resolve(), out.resolve()
     if target == here or target in here.parents:
         raise ReportFolderError(f"{option} {out} is the working directory or a folder above it; give a new folder "
@@ -88,9 +91,6 @@ def check_report_folder(out: Path, *, force: bool, option: str = "out") -> None:
         if problem:
             raise ReportFolderError(f"{option} {out}: {problem}; --force replaces only a report folder that "
                                     "headscope wrote")
-    problem = writable(out)
-    if problem:
-        raise ReportFolderError(f"{option} {out}: {problem}")
 
 
 def not_a_report(folder: Path) -> str | None:

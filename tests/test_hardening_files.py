@@ -184,3 +184,39 @@ def test_a_symlinked_table_out_is_refused_before_any_work(dangling, tmp_path):
     result = CliRunner().invoke(cli, ["heads", "--model", "no-such-model", "--out", str(link), "--force"])
     assert result.exit_code == 2 and "is a symbolic link" in _one_line(result)
     assert link.is_symlink() and (dangling or target.read_text() == "the user's table\n")
+
+
+# ---------------------------------------------------------------- 6. file names over 255 bytes
+
+
+def test_long_slugs_are_capped_and_stay_distinct():
+    from headscope.reports.figures import slug
+
+    a, b = "/data/" + "checkpoints/" * 30 + "step-1000", "/data/" + "checkpoints/" * 30 + "step-2000"
+    assert len(slug(a)) <= 60 and len(slug(b)) <= 60 and slug(a) != slug(b)
+    assert slug(a) == slug(a) and slug("minilm") == "minilm"
+
+
+def test_a_report_of_a_model_with_a_very_long_name_is_written(tmp_path):
+    from report_samples import verification
+
+    from headscope.reports.analysis import ModelAnalysis
+    from headscope.reports.folder import report
+
+    name = "/models/" + "a-very-long-folder-name/" * 15 + "model"  # 368 characters
+    written = report([ModelAnalysis(model=name, verification=verification(name))], tmp_path / "r")
+    assert written.figures and all(len(os.fsencode(Path(f).name)) <= 255 for f in written.figures)
+    assert all((tmp_path / "r" / f).is_file() for f in written.figures)
+
+
+@pytest.mark.parametrize("size", [220, 300])
+def test_an_out_name_too_long_for_the_file_system_is_refused_before_any_work(size, stub_run, tmp_path):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+
+    result = _run("--out", str(tmp_path / ("r" * size)))
+    assert result.exit_code == 2 and "bytes" in _one_line(result)
+    table = CliRunner().invoke(cli, ["heads", "--model", "no-such-model", "--out", str(tmp_path / ("t" * size + ".csv"))])
+    assert table.exit_code == 2 and "bytes" in _one_line(table)
+    assert list(tmp_path.iterdir()) == []
