@@ -111,6 +111,33 @@ FORMATS: Mapping[str, Mapping[str, Any]] = {
 
 # Column widths are given with a unit: 3.5in, 8.9cm, 89mm, 252pt.
 WIDTH_UNITS: Mapping[str, float] = {"in": 1.0, "cm": 1 / 2.54, "mm": 1 / 25.4, "pt": 1 / 72}
+WIDTH_RANGE = (0.5, 40.0)  # inches: from a thumbnail to a poster
+PIXEL_RANGE = (50, 12_000)  # width × dpi of a figure file: an image that can be seen, and one that fits in memory
+
+
+def check_width(width: float | None, dpi: int) -> None:
+    """ValueError unless `width` (inches; None keeps each figure's own) lies in `WIDTH_RANGE` and
+    `width × dpi` in `PIXEL_RANGE`: checked before any work, as drawing a 1000in figure runs out of
+    memory and a 0.001pt one is an empty image.
+
+    >>> check_width(3.5, 300)
+    >>> check_width(40, 1200)
+    Traceback (most recent call last):
+    ValueError: 40in at 1200 dpi is 48000 pixels wide; give at most 12000 pixels (a smaller --width or --dpi)
+    """
+    if width is None:
+        return
+    lo, hi = WIDTH_RANGE
+    if not lo <= width <= hi:
+        raise ValueError(f"{width:g}in is outside {lo:g}in–{hi:g}in; give a figure width in that range, "
+                         "such as 3.5in or 8.9cm")
+    pixels, (least, most) = width * dpi, PIXEL_RANGE
+    if pixels < least:
+        raise ValueError(f"{width:g}in at {dpi} dpi is {pixels:.0f} pixels wide; give at least {least} pixels "
+                         "(a larger --width or --dpi)")
+    if pixels > most:
+        raise ValueError(f"{width:g}in at {dpi} dpi is {pixels:.0f} pixels wide; give at most {most} pixels "
+                         "(a smaller --width or --dpi)")
 
 
 def figure_bytes(fig: Figure, fmt: FigureFormat = "png", *, dpi: int = 100, width: float | None = None) -> bytes:
@@ -120,6 +147,7 @@ def figure_bytes(fig: Figure, fmt: FigureFormat = "png", *, dpi: int = 100, widt
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown figure format {fmt!r}; choose from {', '.join(FORMATS)}")
+    check_width(width, dpi)
     spec = FORMATS[fmt]
     buf = io.BytesIO()
     extra = {"metadata": spec["metadata"]} if spec["metadata"] is not None else {}
@@ -139,7 +167,12 @@ def parse_width(spec: str) -> float:
     if m is None or m.group(2) not in WIDTH_UNITS or float(m.group(1)) <= 0:
         raise ValueError(f"{spec!r} is not a width; write a positive number and a unit "
                          f"({', '.join(WIDTH_UNITS)}), such as 3.5in or 8.9cm")
-    return round(float(m.group(1)) * WIDTH_UNITS[m.group(2)], 6)
+    inches = round(float(m.group(1)) * WIDTH_UNITS[m.group(2)], 6)
+    lo, hi = WIDTH_RANGE
+    if not lo <= inches <= hi:
+        raise ValueError(f"{spec!r} is outside {lo:g}in–{hi:g}in; give a figure width in that range, "
+                         "such as 3.5in or 8.9cm")
+    return inches
 
 
 @contextlib.contextmanager

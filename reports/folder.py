@@ -28,6 +28,7 @@ from headscope.probe.folders import writable, write_folder
 from headscope.probe.types import json_safe
 
 from .analysis import ModelAnalysis
+from .figures import check_width
 from .html import build_report
 
 __all__ = ["report", "ReportFolder", "ReportFolderError", "check_report_folder", "not_a_report", "versions"]
@@ -140,6 +141,7 @@ def report(analyses: Sequence[ModelAnalysis], out: str | Path, *, force: bool = 
     """
     out = Path(out)
     started = time.perf_counter() if started is None else started
+    check_width(width, dpi)
     check_report_folder(out, force=force)
     t0 = time.perf_counter()
     the_versions = versions()

@@ -220,3 +220,22 @@ def test_an_out_name_too_long_for_the_file_system_is_refused_before_any_work(siz
     table = CliRunner().invoke(cli, ["heads", "--model", "no-such-model", "--out", str(tmp_path / ("t" * size + ".csv"))])
     assert table.exit_code == 2 and "bytes" in _one_line(table)
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- 11. --width out of range, before any work
+
+
+@pytest.mark.parametrize("args", [["--width", "1000in"], ["--width", "0.001pt"], ["--width", "30in", "--dpi", "1200"],
+                                  ["--width", "1in", "--dpi", "10"]])
+def test_a_width_out_of_range_is_refused_before_any_work(args, stub_run, tmp_path):
+    result = _run("--out", str(tmp_path / "r"), *args)
+    assert result.exit_code == 2 and "--width" in _one_line(result)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_report_api_checks_the_width_before_drawing(tmp_path):
+    from headscope.reports.folder import report
+
+    with pytest.raises(ValueError, match="pixels wide"):
+        report([], tmp_path / "r", width=40.0, dpi=1200)
+    assert list(tmp_path.iterdir()) == []

@@ -162,6 +162,13 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
     if targets and len(targets) != len(texts or REPORT_SENTENCES):
         fail(f"--target: {len(targets)} targets for {len(texts or REPORT_SENTENCES)} sentences; give one --target per "
              "--text, in the same order")
+    if width is not None:
+        from headscope.reports.figures import check_width
+
+        try:
+            check_width(width, dpi)
+        except ValueError as exc:
+            fail(f"--width: {exc}")
     check_out(out_dir, force)
     corpus, probe_sets, corpus_lines = _read_inputs(corpus_path, coref_path, limit)
     treebanks = _read_treebanks(conllu_path, select_path)
