@@ -304,31 +304,78 @@ def attention_heatmap(
                           ylabel="target query (attending)" if cross else "query (attending)")
 
 
+# A token heatmap's size is bounded whatever the text's length: at most CELLS_MAX cells per axis (a longer text
+# is drawn as a pooled overview, each cell the mean over a block of units), at most SIDE_MAX inches per side, and
+# at most LABELS_MAX tick labels per axis (every k-th unit's label beyond that).
+CELLS_MAX = 256
+SIDE_MAX = 20.0
+LABELS_MAX = 80
+
+
+def _pooled(weights: np.ndarray, block: int) -> np.ndarray:
+    """Mean over `block` × `block` tiles (NaN, the cells a causal model cannot see, left out; a tile of
+    only NaN stays NaN); the last tiles may be smaller.
+
+    >>> _pooled(np.arange(16.0).reshape(4, 4), 2).tolist()
+    [[2.5, 4.5], [10.5, 12.5]]
+    """
+    if block == 1:
+        return weights
+    n_q, n = weights.shape
+    m_q, m = -(-n_q // block), -(-n // block)
+    padded = np.full((m_q * block, m * block), np.nan)
+    padded[:n_q, :n] = weights
+    tiles = padded.reshape(m_q, block, m, block)
+    counts = np.isfinite(tiles).sum(axis=(1, 3))
+    sums = np.nansum(tiles, axis=(1, 3))
+    return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
 def _token_heatmap(weights: np.ndarray, amap: AttentionMap, *, ax: Axes | None, cmap: str, cbar: str,
                    title: str, xlabel: str = "key (attended to)", ylabel: str = "query (attending)") -> Figure:
     """A [query, key] map over `amap`'s units, a label on every row and column; a causal map's upper triangle grey.
-    A cross-attention map's rows are the target's units and its columns the source's."""
-    import seaborn as sns
+    A cross-attention map's rows are the target's units and its columns the source's.
+
+    Its size is bounded (`CELLS_MAX`, `SIDE_MAX`, `LABELS_MAX`): a long text is drawn pooled, with every
+    k-th label, and the title says so. A plain `pcolormesh` (seaborn's heatmap measured every label
+    against every other: gigabytes for a few hundred tokens).
+    """
+    import matplotlib as mpl
 
     rows = [display_label(t) for t in getattr(amap, "queries", amap).labels]
     labels = [display_label(t) for t in getattr(amap, "keys", amap).labels]
     n_q, n = len(rows), len(labels)
-    mask = np.triu(np.ones((n_q, n), dtype=bool), k=1) if amap.causal else None
-    cell = _cell(max(n, n_q))
+    values = np.array(weights, dtype=float)  # a copy: the caller's array is left alone
+    if amap.causal:
+        values[np.triu(np.ones((n_q, n), dtype=bool), k=1)] = np.nan
+    block = -(-max(n, n_q) // CELLS_MAX)
+    drawn = _pooled(values, block)
+    m_q, m = drawn.shape
+    cell = min(_cell(max(m, m_q)), SIDE_MAX / max(m, m_q))
+    step = -(-max(m, m_q) // LABELS_MAX)
+    notes = ([f"pooled {block}×{block}"] if block > 1 else []) + ([f"a label every {step * block} units"] if step > 1 else [])
+    full_title = f"{title} · {', '.join(notes)}" if notes else title
+    colours = mpl.colormaps[cmap].with_extremes(bad=_MASKED)
     with font_context("".join(rows + labels) + str(title or "") + str(amap.meta.get("model", ""))):
-        fig, ax = _figure(n * cell + 2.4, n_q * cell + 1.4, ax)
+        fig, ax = _figure(m * cell + 2.4, m_q * cell + 1.4, ax)
         ax.set_facecolor(_MASKED)
-        sns.heatmap(weights, ax=ax, mask=mask, vmin=0.0, vmax=1.0, cmap=cmap, square=True,
-                    xticklabels=labels, yticklabels=rows, linewidths=0.0,
-                    cbar_kws={"label": cbar, "shrink": 0.6 if max(n, n_q) > 12 else 0.9})
-        size = _label_size(n)
+        mesh = ax.pcolormesh(np.ma.masked_invalid(drawn), cmap=colours, vmin=0.0, vmax=1.0)
+        ax.set_xlim(0, m)
+        ax.set_ylim(m_q, 0)
+        ax.set_aspect("equal")
+        for side in ax.spines.values():
+            side.set_visible(False)
+        fig.colorbar(mesh, ax=ax, label=cbar, shrink=0.6 if max(m, m_q) > 12 else 0.9)
+        size = _label_size(len(range(0, max(m, m_q), step)))
+        ax.set_xticks([i + 0.5 for i in range(0, m, step)], [labels[i * block] for i in range(0, m, step)])
+        ax.set_yticks([i + 0.5 for i in range(0, m_q, step)], [rows[i * block] for i in range(0, m_q, step)])
         ax.tick_params(axis="x", labelsize=size, length=0)
         for tick in ax.get_xticklabels():  # one character (or two CJK ones) upright, the rest vertical
             tick.set_rotation(0 if _upright(tick.get_text()) else 90)
         ax.tick_params(axis="y", labelrotation=0, labelsize=size, length=0)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.set_title(title, fontsize=11)
+        ax.set_title(full_title, fontsize=11)
     return fig
 
 
