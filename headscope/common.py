@@ -382,13 +382,17 @@ def too_long_or_fail(lm, lines, *, truncate: bool, batch: int = 256) -> None:
     """
     from itertools import islice
 
+    from headscope.probe.encoding import bounded_text
+
     if truncate:
         return
     stream = iter(lines)
     while chunk := list(islice(stream, batch)):
-        for line, ids in zip(chunk, lm.tokenizer([c.text for c in chunk])["input_ids"]):
+        looked = [bounded_text(lm.tokenizer, c.text, lm.max_length) for c in chunk]  # a huge line only in part
+        for line, (_, cut), ids in zip(chunk, looked, lm.tokenizer([shown for shown, _ in looked])["input_ids"]):
             if len(ids) > lm.max_length:
-                fail(str(line.error(f"the text has {len(ids)} tokens; {lm.name} takes at most {lm.max_length}. "
+                count = f"more than {lm.max_length} tokens ({len(line.text):,} characters)" if cut else f"{len(ids)} tokens"
+                fail(str(line.error(f"the text has {count}; {lm.name} takes at most {lm.max_length}. "
                                     "Split it, or pass --truncate to keep its first tokens")))
 
 

@@ -67,3 +67,53 @@ def test_a_short_heatmap_keeps_every_cell_and_label():
     fig = F.attention_heatmap(_map(30), 0, 0)
     assert fig.axes[0].collections[0].get_array().size == 30 * 30
     assert len(fig.axes[0].get_xticklabels()) == 30 and "pooled" not in fig.axes[0].get_title()
+
+
+# ---------------------------------------------------------------- 8. a huge line is never tokenised whole
+
+
+@pytest.fixture
+def longest_seen(monkeypatch):
+    """The longest text (characters) that any tokenizer call is given while the test runs."""
+    from conftest import _tiny
+
+    tok = _tiny("bert").tokenizer
+    seen = [0]
+    real = type(tok).__call__
+
+    def spy(self, text=None, *args, **kwargs):
+        items = [text] if isinstance(text, str) else list(text or [])
+        seen[0] = max([seen[0], *(len(t) for t in items if isinstance(t, str))])
+        return real(self, text, *args, **kwargs)
+
+    monkeypatch.setattr(type(tok), "__call__", spy)
+    return seen
+
+
+def test_a_huge_text_is_refused_after_tokenising_only_a_prefix(longest_seen):
+    from conftest import _tiny
+
+    from headscope.probe.encoding import encode_many
+
+    lm = _tiny("bert")
+    huge = "word " * 400_000  # 2 MB, one line
+    with pytest.raises(ValueError, match=r"has more than 128 tokens \(2,000,000 characters\)"):
+        encode_many(lm, ["a short one", huge])
+    assert longest_seen[0] <= 128 * 16
+    with pytest.warns(UserWarning, match="truncating"):
+        [enc] = encode_many(lm, [huge], truncate=True)
+    assert len(enc.ids) == 128 and longest_seen[0] <= 128 * 16
+    assert enc.ids == tuple(lm.tokenizer(huge[:5000], truncation=True, max_length=128)["input_ids"])
+
+
+def test_a_huge_corpus_line_is_one_line_and_exit_2(longest_seen, tmp_path):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+
+    corpus = tmp_path / "one-line.txt"
+    corpus.write_text("a first text\n" + "word " * 400_000 + "\n")
+    result = CliRunner().invoke(cli, ["heads", "--model", "tiny:bert", "--corpus", str(corpus), "--quiet"])
+    assert result.exit_code == 2
+    assert "line 2: the text has more than 128 tokens" in result.stderr and len(result.stderr.splitlines()) == 1
+    assert longest_seen[0] <= 128 * 16
