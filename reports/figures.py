@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Ma
 import numpy as np
 
 from headscope.analyses.coref import ProbeResult
-from headscope.analyses.flow import FLOW_MAX_EDGES, TOKEN_MAPS, TokenMap, flow_fits
+from headscope.analyses.flow import FLOW_MAX_EDGES, FLOW_MAX_SECONDS, TOKEN_MAPS, TokenMap, flow, flow_fits
 from headscope.analyses.heads import HeadScores
 from headscope.analyses.metrics import METRICS
 from headscope.probe.types import AttentionMap, head_name
@@ -393,8 +393,20 @@ def token_map(amap: AttentionMap, kind: TokenMap = "rollout", *, ax: Axes | None
     """
     if kind not in TOKEN_MAPS:
         raise ValueError(f"kind must be one of {', '.join(TOKEN_MAPS)}, got {kind!r}")
-    weights = TOKEN_MAPS[kind](amap.attention.detach().float().cpu()).numpy()  # [query, key]
+    attention = amap.attention.detach().float().cpu()
     model = amap.meta.get("model", "")
+    try:  # a flow gets FLOW_MAX_SECONDS; beyond that the figure says it was skipped, and why
+        weights = (flow(attention, max_seconds=FLOW_MAX_SECONDS, progress=None) if kind == "flow"
+                   else TOKEN_MAPS[kind](attention)).numpy()  # [query, key]
+    except TimeoutError as exc:
+        with font_context(amap.text + model):
+            fig, ax = _figure(6.0, 1.6, ax)
+            ax.axis("off")
+            ax.text(0.5, 0.5, textwrap.fill(f"Attention flow skipped: {exc}. The rollout above is drawn; "
+                                            "for the flow, use a shorter text.", 80),
+                    ha="center", va="center", fontsize=10, transform=ax.transAxes)
+            ax.set_title(f"{model + ' · ' if model else ''}attention flow skipped · {amap.level} level", fontsize=11)
+        return fig
     return _token_heatmap(weights, amap, ax=ax, cmap=cmap, cbar=f"share of the output ({kind})",
                           title=f"{model + ' · ' if model else ''}attention {kind} · {amap.level} level",
                           xlabel="input token", ylabel="output token (after the last layer)")
@@ -879,7 +891,8 @@ FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
     FigureSpec("flow", "maps", "attention", token_map, _token_map_panels("flow"),
                "flow-{i}", "Attention flow (Abnar & Zuidema 2020) on “{text}”: the max-flow from each output token "
                "(row) to each input token (column) through the layers, rows normalised (drawn when layers × "
-               f"tokens² ≤ {FLOW_MAX_EDGES:,})."),
+               f"tokens² ≤ {FLOW_MAX_EDGES:,} and it takes at most {FLOW_MAX_SECONDS:g} s; the notes name a text "
+               "whose flow was not drawn)."),
     FigureSpec("syntax_relations", "syntax", "syntax", relation_bars, _relation_bar_panels,
                "syntax-{file_direction}",
                "{direction}: per relation, the head chosen on the selection sentences, its test accuracy (95% "

@@ -117,3 +117,90 @@ def test_a_huge_corpus_line_is_one_line_and_exit_2(longest_seen, tmp_path):
     assert result.exit_code == 2
     assert "line 2: the text has more than 128 tokens" in result.stderr and len(result.stderr.splitlines()) == 1
     assert longest_seen[0] <= 128 * 16
+
+
+# ---------------------------------------------------------------- 9. eager attention that cannot fit
+
+
+def test_eager_attention_over_the_budget_is_refused_before_the_forward_pass(monkeypatch):
+    from conftest import _tiny
+
+    import headscope.probe.extract as extract
+    from headscope.probe.sources import eager_bytes, source_for
+
+    lm = _tiny("llama")
+    text = "the cat sat on the mat " * 4
+    n = len(lm.tokenizer(text)["input_ids"])
+    need = eager_bytes(lm, n)
+    assert need == lm.config.num_hidden_layers * lm.config.num_attention_heads * n * n * 4  # float32
+    calls = []
+    real = extract._run_window
+    monkeypatch.setattr(extract, "_run_window", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    with pytest.raises(ValueError, match=rf"has {n} tokens: .* more than the memory budget .*--attention auto"):
+        list(source_for(lm, "eager", budget=need - 1).texts(["short", text]))
+    assert calls == []  # nothing was computed: the check comes before the model
+    assert len(list(source_for(lm, "eager", budget=need).texts([text]))) == 1
+
+
+def test_the_cli_says_the_need_and_the_way_out_in_one_line(tmp_path):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("the cat sat on the mat " * 4 + "\n")
+    result = CliRunner().invoke(cli, ["heads", "--model", "tiny:llama", "--corpus", str(corpus), "--attention", "eager",
+                                      "--memory-budget", "1000", "--quiet"])
+    assert result.exit_code == 2
+    [line] = result.stderr.splitlines()
+    assert "memory budget of 0.0 GB" in line and "--attention auto" in line
+
+
+# ---------------------------------------------------------------- 10. attention flow: faster, bounded in time
+
+
+def test_flow_matches_networkx_max_flow():
+    """scipy's integer max-flow against networkx's on the same layered graph (the reference)."""
+    import networkx as nx
+
+    from headscope.analyses.flow import flow, residual_attention
+
+    g = torch.Generator().manual_seed(3)
+    a = torch.softmax(torch.randn(3, 2, 5, 5, generator=g) * 2, -1)
+    layers = residual_attention(a)
+    L, T, _ = layers.shape
+    graph = nx.DiGraph()
+    for l in range(L):
+        for i in range(T):
+            for j in range(T):
+                graph.add_edge((l + 1, i), (l, j), capacity=float(layers[l, i, j]))
+    ref = torch.tensor([[nx.maximum_flow_value(graph, (L, i), (0, j)) for j in range(T)] for i in range(T)],
+                       dtype=torch.float64)
+    torch.testing.assert_close(flow(a), ref / ref.sum(-1, keepdim=True), rtol=0, atol=1e-7)
+
+
+def test_a_flow_over_its_time_says_how_far_it_got_and_the_figure_says_it_was_skipped(monkeypatch):
+    import headscope.reports.figures as F
+    from headscope.analyses.flow import flow
+
+    amap = _map(12)
+    with pytest.raises(TimeoutError, match=r"took more than 0 s \(1 of 12 rows done\)"):
+        flow(amap.attention, max_seconds=0)
+    monkeypatch.setattr(F, "FLOW_MAX_SECONDS", 0)
+    fig = F.token_map(amap, "flow")
+    assert "skipped" in fig.axes[0].get_title()
+    assert "took more than 0 s" in " ".join(" ".join(t.get_text().split()) for t in fig.axes[0].texts)
+    assert F.token_map(amap, "rollout").axes[0].collections  # the rollout is still drawn
+
+
+def test_the_report_notes_a_flow_too_large_to_draw():
+    from headscope.analyses.flow import FLOW_MAX_EDGES
+    from headscope.workflows.run import flow_notes
+
+    from types import SimpleNamespace
+
+    fits = _map(4)
+    big = SimpleNamespace(attention=torch.zeros(1, 1, 120, 120))  # 1 layer × 120² = 14,400 edges
+    assert 120 * 120 > FLOW_MAX_EDGES >= 16
+    [note] = flow_notes([fits, big])
+    assert note.startswith("attention flow not drawn for sentence 2 (120 tokens): 1 layers × 120² tokens is 14,400")
