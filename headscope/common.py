@@ -26,7 +26,7 @@ __all__ = [
     "fail", "model_option", "models_option", "device_options", "quiet_option", "json_option", "out_option",
     "TABLE_WRITERS", "write_table", "writable_or_fail", "load_or_fail", "echo_json", "verify_option", "verify_step",
     "finish", "say", "Interrupts", "too_long_or_fail", "attention_options", "parse_size", "attention_note", "parsed", "new_file_or_fail",
-    "join_run", "check_out", "Corpus", "corpus_or_fail",
+    "join_run", "check_out", "Corpus", "corpus_or_fail", "models_or_fail",
 ]
 
 
@@ -109,8 +109,8 @@ def parsed(parse: Callable[[str], Any], option: str):
 def attention_options(fn):
     """--attention eager|recompute|auto and --memory-budget: how attention is obtained (`probe.recompute`)."""
     fn = click.option("--memory-budget", "memory_budget", default=None, metavar="SIZE", callback=parsed(parse_size, "--memory-budget"),
-                      help="Bytes that eager attention may take before --attention auto recomputes it "
-                           "(8GB, 512MiB; default: a quarter of RAM).")(fn)
+                      help="Bytes that eager attention may take before --attention auto recomputes it and "
+                           "--attention eager refuses the text (8GB, 512MiB; default: a quarter of RAM).")(fn)
     return click.option("--attention", type=click.Choice(choices(Attention)), default=DEFAULT_ATTENTION,
                         show_default=True,
                         help="The model's eager attention weights, or recomputed from scratch in blocks of query rows "
@@ -344,6 +344,20 @@ def load_or_fail(name: str, device: str = "cpu", dtype: str = "float32"):
     except (ModelNotAvailable, RuntimeError) as exc:
         first, *more = str(exc).splitlines() or [""]
         fail(first + ("; `headscope models` lists the models that work offline" if more else ""))
+
+
+def models_or_fail(names, option: str = "--model") -> None:
+    """Check every model name before any work (`probe.loading.check_name`): a bad second --model is
+    reported before the first model is loaded and analysed."""
+    from headscope.probe.loading import check_name
+    from headscope.probe.registry import ModelNotAvailable
+
+    for name in names:
+        try:
+            check_name(name)
+        except ModelNotAvailable as exc:
+            first, *more = str(exc).splitlines() or [""]
+            fail(f"{option} {first}" + ("; `headscope models` lists the models that work offline" if more else ""))
 
 
 def join_run(device: str):

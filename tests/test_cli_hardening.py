@@ -41,6 +41,7 @@ def stub_run(monkeypatch):
     from headscope.reports.html import Report
 
     monkeypatch.setattr(run_mod, "load_or_fail", lambda name, *a: type("LM", (), {"name": name, "source": "stub"})())
+    monkeypatch.setattr(run_mod, "models_or_fail", lambda *a, **kw: None)  # test model names are not real ones
     monkeypatch.setattr(run_mod, "too_long_or_fail", lambda *a, **kw: None, raising=False)
     monkeypatch.setattr("headscope.workflows.run.analyse_model",
                         lambda lm, *a, **kw: ModelAnalysis(model="stub", verification=verification("stub")))
@@ -378,6 +379,7 @@ _DRIVER = textwrap.dedent("""
     html.Report.write = write
     folders.os.replace = replace
     run_mod.load_or_fail = lambda name, *a: type("LM", (), {"name": name, "source": "stub"})()
+    run_mod.models_or_fail = lambda *a, **kw: None
     workflow.analyse_model = lambda lm, *a, **kw: ModelAnalysis(model="stub", verification=verified)
     report_folder.build_report = lambda analyses, **kw: html.Report(
         html="<p>new</p>", figures=(), tables={f"t{i}": pd.DataFrame({"a": [i]}) for i in range(4)})

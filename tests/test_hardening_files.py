@@ -239,3 +239,31 @@ def test_the_report_api_checks_the_width_before_drawing(tmp_path):
     with pytest.raises(ValueError, match="pixels wide"):
         report([], tmp_path / "r", width=40.0, dpi=1200)
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- smaller: model names checked first
+
+
+@pytest.mark.parametrize("name, says", [("minilm@main", "minilm is a packaged model, which has no revisions"),
+                                        ("tiny:bert@v1", "tiny:bert is a tiny model, which has no revisions"),
+                                        ("tiny:nope", "no tiny model for 'nope'")])
+def test_model_names_that_can_never_load_are_refused_by_name(name, says):
+    from headscope.probe.loading import check_name
+    from headscope.probe.registry import ModelNotAvailable
+
+    with pytest.raises(ModelNotAvailable, match=says):
+        check_name(name)
+
+
+def test_a_bad_second_model_is_reported_before_the_first_is_loaded(monkeypatch, tmp_path):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+    from headscope.commands import run as run_mod
+
+    loaded = []
+    monkeypatch.setattr(run_mod, "load_or_fail", lambda name, *a: loaded.append(name))
+    result = CliRunner().invoke(cli, ["run", "--model", "tiny:bert", "--model", "minilm@main", "--out",
+                                      str(tmp_path / "r"), "--quiet"])
+    assert result.exit_code == 2 and "minilm is a packaged model, which has no revisions" in _one_line(result)
+    assert loaded == [] and list(tmp_path.iterdir()) == []
