@@ -13,7 +13,6 @@ import json
 import os
 import signal
 import sys
-import tempfile
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,7 +26,7 @@ __all__ = [
     "fail", "model_option", "models_option", "device_options", "quiet_option", "json_option", "out_option",
     "TABLE_WRITERS", "write_table", "writable_or_fail", "load_or_fail", "echo_json", "verify_option", "verify_step",
     "finish", "say", "Interrupts", "too_long_or_fail", "attention_options", "parse_size", "attention_note", "parsed", "new_file_or_fail",
-    "join_run", "check_out", "Corpus", "corpus_or_fail", "utf8_text", "flag_spelling",
+    "join_run", "check_out", "Corpus", "corpus_or_fail", "utf8_text", "flag_spelling", "models_or_fail",
 ]
 
 
@@ -148,8 +147,8 @@ def utf8_text(option: str):
 def attention_options(fn):
     """--attention eager|recompute|auto and --memory-budget: how attention is obtained (`probe.recompute`)."""
     fn = click.option("--memory-budget", "memory_budget", default=None, metavar="SIZE", callback=parsed(parse_size, "--memory-budget"),
-                      help="Bytes that eager attention may take before --attention auto recomputes it "
-                           "(8GB, 512MiB; default: a quarter of RAM).")(fn)
+                      help="Bytes that eager attention may take before --attention auto recomputes it and "
+                           "--attention eager refuses the text (8GB, 512MiB; default: a quarter of RAM).")(fn)
     return click.option("--attention", type=click.Choice(choices(Attention)), default=DEFAULT_ATTENTION,
                         show_default=True,
                         help="The model's eager attention weights, or recomputed from scratch in blocks of query rows "
@@ -212,6 +211,7 @@ def _check_table_path(ctx, param, value: Path | None) -> Path | None:
         return None
     if value.suffix not in TABLE_WRITERS:
         fail(f"--out {value}: use a {', '.join(TABLE_WRITERS)} file name")
+    writable_or_fail(value, "--out")  # first: a name too long for the file system cannot even be looked at
     if value.is_dir():
         fail(f"--out {value} is a folder; give a file name ending in {', '.join(TABLE_WRITERS)}")
     new_file_or_fail(value, "--out")
@@ -219,12 +219,36 @@ def _check_table_path(ctx, param, value: Path | None) -> Path | None:
 
 
 def new_file_or_fail(path: Path, option: str) -> None:
-    """Refuse, before any compute, an output file that exists (unless --force was given) or cannot be written."""
+    """Refuse, before any compute, an output file that exists (unless --force was given), cannot be written,
+    is a symbolic link, or is another output of the same command."""
+    writable_or_fail(path, option)  # first: a name too long for the file system cannot even be looked at
+    if path.is_symlink():
+        fail(f"{option} {path} is a symbolic link (to {os.readlink(path)}); headscope does not write through links: "
+             "give the file itself or a new name")
     if path.is_dir():
         fail(f"{option} {path} is a folder; give a file name")
+    _claim_output(path, option, folder=False)
     if path.exists() and not click.get_current_context().meta.get(_FORCE, False):
         fail(f"{option} {path} already exists; pass --force to replace it, or choose another file")
-    writable_or_fail(path, option)
+
+
+_OUTPUTS = "headscope.outputs"  # ctx.meta key: {resolved path: (option, is a folder)}, every output claimed so far
+
+
+def _claim_output(path: Path, option: str, *, folder: bool) -> None:
+    """Fail when `path` is (or, for a file, lies inside) an output that another option of this command writes."""
+    ctx = click.get_current_context(silent=True)
+    if ctx is None:
+        return
+    claimed = ctx.find_root().meta.setdefault(_OUTPUTS, {})
+    here = Path(os.path.realpath(path))
+    for other, (other_option, other_folder) in claimed.items():
+        if other_option == option:
+            continue
+        if other == here or (other_folder and other in here.parents) or (folder and here in other.parents):
+            fail(f"{option} {path} and {other_option} name the same {'folder' if folder or other_folder else 'file'}; "
+                 "two outputs of one command may not overwrite each other: give each its own name")
+    claimed[here] = (option, folder)
 
 
 def out_option(fn):
@@ -265,9 +289,8 @@ def write_table(table, path: Path) -> None:
     tmp: Path | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".partial{path.suffix}", dir=path.parent)
-        os.close(fd)
-        tmp = Path(name)
+        # Named here but created by the writer, so the file gets the user's umask (mkstemp would make it 0600).
+        tmp = path.with_name(f".{path.name}.partial-{os.getpid()}-{os.urandom(4).hex()}{path.suffix}")
         TABLE_WRITERS[path.suffix](table, tmp)
         os.replace(tmp, path)
         tmp = None
@@ -290,6 +313,7 @@ def check_out(out: Path, force: bool, option: str = "--out") -> None:
         check_report_folder(out, force=force, option=option)
     except ReportFolderError as exc:
         fail(str(exc))
+    _claim_output(out, option, folder=True)
 
 
 @dataclass(frozen=True)
@@ -360,6 +384,20 @@ def load_or_fail(name: str, device: str = "cpu", dtype: str = "float32"):
         fail(first + ("; `headscope models` lists the models that work offline" if more else ""))
 
 
+def models_or_fail(names, option: str = "--model") -> None:
+    """Check every model name before any work (`probe.loading.check_name`): a bad second --model is
+    reported before the first model is loaded and analysed."""
+    from headscope.probe.loading import check_name
+    from headscope.probe.registry import ModelNotAvailable
+
+    for name in names:
+        try:
+            check_name(name)
+        except ModelNotAvailable as exc:
+            first, *more = str(exc).splitlines() or [""]
+            fail(f"{option} {first}" + ("; `headscope models` lists the models that work offline" if more else ""))
+
+
 def join_run(device: str):
     """This process's `headscope.distributed.World` in a torchrun / accelerate launch run, its group joined.
 
@@ -396,13 +434,17 @@ def too_long_or_fail(lm, lines, *, truncate: bool, batch: int = 256) -> None:
     """
     from itertools import islice
 
+    from headscope.probe.encoding import bounded_text
+
     if truncate:
         return
     stream = iter(lines)
     while chunk := list(islice(stream, batch)):
-        for line, ids in zip(chunk, lm.tokenizer([c.text for c in chunk])["input_ids"]):
+        looked = [bounded_text(lm.tokenizer, c.text, lm.max_length) for c in chunk]  # a huge line only in part
+        for line, (_, cut), ids in zip(chunk, looked, lm.tokenizer([shown for shown, _ in looked])["input_ids"]):
             if len(ids) > lm.max_length:
-                fail(str(line.error(f"the text has {len(ids)} tokens; {lm.name} takes at most {lm.max_length}. "
+                count = f"more than {lm.max_length} tokens ({len(line.text):,} characters)" if cut else f"{len(ids)} tokens"
+                fail(str(line.error(f"the text has {count}; {lm.name} takes at most {lm.max_length}. "
                                     "Split it, or pass --truncate to keep its first tokens")))
 
 

@@ -23,7 +23,7 @@ from .words import Segmenter, assign_words
 
 __all__ = ["Encoded", "check_texts", "encode", "encode_many", "encode_targets", "pad_batch", "token_labels",
            "tokenizer_labels", "text_units", "fit_context", "special_prefix", "ordinary_token_ids", "TOO_LONG",
-           "special_ids"]
+           "special_ids", "bounded_text", "token_count"]
 
 
 # The reason a text is left out of an analysis when it has more tokens than the model takes.
@@ -84,26 +84,64 @@ def encode(lm: LoadedModel, text: str, *, truncate: bool = False) -> Encoded:
     return encode_many(lm, [text], truncate=truncate)[0]
 
 
+# A long text is first tokenised only as far as a context of `limit` tokens needs: a prefix of `limit` × this
+# many characters (growing 4× while it holds too few tokens, up to _LOOK_MAX characters), so a huge line never
+# reaches the tokenizer whole (a 65 MB line made the Rust tokenizer abort; 21 MB took 32 s and 3.4 GB).
+_CHARS_PER_TOKEN = 16
+_LOOK_MAX = 1 << 22
+
+
+def bounded_text(tokenizer, text: str, limit: int) -> tuple[str, bool]:
+    """`text` if it is short, else its first prefix (see `_CHARS_PER_TOKEN`) that already holds more than
+    `limit` tokens; and whether it was cut. The first `limit` tokens of the prefix are those of `text`
+    (a few tokens of margin cover the word cut at its end).
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> tok = tiny_model("bert").tokenizer
+    >>> bounded_text(tok, "cat " * 3, 128), len(bounded_text(tok, "cat " * 10**6, 128)[0])
+    (('cat cat cat ', False), 2048)
+    """
+    size = max(limit, 1) * _CHARS_PER_TOKEN
+    while size < len(text):
+        prefix = text[:size]
+        if len(tokenizer(prefix, add_special_tokens=False)["input_ids"]) > limit + 8 or size >= _LOOK_MAX:
+            return prefix, True
+        size *= 4
+    return text, False
+
+
+def token_count(tokenizer, text: str, limit: int) -> tuple[int, bool]:
+    """Tokens of `text` with its special tokens, and whether that is only a lower bound: a text far beyond
+    `limit` is counted on a prefix (`bounded_text`), never whole."""
+    shown, cut = bounded_text(tokenizer, text, limit)
+    return len(tokenizer(shown)["input_ids"]), cut
+
+
 def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False, first_index: int = 0) -> list[Encoded]:
     """Tokenise texts in one call of the (Rust) fast tokenizer, checking the context limit of each.
 
     Errors name a text by its position, counted from `first_index` (where `texts` is part of a stream).
+    A text far longer than the context is tokenised only on a prefix (`bounded_text`).
     """
     tok, limit = lm.tokenizer, lm.max_length
-    enc = tok(list(texts), return_offsets_mapping=True, return_special_tokens_mask=True, add_special_tokens=True)
+    looked = [bounded_text(tok, text, limit) for text in texts]
+    enc = tok([shown for shown, _ in looked], return_offsets_mapping=True, return_special_tokens_mask=True,
+              add_special_tokens=True)
     specials = special_ids(tok)
     out = []
     for i, text in enumerate(texts):
         ids, offsets, special = enc["input_ids"][i], enc["offset_mapping"][i], enc["special_tokens_mask"][i]
+        shown, only_prefix = looked[i]
         if len(ids) > limit:
+            count = f"more than {limit} tokens ({len(text):,} characters)" if only_prefix else f"{len(ids)} tokens"
             if not truncate:
                 raise ValueError(
-                    f"text {first_index + i} (starting {text[:40]!r}) has {len(ids)} tokens; {lm.name} takes at most {limit}. "
+                    f"text {first_index + i} (starting {text[:40]!r}) has {count}; {lm.name} takes at most {limit}. "
                     "Split it, or pass truncate=True (CLI: --truncate) to keep its first tokens."
                 )
-            warnings.warn(f"{lm.name}: truncating a text of {len(ids)} tokens to the model's limit of {limit}",
+            warnings.warn(f"{lm.name}: truncating a text of {count} to the model's limit of {limit}",
                           stacklevel=3)
-            cut = tok(text, return_offsets_mapping=True, return_special_tokens_mask=True, truncation=True,
+            cut = tok(shown, return_offsets_mapping=True, return_special_tokens_mask=True, truncation=True,
                       max_length=limit)
             ids, offsets, special = cut["input_ids"], cut["offset_mapping"], cut["special_tokens_mask"]
         flags = tuple(bool(s) or int(t) in specials for s, t in zip(special, ids))  # a "[SEP]" typed in the text too
@@ -175,7 +213,7 @@ def fit_context(lm: LoadedModel, text: str) -> str:
     >>> len(lm.tokenizer(long)["input_ids"]) <= lm.max_length < len(lm.tokenizer("cat " * 5000)["input_ids"])
     True
     """
-    if len(lm.tokenizer(text)["input_ids"]) <= lm.max_length:
+    if token_count(lm.tokenizer, text, lm.max_length)[0] <= lm.max_length:
         return text
     with warnings.catch_warnings():  # the caller asked for the cut; encode's "truncating" warning says it again
         warnings.simplefilter("ignore")

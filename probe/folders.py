@@ -6,8 +6,8 @@
                                    the new folder is in place, or moved back if anything fails
     writable(target)               why a file or folder could not be created there, or None
     reclaim_stale(parent, name)    remove what killed writers left in `parent`: temporaries whose lock
-                                   (`.<name>.partial-<token>.lock`) nobody holds; a moved-aside old folder
-                                   goes back to its place when that place is empty
+                                   (`.<name>.partial-<token>.lock`) nobody holds or that has none; a
+                                   moved-aside old folder goes back to its place when that place is empty
 
 While it works a writer holds its own lock file, so a cleaner never touches a live writer's
 temporaries; the operating system drops the lock when the writer dies. The report folder
@@ -17,10 +17,15 @@ temporaries; the operating system drops the lock when the writer dies. The repor
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import signal
 import tempfile
+import threading
+import warnings
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from filelock import FileLock, Timeout
 
@@ -47,9 +52,16 @@ def write_folder(target: Path, fill: Callable[[Path], None], *, replace: Callabl
     `target` is replaced only when `replace` is given and `replace(target)` returns None (else its
     answer says why not, in a `FileExistsError`); it is moved aside first and deleted only after the new
     folder is in place. `check()` runs just before anything is moved (an interrupt check, say).
-    Temporaries of writers killed earlier are removed first (`reclaim_stale`).
+    Temporaries of writers killed earlier are removed first (`reclaim_stale`). A symbolic link at
+    `target` is refused (`FileExistsError`): the link would become a folder and its target stay.
+
+    Once `check()` has passed, the replacement is one step: Ctrl-C (SIGINT) is held back until the new
+    folder is in place and the old one gone, and then only announced (a "headscope: ..." warning),
+    so an interrupt never leaves the new folder in place while saying that nothing was replaced.
     """
     target = Path(target).absolute()
+    if target.is_symlink():
+        raise FileExistsError(f"{target} is a symbolic link; give the folder itself or a new name")
     target.parent.mkdir(parents=True, exist_ok=True)
     reclaim_stale(target.parent, target.name)
     token = f"{os.getpid()}-{os.urandom(4).hex()}"
@@ -62,51 +74,99 @@ def write_folder(target: Path, fill: Callable[[Path], None], *, replace: Callabl
                 tmp.mkdir()
                 fill(tmp)
                 check()
-                if target.exists():
-                    problem = "it appeared while it was being written" if replace is None else replace(target)
-                    if problem:
-                        raise FileExistsError(f"{target}: {problem}; nothing was replaced")
-                    os.replace(target, old)
-                os.replace(tmp, target)
+                with _interrupts_held() as interrupted:
+                    if target.exists():
+                        problem = "it appeared while it was being written" if replace is None else replace(target)
+                        if problem:
+                            raise FileExistsError(f"{target}: {problem}; nothing was replaced")
+                        os.replace(target, old)
+                    try:
+                        os.replace(tmp, target)
+                    except BaseException:
+                        if old.exists() and not target.exists():
+                            os.replace(old, target)  # put the previous folder back
+                        raise
+                    _remove(old)
             except BaseException:
-                shutil.rmtree(tmp, ignore_errors=True)
-                if old.exists() and not target.exists():
-                    os.replace(old, target)  # put the previous folder back
+                _remove(tmp)
                 raise
-            finally:
-                shutil.rmtree(old, ignore_errors=True)
+            if interrupted():
+                warnings.warn(f"headscope: Ctrl-C came while {target} was being replaced; the new folder was "
+                              "already complete, so it is in place and the run finished", stacklevel=2)
     finally:
         _lock_of(tmp).unlink(missing_ok=True)
 
 
-def reclaim_stale(parent: Path, name: str | None = None) -> None:
-    """Remove the temporaries that killed writers of `parent / name` (of every folder in `parent` when
-    `name` is None) left beside it: those whose lock is free.
+@contextmanager
+def _interrupts_held() -> Iterator[Callable[[], bool]]:
+    """SIGINT recorded instead of raised inside the block (main thread only); yields "did one come?"."""
+    got: list[int] = []
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is None:
+        yield lambda: False
+        return
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: got.append(signum))
+    try:
+        yield lambda: bool(got)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
-    A killed writer's moved-aside previous folder (`.old-`) goes back to its place when that place is
-    missing (the writer was killed between the two renames); otherwise it is deleted.
+
+# `.<owner>.partial-<token>`, `.<owner>.old-<token>` and the lock `.<owner>.partial-<token>.lock`; the token is
+# `<pid>-<hex>`, so the greedy owner keeps any ".partial-" of its own name.
+_TEMPORARY = re.compile(rf"\.(?P<owner>.+)(?P<kind>{re.escape(PARTIAL)}|{re.escape(OLD)})(?P<token>[0-9]+-[0-9a-z]+)"
+                        r"(?P<lock>\.lock)?")
+
+
+def reclaim_stale(parent: Path, name: str | None = None) -> None:
+    """Remove the temporaries that killed or interrupted writers of `parent / name` (of every folder in
+    `parent` when `name` is None) left beside it: those whose lock is free or gone.
+
+    A writer's moved-aside previous folder (`.old-`) goes back to its place when that place is missing
+    (the writer was killed between the two renames); otherwise it is deleted. Only names of exactly
+    this form, and of exactly this `name`, are touched: another folder's temporaries are never.
     """
     parent = Path(parent)
-    for lock in sorted(parent.glob(f".{name if name is not None else '*'}{PARTIAL}*.lock")):
-        tmp = lock.with_suffix("")
-        owner, _, token = tmp.name[1:].rpartition(PARTIAL)
-        target, old = parent / owner, parent / temporary_name(owner, token, OLD)
+    writers: set[tuple[str, str]] = set()
+    try:
+        entries = list(parent.iterdir())
+    except FileNotFoundError:
+        return
+    for entry in entries:
+        m = _TEMPORARY.fullmatch(entry.name)
+        if m and (name is None or m["owner"] == name):
+            writers.add((m["owner"], m["token"]))
+    for owner, token in sorted(writers):
+        tmp = parent / temporary_name(owner, token)
+        target, old, lock = parent / owner, parent / temporary_name(owner, token, OLD), _lock_of(tmp)
         try:
             with FileLock(lock, timeout=0):
-                shutil.rmtree(tmp, ignore_errors=True)
-                if old.exists() and not target.exists():
+                _remove(tmp)
+                if (old.exists() or old.is_symlink()) and not (target.exists() or target.is_symlink()):
                     os.replace(old, target)
-                shutil.rmtree(old, ignore_errors=True)
+                _remove(old)
         except Timeout:
             continue  # a writer is working there right now
         lock.unlink(missing_ok=True)
 
 
+NAME_MAX = 255  # bytes of one file name on the file systems headscope writes to (ext4, APFS, NTFS)
+_ROOM = 40  # bytes a temporary sibling adds to a name: `.<name>.partial-<pid>-<hex>.lock`
+
+
 def writable(target: Path) -> str | None:
-    """Why a file or folder could not be created at `target`, or None: its nearest existing folder must
-    take a new file (an anonymous temporary file is made there and removed at once)."""
-    existing = Path(target).absolute().parent
+    """Why a file or folder could not be created at `target`, or None: its name, with the room that a
+    temporary sibling needs, and the names of the folders still to be made must fit a file name; its
+    nearest existing folder must take a new file (an anonymous temporary file is made there and removed
+    at once)."""
+    target = Path(target).absolute()
+    size = len(os.fsencode(target.name))
+    if size > NAME_MAX - _ROOM:
+        return (f"its name is {size} bytes; give a name of at most {NAME_MAX - _ROOM} bytes (a file name takes "
+                f"{NAME_MAX}, and headscope writes a temporary beside it first)")
+    existing = target.parent
     while not existing.exists() and existing != existing.parent:
+        if len(os.fsencode(existing.name)) > NAME_MAX:
+            return f"the folder name {existing.name[:40]}… is {len(os.fsencode(existing.name))} bytes; at most {NAME_MAX}"
         existing = existing.parent
     if not existing.is_dir():
         return f"{existing} is a file, not a folder"
@@ -116,6 +176,15 @@ def writable(target: Path) -> str | None:
     except OSError as exc:
         return f"cannot write in {existing} ({exc.strerror or exc})"
     return None
+
+
+def _remove(path: Path) -> None:
+    """Delete a temporary folder (or a link or file in its place); what cannot be deleted stays for the next
+    `reclaim_stale`."""
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.exists():
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _lock_of(tmp: Path) -> Path:

@@ -95,6 +95,7 @@ def load_model(
     if device not in ("cpu", "cuda", "mps", "auto"):
         raise ValueError(f"device must be cpu, cuda, mps or auto, got {device!r}")
     _check_device(device)
+    check_name(name)
     if name.startswith(TINY_PREFIX):
         return _tiny(name, device=device, dtype=dtype)
     torch_dtype = _DTYPES[dtype]
@@ -203,6 +204,31 @@ def _write_gemma(pkg, spec: ModelSpec, folder: Path) -> None:
         )
     os.replace(tmp.name, target)
     target.with_suffix(".ok").write_text(spec.sha256)
+
+
+def check_name(name: str) -> None:
+    """`ModelNotAvailable` now, before any model loads, for a name that `load` could never resolve: an
+    unknown tiny: type, a revision on a packaged or tiny model (they have none), a name that is not a
+    packaged model, an existing path or a hub id. Nothing is read or downloaded.
+
+    >>> check_name("minilm"), check_name("EleutherAI/pythia-70m@step1000")
+    (None, None)
+    """
+    if name in KNOWN_MODELS:
+        return
+    base, revision = split_revision(name)
+    if revision is not None and (base in KNOWN_MODELS or base.startswith(TINY_PREFIX)):
+        raise ModelNotAvailable(f"{name}: {base} is a {'packaged' if base in KNOWN_MODELS else 'tiny'} model, which "
+                                "has no revisions; give it without @REVISION (revisions are for hub ids, "
+                                "org/model@rev)")
+    if base.startswith(TINY_PREFIX):
+        if base[len(TINY_PREFIX):] not in SUPPORTED_TYPES:
+            raise ModelNotAvailable(f"no tiny model for {base[len(TINY_PREFIX):]!r}; tiny: takes a verified model "
+                                    f"type: {', '.join(sorted(SUPPORTED_TYPES))} (see `headscope models --families`)")
+        return
+    _, _, source = _user_path(base)
+    if revision is not None and not source.startswith("Hugging Face hub id"):
+        raise ModelNotAvailable(f"{name}: @REVISION applies to hub ids (org/model@rev) only; {base} is a {source}")
 
 
 def split_revision(name: str) -> tuple[str, str | None]:

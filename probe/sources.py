@@ -40,7 +40,7 @@ from typing import ClassVar, Iterable, Iterator, Literal, Mapping, Sequence
 
 import torch
 
-from .encoding import Encoded, check_texts, encode_many, text_units
+from .encoding import Encoded, _checked_stream, check_texts, encode_many, text_units, token_count
 from .extract import _make_map, _select, extract_ids, iter_extract
 from .extract import extract as extract_eager
 from .forward import is_seq2seq
@@ -257,8 +257,30 @@ class EagerSource(AttentionSource):
     def texts(self, texts: Iterable[str], *, level: Level = "token", truncate: bool = False, window: int = 4,
               weight: Weight = "attention") -> Iterator[AttentionMap]:
         """Every text eager, streamed through `probe.iter_extract` as they come (no decision to make)."""
-        return iter_extract(self.lm, texts, batch_size=self.batch_size, level=level, truncate=truncate,
-                            window=window, weight=weight)
+        return iter_extract(self.lm, self._within_budget(texts, truncate=truncate), batch_size=self.batch_size,
+                            level=level, truncate=truncate, window=window, weight=weight)
+
+    def _within_budget(self, texts: str | Iterable[str], *, truncate: bool) -> Iterator[str]:
+        """`texts`, each checked before it reaches the model: a ValueError (the need, the budget and the way
+        out) when its eager attention alone would take more than the budget, instead of the allocator's
+        failure in the middle of the forward pass."""
+        limit, config = self.lm.max_length, self.lm.config
+        for i, text in enumerate(_checked_stream(texts)):
+            n, _ = token_count(self.lm.tokenizer, text, limit)
+            if n > limit and not truncate:
+                yield text  # too long for the model: extraction says so, with its own advice
+                continue
+            n = min(n, limit)
+            need = self.need(n)
+            if need > self.budget:
+                itemsize = torch.empty((), dtype=self.lm.dtype).element_size()
+                raise ValueError(
+                    f"text {i} (starting {text[:40]!r}) has {n:,} tokens: its eager attention alone takes "
+                    f"{need / 1e9:.1f} GB ({config.num_hidden_layers} layers × {config.num_attention_heads} heads × "
+                    f"{n:,}² × {itemsize} B), more than the memory budget of {self.budget / 1e9:.1f} GB; use "
+                    "attention='auto' (CLI: --attention auto), which recomputes such a text in blocks, or raise "
+                    "the budget (CLI: --memory-budget)")
+            yield text
 
     def eager_texts(self, texts: Sequence[str]) -> list[str]:
         return list(texts)
@@ -267,8 +289,10 @@ class EagerSource(AttentionSource):
                   heads: Sequence[int] | None = None, store_dtype: torch.dtype = torch.float32,
                   truncate: bool = False, segmenter: Segmenter | None = None,
                   window: int = 16) -> Iterator[AttentionMap]:
-        """`probe.iter_extract` itself: batches sorted by length within windows of `window` batches."""
-        return iter_extract(self.lm, texts, batch_size=self.batch_size, level=level, layers=layers, heads=heads,
+        """`probe.iter_extract` itself: batches sorted by length within windows of `window` batches (each text
+        first checked against the budget)."""
+        checked = self._within_budget(texts, truncate=truncate)
+        return iter_extract(self.lm, checked, batch_size=self.batch_size, level=level, layers=layers, heads=heads,
                             store_dtype=store_dtype, truncate=truncate, segmenter=segmenter, window=window)
 
 

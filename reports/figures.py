@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import io
 import math
 import re
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Ma
 import numpy as np
 
 from headscope.analyses.coref import ProbeResult
-from headscope.analyses.flow import FLOW_MAX_EDGES, TOKEN_MAPS, TokenMap, flow_fits
+from headscope.analyses.flow import FLOW_MAX_EDGES, FLOW_MAX_SECONDS, TOKEN_MAPS, TokenMap, flow, flow_fits
 from headscope.analyses.heads import HeadScores
 from headscope.analyses.metrics import METRICS
 from headscope.analyses.patching import PatchResult
@@ -115,6 +116,33 @@ FORMATS: Mapping[str, Mapping[str, Any]] = {
 
 # Column widths are given with a unit: 3.5in, 8.9cm, 89mm, 252pt.
 WIDTH_UNITS: Mapping[str, float] = {"in": 1.0, "cm": 1 / 2.54, "mm": 1 / 25.4, "pt": 1 / 72}
+WIDTH_RANGE = (0.5, 40.0)  # inches: from a thumbnail to a poster
+PIXEL_RANGE = (50, 12_000)  # width × dpi of a figure file: an image that can be seen, and one that fits in memory
+
+
+def check_width(width: float | None, dpi: int) -> None:
+    """ValueError unless `width` (inches; None keeps each figure's own) lies in `WIDTH_RANGE` and
+    `width × dpi` in `PIXEL_RANGE`: checked before any work, as drawing a 1000in figure runs out of
+    memory and a 0.001pt one is an empty image.
+
+    >>> check_width(3.5, 300)
+    >>> check_width(40, 1200)
+    Traceback (most recent call last):
+    ValueError: 40in at 1200 dpi is 48000 pixels wide; give at most 12000 pixels (a smaller --width or --dpi)
+    """
+    if width is None:
+        return
+    lo, hi = WIDTH_RANGE
+    if not lo <= width <= hi:
+        raise ValueError(f"{width:g}in is outside {lo:g}in–{hi:g}in; give a figure width in that range, "
+                         "such as 3.5in or 8.9cm")
+    pixels, (least, most) = width * dpi, PIXEL_RANGE
+    if pixels < least:
+        raise ValueError(f"{width:g}in at {dpi} dpi is {pixels:.0f} pixels wide; give at least {least} pixels "
+                         "(a larger --width or --dpi)")
+    if pixels > most:
+        raise ValueError(f"{width:g}in at {dpi} dpi is {pixels:.0f} pixels wide; give at most {most} pixels "
+                         "(a smaller --width or --dpi)")
 
 
 def figure_bytes(fig: Figure, fmt: FigureFormat = "png", *, dpi: int = 100, width: float | None = None) -> bytes:
@@ -124,6 +152,7 @@ def figure_bytes(fig: Figure, fmt: FigureFormat = "png", *, dpi: int = 100, widt
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown figure format {fmt!r}; choose from {', '.join(FORMATS)}")
+    check_width(width, dpi)
     spec = FORMATS[fmt]
     buf = io.BytesIO()
     extra = {"metadata": spec["metadata"]} if spec["metadata"] is not None else {}
@@ -143,7 +172,12 @@ def parse_width(spec: str) -> float:
     if m is None or m.group(2) not in WIDTH_UNITS or float(m.group(1)) <= 0:
         raise ValueError(f"{spec!r} is not a width; write a positive number and a unit "
                          f"({', '.join(WIDTH_UNITS)}), such as 3.5in or 8.9cm")
-    return round(float(m.group(1)) * WIDTH_UNITS[m.group(2)], 6)
+    inches = round(float(m.group(1)) * WIDTH_UNITS[m.group(2)], 6)
+    lo, hi = WIDTH_RANGE
+    if not lo <= inches <= hi:
+        raise ValueError(f"{spec!r} is outside {lo:g}in–{hi:g}in; give a figure width in that range, "
+                         "such as 3.5in or 8.9cm")
+    return inches
 
 
 @contextlib.contextmanager
@@ -275,31 +309,78 @@ def attention_heatmap(
                           ylabel="target query (attending)" if cross else "query (attending)")
 
 
+# A token heatmap's size is bounded whatever the text's length: at most CELLS_MAX cells per axis (a longer text
+# is drawn as a pooled overview, each cell the mean over a block of units), at most SIDE_MAX inches per side, and
+# at most LABELS_MAX tick labels per axis (every k-th unit's label beyond that).
+CELLS_MAX = 256
+SIDE_MAX = 20.0
+LABELS_MAX = 80
+
+
+def _pooled(weights: np.ndarray, block: int) -> np.ndarray:
+    """Mean over `block` × `block` tiles (NaN, the cells a causal model cannot see, left out; a tile of
+    only NaN stays NaN); the last tiles may be smaller.
+
+    >>> _pooled(np.arange(16.0).reshape(4, 4), 2).tolist()
+    [[2.5, 4.5], [10.5, 12.5]]
+    """
+    if block == 1:
+        return weights
+    n_q, n = weights.shape
+    m_q, m = -(-n_q // block), -(-n // block)
+    padded = np.full((m_q * block, m * block), np.nan)
+    padded[:n_q, :n] = weights
+    tiles = padded.reshape(m_q, block, m, block)
+    counts = np.isfinite(tiles).sum(axis=(1, 3))
+    sums = np.nansum(tiles, axis=(1, 3))
+    return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
+
+
 def _token_heatmap(weights: np.ndarray, amap: AttentionMap, *, ax: Axes | None, cmap: str, cbar: str,
                    title: str, xlabel: str = "key (attended to)", ylabel: str = "query (attending)") -> Figure:
     """A [query, key] map over `amap`'s units, a label on every row and column; a causal map's upper triangle grey.
-    A cross-attention map's rows are the target's units and its columns the source's."""
-    import seaborn as sns
+    A cross-attention map's rows are the target's units and its columns the source's.
+
+    Its size is bounded (`CELLS_MAX`, `SIDE_MAX`, `LABELS_MAX`): a long text is drawn pooled, with every
+    k-th label, and the title says so. A plain `pcolormesh` (seaborn's heatmap measured every label
+    against every other: gigabytes for a few hundred tokens).
+    """
+    import matplotlib as mpl
 
     rows = [display_label(t) for t in getattr(amap, "queries", amap).labels]
     labels = [display_label(t) for t in getattr(amap, "keys", amap).labels]
     n_q, n = len(rows), len(labels)
-    mask = np.triu(np.ones((n_q, n), dtype=bool), k=1) if amap.causal else None
-    cell = _cell(max(n, n_q))
+    values = np.array(weights, dtype=float)  # a copy: the caller's array is left alone
+    if amap.causal:
+        values[np.triu(np.ones((n_q, n), dtype=bool), k=1)] = np.nan
+    block = -(-max(n, n_q) // CELLS_MAX)
+    drawn = _pooled(values, block)
+    m_q, m = drawn.shape
+    cell = min(_cell(max(m, m_q)), SIDE_MAX / max(m, m_q))
+    step = -(-max(m, m_q) // LABELS_MAX)
+    notes = ([f"pooled {block}×{block}"] if block > 1 else []) + ([f"a label every {step * block} units"] if step > 1 else [])
+    full_title = f"{title} · {', '.join(notes)}" if notes else title
+    colours = mpl.colormaps[cmap].with_extremes(bad=_MASKED)
     with font_context("".join(rows + labels) + str(title or "") + str(amap.meta.get("model", ""))):
-        fig, ax = _figure(n * cell + 2.4, n_q * cell + 1.4, ax)
+        fig, ax = _figure(m * cell + 2.4, m_q * cell + 1.4, ax)
         ax.set_facecolor(_MASKED)
-        sns.heatmap(weights, ax=ax, mask=mask, vmin=0.0, vmax=1.0, cmap=cmap, square=True,
-                    xticklabels=labels, yticklabels=rows, linewidths=0.0,
-                    cbar_kws={"label": cbar, "shrink": 0.6 if max(n, n_q) > 12 else 0.9})
-        size = _label_size(n)
+        mesh = ax.pcolormesh(np.ma.masked_invalid(drawn), cmap=colours, vmin=0.0, vmax=1.0)
+        ax.set_xlim(0, m)
+        ax.set_ylim(m_q, 0)
+        ax.set_aspect("equal")
+        for side in ax.spines.values():
+            side.set_visible(False)
+        fig.colorbar(mesh, ax=ax, label=cbar, shrink=0.6 if max(m, m_q) > 12 else 0.9)
+        size = _label_size(len(range(0, max(m, m_q), step)))
+        ax.set_xticks([i + 0.5 for i in range(0, m, step)], [labels[i * block] for i in range(0, m, step)])
+        ax.set_yticks([i + 0.5 for i in range(0, m_q, step)], [rows[i * block] for i in range(0, m_q, step)])
         ax.tick_params(axis="x", labelsize=size, length=0)
         for tick in ax.get_xticklabels():  # one character (or two CJK ones) upright, the rest vertical
             tick.set_rotation(0 if _upright(tick.get_text()) else 90)
         ax.tick_params(axis="y", labelrotation=0, labelsize=size, length=0)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
-        ax.set_title(title, fontsize=11)
+        ax.set_title(full_title, fontsize=11)
     return fig
 
 
@@ -317,8 +398,20 @@ def token_map(amap: AttentionMap, kind: TokenMap = "rollout", *, ax: Axes | None
     """
     if kind not in TOKEN_MAPS:
         raise ValueError(f"kind must be one of {', '.join(TOKEN_MAPS)}, got {kind!r}")
-    weights = TOKEN_MAPS[kind](amap.attention.detach().float().cpu()).numpy()  # [query, key]
+    attention = amap.attention.detach().float().cpu()
     model = amap.meta.get("model", "")
+    try:  # a flow gets FLOW_MAX_SECONDS; beyond that the figure says it was skipped, and why
+        weights = (flow(attention, max_seconds=FLOW_MAX_SECONDS, progress=None) if kind == "flow"
+                   else TOKEN_MAPS[kind](attention)).numpy()  # [query, key]
+    except TimeoutError as exc:
+        with font_context(amap.text + model):
+            fig, ax = _figure(6.0, 1.6, ax)
+            ax.axis("off")
+            ax.text(0.5, 0.5, textwrap.fill(f"Attention flow skipped: {exc}. The rollout above is drawn; "
+                                            "for the flow, use a shorter text.", 80),
+                    ha="center", va="center", fontsize=10, transform=ax.transAxes)
+            ax.set_title(f"{model + ' · ' if model else ''}attention flow skipped · {amap.level} level", fontsize=11)
+        return fig
     return _token_heatmap(weights, amap, ax=ax, cmap=cmap, cbar=f"share of the output ({kind})",
                           title=f"{model + ' · ' if model else ''}attention {kind} · {amap.level} level",
                           xlabel="input token", ylabel="output token (after the last layer)")
@@ -851,7 +944,8 @@ FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
     FigureSpec("flow", "maps", "attention", token_map, _token_map_panels("flow"),
                "flow-{i}", "Attention flow (Abnar & Zuidema 2020) on “{text}”: the max-flow from each output token "
                "(row) to each input token (column) through the layers, rows normalised (drawn when layers × "
-               f"tokens² ≤ {FLOW_MAX_EDGES:,})."),
+               f"tokens² ≤ {FLOW_MAX_EDGES:,} and it takes at most {FLOW_MAX_SECONDS:g} s; the notes name a text "
+               "whose flow was not drawn)."),
     FigureSpec("syntax_relations", "syntax", "syntax", relation_bars, _relation_bar_panels,
                "syntax-{file_direction}",
                "{direction}: per relation, the head chosen on the selection sentences, its test accuracy (95% "
@@ -892,11 +986,20 @@ def start_head(section: Any) -> tuple[int, int]:
     return 0, 0
 
 
+SLUG_MAX = 60  # characters (ASCII: bytes) of a slug, so that every file name of a report stays far below 255 bytes
+
+
 def slug(text: str) -> str:
-    """A file-name-safe form of a model name or task.
+    """A file-name-safe form of a model name or task, at most `SLUG_MAX` characters: a longer one keeps its
+    start and ends in a hash of the whole text, so different texts keep different slugs.
 
     >>> slug("HuggingFaceTB/SmolLM2-135M"), slug("../my model")
     ('HuggingFaceTB-SmolLM2-135M', 'my-model')
+    >>> len(slug("/data/" + "checkpoints/" * 40 + "step-1000"))
+    60
     """
-    s = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.")
-    return s or "model"
+    s = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "model"
+    if len(s) <= SLUG_MAX:
+        return s
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return f"{s[:SLUG_MAX - len(digest) - 1].rstrip('-.')}-{digest}"

@@ -15,6 +15,7 @@ place, so an interrupted write leaves no half report. An existing `out` is repla
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from dataclasses import dataclass
@@ -27,6 +28,7 @@ from headscope.probe.folders import writable, write_folder
 from headscope.probe.types import json_safe
 
 from .analysis import ModelAnalysis
+from .figures import check_width
 from .html import build_report
 
 __all__ = ["report", "ReportFolder", "ReportFolderError", "check_report_folder", "not_a_report", "versions"]
@@ -71,10 +73,16 @@ def check_report_folder(out: Path, *, force: bool, option: str = "out") -> None:
     """Refuse, before any work, a report folder that must not be replaced or cannot be written
     (`ReportFolderError`, naming `option`)."""
     out = Path(out)
+    problem = writable(out)  # first: a name too long for the file system cannot even be looked at
+    if problem:
+        raise ReportFolderError(f"{option} {out}: {problem}")
     here, target = Path.cwd().resolve(), out.resolve()
     if target == here or target in here.parents:
         raise ReportFolderError(f"{option} {out} is the working directory or a folder above it; give a new folder "
                                 "for the report")
+    if out.is_symlink():
+        raise ReportFolderError(f"{option} {out} is a symbolic link (to {os.readlink(out)}); headscope does not "
+                                "write a report through a link: give the folder itself or a new name")
     if out.exists() and not out.is_dir():
         raise ReportFolderError(f"{option} {out} exists and is not a folder; remove it or choose another name")
     if out.exists() and not force:
@@ -84,9 +92,6 @@ def check_report_folder(out: Path, *, force: bool, option: str = "out") -> None:
         if problem:
             raise ReportFolderError(f"{option} {out}: {problem}; --force replaces only a report folder that "
                                     "headscope wrote")
-    problem = writable(out)
-    if problem:
-        raise ReportFolderError(f"{option} {out}: {problem}")
 
 
 def not_a_report(folder: Path) -> str | None:
@@ -136,6 +141,7 @@ def report(analyses: Sequence[ModelAnalysis], out: str | Path, *, force: bool = 
     """
     out = Path(out)
     started = time.perf_counter() if started is None else started
+    check_width(width, dpi)
     check_report_folder(out, force=force)
     t0 = time.perf_counter()
     the_versions = versions()

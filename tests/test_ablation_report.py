@@ -203,6 +203,7 @@ def test_cli_ablation_flags(monkeypatch, tmp_path):
     from headscope.commands import run as run_mod
 
     monkeypatch.setattr(run_mod, "load_or_fail", lambda name, device, dtype: tiny_model("bert"))
+    monkeypatch.setattr(run_mod, "models_or_fail", lambda *a, **kw: None)  # test model names are not real ones
     from headscope.analyses.relations import builtin_path
 
     base = ["run", "--model", "bert", "--limit", "4", "--permutations", "100", "--quiet", "--text", "The cat sat.",
@@ -224,6 +225,7 @@ def test_the_old_causal_flags_still_work_one_release_with_a_warning(monkeypatch,
     from headscope.commands import run as run_mod
 
     monkeypatch.setattr(run_mod, "load_or_fail", lambda name, device, dtype: tiny_model("bert"))
+    monkeypatch.setattr(run_mod, "models_or_fail", lambda *a, **kw: None)  # test model names are not real ones
     base = ["run", "--model", "bert", "--limit", "4", "--permutations", "100", "--quiet", "--text", "The cat sat.",
             "--coref", str(builtin_path("agreement")), "--json"]
     old = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "old"), "--causal-texts", "2"])

@@ -41,6 +41,7 @@ def stub_run(monkeypatch):
     from headscope.reports.html import Report
 
     monkeypatch.setattr(run_mod, "load_or_fail", lambda name, *a: type("LM", (), {"name": name, "source": "stub"})())
+    monkeypatch.setattr(run_mod, "models_or_fail", lambda *a, **kw: None)  # test model names are not real ones
     monkeypatch.setattr(run_mod, "too_long_or_fail", lambda *a, **kw: None, raising=False)
     monkeypatch.setattr("headscope.workflows.run.analyse_model",
                         lambda lm, *a, **kw: ModelAnalysis(model="stub", verification=verification("stub")))
@@ -323,7 +324,7 @@ def test_headscope_warnings_print_as_one_clean_line(monkeypatch):
 # Runs `headscope run` with stubs for the model, the analyses and the drawing. HOOK picks what the
 # report writer does: "sigint" sends SIGINT mid-write; "swallowed" sends it inside a finaliser
 # (Python prints "Exception ignored" and drops the KeyboardInterrupt); "kill:N" SIGKILLs the process
-# at its N-th step (a file written, a folder renamed).
+# at its N-th step (a file written, a folder renamed), "sigint:N" sends it SIGINT there.
 _DRIVER = textwrap.dedent("""
     import gc, os, signal, sys
     import pandas as pd
@@ -343,6 +344,8 @@ _DRIVER = textwrap.dedent("""
         steps[0] += 1
         if hook == f"kill:{steps[0]}":
             os.kill(os.getpid(), signal.SIGKILL)
+        if hook == f"sigint:{steps[0]}":
+            os.kill(os.getpid(), signal.SIGINT)
 
     class Interrupter:
         def __del__(self):
@@ -376,6 +379,7 @@ _DRIVER = textwrap.dedent("""
     html.Report.write = write
     folders.os.replace = replace
     run_mod.load_or_fail = lambda name, *a: type("LM", (), {"name": name, "source": "stub"})()
+    run_mod.models_or_fail = lambda *a, **kw: None
     workflow.analyse_model = lambda lm, *a, **kw: ModelAnalysis(model="stub", verification=verified)
     report_folder.build_report = lambda analyses, **kw: html.Report(
         html="<p>new</p>", figures=(), tables={f"t{i}": pd.DataFrame({"a": [i]}) for i in range(4)})

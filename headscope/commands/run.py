@@ -20,8 +20,8 @@ import click
 from headscope.probe.names import DEFAULT_LEVEL, Level, choices
 
 from ..common import (Interrupts, attention_options, check_out, corpus_or_fail, device_options, echo_json, fail,
-                      join_run, json_option, load_or_fail, models_option, parsed, quiet_option, say, too_long_or_fail,
-                      utf8_text)
+                      join_run, json_option, load_or_fail, models_option, models_or_fail, parsed, quiet_option, say,
+                      too_long_or_fail, utf8_text)
 
 __all__ = ["cli"]
 
@@ -154,6 +154,7 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
         fail("--model: give at least one model name")
     if len(set(names)) != len(names):
         fail(f"--model: a model is named twice in {names}")
+    models_or_fail(names)
     for i, t in enumerate(texts):
         if not t.strip():
             fail(f"--text {i + 1} is empty; give a sentence")
@@ -163,6 +164,13 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
     if targets and len(targets) != len(texts or REPORT_SENTENCES):
         fail(f"--target: {len(targets)} targets for {len(texts or REPORT_SENTENCES)} sentences; give one --target per "
              "--text, in the same order")
+    if width is not None:
+        from headscope.reports.figures import check_width
+
+        try:
+            check_width(width, dpi)
+        except ValueError as exc:
+            fail(f"--width: {exc}")
     check_out(out_dir, force)
     corpus, probe_sets, corpus_lines = _read_inputs(corpus_path, coref_path, limit)
     treebanks = _read_treebanks(conllu_path, select_path)

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from ..common import (TABLE_WRITERS, attention_options, device_options, echo_json, fail, finish, json_option,
-                      load_or_fail, model_option, new_file_or_fail, out_option, quiet_option, say, verify_option,
+                      load_or_fail, model_option, models_or_fail, new_file_or_fail, out_option, quiet_option, say, verify_option,
                       verify_step, write_table)
 
 __all__ = ["cli", "treebank_or_fail"]
@@ -118,6 +118,7 @@ def _check_clusters(path: Path | None, cluster_with) -> None:
         fail(f"--clusters {path}: give a file ending in {', '.join(_cluster_writers())}")
     if path is not None:
         new_file_or_fail(path, "--clusters")
+    models_or_fail(cluster_with, "--cluster-with")  # loaded only after the syntax scores: checked now
 
 
 def _write_clusters(lm, others, treebank, path: Path, *, n_sentences: int, seed: int, batch_size: int, device: str,

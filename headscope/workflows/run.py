@@ -21,6 +21,7 @@ from typing import Callable, Sequence
 
 import pandas as pd
 
+from headscope.analyses.flow import FLOW_MAX_EDGES, flow_fits
 from headscope.analyses.treebank import Treebank
 from headscope.probe.encoding import fit_context
 from headscope.probe.extract import extract
@@ -106,6 +107,17 @@ class _Stages:
             self.seconds[name] = round(time.perf_counter() - t0, 3)
 
 
+def flow_notes(maps: Sequence) -> list[str]:
+    """A note for each report sentence whose attention flow is too large to draw (`analyses.flow.flow_fits`)."""
+    notes = []
+    for i, amap in enumerate(maps):
+        if not flow_fits(amap.attention):
+            L, _, T, _ = amap.attention.shape
+            notes.append(f"attention flow not drawn for sentence {i + 1} ({T} tokens): {L} layers × {T}² tokens is "
+                         f"{L * T * T:,} edges, over the limit of {FLOW_MAX_EDGES:,}; its rollout is drawn")
+    return notes
+
+
 def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[str, list]], settings: RunSettings,
                   *, load_seconds: float = 0.0, progress: bool = False,
                   log: Callable[[str], None] | None = None, conllu: Treebank | None = None,
@@ -179,6 +191,7 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
             f"({stage.seconds['ablation']:.1f} s)")
 
     maps, pairs, norm_maps = stage.run("sentences", _report_attention, lm, settings)
+    notes.extend(flow_notes(maps))
     generations: tuple[GenerationAttention, ...] = ()
     if settings.generate and lm.is_causal:
         generations = stage.run("generate", _generations, lm, settings)
