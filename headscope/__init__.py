@@ -62,6 +62,8 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "Cloze": "headscope.workflows.ablation",
     "Choice": "headscope.workflows.ablation",
     "InductionTask": "headscope.workflows.ablation",
+    "sinks": "headscope.workflows.sinks",
+    "streaming": "headscope.workflows.sinks",
     "compare_models": "headscope.workflows.compare",
     "analyse_model": "headscope.workflows.run",
     "RunSettings": "headscope.workflows.run",
@@ -87,6 +89,9 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "HeadComparison": "headscope.analyses.compare",
     "AblationResult": "headscope.analyses.ablation",
     "AblationEvidence": "headscope.analyses.evidence",
+    "SinkReport": "headscope.analyses.sinks",
+    "SinkRate": "headscope.analyses.sinks",
+    "StreamingResult": "headscope.analyses.sinks",
     "rollout": "headscope.analyses.flow",
     "flow": "headscope.analyses.flow",
     # reports

@@ -17,7 +17,8 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout
 import click
 
 from . import __version__
-from .commands import ablate, compare, coref, explain, generate, heads, importance, models, relations, run, syntax, verify
+from .commands import (ablate, compare, coref, explain, generate, heads, importance, models, relations, run, sinks, syntax,
+                       verify)
 
 
 class _OneLine(click.ClickException):
@@ -80,6 +81,7 @@ def cli(debug: bool) -> None:
 _COMMANDS = {
     "models": models, "verify": verify, "explain": explain, "heads": heads, "coref": coref, "relations": relations,
     "syntax": syntax, "run": run, "compare": compare, "generate": generate, "ablate": ablate, "importance": importance,
+    "sinks": sinks,
 }
 for _name, _module in _COMMANDS.items():
     cli.add_command(_module.cli, name=_name)
