@@ -115,7 +115,8 @@ def sink_rate(mass: torch.Tensor | np.ndarray, *, k: int = 1, epsilon: float = S
 
 def massive_activations(states: torch.Tensor, tokens: Sequence[Sequence[str]], *, top: int = 3,
                         layers: Sequence[int] | None = None) -> pd.DataFrame:
-    """The `top` largest |activations| of each layer's residual stream, with Sun et al.'s criterion.
+    """The `top` largest |activations| of each layer's residual stream, at distinct (position, dim) pairs (each
+    the largest over the sequences), with Sun et al.'s criterion.
 
     `states` is (N, L, T, D) (`probe.sinks.residual_stream`), `tokens[n][t]` the label of token t of sequence n.
     Rows: layer, sequence, position, token, dim, value (signed), ratio_to_median (|a| over the median |a| of
@@ -128,10 +129,11 @@ def massive_activations(states: torch.Tensor, tokens: Sequence[Sequence[str]], *
         a = states[:, i]  # (N, T, D)
         mag = a.abs()
         median = float(mag.median())
-        vals, flat = mag.reshape(-1).topk(min(top, mag.numel()))
+        peak, seq = mag.max(0)  # (T, D): the largest over sequences, and which one
+        vals, flat = peak.reshape(-1).topk(min(top, peak.numel()))
         for v, f in zip(vals.tolist(), flat.tolist()):
-            n, rest = divmod(f, T * D)
-            t, d = divmod(rest, D)
+            t, d = divmod(f, D)
+            n = int(seq[t, d])
             ratio = v / median if median > 0 else math.inf
             rows.append({"layer": layer, "sequence": n, "position": t, "token": tokens[n][t], "dim": d,
                          "value": float(a[n, t, d]), "ratio_to_median": ratio,

@@ -184,10 +184,12 @@ def test_massive_activations_find_a_planted_spike():
     gen = torch.Generator().manual_seed(0)
     states = torch.randn(2, 3, 5, 8, generator=gen)
     states[1, 2, 0, 6] = -5000.0  # layer 2, sequence 1, position 0, dim 6
-    before = states.clone()
     tokens = [[f"t{n}{t}" for t in range(5)] for n in range(2)]
+    states[0, 2, 0, 6] = 4000.0  # the same place in another sequence: not a second row
+    before = states.clone()
     frame = massive_activations(states, tokens, top=2)
     assert len(frame) == 6 and torch.equal(states, before)
+    assert abs(frame[frame.layer == 2].iloc[1].value) < 100
     top = frame[frame.layer == 2].iloc[0]
     assert (top.sequence, top.position, top.token, top.dim, top.value) == (1, 0, "t10", 6, -5000.0)
     assert top.ratio_to_median == pytest.approx(5000 / float(states[:, 2].abs().median()))
