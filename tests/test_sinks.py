@@ -274,3 +274,27 @@ def test_cli_sinks_bad_input_is_one_line_exit_2(monkeypatch, args, message):
 def test_cli_streaming_refuses_an_encoder(monkeypatch):
     res = _cli(monkeypatch, _tiny("bert"), ["--streaming"])
     assert res.exit_code == 2 and "needs a decoder" in res.output
+
+
+# --- the packaged models (slow) -----------------------------------------------------------------
+
+@pytest.mark.slow
+def test_smollm2_needs_its_sink_tokens_beyond_the_window(smollm2, shared_data):
+    """StreamingLLM's finding on the first 192 tokens of the EWT text: beyond a window of 48 keys the window
+    alone loses, the window plus the first 4 tokens is back near dense attention (2048 tokens: docs/sinks.md)."""
+    text = " ".join(line[9:].strip() for line in (shared_data / "ud-english-ewt" / "en_ewt-ud-test.conllu")
+                    .read_text(encoding="utf-8").splitlines() if line.startswith("# text = "))
+    ids = smollm2.tokenizer(text)["input_ids"][:192]
+    dense, window, kept = (float(token_nll(smollm2, ids, window=w, keep=k)[48:].mean())
+                           for w, k in ((None, 0), (48, 0), (48, 4)))
+    assert window > dense + 0.2  # nats: perplexity × 1.2 and more
+    assert abs(kept - dense) < 0.25 * (window - dense)
+
+
+@pytest.mark.slow
+def test_minilm_sink_rate_and_value_norms(minilm):
+    r = sinks(minilm, list(TINY_CORPUS) * 8, length=32, n_sequences=8, n_random_sequences=8, ablation=False,
+              head_texts=8, n_boot=200, massive_sequences=2)
+    assert 0 < r.sink_rate.value <= 1 and r.sink_rate.ci95[0] <= r.sink_rate.value <= r.sink_rate.ci95[1]
+    sinks_ = r.heads[r.heads["sink"]]
+    assert len(sinks_) and (sinks_["value_norm_ratio"] < 1).mean() > 0.5  # a sink reads a small value at [CLS]

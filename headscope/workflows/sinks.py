@@ -32,6 +32,7 @@ from headscope.analyses.corpus import builtin_corpus
 from headscope.analyses.sinks import (SINK_EPSILON, SINK_LENGTH, SinkReport, StreamingResult, dormant_calls,
                                       first_k_share, massive_activations, sequence_mass, sink_rate)
 from headscope.probe.encoding import check_texts
+from headscope.probe.forward import is_seq2seq
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import AblationMethod
 from headscope.probe.sinks import attention_of_ids, head_internals, residual_stream, special_frame, token_nll
@@ -59,13 +60,12 @@ def sinks(lm: LoadedModel, texts: Sequence[str] | None = None, *, k: int = 1, ep
     ablation of every head alone on the first `ablation_texts` texts, each against `n_random` other heads
     (`ablation=False` skips them: no head is then called dormant).
 
-    >>> from headscope.probe.tiny import tiny_model
-    >>> r = sinks(tiny_model("llama"), ["The cat sat on the mat."] * 3, length=8, n_random_sequences=2,
-    ...           ablation=False, n_boot=10)
-    >>> r.sink_rate.k, r.sink_rate.epsilon, len(r.heads)
-    (1, 0.3, 8)
+    >>> r = sinks(hs.load("smollm2"))                                  # doctest: +SKIP
+    >>> r.sink_rate.value, r.heads[r.heads["sink"]]["dormant"].mean()   # doctest: +SKIP
     """
     texts = check_texts(builtin_corpus() if texts is None else texts)
+    if is_seq2seq(lm):
+        raise ValueError(f"the sinks analysis covers encoders and decoders; {lm.name} is an encoder-decoder model")
     if not 1 <= k <= K_MAX:
         raise ValueError(f"k must be 1..{K_MAX}, got {k}")
     if not 0 <= epsilon < 1:
@@ -134,7 +134,7 @@ def _head_table(lm: LoadedModel, texts: Sequence[str], *, batch_size: int) -> pd
     for item in head_internals(lm, texts, batch_size=batch_size):
         T = item.probs.shape[-1]
         for k in sums:
-            n = _counted_rows(T, k, causal)
+            n = max(T - k, 0)  # the queries outside the first k positions (all of them see those keys)
             if n:
                 sums[k] = sums[k] + first_k_share(item.probs, k, causal=causal).double() * n
                 rows[k] += n
@@ -152,11 +152,6 @@ def _head_table(lm: LoadedModel, texts: Sequence[str], *, batch_size: int) -> pd
     frame["norm_share"] = (norm_sum / rows[1] if rows[1] else nan).reshape(-1).numpy()
     frame["value_norm_ratio"] = (ratio_sum / n_ratio if n_ratio else nan).reshape(-1).numpy()
     return frame
-
-
-def _counted_rows(T: int, k: int, causal: bool) -> int:
-    """Queries outside the first k positions (that can see them: all of them, causal or not)."""
-    return max(T - k, 0)
 
 
 def sink_sequences(lm: LoadedModel, texts: Sequence[str], *, length: int, n: int) -> torch.Tensor:
