@@ -69,6 +69,8 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "PatchPair": "headscope.analyses.patching",
     "builtin_pairs": "headscope.analyses.patching",
     "read_pairs": "headscope.analyses.patching",
+    "sinks": "headscope.workflows.sinks",
+    "streaming": "headscope.workflows.sinks",
     "compare_models": "headscope.workflows.compare",
     "analyse_model": "headscope.workflows.run",
     "RunSettings": "headscope.workflows.run",
@@ -98,6 +100,9 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "QKAttribution": "headscope.probe.attribution",
     "CompositionScores": "headscope.probe.composition",
     "PatchResult": "headscope.analyses.patching",
+    "SinkReport": "headscope.analyses.sinks",
+    "SinkRate": "headscope.analyses.sinks",
+    "StreamingResult": "headscope.analyses.sinks",
     "rollout": "headscope.analyses.flow",
     "flow": "headscope.analyses.flow",
     # reports

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from headscope.analyses.evidence import AblationEvidence
+    from headscope.analyses.sinks import SinkReport, StreamingResult
     from headscope.analyses.compare import HeadComparison
     from headscope.analyses.coref import ProbeResult
     from headscope.analyses.heads import HeadScores
@@ -47,6 +48,8 @@ class ModelAnalysis:
     syntax_clusters: pd.DataFrame | None = None  # its heads embedded by attention distance
     evidence: AblationEvidence | None = None  # ablation evidence, or None where it was not run
     comparison: HeadComparison | None = None  # this model (B) against the model it is compared with (A)
+    sinks: SinkReport | None = None  # the Sinks section (`run --sinks`)
+    streaming: StreamingResult | None = None  # its StreamingLLM test (decoders)
     info: Mapping[str, Any] = field(default_factory=dict)  # family, layers, heads, dtype, source, timings
     notes: tuple[str, ...] = ()  # problems to show prominently (a stage that could not run, ...)
     seconds: Mapping[str, float] = field(default_factory=dict)  # wall time of each stage
@@ -88,7 +91,7 @@ class ModelAnalysis:
         return self.verification is not None and self.verification.passed
 
     def to_dict(self) -> dict:
-        """The run.json entry of this model (with "syntax" only when the syntax analysis ran)."""
+        """The run.json entry of this model (with "syntax" and "sinks" only when those analyses ran)."""
         v = self.verification
         record = {
             "model": self.model, "info": dict(self.info),
@@ -103,6 +106,9 @@ class ModelAnalysis:
         }
         if self.syntax is not None:
             record["syntax"] = self.syntax.to_dict()
+        if self.sinks is not None or self.streaming is not None:
+            record["sinks"] = {"analysis": None if self.sinks is None else self.sinks.to_dict(),
+                               "streaming": None if self.streaming is None else self.streaming.to_dict()}
         return record
 
 

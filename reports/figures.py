@@ -39,6 +39,7 @@ from headscope.probe.types import AttentionMap, head_name
 from headscope.probe.verify import Verification
 
 from .fonts import font_context
+from .sinks import massive_figure, sink_share_grid, streaming_figure
 from .syntax import cluster_plot, relation_bars, relation_grid, tree_figure
 
 if TYPE_CHECKING:
@@ -807,7 +808,7 @@ class FigureSpec:
 
     name: str
     source: str
-    group: Literal["verification", "heads", "probe", "attention", "syntax", "syntax-grid", "comparison"]
+    group: Literal["verification", "heads", "probe", "attention", "syntax", "syntax-grid", "comparison", "sinks"]
     draw: Callable[..., Figure]
     panels: Callable[[Any], Iterable[Panel]]
     stem: str
@@ -921,6 +922,18 @@ def _cluster_panels(section: Any) -> Iterable[Panel]:
         yield Panel((clusters,), {"n": len(clusters)}, getattr(section, "syntax", None))
 
 
+def _sink_panels(section: Any) -> Iterable[Panel]:
+    report = getattr(section, "sinks", None)
+    if report is not None:
+        yield Panel((report,), {"epsilon": report.sink_rate.epsilon}, report)
+
+
+def _streaming_panels(section: Any) -> Iterable[Panel]:
+    result = getattr(section, "streaming", None)
+    if result is not None:
+        yield Panel((result,), {"n": result.n_tokens, "window": result.window, "keep": result.keep}, result)
+
+
 FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
     FigureSpec("verification", "verification", "verification", verification_plot, _verification_panels,
                "verification",
@@ -961,6 +974,15 @@ FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
                "syntax-grid-{file_relation}-{file_direction}",
                "{relation} ({direction}, n={n}): test accuracy of every head; {head}, chosen on the selection "
                "sentences, boxed."),
+    FigureSpec("sink_shares", "sinks", "sinks", sink_share_grid, _sink_panels,
+               "sinks-shares", "Every head's attention on position 0; sink heads (share > {epsilon:g}) marked by what "
+                               "ablating them shows: ○ dormant, ● active."),
+    FigureSpec("massive_activations", "sinks", "sinks", massive_figure, _sink_panels,
+               "sinks-massive", "The largest residual-stream activation of each layer beside the layer's median; "
+                                "massive ones (|a| > 100 and > 1000 × the median, Sun et al. 2024) labelled."),
+    FigureSpec("streaming", "streaming", "sinks", streaming_figure, _streaming_panels,
+               "sinks-streaming", "Next-token loss against position on {n} tokens: dense attention, a window of "
+                                  "{window} keys, and the window plus the first {keep} tokens (StreamingLLM)."),
 )}
 
 

@@ -22,6 +22,7 @@ from headscope.probe.types import head_name
 from .analysis import ModelAnalysis
 from .evidence import ablation_heads_table, evidence_view, probe_line, roles_table
 from .figures import plotted_metrics
+from .sinks import sinks_tables
 from .syntax import relations_frame, syntax_tables, trees_frame
 
 __all__ = ["Section", "SECTIONS", "Table", "table_view", "flat", "report_tables"]
@@ -205,6 +206,39 @@ def _comparison(a: ModelAnalysis, figures: Figures) -> dict:
     }}
 
 
+def _sinks(a: ModelAnalysis, figures: Figures) -> dict:
+    """The sink rates, the sink heads with their dormant calls, the massive activations, the StreamingLLM test."""
+    r, s = a.sinks, a.streaming
+    view: dict = {"figures": list(figures.get("sinks", [])), "report": None, "streaming": None}
+    if r is not None:
+        heads = r.to_frame()
+        sinks = heads[heads["sink"]].sort_values("first_share_1", ascending=False)
+        shown = [c for c in ("head_name", "first_share_1", "first_share_4", "value_norm_ratio", "norm_share",
+                             "ablation_effect", "random_median", "ablation_p", "dormant") if c in sinks.columns]
+        rates = r.rates_frame()[["source", "k", "epsilon", "length", "n_sequences", "value", "ci95_low", "ci95_high"]]
+        massive = r.massive[r.massive["massive"]]
+        view["report"] = {
+            "rates": table_view(rates), "n_sinks": len(sinks), "n_heads": len(heads),
+            "n_dormant": int(sinks["dormant"].eq(True).sum()) if "dormant" in sinks.columns else 0,
+            "ablation": r.settings.get("ablation"), "epsilon": r.sink_rate.epsilon,
+            "heads": table_view(sinks[shown], max_rows=40),
+            "massive": table_view(massive.drop(columns="massive"), max_rows=30) if len(massive) else None,
+            "first_massive_layer": r.first_massive_layer, "notes": list(r.notes),
+        }
+    if s is not None:
+        d = s.to_dict()
+        view["streaming"] = {"n_tokens": s.n_tokens, "window": s.window, "keep": s.keep, "source": s.source,
+                             "table": table_view(pd.DataFrame(
+                                 [{"attention": "dense", "perplexity": d["dense_ppl"],
+                                   "beyond the window": d["beyond_window"]["dense_ppl"]},
+                                  {"attention": f"window of {s.window}", "perplexity": d["window_ppl"],
+                                   "beyond the window": d["beyond_window"]["window_ppl"]},
+                                  *[{"attention": f"window + first {k}", "perplexity": v,
+                                     "beyond the window": s.beyond_window(s.sink_window[int(k)])}
+                                    for k, v in d["sink_window_ppls"].items()]]), digits=2)}
+    return {"sinks": view}
+
+
 def _corpus(a: ModelAnalysis, figures: Figures) -> dict:
     return {"corpus": table_view(a.corpus)}
 
@@ -254,6 +288,10 @@ def _comparison_tables(a: ModelAnalysis) -> dict:
             "comparison_roles": _with(c.roles_changed, compared_with=c.a)}
 
 
+def _sinks_tables(a: ModelAnalysis) -> dict:
+    return sinks_tables(a.sinks, a.streaming)
+
+
 def _corpus_tables(a: ModelAnalysis) -> dict:
     return {"corpus": a.corpus}
 
@@ -300,6 +338,7 @@ SECTIONS: Mapping[str, Section] = MappingProxyType({s.name: s for s in (
     Section("attention", "Attention figures"),
     Section("syntax", "Syntax", _syntax, _syntax_tables, shown=_any("syntax", "syntax_clusters")),
     Section("comparison", "Comparison", _comparison, _comparison_tables, shown=_any("comparison")),
+    Section("sinks", "Sinks", _sinks, _sinks_tables, shown=_any("sinks", "streaming")),
     Section("corpus", "Corpus", _corpus, _corpus_tables),
     Section("settings", "Settings & versions"),
 )})

@@ -23,10 +23,20 @@ from ..common import (Interrupts, attention_options, check_out, corpus_or_fail, 
                       join_run, json_option, load_or_fail, models_option, models_or_fail, parsed, quiet_option, say,
                       too_long_or_fail, utf8_text)
 
-__all__ = ["cli"]
+__all__ = ["cli", "shown_settings"]
 
 _COREF_SETS = ("agreement", "winograd")
 _SYNTAX_SETTINGS = ("conllu", "select_on")  # recorded only when given
+_SINKS_SETTINGS = ("sinks", "streaming_tokens", "streaming_window")  # recorded only with --sinks
+
+
+def shown_settings(settings) -> dict:
+    """The settings the page shows and run.json records. Texts and targets are listed in run.json only;
+    generate, conllu, select_on and the sinks settings only when given: a run without them records what it
+    always did."""
+    return {k: v for k, v in asdict(settings).items()
+            if k not in ("texts", "targets") and not (k == "generate" and not v)
+            and not (k in _SYNTAX_SETTINGS and v is None) and not (k in _SINKS_SETTINGS and not settings.sinks)}
 
 
 # ---------------------------------------------------------------- inputs
@@ -123,6 +133,9 @@ def _parse_width(value: str) -> float:
 @click.option("--causal/--no-causal", "old_ablation", default=None, hidden=True, deprecated="use --ablation/--no-ablation")
 @click.option("--causal-texts", "old_ablation_texts", type=click.IntRange(min=1), default=None, hidden=True,
               deprecated="use --ablation-texts")
+@click.option("--sinks", "sinks", is_flag=True,
+              help="Add a Sinks section: sink rate, sink heads with value norms and dormant calls (mean ablation), "
+                   "massive activations, and for decoders the StreamingLLM test on the shared UD English EWT text.")
 @click.option("--format", "formats", default="png", show_default=True, callback=_check_formats,
               help="Figure files to write, comma-separated: png, svg, pdf (fonts embedded). The page inlines PNG.")
 @click.option("--dpi", type=click.IntRange(min=10, max=1200), default=100, show_default=True,
@@ -135,7 +148,7 @@ def _parse_width(value: str) -> float:
 @device_options
 def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, force, level, limit, induction_seqs,
         permutations, seed, batch_size, truncate, conllu_path, select_path, ablation, ablation_texts, old_ablation,
-        old_ablation_texts, formats, dpi, width,
+        old_ablation_texts, sinks, formats, dpi, width,
         quiet, as_json, device, dtype, attention, memory_budget) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
@@ -181,7 +194,7 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
         permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate,
         attention=attention, memory_budget=memory_budget, targets=tuple(targets), generate=generate,
         conllu=conllu_path, select_on=select_path, ablation=old_ablation if ablation is None else ablation,
-        ablation_texts=old_ablation_texts if old_ablation_texts is not None else ablation_texts)
+        ablation_texts=old_ablation_texts if old_ablation_texts is not None else ablation_texts, sinks=sinks)
     world = join_run(device)
 
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser.
@@ -204,11 +217,7 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
         if not world.is_main:  # every process of a torchrun run holds the same analyses; rank 0 writes the report
             return
 
-        # texts and targets are listed in run.json only; generate, conllu and select_on are recorded only when
-        # given: a run without them records what it always did
-        shown = {k: v for k, v in asdict(settings).items()
-                 if k not in ("texts", "targets") and not (k == "generate" and not v)
-                 and not (k in _SYNTAX_SETTINGS and v is None)}
+        shown = shown_settings(settings)
         recorded = {**shown, "texts": list(settings.texts), **({"targets": list(settings.targets)} if settings.targets else {})}
         try:
             written = report(analyses, out_dir, force=force, settings=shown, record={"settings": recorded},

@@ -8,6 +8,7 @@
         sentences         the report sentences' maps, norm weights, encoder–decoder pairs
         generate          decoders: tokens generated after each sentence (`probe.generate`)
         syntax            with a treebank: relations, trees, head clusters (`workflows.syntax`)
+        sinks             where asked for: sink rate, sink heads, massive activations, StreamingLLM (`workflows.sinks`)
     -> reports.analysis.ModelAnalysis: the input of `hs.report` (the page, its tables, run.json)
 
 `RunSettings` records what a run did. An architecture that cannot be verified is noted, not fatal.
@@ -38,6 +39,7 @@ from headscope.reports.analysis import ModelAnalysis
 from .ablation import ablation_evidence
 from .heads import heads
 from .relations import probe_sets
+from .sinks import default_streaming_text, sinks, streaming
 from .syntax import syntax, syntax_clusters
 
 __all__ = ["RunSettings", "analyse_model", "corpus_stats", "REPORT_SENTENCES", "DEFAULT_TARGETS"]
@@ -91,6 +93,12 @@ class RunSettings:
     ablation_random: int = 19
     ablation_examples: int = 40
     induction_k: int = 5
+    # The Sinks section (`workflows.sinks`): sink rate, sink heads and their dormant calls (mean ablation on
+    # `ablation_texts` texts), massive activations, and for decoders the StreamingLLM test on the first
+    # `streaming_tokens` tokens of the UD English EWT text in the shared data (skipped, with a note, without it).
+    sinks: bool = False
+    streaming_tokens: int = 1024
+    streaming_window: int = 256
 
 
 class _Stages:
@@ -211,13 +219,31 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
                                          settings.select_on if select_on is None else select_on, progress=progress)
         say(f"{lm.name}: syntax on {found.n_sentences} test sentences ({stage.seconds['syntax']:.1f} s), "
             f"{len(clusters)} heads clustered ({stage.seconds['syntax_clusters']:.1f} s)")
+    sink_report, streamed = None, None
+    if settings.sinks and is_seq2seq(lm):
+        notes.append("the sinks analysis was not run: it covers encoders and decoders, not encoder-decoder models")
+    elif settings.sinks:
+        sink_report = stage.run("sinks", sinks, lm, texts, ablation_texts=settings.ablation_texts,
+                                n_random=settings.ablation_random, seed=settings.seed, batch_size=settings.batch_size,
+                                progress=progress)
+        say(f"{lm.name}: sink rate {sink_report.sink_rate.value:.1%} ({stage.seconds['sinks']:.1f} s)")
+        found_text = default_streaming_text() if lm.is_causal else None
+        if lm.is_causal and found_text is None:
+            notes.append("the StreamingLLM test was not run: no UD English EWT text in the shared data")
+        elif found_text is not None:
+            streamed = stage.run("streaming", streaming, lm, found_text[0], window=settings.streaming_window,
+                                 keep=4, max_tokens=settings.streaming_tokens, source=found_text[1])
+            say(f"{lm.name}: StreamingLLM test, perplexity dense {streamed.dense_ppl:.2f}, window "
+                f"{streamed.window_ppl:.2f}, window + 4 sinks {streamed.sink_window_ppl:.2f} "
+                f"({stage.seconds['streaming']:.1f} s)")
     info = _model_info(lm, verification, stage.seconds)
     if pairs:
         info["targets"] = "given" if settings.targets else DEFAULT_TARGETS
     return ModelAnalysis(model=lm.name, verification=verification, scores=scores, probes=tuple(probes),
                          maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds),
                          pairs=tuple(pairs), norm_maps=tuple(norm_maps), generations=tuple(generations),
-                         syntax=found, syntax_clusters=clusters, evidence=evidence)
+                         syntax=found, syntax_clusters=clusters, evidence=evidence, sinks=sink_report,
+                         streaming=streamed)
 
 
 def corpus_stats(tokenizer, corpora: Sequence[tuple[str, str, Sequence[str]]]) -> pd.DataFrame:
