@@ -13,7 +13,7 @@ import json
 import os
 import signal
 import sys
-from contextlib import suppress
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -26,7 +26,7 @@ __all__ = [
     "fail", "model_option", "models_option", "device_options", "quiet_option", "json_option", "out_option",
     "TABLE_WRITERS", "write_table", "writable_or_fail", "load_or_fail", "echo_json", "verify_option", "verify_step",
     "finish", "say", "Interrupts", "too_long_or_fail", "attention_options", "parse_size", "attention_note", "parsed", "new_file_or_fail",
-    "join_run", "check_out", "Corpus", "corpus_or_fail", "utf8_text", "flag_spelling", "models_or_fail",
+    "join_run", "check_out", "Corpus", "corpus_or_fail", "utf8_text", "flag_spelling", "models_or_fail", "refusals",
 ]
 
 
@@ -38,6 +38,20 @@ def fail(message: str, code: int = 2) -> None:
     line = "; ".join(part.strip() for part in str(message).splitlines() if part.strip())
     click.echo(f"headscope: {flag_spelling(line)}", err=True)
     sys.exit(code)
+
+
+@contextmanager
+def refusals(model_name: str, *bad: type[BaseException]):
+    """Inside: a model headscope cannot take apart ends in one line and exit 3, a bad argument (TypeError,
+    ValueError, and any of `bad`) in one line and exit 2 — the mapping every command that computes shares."""
+    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
+
+    try:
+        yield
+    except (UnsupportedArchitecture, UnsupportedFeature) as exc:
+        fail(str(exc) if str(exc).startswith(model_name) else f"{model_name}: {exc}", code=3)
+    except (TypeError, ValueError, *bad) as exc:
+        fail(str(exc))
 
 
 # Keyword arguments of the API whose CLI flag has the same name and takes the same values.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option,
-                      out_option, quiet_option, utf8_text, write_table)
+from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
+                      quiet_option, refusals, utf8_text, write_table)
 
 __all__ = ["cli"]
 
@@ -31,17 +31,12 @@ def cli(model_name, prompt, answer, wrong, k, figure_path, out_path, as_json, de
     from pathlib import Path
 
     from headscope import dla
-    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
 
     if figure_path is not None and Path(figure_path).exists():
         fail(f"--figure {figure_path} exists; choose another file (headscope never replaces a file it did not write)")
     lm = load_or_fail(model_name, device, dtype)
-    try:
+    with refusals(model_name):
         result = dla(lm, prompt, answer, wrong)
-    except (UnsupportedArchitecture, UnsupportedFeature) as exc:
-        fail(f"{model_name}: {exc}", code=3)
-    except (TypeError, ValueError) as exc:
-        fail(str(exc))
     if out_path:
         write_table(result.to_frame(), out_path)
     if figure_path is not None:

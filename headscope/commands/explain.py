@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..common import (attention_options, device_options, echo_json, fail, json_option, load_or_fail, model_option,
-                      out_option, quiet_option, utf8_text, write_table)
+                      out_option, quiet_option, refusals, utf8_text, write_table)
 
 
 def _layer_head(layer: int | None, spec: str) -> tuple[int, int]:
@@ -52,24 +52,19 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
     import pandas as pd
 
     from headscope import explain, fit_context
-    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
     from headscope.probe.explain import permutation_check
     from headscope.probe.explain import scale_effect as scale_table
     from headscope.probe.types import head_name
 
     layer, head = _layer_head(layer, head_spec)
     lm = load_or_fail(model_name, device, dtype)
-    try:
+    with refusals(model_name, RuntimeError):
         if truncate:
             text = fit_context(lm, text)
         e = explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence, attention=attention,
                     budget=memory_budget)
         scales = scale_table(lm, text, layers=[layer]) if scale_effect else None
         perm = permutation_check(lm, text, layer=0) if permutation else None
-    except (UnsupportedArchitecture, UnsupportedFeature) as exc:
-        fail(f"{model_name}: {exc}", code=3)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        fail(str(exc))
     if out_path:
         write_table(e.table, out_path)
     if as_json:

@@ -6,8 +6,8 @@ import click
 
 from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat, choices
 
-from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option,
-                      out_option, quiet_option, write_table)
+from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
+                      quiet_option, refusals, write_table)
 
 __all__ = ["cli"]
 
@@ -44,7 +44,6 @@ def cli(model_name, pairs_spec, what, direction, positions, k, n_random, seed, f
     from pathlib import Path
 
     from headscope import patch
-    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
 
     if pairs_spec not in ("ioi", "agreement") and not Path(pairs_spec).is_file():
         fail(f"--pairs {pairs_spec}: no such file; give a JSONL file or a built-in set (ioi, agreement)")
@@ -53,13 +52,9 @@ def cli(model_name, pairs_spec, what, direction, positions, k, n_random, seed, f
     if figure_path is not None and what != "head_out":
         fail("--figure draws the layer × head grid: use it with --what head_out")
     lm = load_or_fail(model_name, device, dtype)
-    try:
+    with refusals(model_name):
         result = patch(lm, pairs_spec, what=what, direction=direction, positions=positions, k=k, n_random=n_random,
                        seed=seed)
-    except (UnsupportedArchitecture, UnsupportedFeature) as exc:
-        fail(f"{model_name}: {exc}", code=3)
-    except (TypeError, ValueError) as exc:
-        fail(str(exc))
     if out_path:
         write_table(result.to_frame(), out_path)
     if figure_path is not None:

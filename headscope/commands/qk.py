@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option,
-                      out_option, quiet_option, utf8_text, write_table)
+from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
+                      quiet_option, refusals, utf8_text, write_table)
 
 __all__ = ["cli"]
 
@@ -35,7 +35,6 @@ def cli(text, model_name, head_spec, query, key, occurrence, k, out_path, as_jso
     that sum is printed. --out writes every pair.
     """
     from headscope import qk
-    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
     from headscope.probe.types import parse_head
 
     try:
@@ -43,13 +42,9 @@ def cli(text, model_name, head_spec, query, key, occurrence, k, out_path, as_jso
     except ValueError as exc:
         fail(f"--head: {exc}")
     lm = load_or_fail(model_name, device, dtype)
-    try:
+    with refusals(model_name):
         result = qk(lm, text, layer=layer, head=head, query=_position(query), key=_position(key),
                     occurrence=occurrence)
-    except (UnsupportedArchitecture, UnsupportedFeature) as exc:
-        fail(f"{model_name}: {exc}", code=3)
-    except (TypeError, ValueError) as exc:
-        fail(str(exc))
     if out_path:
         write_table(result.to_frame(), out_path)
     if as_json:

@@ -7,7 +7,7 @@ import sys
 import click
 
 from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
-                      quiet_option, utf8_text, write_table)
+                      quiet_option, refusals, utf8_text, write_table)
 
 
 @click.command()
@@ -27,15 +27,10 @@ def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], trunc
     --out writes the per-layer table.
     """
     from headscope import verify
-    from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
 
     lm = load_or_fail(model_name, device, dtype)
-    try:
+    with refusals(model_name):
         result = verify(lm, list(texts) or None, truncate=truncate, **({"target": list(targets)} if targets else {}))
-    except (UnsupportedArchitecture, UnsupportedFeature) as exc:
-        fail(f"{model_name}: {exc}", code=3)
-    except (TypeError, ValueError) as exc:
-        fail(str(exc))
     if out_path:
         write_table(result.to_frame(), out_path)
     if as_json:
