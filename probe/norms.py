@@ -15,7 +15,7 @@ W_O's bias is left out (it does not depend on j). α and v are the from-scratch 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import torch
 
@@ -23,7 +23,7 @@ from .encoding import check_texts, encode_many, token_labels
 from .families import family_for
 from .forward import base_model
 from .model import LoadedModel
-from .scratch import ScratchResult, attention_from_scratch
+from .scratch import LayerSpec, ScratchResult, attention_from_scratch
 from .types import AttentionMap
 from .verify import capture
 
@@ -52,6 +52,16 @@ def norm_weights(result: ScratchResult, wo: torch.Tensor) -> tuple[torch.Tensor,
     return per_head, summed.norm(dim=-1)
 
 
+def layers_from_scratch(lm: LoadedModel, batch, family, base) -> Iterator[tuple[LayerSpec, ScratchResult]]:
+    """Each layer's `LayerSpec` and from-scratch attention over one padded batch of encodings, computed
+    from the model's own layer inputs (captured in one forward pass)."""
+    cap = capture(lm, batch, family)
+    for i in range(family.n_layers(lm.config)):
+        spec = family.layer_spec(base, i, lm.config)
+        x = cap.inputs[i]
+        yield spec, attention_from_scratch(x, spec, cap.key_valid.to(x.device))
+
+
 @torch.inference_mode()
 def norm_attention(lm: LoadedModel, texts: str | Sequence[str], *, batch_size: int = 8,
                    truncate: bool = False) -> list[NormAttention]:
@@ -62,12 +72,9 @@ def norm_attention(lm: LoadedModel, texts: str | Sequence[str], *, batch_size: i
     out: list[NormAttention] = []
     for start in range(0, len(encoded), batch_size):
         batch = encoded[start : start + batch_size]
-        cap = capture(lm, batch, family)
         heads, layers = [], []
-        for i in range(family.n_layers(lm.config)):
-            spec = family.layer_spec(base, i, lm.config)
-            x = cap.inputs[i]
-            ph, pl = norm_weights(attention_from_scratch(x, spec, cap.key_valid.to(x.device)), spec.wo)
+        for spec, r in layers_from_scratch(lm, batch, family, base):
+            ph, pl = norm_weights(r, spec.wo)
             heads.append(ph.float().cpu())
             layers.append(pl.float().cpu())
         per_head = torch.stack(heads, dim=1)  # (B, L, nh, T, T)

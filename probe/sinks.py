@@ -31,9 +31,7 @@ from .encoding import check_texts, encode_many, token_labels
 from .families import family_for
 from .forward import base_model, forward_one_stream
 from .model import LoadedModel
-from .norms import norm_weights
-from .scratch import attention_from_scratch
-from .verify import capture
+from .norms import layers_from_scratch, norm_weights
 
 __all__ = ["HeadInternals", "head_internals", "attention_of_ids", "residual_stream", "block_modules",
            "window_mask", "token_nll", "special_frame"]
@@ -59,12 +57,8 @@ def head_internals(lm: LoadedModel, texts: str | Sequence[str], *, batch_size: i
     encoded = encode_many(lm, check_texts(texts), truncate=truncate)
     for start in range(0, len(encoded), batch_size):
         batch = encoded[start : start + batch_size]
-        cap = capture(lm, batch, family)
         probs, vnorms, nweights = [], [], []
-        for i in range(family.n_layers(lm.config)):
-            spec = family.layer_spec(base, i, lm.config)
-            x = cap.inputs[i]
-            r = attention_from_scratch(x, spec, cap.key_valid.to(x.device))
+        for spec, r in layers_from_scratch(lm, batch, family, base):
             per_head, _ = norm_weights(r, spec.wo)
             probs.append(r.probs.float().cpu())  # (B, nh, T, T)
             vnorms.append(r.values.norm(dim=-1).float().cpu())  # (B, nh, T)
