@@ -123,6 +123,8 @@ def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False
     Errors name a text by its position, counted from `first_index` (where `texts` is part of a stream).
     A text far longer than the context is tokenised only on a prefix (`bounded_text`).
     """
+    if not texts:  # the fast tokenizer fails on an empty batch
+        return []
     tok, limit = lm.tokenizer, lm.max_length
     looked = [bounded_text(tok, text, limit) for text in texts]
     enc = tok([shown for shown, _ in looked], return_offsets_mapping=True, return_special_tokens_mask=True,

@@ -80,7 +80,7 @@ def test_blocks_outside_the_scored_heads_are_refused():
 @pytest.mark.parametrize("tiny, level", in_turn("token", "word"), indirect=["tiny"])
 def test_heads_recompute_equals_eager_on_every_family(tiny, level):
     kw = dict(level=level, induction_sequences=2, induction_length=5)
-    eager = hs.heads(tiny, TEXTS, **kw)
+    eager = hs.heads(tiny, TEXTS, attention="eager", **kw)
     for budget in (1, 10**9):  # one row per block, and the whole map in one block
         if budget == 1 and _whole_sequences_only(tiny):
             with pytest.raises(UnsupportedFeature, match="whole sequences"):
@@ -172,8 +172,14 @@ def test_cli_attention_option_on_heads_coref_and_explain(monkeypatch):
     res = CliRunner().invoke(heads_cmd.cli, base + ["--attention", "auto", "--memory-budget", "1KiB", "--json"])
     d = json.loads(res.stdout)
     assert d["meta"]["attention"]["recompute"] == 3 and d["meta"]["check"]["passed"] is True
-    plain = json.loads(CliRunner().invoke(heads_cmd.cli, base + ["--json"]).stdout)
+    plain = json.loads(CliRunner().invoke(heads_cmd.cli, base + ["--attention", "eager", "--json"]).stdout)
     assert "check" not in plain["meta"] and "attention" not in plain["meta"]  # eager output as it was
+    default = json.loads(CliRunner().invoke(heads_cmd.cli, base + ["--json"]).stdout)  # auto: the mode recorded
+    assert default["meta"]["attention"] == {"asked": "auto", "budget": default["meta"]["attention"]["budget"],
+                                            "eager": 3, "recompute": 0} and default["meta"]["check"] is None
+    assert default["table"] == plain["table"] if "table" in plain else default["top"] == plain["top"]
+    res = CliRunner().invoke(heads_cmd.cli, base)  # the chosen mode printed
+    assert res.exit_code == 0 and "attention: 0 of 3 texts recomputed in blocks (--attention auto" in res.output
     for bad in ("lots", "0", "-5GB", "12 parsecs"):
         res = CliRunner().invoke(heads_cmd.cli, base + ["--attention", "auto", "--memory-budget", bad])
         assert res.exit_code == 2 and res.output.count("\n") == 1 and "--memory-budget" in res.output, res.output

@@ -11,7 +11,7 @@ from typing import Sequence
 
 import click
 
-from headscope.probe.names import AblationMethod, Level, choices
+from headscope.probe.names import DEFAULT_ATTENTION, AblationMethod, Level, choices
 
 from ..common import (attention_options, device_options, echo_json, fail, finish, join_run, json_option, load_or_fail,
                       model_option, out_option, quiet_option, verify_option, verify_step, write_table)
@@ -91,7 +91,7 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, templa
                 data_spec: str | None, heldout_path: str | None, level: str, head_word: bool, folds: int,
                 n_perm: int, seed: int, limit: int | None, batch_size: int, show_head: str | None,
                 out_path: Path | None, ablate: bool, method: str, n_random: int, quiet: bool, as_json: bool,
-                no_verify: bool, device: str, dtype: str, attention: str = "eager",
+                no_verify: bool, device: str, dtype: str, attention: str = DEFAULT_ATTENTION,
                 memory_budget: int | None = None) -> None:
     """What `headscope coref` and `headscope probe` do, given their built-in default sets.
 

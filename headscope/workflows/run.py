@@ -168,6 +168,9 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
     scores.meta["corpus"] = settings.corpus
     say(f"{lm.name}: head scores over {scores.n_texts} texts, {len(scores.roles)} roles "
         f"({stage.seconds['heads']:.1f} s)")
+    if how := scores.meta.get("attention"):  # the mode chosen (also in run.json: the heads' meta)
+        say(f"{lm.name}: attention {how['asked']}: {how['eager']} texts eager, {how['recompute']} recomputed in "
+            f"blocks (memory budget {how['budget'] / 1e9:.2f} GB)")
     if scores.meta.get("check"):
         say(f"{lm.name}: {scores.meta['check']['summary']}")
 
