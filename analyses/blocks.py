@@ -84,12 +84,15 @@ def word_blocks(blocks: Iterable[Block], word_index: Sequence[int]) -> Iterator[
         if block.layer != layer:
             if layer is not None and done < n_units:
                 raise ValueError(f"layer {layer}: its blocks stopped before word {done} was complete")
-            layer, done, pending = block.layer, 0, None  # pending: [head, word done.., word] query sums
-        H, R, _ = block.probs.shape
+            layer, done, pending, key_stop = block.layer, 0, None, 0  # pending: [head, word done.., word] query sums
+        band, lo = block.band, block.key_start  # the keys outside the band are exact zeros: left out
+        H, R, K = band.shape
         # keys of one word summed in token order; scatter_add_ is one vectorised pass where index_add_
         # over the last axis loops over the T keys
-        keys = block.probs.new_zeros(H, R, n_units).scatter_add_(-1, idx.to(block.probs.device).expand(H, R, -1),
-                                                                 block.probs)  # (H, R, W)
+        reach = int(idx[lo : lo + K].max()) + 1 if K else 0  # the words this block's keys reach (in any order)
+        keys = band.new_zeros(H, R, reach).scatter_add_(-1, idx[lo : lo + K].to(band.device).expand(H, R, -1),
+                                                        band)  # (H, R, words up to reach)
+        key_stop = max(key_stop, reach)  # the words the layer's rows reach so far: zeros beyond
         units = idx[block.query_start : block.query_stop]
         top = int(units.max()) + 1
         if pending is None or pending.shape[1] < top - done:
@@ -97,12 +100,14 @@ def word_blocks(blocks: Iterable[Block], word_index: Sequence[int]) -> Iterator[
             if pending is not None:
                 grown[:, : pending.shape[1]] = pending
             pending = grown
-        pending.index_add_(1, (units - done).to(keys.device), keys)
+        pending[..., :reach].index_add_(1, (units - done).to(keys.device), keys)
         unfinished = (last[done:] >= block.query_stop).nonzero()  # words whose last piece is yet to come
         ready = done + int(unfinished[0]) if len(unfinished) else n_units
         if ready > done:
             k = ready - done
-            yield Block(layer, block.heads, done, pending[:, :k] / pieces[done:ready, None].to(pending))
+            out = pending[:, :k]  # rows given out, never written again: normalised in place, the band only
+            out[..., :key_stop].div_(pieces[done:ready, None].to(out))
+            yield Block(layer, block.heads, done, out, key_stop=key_stop)
             pending, done = pending[:, k:], ready
     if layer is not None and done < n_units:
         raise ValueError(f"layer {layer}: its blocks stopped before word {done} was complete")

@@ -243,7 +243,8 @@ class HeadScoreAccumulator:
         rows = _TextRows.of(units, plan, causal=causal, include_special=self.include_special)
         for block in blocks:
             layer, heads_at = self._place(block)
-            self._sums[layer][heads_at[:, None], plan.corpus_columns] += rows.sums(block.probs.float(), block.query_start)
+            self._sums[layer][heads_at[:, None], plan.corpus_columns] += rows.sums(
+                block.probs.float(), block.query_start, (block.key_start, block.key_stop))
         self._counts[plan.corpus_columns] += rows.counts
         self._n_texts += 1
 
@@ -420,6 +421,7 @@ class _StatisticGroup:
     statistic: Callable[[torch.Tensor], torch.Tensor]
     names: tuple[str, ...]
     columns: slice | torch.Tensor
+    zeros_free: bool = False  # every member's `RowStatistic.zeros_free`: it may read a block's band only
 
 
 @dataclass(frozen=True, eq=False)
@@ -459,12 +461,14 @@ class _Plan:
         weight_of: dict[tuple, int] = {}  # (scale, min_keys) -> its column among the weights
         weights: list[RowStatistic] = []
         groups: dict[Callable, list[tuple[str, int]]] = {}
+        zeros_free: dict[Callable, bool] = {}
         for n, c in stats:
             key = (c.scale, c.min_keys)
             if key not in weight_of:
                 weight_of[key] = len(weights)
                 weights.append(c)
             groups.setdefault(c.statistic, []).append((n, weight_of[key]))
+            zeros_free[c.statistic] = zeros_free.get(c.statistic, True) and c.zeros_free
         return cls(
             metrics=metrics, names=names, corpus=corpus, pattern=pattern,
             corpus_columns=torch.tensor([names.index(n) for n in corpus], dtype=torch.long),
@@ -474,7 +478,8 @@ class _Plan:
             key_shares=tuple((n, metrics[n].computation) for n in corpus
                              if isinstance(metrics[n].computation, KeyShare)),
             weights=tuple(weights),
-            statistics=tuple(_StatisticGroup(f, tuple(n for n, _ in members), _columns([j for _, j in members]))
+            statistics=tuple(_StatisticGroup(f, tuple(n for n, _ in members), _columns([j for _, j in members]),
+                                             zeros_free[f])
                              for f, members in groups.items()),
         )
 
@@ -542,12 +547,15 @@ class _TextRows:
             counts.append(n)
         return cls(keep, table, torch.tensor(counts, dtype=torch.float64), plan)
 
-    def sums(self, a: torch.Tensor, query_start: int) -> torch.Tensor:
+    def sums(self, a: torch.Tensor, query_start: int, band: tuple[int, int] | None = None) -> torch.Tensor:
         """Sums of each corpus metric over the query rows `a[..., row, key]` (units `query_start ..` of
-        the text, every key): `[..., metric]` in the plan's `corpus` order."""
+        the text, every key): `[..., metric]` in the plan's `corpus` order. `band` (key_start, key_stop):
+        the rows' keys outside it are exact zeros (`probe.recompute.Block`), so the linear sums and the
+        zero-free statistics read those keys only."""
         if self.keep is not None:
             a, query_start = _drop_special(a, query_start, self.keep)
-        return _row_sums(a, query_start, self.table, self.plan)
+            band = None  # the kept keys are renumbered
+        return _row_sums(a, query_start, self.table, self.plan, band)
 
 
 def _drop_special(a: torch.Tensor, query_start: int, keep: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -558,29 +566,37 @@ def _drop_special(a: torch.Tensor, query_start: int, keep: torch.Tensor) -> tupl
     return a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny), lo
 
 
-def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Plan) -> torch.Tensor:
+def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Plan,
+              band: tuple[int, int] | None = None) -> torch.Tensor:
     """Sums over the query rows `a[..., row, key]` (units `query_start ..`) of each corpus metric of the
     plan, `[..., metric]` in its `corpus` order. The one place the registry's corpus computations run,
     for a whole map (`query_start` 0, every row) and for blocks of rows alike: the sums of a map's
     blocks add up to the map's. A handful of tensor ops per block, none per head: one matmul for every
     key set, each row statistic once and one matmul for the metrics that share it.
+    `band` (key_start, key_stop): only those keys of the rows are non-zero; the sums and the zero-free
+    statistics then read `a[..., key_start:key_stop]` only (a causal block: about half its keys).
     """
     r, t = a.shape[-2:]
     if r == 0 or t == 0 or not plan.corpus:
         return a.new_zeros(*a.shape[:-2], len(plan.corpus))
+    lo, hi = band if band is not None else (0, t)
+    hi = t if hi is None else hi
+    seen = a[..., lo:hi] if (lo, hi) != (0, t) else a  # the keys that are not exact zeros
     s = len(plan.key_shares)
     table = table.to(a.dtype)
     here = table[query_start : query_start + r]
-    targets, queries, weights = table[:, :s], here[:, s : 2 * s], here[:, 2 * s :]  # [key, set], [row, set], [row, w]
+    targets, queries, weights = table[lo:hi, :s], here[:, s : 2 * s], here[:, 2 * s :]  # [key, set], [row, set], [row, w]
     sums: dict[str, torch.Tensor] = {}
-    # row r is query q = query_start + r: A[q, q + d] lies on the diagonal at offset query_start + d
+    # row r is query q = query_start + r: A[q, q + d] lies on the diagonal at offset query_start + d (in
+    # the band's key numbering, query_start + d - lo); keys outside the band are zeros and add nothing
     for name, offset in plan.diagonals:  # 0 where no row has that key (next_token under a causal mask)
-        sums[name] = a.diagonal(query_start + offset, -2, -1).sum(-1)
+        sums[name] = seen.diagonal(query_start + offset - lo, -2, -1).sum(-1)
     if s:
-        shares = (a @ targets * queries).sum(-2)  # [..., set]: one matmul for every key set
+        shares = (seen @ targets * queries).sum(-2)  # [..., set]: one matmul for every key set
         sums.update({name: shares[..., i] for i, (name, _) in enumerate(plan.key_shares)})
     for group in plan.statistics:
-        weighted = group.statistic(a) @ weights[:, group.columns]  # [..., row] @ [row, metric] -> [..., metric]
+        rows = group.statistic(seen if group.zeros_free else a)  # [..., row]
+        weighted = rows @ weights[:, group.columns]  # [..., row] @ [row, metric] -> [..., metric]
         sums.update({name: weighted[..., i] for i, name in enumerate(group.names)})
     return torch.stack([sums[m] for m in plan.corpus], -1)
 

@@ -175,12 +175,16 @@ class RowStatistic:
     `scale(visible keys)`; rows that see fewer than `min_keys` keys are left out (weight 0, not counted).
 
     Metrics of one registry that share a `statistic` (the same function) share its computation: it runs
-    once per block, and one matmul weights it for all of them.
+    once per block, and one matmul weights it for all of them. `zeros_free`: the statistic of a row is
+    the same with its exact-zero keys left out (entropy, max weight), so a block of causal rows hands it
+    only the keys its rows can see (`probe.recompute.Block.band`); False (the safe default) gives it
+    every key.
     """
 
     statistic: Callable[[torch.Tensor], torch.Tensor]
     scale: Callable[[int], float] = unscaled
     min_keys: int = 2
+    zeros_free: bool = False
     kind: ClassVar[MetricKind] = "corpus"
 
     def weight(self, visible: int) -> float:
@@ -249,11 +253,11 @@ _ALL = (
            role="[SEP]/EOS sink", threshold=0.5),
     Metric("punctuation", "attention to units made only of Unicode punctuation", KeyShare(punctuation_units),
            role="punctuation head", threshold=0.5),
-    Metric("entropy", "entropy of the row, in nats", RowStatistic(row_entropy),
+    Metric("entropy", "entropy of the row, in nats", RowStatistic(row_entropy, zeros_free=True),
            value_range=(0.0, None), unit="nats"),
-    Metric("normalized_entropy", "entropy divided by ln(visible keys): 1 is uniform", RowStatistic(row_entropy, over_log),
+    Metric("normalized_entropy", "entropy divided by ln(visible keys): 1 is uniform", RowStatistic(row_entropy, over_log, zeros_free=True),
            role="broad head", threshold=0.8),
-    Metric("max_weight", "largest weight of the row (confidence)", RowStatistic(row_max),
+    Metric("max_weight", "largest weight of the row (confidence)", RowStatistic(row_max, zeros_free=True),
            role="confident head", threshold=0.8),
     Metric("duplicate_token", "attention to earlier copies of the query's token", Pattern(duplicate_token_pattern),
            role="duplicate-token head", threshold=0.25, applies_to="decoders"),

@@ -60,10 +60,23 @@ class Block:
     heads: tuple[int, ...]
     query_start: int
     probs: torch.Tensor  # (H, R, T)
+    # Keys outside key_start .. key_stop - 1 are exact zeros in every row (masked: a causal block's rows
+    # stop at their diagonal), so a reduction may read `band` only; None: up to the last key.
+    key_start: int = 0
+    key_stop: int | None = None
 
     @property
     def query_stop(self) -> int:
         return self.query_start + self.probs.shape[-2]
+
+    @property
+    def band(self) -> torch.Tensor:
+        """`probs` over the keys `key_start .. key_stop - 1` only (a view): (H, R, K).
+
+        >>> Block(0, (0,), 1, torch.tensor([[[0.5, 0.5, 0.0]]]), key_stop=2).band
+        tensor([[[0.5000, 0.5000]]])
+        """
+        return self.probs[..., self.key_start : self.key_stop]
 
 
 @dataclass(frozen=True)
@@ -171,7 +184,7 @@ def _layer_blocks(x: torch.Tensor, spec, layer: int, heads: Sequence[int], budge
         lo, hi = _key_band(spec, start, stop, T)
         band = block_probs(q[:, :, start:stop], k[:, :, lo:hi], spec, valid[:, lo:hi],
                            query_start=start, key_start=lo, heads=list(heads))[0]  # (H, R, hi - lo)
-        yield Block(layer, tuple(heads), start, _all_keys(band, lo, T))
+        yield Block(layer, tuple(heads), start, _all_keys(band, lo, T), lo, hi)
 
 
 def _all_keys(band: torch.Tensor, lo: int, n_keys: int) -> torch.Tensor:
