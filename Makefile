@@ -25,6 +25,10 @@ bench: setup
 	-bash benchmarks/setup_peer.sh
 	$(PY) benchmarks/run.py $(BENCH_ARGS)
 
+# The GPU figures (issue 26), on a machine with a CUDA GPU: one results file, .bench/gpu/results.json (+ .md).
+bench-gpu: setup
+	PYTHON=$(PY) bash benchmarks/gpu.sh
+
 # The documentation site (mkdocs.yml) into .site/; --strict: a broken link or API reference fails.
 docs: setup
 	$(PY) -m mkdocs build --strict
