@@ -4,7 +4,7 @@ PY := .venv/bin/python
 OUT ?= headscope-report
 MODEL ?= minilm
 
-.PHONY: setup report test browser bench docs
+.PHONY: setup report test browser bench bench-gpu docs
 setup: .venv/.setup-done
 .venv/.setup-done: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
