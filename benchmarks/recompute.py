@@ -15,6 +15,8 @@ tables to `.bench/recompute/results.md` (every child's line also to `runs.jsonl`
   `headscope heads --attention recompute` runs.
 - `eager`: `probe.extract` (eager, `output_attentions=True`), only where its estimated need, layers ×
   heads × T² × 4 B kept twice (the model's output and the extracted map), fits in `--eager-limit-gb`.
+- `relations`: `hs.coref` (built-in agreement + winograd) and `hs.syntax` (N UD EWT dev sentences) with
+  `attention="eager"` and `"recompute"`: the other product paths that have the option.
 - `corpus`: `hs.heads` over N short sentences (the built-in corpus cycled) / a bare batched eager loop
   with `output_attentions=True` over the same batches (benchmark item 1's `speed.heads_vs_bare`).
 
@@ -72,6 +74,8 @@ def _child(mode: str, model: str, n_tokens: int, budget: int, n_texts: int = 0, 
     lm = load(model)
     if mode == "corpus":
         return _corpus(lm, n_texts, repeats)
+    if mode == "relations":
+        return _relations(lm, n_texts)
     text = _text_of_tokens(lm, n_tokens)
     enc = encode(lm, text)
     if mode == "recompute":
@@ -130,6 +134,30 @@ def _corpus(lm, n_texts: int, repeats: int) -> dict:
                        f"window 4, {tokens} tokens, median of {repeats}, CPU seconds on one thread",
             "detail": f"ours {ours:.1f} s, bare model(**batch, output_attentions=True) {bare:.1f} s",
             "peak_rss": _process_peak(), "seconds_ours": times["ours"], "seconds_bare": times["bare"]}
+
+
+def _relations(lm, n_sentences: int) -> dict:
+    """`hs.coref` (the built-in agreement and winograd sets) and `hs.syntax` (the first `n_sentences`
+    sentences of UD EWT dev, 100 permutations) with `attention="eager"` and `"recompute"`, the product
+    paths that have the option, in CPU seconds: recompute's cost on short texts, where the prefix
+    check and the per-text blocks are all overhead."""
+    import headscope as hs
+
+    conllu = REPO.parent / "shared" / "data" / "ud-english-ewt" / "en_ewt-ud-dev.conllu"
+    examples = [*hs.builtin_set("agreement"), *hs.builtin_set("winograd")]
+    runs = {"coref": lambda a: hs.coref(lm, examples, attention=a, n_perm=100),
+            "syntax": lambda a: hs.syntax(lm, conllu, limit=n_sentences, n_perm=100, trees=False, attention=a)}
+    out = {}
+    for name, run in runs.items():
+        if name == "syntax" and not conllu.exists():
+            out[name] = {"error": f"{conllu} not found"}
+            continue
+        run("eager")  # first-call costs out of the figures
+        for attention in ("eager", "recompute"):
+            c0 = time.process_time()
+            run(attention)
+            out[name + "_" + attention] = time.process_time() - c0
+    return {"mode": "relations", "model": lm.name, "tokens": 0, "texts": n_sentences, **out, "peak_rss": _process_peak()}
 
 
 def _recompute(lm, text: str, budget: int) -> str:
@@ -210,6 +238,8 @@ def _run(mode: str, model: str, log, *, cap: int, timeout: float, tokens: int = 
 def _line(r: dict) -> str:
     if "error" in r:
         return f"{r['model']:12} T={r['tokens']:>6} {r['mode']:9} ERROR {r['error']}"
+    if r["mode"] == "relations":
+        return f"{r['model']:12} relations " + json.dumps({k: v for k, v in r.items() if k.startswith(("coref", "syntax"))})
     if r["mode"] == "corpus":
         return f"{r['model']:12} {r['texts']} texts corpus {r['ratio']:.2f}x  {r['detail']}"
     return (f"{r['model']:12} T={r['tokens']:>6} {r['mode']:9} {r['seconds']:8.1f} s  "
@@ -278,6 +308,21 @@ def render(runs: Sequence[dict], *, long_model: str, scaling_model: str, skipped
                            f"peak RSS ~ T^{fitted_exponent(ts, [r['peak_rss'] for r in ok]):.2f} "
                            f"(T = {', '.join(map(str, ts))})")
         out.append("")
+    rel = [r for r in runs if r["mode"] == "relations"]
+    if rel:
+        out += ["### Short texts: coref and syntax, recompute / eager (the product paths, CPU s)", "",
+                "| model | coref eager | coref recompute | ratio | syntax eager | syntax recompute | ratio |",
+                "|---|---|---|---|---|---|---|"]
+        for r in rel:
+            if "error" in r:
+                out.append(f"| {r['model']} | {r['error']} |||||| ")
+                continue
+            cells = []
+            for w in ("coref", "syntax"):
+                e, c = r.get(w + "_eager"), r.get(w + "_recompute")
+                cells += ([f"{e:.1f}", f"{c:.1f}", f"{c / e:.2f}x"] if e and c else ["—", "—", "—"])
+            out.append(f"| {r['model']} | " + " | ".join(cells) + " |")
+        out.append("")
     corpus_runs = [r for r in runs if r["mode"] == "corpus"]
     if corpus_runs:
         out += ["### Short sentences: `hs.heads` / bare batched eager loop (target ≤ 1.25x)", "",
@@ -289,7 +334,7 @@ def render(runs: Sequence[dict], *, long_model: str, scaling_model: str, skipped
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--child", choices=("sdpa", "eager", "recompute", "corpus"))
+    p.add_argument("--child", choices=("sdpa", "eager", "recompute", "corpus", "relations"))
     p.add_argument("--model", default="smollm2")
     p.add_argument("--tokens", type=int, default=SMOLLM2_TOKENS)
     p.add_argument("--texts", type=int, default=0)
@@ -302,6 +347,8 @@ def main(argv=None) -> int:
     p.add_argument("--corpus-models", nargs="*", default=["minilm", "smollm2"])
     p.add_argument("--corpus-texts", type=int, default=2000)
     p.add_argument("--corpus-repeats", type=int, default=1)
+    p.add_argument("--relations-models", nargs="*", default=["smollm2"], help="coref and syntax, eager vs recompute")
+    p.add_argument("--relations-sentences", type=int, default=200, help="UD EWT dev sentences for syntax")
     p.add_argument("--eager-limit-gb", type=float, default=6.0, help="eager runs only where its estimated need fits")
     p.add_argument("--cap-gb", type=float, default=6.0, help="any child is killed past this RSS")
     p.add_argument("--eager-cap-gb", type=float, default=10.0, help="the RSS cap of eager children")
@@ -339,6 +386,9 @@ def main(argv=None) -> int:
                                  tokens=t))
             elif need is not None:
                 skipped[t] = f"not run: needs {need / 2**30:.1f} GB"
+            table()
+        for m in a.relations_models:
+            runs.append(_run("relations", m, log, cap=cap, timeout=timeout, texts=a.relations_sentences))
             table()
         for m in a.corpus_models:
             runs.append(_run("corpus", m, log, cap=cap, timeout=timeout, texts=a.corpus_texts,

@@ -2,7 +2,8 @@
 
 Every figure is a ratio or a size measured in this run, on the same inputs, median of several
 repeats (see benchmarks/README.md). A full run writes the table to `benchmarks/results.md` (and
-`results.json`) and into the results block of `benchmarks/README.md`; a run of some items (`--only`)
+`results.json`; a README with results markers gets it too, benchmarks/README.md has none: the
+figures live in docs/performance.md); a run of some items (`--only`)
 writes to `.bench/partial/`. `--quick` is a smoke run on tiny random models with tiny sizes (its
 figures mean nothing) that writes to `.bench/quick/`.
 
