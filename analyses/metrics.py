@@ -115,8 +115,9 @@ def outside_and_seeing(member: Sequence[bool], *, causal: bool) -> list[bool]:
 
 def row_entropy(a: torch.Tensor) -> torch.Tensor:
     """`-Σ_k A[q, k] ln A[q, k]` per row, in nats: `[..., row, key]` -> `[..., row]`."""
-    # 0·ln(tiny) = 0 stands in for 0·ln 0 (masked keys); twice as fast as torch.special.xlogy on CPU
-    return -(a * a.clamp_min(torch.finfo(a.dtype).tiny).log()).sum(-1)
+    # 0·ln(tiny) = 0 stands in for 0·ln 0 (masked keys); twice as fast as torch.special.xlogy on CPU.
+    # One buffer, logged and multiplied in place: the same values as a * log(a) bit for bit, one pass fewer.
+    return -a.clamp_min(torch.finfo(a.dtype).tiny).log_().mul_(a).sum(-1)
 
 
 def row_max(a: torch.Tensor) -> torch.Tensor:
