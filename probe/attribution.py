@@ -273,10 +273,10 @@ def residual_parts(tr: Trace, t: int, *, before: int | None = None) -> tuple[lis
     names, parts, attn_err = ["embed"], [tr.layer_in[0][t]], 0.0
     for l in range(stop):
         spec = tr.specs[l]
-        nh, hs = spec.n_heads, spec.head_dim
+        nh, vs = spec.n_heads, spec.value_head_dim  # a head's W_O slice is as wide as its value
         D = spec.wo.shape[0]
-        y = tr.heads_in[l][t].view(nh, hs)  # (nh, hs)
-        wo = spec.wo.double().cpu().view(D, nh, hs)  # (D, nh, hs): column block h is head h's W_O slice
+        y = tr.heads_in[l][t].view(nh, vs)  # (nh, vs)
+        wo = spec.wo.double().cpu().view(D, nh, vs)  # (D, nh, vs): column block h is head h's W_O slice
         heads = torch.einsum("dhk,hk->hd", wo, y)  # (nh, D) each head's write before any post-norm
         bias = torch.zeros(D, dtype=torch.float64) if spec.bo is None else spec.bo.double().cpu()
         attn_err = max(attn_err, float((heads.sum(0) + bias - tr.attn_out[l][t]).abs().max()))
@@ -554,6 +554,9 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
     if spec.position_scores is not None:
         raise UnsupportedFeature("content↔position scores (DeBERTa) are not bilinear in the two residual streams; "
                                  "QK attribution does not split them")
+    if spec.latent is not None:
+        raise UnsupportedFeature("multi-head latent attention (DeepSeek) reads keys through a normed low-rank latent; "
+                                 "QK attribution does not split it yet — use headscope dla or ablation for this model")
     enc = encode(lm, text)
     labels = list(tr.labels)
     i = _find_token(labels, enc, query, occurrence)

@@ -168,7 +168,7 @@ def patch_metrics(lm: LoadedModel, p: Prepared, jobs: Sequence[frozenset[Site] |
     wanted = set().union(*jobs) if jobs else set()
     source = _source(lm, family, layers, src_ids, p.mask, wanted) if wanted else {}  # no site: no source run
     metric = _Metric(lm)
-    hs = head_dim(lm)
+    hs = head_dim(lm, family)
     N = p.n
     per = max(1, batch_rows // N)
     out = []

@@ -6,6 +6,8 @@ architecture families in `probe/families/`), recompute what the model's attentio
     q, k, v = x Wqᵀ + bq, x Wkᵀ + bk, x Wvᵀ + bv           project
     split into heads (grouped-query: a KV head serves several query heads)
     optional RMS (or mean-centred layer) norm of q and k (per head, or over the whole projection)
+    multi-head latent attention (DeepSeek): q, k, v through low-rank latents with their own RMS norms,
+        a rotary key shared by all heads, a value head size of its own (`MultiHeadLatent`)
     rotary positions on all or the first `rotary_dim` dims of each head (half-split or interleaved)
     (HunYuan: the q/k norm after rotary instead of before)
     scores = q kᵀ · scale                                   (√d or the model's own scalar)
@@ -32,9 +34,32 @@ import torch
 
 from .errors import UnsupportedFeature
 
-__all__ = ["LayerSpec", "ScratchResult", "attention_from_scratch", "project_qk", "row_scores", "row_probs",
+__all__ = ["LayerSpec", "MultiHeadLatent", "ScratchResult", "project_v", "attention_from_scratch", "project_qk", "row_scores", "row_probs",
            "block_probs", "stable_softmax", "softmax_with_sink", "sink_share", "rotary_cos_sin", "build_mask",
            "visible_keys", "alibi_slopes", "relative_position_buckets"]
+
+
+@dataclass(frozen=True, eq=False)
+class MultiHeadLatent:
+    """Multi-head latent attention (DeepSeek-V2/V3, MLA): the input side of q, k and v is low-rank.
+
+        q          = wq · rms(q_a x)              or wq x without a query latent       (B, T, nh*(nope+rope))
+        c | k_rope = kv_a x                       latent (r,) and ONE rotary key (rope,) for all heads
+        k | v      = [wk; wv] · rms(c)            per head k_nope (nope,), v (v_head_dim,)
+        query      = [q_nope | rotary(q_rope)] ,  key = [k_nope | rotary(k_rope)]  (nope+rope = head_dim)
+
+    The `LayerSpec`'s `wq` reads the query latent (or x), its `wk` and `wv` read the normed kv latent
+    `rms(c)`, not x: tools that read `wk`/`wv` as maps of the residual stream refuse such a spec.
+    """
+
+    q_a: torch.Tensor | None  # (rq, D) query down-projection; None: wq reads x itself
+    q_a_bias: torch.Tensor | None  # (rq,)
+    q_a_norm: torch.Tensor | None  # (rq,) RMS norm weight of the query latent
+    kv_a: torch.Tensor  # (r + rope, D) kv down-projection and the shared rotary key
+    kv_a_bias: torch.Tensor | None  # (r + rope,)
+    kv_a_norm: torch.Tensor  # (r,) RMS norm weight of the kv latent
+    nope_dim: int  # dims of each q/k head without positions; the last head_dim - nope_dim dims are rotated
+    norm_eps: float = 1e-6
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,14 +108,23 @@ class LayerSpec:
     # Learned attention sinks (gpt-oss), (nh,): one extra logit per head joins every row's softmax and is
     # then dropped, so a row sums to 1 - sink share (`sink_share`); never renormalised.
     sinks: torch.Tensor | None = None
+    # The size of a value head where it differs from the query/key head size (MLA): W_O reads
+    # n_heads × v_head_dim; None = head_dim.
+    v_head_dim: int | None = None
+    latent: MultiHeadLatent | None = None  # multi-head latent attention (DeepSeek): q, k, v from low-rank latents
+
+    @property
+    def value_head_dim(self) -> int:
+        """Width of one head's value, and of its slice of W_O's input."""
+        return self.v_head_dim or self.head_dim
 
 
 @dataclass(frozen=True, eq=False)
 class ScratchResult:
     scores: torch.Tensor  # (B, nh, T, S) scaled, position-biased and softcapped, before masking
     probs: torch.Tensor  # (B, nh, T, S) attention probabilities (S = T for self-attention)
-    values: torch.Tensor  # (B, nh, S, hs) V per query head (grouped KV heads repeated)
-    heads_out: torch.Tensor  # (B, nh, T, hs) P·V per head
+    values: torch.Tensor  # (B, nh, S, vs) V per query head (grouped KV heads repeated); vs = value_head_dim
+    heads_out: torch.Tensor  # (B, nh, T, vs) P·V per head
     output: torch.Tensor  # (B, T, D) after the head concat and W_O
 
 
@@ -277,21 +311,20 @@ def attention_from_scratch(
     `permutation_check` (softmax saturation, permutation equivariance).
     """
     B, T, D = x.shape
-    source = x if kv is None else kv
-    nh, nkv, hs = spec.n_heads, spec.n_kv_heads, spec.head_dim
+    nh, nkv, vs = spec.n_heads, spec.n_kv_heads, spec.value_head_dim
 
     q, k = project_qk(x, spec, use_positions=use_positions, kv=kv)  # (B, nh, T, hs), (B, nkv, S, hs)
-    v = _heads(_add_bias(source @ spec.wv.T.to(x.dtype), spec.bv), nkv, hs)  # (B, nkv, S, hs)
+    v = project_v(x, spec, kv=kv)  # (B, nkv, S, vs)
 
     group = nh // nkv  # grouped-query attention: KV head g serves query heads g*group .. g*group+group-1
     k = k.repeat_interleave(group, dim=1)  # (B, nh, S, hs)
-    v = v.repeat_interleave(group, dim=1)  # (B, nh, S, hs)
+    v = v.repeat_interleave(group, dim=1)  # (B, nh, S, vs)
 
     scores, probs = row_probs(q, k, spec, key_valid, query_start=0, use_scale=use_scale,
                               use_positions=use_positions)  # (B, nh, T, S)
 
-    heads_out = probs @ v  # (B, nh, T, hs)
-    y = heads_out.transpose(1, 2).reshape(B, T, nh * hs)  # concat heads: (B, T, nh*hs)
+    heads_out = probs @ v  # (B, nh, T, vs)
+    y = heads_out.transpose(1, 2).reshape(B, T, nh * vs)  # concat heads: (B, T, nh*vs)
     out = _add_bias(y @ spec.wo.T.to(x.dtype), spec.bo)  # (B, T, D)
     return ScratchResult(scores=scores, probs=probs, values=v, heads_out=heads_out, output=out)
 
@@ -301,12 +334,50 @@ def _heads(t: torch.Tensor, n: int, hs: int) -> torch.Tensor:
     return t.view(B, T, n, hs).transpose(1, 2)  # (B, T, n*hs) -> (B, n, T, hs)
 
 
+def project_v(x: torch.Tensor, spec: LayerSpec, *, kv: torch.Tensor | None = None) -> torch.Tensor:
+    """Values (B, nkv, S, vs) of `kv` (default `x`), vs = `spec.value_head_dim`."""
+    source = x if kv is None else kv
+    if spec.latent is not None:
+        c, _ = _kv_latent(source, spec)  # (B, S, r)
+        return _heads(_add_bias(c @ spec.wv.T.to(x.dtype), spec.bv), spec.n_kv_heads, spec.value_head_dim)
+    return _heads(_add_bias(source @ spec.wv.T.to(x.dtype), spec.bv), spec.n_kv_heads, spec.value_head_dim)
+
+
+def _kv_latent(source: torch.Tensor, spec: LayerSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA's normed kv latent rms(c) (B, S, r) and its shared, not yet rotated key (B, 1, S, rope)."""
+    lat = spec.latent
+    B, S, _ = source.shape
+    ckr = _add_bias(source @ lat.kv_a.T.to(source.dtype), lat.kv_a_bias)  # (B, S, r + rope)
+    r = lat.kv_a_norm.shape[0]
+    c, k_rope = ckr[..., :r], ckr[..., r:]  # (B, S, r), (B, S, rope)
+    return _rms_norm(c, lat.kv_a_norm, lat.norm_eps, offset=0.0), k_rope.view(B, 1, S, -1)
+
+
+def _project_qk_latent(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool,
+                       kv: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-head latent attention's queries (B, nh, T, hs) and keys (B, nh, S, hs), hs = nope + rope."""
+    lat = spec.latent
+    source = x if kv is None else kv
+    if lat.q_a is not None:
+        x = _rms_norm(_add_bias(x @ lat.q_a.T.to(x.dtype), lat.q_a_bias), lat.q_a_norm, lat.norm_eps, offset=0.0)
+    q = _heads(_add_bias(x @ spec.wq.T.to(x.dtype), spec.bq), spec.n_heads, spec.head_dim)  # (B, nh, T, hs)
+    c, k_rope = _kv_latent(source, spec)  # (B, S, r), (B, 1, S, rope)
+    k_nope = _heads(_add_bias(c @ spec.wk.T.to(x.dtype), spec.bk), spec.n_kv_heads, lat.nope_dim)  # (B, nkv, S, nope)
+    q_nope, q_rope = q[..., : lat.nope_dim], q[..., lat.nope_dim :]  # (B, nh, T, nope), (B, nh, T, rope)
+    if spec.inv_freq is not None and use_positions:
+        q_rope, k_rope = _apply_rotary(q_rope, spec), _apply_rotary(k_rope, spec)
+    k_rope = k_rope.expand(-1, k_nope.shape[1], -1, -1)  # one rotary key, shared by every head: (B, nkv, S, rope)
+    return torch.cat([q_nope, q_rope], dim=-1), torch.cat([k_nope, k_rope], dim=-1)
+
+
 def project_qk(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool = True,
                kv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries (B, nh, T, hs) of `x` and keys (B, nkv, S, hs) of `kv` (default `x`): projected, normed, rotated.
 
     Positions are 0 .. T-1, so `x` must start at the text's first token (right padding is fine).
     """
+    if spec.latent is not None:
+        return _project_qk_latent(x, spec, use_positions=use_positions, kv=kv)
     source = x if kv is None else kv
     q = _add_bias(x @ spec.wq.T.to(x.dtype), spec.bq)  # (B, T, nh*hs)
     k = _add_bias(source @ spec.wk.T.to(x.dtype), spec.bk)  # (B, S, nkv*hs)

@@ -135,8 +135,8 @@ def test_uniform_is_the_mean_of_the_visible_value_vectors(tiny):
     heads = [0, 1, 3]  # with 2 KV heads: query heads 0, 1 share KV head 0; head 3 reads KV head 1
     y, clean, x, mask = _ablated_slice(tiny, layer, heads, "uniform")
     spec = family_for(tiny.config).layer_spec(base_model(tiny), layer, tiny.config)
-    values = attention_from_scratch(x, spec, mask).values  # (B, nh, T, hs), per query head
-    hs, window = spec.head_dim, spec.sliding_window
+    values = attention_from_scratch(x, spec, mask).values  # (B, nh, T, vs), per query head
+    hs, window = spec.value_head_dim, spec.sliding_window  # a head's slice of W_O's input is as wide as its value
     lengths = mask.sum(1).tolist()
     for b, n in enumerate(lengths):
         for i in range(n):  # padded query rows are not compared

@@ -1,0 +1,148 @@
+"""The attention mechanisms of issue 22 still missing from the first pass: multi-head latent attention
+(DeepSeek). Each has a known answer from a reference loop written apart from `scratch.py`, is needed
+(broken, verification fails), verifies on a random config no other test builds, and the tools that
+slice head outputs read the value head size from the spec."""
+
+import copy
+import dataclasses
+import math
+
+import pytest
+import torch
+from conftest import _tiny
+
+from headscope.probe.attribution import qk_attribution, residual_parts, trace
+from headscope.probe.composition import head_factors
+from headscope.probe.errors import UnsupportedFeature
+from headscope.probe.families import family_for
+from headscope.probe.forward import base_model
+from headscope.probe.interventions import ablate
+from headscope.probe.rotary import default_inv_freq
+from headscope.probe.scratch import LayerSpec, MultiHeadLatent, attention_from_scratch
+from headscope.probe.tiny import TINY_CORPUS, tiny_model
+from headscope.probe.verify import verify
+
+TEXTS = list(TINY_CORPUS[:3])  # different lengths: the batch is padded
+
+
+def _break(lm, change):
+    good = family_for(lm.config)
+    return dataclasses.replace(good, layer_spec=lambda b, i, c: change(good.layer_spec(b, i, c), b, i, c))
+
+
+def _fails(lm, change):
+    v = verify(lm, TEXTS, family=_break(lm, change))
+    return not v.passed and v.max_abs_err > 1e-4
+
+
+# --- multi-head latent attention (DeepSeek-V2/V3) ---
+
+
+def _rms(x, w, eps=1e-6):
+    return x / torch.sqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+def _turn_pairs(x, pos, inv_freq):
+    """Interleaved rotary by a loop over pairs (x_2i, x_2i+1): each turns by the angle pos × inv_freq[i]."""
+    out = x.clone()
+    for i, f in enumerate(inv_freq.tolist()):
+        c, s = math.cos(pos * f), math.sin(pos * f)
+        out[2 * i], out[2 * i + 1] = x[2 * i] * c - x[2 * i + 1] * s, x[2 * i] * s + x[2 * i + 1] * c
+    return out
+
+
+def test_latent_attention_matches_a_loop_over_heads_queries_and_keys():
+    torch.manual_seed(0)
+    D, nh, rq, r, nope, rope, vd, T = 10, 3, 5, 4, 2, 4, 3, 5
+    w = {k: torch.randn(*s, dtype=torch.float32) for k, s in dict(
+        q_a=(rq, D), q_a_norm=(rq,), wq=(nh * (nope + rope), rq), kv_a=(r + rope, D), kv_a_norm=(r,),
+        wk=(nh * nope, r), wv=(nh * vd, r), wo=(D, nh * vd)).items()}
+    inv_freq = default_inv_freq(10000.0, rope)
+    spec = LayerSpec(w["wq"], w["wk"], w["wv"], w["wo"], None, None, None, None, n_heads=nh, n_kv_heads=nh,
+                     head_dim=nope + rope, v_head_dim=vd, scale=0.37, causal=True, inv_freq=inv_freq,
+                     rotary_interleaved=True,
+                     latent=MultiHeadLatent(q_a=w["q_a"], q_a_bias=None, q_a_norm=w["q_a_norm"], kv_a=w["kv_a"],
+                                            kv_a_bias=None, kv_a_norm=w["kv_a_norm"], nope_dim=nope))
+    x = torch.randn(1, T, D, dtype=torch.float32)
+    got = attention_from_scratch(x, spec, torch.ones(1, T))
+    assert got.heads_out.shape == (1, nh, T, vd)  # the value head size, not nope + rope
+
+    out = torch.zeros(T, D, dtype=torch.float32)
+    for t in range(T):
+        q_lat = _rms(w["q_a"] @ x[0, t], w["q_a_norm"])
+        for h in range(nh):
+            q = (w["wq"] @ q_lat)[h * (nope + rope) : (h + 1) * (nope + rope)]
+            q = torch.cat([q[:nope], _turn_pairs(q[nope:], t, inv_freq)])
+            scores = []
+            for s in range(t + 1):  # causal
+                ckr = w["kv_a"] @ x[0, s]
+                c, k_rope = _rms(ckr[:r], w["kv_a_norm"]), ckr[r:]  # one rotary key for every head
+                k = torch.cat([(w["wk"] @ c)[h * nope : (h + 1) * nope], _turn_pairs(k_rope, s, inv_freq)])
+                scores.append(0.37 * float(q @ k))
+            p = torch.softmax(torch.tensor(scores, dtype=torch.float32), 0)
+            torch.testing.assert_close(got.probs[0, h, t, : t + 1], p)
+            v = torch.stack([(w["wv"] @ _rms((w["kv_a"] @ x[0, s])[:r], w["kv_a_norm"]))[h * vd : (h + 1) * vd]
+                             for s in range(t + 1)])  # (t+1, vd)
+            out[t] += w["wo"][:, h * vd : (h + 1) * vd] @ (p @ v)
+    torch.testing.assert_close(got.output[0], out)
+
+
+@pytest.mark.parametrize("model_type, change", [
+    ("deepseek_v3", lambda s, *_: dataclasses.replace(s, rotary_interleaved=False)),  # rope_interleave=True
+    ("deepseek_v2", lambda s, *_: dataclasses.replace(s, rotary_interleaved=False)),  # complex rotary: pairs
+    ("deepseek_v3", lambda s, *_: dataclasses.replace(s, scale=s.head_dim**-0.5)),  # yarn's mscale² left out
+    ("deepseek_v3", lambda s, *_: dataclasses.replace(  # the kv latent's RMS norm left out
+        s, latent=dataclasses.replace(s.latent, kv_a_norm=torch.ones_like(s.latent.kv_a_norm) * 1e3))),
+    ("deepseek_v3", lambda s, *_: dataclasses.replace(  # the query latent's RMS norm left out
+        s, latent=dataclasses.replace(s.latent, q_a_norm=torch.ones_like(s.latent.q_a_norm) * 1e3))),
+])
+def test_each_latent_attention_mechanism_is_needed(model_type, change):
+    assert _fails(_tiny(model_type), change)
+
+
+def test_a_rotary_key_per_head_instead_of_the_shared_one_fails():
+    lm = _tiny("deepseek_v3")
+    # the shared key's rows moved: the rotated dims read the wrong part of kv_a
+    assert _fails(lm, lambda s, *_: dataclasses.replace(
+        s, latent=dataclasses.replace(s.latent, kv_a=s.latent.kv_a.roll(1, dims=0))))
+
+
+@pytest.mark.parametrize("model_type, overrides", [
+    # no query latent, half-split rotary, a wider value head, the default rope, three layers
+    ("deepseek_v3", dict(q_lora_rank=None, rope_interleave=False, v_head_dim=10, num_hidden_layers=3,
+                         mlp_layer_types=["dense", "sparse", "sparse"],
+                         rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
+    ("deepseek_v2", dict(q_lora_rank=8, kv_lora_rank=6, qk_nope_head_dim=6, v_head_dim=2)),
+])
+def test_latent_attention_verifies_on_random_configs_no_other_test_builds(model_type, overrides):
+    lm = tiny_model(model_type, seed=11, **overrides)
+    v = verify(lm, TEXTS)
+    assert v.passed, (v.max_abs_err, v.max_rel_err_output)
+
+
+def test_zero_ablation_of_a_latent_attention_head_is_its_w_o_columns_zeroed():
+    """The head's slice of W_O's input is v_head_dim wide (6 here), not the q/k head size (8)."""
+    lm = _tiny("deepseek_v3")
+    spec = family_for(lm.config).layer_spec(base_model(lm), 1, lm.config)
+    assert spec.value_head_dim == 6 != spec.head_dim
+    ids = lm.tokenizer(TEXTS[0], return_tensors="pt")["input_ids"]
+    with torch.no_grad(), ablate(lm, [(1, 2)], method="zero"):
+        got = lm.model(input_ids=ids).logits
+    manual = copy.deepcopy(lm.model)
+    with torch.no_grad():
+        manual.model.layers[1].self_attn.o_proj.weight[:, 2 * 6 : 3 * 6] = 0  # head 2's columns
+        want = manual(input_ids=ids).logits
+        clean = lm.model(input_ids=ids).logits
+    torch.testing.assert_close(got, want)
+    assert not torch.allclose(got, clean)
+
+
+def test_dla_splits_latent_attention_heads_and_qk_tools_refuse_in_one_line():
+    lm = _tiny("deepseek_v3")
+    tr = trace(lm, TEXTS[0])
+    _, _, attn_err = residual_parts(tr, 3)  # the heads' writes through their v_head_dim slices of W_O
+    assert attn_err < 1e-6  # float32 rounding of the model's own output
+    for call in (lambda: qk_attribution(lm, TEXTS[0], layer=1, head=0, query=3, key=1), lambda: head_factors(lm)):
+        with pytest.raises(UnsupportedFeature, match="multi-head latent attention") as err:
+            call()
+        assert "\n" not in str(err.value)
