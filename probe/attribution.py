@@ -543,7 +543,7 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
     True
     """
     from .explain import _find_token
-    from .scratch import project_qk, row_probs
+    from .scratch import project_qk, row_probs, temperature_scales, visible_keys
 
     family = family_for(lm.config)
     n_layers, nh = family.n_layers(lm.config), lm.config.num_attention_heads
@@ -577,6 +577,8 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
             qn, kn = spec.q_norm.double().cpu()[qs], spec.k_norm.double().cpu()[ks]
     q_names, q_parts, q_err = _side(tr, spec, layer, i, wq[qs], None if bq is None else bq[qs], qn, wq, bq, qs)
     k_names, k_parts, k_err = _side(tr, spec, layer, j, wk[ks], None if bk is None else bk[ks], kn, wk, bk, ks)
+    if spec.temperature is not None:  # Llama 4's NoPE layers: the query's temperature at its position, a constant
+        q_parts = q_parts * float(temperature_scales(i + 1, *spec.temperature)[i])
     terms = spec.scale * (q_parts @ k_parts.T)  # (Pq, Pk)
     raw = float(terms.sum())
     extra: dict[str, float] = {}
@@ -598,14 +600,12 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
     # the key's weight with one part removed from one side (frozen scales: the rest of the row unchanged)
     q_full, k_mat = q_parts.sum(0), k_rep[0, head].double()  # (hs,), (T, hs) rotated keys of every position
     row_scores_ = scores[0, 0, 0].double()  # (T,)
-    visible = torch.isfinite(probs[0, 0, 0]) & (torch.arange(T) <= i if spec.causal else torch.ones(T, dtype=torch.bool))
+    visible = visible_keys(valid, causal=spec.causal, sliding_window=spec.sliding_window, local_window=spec.local_window,
+                           chunk_size=spec.chunk_size, rows=(i, i + 1))[0, 0, 0]  # (T,) the keys query i sees
     rows = []
 
     def weight_of(new_row: torch.Tensor) -> float:
-        s = new_row.masked_fill(~visible, float("-inf"))
-        if spec.sliding_window is not None:
-            s = s.masked_fill(torch.arange(T) <= i - spec.sliding_window, float("-inf"))
-        return float(torch.softmax(s, -1)[j])
+        return float(torch.softmax(new_row.masked_fill(~visible, float("-inf")), -1)[j])
 
     base_w = float(probs[0, 0, 0, j])
     for a, name in enumerate(q_names):  # the query loses part a: every key's score changes

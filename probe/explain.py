@@ -263,7 +263,7 @@ def permutation_check(lm: LoadedModel, text: str, *, layer: int = 0, seed: int =
     shuffled = Encoded(text=enc.text, ids=tuple(enc.ids[i] for i in perm), spans=tuple(enc.spans[i] for i in perm),
                        special=tuple(enc.special[i] for i in perm))
     spec = family.layer_spec(base_model(lm), layer, lm.config)
-    no_order = dataclasses.replace(spec, causal=False, sliding_window=None, local_window=None)
+    no_order = dataclasses.replace(spec, causal=False, sliding_window=None, local_window=None, chunk_size=None)
 
     def probs(e: Encoded, positions: bool) -> torch.Tensor:
         cap = _capture_without_positions(lm, family, e) if not positions else capture(lm, [e], family)

@@ -101,6 +101,7 @@ def _uniform(lm, family, layer, cols, means):
     def replace(y, x, key_valid):
         B, T, _ = x.shape
         allowed = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window,
+                             local_window=spec.local_window, chunk_size=spec.chunk_size,
                              dtype=torch.float32)[:, 0].isfinite().to(x.device, x.dtype)  # (B, T, T) 1: i sees j
         weights = allowed / allowed.sum(-1, keepdim=True).clamp_min(1)  # uniform over the visible keys
         v_all = project_v(x, spec)  # (B, nkv, T, vs): every KV head's values, MLA's from its kv latent

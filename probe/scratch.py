@@ -9,12 +9,13 @@ architecture families in `probe/families/`), recompute what the model's attentio
     multi-head latent attention (DeepSeek): q, k, v through low-rank latents with their own RMS norms,
         a rotary key shared by all heads, a value head size of its own (`MultiHeadLatent`)
     rotary positions on all or the first `rotary_dim` dims of each head (half-split or interleaved)
-    (HunYuan: the q/k norm after rotary instead of before)
+    (HunYuan, Llama 4: the q/k norm after rotary instead of before; Llama 4's is an L2 norm, unit weight)
+    q *= 1 + attn_scale · log(1 + ⌊(t + 1) / floor_scale⌋)   attention temperature tuning (Llama 4's NoPE layers)
     scores = q kᵀ · scale                                   (√d or the model's own scalar)
     scores += position bias                                 ALiBi slopes, T5 relative buckets
     scores += content↔position scores                       DeBERTa's c2p and p2c
     scores = c · tanh(scores / c)                           logit softcapping (Gemma 2)
-    scores += mask                                          padding, causal, sliding window
+    scores += mask                                          padding, causal, sliding window, chunks (Llama 4)
     P = softmax(scores), written out: subtract the row max, exp, normalise
         (learned sinks, gpt-oss: a per-head sink logit joins each row and is dropped, rows sum to < 1)
     y = P v, heads concatenated, out = y Woᵀ + bo
@@ -36,7 +37,7 @@ from .errors import UnsupportedFeature
 
 __all__ = ["LayerSpec", "MultiHeadLatent", "ScratchResult", "project_v", "attention_from_scratch", "project_qk", "row_scores", "row_probs",
            "block_probs", "stable_softmax", "softmax_with_sink", "sink_share", "rotary_cos_sin", "build_mask",
-           "visible_keys", "alibi_slopes", "relative_position_buckets"]
+           "visible_keys", "temperature_scales", "alibi_slopes", "relative_position_buckets"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -81,6 +82,7 @@ class LayerSpec:
     causal: bool
     sliding_window: int | None = None  # key j visible from query i only if i - j < window
     local_window: int | None = None  # bidirectional band: key j visible from query i only if |i - j| <= window
+    chunk_size: int | None = None  # chunked local attention (Llama 4): key j visible from query i only if j // c == i // c
     # Rotary frequencies (rotary_dim/2,), or a function of the sequence length T for rope types whose
     # frequencies depend on it (dynamic NTK, longrope); None = no rotary.
     inv_freq: torch.Tensor | Callable[[int], torch.Tensor] | None = None
@@ -112,6 +114,9 @@ class LayerSpec:
     # n_heads × v_head_dim; None = head_dim.
     v_head_dim: int | None = None
     latent: MultiHeadLatent | None = None  # multi-head latent attention (DeepSeek): q, k, v from low-rank latents
+    # Attention temperature tuning (Llama 4's NoPE layers), (floor_scale, attn_scale): the query at position t is
+    # multiplied by `temperature_scales` — attention sharpens slowly with the distance into a long text.
+    temperature: tuple[float, float] | None = None
 
     @property
     def value_head_dim(self) -> int:
@@ -241,6 +246,7 @@ def visible_keys(
     local_window: int | None = None,
     rows: tuple[int, int] | None = None,
     key_start: int = 0,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """(B, 1, R, K) bool: True where query i may see key j — `build_mask` before it becomes 0 / -inf.
 
@@ -258,7 +264,20 @@ def visible_keys(
         allowed = allowed & (i - j < sliding_window)
     if local_window is not None:
         allowed = allowed & ((i - j).abs() <= local_window)
+    if chunk_size is not None:  # chunked local attention: only keys of the query's own chunk
+        allowed = allowed & (torch.div(i, chunk_size, rounding_mode="floor") == torch.div(j, chunk_size, rounding_mode="floor"))
     return allowed
+
+
+def temperature_scales(T: int, floor_scale: float, attn_scale: float) -> torch.Tensor:
+    """Llama 4's attention temperature of the queries at positions 0 .. T-1, (T,):
+    1 + attn_scale · log(1 + ⌊(t + 1) / floor_scale⌋) — 1 within the first floor_scale tokens, then growing.
+
+    >>> temperature_scales(6, 2, 0.5)
+    tensor([1.0000, 1.3466, 1.3466, 1.5493, 1.5493, 1.6931])
+    """
+    positions = torch.arange(T, dtype=torch.float32)
+    return torch.log1p(torch.floor((positions + 1.0) / floor_scale)) * attn_scale + 1.0
 
 
 def build_mask(
@@ -270,6 +289,7 @@ def build_mask(
     local_window: int | None = None,
     rows: tuple[int, int] | None = None,
     key_start: int = 0,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """Additive mask (B, 1, R, K): 0 where query i may see key j, -inf elsewhere.
 
@@ -289,7 +309,7 @@ def build_mask(
             [-inf, 0., 0.]])
     """
     allowed = visible_keys(key_valid, causal=causal, sliding_window=sliding_window, local_window=local_window,
-                           rows=rows, key_start=key_start)
+                           rows=rows, key_start=key_start, chunk_size=chunk_size)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=key_valid.device)
     return mask.masked_fill(~allowed, float("-inf"))
 
@@ -390,6 +410,9 @@ def project_qk(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool = True,
         q, k = _apply_rotary(q, spec), _apply_rotary(k, spec)
     if spec.q_norm is not None and spec.norm_after_rotary:
         q, k = _norm_qk(q, k, spec)
+    if spec.temperature is not None and use_positions:
+        scales = temperature_scales(q.shape[-2], *spec.temperature).to(q.device)  # (T,)
+        q = (q * scales[:, None]).to(q.dtype)  # (B, nh, T, hs), each query row by its position's temperature
     return q, k
 
 
@@ -453,7 +476,8 @@ def row_probs(
     scores = row_scores(q_rows, k, spec, query_start=query_start, key_start=key_start, use_scale=use_scale,
                         use_positions=use_positions, heads=heads)
     mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=q_rows.dtype,
-                      local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start)
+                      local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start,
+                      chunk_size=spec.chunk_size)
     if spec.sinks is not None:
         return scores, softmax_with_sink(scores + mask, _sink_logits(spec, heads))  # (B, h, R, K), rows sum < 1
     return scores, stable_softmax(scores + mask)  # (B, h, R, K)
@@ -506,7 +530,8 @@ def block_probs(
     R = q_rows.shape[-2]
     p = row_scores(q_rows, k, spec, query_start=query_start, key_start=key_start, heads=heads)
     visible = visible_keys(key_valid, causal=spec.causal, sliding_window=spec.sliding_window,
-                           local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start)
+                           local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start,
+                           chunk_size=spec.chunk_size)
     p.masked_fill_(~visible, float("-inf"))
     if spec.sinks is not None:  # the sink column costs one more buffer; rows sum to < 1
         return softmax_with_sink(p, _sink_logits(spec, heads))

@@ -1,5 +1,5 @@
 """The attention mechanisms of issue 22 still missing from the first pass: multi-head latent attention
-(DeepSeek). Each has a known answer from a reference loop written apart from `scratch.py`, is needed
+(DeepSeek); chunked local attention, NoPE layers, temperature tuning and the L2 q/k norm (Llama 4). Each has a known answer from a reference loop written apart from `scratch.py`, is needed
 (broken, verification fails), verifies on a random config no other test builds, and the tools that
 slice head outputs read the value head size from the spec."""
 
@@ -18,7 +18,8 @@ from headscope.probe.families import family_for
 from headscope.probe.forward import base_model
 from headscope.probe.interventions import ablate
 from headscope.probe.rotary import default_inv_freq
-from headscope.probe.scratch import LayerSpec, MultiHeadLatent, attention_from_scratch
+from headscope.probe.scratch import (LayerSpec, MultiHeadLatent, attention_from_scratch, project_qk, temperature_scales,
+                                     visible_keys)
 from headscope.probe.tiny import TINY_CORPUS, tiny_model
 from headscope.probe.verify import verify
 
@@ -146,3 +147,70 @@ def test_dla_splits_latent_attention_heads_and_qk_tools_refuse_in_one_line():
         with pytest.raises(UnsupportedFeature, match="multi-head latent attention") as err:
             call()
         assert "\n" not in str(err.value)
+
+
+# --- Llama 4: chunked local attention, NoPE layers, temperature tuning, L2 q/k norm ---
+
+
+def test_chunked_attention_sees_only_its_own_chunk_causally():
+    got = visible_keys(torch.ones(1, 7), causal=True, sliding_window=None, chunk_size=3)[0, 0].int()
+    want = torch.tensor([[1, 0, 0, 0, 0, 0, 0],  # chunk 0: positions 0 1 2
+                         [1, 1, 0, 0, 0, 0, 0],
+                         [1, 1, 1, 0, 0, 0, 0],
+                         [0, 0, 0, 1, 0, 0, 0],  # chunk 1: positions 3 4 5, none of chunk 0
+                         [0, 0, 0, 1, 1, 0, 0],
+                         [0, 0, 0, 1, 1, 1, 0],
+                         [0, 0, 0, 0, 0, 0, 1]], dtype=torch.int32)  # chunk 2 starts afresh
+    assert torch.equal(got, want)
+    rows = visible_keys(torch.ones(1, 7), causal=True, sliding_window=None, chunk_size=3, rows=(4, 6))[0, 0].int()
+    assert torch.equal(rows, want[4:6])  # a block of rows is the same rows of the whole
+
+
+def test_temperature_is_one_then_grows_with_the_log_of_the_floored_position():
+    got = temperature_scales(7, 3, 0.2)
+    want = [1 + 0.2 * math.log(1 + (t + 1) // 3) for t in range(7)]  # ⌊(t+1)/3⌋ = 0 0 1 1 1 2 2
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float32))
+    spec = LayerSpec(*(torch.eye(4),) * 4, None, None, None, None, n_heads=1, n_kv_heads=1, head_dim=4, scale=1.0,
+                     causal=True, temperature=(3, 0.2))
+    x = torch.randn(1, 7, 4)
+    q, k = project_qk(x, spec)
+    torch.testing.assert_close(q[0, 0], x[0] * got[:, None])  # each query row by its own position's factor
+    torch.testing.assert_close(k[0, 0], x[0])  # keys untouched
+
+
+def test_l2_qk_norm_after_rotary_gives_unit_rms_heads():
+    lm = _tiny("llama4_text")
+    spec = family_for(lm.config).layer_spec(base_model(lm), 0, lm.config)
+    q, k = project_qk(10 * torch.randn(1, 5, 32), spec)  # large enough for eps not to matter
+    torch.testing.assert_close(q.pow(2).mean(-1), torch.ones(1, 4, 5), atol=1e-5, rtol=0)
+    torch.testing.assert_close(k.pow(2).mean(-1), torch.ones(1, 2, 5), atol=1e-5, rtol=0)
+
+
+def _layer0_positions(s, b, i, c):  # rotary (layer 0's) on a NoPE layer
+    first = family_for(c).layer_spec(b, 0, c)
+    return dataclasses.replace(s, inv_freq=first.inv_freq) if s.inv_freq is None else s
+
+
+@pytest.mark.parametrize("change", [
+    lambda s, *_: dataclasses.replace(s, chunk_size=None),  # chunked layers see the whole context
+    lambda s, *_: dataclasses.replace(s, temperature=None),  # no temperature on the NoPE layer
+    lambda s, *_: dataclasses.replace(s, q_norm=None, k_norm=None),  # no L2 norm
+    lambda s, *_: dataclasses.replace(s, rotary_interleaved=False),  # complex rotary: consecutive pairs
+    _layer0_positions,
+], ids=["chunks", "temperature", "l2-norm", "interleaved", "nope"])
+def test_each_llama4_mechanism_is_needed(change):
+    assert _fails(_tiny("llama4_text"), change)
+
+
+def test_llama4_verifies_on_a_random_config_no_other_test_builds_and_qk_attribution_adds_up():
+    # NoPE layers first and last, chunks of 2, another temperature, no q/k norm, one KV head
+    lm = tiny_model("llama4_text", seed=5, num_hidden_layers=4, no_rope_layers=[0, 1, 1, 0],
+                    layer_types=["full_attention", "chunked_attention", "chunked_attention", "full_attention"],
+                    attention_chunk_size=2, floor_scale=3, attn_scale=0.2, use_qk_norm=False, num_attention_heads=2,
+                    num_key_value_heads=1)
+    v = verify(lm, TEXTS)
+    assert v.passed, (v.max_abs_err, v.max_rel_err_output)
+    lm = _tiny("llama4_text")
+    for layer in (1, 2):  # a chunked layer with L2 norm, a NoPE layer with its temperature
+        r = qk_attribution(lm, TEXTS[0], layer=layer, head=1, query=7, key=6)
+        assert r.identity_abs_err < 1e-5 and r.input_abs_err < 1e-5
