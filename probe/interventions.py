@@ -23,6 +23,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 
 from .encoding import encode_many, pad_batch
+from .errors import UnsupportedFeature
 from .families import Family, family_for
 from .forward import base_model, is_seq2seq
 from .model import LoadedModel
@@ -67,13 +68,13 @@ def _by_layer(heads: Sequence[Head]) -> dict[int, list[int]]:
 
 
 # --- what replaces a head's slice, per method ------------------------------------------------
-# Each builder returns `replace(y, layer_input, key_valid) -> y'` for one layer, where `y` is the
-# (B, T, nh*hs) input of W_O, already a copy.
+# Each builder returns `replace(y, inputs, key_valid) -> y'` for one layer, where `y` is the
+# (B, T, nh*hs) input of W_O, already a copy, and `inputs` the attention inputs caught so far by layer.
 
 def _zero(lm, family, layer, cols, means):
     hs = head_dim(lm, family, layer)
 
-    def replace(y, x, key_valid):
+    def replace(y, inputs, key_valid):
         for h in cols:
             y[..., h * hs : (h + 1) * hs] = 0
         return y
@@ -86,7 +87,7 @@ def _mean(lm, family, layer, cols, means):
         raise ValueError("method='mean' needs the heads' mean outputs: pass means=head_means(lm, reference_texts)")
     hs = head_dim(lm, family, layer)
 
-    def replace(y, x, key_valid):
+    def replace(y, inputs, key_valid):
         for h in cols:
             y[..., h * hs : (h + 1) * hs] = means[layer, h].to(y.device, y.dtype)
         return y
@@ -98,13 +99,14 @@ def _uniform(lm, family, layer, cols, means):
     spec: LayerSpec = family.layer_spec(base_model(lm), layer, lm.config)
     vs, group = spec.value_head_dim, spec.n_heads // spec.n_kv_heads
 
-    def replace(y, x, key_valid):
+    def replace(y, inputs, key_valid):
+        x = inputs[layer]
         B, T, _ = x.shape
         allowed = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window,
                              local_window=spec.local_window, chunk_size=spec.chunk_size,
                              dtype=torch.float32)[:, 0].isfinite().to(x.device, x.dtype)  # (B, T, T) 1: i sees j
         weights = allowed / allowed.sum(-1, keepdim=True).clamp_min(1)  # uniform over the visible keys
-        v_all = project_v(x, spec)  # (B, nkv, T, vs): every KV head's values, MLA's from its kv latent
+        v_all = project_v(x, spec, kv=spec.kv_input(inputs))  # (B, nkv, T, vs): every KV head's values, MLA's from its kv latent
         for h in cols:
             v = v_all[:, h // group]  # (B, T, vs): the KV head that query head h reads
             y[..., h * vs : (h + 1) * vs] = weights @ v  # (B, T, vs)
@@ -141,11 +143,12 @@ def ablate(lm: LoadedModel, heads: Iterable[Head], *, method: AblationMethod = "
     base = base_model(lm)
     replacers = {l: ABLATION_METHODS[method](lm, family, l, cols, means) for l, cols in _by_layer(heads).items()}
     with ExitStack() as stack:
-        state = _LayerInputs(lm, family, base, list(replacers) if method == "uniform" else [], stack)
+        caught = set(replacers) | {family.layer_spec(base, l, lm.config).kv_layer for l in replacers} - {None}
+        state = _LayerInputs(lm, family, base, sorted(caught) if method == "uniform" else [], stack)
 
         def make_hook(layer):
             def hook(module, args):
-                y = replacers[layer](args[0].clone(), state.inputs.get(layer), state.key_valid(args[0]))
+                y = replacers[layer](args[0].clone(), state.inputs, state.key_valid(args[0]))
                 return (y, *args[1:])
             return hook
 
@@ -193,7 +196,12 @@ def head_means(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, tr
     refuse_seq2seq(lm, "head_means")
     family = family_for(lm.config)
     base = base_model(lm)
-    n_layers, nh, hs = lm.config.num_hidden_layers, lm.config.num_attention_heads, head_dim(lm, family)
+    n_layers, nh = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    sizes = {head_dim(lm, family, l) for l in range(n_layers)}
+    if len(sizes) > 1:
+        raise UnsupportedFeature(f"{lm.name}'s heads have different sizes in different layers ({sorted(sizes)}); "
+                                 "mean ablation needs one size — use method='zero' or 'uniform'")
+    hs = sizes.pop()
     sums = torch.zeros(n_layers, nh * hs, dtype=torch.float64)
     count = 0
     encoded = encode_many(lm, list(texts), truncate=truncate)
@@ -228,11 +236,13 @@ def head_mask(lm: LoadedModel, xi: torch.Tensor) -> Iterator[None]:
     refuse_seq2seq(lm, "the head mask")
     family = family_for(lm.config)
     base = base_model(lm)
-    n_layers, nh, hs = lm.config.num_hidden_layers, lm.config.num_attention_heads, head_dim(lm, family)
+    n_layers, nh = lm.config.num_hidden_layers, lm.config.num_attention_heads
     if tuple(xi.shape[-2:]) != (n_layers, nh):
         raise ValueError(f"head mask is {tuple(xi.shape)}; {lm.name} needs (..., {n_layers}, {nh})")
 
     def make_hook(layer):
+        hs = head_dim(lm, family, layer)  # the layer's own value head size
+
         def hook(module, args):
             y = args[0]  # (B, T, nh*hs)
             scale = xi[..., layer, :].to(y.dtype)  # (B, nh) or (nh,)

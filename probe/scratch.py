@@ -4,8 +4,9 @@ Given one layer's input `x` and that layer's own weights (a `LayerSpec`, filled 
 architecture families in `probe/families/`), recompute what the model's attention block does:
 
     q, k, v = x Wqᵀ + bq, x Wkᵀ + bk, x Wvᵀ + bv           project
+        (shared-KV layers, Gemma 4: k and v from an earlier layer's input, with that layer's weights)
     split into heads (grouped-query: a KV head serves several query heads)
-    optional RMS (or mean-centred layer) norm of q and k (per head, or over the whole projection)
+    optional RMS (or mean-centred layer) norm of q and k (per head, or over the whole projection), and of v (Gemma 4)
     multi-head latent attention (DeepSeek): q, k, v through low-rank latents with their own RMS norms,
         a rotary key shared by all heads, a value head size of its own (`MultiHeadLatent`)
     rotary positions on all or the first `rotary_dim` dims of each head (half-split or interleaved)
@@ -117,6 +118,16 @@ class LayerSpec:
     # Attention temperature tuning (Llama 4's NoPE layers), (floor_scale, attn_scale): the query at position t is
     # multiplied by `temperature_scales` — attention sharpens slowly with the distance into a long text.
     temperature: tuple[float, float] | None = None
+    v_norm: torch.Tensor | None = None  # (hs,) RMS norm weight of each value head (Gemma 4's has unit weight)
+    # Shared-KV layers (Gemma 4's last `num_kv_shared_layers`): keys and values are layer `kv_layer`'s, made from
+    # THAT layer's attention input with its weights (wk, wv, bk, bv, k_norm, v_norm here are its own); the
+    # caller passes that input as `kv=`. None: keys and values of the layer's own input.
+    kv_layer: int | None = None
+
+    def kv_input(self, inputs) -> torch.Tensor | None:
+        """The input the keys and values come from, out of the layers' attention inputs `inputs` (indexed by
+        layer): the producer layer's for a shared-KV layer, else None (the layer's own input)."""
+        return None if self.kv_layer is None else inputs[self.kv_layer]
 
     @property
     def value_head_dim(self) -> int:
@@ -356,11 +367,21 @@ def _heads(t: torch.Tensor, n: int, hs: int) -> torch.Tensor:
 
 def project_v(x: torch.Tensor, spec: LayerSpec, *, kv: torch.Tensor | None = None) -> torch.Tensor:
     """Values (B, nkv, S, vs) of `kv` (default `x`), vs = `spec.value_head_dim`."""
+    _check_kv_source(spec, kv)
     source = x if kv is None else kv
     if spec.latent is not None:
         c, _ = _kv_latent(source, spec)  # (B, S, r)
         return _heads(_add_bias(c @ spec.wv.T.to(x.dtype), spec.bv), spec.n_kv_heads, spec.value_head_dim)
-    return _heads(_add_bias(source @ spec.wv.T.to(x.dtype), spec.bv), spec.n_kv_heads, spec.value_head_dim)
+    v = _heads(_add_bias(source @ spec.wv.T.to(x.dtype), spec.bv), spec.n_kv_heads, spec.value_head_dim)
+    if spec.v_norm is not None:
+        v = _rms_norm(v, spec.v_norm, spec.norm_eps, spec.norm_offset, spec.norm_kind)  # (B, nkv, S, vs)
+    return v
+
+
+def _check_kv_source(spec: LayerSpec, kv: torch.Tensor | None) -> None:
+    if spec.kv_layer is not None and kv is None:
+        raise UnsupportedFeature(f"this layer reuses layer {spec.kv_layer}'s keys and values (shared KV, Gemma 4); "
+                                 f"pass kv= layer {spec.kv_layer}'s attention input")
 
 
 def _kv_latent(source: torch.Tensor, spec: LayerSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -398,6 +419,7 @@ def project_qk(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool = True,
     """
     if spec.latent is not None:
         return _project_qk_latent(x, spec, use_positions=use_positions, kv=kv)
+    _check_kv_source(spec, kv)
     source = x if kv is None else kv
     q = _add_bias(x @ spec.wq.T.to(x.dtype), spec.bq)  # (B, T, nh*hs)
     k = _add_bias(source @ spec.wk.T.to(x.dtype), spec.bk)  # (B, S, nkv*hs)

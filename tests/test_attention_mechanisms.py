@@ -1,5 +1,6 @@
 """The attention mechanisms of issue 22 still missing from the first pass: multi-head latent attention
-(DeepSeek); chunked local attention, NoPE layers, temperature tuning and the L2 q/k norm (Llama 4). Each has a known answer from a reference loop written apart from `scratch.py`, is needed
+(DeepSeek); chunked local attention, NoPE layers, temperature tuning and the L2 q/k norm (Llama 4);
+shared-KV layers, k = v, the value norm and proportional rope (Gemma 4). Each has a known answer from a reference loop written apart from `scratch.py`, is needed
 (broken, verification fails), verifies on a random config no other test builds, and the tools that
 slice head outputs read the value head size from the spec."""
 
@@ -14,12 +15,12 @@ from conftest import _tiny
 from headscope.probe.attribution import qk_attribution, residual_parts, trace
 from headscope.probe.composition import head_factors
 from headscope.probe.errors import UnsupportedFeature
-from headscope.probe.families import family_for
+from headscope.probe.families import SUPPORTED_TYPES, family_for
 from headscope.probe.forward import base_model
-from headscope.probe.interventions import ablate
-from headscope.probe.rotary import default_inv_freq
-from headscope.probe.scratch import (LayerSpec, MultiHeadLatent, attention_from_scratch, project_qk, temperature_scales,
-                                     visible_keys)
+from headscope.probe.interventions import ablate, head_means
+from headscope.probe.rotary import ROPE_INV_FREQ, default_inv_freq
+from headscope.probe.scratch import (LayerSpec, MultiHeadLatent, attention_from_scratch, project_qk, project_v,
+                                     temperature_scales, visible_keys)
 from headscope.probe.tiny import TINY_CORPUS, tiny_model
 from headscope.probe.verify import verify
 
@@ -214,3 +215,77 @@ def test_llama4_verifies_on_a_random_config_no_other_test_builds_and_qk_attribut
     for layer in (1, 2):  # a chunked layer with L2 norm, a NoPE layer with its temperature
         r = qk_attribution(lm, TEXTS[0], layer=layer, head=1, query=7, key=6)
         assert r.identity_abs_err < 1e-5 and r.input_abs_err < 1e-5
+
+
+# --- Gemma 4: shared-KV layers, k = v, the value norm, proportional rope, per-layer head sizes ---
+
+
+def test_shared_kv_layers_read_the_producers_keys_and_values():
+    lm = _tiny("gemma4_text")  # layers: sliding, sliding, global, then shared sliding and shared global
+    fam, base = family_for(lm.config), base_model(lm)
+    specs = [fam.layer_spec(base, i, lm.config) for i in range(5)]
+    assert [s.kv_layer for s in specs] == [None, None, None, 1, 2]  # the last earlier layer of the same type
+    assert torch.equal(specs[3].wk, specs[1].wk) and torch.equal(specs[4].k_norm, specs[2].k_norm)
+    # keys from the layer's own input instead of the producer's: not what the model does
+    assert _fails(lm, lambda s, *_: dataclasses.replace(s, kv_layer=None))
+    with pytest.raises(UnsupportedFeature, match="reuses layer 1's keys and values") as err:
+        attention_from_scratch(torch.randn(1, 3, 32), specs[3], torch.ones(1, 3))  # no kv= given: refused
+    assert "\n" not in str(err.value)
+
+
+def test_k_eq_v_values_are_the_normed_key_projection_before_rotary():
+    lm = _tiny("gemma4_text")
+    spec = family_for(lm.config).layer_spec(base_model(lm), 2, lm.config)  # a global layer, k = v
+    assert base_model(lm).layers[2].self_attn.v_proj is None and torch.equal(spec.wv, spec.wk)
+    x = torch.randn(2, 5, 32)
+    raw = (x @ spec.wk.T).view(2, 5, 1, 8).transpose(1, 2)  # (B, 1 KV head, T, 8) the keys before norm and rotary
+    want = raw / raw.pow(2).mean(-1, keepdim=True).add(spec.norm_eps).sqrt()  # unit-weight RMS norm
+    torch.testing.assert_close(project_v(x, spec), want)
+    v = verify(lm, TEXTS, family=_break(lm, lambda s, *_: dataclasses.replace(s, v_norm=None)))
+    assert not v.passed and v.max_rel_err_output > 1e-3  # the value norm is needed (the weights do not see it)
+
+
+def test_proportional_rope_turns_the_first_share_of_pairs_at_whole_head_exponents():
+    p = {"rope_type": "proportional", "rope_theta": 100.0, "partial_rotary_factor": 0.5}
+    inv_freq, factor = ROPE_INV_FREQ["proportional"](p, 8, None)
+    torch.testing.assert_close(inv_freq, torch.tensor([1.0, 100.0 ** (-2 / 8), 0.0, 0.0]))  # 2 of 4 pairs turn
+    assert factor == 1.0
+    lm = _tiny("gemma4_text")  # default frequencies over the whole head on the global layers: fails
+    assert _fails(lm, lambda s, b, i, c: dataclasses.replace(s, inv_freq=default_inv_freq(100.0, s.head_dim))
+                  if c.layer_types[i] == "full_attention" else s)
+
+
+def _gemma4_config(vocab, model_type):
+    from transformers import AutoConfig
+
+    # Six layers, the last three sharing KV (producers 1 and 2), global heads of 12 dims with their own v_proj
+    # (no k = v) and 2 KV heads, a window of 3, a quarter of the global pairs turning.
+    return AutoConfig.for_model(
+        model_type, vocab_size=vocab, vocab_size_per_layer_input=vocab, hidden_size=32, intermediate_size=64,
+        num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1, head_dim=8, global_head_dim=12,
+        num_global_key_value_heads=2, attention_k_eq_v=False, num_kv_shared_layers=3, sliding_window=3,
+        max_position_embeddings=128, hidden_size_per_layer_input=4,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention",
+                     "sliding_attention", "full_attention"],
+        rope_parameters={"sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+                         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                                            "rope_theta": 1e6}})
+
+
+def test_gemma4_with_other_head_sizes_per_layer_verifies_and_ablates(monkeypatch):
+    family = SUPPORTED_TYPES["gemma4_text"]
+    monkeypatch.setitem(SUPPORTED_TYPES, "gemma4_text", dataclasses.replace(family, tiny_config=_gemma4_config))
+    lm = tiny_model("gemma4_text", seed=3)
+    assert lm.config.kv_sharing_modes == [None, "store", "store", "reuse", "reuse", "reuse"]
+    v = verify(lm, TEXTS)
+    assert v.passed, (v.max_abs_err, v.max_rel_err_output)
+    ids = lm.tokenizer(TEXTS[0], return_tensors="pt")["input_ids"]
+    with torch.no_grad(), ablate(lm, [(2, 1), (5, 3)], method="zero"):  # global layers: 12-dim head slices
+        got = lm.model(input_ids=ids).logits
+    manual = copy.deepcopy(lm.model)
+    with torch.no_grad():
+        manual.model.layers[2].self_attn.o_proj.weight[:, 12:24] = 0
+        manual.model.layers[5].self_attn.o_proj.weight[:, 36:48] = 0
+        torch.testing.assert_close(got, manual(input_ids=ids).logits)
+    with pytest.raises(UnsupportedFeature, match=r"different sizes in different layers \(\[8, 12\]\)"):
+        head_means(lm, TEXTS)
