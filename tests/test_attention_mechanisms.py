@@ -115,6 +115,9 @@ def test_a_rotary_key_per_head_instead_of_the_shared_one_fails():
                          mlp_layer_types=["dense", "sparse", "sparse"],
                          rope_parameters={"rope_type": "default", "rope_theta": 500.0})),
     ("deepseek_v2", dict(q_lora_rank=8, kv_lora_rank=6, qk_nope_head_dim=6, v_head_dim=2)),
+    ("glm4_moe_lite", dict(v_head_dim=3, kv_lora_rank=5)),
+    ("youtu", dict(q_lora_rank=None, rope_interleave=False)),
+    ("minicpm3", dict(num_attention_heads=2, num_key_value_heads=2, qk_rope_head_dim=2, head_dim=2)),
 ])
 def test_latent_attention_verifies_on_random_configs_no_other_test_builds(model_type, overrides):
     lm = tiny_model(model_type, seed=11, **overrides)
@@ -289,3 +292,11 @@ def test_gemma4_with_other_head_sizes_per_layer_verifies_and_ablates(monkeypatch
         torch.testing.assert_close(got, manual(input_ids=ids).logits)
     with pytest.raises(UnsupportedFeature, match=r"different sizes in different layers \(\[8, 12\]\)"):
         head_means(lm, TEXTS)
+
+
+def test_gemma3n_shares_kv_like_gemma4_and_verifies_on_another_seed_and_window():
+    lm = tiny_model("gemma3n_text", seed=9, sliding_window=2)
+    assert lm.config.kv_sharing_modes == ["store", "store", "reuse", "reuse"]
+    v = verify(lm, TEXTS)
+    assert v.passed, (v.max_abs_err, v.max_rel_err_output)
+    assert _fails(lm, lambda s, *_: dataclasses.replace(s, kv_layer=None))  # its own input instead of the producer's

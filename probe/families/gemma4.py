@@ -1,4 +1,7 @@
-"""Gemma 4 (the text model): Gemma 3's layout, with what its attention module adds.
+"""Gemma 4 and Gemma 3n (the text models): Gemma 3's layout, with what their attention modules add.
+
+Gemma 3n's attention is Gemma 4's without k = v and with one head size: the same value norm, scale
+and shared-KV layers (its AltUp and Laurel blocks change the layer input, which is captured as it is).
 
 - a scale of 1 (the q/k norms do the scaling) and plain norm weights (w, not Gemma 3's 1 + w);
 - an RMS norm of each value head, of unit weight (`LayerSpec.v_norm`);
@@ -40,7 +43,8 @@ def _spec(base, i: int, cfg) -> LayerSpec:
     kv_attn = base.layers[j].self_attn  # the layer whose k/v weights make this layer's keys and values
     (wq, bq), (wo, bo) = linear_weights(attn.q_proj), linear_weights(attn.o_proj)
     (wk, bk) = linear_weights(kv_attn.k_proj)
-    (wv, bv) = (wk, bk) if kv_attn.v_proj is None else linear_weights(kv_attn.v_proj)  # k = v: no v_proj
+    v_proj = getattr(kv_attn, "v_proj", None)
+    (wv, bv) = (wk, bk) if v_proj is None else linear_weights(v_proj)  # k = v (Gemma 4's global layers): no v_proj
     layer_type, hs = cfg.layer_types[i], attn.head_dim
     positions = rope(cfg, hs, layer_type, whole_head=True, longest_seen=cached_length(base.rotary_emb, layer_type))
     return LayerSpec(
@@ -61,7 +65,9 @@ def _bidirectional(cfg) -> str | None:
 def _rope_per_layer_type(cfg) -> str | None:
     for layer_type in sorted(set(cfg.layer_types)):
         try:
-            rope(cfg, cfg.per_layer_config[layer_type].head_dim, layer_type, whole_head=True)
+            per_layer = getattr(cfg, "per_layer_config", None)  # Gemma 4: global layers have their own head size
+            head_dim = per_layer[layer_type].head_dim if per_layer is not None else cfg.head_dim
+            rope(cfg, head_dim, layer_type, whole_head=True)
         except Exception as exc:  # noqa: BLE001 — UnsupportedFeature, or a config transformers would refuse too
             return str(exc)
     return None
@@ -69,6 +75,14 @@ def _rope_per_layer_type(cfg) -> str | None:
 
 def _tiny_config(vocab: int, model_type: str):
     from transformers import AutoConfig
+
+    if model_type == "gemma3n_text":  # four layers, the last two sharing layer 0's (sliding) and 1's (full) K/V
+        return AutoConfig.for_model(
+            model_type, vocab_size=vocab, vocab_size_per_layer_input=vocab, hidden_size=32, intermediate_size=64,
+            num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=8, sliding_window=4,
+            max_position_embeddings=128, hidden_size_per_layer_input=4, num_kv_shared_layers=2, laurel_rank=4,
+            altup_num_inputs=2, activation_sparsity_pattern=[0.0] * 4,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "full_attention"])
 
     # Five layers: sliding, sliding, global, then a shared-KV sliding and a shared-KV global layer that reuse
     # layers 1 and 2's keys and values. Global layers: one KV head where k = v, proportional rope turning half
@@ -89,7 +103,7 @@ def _tiny_config(vocab: int, model_type: str):
 
 FAMILY = Family(
     name="gemma4",
-    model_types=("gemma4_text",),
+    model_types=("gemma4_text", "gemma3n_text"),
     kind="decoder",
     features=("shared-KV layers (num_kv_shared_layers): the producer layer's keys and values, from its input",
               "k = v on global layers (attention_k_eq_v)", "value RMS norm", "QK norm, scale 1",
