@@ -217,7 +217,10 @@ def trace(lm: LoadedModel, text: str) -> Trace:
         if head is not None:
             on(head, lambda m, a: got.__setitem__("unembed_in", a[0][0, -1].detach()), pre=True)
             on(head, lambda m, a, out: got.__setitem__("logits", out[0, -1].detach()))
-            lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+            # the last position's logits, named as a tensor: an int lets Gemma 4 run its shared-KV layers on the
+            # kept positions only, and every position's stream is needed here
+            last = torch.tensor([ids.shape[1] - 1], device=ids.device)
+            lm.model(input_ids=ids, use_cache=False, logits_to_keep=last)
         else:
             base(input_ids=ids, use_cache=False)
 
@@ -576,7 +579,8 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
         else:
             qn, kn = spec.q_norm.double().cpu()[qs], spec.k_norm.double().cpu()[ks]
     q_names, q_parts, q_err = _side(tr, spec, layer, i, wq[qs], None if bq is None else bq[qs], qn, wq, bq, qs)
-    k_names, k_parts, k_err = _side(tr, spec, layer, j, wk[ks], None if bk is None else bk[ks], kn, wk, bk, ks)
+    k_layer = layer if spec.kv_layer is None else spec.kv_layer  # shared KV (Gemma 4): keys of the producer's stream
+    k_names, k_parts, k_err = _side(tr, spec, k_layer, j, wk[ks], None if bk is None else bk[ks], kn, wk, bk, ks)
     if spec.temperature is not None:  # Llama 4's NoPE layers: the query's temperature at its position, a constant
         q_parts = q_parts * float(temperature_scales(i + 1, *spec.temperature)[i])
     terms = spec.scale * (q_parts @ k_parts.T)  # (Pq, Pk)
@@ -590,7 +594,8 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
         extra["softcap"] = spec.softcap * float(torch.tanh(torch.tensor(before / spec.softcap))) - before
     # the verified from-scratch attention on the model's own attention input, apart from the parts
     x = tr.attn_in[layer][None].float()  # (1, T, D)
-    q_all, k_all = project_qk(x, spec)  # (1, nh, T, hs), (1, nkv, T, hs)
+    kv = None if spec.kv_layer is None else tr.attn_in[k_layer][None].float()  # (1, T, D) the producer's input
+    q_all, k_all = project_qk(x, spec, kv=kv)  # (1, nh, T, hs), (1, nkv, T, hs)
     k_rep = k_all.repeat_interleave(spec.n_heads // spec.n_kv_heads, dim=1)
     valid = torch.ones(1, T, dtype=torch.long)
     scores, probs = row_probs(q_all[:, head : head + 1, i : i + 1], k_rep[:, head : head + 1], spec, valid,

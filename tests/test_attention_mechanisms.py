@@ -300,3 +300,10 @@ def test_gemma3n_shares_kv_like_gemma4_and_verifies_on_another_seed_and_window()
     v = verify(lm, TEXTS)
     assert v.passed, (v.max_abs_err, v.max_rel_err_output)
     assert _fails(lm, lambda s, *_: dataclasses.replace(s, kv_layer=None))  # its own input instead of the producer's
+
+
+def test_qk_attribution_of_a_shared_kv_layer_splits_the_producers_keys():
+    lm = _tiny("gemma4_text")
+    for layer in (3, 4):  # the keys are layers 1's and 2's, from their residual streams
+        r = qk_attribution(lm, TEXTS[0], layer=layer, head=1, query=7, key=5)
+        assert r.identity_abs_err < 1e-5 and r.input_abs_err < 1e-5
