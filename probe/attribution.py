@@ -217,7 +217,10 @@ def trace(lm: LoadedModel, text: str) -> Trace:
         if head is not None:
             on(head, lambda m, a: got.__setitem__("unembed_in", a[0][0, -1].detach()), pre=True)
             on(head, lambda m, a, out: got.__setitem__("logits", out[0, -1].detach()))
-            lm.model(input_ids=ids, use_cache=False, logits_to_keep=1)
+            # the last position's logits, named as a tensor: an int lets Gemma 4 run its shared-KV layers on the
+            # kept positions only, and every position's stream is needed here
+            last = torch.tensor([ids.shape[1] - 1], device=ids.device)
+            lm.model(input_ids=ids, use_cache=False, logits_to_keep=last)
         else:
             base(input_ids=ids, use_cache=False)
 
@@ -273,10 +276,10 @@ def residual_parts(tr: Trace, t: int, *, before: int | None = None) -> tuple[lis
     names, parts, attn_err = ["embed"], [tr.layer_in[0][t]], 0.0
     for l in range(stop):
         spec = tr.specs[l]
-        nh, hs = spec.n_heads, spec.head_dim
+        nh, vs = spec.n_heads, spec.value_head_dim  # a head's W_O slice is as wide as its value
         D = spec.wo.shape[0]
-        y = tr.heads_in[l][t].view(nh, hs)  # (nh, hs)
-        wo = spec.wo.double().cpu().view(D, nh, hs)  # (D, nh, hs): column block h is head h's W_O slice
+        y = tr.heads_in[l][t].view(nh, vs)  # (nh, vs)
+        wo = spec.wo.double().cpu().view(D, nh, vs)  # (D, nh, vs): column block h is head h's W_O slice
         heads = torch.einsum("dhk,hk->hd", wo, y)  # (nh, D) each head's write before any post-norm
         bias = torch.zeros(D, dtype=torch.float64) if spec.bo is None else spec.bo.double().cpu()
         attn_err = max(attn_err, float((heads.sum(0) + bias - tr.attn_out[l][t]).abs().max()))
@@ -543,7 +546,7 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
     True
     """
     from .explain import _find_token
-    from .scratch import project_qk, row_probs
+    from .scratch import project_qk, row_probs, temperature_scales, visible_keys
 
     family = family_for(lm.config)
     n_layers, nh = family.n_layers(lm.config), lm.config.num_attention_heads
@@ -554,6 +557,9 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
     if spec.position_scores is not None:
         raise UnsupportedFeature("content↔position scores (DeBERTa) are not bilinear in the two residual streams; "
                                  "QK attribution does not split them")
+    if spec.latent is not None:
+        raise UnsupportedFeature("multi-head latent attention (DeepSeek) reads keys through a normed low-rank latent; "
+                                 "QK attribution does not split it yet — use headscope dla or ablation for this model")
     enc = encode(lm, text)
     labels = list(tr.labels)
     i = _find_token(labels, enc, query, occurrence)
@@ -573,7 +579,10 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
         else:
             qn, kn = spec.q_norm.double().cpu()[qs], spec.k_norm.double().cpu()[ks]
     q_names, q_parts, q_err = _side(tr, spec, layer, i, wq[qs], None if bq is None else bq[qs], qn, wq, bq, qs)
-    k_names, k_parts, k_err = _side(tr, spec, layer, j, wk[ks], None if bk is None else bk[ks], kn, wk, bk, ks)
+    k_layer = layer if spec.kv_layer is None else spec.kv_layer  # shared KV (Gemma 4): keys of the producer's stream
+    k_names, k_parts, k_err = _side(tr, spec, k_layer, j, wk[ks], None if bk is None else bk[ks], kn, wk, bk, ks)
+    if spec.temperature is not None:  # Llama 4's NoPE layers: the query's temperature at its position, a constant
+        q_parts = q_parts * float(temperature_scales(i + 1, *spec.temperature)[i])
     terms = spec.scale * (q_parts @ k_parts.T)  # (Pq, Pk)
     raw = float(terms.sum())
     extra: dict[str, float] = {}
@@ -585,7 +594,8 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
         extra["softcap"] = spec.softcap * float(torch.tanh(torch.tensor(before / spec.softcap))) - before
     # the verified from-scratch attention on the model's own attention input, apart from the parts
     x = tr.attn_in[layer][None].float()  # (1, T, D)
-    q_all, k_all = project_qk(x, spec)  # (1, nh, T, hs), (1, nkv, T, hs)
+    kv = None if spec.kv_layer is None else tr.attn_in[k_layer][None].float()  # (1, T, D) the producer's input
+    q_all, k_all = project_qk(x, spec, kv=kv)  # (1, nh, T, hs), (1, nkv, T, hs)
     k_rep = k_all.repeat_interleave(spec.n_heads // spec.n_kv_heads, dim=1)
     valid = torch.ones(1, T, dtype=torch.long)
     scores, probs = row_probs(q_all[:, head : head + 1, i : i + 1], k_rep[:, head : head + 1], spec, valid,
@@ -595,14 +605,12 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
     # the key's weight with one part removed from one side (frozen scales: the rest of the row unchanged)
     q_full, k_mat = q_parts.sum(0), k_rep[0, head].double()  # (hs,), (T, hs) rotated keys of every position
     row_scores_ = scores[0, 0, 0].double()  # (T,)
-    visible = torch.isfinite(probs[0, 0, 0]) & (torch.arange(T) <= i if spec.causal else torch.ones(T, dtype=torch.bool))
+    visible = visible_keys(valid, causal=spec.causal, sliding_window=spec.sliding_window, local_window=spec.local_window,
+                           chunk_size=spec.chunk_size, rows=(i, i + 1))[0, 0, 0]  # (T,) the keys query i sees
     rows = []
 
     def weight_of(new_row: torch.Tensor) -> float:
-        s = new_row.masked_fill(~visible, float("-inf"))
-        if spec.sliding_window is not None:
-            s = s.masked_fill(torch.arange(T) <= i - spec.sliding_window, float("-inf"))
-        return float(torch.softmax(s, -1)[j])
+        return float(torch.softmax(new_row.masked_fill(~visible, float("-inf")), -1)[j])
 
     base_w = float(probs[0, 0, 0, j])
     for a, name in enumerate(q_names):  # the query loses part a: every key's score changes

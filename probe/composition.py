@@ -26,6 +26,7 @@ import pandas as pd
 import torch
 
 from .attribution import trace
+from .errors import UnsupportedFeature
 from .model import LoadedModel
 from .types import head_name
 
@@ -47,6 +48,10 @@ def head_factors(lm: LoadedModel) -> Factors:
     tr = trace(lm, "The")
     v, o, q, k = [], [], [], []
     for l, spec in enumerate(tr.specs):
+        if spec.latent is not None:
+            raise UnsupportedFeature(f"{lm.name} has multi-head latent attention (DeepSeek): its keys and values are "
+                                     "read through a normed low-rank latent, not one matrix of the residual stream; "
+                                     "composition scores do not cover it yet")
         nh, hs, group = spec.n_heads, spec.head_dim, spec.n_heads // spec.n_kv_heads
         D = spec.wq.shape[1]
         pre = tr.pre_attn[l]

@@ -124,14 +124,15 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
     spec = family.layer_spec(base_model(lm), layer, lm.config)
     if source.mode(len(enc.ids)) == "recompute":
         # only this layer's input, caught under fast attention: no layer's T × T weights are kept by the model
-        x = layer_inputs(lm, family, [enc], [layer])[layer]
+        inputs = layer_inputs(lm, family, [enc], sorted({layer, spec.kv_layer} - {None}))  # shared KV: the producer's
+        x, kv = inputs[layer], spec.kv_input(inputs)
         cap, valid = None, torch.ones(1, len(enc.ids), dtype=torch.long, device=x.device)
     else:
         cap = capture(lm, [enc], family)
-        x, valid = cap.inputs[layer], cap.key_valid
-    res = attention_from_scratch(x, spec, valid)
+        x, kv, valid = cap.inputs[layer], spec.kv_input(cap.inputs), cap.key_valid
+    res = attention_from_scratch(x, spec, valid, kv=kv)
     scaled = res.scores[0, head, q_idx]  # (T,) the logits: scores after × scale and every position term
-    terms = _score_terms(x, spec, head, q_idx)
+    terms = _score_terms(x, spec, head, q_idx, kv=kv)
     weights = res.probs[0, head, q_idx]  # (T,)
     values = res.values[0, head]  # (T, hs)
     contrib = weights[:, None] * values  # (T, hs): each key's share of the output
@@ -157,13 +158,13 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
     )
 
 
-def _score_terms(x: torch.Tensor, spec, head: int, q_idx: int) -> dict[str, torch.Tensor]:
+def _score_terms(x: torch.Tensor, spec, head: int, q_idx: int, kv: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The parts of one query row's logits, each (T,): q·k, and the position terms this model adds.
 
     Computed from the projected queries and keys, apart from the logits `attention_from_scratch`
     gives, so that their sum checks the logits instead of restating them.
     """
-    q, k = project_qk(x, spec)  # (1, nh, T, hs), (1, nkv, T, hs)
+    q, k = project_qk(x, spec, kv=kv)  # (1, nh, T, hs), (1, nkv, T, hs)
     k = k.repeat_interleave(spec.n_heads // spec.n_kv_heads, dim=1)  # (1, nh, T, hs): grouped-query heads
     terms = {"raw_score": k[0, head] @ q[0, head, q_idx]}  # (T,)
     n = x.shape[1]
@@ -194,9 +195,9 @@ def scale_effect(lm: LoadedModel, text: str, *, layers: list[int] | None = None)
     rows = []
     for layer in layers if layers is not None else range(family.n_layers(lm.config)):
         spec = family.layer_spec(base_model(lm), layer, lm.config)
-        x = cap.inputs[layer]
-        with_scale = _row_stats(attention_from_scratch(x, spec, cap.key_valid).probs, n)
-        without = _row_stats(attention_from_scratch(x, spec, cap.key_valid, use_scale=False).probs, n)
+        x, kv = cap.inputs[layer], spec.kv_input(cap.inputs)
+        with_scale = _row_stats(attention_from_scratch(x, spec, cap.key_valid, kv=kv).probs, n)
+        without = _row_stats(attention_from_scratch(x, spec, cap.key_valid, use_scale=False, kv=kv).probs, n)
         for h in range(spec.n_heads):
             rows.append({
                 "layer": layer, "head": h, "scale": spec.scale,
@@ -263,12 +264,13 @@ def permutation_check(lm: LoadedModel, text: str, *, layer: int = 0, seed: int =
     shuffled = Encoded(text=enc.text, ids=tuple(enc.ids[i] for i in perm), spans=tuple(enc.spans[i] for i in perm),
                        special=tuple(enc.special[i] for i in perm))
     spec = family.layer_spec(base_model(lm), layer, lm.config)
-    no_order = dataclasses.replace(spec, causal=False, sliding_window=None, local_window=None)
+    no_order = dataclasses.replace(spec, causal=False, sliding_window=None, local_window=None, chunk_size=None)
 
     def probs(e: Encoded, positions: bool) -> torch.Tensor:
         cap = _capture_without_positions(lm, family, e) if not positions else capture(lm, [e], family)
         s = spec if positions else no_order
-        return attention_from_scratch(cap.inputs[layer], s, cap.key_valid, use_positions=positions).probs[0]
+        return attention_from_scratch(cap.inputs[layer], s, cap.key_valid, use_positions=positions,
+                                      kv=spec.kv_input(cap.inputs)).probs[0]
 
     def deviation(positions: bool) -> float:
         p, p_shuffled = probs(enc, positions), probs(shuffled, positions)  # [head, query, key]

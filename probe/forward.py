@@ -76,7 +76,10 @@ def learned_sinks(lm: LoadedModel) -> bool:
 def base_model(lm: LoadedModel) -> torch.nn.Module:
     """The transformer without its task head (LlamaForCausalLM -> LlamaModel)."""
     m = lm.model
-    return getattr(m, getattr(m, "base_model_prefix", ""), m)
+    base = getattr(m, getattr(m, "base_model_prefix", ""), None)
+    if base is None and isinstance(getattr(m, "model", None), torch.nn.Module):
+        return m.model  # Llama 4's text model: its prefix names the multimodal model's part, its base is `.model`
+    return m if base is None else base
 
 
 def forward_one_stream(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, *, output_attentions: bool):

@@ -23,11 +23,12 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 
 from .encoding import encode_many, pad_batch
+from .errors import UnsupportedFeature
 from .families import Family, family_for
 from .forward import base_model, is_seq2seq
 from .model import LoadedModel
 from .names import AblationMethod
-from .scratch import LayerSpec, build_mask
+from .scratch import LayerSpec, build_mask, project_v
 
 __all__ = ["AblationMethod", "ABLATION_METHODS", "ablate", "check_heads", "head_dim", "head_means", "head_mask",
            "refuse_seq2seq"]
@@ -35,10 +36,11 @@ __all__ = ["AblationMethod", "ABLATION_METHODS", "ablate", "check_heads", "head_
 Head = tuple[int, int]
 
 
-def head_dim(lm: LoadedModel) -> int:
-    """Width of one head's slice of the W_O input."""
-    cfg = lm.config
-    return int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+def head_dim(lm: LoadedModel, family: Family | None = None, layer: int = 0) -> int:
+    """Width of one head's slice of the W_O input: the value head size of the layer's spec
+    (`LayerSpec.value_head_dim`), which multi-head latent attention sets apart from the q/k head size."""
+    family = family or family_for(lm.config)
+    return family.layer_spec(base_model(lm), layer, lm.config).value_head_dim
 
 
 def refuse_seq2seq(lm: LoadedModel, what: str) -> None:
@@ -66,13 +68,13 @@ def _by_layer(heads: Sequence[Head]) -> dict[int, list[int]]:
 
 
 # --- what replaces a head's slice, per method ------------------------------------------------
-# Each builder returns `replace(y, layer_input, key_valid) -> y'` for one layer, where `y` is the
-# (B, T, nh*hs) input of W_O, already a copy.
+# Each builder returns `replace(y, inputs, key_valid) -> y'` for one layer, where `y` is the
+# (B, T, nh*hs) input of W_O, already a copy, and `inputs` the attention inputs caught so far by layer.
 
 def _zero(lm, family, layer, cols, means):
-    hs = head_dim(lm)
+    hs = head_dim(lm, family, layer)
 
-    def replace(y, x, key_valid):
+    def replace(y, inputs, key_valid):
         for h in cols:
             y[..., h * hs : (h + 1) * hs] = 0
         return y
@@ -83,9 +85,9 @@ def _zero(lm, family, layer, cols, means):
 def _mean(lm, family, layer, cols, means):
     if means is None:
         raise ValueError("method='mean' needs the heads' mean outputs: pass means=head_means(lm, reference_texts)")
-    hs = head_dim(lm)
+    hs = head_dim(lm, family, layer)
 
-    def replace(y, x, key_valid):
+    def replace(y, inputs, key_valid):
         for h in cols:
             y[..., h * hs : (h + 1) * hs] = means[layer, h].to(y.device, y.dtype)
         return y
@@ -95,20 +97,19 @@ def _mean(lm, family, layer, cols, means):
 
 def _uniform(lm, family, layer, cols, means):
     spec: LayerSpec = family.layer_spec(base_model(lm), layer, lm.config)
-    hs, group = spec.head_dim, spec.n_heads // spec.n_kv_heads
+    vs, group = spec.value_head_dim, spec.n_heads // spec.n_kv_heads
 
-    def replace(y, x, key_valid):
+    def replace(y, inputs, key_valid):
+        x = inputs[layer]
         B, T, _ = x.shape
         allowed = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window,
+                             local_window=spec.local_window, chunk_size=spec.chunk_size,
                              dtype=torch.float32)[:, 0].isfinite().to(x.device, x.dtype)  # (B, T, T) 1: i sees j
         weights = allowed / allowed.sum(-1, keepdim=True).clamp_min(1)  # uniform over the visible keys
+        v_all = project_v(x, spec, kv=spec.kv_input(inputs))  # (B, nkv, T, vs): every KV head's values, MLA's from its kv latent
         for h in cols:
-            g = h // group  # the KV head that query head h reads
-            wv = spec.wv[g * hs : (g + 1) * hs].to(x.dtype)  # (hs, D)
-            v = x @ wv.T  # (B, T, hs)
-            if spec.bv is not None:
-                v = v + spec.bv[g * hs : (g + 1) * hs].to(x.dtype)
-            y[..., h * hs : (h + 1) * hs] = weights @ v  # (B, T, hs)
+            v = v_all[:, h // group]  # (B, T, vs): the KV head that query head h reads
+            y[..., h * vs : (h + 1) * vs] = weights @ v  # (B, T, vs)
         return y
 
     return replace
@@ -142,11 +143,12 @@ def ablate(lm: LoadedModel, heads: Iterable[Head], *, method: AblationMethod = "
     base = base_model(lm)
     replacers = {l: ABLATION_METHODS[method](lm, family, l, cols, means) for l, cols in _by_layer(heads).items()}
     with ExitStack() as stack:
-        state = _LayerInputs(lm, family, base, list(replacers) if method == "uniform" else [], stack)
+        caught = set(replacers) | {family.layer_spec(base, l, lm.config).kv_layer for l in replacers} - {None}
+        state = _LayerInputs(lm, family, base, sorted(caught) if method == "uniform" else [], stack)
 
         def make_hook(layer):
             def hook(module, args):
-                y = replacers[layer](args[0].clone(), state.inputs.get(layer), state.key_valid(args[0]))
+                y = replacers[layer](args[0].clone(), state.inputs, state.key_valid(args[0]))
                 return (y, *args[1:])
             return hook
 
@@ -194,7 +196,12 @@ def head_means(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, tr
     refuse_seq2seq(lm, "head_means")
     family = family_for(lm.config)
     base = base_model(lm)
-    n_layers, nh, hs = lm.config.num_hidden_layers, lm.config.num_attention_heads, head_dim(lm)
+    n_layers, nh = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    sizes = {head_dim(lm, family, l) for l in range(n_layers)}
+    if len(sizes) > 1:
+        raise UnsupportedFeature(f"{lm.name}'s heads have different sizes in different layers ({sorted(sizes)}); "
+                                 "mean ablation needs one size — use method='zero' or 'uniform'")
+    hs = sizes.pop()
     sums = torch.zeros(n_layers, nh * hs, dtype=torch.float64)
     count = 0
     encoded = encode_many(lm, list(texts), truncate=truncate)
@@ -229,11 +236,13 @@ def head_mask(lm: LoadedModel, xi: torch.Tensor) -> Iterator[None]:
     refuse_seq2seq(lm, "the head mask")
     family = family_for(lm.config)
     base = base_model(lm)
-    n_layers, nh, hs = lm.config.num_hidden_layers, lm.config.num_attention_heads, head_dim(lm)
+    n_layers, nh = lm.config.num_hidden_layers, lm.config.num_attention_heads
     if tuple(xi.shape[-2:]) != (n_layers, nh):
         raise ValueError(f"head mask is {tuple(xi.shape)}; {lm.name} needs (..., {n_layers}, {nh})")
 
     def make_hook(layer):
+        hs = head_dim(lm, family, layer)  # the layer's own value head size
+
         def hook(module, args):
             y = args[0]  # (B, T, nh*hs)
             scale = xi[..., layer, :].to(y.dtype)  # (B, nh) or (nh,)

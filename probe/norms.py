@@ -59,7 +59,7 @@ def layers_from_scratch(lm: LoadedModel, batch, family, base) -> Iterator[tuple[
     for i in range(family.n_layers(lm.config)):
         spec = family.layer_spec(base, i, lm.config)
         x = cap.inputs[i]
-        yield spec, attention_from_scratch(x, spec, cap.key_valid.to(x.device))
+        yield spec, attention_from_scratch(x, spec, cap.key_valid.to(x.device), kv=spec.kv_input(cap.inputs))
 
 
 @torch.inference_mode()

@@ -168,7 +168,6 @@ def patch_metrics(lm: LoadedModel, p: Prepared, jobs: Sequence[frozenset[Site] |
     wanted = set().union(*jobs) if jobs else set()
     source = _source(lm, family, layers, src_ids, p.mask, wanted) if wanted else {}  # no site: no source run
     metric = _Metric(lm)
-    hs = head_dim(lm)
     N = p.n
     per = max(1, batch_rows // N)
     out = []
@@ -182,6 +181,7 @@ def patch_metrics(lm: LoadedModel, p: Prepared, jobs: Sequence[frozenset[Site] |
                 where.setdefault(site, []).append(j)
         with ExitStack() as stack:
             for (kind, l), sites in _by_module(where).items():
+                hs = head_dim(lm, family, l)  # this layer's value head size (Gemma 4's global layers differ)
                 stack.callback(_hook(kind, l, sites, where, source, family, base, layers, N, hs).remove)
             hidden = base(input_ids=run_ids.repeat(k, 1), attention_mask=p.mask.repeat(k, 1),
                           use_cache=False).last_hidden_state  # (k*N, T, D)

@@ -170,10 +170,12 @@ def layer_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], laye
     return caught
 
 
-def _layer_blocks(x: torch.Tensor, spec, layer: int, heads: Sequence[int], budget: int) -> Iterator[Block]:
-    """Blocks of one layer for one text's input `x` (T, D), real tokens only."""
+def _layer_blocks(x: torch.Tensor, spec, layer: int, heads: Sequence[int], budget: int,
+                  kv: torch.Tensor | None = None) -> Iterator[Block]:
+    """Blocks of one layer for one text's input `x` (T, D), real tokens only; `kv` (T, D) the input the keys
+    come from where it is another layer's (shared KV)."""
     T = x.shape[0]
-    q, k = project_qk(x[None], spec)  # (1, nh, T, hs), (1, nkv, T, hs)
+    q, k = project_qk(x[None], spec, kv=None if kv is None else kv[None])  # (1, nh, T, hs), (1, nkv, T, hs)
     group = spec.n_heads // spec.n_kv_heads  # grouped-query attention: query head h reads KV head h // group
     idx = torch.tensor(list(heads), device=x.device)
     q, k = q[:, idx], k[:, idx // group]  # (1, H, T, hs) each
@@ -224,13 +226,18 @@ def iter_blocks_encoded(
     family = family or family_for(lm.config)
     layer_idx = _select(layers, lm.config.num_hidden_layers, "layer")
     head_idx = _select(heads, lm.config.num_attention_heads, "head")
-    inputs = layer_inputs(lm, family, items, layer_idx, implementation)
     base = base_model(lm)
+    specs = {layer: family.layer_spec(base, layer, lm.config) for layer in layer_idx}
+    producers = {s.kv_layer for s in specs.values() if s.kv_layer is not None}  # shared KV: their inputs too
+    inputs = layer_inputs(lm, family, items, sorted(set(layer_idx) | producers), implementation)
     for layer in layer_idx:
-        spec = family.layer_spec(base, layer, lm.config)
-        x = inputs.pop(layer)  # (B, T, D); dropped once its blocks are out
+        spec = specs[layer]
+        x = inputs[layer] if layer in producers else inputs.pop(layer)  # (B, T, D); dropped once its blocks are out
+        kv = spec.kv_input(inputs)  # (B, T, D) the producer layer's input (shared KV), or None
         for b, enc in enumerate(items):
-            for block in _layer_blocks(x[b, : len(enc.ids)], spec, layer, head_idx, budget):
+            n = len(enc.ids)
+            for block in _layer_blocks(x[b, :n], spec, layer, head_idx, budget,
+                                       kv=None if kv is None else kv[b, :n]):
                 yield b, block
         del x
 

@@ -121,6 +121,15 @@ def _yarn(p: dict, dim: int, max_positions: int | None) -> tuple[Frequencies, fl
     return freq, float(attention)
 
 
+def _proportional(p: dict, dim: int, max_positions: int | None) -> tuple[Frequencies, float]:
+    # Gemma 4's global layers: `dim` is the whole head; the first partial_rotary_factor of its angle pairs turn at
+    # θ^(-2i/dim) (exponents over the whole head), the others have frequency 0 and never turn.
+    turning = int(float(p.get("partial_rotary_factor") or 1.0) * dim // 2)
+    inv_freq = 1.0 / (float(p["rope_theta"]) ** (torch.arange(0, 2 * turning, 2, dtype=torch.int64).float() / dim))
+    inv_freq = torch.cat([inv_freq, torch.zeros(dim // 2 - turning)])
+    return inv_freq / float(p.get("factor") or 1.0), 1.0
+
+
 def _longrope(p: dict, dim: int, max_positions: int | None) -> tuple[Frequencies, float]:
     # Per-dim stretch factors: `short_factor` up to the original length, `long_factor` beyond it.
     factor, original = _scale_factor(p, max_positions), _original_max(p, max_positions)
@@ -142,6 +151,7 @@ ROPE_INV_FREQ: dict[str, Callable[[dict, int, int | None], tuple[Frequencies, fl
     "dynamic": _dynamic,
     "yarn": _yarn,
     "longrope": _longrope,
+    "proportional": _proportional,
 }
 
 
@@ -184,7 +194,7 @@ def rope(cfg, head_dim: int, layer_type: str | None = None, *, whole_head: bool 
     init = ROPE_INV_FREQ.get(kind)
     if init is None:
         raise UnsupportedFeature(f"rope_type={kind!r} is not reproduced (supported: {', '.join(ROPE_INV_FREQ)})")
-    partial = float(p.get("partial_rotary_factor") or 1.0)
+    partial = float(p.get("partial_rotary_factor") or 1.0) if kind != "proportional" else 1.0  # its own share
     if whole_head and partial != 1.0:
         if kind != "default":
             raise UnsupportedFeature(

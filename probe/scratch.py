@@ -4,15 +4,19 @@ Given one layer's input `x` and that layer's own weights (a `LayerSpec`, filled 
 architecture families in `probe/families/`), recompute what the model's attention block does:
 
     q, k, v = x Wqᵀ + bq, x Wkᵀ + bk, x Wvᵀ + bv           project
+        (shared-KV layers, Gemma 4: k and v from an earlier layer's input, with that layer's weights)
     split into heads (grouped-query: a KV head serves several query heads)
-    optional RMS (or mean-centred layer) norm of q and k (per head, or over the whole projection)
+    optional RMS (or mean-centred layer) norm of q and k (per head, or over the whole projection), and of v (Gemma 4)
+    multi-head latent attention (DeepSeek): q, k, v through low-rank latents with their own RMS norms,
+        a rotary key shared by all heads, a value head size of its own (`MultiHeadLatent`)
     rotary positions on all or the first `rotary_dim` dims of each head (half-split or interleaved)
-    (HunYuan: the q/k norm after rotary instead of before)
+    (HunYuan, Llama 4: the q/k norm after rotary instead of before; Llama 4's is an L2 norm, unit weight)
+    q *= 1 + attn_scale · log(1 + ⌊(t + 1) / floor_scale⌋)   attention temperature tuning (Llama 4's NoPE layers)
     scores = q kᵀ · scale                                   (√d or the model's own scalar)
     scores += position bias                                 ALiBi slopes, T5 relative buckets
     scores += content↔position scores                       DeBERTa's c2p and p2c
     scores = c · tanh(scores / c)                           logit softcapping (Gemma 2)
-    scores += mask                                          padding, causal, sliding window
+    scores += mask                                          padding, causal, sliding window, chunks (Llama 4)
     P = softmax(scores), written out: subtract the row max, exp, normalise
         (learned sinks, gpt-oss: a per-head sink logit joins each row and is dropped, rows sum to < 1)
     y = P v, heads concatenated, out = y Woᵀ + bo
@@ -32,9 +36,32 @@ import torch
 
 from .errors import UnsupportedFeature
 
-__all__ = ["LayerSpec", "ScratchResult", "attention_from_scratch", "project_qk", "row_scores", "row_probs",
+__all__ = ["LayerSpec", "MultiHeadLatent", "ScratchResult", "project_v", "attention_from_scratch", "project_qk", "row_scores", "row_probs",
            "block_probs", "stable_softmax", "softmax_with_sink", "sink_share", "rotary_cos_sin", "build_mask",
-           "visible_keys", "alibi_slopes", "relative_position_buckets"]
+           "visible_keys", "temperature_scales", "alibi_slopes", "relative_position_buckets"]
+
+
+@dataclass(frozen=True, eq=False)
+class MultiHeadLatent:
+    """Multi-head latent attention (DeepSeek-V2/V3, MLA): the input side of q, k and v is low-rank.
+
+        q          = wq · rms(q_a x)              or wq x without a query latent       (B, T, nh*(nope+rope))
+        c | k_rope = kv_a x                       latent (r,) and ONE rotary key (rope,) for all heads
+        k | v      = [wk; wv] · rms(c)            per head k_nope (nope,), v (v_head_dim,)
+        query      = [q_nope | rotary(q_rope)] ,  key = [k_nope | rotary(k_rope)]  (nope+rope = head_dim)
+
+    The `LayerSpec`'s `wq` reads the query latent (or x), its `wk` and `wv` read the normed kv latent
+    `rms(c)`, not x: tools that read `wk`/`wv` as maps of the residual stream refuse such a spec.
+    """
+
+    q_a: torch.Tensor | None  # (rq, D) query down-projection; None: wq reads x itself
+    q_a_bias: torch.Tensor | None  # (rq,)
+    q_a_norm: torch.Tensor | None  # (rq,) RMS norm weight of the query latent
+    kv_a: torch.Tensor  # (r + rope, D) kv down-projection and the shared rotary key
+    kv_a_bias: torch.Tensor | None  # (r + rope,)
+    kv_a_norm: torch.Tensor  # (r,) RMS norm weight of the kv latent
+    nope_dim: int  # dims of each q/k head without positions; the last head_dim - nope_dim dims are rotated
+    norm_eps: float = 1e-6
 
 
 @dataclass(frozen=True, eq=False)
@@ -56,6 +83,7 @@ class LayerSpec:
     causal: bool
     sliding_window: int | None = None  # key j visible from query i only if i - j < window
     local_window: int | None = None  # bidirectional band: key j visible from query i only if |i - j| <= window
+    chunk_size: int | None = None  # chunked local attention (Llama 4): key j visible from query i only if j // c == i // c
     # Rotary frequencies (rotary_dim/2,), or a function of the sequence length T for rope types whose
     # frequencies depend on it (dynamic NTK, longrope); None = no rotary.
     inv_freq: torch.Tensor | Callable[[int], torch.Tensor] | None = None
@@ -83,14 +111,36 @@ class LayerSpec:
     # Learned attention sinks (gpt-oss), (nh,): one extra logit per head joins every row's softmax and is
     # then dropped, so a row sums to 1 - sink share (`sink_share`); never renormalised.
     sinks: torch.Tensor | None = None
+    # The size of a value head where it differs from the query/key head size (MLA): W_O reads
+    # n_heads × v_head_dim; None = head_dim.
+    v_head_dim: int | None = None
+    latent: MultiHeadLatent | None = None  # multi-head latent attention (DeepSeek): q, k, v from low-rank latents
+    # Attention temperature tuning (Llama 4's NoPE layers), (floor_scale, attn_scale): the query at position t is
+    # multiplied by `temperature_scales` — attention sharpens slowly with the distance into a long text.
+    temperature: tuple[float, float] | None = None
+    v_norm: torch.Tensor | None = None  # (hs,) RMS norm weight of each value head (Gemma 4's has unit weight)
+    # Shared-KV layers (Gemma 4's last `num_kv_shared_layers`): keys and values are layer `kv_layer`'s, made from
+    # THAT layer's attention input with its weights (wk, wv, bk, bv, k_norm, v_norm here are its own); the
+    # caller passes that input as `kv=`. None: keys and values of the layer's own input.
+    kv_layer: int | None = None
+
+    def kv_input(self, inputs) -> torch.Tensor | None:
+        """The input the keys and values come from, out of the layers' attention inputs `inputs` (indexed by
+        layer): the producer layer's for a shared-KV layer, else None (the layer's own input)."""
+        return None if self.kv_layer is None else inputs[self.kv_layer]
+
+    @property
+    def value_head_dim(self) -> int:
+        """Width of one head's value, and of its slice of W_O's input."""
+        return self.v_head_dim or self.head_dim
 
 
 @dataclass(frozen=True, eq=False)
 class ScratchResult:
     scores: torch.Tensor  # (B, nh, T, S) scaled, position-biased and softcapped, before masking
     probs: torch.Tensor  # (B, nh, T, S) attention probabilities (S = T for self-attention)
-    values: torch.Tensor  # (B, nh, S, hs) V per query head (grouped KV heads repeated)
-    heads_out: torch.Tensor  # (B, nh, T, hs) P·V per head
+    values: torch.Tensor  # (B, nh, S, vs) V per query head (grouped KV heads repeated); vs = value_head_dim
+    heads_out: torch.Tensor  # (B, nh, T, vs) P·V per head
     output: torch.Tensor  # (B, T, D) after the head concat and W_O
 
 
@@ -207,6 +257,7 @@ def visible_keys(
     local_window: int | None = None,
     rows: tuple[int, int] | None = None,
     key_start: int = 0,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """(B, 1, R, K) bool: True where query i may see key j — `build_mask` before it becomes 0 / -inf.
 
@@ -224,7 +275,20 @@ def visible_keys(
         allowed = allowed & (i - j < sliding_window)
     if local_window is not None:
         allowed = allowed & ((i - j).abs() <= local_window)
+    if chunk_size is not None:  # chunked local attention: only keys of the query's own chunk
+        allowed = allowed & (torch.div(i, chunk_size, rounding_mode="floor") == torch.div(j, chunk_size, rounding_mode="floor"))
     return allowed
+
+
+def temperature_scales(T: int, floor_scale: float, attn_scale: float) -> torch.Tensor:
+    """Llama 4's attention temperature of the queries at positions 0 .. T-1, (T,):
+    1 + attn_scale · log(1 + ⌊(t + 1) / floor_scale⌋) — 1 within the first floor_scale tokens, then growing.
+
+    >>> temperature_scales(6, 2, 0.5)
+    tensor([1.0000, 1.3466, 1.3466, 1.5493, 1.5493, 1.6931])
+    """
+    positions = torch.arange(T, dtype=torch.float32)
+    return torch.log1p(torch.floor((positions + 1.0) / floor_scale)) * attn_scale + 1.0
 
 
 def build_mask(
@@ -236,6 +300,7 @@ def build_mask(
     local_window: int | None = None,
     rows: tuple[int, int] | None = None,
     key_start: int = 0,
+    chunk_size: int | None = None,
 ) -> torch.Tensor:
     """Additive mask (B, 1, R, K): 0 where query i may see key j, -inf elsewhere.
 
@@ -255,7 +320,7 @@ def build_mask(
             [-inf, 0., 0.]])
     """
     allowed = visible_keys(key_valid, causal=causal, sliding_window=sliding_window, local_window=local_window,
-                           rows=rows, key_start=key_start)
+                           rows=rows, key_start=key_start, chunk_size=chunk_size)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=key_valid.device)
     return mask.masked_fill(~allowed, float("-inf"))
 
@@ -277,21 +342,20 @@ def attention_from_scratch(
     `permutation_check` (softmax saturation, permutation equivariance).
     """
     B, T, D = x.shape
-    source = x if kv is None else kv
-    nh, nkv, hs = spec.n_heads, spec.n_kv_heads, spec.head_dim
+    nh, nkv, vs = spec.n_heads, spec.n_kv_heads, spec.value_head_dim
 
     q, k = project_qk(x, spec, use_positions=use_positions, kv=kv)  # (B, nh, T, hs), (B, nkv, S, hs)
-    v = _heads(_add_bias(source @ spec.wv.T.to(x.dtype), spec.bv), nkv, hs)  # (B, nkv, S, hs)
+    v = project_v(x, spec, kv=kv)  # (B, nkv, S, vs)
 
     group = nh // nkv  # grouped-query attention: KV head g serves query heads g*group .. g*group+group-1
     k = k.repeat_interleave(group, dim=1)  # (B, nh, S, hs)
-    v = v.repeat_interleave(group, dim=1)  # (B, nh, S, hs)
+    v = v.repeat_interleave(group, dim=1)  # (B, nh, S, vs)
 
     scores, probs = row_probs(q, k, spec, key_valid, query_start=0, use_scale=use_scale,
                               use_positions=use_positions)  # (B, nh, T, S)
 
-    heads_out = probs @ v  # (B, nh, T, hs)
-    y = heads_out.transpose(1, 2).reshape(B, T, nh * hs)  # concat heads: (B, T, nh*hs)
+    heads_out = probs @ v  # (B, nh, T, vs)
+    y = heads_out.transpose(1, 2).reshape(B, T, nh * vs)  # concat heads: (B, T, nh*vs)
     out = _add_bias(y @ spec.wo.T.to(x.dtype), spec.bo)  # (B, T, D)
     return ScratchResult(scores=scores, probs=probs, values=v, heads_out=heads_out, output=out)
 
@@ -301,12 +365,61 @@ def _heads(t: torch.Tensor, n: int, hs: int) -> torch.Tensor:
     return t.view(B, T, n, hs).transpose(1, 2)  # (B, T, n*hs) -> (B, n, T, hs)
 
 
+def project_v(x: torch.Tensor, spec: LayerSpec, *, kv: torch.Tensor | None = None) -> torch.Tensor:
+    """Values (B, nkv, S, vs) of `kv` (default `x`), vs = `spec.value_head_dim`."""
+    _check_kv_source(spec, kv)
+    source = x if kv is None else kv
+    if spec.latent is not None:
+        c, _ = _kv_latent(source, spec)  # (B, S, r)
+        return _heads(_add_bias(c @ spec.wv.T.to(x.dtype), spec.bv), spec.n_kv_heads, spec.value_head_dim)
+    v = _heads(_add_bias(source @ spec.wv.T.to(x.dtype), spec.bv), spec.n_kv_heads, spec.value_head_dim)
+    if spec.v_norm is not None:
+        v = _rms_norm(v, spec.v_norm, spec.norm_eps, spec.norm_offset, spec.norm_kind)  # (B, nkv, S, vs)
+    return v
+
+
+def _check_kv_source(spec: LayerSpec, kv: torch.Tensor | None) -> None:
+    if spec.kv_layer is not None and kv is None:
+        raise UnsupportedFeature(f"this layer reuses layer {spec.kv_layer}'s keys and values (shared KV, Gemma 4); "
+                                 f"pass kv= layer {spec.kv_layer}'s attention input")
+
+
+def _kv_latent(source: torch.Tensor, spec: LayerSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """MLA's normed kv latent rms(c) (B, S, r) and its shared, not yet rotated key (B, 1, S, rope)."""
+    lat = spec.latent
+    B, S, _ = source.shape
+    ckr = _add_bias(source @ lat.kv_a.T.to(source.dtype), lat.kv_a_bias)  # (B, S, r + rope)
+    r = lat.kv_a_norm.shape[0]
+    c, k_rope = ckr[..., :r], ckr[..., r:]  # (B, S, r), (B, S, rope)
+    return _rms_norm(c, lat.kv_a_norm, lat.norm_eps, offset=0.0), k_rope.view(B, 1, S, -1)
+
+
+def _project_qk_latent(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool,
+                       kv: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Multi-head latent attention's queries (B, nh, T, hs) and keys (B, nh, S, hs), hs = nope + rope."""
+    lat = spec.latent
+    source = x if kv is None else kv
+    if lat.q_a is not None:
+        x = _rms_norm(_add_bias(x @ lat.q_a.T.to(x.dtype), lat.q_a_bias), lat.q_a_norm, lat.norm_eps, offset=0.0)
+    q = _heads(_add_bias(x @ spec.wq.T.to(x.dtype), spec.bq), spec.n_heads, spec.head_dim)  # (B, nh, T, hs)
+    c, k_rope = _kv_latent(source, spec)  # (B, S, r), (B, 1, S, rope)
+    k_nope = _heads(_add_bias(c @ spec.wk.T.to(x.dtype), spec.bk), spec.n_kv_heads, lat.nope_dim)  # (B, nkv, S, nope)
+    q_nope, q_rope = q[..., : lat.nope_dim], q[..., lat.nope_dim :]  # (B, nh, T, nope), (B, nh, T, rope)
+    if spec.inv_freq is not None and use_positions:
+        q_rope, k_rope = _apply_rotary(q_rope, spec), _apply_rotary(k_rope, spec)
+    k_rope = k_rope.expand(-1, k_nope.shape[1], -1, -1)  # one rotary key, shared by every head: (B, nkv, S, rope)
+    return torch.cat([q_nope, q_rope], dim=-1), torch.cat([k_nope, k_rope], dim=-1)
+
+
 def project_qk(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool = True,
                kv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries (B, nh, T, hs) of `x` and keys (B, nkv, S, hs) of `kv` (default `x`): projected, normed, rotated.
 
     Positions are 0 .. T-1, so `x` must start at the text's first token (right padding is fine).
     """
+    if spec.latent is not None:
+        return _project_qk_latent(x, spec, use_positions=use_positions, kv=kv)
+    _check_kv_source(spec, kv)
     source = x if kv is None else kv
     q = _add_bias(x @ spec.wq.T.to(x.dtype), spec.bq)  # (B, T, nh*hs)
     k = _add_bias(source @ spec.wk.T.to(x.dtype), spec.bk)  # (B, S, nkv*hs)
@@ -319,6 +432,9 @@ def project_qk(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool = True,
         q, k = _apply_rotary(q, spec), _apply_rotary(k, spec)
     if spec.q_norm is not None and spec.norm_after_rotary:
         q, k = _norm_qk(q, k, spec)
+    if spec.temperature is not None and use_positions:
+        scales = temperature_scales(q.shape[-2], *spec.temperature).to(q.device)  # (T,)
+        q = (q * scales[:, None]).to(q.dtype)  # (B, nh, T, hs), each query row by its position's temperature
     return q, k
 
 
@@ -382,7 +498,8 @@ def row_probs(
     scores = row_scores(q_rows, k, spec, query_start=query_start, key_start=key_start, use_scale=use_scale,
                         use_positions=use_positions, heads=heads)
     mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=q_rows.dtype,
-                      local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start)
+                      local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start,
+                      chunk_size=spec.chunk_size)
     if spec.sinks is not None:
         return scores, softmax_with_sink(scores + mask, _sink_logits(spec, heads))  # (B, h, R, K), rows sum < 1
     return scores, stable_softmax(scores + mask)  # (B, h, R, K)
@@ -435,7 +552,8 @@ def block_probs(
     R = q_rows.shape[-2]
     p = row_scores(q_rows, k, spec, query_start=query_start, key_start=key_start, heads=heads)
     visible = visible_keys(key_valid, causal=spec.causal, sliding_window=spec.sliding_window,
-                           local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start)
+                           local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start,
+                           chunk_size=spec.chunk_size)
     p.masked_fill_(~visible, float("-inf"))
     if spec.sinks is not None:  # the sink column costs one more buffer; rows sum to < 1
         return softmax_with_sink(p, _sink_logits(spec, heads))

@@ -261,7 +261,8 @@ def verify(
 @torch.inference_mode()
 def _compare_layer(spec: LayerSpec, cap: Captured, i: int, q_lengths: list[int], k_lengths: list[int]) -> list[float]:
     x = cap.inputs[i]
-    ours = attention_from_scratch(x, spec, cap.key_valid.to(x.device), kv=cap.memory)
+    kv = cap.memory if spec.kv_layer is None else spec.kv_input(cap.inputs)  # shared KV: the producer's input
+    ours = attention_from_scratch(x, spec, cap.key_valid.to(x.device), kv=kv)
     if ours.probs.shape != cap.probs[i].shape:  # keys from the wrong sequence: no number can be compared
         return [float("inf")] * 4
     abs_p = abs_o = ref_p = ref_o = 0.0

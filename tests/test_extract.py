@@ -177,7 +177,8 @@ def test_wrong_family_fails_verification(tiny):
     good = family_for(tiny.config)
 
     def no_scale(base, i, cfg):
-        return dataclasses.replace(good.layer_spec(base, i, cfg), scale=1.0)
+        spec = good.layer_spec(base, i, cfg)
+        return dataclasses.replace(spec, scale=2.0 * spec.scale)  # (a scale of 1 is Gemma 4's own)
 
     broken = dataclasses.replace(good, layer_spec=no_scale)
     v = verify(tiny, TEXTS[:1], family=broken)
@@ -203,8 +204,8 @@ def test_unsupported_architecture_and_features():
         family_for(XLNetConfig())
     with pytest.raises(UnsupportedFeature, match="softcapping"):
         family_for(Gemma3TextConfig(attn_logit_softcapping=50.0))
-    with pytest.raises(UnsupportedFeature, match="rope_type='proportional'"):
-        family_for(LlamaConfig(rope_parameters={"rope_type": "proportional", "rope_theta": 1e4}))
+    with pytest.raises(UnsupportedFeature, match="rope_type='mrope'"):  # (proportional is Gemma 4's, reproduced)
+        family_for(LlamaConfig(rope_parameters={"rope_type": "mrope", "rope_theta": 1e4}))
 
 
 def test_llama3_rope_scaling_verifies():

@@ -132,9 +132,10 @@ def test_each_refused_feature_is_named(cls, kwargs, message):
 def test_unknown_rope_type_names_the_supported_ones():
     from transformers import LlamaConfig
 
-    cfg = LlamaConfig(rope_parameters={"rope_type": "proportional", "rope_theta": 1e4})
-    with pytest.raises(UnsupportedFeature, match=re.escape("rope_type='proportional' is not reproduced (supported: "
-                                                           "default, linear, llama3, dynamic, yarn, longrope)")):
+    cfg = LlamaConfig(rope_parameters={"rope_type": "mrope", "rope_theta": 1e4})
+    with pytest.raises(UnsupportedFeature, match=re.escape("rope_type='mrope' is not reproduced (supported: "
+                                                           "default, linear, llama3, dynamic, yarn, longrope, "
+                                                           "proportional)")):
         rope(cfg, 8).inv_freq
 
 

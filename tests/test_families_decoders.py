@@ -29,6 +29,7 @@ ROPES = {
     "yarn": {"factor": 4.0, "original_max_position_embeddings": ORIGINAL},
     "longrope": {"short_factor": [1.0, 1.1, 1.5, 2.0], "long_factor": [1.0, 2.0, 4.0, 8.0],
                  "original_max_position_embeddings": ORIGINAL},
+    "proportional": {"partial_rotary_factor": 0.5},  # Gemma 4's: half the angle pairs turn, whole-head exponents
 }
 
 

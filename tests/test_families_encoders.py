@@ -167,11 +167,11 @@ def _config(cls: str, **kwargs):
     ("DebertaV2Config", {"relative_attention": True, "pos_att_type": ["c2p", "p2p"]},
      "pos_att_type ['p2p']: only the c2p and p2c terms are reproduced"),
     ("Gemma2Config", {"use_bidirectional_attention": True}, "use_bidirectional_attention=True is not reproduced"),
-    ("FalconConfig", {"rope_parameters": {"rope_type": "proportional", "rope_theta": 1e4, "factor": 4.0}},
-     "rope_type='proportional' is not reproduced"),
-    ("ModernBertConfig", {"rope_parameters": {"full_attention": {"rope_type": "proportional", "rope_theta": 1e4, "factor": 4.0},
+    ("FalconConfig", {"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4, "factor": 4.0}},
+     "rope_type='mrope' is not reproduced"),
+    ("ModernBertConfig", {"rope_parameters": {"full_attention": {"rope_type": "mrope", "rope_theta": 1e4, "factor": 4.0},
                                               "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
-     "rope_type='proportional' is not reproduced"),
+     "rope_type='mrope' is not reproduced"),
 ])
 def test_each_refused_feature_is_named(cls, kwargs, message):
     with pytest.raises(UnsupportedFeature, match=re.escape(message)):
@@ -179,7 +179,7 @@ def test_each_refused_feature_is_named(cls, kwargs, message):
 
 
 def test_falcon_with_alibi_does_not_ask_for_a_rope():
-    family_for(_config("FalconConfig", alibi=True, rope_parameters={"rope_type": "proportional", "rope_theta": 1e4,
+    family_for(_config("FalconConfig", alibi=True, rope_parameters={"rope_type": "mrope", "rope_theta": 1e4,
                                                                     "factor": 4.0}))
 
 

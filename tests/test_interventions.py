@@ -16,6 +16,7 @@ from headscope.probe.forward import base_model
 from headscope.probe.interventions import ablate, head_dim, head_mask, head_means
 from headscope.probe.scratch import attention_from_scratch
 from headscope.probe.tiny import TINY_CORPUS
+from headscope.probe.verify import capture
 
 TEXTS = ["The cat sat on the mat, and the dog sat on the log!", "Mary told John."]  # two lengths: padding
 
@@ -135,12 +136,15 @@ def test_uniform_is_the_mean_of_the_visible_value_vectors(tiny):
     heads = [0, 1, 3]  # with 2 KV heads: query heads 0, 1 share KV head 0; head 3 reads KV head 1
     y, clean, x, mask = _ablated_slice(tiny, layer, heads, "uniform")
     spec = family_for(tiny.config).layer_spec(base_model(tiny), layer, tiny.config)
-    values = attention_from_scratch(x, spec, mask).values  # (B, nh, T, hs), per query head
-    hs, window = spec.head_dim, spec.sliding_window
+    kv = spec.kv_input(capture(tiny, encode_many(tiny, TEXTS), family_for(tiny.config)).inputs)  # shared KV
+    values = attention_from_scratch(x, spec, mask, kv=kv).values  # (B, nh, T, vs), per query head
+    hs, window = spec.value_head_dim, spec.sliding_window  # a head's slice of W_O's input is as wide as its value
     lengths = mask.sum(1).tolist()
     for b, n in enumerate(lengths):
         for i in range(n):  # padded query rows are not compared
-            seen = [j for j in range(n) if (j <= i or not spec.causal) and (window is None or i - j < window)]
+            seen = [j for j in range(n) if (j <= i or not spec.causal) and (window is None or i - j < window)
+                    and (spec.local_window is None or abs(i - j) <= spec.local_window)  # ModernBERT's local band
+                    and (spec.chunk_size is None or i // spec.chunk_size == j // spec.chunk_size)]  # Llama 4's chunks
             for h in range(spec.n_heads):
                 got = y[b, i, h * hs : (h + 1) * hs]
                 if h in heads:
