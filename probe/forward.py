@@ -14,7 +14,8 @@ from typing import Sequence
 import torch
 
 from .encoding import Encoded, pad_batch
-from .families import SUPPORTED_TYPES, UnsupportedArchitecture, UnsupportedFeature, family_for
+from .families import (NO_SOFTMAX_LAYER_TYPES, SUPPORTED_TYPES, UnsupportedArchitecture, UnsupportedFeature,
+                       family_for, softmax_layers)
 from .model import LoadedModel
 
 __all__ = ["base_model", "is_seq2seq", "learned_sinks", "attention_layers", "hybrid_note", "no_attention_reason",
@@ -27,20 +28,10 @@ def is_seq2seq(lm: LoadedModel) -> bool:
     return family is not None and family.kind == "encoder-decoder"
 
 
-# Layer types of hybrid stacks (transformers' `config.layer_types`) whose layers have no softmax attention:
-# gated delta-net / Mamba / recurrent blocks ("linear_attention": Qwen3.5, Qwen3-Next, Jamba, Bamba, Granite
-# hybrid, Zamba 2, RecurrentGemma) and short convolutions ("conv": LFM2). They return no attention weights.
-NO_SOFTMAX_LAYER_TYPES = frozenset({"linear_attention", "conv", "mamba", "recurrent"})
-
-
 def attention_layers(lm: LoadedModel) -> tuple[int, ...]:
     """The model's own numbers of its layers with softmax attention: all of them, but in a hybrid stack only
     those whose `layer_types` entry is not one of `NO_SOFTMAX_LAYER_TYPES` (L3 stays L3, never renumbered)."""
-    n = lm.config.num_hidden_layers
-    kinds = getattr(lm.config, "layer_types", None)
-    if not kinds or len(kinds) < n:
-        return tuple(range(n))
-    return tuple(i for i in range(n) if kinds[i] not in NO_SOFTMAX_LAYER_TYPES)
+    return softmax_layers(lm.config)
 
 
 def no_attention_reason(lm: LoadedModel, layer: int) -> str:

@@ -24,10 +24,10 @@ import torch
 
 from .encoding import encode_many, pad_batch
 from .families import Family, family_for
-from .forward import base_model, is_seq2seq
+from .forward import attention_layers, base_model, is_seq2seq, no_attention_reason
 from .model import LoadedModel
 from .names import AblationMethod
-from .scratch import LayerSpec, build_mask
+from .scratch import LayerSpec, build_mask, output_gate
 
 __all__ = ["AblationMethod", "ABLATION_METHODS", "ablate", "check_heads", "head_dim", "head_means", "head_mask",
            "refuse_seq2seq"]
@@ -55,6 +55,10 @@ def check_heads(lm: LoadedModel, heads: Iterable[Head]) -> tuple[Head, ...]:
     bad = [(l, h) for l, h in out if not (0 <= l < n_layers and 0 <= h < n_heads)]
     if bad:
         raise ValueError(f"heads {bad} out of range: {lm.name} has layers 0..{n_layers - 1} and heads 0..{n_heads - 1}")
+    have = attention_layers(lm)
+    for layer, _ in out:
+        if layer not in have:  # a hybrid stack's layer without softmax attention has no heads to switch
+            raise ValueError(no_attention_reason(lm, layer))
     return out
 
 
@@ -108,7 +112,10 @@ def _uniform(lm, family, layer, cols, means):
             v = x @ wv.T  # (B, T, hs)
             if spec.bv is not None:
                 v = v + spec.bv[g * hs : (g + 1) * hs].to(x.dtype)
-            y[..., h * hs : (h + 1) * hs] = weights @ v  # (B, T, hs)
+            out = weights @ v  # (B, T, hs)
+            if spec.output_gate is not None:  # gated attention: the head's own gate still scales what it writes
+                out = out * output_gate(x, spec)[..., h * hs : (h + 1) * hs]
+            y[..., h * hs : (h + 1) * hs] = out
         return y
 
     return replace
@@ -209,7 +216,7 @@ def head_means(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, tr
                 sums[layer] += args[0].detach().to("cpu", torch.float64)[real].sum(0)
             return hook
 
-        handles = [family.out_proj(base, l).register_forward_pre_hook(grab(l)) for l in range(n_layers)]
+        handles = [family.out_proj(base, l).register_forward_pre_hook(grab(l)) for l in attention_layers(lm)]
         try:
             base(input_ids=ids, attention_mask=mask, use_cache=False)
         finally:
@@ -243,6 +250,6 @@ def head_mask(lm: LoadedModel, xi: torch.Tensor) -> Iterator[None]:
         return hook
 
     with ExitStack() as stack:
-        for layer in range(n_layers):
+        for layer in attention_layers(lm):  # a hybrid stack's other layers have no heads: their rows of ξ are unused
             stack.callback(family.out_proj(base, layer).register_forward_pre_hook(make_hook(layer)).remove)
         yield

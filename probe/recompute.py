@@ -28,9 +28,9 @@ from typing import Iterator, Sequence
 import torch
 
 from .encoding import Encoded, check_texts, encode, pad_batch
-from .extract import _select
+from .extract import _select, _select_layers
 from .families import Family, family_for
-from .forward import base_model
+from .forward import attention_layers, base_model
 from .model import LoadedModel
 from .scratch import block_probs, project_qk
 from .verify import tolerances
@@ -209,7 +209,7 @@ def iter_blocks_encoded(
 ) -> Iterator[tuple[int, Block]]:
     """`(item index, block)` for a batch of tokenised texts: one forward pass, then layer by layer."""
     family = family or family_for(lm.config)
-    layer_idx = _select(layers, lm.config.num_hidden_layers, "layer")
+    layer_idx = _select_layers(lm, layers)
     head_idx = _select(heads, lm.config.num_attention_heads, "head")
     inputs = layer_inputs(lm, family, items, layer_idx, implementation)
     base = base_model(lm)
@@ -260,7 +260,7 @@ def check_prefix(
     """
     n = min(n_tokens, len(enc.ids))
     prefix = Encoded(text=enc.text, ids=enc.ids[:n], spans=enc.spans[:n], special=enc.special[:n])
-    layer_idx = _select(layers, lm.config.num_hidden_layers, "layer")
+    layer_idx = _select_layers(lm, layers)
     head_idx = _select(heads, lm.config.num_attention_heads, "head")
     reference = _eager_probs(lm, prefix, layer_idx)  # layer -> (nh, n, n)
     worst = 0.0
@@ -276,6 +276,8 @@ def _eager_probs(lm: LoadedModel, enc: Encoded, layers: Sequence[int]) -> dict[i
     ids, mask = pad_batch([enc], lm.device)
     with fast_attention(lm.model, "eager"):
         out = base_model(lm)(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False)
-    if not out.attentions or any(out.attentions[i] is None for i in layers):
+    have = attention_layers(lm)  # the model returns its attention layers' weights only, in order
+    if not out.attentions or len(out.attentions) != len(have) or any(a is None for a in out.attentions):
         raise RuntimeError(f"{lm.name}: eager attention exposed no weights; the prefix check cannot run")
-    return {i: out.attentions[i][0] for i in layers}
+    row = {layer: k for k, layer in enumerate(have)}
+    return {i: out.attentions[row[i]][0] for i in layers}

@@ -12,7 +12,7 @@ import torch
 
 from headscope.probe.families import family_for
 from headscope.probe.encoding import encode_many, pad_batch
-from headscope.probe.forward import base_model
+from headscope.probe.forward import attention_layers, base_model
 from headscope.probe.interventions import ablate, head_dim, head_mask, head_means
 from headscope.probe.scratch import attention_from_scratch
 from headscope.probe.tiny import TINY_CORPUS
@@ -102,7 +102,7 @@ def test_head_means_are_the_mean_over_real_tokens(tiny):
     """Reference: every text alone (no padding at all), W_O input caught by the test's hook."""
     family, base = family_for(tiny.config), base_model(tiny)
     texts = list(TINY_CORPUS[:5])
-    rows = {l: [] for l in range(tiny.config.num_hidden_layers)}
+    rows = {l: [] for l in attention_layers(tiny)}  # a hybrid stack's other layers have no heads
     handles = [family.out_proj(base, l).register_forward_pre_hook(lambda m, a, l=l: rows[l].append(a[0][0].clone()))
                for l in rows]
     try:
@@ -135,7 +135,9 @@ def test_uniform_is_the_mean_of_the_visible_value_vectors(tiny):
     heads = [0, 1, 3]  # with 2 KV heads: query heads 0, 1 share KV head 0; head 3 reads KV head 1
     y, clean, x, mask = _ablated_slice(tiny, layer, heads, "uniform")
     spec = family_for(tiny.config).layer_spec(base_model(tiny), layer, tiny.config)
-    values = attention_from_scratch(x, spec, mask).values  # (B, nh, T, hs), per query head
+    res = attention_from_scratch(x, spec, mask)
+    values = res.values  # (B, nh, T, hs), per query head
+    gate = res.gate if res.gate is not None else torch.ones_like(res.heads_out)  # gated attention keeps its gate
     hs, window = spec.head_dim, spec.sliding_window
     lengths = mask.sum(1).tolist()
     for b, n in enumerate(lengths):
@@ -144,7 +146,7 @@ def test_uniform_is_the_mean_of_the_visible_value_vectors(tiny):
             for h in range(spec.n_heads):
                 got = y[b, i, h * hs : (h + 1) * hs]
                 if h in heads:
-                    torch.testing.assert_close(got, values[b, h, seen].mean(0), rtol=1e-5, atol=1e-5)
+                    torch.testing.assert_close(got, values[b, h, seen].mean(0) * gate[b, h, i], rtol=1e-5, atol=1e-5)
                 else:
                     torch.testing.assert_close(got, clean[b, i, h * hs : (h + 1) * hs])
 

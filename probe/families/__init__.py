@@ -31,13 +31,34 @@ from ..scratch import LayerSpec
 
 __all__ = [
     "Family", "Refusal", "Kind", "Stack", "StackKind", "TokenizerKind", "UnsupportedArchitecture", "UnsupportedFeature",
-    "FAMILIES", "SUPPORTED_TYPES", "family_for", "family_of_type", "family_table", "coverage_markdown",
+    "FAMILIES", "SUPPORTED_TYPES", "NO_SOFTMAX_LAYER_TYPES", "softmax_layers", "family_for", "family_of_type", "family_table", "coverage_markdown",
 ]
 
 Kind = Literal["encoder", "decoder", "encoder-decoder"]
 TokenizerKind = Literal["wordpiece", "bytebpe", "sentencepiece"]
 AutoClass = Literal["AutoModel", "AutoModelForCausalLM", "AutoModelForSeq2SeqLM"]
 StackKind = Literal["encoder", "decoder", "cross"]
+
+
+# Layer types of hybrid stacks (transformers' `config.layer_types`) whose layers have no softmax attention:
+# gated delta-net / Mamba / recurrent blocks ("linear_attention": Qwen3.5, Qwen3-Next, Jamba, Bamba, Falcon-H1,
+# Granite hybrid, Zamba 2, RecurrentGemma) and short convolutions ("conv": LFM2). They return no attention weights.
+NO_SOFTMAX_LAYER_TYPES = frozenset({"linear_attention", "conv", "mamba", "recurrent"})
+
+
+def softmax_layers(config) -> tuple[int, ...]:
+    """The model's own numbers of its layers with softmax attention: all of them, but in a hybrid stack only
+    those whose `layer_types` entry is not one of `NO_SOFTMAX_LAYER_TYPES` (L3 stays L3, never renumbered).
+
+    >>> from types import SimpleNamespace
+    >>> softmax_layers(SimpleNamespace(num_hidden_layers=4, layer_types=["conv", "full_attention"] * 2))
+    (1, 3)
+    """
+    n = config.num_hidden_layers
+    kinds = getattr(config, "layer_types", None)
+    if not kinds or len(kinds) < n:
+        return tuple(range(n))
+    return tuple(i for i in range(n) if kinds[i] not in NO_SOFTMAX_LAYER_TYPES)
 
 
 @dataclass(frozen=True)
@@ -78,6 +99,11 @@ class Family:
 
     def n_layers(self, config) -> int:
         return config.num_hidden_layers
+
+    def attention_layers(self, config) -> tuple[int, ...]:
+        """The layers with softmax attention, by the model's own numbers: every layer, except in a hybrid stack
+        (`softmax_layers`); only these have a LayerSpec, an attention module and an out-projection."""
+        return softmax_layers(config)
 
     def stack(self, kind: StackKind) -> Stack:
         """The stack of attention `kind` of an encoder–decoder family."""

@@ -1,0 +1,46 @@
+"""Hybrid stacks and gated attention: verified attention layers under the model's own numbers, the layers
+without softmax attention named in every result, and the output gate of Qwen3.5 / Qwen3-Next."""
+
+import dataclasses
+
+import pytest
+import torch
+from conftest import _tiny
+
+from headscope.probe.families import FAMILIES, family_for
+from headscope.probe.forward import attention_layers, base_model
+from headscope.probe.scratch import LayerSpec, attention_from_scratch
+from headscope.probe.verify import verify
+
+TEXTS = ["The cat sat on the mat.", "Mary told John that she would call."]
+
+
+def test_output_gate_by_hand():
+    # one head of 2 dims; every key gets the same score, so P is uniform over the visible keys
+    z = torch.zeros(2, 2)
+    wv, wo = torch.eye(2), torch.eye(2)
+    x = torch.tensor([[[1.0, 0.0], [0.0, 3.0]]])  # (B=1, T=2, D=2)
+    gate_w, gate_b = torch.tensor([[2.0, 0.0], [0.0, 0.0]]), torch.tensor([0.0, -1.0])
+    spec = LayerSpec(z, z, wv, wo, None, None, None, None, n_heads=1, n_kv_heads=1, head_dim=2, scale=1.0,
+                     causal=True, output_gate=gate_w, output_gate_bias=gate_b)
+    out = attention_from_scratch(x, spec, torch.ones(1, 2)).output[0]
+    # query 0 sees key 0: P v = (1, 0); gate = sigmoid((2, -1)). query 1 sees both: P v = (0.5, 1.5); gate = sigmoid((0, -1))
+    sig = lambda t: 1 / (1 + torch.exp(-torch.tensor(t)))
+    expected = torch.stack([torch.stack([sig(2.0), 0 * sig(-1.0)]), torch.stack([0.5 * sig(0.0), 1.5 * sig(-1.0)])])
+    torch.testing.assert_close(out, expected)
+    ungated = attention_from_scratch(x, dataclasses.replace(spec, output_gate=None, output_gate_bias=None),
+                                     torch.ones(1, 2))
+    torch.testing.assert_close(ungated.probs, attention_from_scratch(x, spec, torch.ones(1, 2)).probs, rtol=0, atol=0)
+
+
+def test_the_gate_is_part_of_the_verified_block_output():
+    lm = _tiny("qwen3_next")
+    family = family_for(lm.config)
+    v = verify(lm, TEXTS)
+    assert v.passed and v.no_attention == (2,) and [c.layer for c in v.layers] == [0, 1, 3]
+    assert v.summary().endswith("; no softmax attention in layers 2 (hybrid stack)")
+    assert v.to_dict()["no_softmax_attention_layers"] == [2]
+    no_gate = dataclasses.replace(family, layer_spec=lambda b, i, c: dataclasses.replace(
+        family.layer_spec(b, i, c), output_gate=None, output_gate_bias=None))
+    broken = verify(lm, TEXTS, family=no_gate)
+    assert not broken.passed and broken.max_abs_err < 1e-5  # the probabilities still match, the output does not
