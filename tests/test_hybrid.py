@@ -44,3 +44,40 @@ def test_the_gate_is_part_of_the_verified_block_output():
         family.layer_spec(b, i, c), output_gate=None, output_gate_bias=None))
     broken = verify(lm, TEXTS, family=no_gate)
     assert not broken.passed and broken.max_abs_err < 1e-5  # the probabilities still match, the output does not
+
+
+# Another seed and another layer pattern (or positions, scale, shared blocks) than the family's tiny model
+SECOND_CONFIGS = {
+    "qwen3_next": {"layer_types": ["linear_attention", "full_attention", "full_attention", "linear_attention"]},
+    "qwen3_5_moe_text": {},
+    "jamba": {"attn_layer_offset": 0},
+    "bamba": {"attn_layer_indices": [0, 3]},
+    "granitemoehybrid": {"position_embedding_type": None,
+                         "layer_types": ["full_attention", "linear_attention", "linear_attention", "full_attention"]},
+    "falcon_h1": {"key_multiplier": 2.5},
+    "lfm2": {"layer_types": ["full_attention", "conv", "conv", "full_attention"]},
+    "lfm2_moe": {},
+    "recurrent_gemma": {"block_types": ["attention", "recurrent", "recurrent"], "attention_window_size": 3},
+    "zamba2": {"layers_block_type": ["hybrid", "mamba", "hybrid", "hybrid"], "hybrid_layer_ids": [0, 2, 3],
+               "num_mem_blocks": 2},
+}
+
+
+@pytest.mark.parametrize("model_type", sorted(SECOND_CONFIGS))
+def test_each_hybrid_type_verifies_on_another_random_config(model_type):
+    from headscope.probe.tiny import tiny_model
+
+    lm = tiny_model(model_type, seed=7, **SECOND_CONFIGS[model_type])
+    v = verify(lm, TEXTS)
+    assert v.passed, (model_type, v.max_abs_err, v.max_rel_err_output)
+    have = attention_layers(lm)
+    assert [c.layer for c in v.layers] == list(have)
+    assert v.no_attention == tuple(i for i in range(lm.config.num_hidden_layers) if i not in have)
+
+
+def test_decompositions_over_every_layer_refuse_a_hybrid_in_one_line():
+    from headscope.probe.attribution import trace
+    from headscope.probe.errors import UnsupportedFeature
+
+    with pytest.raises(UnsupportedFeature, match="layers 2 of this hybrid stack have none"):
+        trace(_tiny("qwen3_next"), "The cat sat.")

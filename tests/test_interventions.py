@@ -75,11 +75,12 @@ def test_model_is_bit_for_bit_unchanged_also_after_an_error(tiny, method):
     ids, mask = _batch(tiny)
     means = head_means(tiny, TEXTS) if method == "mean" else None
     before_w, before_out, before_hooks = _weights_hash(tiny.model), _run(tiny, ids, mask), _hooks(tiny.model)
-    with ablate(tiny, [(0, 1), (1, 2)], method=method, means=means):
+    l0, l1 = attention_layers(tiny)[:2]  # layers 0 and 1, or a hybrid stack's first two attention layers
+    with ablate(tiny, [(l0, 1), (l1, 2)], method=method, means=means):
         during = _run(tiny, ids, mask)
     after_ok = _run(tiny, ids, mask)
     with pytest.raises(RuntimeError, match="inside"):
-        with ablate(tiny, [(0, 1), (1, 2)], method=method, means=means):
+        with ablate(tiny, [(l0, 1), (l1, 2)], method=method, means=means):
             raise RuntimeError("an error inside the block")
     assert _weights_hash(tiny.model) == before_w
     assert torch.equal(after_ok, before_out) and torch.equal(_run(tiny, ids, mask), before_out)
@@ -170,14 +171,15 @@ def test_head_mask_of_ones_changes_nothing_and_zero_equals_zero_ablation(tiny):
     clean = _run(tiny, ids, mask)
     with head_mask(tiny, torch.ones(L, H)):
         torch.testing.assert_close(_run(tiny, ids, mask), clean, rtol=0, atol=0)
+    l0, l1 = attention_layers(tiny)[:2]  # a hybrid stack's rows of other layers are unused
     xi = torch.ones(ids.shape[0], L, H)
-    xi[:, 1, 2] = 0
-    xi[1, 0, 0] = 0  # example 1 only
+    xi[:, l1, 2] = 0
+    xi[1, l0, 0] = 0  # example 1 only
     with head_mask(tiny, xi):
         masked = _run(tiny, ids, mask)
-    with ablate(tiny, [(1, 2)]):
+    with ablate(tiny, [(l1, 2)]):
         ref0 = _run(tiny, ids, mask)[0]
-    with ablate(tiny, [(1, 2), (0, 0)]):
+    with ablate(tiny, [(l1, 2), (l0, 0)]):
         ref1 = _run(tiny, ids, mask)[1]
     torch.testing.assert_close(masked[0], ref0)
     torch.testing.assert_close(masked[1], ref1)
@@ -187,11 +189,12 @@ def test_bad_inputs_say_what_is_wrong(tiny):
     with pytest.raises(ValueError, match="out of range"):
         with ablate(tiny, [(9, 0)]):
             pass
+    first = attention_layers(tiny)[0]
     with pytest.raises(ValueError, match="method must be one of zero, mean, uniform"):
-        with ablate(tiny, [(0, 0)], method="resample"):
+        with ablate(tiny, [(first, 0)], method="resample"):
             pass
     with pytest.raises(ValueError, match="needs the heads' mean outputs"):
-        with ablate(tiny, [(0, 0)], method="mean"):
+        with ablate(tiny, [(first, 0)], method="mean"):
             pass
     with pytest.raises(ValueError, match="head mask is"):
         with head_mask(tiny, torch.ones(1, 1)):

@@ -269,7 +269,7 @@ def test_block_probs_are_row_probs_bit_for_bit(tiny):
     _skip_whole_sequences_only(tiny)
     spec = family_for(tiny.config).layer_spec(base_model(tiny), attention_layers(tiny)[0], tiny.config)
     T = 12
-    x = torch.randn(1, T, tiny.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(1, T, spec.wq.shape[1], generator=torch.Generator().manual_seed(0))  # Zamba 2: 2·D wide
     q, k = project_qk(x, spec)
     k = k.repeat_interleave(spec.n_heads // spec.n_kv_heads, dim=1)
     valid = torch.ones(1, T, dtype=torch.long)

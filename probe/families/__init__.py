@@ -112,6 +112,15 @@ class Family:
                 return s
         raise KeyError(f"family {self.name!r} has no {kind!r} stack (it is a {self.kind})")
 
+    def require_attention_everywhere(self, config, what: str) -> None:
+        """`UnsupportedFeature` naming `what` when some layers have no softmax attention (a hybrid stack): a
+        decomposition over every layer's attention would miss what the other layers (Mamba, recurrent, ...) add."""
+        have = self.attention_layers(config)
+        if len(have) < self.n_layers(config):
+            missing = ", ".join(str(i) for i in range(self.n_layers(config)) if i not in have)
+            raise UnsupportedFeature(f"{what} needs softmax attention in every layer; layers {missing} of this hybrid "
+                                     f"stack have none (their contribution is not decomposed into heads)")
+
     def check(self, config) -> None:
         """Raise `UnsupportedFeature` when `config` uses a feature this family does not reproduce."""
         for refusal in self.refuses:
