@@ -157,8 +157,8 @@ def ablate(lm: LoadedModel, heads: Iterable[Head], *, method: AblationMethod = "
                 return (y, *args[1:])
             return hook
 
-        for layer in replacers:
-            stack.callback(family.out_proj(base, layer).register_forward_pre_hook(make_hook(layer)).remove)
+        for handle in family.hook_layers(base, lm.config, list(replacers), make_hook, where="out_proj", pre=True):
+            stack.callback(handle.remove)
         yield
 
 
@@ -171,8 +171,9 @@ class _LayerInputs:
         if not layers:
             return
         stack.callback(base.register_forward_pre_hook(self._grab_mask, with_kwargs=True).remove)
-        for layer in layers:
-            stack.callback(family.attention(base, layer).register_forward_pre_hook(self._grab(layer), with_kwargs=True).remove)
+        for handle in family.hook_layers(base, lm.config, layers, self._grab, where="attention", pre=True,
+                                         with_kwargs=True):
+            stack.callback(handle.remove)
 
     def _grab_mask(self, module, args, kwargs):
         mask = kwargs.get("attention_mask")
@@ -216,7 +217,7 @@ def head_means(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, tr
                 sums[layer] += args[0].detach().to("cpu", torch.float64)[real].sum(0)
             return hook
 
-        handles = [family.out_proj(base, l).register_forward_pre_hook(grab(l)) for l in attention_layers(lm)]
+        handles = family.hook_layers(base, lm.config, attention_layers(lm), grab, where="out_proj", pre=True)
         try:
             base(input_ids=ids, attention_mask=mask, use_cache=False)
         finally:
@@ -250,6 +251,7 @@ def head_mask(lm: LoadedModel, xi: torch.Tensor) -> Iterator[None]:
         return hook
 
     with ExitStack() as stack:
-        for layer in attention_layers(lm):  # a hybrid stack's other layers have no heads: their rows of ξ are unused
-            stack.callback(family.out_proj(base, layer).register_forward_pre_hook(make_hook(layer)).remove)
+        # a hybrid stack's other layers have no heads: their rows of ξ are unused
+        for handle in family.hook_layers(base, lm.config, attention_layers(lm), make_hook, where="out_proj", pre=True):
+            stack.callback(handle.remove)
         yield

@@ -144,7 +144,7 @@ def layer_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], laye
                 raise _Enough
         return hook
 
-    handles = [family.attention(base, i).register_forward_pre_hook(grab(i), with_kwargs=True) for i in layers]
+    handles = family.hook_layers(base, lm.config, layers, grab, where="attention", pre=True, with_kwargs=True)
     ids, mask = pad_batch(items, lm.device)
     try:
         with fast_attention(lm.model, implementation):

@@ -192,9 +192,9 @@ def capture(lm: LoadedModel, items: Sequence[Encoded], family: Family) -> Captur
             outputs[i] = out.detach()
         return hook
 
-    for i in have:
-        handles.append(family.attention(base, i).register_forward_pre_hook(grab_input(i), with_kwargs=True))
-        handles.append(family.out_proj(base, i).register_forward_hook(grab_output(i)))
+    # one hook per module: layers that share one (ALBERT) are told apart by call order
+    handles += family.hook_layers(base, lm.config, have, grab_input, where="attention", pre=True, with_kwargs=True)
+    handles += family.hook_layers(base, lm.config, have, grab_output, where="out_proj", pre=False)
     ids, mask = pad_batch(items, lm.device)
     try:
         t0 = time.perf_counter()

@@ -277,7 +277,7 @@ def test_chosen_layers_are_caught_by_hooks_and_match(tiny):
     ids, mask = pad_batch(enc, tiny.device)
     with torch.inference_mode():
         caught = _forward_hooked(tiny, ids, mask, [1])
-    if tiny.model_type == "deberta-v2":  # its attention returns weights only when asked: extract asks for all
+    if tiny.model_type in ("deberta-v2", "mpnet"):  # their attention returns weights only when asked: extract asks for all
         assert caught is None
     else:
         assert caught is not None  # only layer 1 was kept: the model was asked for no attention at all

@@ -46,9 +46,13 @@ def _catch(lm, layer):
     """Hook (registered last, so it sees what the ablation hook hands on) catching W_O's input and the attention input."""
     family, base = family_for(lm.config), base_model(lm)
     seen = {}
-    h1 = family.out_proj(base, layer).register_forward_pre_hook(lambda m, a: seen.__setitem__("y", a[0].clone()))
-    h2 = family.attention(base, layer).register_forward_pre_hook(
-        lambda m, a, k: seen.__setitem__("x", (a[0] if a else k["hidden_states"]).clone()), with_kwargs=True)
+    # by call order where layers share one module (ALBERT): this layer's call, not the last repeat's
+    [h1] = family.hook_layers(base, lm.config, [layer], lambda l: lambda m, a: seen.__setitem__("y", a[0].clone()),
+                              where="out_proj", pre=True)
+    [h2] = family.hook_layers(
+        base, lm.config, [layer],
+        lambda l: lambda m, a, k: seen.__setitem__("x", (a[0] if a else k["hidden_states"]).clone()),
+        where="attention", pre=True, with_kwargs=True)
     return seen, (h1, h2)
 
 
@@ -104,8 +108,8 @@ def test_head_means_are_the_mean_over_real_tokens(tiny):
     family, base = family_for(tiny.config), base_model(tiny)
     texts = list(TINY_CORPUS[:5])
     rows = {l: [] for l in attention_layers(tiny)}  # a hybrid stack's other layers have no heads
-    handles = [family.out_proj(base, l).register_forward_pre_hook(lambda m, a, l=l: rows[l].append(a[0][0].clone()))
-               for l in rows]
+    handles = family.hook_layers(base, tiny.config, list(rows),
+                                 lambda l: lambda m, a: rows[l].append(a[0][0].clone()), where="out_proj", pre=True)
     try:
         for t in texts:
             ids, mask = pad_batch(encode_many(tiny, [t]), tiny.device)
