@@ -124,6 +124,9 @@ class HeadScores:
     n_sequences: int = 0  # repeated random sequences behind duplicate_token / induction
     meta: dict = field(default_factory=dict)  # e.g. how the induction sequences were drawn
     registry: Mapping[str, Metric] = field(default_factory=lambda: dict(METRICS), repr=False)
+    # A hybrid stack's layers without softmax attention (the model's own numbers): no rows in `table`, drawn as
+    # labelled "no softmax attention" rows in the layer grids, never as zeros.
+    no_attention: tuple[int, ...] = ()
 
     @property
     def metrics(self) -> list[str]:
@@ -165,6 +168,7 @@ class HeadScores:
         """JSON-ready: settings, the top `k` heads per metric, the roles and (with `table`) every value."""
         out = {
             "model": self.model, "n_layers": self.n_layers, "n_heads": self.n_heads, "level": self.level,
+            "no_softmax_attention_layers": list(self.no_attention),
             "include_special": self.include_special, "setting": self.setting, "n_texts": self.n_texts,
             "n_sequences": self.n_sequences, "meta": dict(self.meta), "thresholds": thresholds_of(self.registry),
             "top": {m: _records(self.top(m, k)[["layer", "head", "value", "n"]]) for m in self.metrics},
@@ -216,6 +220,7 @@ class HeadScoreAccumulator:
         self._counts = torch.zeros(len(self.metrics), dtype=torch.float64)  # query rows behind each metric
         self._n_texts = 0
         self._n_sequences = 0
+        self.no_attention: tuple[int, ...] = ()  # a hybrid stack's layers without softmax attention
 
     def update(self, amap: AttentionMap) -> None:
         """Fold in one text's attention (`[layer, head, query, key]`)."""
@@ -308,6 +313,7 @@ class HeadScoreAccumulator:
         out._layers, out._heads = units
         out._sums, out._counts = sums.clone(), counts.clone()
         out._n_texts, out._n_sequences = int(n[0]), int(n[1])
+        out.no_attention = self.no_attention
         return out
 
     def result(self, *, thresholds: Mapping[str, float] | None = None, meta: Mapping | None = None) -> HeadScores:
@@ -324,6 +330,7 @@ class HeadScoreAccumulator:
             include_special=self.include_special, table=table,
             roles=assign_roles(table, thresholds, metrics=self.metrics), n_texts=self._n_texts,
             n_sequences=self._n_sequences, meta=dict(meta or {}), registry=dict(self.metrics),
+            no_attention=self.no_attention,
         )
 
     def _prepare(self, amap: AttentionMap) -> AttentionMap:
@@ -338,6 +345,7 @@ class HeadScoreAccumulator:
     def _check_shape(self, amap: AttentionMap) -> None:
         if self.model is None:
             self.model = str(amap.meta.get("model", ""))
+        self.no_attention = self.no_attention or amap.no_attention  # a hybrid stack's layers without attention
         self._start(amap.layer_ids, amap.head_ids)
 
     def _start(self, layers: tuple[int, ...], heads: tuple[int, ...]) -> None:

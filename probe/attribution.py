@@ -124,7 +124,9 @@ def freeze_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Fr
 
 def decoder_layers(lm: LoadedModel, family: Family) -> list[torch.nn.Module]:
     """The transformer blocks, found as the parents of the family's attention modules."""
+    family.require_attention_everywhere(lm.config, "tracing the residual stream through every block")
     base = base_model(lm)
+    family.require_own_modules(base, lm.config, "tracing the residual stream through every block")
     parent = {id(child): mod for mod in base.modules() for child in mod.children()}
     return [parent[id(family.attention(base, i))] for i in range(family.n_layers(lm.config))]
 

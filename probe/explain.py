@@ -18,8 +18,8 @@ import pandas as pd
 import torch
 
 from .encoding import Encoded, encode, token_labels
-from .families import Family, family_for
-from .forward import base_model
+from .families import Family, UnsupportedFeature, family_for
+from .forward import base_model, no_attention_reason
 from .model import LoadedModel
 from .scratch import attention_from_scratch, project_qk, sink_share
 from .types import head_name
@@ -119,6 +119,8 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
     n_layers, n_heads = family.n_layers(lm.config), lm.config.num_attention_heads
     if not (0 <= layer < n_layers and 0 <= head < n_heads):
         raise ValueError(f"layer {layer}, head {head} out of range: {lm.name} has {n_layers} layers x {n_heads} heads")
+    if layer not in family.attention_layers(lm.config):
+        raise ValueError(no_attention_reason(lm, layer))
     labels = list(token_labels(lm, enc))
     q_idx = _find_token(labels, enc, token, occurrence)
     spec = family.layer_spec(base_model(lm), layer, lm.config)
@@ -136,6 +138,8 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
     weights = res.probs[0, head, q_idx]  # (T,)
     values = res.values[0, head]  # (T, hs)
     contrib = weights[:, None] * values  # (T, hs): each key's share of the output
+    if res.gate is not None:  # gated attention: the query's gate scales every key's share, dim by dim
+        contrib = contrib * res.gate[0, head, q_idx]
     table = pd.DataFrame({
         "key": labels,
         **{name: t.tolist() for name, t in terms.items()},
@@ -193,7 +197,7 @@ def scale_effect(lm: LoadedModel, text: str, *, layers: list[int] | None = None)
     family, enc, cap = _capture_one(lm, text)
     n = len(enc.ids)
     rows = []
-    for layer in layers if layers is not None else range(family.n_layers(lm.config)):
+    for layer in layers if layers is not None else family.attention_layers(lm.config):
         spec = family.layer_spec(base_model(lm), layer, lm.config)
         x, kv = cap.inputs[layer], spec.kv_input(cap.inputs)
         with_scale = _row_stats(attention_from_scratch(x, spec, cap.key_valid, kv=kv).probs, n)
@@ -245,7 +249,7 @@ class PermutationCheck:
 
 
 @torch.inference_mode()
-def permutation_check(lm: LoadedModel, text: str, *, layer: int = 0, seed: int = 0) -> PermutationCheck:
+def permutation_check(lm: LoadedModel, text: str, *, layer: int | None = None, seed: int = 0) -> PermutationCheck:
     """Shuffle the tokens of `text` and compare layer `layer`'s attention with the shuffled original.
 
     "Without positions" removes every source of order: absolute position embeddings (the family's
@@ -253,9 +257,18 @@ def permutation_check(lm: LoadedModel, text: str, *, layer: int = 0, seed: int =
     for the forward pass (a hook on the embedding's output, the weights untouched), rotary is
     skipped, and the causal, sliding and local-band masks are dropped (a mask encodes order too). Layer 0 is the
     default because for a decoder the real forward pass still applies its causal mask before
-    deeper layers.
+    deeper layers. The default is the first layer with softmax attention; in a hybrid stack whose layers before it
+    have none (a recurrent or convolution layer carries the order into its input) the check is refused.
     """
     family = family_for(lm.config)
+    have = family.attention_layers(lm.config)
+    layer = have[0] if layer is None else layer
+    if layer not in have:
+        raise ValueError(no_attention_reason(lm, layer))
+    if have[:layer + 1] != tuple(range(layer + 1)):
+        raise UnsupportedFeature(f"layer {layer} of {lm.name} reads the output of layers without softmax attention "
+                                 f"({', '.join(str(i) for i in range(layer) if i not in have)}), which carry the "
+                                 "tokens' order: no permutation of its input is free of positions")
     enc = encode(lm, text)
     n = len(enc.ids)
     if n < 3:

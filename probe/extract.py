@@ -15,7 +15,8 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from .encoding import Encoded, _checked_stream, _text_source, check_texts, encode_many, encode_targets, text_units
-from .forward import attention_layers, forward_batch, forward_seq2seq, is_seq2seq, learned_sinks, no_attention_reason
+from .forward import (attention_layers, forward_batch, forward_seq2seq, is_seq2seq, learned_sinks, no_attention_layers,
+                      no_attention_reason)
 from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
 from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight
@@ -231,6 +232,7 @@ def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads, *, causal: 
         heads=heads,
         meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")},
         sinks=learned_sinks(lm),
+        no_attention=no_attention_layers(lm),
     )
 
 

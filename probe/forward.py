@@ -14,10 +14,12 @@ from typing import Sequence
 import torch
 
 from .encoding import Encoded, pad_batch
-from .families import SUPPORTED_TYPES, UnsupportedArchitecture, UnsupportedFeature, family_for
+from .families import (NO_SOFTMAX_LAYER_TYPES, SUPPORTED_TYPES, UnsupportedArchitecture, UnsupportedFeature,
+                       family_for, softmax_layers)
 from .model import LoadedModel
 
-__all__ = ["base_model", "is_seq2seq", "learned_sinks", "attention_layers", "hybrid_note", "no_attention_reason",
+__all__ = ["base_model", "is_seq2seq", "learned_sinks", "attention_layers", "hybrid_note", "no_attention_layers",
+           "no_attention_reason",
            "NO_SOFTMAX_LAYER_TYPES", "forward_one_stream", "forward_batch", "forward_seq2seq", "seq2seq_inputs"]
 
 
@@ -27,20 +29,17 @@ def is_seq2seq(lm: LoadedModel) -> bool:
     return family is not None and family.kind == "encoder-decoder"
 
 
-# Layer types of hybrid stacks (transformers' `config.layer_types`) whose layers have no softmax attention:
-# gated delta-net / Mamba / recurrent blocks ("linear_attention": Qwen3.5, Qwen3-Next, Jamba, Bamba, Granite
-# hybrid, Zamba 2, RecurrentGemma) and short convolutions ("conv": LFM2). They return no attention weights.
-NO_SOFTMAX_LAYER_TYPES = frozenset({"linear_attention", "conv", "mamba", "recurrent"})
-
-
 def attention_layers(lm: LoadedModel) -> tuple[int, ...]:
     """The model's own numbers of its layers with softmax attention: all of them, but in a hybrid stack only
     those whose `layer_types` entry is not one of `NO_SOFTMAX_LAYER_TYPES` (L3 stays L3, never renumbered)."""
-    n = lm.config.num_hidden_layers
-    kinds = getattr(lm.config, "layer_types", None)
-    if not kinds or len(kinds) < n:
-        return tuple(range(n))
-    return tuple(i for i in range(n) if kinds[i] not in NO_SOFTMAX_LAYER_TYPES)
+    return softmax_layers(lm.config)
+
+
+def no_attention_layers(lm: LoadedModel) -> tuple[int, ...]:
+    """The model's own numbers of its layers without softmax attention (a hybrid stack's Mamba, recurrent or
+    convolution layers); empty when every layer has attention."""
+    have = attention_layers(lm)
+    return tuple(i for i in range(lm.config.num_hidden_layers) if i not in have)
 
 
 def no_attention_reason(lm: LoadedModel, layer: int) -> str:
@@ -64,7 +63,8 @@ def hybrid_note(lm: LoadedModel) -> str | None:
             kinds.setdefault(lm.config.layer_types[i], []).append(i)
     without = "; ".join(f"{', '.join(map(str, layers))} ({kind})" for kind, layers in kinds.items())
     return (f"hybrid stack: layers {', '.join(map(str, have)) or 'none'} of {n} have softmax attention; layers "
-            f"{without} have none and appear in no map, table or figure (layer numbers are the model's own)")
+            f"{without} have none: no rows in maps or tables, a labelled 'no softmax attention' row in figures "
+            f"(layer numbers are the model's own)")
 
 
 def learned_sinks(lm: LoadedModel) -> bool:
@@ -138,7 +138,7 @@ def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int]) -> list[torch
             caught[layer] = out[-1] if isinstance(out, tuple) and len(out) > 1 else None
         return hook
 
-    handles = [family.attention(base, layer).register_forward_hook(grab(layer)) for layer in wanted]
+    handles = family.hook_layers(base, lm.config, wanted, grab, where="attention", pre=False)
     try:
         forward_one_stream(lm, ids, mask, output_attentions=False)
     finally:

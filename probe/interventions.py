@@ -25,10 +25,10 @@ import torch
 from .encoding import encode_many, pad_batch
 from .errors import UnsupportedFeature
 from .families import Family, family_for
-from .forward import base_model, is_seq2seq
+from .forward import attention_layers, base_model, is_seq2seq, no_attention_reason
 from .model import LoadedModel
 from .names import AblationMethod
-from .scratch import LayerSpec, build_mask, project_v
+from .scratch import LayerSpec, build_mask, output_gate, project_v
 
 __all__ = ["AblationMethod", "ABLATION_METHODS", "ablate", "check_heads", "head_dim", "head_means", "head_mask",
            "refuse_seq2seq"]
@@ -57,6 +57,10 @@ def check_heads(lm: LoadedModel, heads: Iterable[Head]) -> tuple[Head, ...]:
     bad = [(l, h) for l, h in out if not (0 <= l < n_layers and 0 <= h < n_heads)]
     if bad:
         raise ValueError(f"heads {bad} out of range: {lm.name} has layers 0..{n_layers - 1} and heads 0..{n_heads - 1}")
+    have = attention_layers(lm)
+    for layer, _ in out:
+        if layer not in have:  # a hybrid stack's layer without softmax attention has no heads to switch
+            raise ValueError(no_attention_reason(lm, layer))
     return out
 
 
@@ -109,7 +113,10 @@ def _uniform(lm, family, layer, cols, means):
         v_all = project_v(x, spec, kv=spec.kv_input(inputs))  # (B, nkv, T, vs): every KV head's values, MLA's from its kv latent
         for h in cols:
             v = v_all[:, h // group]  # (B, T, vs): the KV head that query head h reads
-            y[..., h * vs : (h + 1) * vs] = weights @ v  # (B, T, vs)
+            out = weights @ v  # (B, T, vs)
+            if spec.output_gate is not None:  # gated attention: the head's own gate still scales what it writes
+                out = out * output_gate(x, spec)[..., h * vs : (h + 1) * vs]
+            y[..., h * vs : (h + 1) * vs] = out
         return y
 
     return replace
@@ -152,8 +159,8 @@ def ablate(lm: LoadedModel, heads: Iterable[Head], *, method: AblationMethod = "
                 return (y, *args[1:])
             return hook
 
-        for layer in replacers:
-            stack.callback(family.out_proj(base, layer).register_forward_pre_hook(make_hook(layer)).remove)
+        for handle in family.hook_layers(base, lm.config, list(replacers), make_hook, where="out_proj", pre=True):
+            stack.callback(handle.remove)
         yield
 
 
@@ -166,8 +173,9 @@ class _LayerInputs:
         if not layers:
             return
         stack.callback(base.register_forward_pre_hook(self._grab_mask, with_kwargs=True).remove)
-        for layer in layers:
-            stack.callback(family.attention(base, layer).register_forward_pre_hook(self._grab(layer), with_kwargs=True).remove)
+        for handle in family.hook_layers(base, lm.config, layers, self._grab, where="attention", pre=True,
+                                         with_kwargs=True):
+            stack.callback(handle.remove)
 
     def _grab_mask(self, module, args, kwargs):
         mask = kwargs.get("attention_mask")
@@ -216,7 +224,7 @@ def head_means(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, tr
                 sums[layer] += args[0].detach().to("cpu", torch.float64)[real].sum(0)
             return hook
 
-        handles = [family.out_proj(base, l).register_forward_pre_hook(grab(l)) for l in range(n_layers)]
+        handles = family.hook_layers(base, lm.config, attention_layers(lm), grab, where="out_proj", pre=True)
         try:
             base(input_ids=ids, attention_mask=mask, use_cache=False)
         finally:
@@ -252,6 +260,7 @@ def head_mask(lm: LoadedModel, xi: torch.Tensor) -> Iterator[None]:
         return hook
 
     with ExitStack() as stack:
-        for layer in range(n_layers):
-            stack.callback(family.out_proj(base, layer).register_forward_pre_hook(make_hook(layer)).remove)
+        # a hybrid stack's other layers have no heads: their rows of ξ are unused
+        for handle in family.hook_layers(base, lm.config, attention_layers(lm), make_hook, where="out_proj", pre=True):
+            stack.callback(handle.remove)
         yield

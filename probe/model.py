@@ -49,6 +49,10 @@ class LoadedModel:
     def max_length(self) -> int:
         cfg = self.config
         limit = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None) or 2048
+        base = getattr(self.model, getattr(self.model, "base_model_prefix", ""), self.model)
+        padding_idx = getattr(getattr(base, "embeddings", None), "padding_idx", None)
+        if isinstance(padding_idx, int) and getattr(cfg, "max_position_embeddings", None):
+            limit -= padding_idx + 1  # RoBERTa-style positions start after the padding index (MPNet: 514 -> 512)
         tok_limit = getattr(self.tokenizer, "model_max_length", None)
         if isinstance(tok_limit, int) and 0 < tok_limit < limit:
             limit = tok_limit

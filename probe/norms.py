@@ -40,12 +40,22 @@ class NormAttention:
     per_head: torch.Tensor  # [layer, head, query, key]
     per_layer: torch.Tensor  # [layer, query, key]
     meta: dict
+    layers: tuple[int, ...] = ()  # the model's layer number of each row (a hybrid stack's attention layers); all when empty
+
+    @property
+    def layer_ids(self) -> tuple[int, ...]:
+        return self.layers or tuple(range(self.per_head.shape[0]))
 
 
 def norm_weights(result: ScratchResult, wo: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(per head (B, nh, T, T), per layer (B, T, T)) from one layer's from-scratch result and W_O (D, nh*hs)."""
     B, nh, T, hs = result.values.shape
     wo_h = wo.to(result.values.dtype).view(wo.shape[0], nh, hs)  # (D, nh, hs): head h's columns of W_O
+    if result.gate is not None:  # gated attention: what key j adds at query i is W_O^h (g_i ⊙ v_j), per pair
+        f = torch.einsum("bhis,bhjs,dhs->bhijd", result.gate, result.values, wo_h)  # (B, nh, T, T, D)
+        per_head = result.probs * f.norm(dim=-1)  # α_ij ‖f_i(x_j)‖: (B, nh, T, T)
+        summed = torch.einsum("bhij,bhijd->bijd", result.probs, f)  # (B, T, T, D)
+        return per_head, summed.norm(dim=-1)
     f = torch.einsum("bhjs,dhs->bhjd", result.values, wo_h)  # (B, nh, T, D) value through W_O^h
     per_head = result.probs * f.norm(dim=-1)[:, :, None, :]  # α_ij ‖f(x_j)‖: (B, nh, T, T)
     summed = torch.einsum("bhij,bhjd->bijd", result.probs, f)  # Σ_h α^h_ij f^h(x_j): (B, T, T, D)
@@ -56,7 +66,7 @@ def layers_from_scratch(lm: LoadedModel, batch, family, base) -> Iterator[tuple[
     """Each layer's `LayerSpec` and from-scratch attention over one padded batch of encodings, computed
     from the model's own layer inputs (captured in one forward pass)."""
     cap = capture(lm, batch, family)
-    for i in range(family.n_layers(lm.config)):
+    for i in family.attention_layers(lm.config):  # a hybrid stack's layers without attention have no spec
         spec = family.layer_spec(base, i, lm.config)
         x = cap.inputs[i]
         yield spec, attention_from_scratch(x, spec, cap.key_valid.to(x.device), kv=spec.kv_input(cap.inputs))
@@ -70,6 +80,8 @@ def norm_attention(lm: LoadedModel, texts: str | Sequence[str], *, batch_size: i
     base = base_model(lm)
     encoded = encode_many(lm, check_texts(texts), truncate=truncate)
     out: list[NormAttention] = []
+    have = family.attention_layers(lm.config)
+    rows = () if len(have) == family.n_layers(lm.config) else have
     for start in range(0, len(encoded), batch_size):
         batch = encoded[start : start + batch_size]
         heads, layers = [], []
@@ -83,7 +95,7 @@ def norm_attention(lm: LoadedModel, texts: str | Sequence[str], *, batch_size: i
             n = len(e.ids)
             out.append(NormAttention(text=e.text, labels=token_labels(lm, e), token_ids=e.ids,
                                      per_head=per_head[b, :, :, :n, :n].clone(), per_layer=per_layer[b, :, :n, :n].clone(),
-                                     meta={"model": lm.name, "weight": "norm"}))
+                                     meta={"model": lm.name, "weight": "norm"}, layers=rows))
     return out
 
 
@@ -95,6 +107,7 @@ def norm_weighted(amap: AttentionMap, norm: NormAttention) -> AttentionMap:
     """
     if amap.level != "token" or norm.token_ids != amap.token_ids:
         raise ValueError("norm weights go onto the token-level map of the same text")
-    w = norm.per_head[list(amap.layer_ids)][:, list(amap.head_ids)]  # [layer, head, query, key]
+    row = {layer: r for r, layer in enumerate(norm.layer_ids)}
+    w = norm.per_head[[row[layer] for layer in amap.layer_ids]][:, list(amap.head_ids)]  # [layer, head, query, key]
     w = w / w.sum(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
     return replace(amap, attention=w.to(amap.attention.dtype), meta={**amap.meta, "weight": "norm"})

@@ -28,9 +28,9 @@ from typing import Iterator, Sequence
 import torch
 
 from .encoding import Encoded, check_texts, encode, pad_batch
-from .extract import _select
+from .extract import _select, _select_layers
 from .families import Family, family_for
-from .forward import base_model
+from .forward import attention_layers, base_model
 from .model import LoadedModel
 from .scratch import block_probs, project_qk
 from .verify import tolerances
@@ -157,7 +157,7 @@ def layer_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], laye
                 raise _Enough
         return hook
 
-    handles = [family.attention(base, i).register_forward_pre_hook(grab(i), with_kwargs=True) for i in layers]
+    handles = family.hook_layers(base, lm.config, layers, grab, where="attention", pre=True, with_kwargs=True)
     ids, mask = pad_batch(items, lm.device)
     try:
         with fast_attention(lm.model, implementation):
@@ -224,7 +224,7 @@ def iter_blocks_encoded(
 ) -> Iterator[tuple[int, Block]]:
     """`(item index, block)` for a batch of tokenised texts: one forward pass, then layer by layer."""
     family = family or family_for(lm.config)
-    layer_idx = _select(layers, lm.config.num_hidden_layers, "layer")
+    layer_idx = _select_layers(lm, layers)
     head_idx = _select(heads, lm.config.num_attention_heads, "head")
     base = base_model(lm)
     specs = {layer: family.layer_spec(base, layer, lm.config) for layer in layer_idx}
@@ -280,7 +280,7 @@ def check_prefix(
     """
     n = min(n_tokens, len(enc.ids))
     prefix = Encoded(text=enc.text, ids=enc.ids[:n], spans=enc.spans[:n], special=enc.special[:n])
-    layer_idx = _select(layers, lm.config.num_hidden_layers, "layer")
+    layer_idx = _select_layers(lm, layers)
     head_idx = _select(heads, lm.config.num_attention_heads, "head")
     reference = _eager_probs(lm, prefix, layer_idx)  # layer -> (nh, n, n)
     worst = 0.0
@@ -296,6 +296,8 @@ def _eager_probs(lm: LoadedModel, enc: Encoded, layers: Sequence[int]) -> dict[i
     ids, mask = pad_batch([enc], lm.device)
     with fast_attention(lm.model, "eager"):
         out = base_model(lm)(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False)
-    if not out.attentions or any(out.attentions[i] is None for i in layers):
+    have = attention_layers(lm)  # the model returns its attention layers' weights only, in order
+    if not out.attentions or len(out.attentions) != len(have) or any(a is None for a in out.attentions):
         raise RuntimeError(f"{lm.name}: eager attention exposed no weights; the prefix check cannot run")
-    return {i: out.attentions[i][0] for i in layers}
+    row = {layer: k for k, layer in enumerate(have)}
+    return {i: out.attentions[row[i]][0] for i in layers}

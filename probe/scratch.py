@@ -19,7 +19,9 @@ architecture families in `probe/families/`), recompute what the model's attentio
     scores += mask                                          padding, causal, sliding window, chunks (Llama 4)
     P = softmax(scores), written out: subtract the row max, exp, normalise
         (learned sinks, gpt-oss: a per-head sink logit joins each row and is dropped, rows sum to < 1)
-    y = P v, heads concatenated, out = y Woᵀ + bo
+    y = P v, heads concatenated
+    y = y ⊙ sigmoid(x Wgᵀ + bg)                           output gate (Qwen3.5, Qwen3-Next), per head dim
+    out = y Woᵀ + bo
 
 No `scaled_dot_product_attention`, no transformers attention code: this is the independent
 implementation the real model is checked against. Cross-attention is the same computation with
@@ -37,7 +39,7 @@ import torch
 from .errors import UnsupportedFeature
 
 __all__ = ["LayerSpec", "MultiHeadLatent", "ScratchResult", "project_v", "attention_from_scratch", "project_qk", "row_scores", "row_probs",
-           "block_probs", "stable_softmax", "softmax_with_sink", "sink_share", "rotary_cos_sin", "build_mask",
+           "block_probs", "output_gate", "stable_softmax", "softmax_with_sink", "sink_share", "rotary_cos_sin", "build_mask",
            "visible_keys", "temperature_scales", "alibi_slopes", "relative_position_buckets"]
 
 
@@ -111,6 +113,11 @@ class LayerSpec:
     # Learned attention sinks (gpt-oss), (nh,): one extra logit per head joins every row's softmax and is
     # then dropped, so a row sums to 1 - sink share (`sink_share`); never renormalised.
     sinks: torch.Tensor | None = None
+    # Output gate (Qwen3.5, Qwen3-Next's gated attention): (nh*hs, D) weight and (nh*hs,) bias of a projection of
+    # the layer input x; the heads' concat y is multiplied elementwise by sigmoid(x Wgᵀ + bg) before W_O. The gate
+    # depends on the query token only, so the probabilities are untouched; it is part of the block output.
+    output_gate: torch.Tensor | None = None
+    output_gate_bias: torch.Tensor | None = None
     # The size of a value head where it differs from the query/key head size (MLA): W_O reads
     # n_heads × v_head_dim; None = head_dim.
     v_head_dim: int | None = None
@@ -142,6 +149,7 @@ class ScratchResult:
     values: torch.Tensor  # (B, nh, S, vs) V per query head (grouped KV heads repeated); vs = value_head_dim
     heads_out: torch.Tensor  # (B, nh, T, vs) P·V per head
     output: torch.Tensor  # (B, T, D) after the head concat and W_O
+    gate: torch.Tensor | None = None  # (B, nh, T, vs) the output gate of each query and head; None without one
 
 
 def stable_softmax(scores: torch.Tensor) -> torch.Tensor:
@@ -356,8 +364,25 @@ def attention_from_scratch(
 
     heads_out = probs @ v  # (B, nh, T, vs)
     y = heads_out.transpose(1, 2).reshape(B, T, nh * vs)  # concat heads: (B, T, nh*vs)
+    gate = None
+    if spec.output_gate is not None:
+        g = output_gate(x, spec)  # (B, T, nh*vs)
+        y = y * g
+        gate = _heads(g, nh, vs)  # (B, nh, T, vs)
     out = _add_bias(y @ spec.wo.T.to(x.dtype), spec.bo)  # (B, T, D)
-    return ScratchResult(scores=scores, probs=probs, values=v, heads_out=heads_out, output=out)
+    return ScratchResult(scores=scores, probs=probs, values=v, heads_out=heads_out, output=out, gate=gate)
+
+
+def output_gate(x: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
+    """The output gate of each query token and head dim, sigmoid(x Wgᵀ + bg): (B, T, nh*hs) in the order of the
+    heads' concat (head h owns dims h*hs .. h*hs+hs-1); only for a layer with one (`spec.output_gate`).
+
+    >>> spec = LayerSpec(*[torch.zeros(2, 2)] * 4, *[None] * 4, n_heads=1, n_kv_heads=1, head_dim=2, scale=1.0,
+    ...                  causal=True, output_gate=torch.zeros(2, 2))
+    >>> output_gate(torch.ones(1, 1, 2), spec)
+    tensor([[[0.5000, 0.5000]]])
+    """
+    return torch.sigmoid(_add_bias(x @ spec.output_gate.T.to(x.dtype), spec.output_gate_bias))  # (B, T, nh*hs)
 
 
 def _heads(t: torch.Tensor, n: int, hs: int) -> torch.Tensor:

@@ -84,7 +84,9 @@ def block_modules(lm: LoadedModel) -> list[torch.nn.Module]:
     """The transformer blocks of the base model, one per layer: the items of the module list that holds
     each layer's attention module (`Family.attention`)."""
     family = family_for(lm.config)
+    family.require_attention_everywhere(lm.config, "the residual stream by block")
     base = base_model(lm)
+    family.require_own_modules(base, lm.config, "the residual stream by block")
     n = family.n_layers(lm.config)
     first = family.attention(base, 0)
     for module in base.modules():

@@ -41,9 +41,9 @@ from typing import ClassVar, Iterable, Iterator, Literal, Mapping, Sequence
 import torch
 
 from .encoding import Encoded, _checked_stream, check_texts, encode_many, text_units, token_count
-from .extract import _make_map, _select, extract_ids, iter_extract
+from .extract import _make_map, _select, _select_layers, extract_ids, iter_extract
 from .extract import extract as extract_eager
-from .forward import is_seq2seq
+from .forward import attention_layers, is_seq2seq
 from .model import LoadedModel
 from .names import Attention, Level, Weight
 from .recompute import DEFAULT_BUDGET, Block, PrefixCheck, check_prefix, iter_blocks_encoded
@@ -73,7 +73,7 @@ def memory_budget(value: int | None = None) -> int:
 
 def eager_bytes(lm: LoadedModel, n_tokens: int, *, n_layers: int | None = None, batch: int = 1) -> int:
     """What eager extraction keeps: batch × layers × heads × T² × itemsize (every head is computed)."""
-    n_layers = lm.config.num_hidden_layers if n_layers is None else n_layers
+    n_layers = len(attention_layers(lm)) if n_layers is None else n_layers  # a hybrid's attention layers only
     itemsize = torch.empty((), dtype=lm.dtype).element_size()
     return batch * n_layers * lm.config.num_attention_heads * n_tokens**2 * itemsize
 
@@ -104,7 +104,7 @@ class AttentionSource:
         self.counts: Counter = Counter()
         self.check: PrefixCheck | None = None  # of the first recomputed text
         n = lm.config
-        self.all_layers, self.all_heads = tuple(range(n.num_hidden_layers)), tuple(range(n.num_attention_heads))
+        self.all_layers, self.all_heads = attention_layers(lm), tuple(range(n.num_attention_heads))
 
     def mode(self, n_tokens: int, batch: int = 1) -> Mode:
         """How the attention of a text of `n_tokens` tokens, in a batch of `batch` texts, is obtained."""
@@ -194,7 +194,7 @@ class AttentionSource:
         if level not in ("token", "word"):
             raise ValueError(f"level must be 'token' or 'word', got {level!r}")
         texts = check_texts(texts)
-        layer_idx = _select(layers, self.lm.config.num_hidden_layers, "layer")
+        layer_idx = _select_layers(self.lm, layers)
         head_idx = _select(heads, self.lm.config.num_attention_heads, "head")
         for start in range(0, len(texts), self.batch_size):
             batch = texts[start : start + self.batch_size]

@@ -115,6 +115,9 @@ class AttentionMap(_HeadGrid):
     heads: tuple[int, ...] = ()  # model head index of each column (all when empty)
     meta: dict = field(default_factory=dict)  # model name, dtype, ... (never tensors)
     sinks: bool = False  # the model gives learned attention sinks part of each row (gpt-oss): see `sink_share`
+    # A hybrid stack's layers without softmax attention (Mamba, recurrent, convolution), by the model's own numbers:
+    # they have no row in `attention` (never a row of zeros), and `layers` keeps the others' numbers.
+    no_attention: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.labels)

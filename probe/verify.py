@@ -79,6 +79,7 @@ class Verification:
     layers: tuple[LayerCheck, ...]
     seconds_forward: float
     seconds_recompute: float
+    no_attention: tuple[int, ...] = ()  # hybrid stacks: the model's layers without softmax attention (none checked)
 
     @property
     def passed(self) -> bool:
@@ -110,9 +111,11 @@ class Verification:
         'attention verified: max |Δ| = 3.0e-07 over 1 layers × 12 heads (tolerance 1e-05, float32)'
         """
         verdict = "verified" if self.passed else "NOT verified"
+        hybrid = (f"; no softmax attention in layers {', '.join(map(str, self.no_attention))} (hybrid stack)"
+                  if self.no_attention else "")
         return (
             f"attention {verdict}: max |Δ| = {self.max_abs_err:.1e} over {self._layer_count()} layers × {self.n_heads} heads"
-            f" (tolerance {self.tolerance:g}, {self.dtype})"
+            f" (tolerance {self.tolerance:g}, {self.dtype}){hybrid}"
         )
 
     def _layer_count(self) -> str:
@@ -133,6 +136,7 @@ class Verification:
             "max_abs_err_output": self.max_abs_err_output,
             "max_rel_err_output": self.max_rel_err_output,
             "n_layers": len(self.layers),
+            "no_softmax_attention_layers": list(self.no_attention),
             "n_heads": self.n_heads,
             "n_texts": self.n_texts,
             "n_tokens": self.n_tokens,
@@ -156,11 +160,13 @@ class Verification:
 
 @dataclass(frozen=True, eq=False)
 class Captured:
-    """What one forward pass showed of every layer: inputs, probabilities, outputs after W_O."""
+    """What one forward pass showed of every layer: inputs, probabilities, outputs after W_O.
 
-    inputs: tuple[torch.Tensor, ...]  # per layer (B, T, D)
-    probs: tuple[torch.Tensor, ...]  # per layer (B, nh, T, T)
-    outputs: tuple[torch.Tensor, ...]  # per layer (B, T, D)
+    Indexed by the model's own layer numbers; in a hybrid stack the layers without softmax attention hold None."""
+
+    inputs: tuple[torch.Tensor | None, ...]  # per layer (B, T, D)
+    probs: tuple[torch.Tensor | None, ...]  # per layer (B, nh, T, T)
+    outputs: tuple[torch.Tensor | None, ...]  # per layer (B, T, D)
     key_valid: torch.Tensor  # (B, T), or (B, S) for cross-attention
     seconds: float
     memory: torch.Tensor | None = None  # cross-attention: the encoder's output (B, S, D), the keys' and values' source
@@ -171,6 +177,7 @@ def capture(lm: LoadedModel, items: Sequence[Encoded], family: Family) -> Captur
     """Run the real model once with hooks on every attention block."""
     base = base_model(lm)
     n = family.n_layers(lm.config)
+    have = family.attention_layers(lm.config)
     inputs: list = [None] * n
     outputs: list = [None] * n
     handles = []
@@ -185,9 +192,9 @@ def capture(lm: LoadedModel, items: Sequence[Encoded], family: Family) -> Captur
             outputs[i] = out.detach()
         return hook
 
-    for i in range(n):
-        handles.append(family.attention(base, i).register_forward_pre_hook(grab_input(i), with_kwargs=True))
-        handles.append(family.out_proj(base, i).register_forward_hook(grab_output(i)))
+    # one hook per module: layers that share one (ALBERT) are told apart by call order
+    handles += family.hook_layers(base, lm.config, have, grab_input, where="attention", pre=True, with_kwargs=True)
+    handles += family.hook_layers(base, lm.config, have, grab_output, where="out_proj", pre=False)
     ids, mask = pad_batch(items, lm.device)
     try:
         t0 = time.perf_counter()
@@ -196,9 +203,14 @@ def capture(lm: LoadedModel, items: Sequence[Encoded], family: Family) -> Captur
     finally:
         for h in handles:
             h.remove()
-    if not out.attentions or any(a is None for a in out.attentions) or any(x is None for x in inputs + outputs):
+    att = out.attentions or ()
+    if (len(att) != len(have) or any(a is None for a in att)
+            or any(inputs[i] is None or outputs[i] is None for i in have)):
         raise RuntimeError(f"{lm.name}: the forward pass did not expose every layer's attention to the hooks")
-    return Captured(tuple(inputs), tuple(out.attentions), tuple(outputs), mask.cpu(), seconds)
+    probs: list = [None] * n
+    for k, i in enumerate(have):  # the model returns its attention layers' weights only, in order
+        probs[i] = att[k]
+    return Captured(tuple(inputs), tuple(probs), tuple(outputs), mask.cpu(), seconds)
 
 
 def verify(
@@ -226,22 +238,22 @@ def verify(
     if target is not None:
         raise ValueError(f"target= is for encoder-decoder models; {lm.name} is a {family.kind}")
     encoded = encode_many(lm, texts, truncate=truncate)
-    n_layers = family.n_layers(lm.config)
-    worst = [[0.0, 0.0, 0.0, 0.0] for _ in range(n_layers)]  # abs, rel, abs_out, rel_out
+    have = family.attention_layers(lm.config)
+    worst = {i: [0.0, 0.0, 0.0, 0.0] for i in have}  # abs, rel, abs_out, rel_out
     t_fwd = t_re = 0.0
     for start in range(0, len(encoded), batch_size):
         batch = encoded[start : start + batch_size]
         cap = capture(lm, batch, family)
         t_fwd += cap.seconds
         t0 = time.perf_counter()
-        for i in range(n_layers):
+        for i in have:
             lengths = [len(e.ids) for e in batch]
             errs = _compare_layer(family.layer_spec(base_model(lm), i, lm.config), cap, i, lengths, lengths)
             worst[i] = [max(a, b) for a, b in zip(worst[i], errs)]
         t_re += time.perf_counter() - t0
     tol_p, tol_o = tolerances(lm.dtype)
     checks = tuple(
-        LayerCheck(i, *w, passed=bool(w[0] <= tol_p and w[3] <= tol_o)) for i, w in enumerate(worst)
+        LayerCheck(i, *w, passed=bool(w[0] <= tol_p and w[3] <= tol_o)) for i, w in worst.items()
     )
     return Verification(
         model=lm.name,
@@ -255,6 +267,7 @@ def verify(
         layers=checks,
         seconds_forward=t_fwd,
         seconds_recompute=t_re,
+        no_attention=tuple(i for i in range(family.n_layers(lm.config)) if i not in have),
     )
 
 

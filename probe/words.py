@@ -216,6 +216,7 @@ def _map_to_words(amap: AttentionMap) -> AttentionMap:
         heads=amap.heads,
         meta=dict(amap.meta),
         sinks=amap.sinks,  # a word's row sums what its tokens' rows (averaged) left to the sink
+        no_attention=amap.no_attention,
     )
 
 

@@ -299,6 +299,9 @@ def attention_heatmap(
     >>> [t.get_text() for t in fig.axes[0].get_xticklabels()]
     ['我', '爱']
     """
+    if layer in getattr(amap, "no_attention", ()):
+        raise ValueError(f"layer {layer} has {NO_ATTENTION} (a layer of a hybrid stack); this map's attention "
+                         f"layers are {list(amap.layer_ids)}")
     li, hi = _index(amap.layer_ids, layer, "layer"), _index(amap.head_ids, head, "head")
     weights = amap.attention[li, hi].detach().float().cpu().numpy()  # [query, key]
     model = amap.meta.get("model", "")
@@ -427,13 +430,17 @@ def attention_mosaic(amap: AttentionMap, *, cmap: str = "viridis", max_width: fl
     from matplotlib.colors import PowerNorm
 
     att = amap.attention.detach().float().cpu().numpy()  # [layer, head, query, key]
-    n_l, n_h, n, _ = att.shape
+    _, n_h, n, _ = att.shape
+    rows = sorted(set(amap.layer_ids) | set(amap.no_attention))  # a hybrid's other layers: labelled empty bands
+    n_l = len(rows)
     gap = max(1, n // 8)
     tile = n + gap
     mosaic = np.full((n_l * tile - gap, n_h * tile - gap), np.nan)
-    for i in range(n_l):
+    for i, layer in enumerate(rows):
+        if layer not in amap.layer_ids:
+            continue
         for j in range(n_h):
-            block = att[i, j].copy()
+            block = att[amap.layer_ids.index(layer), j].copy()
             if amap.causal:
                 block[np.triu_indices(n, k=1)] = np.nan
             mosaic[i * tile : i * tile + n, j * tile : j * tile + n] = block
@@ -444,7 +451,11 @@ def attention_mosaic(amap: AttentionMap, *, cmap: str = "viridis", max_width: fl
         ax.set_facecolor("white")
         img = ax.imshow(mosaic, cmap=cmap, norm=PowerNorm(0.5, vmin=0, vmax=1), interpolation="nearest")
         ax.set_xticks([j * tile + n / 2 - 0.5 for j in range(n_h)], [str(h) for h in amap.head_ids], fontsize=8)
-        ax.set_yticks([i * tile + n / 2 - 0.5 for i in range(n_l)], [str(l) for l in amap.layer_ids], fontsize=8)
+        ax.set_yticks([i * tile + n / 2 - 0.5 for i in range(n_l)], [str(l) for l in rows], fontsize=8)
+        for i, layer in enumerate(rows):
+            if layer in amap.no_attention:
+                ax.text((n_h * tile - gap) / 2 - 0.5, i * tile + n / 2 - 0.5, f"L{layer}: {NO_ATTENTION}",
+                        ha="center", va="center", fontsize=8, color="#444444")
         ax.tick_params(length=0, labeltop=True, labelbottom=False)
         ax.set_xlabel("head")
         ax.set_ylabel("layer")
@@ -497,6 +508,37 @@ def _grid_heatmap(ax: Axes, grid: pd.DataFrame, *, vmin: float, vmax: float, cma
     ax.figure.colorbar(img, ax=ax, shrink=0.8 if n_l <= 12 else 0.4, label=label, pad=0.02)
 
 
+NO_ATTENTION = "no softmax attention"  # the label of a hybrid stack's layer without attention, in every figure
+
+
+def with_no_attention_rows(grid: pd.DataFrame, no_attention: Sequence[int]) -> pd.DataFrame:
+    """`grid` (index = model layers) with a row for each layer in `no_attention`, in layer order, all NaN: drawn
+    by `_label_no_attention` as a labelled row, so L3 of the model stays L3 and is never a row of zeros.
+
+    >>> import pandas as pd
+    >>> g = pd.DataFrame([[0.5, 0.2]], index=pd.Index([1], name="layer"), columns=[0, 1])
+    >>> with_no_attention_rows(g, (0, 2)).index.tolist()
+    [0, 1, 2]
+    """
+    if not no_attention:
+        return grid
+    return grid.reindex(sorted(set(grid.index) | set(no_attention))).rename_axis(grid.index.name)
+
+
+def _label_no_attention(ax: Axes, rows: Sequence[int], no_attention: Sequence[int], n_cols: int) -> None:
+    """Hatch each row of a layer without softmax attention and write so across it (row order = `rows`)."""
+    from matplotlib.patches import Rectangle
+
+    for layer in no_attention:
+        if layer not in rows:
+            continue
+        r = list(rows).index(layer)
+        ax.add_patch(Rectangle((-0.5, r - 0.5), n_cols, 1, facecolor="white", edgecolor="#999999", hatch="///",
+                               lw=0.6, zorder=3))
+        ax.text((n_cols - 1) / 2, r, f"L{layer}: {NO_ATTENTION}", ha="center", va="center", fontsize=7,
+                color="#444444", zorder=5, bbox=dict(facecolor="white", edgecolor="none", pad=1.0))
+
+
 def _outline(ax: Axes, grid: pd.DataFrame, cells: Sequence[tuple[int, int]], colour: str = "#d62728") -> None:
     """Box the (layer, head) cells, the grid's index/columns being model indices."""
     from matplotlib.patches import Rectangle
@@ -541,7 +583,8 @@ def score_grid(scores: Any, metric: str, *, ax: Axes | None = None, k: int = 3) 
     Cells where the metric does not apply (NaN, e.g. next_token for a decoder) stay grey.
     """
     spec = scores.registry[metric]
-    grid = scores.grid(metric)
+    no_attention = tuple(getattr(scores, "no_attention", ()))
+    grid = with_no_attention_rows(scores.grid(metric), no_attention)  # a hybrid's other layers: labelled rows
     values = grid.to_numpy(dtype=float)
     finite = values[np.isfinite(values)]
     vmin, vmax = spec.value_range
@@ -554,6 +597,7 @@ def score_grid(scores: Any, metric: str, *, ax: Axes | None = None, k: int = 3) 
     with font_context(f"{scores.model}{metric}"):
         fig, ax = _grid_figure(grid, ax)
         _grid_heatmap(ax, grid, vmin=vmin, vmax=vmax, cmap=cmap, center=None, fmt=".2f", label=label)
+        _label_no_attention(ax, list(grid.index), no_attention, grid.shape[1])
         _outline(ax, grid, [(l, h) for l, h, _ in best])
         head = f"{scores.model} · {spec.label} ({scores.level} level)"
         if not finite.size:

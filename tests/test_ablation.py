@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from headscope.workflows import ablation
 from headscope.analyses.ablation import AblationResult, empirical_p, random_head_sets
 from headscope.probe.effects import next_token_loss, sentence_cosine, word_cosine
-from headscope.probe.forward import base_model
+from headscope.probe.forward import attention_layers, base_model
 from headscope.probe.importance import gradient_importance, normalise_per_layer
 from headscope.probe.interventions import ablate
 from headscope.probe.norms import norm_attention, norm_weights
@@ -227,7 +227,7 @@ def test_norm_weights_by_hand():
 
 def test_norm_attention_on_every_family(tiny):
     [m] = norm_attention(tiny, TEXTS[2])
-    L, H = tiny.config.num_hidden_layers, tiny.config.num_attention_heads
+    L, H = len(attention_layers(tiny)), tiny.config.num_attention_heads  # a hybrid stack: its attention layers
     T = len(m.labels)
     assert m.per_head.shape == (L, H, T, T) and m.per_layer.shape == (L, T, T)
     assert (m.per_layer <= m.per_head.sum(1) + 1e-4).all()  # the norm of a sum is at most the sum of norms

@@ -320,7 +320,9 @@ def test_runner_on_tiny_models(tiny):
     examples = builtin_set("agreement")[:24]
     result = hs.coref(tiny, examples, task="coref-agreement", n_perm=200, folds=3)
     assert isinstance(result, ProbeResult) and result.n == 24 and result.model == tiny.name
-    n_layers, n_heads = tiny.config.num_hidden_layers, tiny.config.num_attention_heads
+    from headscope.probe.forward import attention_layers
+
+    n_layers, n_heads = len(attention_layers(tiny)), tiny.config.num_attention_heads  # a hybrid: attention layers
     assert len(result.heads) == n_layers * n_heads
     assert result.heldout_n == 24 and result.verdict
 

@@ -652,11 +652,12 @@ def test_a_registry_is_checked_kept_and_carried():
 
 def test_run_heads_tiny(tiny):
     from headscope import heads as run_heads
+    from headscope.probe.forward import attention_layers
     from headscope.probe.tiny import TINY_CORPUS
 
     s = run_heads(tiny, TINY_CORPUS[:5], induction_sequences=3, induction_length=6, batch_size=2)
     assert s.n_texts == 5 and s.model == tiny.name
-    assert s.n_layers == tiny.config.num_hidden_layers and s.n_heads == tiny.config.num_attention_heads
+    assert s.n_layers == len(attention_layers(tiny)) and s.n_heads == tiny.config.num_attention_heads
     t = s.table
     for m in ("previous_token", "self", "first_token", "entropy", "max_weight"):
         assert t[t.metric == m]["value"].between(0, 10).all() and (t[t.metric == m]["n"] > 0).all()

@@ -12,7 +12,7 @@ import torch
 
 from headscope.probe.families import family_for
 from headscope.probe.encoding import encode_many, pad_batch
-from headscope.probe.forward import base_model
+from headscope.probe.forward import attention_layers, base_model
 from headscope.probe.interventions import ablate, head_dim, head_mask, head_means
 from headscope.probe.scratch import attention_from_scratch
 from headscope.probe.tiny import TINY_CORPUS
@@ -47,9 +47,13 @@ def _catch(lm, layer):
     """Hook (registered last, so it sees what the ablation hook hands on) catching W_O's input and the attention input."""
     family, base = family_for(lm.config), base_model(lm)
     seen = {}
-    h1 = family.out_proj(base, layer).register_forward_pre_hook(lambda m, a: seen.__setitem__("y", a[0].clone()))
-    h2 = family.attention(base, layer).register_forward_pre_hook(
-        lambda m, a, k: seen.__setitem__("x", (a[0] if a else k["hidden_states"]).clone()), with_kwargs=True)
+    # by call order where layers share one module (ALBERT): this layer's call, not the last repeat's
+    [h1] = family.hook_layers(base, lm.config, [layer], lambda l: lambda m, a: seen.__setitem__("y", a[0].clone()),
+                              where="out_proj", pre=True)
+    [h2] = family.hook_layers(
+        base, lm.config, [layer],
+        lambda l: lambda m, a, k: seen.__setitem__("x", (a[0] if a else k["hidden_states"]).clone()),
+        where="attention", pre=True, with_kwargs=True)
     return seen, (h1, h2)
 
 
@@ -76,11 +80,12 @@ def test_model_is_bit_for_bit_unchanged_also_after_an_error(tiny, method):
     ids, mask = _batch(tiny)
     means = head_means(tiny, TEXTS) if method == "mean" else None
     before_w, before_out, before_hooks = _weights_hash(tiny.model), _run(tiny, ids, mask), _hooks(tiny.model)
-    with ablate(tiny, [(0, 1), (1, 2)], method=method, means=means):
+    l0, l1 = attention_layers(tiny)[:2]  # layers 0 and 1, or a hybrid stack's first two attention layers
+    with ablate(tiny, [(l0, 1), (l1, 2)], method=method, means=means):
         during = _run(tiny, ids, mask)
     after_ok = _run(tiny, ids, mask)
     with pytest.raises(RuntimeError, match="inside"):
-        with ablate(tiny, [(0, 1), (1, 2)], method=method, means=means):
+        with ablate(tiny, [(l0, 1), (l1, 2)], method=method, means=means):
             raise RuntimeError("an error inside the block")
     assert _weights_hash(tiny.model) == before_w
     assert torch.equal(after_ok, before_out) and torch.equal(_run(tiny, ids, mask), before_out)
@@ -103,9 +108,9 @@ def test_head_means_are_the_mean_over_real_tokens(tiny):
     """Reference: every text alone (no padding at all), W_O input caught by the test's hook."""
     family, base = family_for(tiny.config), base_model(tiny)
     texts = list(TINY_CORPUS[:5])
-    rows = {l: [] for l in range(tiny.config.num_hidden_layers)}
-    handles = [family.out_proj(base, l).register_forward_pre_hook(lambda m, a, l=l: rows[l].append(a[0][0].clone()))
-               for l in rows]
+    rows = {l: [] for l in attention_layers(tiny)}  # a hybrid stack's other layers have no heads
+    handles = family.hook_layers(base, tiny.config, list(rows),
+                                 lambda l: lambda m, a: rows[l].append(a[0][0].clone()), where="out_proj", pre=True)
     try:
         for t in texts:
             ids, mask = pad_batch(encode_many(tiny, [t]), tiny.device)
@@ -137,7 +142,9 @@ def test_uniform_is_the_mean_of_the_visible_value_vectors(tiny):
     y, clean, x, mask = _ablated_slice(tiny, layer, heads, "uniform")
     spec = family_for(tiny.config).layer_spec(base_model(tiny), layer, tiny.config)
     kv = spec.kv_input(capture(tiny, encode_many(tiny, TEXTS), family_for(tiny.config)).inputs)  # shared KV
-    values = attention_from_scratch(x, spec, mask, kv=kv).values  # (B, nh, T, vs), per query head
+    res = attention_from_scratch(x, spec, mask, kv=kv)
+    values = res.values  # (B, nh, T, vs), per query head
+    gate = res.gate if res.gate is not None else torch.ones_like(res.heads_out)  # gated attention keeps its gate
     hs, window = spec.value_head_dim, spec.sliding_window  # a head's slice of W_O's input is as wide as its value
     lengths = mask.sum(1).tolist()
     for b, n in enumerate(lengths):
@@ -148,7 +155,7 @@ def test_uniform_is_the_mean_of_the_visible_value_vectors(tiny):
             for h in range(spec.n_heads):
                 got = y[b, i, h * hs : (h + 1) * hs]
                 if h in heads:
-                    torch.testing.assert_close(got, values[b, h, seen].mean(0), rtol=1e-5, atol=1e-5)
+                    torch.testing.assert_close(got, values[b, h, seen].mean(0) * gate[b, h, i], rtol=1e-5, atol=1e-5)
                 else:
                     torch.testing.assert_close(got, clean[b, i, h * hs : (h + 1) * hs])
 
@@ -172,14 +179,15 @@ def test_head_mask_of_ones_changes_nothing_and_zero_equals_zero_ablation(tiny):
     clean = _run(tiny, ids, mask)
     with head_mask(tiny, torch.ones(L, H)):
         torch.testing.assert_close(_run(tiny, ids, mask), clean, rtol=0, atol=0)
+    l0, l1 = attention_layers(tiny)[:2]  # a hybrid stack's rows of other layers are unused
     xi = torch.ones(ids.shape[0], L, H)
-    xi[:, 1, 2] = 0
-    xi[1, 0, 0] = 0  # example 1 only
+    xi[:, l1, 2] = 0
+    xi[1, l0, 0] = 0  # example 1 only
     with head_mask(tiny, xi):
         masked = _run(tiny, ids, mask)
-    with ablate(tiny, [(1, 2)]):
+    with ablate(tiny, [(l1, 2)]):
         ref0 = _run(tiny, ids, mask)[0]
-    with ablate(tiny, [(1, 2), (0, 0)]):
+    with ablate(tiny, [(l1, 2), (l0, 0)]):
         ref1 = _run(tiny, ids, mask)[1]
     torch.testing.assert_close(masked[0], ref0)
     torch.testing.assert_close(masked[1], ref1)
@@ -189,11 +197,12 @@ def test_bad_inputs_say_what_is_wrong(tiny):
     with pytest.raises(ValueError, match="out of range"):
         with ablate(tiny, [(9, 0)]):
             pass
+    first = attention_layers(tiny)[0]
     with pytest.raises(ValueError, match="method must be one of zero, mean, uniform"):
-        with ablate(tiny, [(0, 0)], method="resample"):
+        with ablate(tiny, [(first, 0)], method="resample"):
             pass
     with pytest.raises(ValueError, match="needs the heads' mean outputs"):
-        with ablate(tiny, [(0, 0)], method="mean"):
+        with ablate(tiny, [(first, 0)], method="mean"):
             pass
     with pytest.raises(ValueError, match="head mask is"):
         with head_mask(tiny, torch.ones(1, 1)):

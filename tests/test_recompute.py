@@ -17,7 +17,7 @@ from headscope.probe.recompute import (
 )
 from headscope.probe.errors import UnsupportedFeature
 from headscope.probe.encoding import encode
-from headscope.probe.forward import base_model
+from headscope.probe.forward import attention_layers, base_model
 from headscope.probe.families import family_for
 from headscope.probe.sources import SOURCES, source_for
 from headscope.probe.tiny import TINY_CORPUS
@@ -63,7 +63,9 @@ def _skip_whole_sequences_only(lm) -> None:
 
 def _whole_sequences_only(lm) -> bool:
     """Content↔position terms (DeBERTa) are recomputed for whole sequences and all heads only."""
-    return family_for(lm.config).layer_spec(base_model(lm), 0, lm.config).position_scores is not None
+    family = family_for(lm.config)
+    first = family.attention_layers(lm.config)[0]  # a hybrid stack's layer 0 may have no attention
+    return family.layer_spec(base_model(lm), first, lm.config).position_scores is not None
 
 
 def test_recompute_equals_eager_for_chosen_layers_heads_and_words(tiny):
@@ -118,7 +120,7 @@ def test_blocks_respect_the_budget_and_cover_every_row_once(tiny, budget):
     n = len(encode(tiny, LONG).ids)
     heads = (0, 2)
     blocks = list(iter_blocks(tiny, LONG, heads=heads, budget=budget))
-    for layer in range(tiny.config.num_hidden_layers):
+    for layer in attention_layers(tiny):  # a hybrid stack's other layers give no blocks
         mine = [b for b in blocks if b.layer == layer]
         assert [b.query_start for b in mine] == sorted(b.query_start for b in mine)
         rows = torch.cat([torch.arange(b.query_start, b.query_stop) for b in mine])
@@ -138,7 +140,7 @@ def test_block_rows_from_the_budget():
 
 def test_auto_picks_recompute_only_beyond_the_budget(tiny):
     _skip_whole_sequences_only(tiny)
-    need = 2 * tiny.config.num_hidden_layers * tiny.config.num_attention_heads * 100**2 * 4  # 2 texts of 100 tokens
+    need = 2 * len(attention_layers(tiny)) * tiny.config.num_attention_heads * 100**2 * 4  # 2 texts of 100 tokens
     assert source_for(tiny, "auto", budget=need - 1).mode(100, 2) == "recompute"
     assert source_for(tiny, "auto", budget=need).mode(100, 2) == "eager"
     assert source_for(tiny, "recompute", budget=10**12).mode(1) == "recompute"
@@ -176,7 +178,7 @@ def test_head_map_assembles_one_head_from_blocks(tiny):
     n = len(full)
     hm = HeadMap(layer=1, head=2, n_tokens=n)
     feed(iter_blocks(tiny, LONG, budget=300), hm)
-    torch.testing.assert_close(hm.result(), full.attention[1, 2], atol=1e-6, rtol=0)
+    torch.testing.assert_close(hm.result(), full.attention[full.layer_ids.index(1), 2], atol=1e-6, rtol=0)
     with pytest.raises(ValueError, match="no block gave query rows"):
         HeadMap(layer=0, head=0, n_tokens=3).result()
 
@@ -200,7 +202,7 @@ def test_word_blocks_equal_word_level_of_the_whole_map(tiny, budget):
     words = to_word_level(full).attention  # [layer, head, word, word]
     got = torch.full_like(words, float("nan"))
     for b in word_blocks(iter_blocks(tiny, PIECES, budget=budget), full.word_index):
-        got[b.layer, :, b.query_start : b.query_stop] = b.probs
+        got[full.layer_ids.index(b.layer), :, b.query_start : b.query_stop] = b.probs
     torch.testing.assert_close(got, words, atol=1e-6, rtol=0)
 
 
@@ -265,9 +267,9 @@ def test_block_probs_are_row_probs_bit_for_bit(tiny):
     from headscope.probe.scratch import block_probs, project_qk, row_probs
 
     _skip_whole_sequences_only(tiny)
-    spec = family_for(tiny.config).layer_spec(base_model(tiny), 0, tiny.config)
+    spec = family_for(tiny.config).layer_spec(base_model(tiny), attention_layers(tiny)[0], tiny.config)
     T = 12
-    x = torch.randn(1, T, tiny.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(1, T, spec.wq.shape[1], generator=torch.Generator().manual_seed(0))  # Zamba 2: 2·D wide
     q, k = project_qk(x, spec)
     k = k.repeat_interleave(spec.n_heads // spec.n_kv_heads, dim=1)
     valid = torch.ones(1, T, dtype=torch.long)

@@ -22,7 +22,9 @@ TEXTS = ["The cat sat on the mat, didn't it?", "A dog ran! Unbelievably fast..."
 
 def _whole_sequences_only(lm) -> bool:
     """Content↔position terms (DeBERTa) are recomputed for whole sequences only (tests/test_recompute.py)."""
-    return family_for(lm.config).layer_spec(base_model(lm), 0, lm.config).position_scores is not None
+    family = family_for(lm.config)
+    first = family.attention_layers(lm.config)[0]  # a hybrid stack's layer 0 may have no attention
+    return family.layer_spec(base_model(lm), first, lm.config).position_scores is not None
 
 
 def _blocks(amap, rows):

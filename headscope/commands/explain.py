@@ -64,7 +64,7 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
         e = explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence, attention=attention,
                     budget=memory_budget)
         scales = scale_table(lm, text, layers=[layer]) if scale_effect else None
-        perm = permutation_check(lm, text, layer=0) if permutation else None
+        perm = permutation_check(lm, text) if permutation else None
     if out_path:
         write_table(e.table, out_path)
     if as_json:

@@ -19,7 +19,7 @@ from headscope.analyses.induction import repeated_random_tokens
 from headscope.analyses.metrics import METRICS, Metric
 from headscope.distributed import World, merge_head_scores, shard, shard_length, together
 from headscope.probe.encoding import ordinary_token_ids, special_prefix
-from headscope.probe.forward import is_seq2seq
+from headscope.probe.forward import is_seq2seq, no_attention_layers
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Level, Weight
 from headscope.probe.sources import TextBlocks, source_for
@@ -81,6 +81,7 @@ def heads(
     world = world or World()
     texts = [texts] if isinstance(texts, str) else texts  # one text, as iter_extract takes it
     acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special, metrics=metrics)
+    acc.no_attention = no_attention_layers(lm)  # a hybrid stack's layers without attention, also on the blocks path
     texts = shard(texts, world)
     if progress:
         total = None if total is None else shard_length(total, world)

@@ -20,6 +20,7 @@ the target) and "cross" (target queries over the encoder's output). Its top-leve
 from __future__ import annotations
 
 import importlib
+import itertools
 import pkgutil
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
@@ -31,13 +32,34 @@ from ..scratch import LayerSpec
 
 __all__ = [
     "Family", "Refusal", "Kind", "Stack", "StackKind", "TokenizerKind", "UnsupportedArchitecture", "UnsupportedFeature",
-    "FAMILIES", "SUPPORTED_TYPES", "family_for", "family_of_type", "family_table", "coverage_markdown",
+    "FAMILIES", "SUPPORTED_TYPES", "NO_SOFTMAX_LAYER_TYPES", "softmax_layers", "family_for", "family_of_type", "family_table", "coverage_markdown",
 ]
 
 Kind = Literal["encoder", "decoder", "encoder-decoder"]
 TokenizerKind = Literal["wordpiece", "bytebpe", "sentencepiece"]
 AutoClass = Literal["AutoModel", "AutoModelForCausalLM", "AutoModelForSeq2SeqLM"]
 StackKind = Literal["encoder", "decoder", "cross"]
+
+
+# Layer types of hybrid stacks (transformers' `config.layer_types`) whose layers have no softmax attention:
+# gated delta-net / Mamba / recurrent blocks ("linear_attention": Qwen3.5, Qwen3-Next, Jamba, Bamba, Falcon-H1,
+# Granite hybrid, Zamba 2, RecurrentGemma) and short convolutions ("conv": LFM2). They return no attention weights.
+NO_SOFTMAX_LAYER_TYPES = frozenset({"linear_attention", "conv", "mamba", "recurrent"})
+
+
+def softmax_layers(config) -> tuple[int, ...]:
+    """The model's own numbers of its layers with softmax attention: all of them, but in a hybrid stack only
+    those whose `layer_types` entry is not one of `NO_SOFTMAX_LAYER_TYPES` (L3 stays L3, never renumbered).
+
+    >>> from types import SimpleNamespace
+    >>> softmax_layers(SimpleNamespace(num_hidden_layers=4, layer_types=["conv", "full_attention"] * 2))
+    (1, 3)
+    """
+    n = config.num_hidden_layers
+    kinds = getattr(config, "layer_types", None)
+    if not kinds or len(kinds) < n:
+        return tuple(range(n))
+    return tuple(i for i in range(n) if kinds[i] not in NO_SOFTMAX_LAYER_TYPES)
 
 
 @dataclass(frozen=True)
@@ -79,6 +101,11 @@ class Family:
     def n_layers(self, config) -> int:
         return config.num_hidden_layers
 
+    def attention_layers(self, config) -> tuple[int, ...]:
+        """The layers with softmax attention, by the model's own numbers: every layer, except in a hybrid stack
+        (`softmax_layers`); only these have a LayerSpec, an attention module and an out-projection."""
+        return softmax_layers(config)
+
     def stack(self, kind: StackKind) -> Stack:
         """The stack of attention `kind` of an encoder–decoder family."""
         for s in self.stacks:
@@ -86,12 +113,67 @@ class Family:
                 return s
         raise KeyError(f"family {self.name!r} has no {kind!r} stack (it is a {self.kind})")
 
+    def require_attention_everywhere(self, config, what: str) -> None:
+        """`UnsupportedFeature` naming `what` when some layers have no softmax attention (a hybrid stack): a
+        decomposition over every layer's attention would miss what the other layers (Mamba, recurrent, ...) add."""
+        have = self.attention_layers(config)
+        if len(have) < self.n_layers(config):
+            missing = ", ".join(str(i) for i in range(self.n_layers(config)) if i not in have)
+            raise UnsupportedFeature(f"{what} needs softmax attention in every layer; layers {missing} of this hybrid "
+                                     f"stack have none (their contribution is not decomposed into heads)")
+
+    def shares_modules(self, base, config) -> bool:
+        """True when several layers run one attention module object (ALBERT's shared layer)."""
+        modules = [id(self.attention(base, i)) for i in self.attention_layers(config)]
+        return len(set(modules)) < len(modules)
+
+    def require_own_modules(self, base, config, what: str) -> None:
+        """`UnsupportedFeature` naming `what` when layers share one module (ALBERT): `what` hooks each layer's
+        block by its module, which cannot tell the repeats apart."""
+        if self.shares_modules(base, config):
+            raise UnsupportedFeature(f"{what} needs one module per layer; this model runs one shared layer module "
+                                     f"{self.n_layers(config)} times (ALBERT)")
+
+    def hook_layers(self, base, config, layers, make_hook, *, where: Literal["attention", "out_proj"], pre: bool,
+                    with_kwargs: bool = False) -> list:
+        """Register `make_hook(layer)` on the attention module (or out-projection) of each of `layers`; the handles.
+
+        Where several layers run one module object (ALBERT shares one layer across all of them), one hook
+        dispatches by call order: in a forward pass the k-th call of a module is the k-th of the layers that use
+        it, so every layer is caught apart, never the last repeat for all of them.
+        """
+        get = self.attention if where == "attention" else self.out_proj
+        users: dict[int, tuple[torch.nn.Module, list[int]]] = {}
+        for layer in self.attention_layers(config):
+            module = get(base, layer)
+            users.setdefault(id(module), (module, []))[1].append(layer)
+        wanted, handles = set(layers), []
+        for module, order in users.values():
+            hooks = {layer: make_hook(layer) for layer in order if layer in wanted}
+            if not hooks:
+                continue
+            fn = hooks[order[0]] if len(order) == 1 else _by_call_order(order, hooks)
+            register = module.register_forward_pre_hook if pre else module.register_forward_hook
+            handles.append(register(fn, with_kwargs=with_kwargs) if pre else register(fn))
+        return handles
+
     def check(self, config) -> None:
         """Raise `UnsupportedFeature` when `config` uses a feature this family does not reproduce."""
         for refusal in self.refuses:
             reason = refusal.reason(config)
             if reason is not None:
                 raise UnsupportedFeature(reason)
+
+
+def _by_call_order(order: list[int], hooks: dict):
+    """One hook for a module that layers `order` share: call k runs the hook of layer order[k mod len(order)]."""
+    calls = itertools.count()
+
+    def dispatch(*args):
+        hook = hooks.get(order[next(calls) % len(order)])
+        return None if hook is None else hook(*args)
+
+    return dispatch
 
 
 def linear_weights(m: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -61,9 +61,9 @@ def tiny_llama_config(vocab: int, model_type: str, **extra):
     moe = dict(num_experts=2, num_local_experts=2, num_experts_per_tok=2, moe_intermediate_size=16,
                shared_expert_intermediate_size=16, n_routed_experts=2, n_shared_experts=1, moe_num_experts=2,
                moe_k=2, moe_num_shared_experts=1, moe_topk=2)
-    return AutoConfig.for_model(model_type, vocab_size=vocab, hidden_size=32, intermediate_size=64,
-                                num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
-                                max_position_embeddings=128, **{**moe, **extra})
+    sizes = dict(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=8, max_position_embeddings=128)
+    return AutoConfig.for_model(model_type, **{**sizes, **moe, **extra})  # `extra` may change the sizes too
 
 
 def _tiny_config(vocab: int, model_type: str):
