@@ -51,7 +51,8 @@ from .model import LoadedModel
 from .names import PatchDirection as Direction, PatchWhat
 from .scratch import _add_bias, _heads, project_qk, row_probs
 
-__all__ = ["Direction", "PatchWhat", "Site", "Prepared", "prepare_pairs", "patch_metrics", "path_patch_metrics", "sweep_sites"]
+__all__ = ["Direction", "PatchWhat", "Site", "Prepared", "prepare_pairs", "patch_metrics", "path_patch_metrics",
+           "attribution_estimates", "sweep_sites"]
 
 Site = tuple[str, int, int | None]
 ATTN_KINDS = ("q", "k", "v", "pattern")  # sites recomputed inside the attention from its input
@@ -267,6 +268,67 @@ def path_patch_metrics(lm: LoadedModel, p: Prepared, sender: tuple[int, int],
                                                             .detach().clone()), with_kwargs=True).remove)
         base(input_ids=run_ids, attention_mask=p.mask, use_cache=False)
     return _run_jobs(lm, p, jobs, run_ids, after, family, base, layers, batch_rows)
+
+
+def attribution_estimates(lm: LoadedModel, p: Prepared, what: PatchWhat = "head_out", *,
+                          direction: Direction = "denoise") -> tuple[list[Site], torch.Tensor]:
+    """Attribution patching (the gradient approximation of activation patching; Nanda 2023, Syed et al.
+    2023): for every site, base metric + (source activation − base activation) · ∂metric/∂activation at
+    the base run, summed over positions. One forward pass of the source run and one forward + backward
+    pass of the base run, whatever the number of sites. `what`: "head_out" (each head's output) or
+    "resid" (the stream entering each layer, every position). Answers the sites and `[site, pair]`
+    (float64), comparable with `patch_metrics`.
+
+    Gradients are taken with `torch.autograd.grad` with respect to added zero tensors: no parameter's
+    `.grad` is written, whatever its `requires_grad`.
+    """
+    if direction not in ("denoise", "noise"):
+        raise ValueError(f"direction must be 'denoise' or 'noise', got {direction!r}")
+    if what not in ("head_out", "resid"):
+        raise ValueError(f"attribution patching covers head_out and resid, got {what!r}")
+    family = family_for(lm.config)
+    base = base_model(lm)
+    layers = decoder_layers(lm, family)
+    n_layers = len(layers)
+    kind = "head" if what == "head_out" else "resid"
+    run_ids, src_ids = (p.corrupt, p.clean) if direction == "denoise" else (p.clean, p.corrupt)
+    with torch.no_grad():
+        src = _source(lm, family, layers, src_ids, p.mask, {(kind, l, 0) for l in range(n_layers)})
+    acts: dict[int, torch.Tensor] = {}
+    zeros: dict[int, torch.Tensor] = {}
+
+    def add_zero(l, x):
+        acts[l] = x.detach()
+        zeros[l] = torch.zeros_like(x, requires_grad=True)
+        return x + zeros[l]  # the same values, and a leaf to take the gradient at
+
+    with torch.enable_grad(), ExitStack() as stack:
+        for l in range(n_layers):
+            if kind == "head":
+                handle = family.out_proj(base, l).register_forward_pre_hook(
+                    lambda m, a, l=l: (add_zero(l, a[0]), *a[1:]))
+            else:
+                def pre(m, a, kw, l=l):
+                    if a:
+                        return (add_zero(l, a[0]), *a[1:]), kw
+                    return a, {**kw, "hidden_states": add_zero(l, kw["hidden_states"])}
+                handle = layers[l].register_forward_pre_hook(pre, with_kwargs=True)
+            stack.callback(handle.remove)
+        hidden = base(input_ids=run_ids, attention_mask=p.mask, use_cache=False).last_hidden_state
+        metric = _Metric(lm)(hidden, p, 1)[0]  # (N,)
+        grads = torch.autograd.grad(metric.sum(), [zeros[l] for l in range(n_layers)])
+    base_metric = metric.detach()
+    rows = []
+    hs = head_dim(lm)
+    sites = sweep_sites(lm, what)
+    for site in sites:
+        _, l, h = site
+        diff = (src[(kind, l)] - acts[l]) * grads[l]  # (N, T, ·): pairs are independent rows of the batch
+        if kind == "head":
+            diff = diff[..., h * hs : (h + 1) * hs]
+        rows.append(diff.double().sum((1, 2)).cpu())
+    est = torch.stack(rows) if rows else torch.zeros(0, p.n, dtype=torch.float64)
+    return sites, base_metric + est
 
 
 def _by_module(where: dict[Site, list[int]]) -> dict[tuple[str, int], list[Site]]:

@@ -593,7 +593,11 @@ def dla_grid(result: DLAResult, *, ax: Axes | None = None, k: int = 3) -> Figure
 
 def patch_grid(result: PatchResult, *, ax: Axes | None = None, k: int = 3) -> Figure:
     """Head-output patching: the normalised metric with each head patched (0 = corrupt run, 1 = clean run)."""
-    title = (f"{result.model} · {result.direction} patching of head outputs on {len(result.pairs)} pairs "
+    what = {"head_out": "head outputs", "pattern": "head patterns", "q": "head queries", "k": "head keys",
+            "v": "head values"}.get(result.what, result.what)
+    if result.sender is not None:
+        what = f"the path from L{result.sender[0]}H{result.sender[1]} into each head's {result.sites[0][0]}"
+    title = (f"{result.model} · {result.direction} patching of {what} on {len(result.pairs)} pairs "
              f"(logit difference clean {result.clean.mean():.2f}, corrupt {result.corrupt.mean():.2f})")
     if result.confirmation is not None:
         c = result.confirmation

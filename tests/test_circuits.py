@@ -147,3 +147,72 @@ def test_path_patching_matches_a_reference_built_from_the_models_own_modules(fre
     with pytest.raises(ValueError, match="after the sender"):
         path_patch_metrics(lm, p, (1, 0), _jobs([("q", 1, 2)]))
     assert _same(lm.model, state)
+
+
+def test_attribution_patching_is_the_derivative_along_the_patch_and_leaves_no_gradients():
+    import copy
+    from dataclasses import replace
+
+    from headscope.probe.patching import attribution_estimates
+
+    small = _tiny("llama")
+    lm = replace(small, model=copy.deepcopy(small.model).double(), dtype=torch.float64)  # float64: finite differences
+    p = _prepared(lm)
+    layers = lm.model.model.layers
+    hs = layers[0].self_attn.head_dim
+    got = {}
+    for tag, ids in (("src", p.clean), ("base", p.corrupt)):
+        handles = [layers[l].self_attn.o_proj.register_forward_pre_hook(
+            lambda m, a, key=(tag, l): got.__setitem__(key, a[0].detach().clone())) for l in range(2)]
+        _run_metric(lm, p, ids)
+        for h in handles:
+            h.remove()
+    sites, est = attribution_estimates(lm, p, "head_out", direction="denoise")
+    base = _run_metric(lm, p, p.corrupt)
+    eps = 1e-2  # eager attention takes its softmax in float32 even here: a larger step, a looser tolerance
+    for i, (_, l, h) in enumerate(sites):
+        def moved(alpha):  # the base run with head h's output moved alpha of the way to the source's
+            cols = slice(h * hs, (h + 1) * hs)
+
+            def pre(m, a):
+                y = a[0].clone()
+                y[..., cols] += alpha * (got[("src", l)] - got[("base", l)])[..., cols]
+                return (y,)
+            handle = layers[l].self_attn.o_proj.register_forward_pre_hook(pre)
+            try:
+                return _run_metric(lm, p, p.corrupt)
+            finally:
+                handle.remove()
+        slope = (moved(eps) - moved(-eps)) / (2 * eps)
+        assert torch.allclose(est[i] - base, slope, rtol=1e-3, atol=1e-5), (sites[i], est[i] - base, slope)
+    assert all(w.grad is None for w in lm.model.parameters())
+    same = _prepared(small, CLEAN)  # clean == corrupt: every estimate is the base run
+    for what in ("head_out", "resid"):
+        _, est = attribution_estimates(small, same, what)
+        assert torch.allclose(est, est[:1].expand_as(est), rtol=0, atol=1e-6)
+
+
+def test_patch_command_new_kinds_and_attribution(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+
+    runner = CliRunner()
+    res = runner.invoke(cli, ["patch", "--model", "tiny:llama", "--pairs", "agreement", "--what", "path", "--sender",
+                              "L0H1", "--receivers", "v", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["sender"] == "L0H1" and [(h["layer"], h["input"]) for h in out["heads"]] == [(1, "v")] * 4
+    res = runner.invoke(cli, ["patch", "--model", "tiny:llama", "--pairs", "agreement", "--what", "pattern", "--json",
+                              "--figure", str(tmp_path / "g.png")])
+    assert res.exit_code == 0 and len(json.loads(res.stdout)["heads"]) == 8 and (tmp_path / "g.png").exists()
+    res = runner.invoke(cli, ["patch", "--model", "tiny:llama", "--pairs", "agreement", "--attribution", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert -1 <= out["spearman"] <= 1 and len(out["sites"]) == 8
+    for bad in (["--what", "path"], ["--what", "path", "--sender", "nonsense"], ["--what", "q", "--sender", "L0H1"],
+                ["--what", "q", "--attribution"]):
+        res = runner.invoke(cli, ["patch", "--model", "tiny:llama", "--pairs", "agreement", *bad])
+        assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, (bad, res.output)
