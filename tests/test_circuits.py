@@ -216,3 +216,43 @@ def test_patch_command_new_kinds_and_attribution(tmp_path):
                 ["--what", "q", "--attribution"]):
         res = runner.invoke(cli, ["patch", "--model", "tiny:llama", "--pairs", "agreement", *bad])
         assert res.exit_code == 2 and len(res.stderr.strip().splitlines()) == 1, (bad, res.output)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3"])
+def test_ov_copying_scores_match_the_eigenvalues_of_the_full_vocabulary_circuit(family):
+    from headscope.probe.composition import copying_scores, head_factors
+
+    lm = _tiny(family)
+    state = _state(lm.model)
+    c = copying_scores(lm)
+    sub = copying_scores(lm, tokens=range(3, 60))
+    assert _same(lm.model, state)
+    f = head_factors(lm)
+    E = lm.model.get_input_embeddings().weight.detach().double()
+    w = lm.model.model.norm.weight.detach().double() + (1.0 if family == "gemma3" else 0.0)  # the final norm's weight
+    U = lm.model.get_output_embeddings().weight.detach().double() * w  # (V, D)
+    for l, h in [(0, 0), (1, 3)]:
+        for got, ids in ((c.scores[l, h], slice(None)), (sub.scores[l, h], slice(3, 60))):
+            full = E[ids] @ f.v[l][h] @ f.o[l][h] @ U[ids].T  # the whole V × V circuit, built in full
+            lam = torch.linalg.eigvals(full)
+            assert got == pytest.approx(float(lam.sum().real / lam.abs().sum()), abs=1e-9)
+    assert c.n_tokens == lm.config.vocab_size and sub.n_tokens == 57 and len(c.to_frame()) == c.scores.size
+
+
+def test_composition_command_json_figure_and_refusal(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+
+    runner = CliRunner()
+    res = runner.invoke(cli, ["composition", "--model", "tiny:llama", "--kind", "k", "--top", "3", "--json",
+                              "--figure", str(tmp_path / "graph.png")])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert [e["kind"] for e in out["edges"]] == ["k"] * 3 and len(out["copying"]) == 8
+    assert out["edges"][0]["ratio"] >= out["edges"][-1]["ratio"] and set(out["baseline"]) == {"k"}
+    assert (tmp_path / "graph.png").read_bytes()[:4] == b"\x89PNG"
+    res = runner.invoke(cli, ["composition", "--model", "tiny:llama", "--figure", str(tmp_path / "graph.png")])
+    assert res.exit_code == 2 and "exists" in res.stderr and len(res.stderr.strip().splitlines()) == 1
