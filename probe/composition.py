@@ -139,9 +139,11 @@ class CompositionScores:
         return f"{self.model} composition, strongest edge per kind — " + "; ".join(parts)
 
 
-def composition_scores(lm: LoadedModel, *, n_random: int = 20, seed: int = 0) -> CompositionScores:
+def composition_scores(lm: LoadedModel, *, n_random: int = 20, seed: int = 0,
+                       layers: int | None = None) -> CompositionScores:
     """Q-, K- and V-composition scores between every pair of heads in different layers, with the mean
-    score of `n_random` random Gaussian factor sets of the same shapes as the baseline.
+    score of `n_random` random Gaussian factor sets of the same shapes as the baseline. `layers`: only
+    the first that many layers (the cost grows with the square of the number of heads).
 
     >>> from headscope.probe.tiny import tiny_model
     >>> c = composition_scores(tiny_model("llama"))
@@ -150,6 +152,10 @@ def composition_scores(lm: LoadedModel, *, n_random: int = 20, seed: int = 0) ->
     """
     f = head_factors(lm)
     L, nh = len(f.q), f.q[0].shape[0]
+    if layers is not None:
+        if not 1 <= layers <= L:
+            raise ValueError(f"layers must be between 1 and {L} for {lm.name}, got {layers}")
+        L = layers
     out = {kind: np.full((L, nh, L, nh), np.nan) for kind in ("q", "k", "v")}
     for a in range(L):
         l1, r1 = f.v[a][:, None], f.o[a][:, None]  # (nh, 1, D, hs), (nh, 1, hs, D)

@@ -205,9 +205,13 @@ def test_patch_command_new_kinds_and_attribution(tmp_path):
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["sender"] == "L0H1" and [(h["layer"], h["input"]) for h in out["heads"]] == [(1, "v")] * 4
-    res = runner.invoke(cli, ["patch", "--model", "tiny:llama", "--pairs", "agreement", "--what", "pattern", "--json",
-                              "--figure", str(tmp_path / "g.png")])
-    assert res.exit_code == 0 and len(json.loads(res.stdout)["heads"]) == 8 and (tmp_path / "g.png").exists()
+    from headscope.reports.figures import patch_grid, save
+    from headscope.workflows.mechanisms import patch
+
+    r = patch(_tiny("llama"), "agreement", what="pattern", k=0)
+    assert len(r.to_dict()["heads"]) == 8 and r.grid().shape == (2, 4)
+    save(patch_grid(r), tmp_path / "g.png")
+    assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
     res = runner.invoke(cli, ["patch", "--model", "tiny:llama", "--pairs", "agreement", "--attribution", "--json"])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)

@@ -64,11 +64,12 @@ def qk(lm: LoadedModel, text: str, *, layer: int, head: int, query: int | str, k
     return qk_attribution(lm, text, layer=layer, head=head, query=query, key=key, occurrence=occurrence)
 
 
-def composition(lm: LoadedModel, *, n_random: int = 20, seed: int = 0) -> CompositionScores:
+def composition(lm: LoadedModel, *, n_random: int = 20, seed: int = 0, layers: int | None = None) -> CompositionScores:
     """Q-, K- and V-composition scores (Elhage et al. 2021) between every earlier and later head, from the
     weights alone (the pre-attention norm weight folded in), with the mean score of random matrices of
-    the same shapes as the baseline (`probe.composition.composition_scores`)."""
-    return composition_scores(lm, n_random=n_random, seed=seed)
+    the same shapes as the baseline (`probe.composition.composition_scores`); `layers`: only the first
+    that many layers."""
+    return composition_scores(lm, n_random=n_random, seed=seed, layers=layers)
 
 
 def patch_pairs(lm: LoadedModel, pairs: str | Sequence[PatchPair]) -> tuple[list[PatchPair], int]:
