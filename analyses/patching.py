@@ -35,7 +35,7 @@ from .ablation import ALPHA, empirical_p
 from .stats import format_p
 
 __all__ = ["PatchPair", "read_pairs", "builtin_pairs", "BUILTIN_PAIRS", "bootstrap_ci", "split_halves", "strength",
-           "top_sites", "Confirmation", "PatchResult", "site_name"]
+           "top_sites", "Confirmation", "PatchResult", "site_name", "HEAD_KINDS", "AttributionPatching"]
 
 
 @dataclass(frozen=True)
@@ -183,11 +183,16 @@ def top_sites(score: np.ndarray, k: int) -> list[int]:
     return [int(i) for i in order[:k]]
 
 
+HEAD_KINDS = ("head", "q", "k", "v", "pattern")  # sites that belong to one head
+
+
 def site_name(site: tuple) -> str:
-    """`L3H1`, `L3.mlp`, `L3.resid` or `L3.resid@5`."""
+    """`L3H1`, `L3H1.q` (its q, k, v or pattern), `L3.mlp`, `L3.resid` or `L3.resid@5`."""
     kind, layer, x = site
     if kind == "head":
         return head_name(layer, x)
+    if kind in HEAD_KINDS:
+        return f"{head_name(layer, x)}.{kind}"
     if kind == "mlp":
         return f"L{layer}.mlp"
     return f"L{layer}.resid" + ("" if x is None else f"@{x}")
@@ -272,6 +277,7 @@ class PatchResult:
     dropped: int = 0  # built-in pairs left out: their clean and corrupt prompts differ in length for this tokenizer
     seconds: float = math.nan
     forwards: int = 0
+    sender: tuple[int, int] | None = None  # path patching: the sender head (layer, head)
 
     @property
     def base(self) -> np.ndarray:
@@ -288,7 +294,7 @@ class PatchResult:
         for i, site in enumerate(self.sites):
             kind, layer, x = site
             rows.append({"site": site_name(site), "kind": kind, "layer": layer,
-                         "head": x if kind == "head" else None, "position": x if kind == "resid" else None,
+                         "head": x if kind in HEAD_KINDS else None, "position": x if kind == "resid" else None,
                          "value": float(mean[i]), "effect": float(effect[i].mean()), "normalised": float(normalised[i]),
                          "effect_ci_low": float(lo[i]), "effect_ci_high": float(hi[i])})
         frame = pd.DataFrame(rows)
@@ -298,7 +304,7 @@ class PatchResult:
     def grid(self, column: str = "normalised") -> pd.DataFrame:
         """Head sites as a layer × head frame of `column`."""
         f = self.to_frame()
-        f = f[f["kind"] == "head"]
+        f = f[f["kind"].isin(HEAD_KINDS)]
         return f.pivot(index="layer", columns="head", values=column).astype(float)
 
     @property
@@ -311,7 +317,8 @@ class PatchResult:
         f = self.to_frame()
         top = f.reindex(f["effect"].abs().sort_values(ascending=False).index).head(3)
         best = ", ".join(f"{r.site} {r.normalised:.2f}" for r in top.itertuples())
-        return (f"{self.model}: {self.what} patching ({self.direction}) on {len(self.pairs)} pairs; logit difference "
+        what = self.what if self.sender is None else f"path ({head_name(*self.sender)} → receivers' inputs)"
+        return (f"{self.model}: {what} patching ({self.direction}) on {len(self.pairs)} pairs; logit difference "
                 f"clean {self.clean.mean():.3f}, corrupt {self.corrupt.mean():.3f}; largest (normalised, 0 = corrupt, "
                 f"1 = clean): {best}. {self.verdict}")
 
@@ -322,8 +329,11 @@ class PatchResult:
                "clean_per_pair": self.clean.tolist(), "corrupt_per_pair": self.corrupt.tolist(),
                "seconds": self.seconds, "forwards": self.forwards}
         cols = ["value", "effect", "normalised", "effect_ci_low", "effect_ci_high"]
-        if self.what == "head_out":
-            out["heads"] = [{"layer": int(r["layer"]), "head": int(r["head"]), **{c: r[c] for c in cols}}
+        if self.sender is not None:
+            out["sender"] = head_name(*self.sender)
+        if self.what in ("head_out", "q", "k", "v", "pattern", "path"):
+            out["heads"] = [{"layer": int(r["layer"]), "head": int(r["head"]),
+                             **({"input": r["kind"]} if self.what == "path" else {}), **{c: r[c] for c in cols}}
                             for r in f.to_dict(orient="records")]
         else:
             out["sites"] = [{"site": r["site"], "layer": int(r["layer"]),
@@ -337,3 +347,60 @@ class PatchResult:
         f = self.to_frame()
         top = f.reindex(f["effect"].abs().sort_values(ascending=False).index).head(10)
         return f"<p>{self.summary()}</p>" + top.to_html(index=False, float_format=lambda x: f"{x:.4f}")
+
+
+@dataclass(frozen=True, eq=False)
+class AttributionPatching:
+    """Attribution patching (the gradient approximation) beside real patching on the same pairs.
+
+    `estimate` holds the approximated metric of every site and pair (a `PatchResult`, its `seconds` the
+    gradient pass's); `real` the real patches (None when not run). `spearman` is the rank correlation
+    (scipy) of the two over sites, of the mean effect over pairs.
+    """
+
+    estimate: PatchResult
+    real: PatchResult | None = None
+
+    @property
+    def spearman(self) -> float | None:
+        if self.real is None:
+            return None
+        from scipy.stats import spearmanr
+
+        a = (self.estimate.values - self.estimate.base).mean(-1)
+        b = (self.real.values - self.real.base).mean(-1)
+        if np.ptp(a) == 0 or np.ptp(b) == 0:
+            return math.nan
+        return float(spearmanr(a, b).statistic)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per site: the estimated effect (and the real one, where run) averaged over pairs."""
+        f = self.estimate.to_frame()[["site", "kind", "layer", "head", "position", "effect", "normalised"]]
+        f = f.rename(columns={"effect": "estimated_effect", "normalised": "estimated_normalised"})
+        if self.real is not None:
+            r = self.real.to_frame()
+            f["real_effect"], f["real_normalised"] = r["effect"].to_numpy(), r["normalised"].to_numpy()
+        return f
+
+    def summary(self) -> str:
+        e = self.estimate
+        f = self.to_frame()
+        top = f.reindex(f["estimated_effect"].abs().sort_values(ascending=False).index).head(3)
+        best = ", ".join(f"{r.site} {r.estimated_normalised:.2f}" for r in top.itertuples())
+        text = (f"{e.model}: attribution patching of {e.what} ({e.direction}) on {len(e.pairs)} pairs in "
+                f"{e.seconds:.2f} s; largest estimates (normalised): {best}.")
+        if self.real is not None:
+            text += (f" Spearman rank correlation with real patching over {len(f)} sites: {self.spearman:.3f} "
+                     f"(real patching {self.real.seconds:.2f} s).")
+        return text
+
+    def to_dict(self) -> dict:
+        return {"model": self.estimate.model, "what": self.estimate.what, "direction": self.estimate.direction,
+                "n_pairs": len(self.estimate.pairs), "spearman": self.spearman,
+                "seconds_attribution": self.estimate.seconds,
+                "seconds_real": None if self.real is None else self.real.seconds,
+                "sites": self.to_frame().to_dict(orient="records"), "summary": self.summary()}
+
+    def _repr_html_(self) -> str:
+        return f"<p>{self.summary()}</p>" + self.to_frame().head(20).to_html(index=False)
+

@@ -66,6 +66,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "qk": "headscope.workflows.mechanisms",
     "composition": "headscope.workflows.mechanisms",
     "patch": "headscope.workflows.mechanisms",
+    "attribution_patch": "headscope.workflows.mechanisms",
     "PatchPair": "headscope.analyses.patching",
     "builtin_pairs": "headscope.analyses.patching",
     "read_pairs": "headscope.analyses.patching",

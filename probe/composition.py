@@ -15,6 +15,13 @@ with each layer's pre-attention norm weight folded into the weights that read th
 Each score is computed through hs × hs matrices (a Frobenius norm of a product of factors is a trace
 of small Gram matrices), never through a D × D product. The baseline is the mean score of random
 Gaussian factors of the same shapes.
+
+OV copying scores (Elhage et al. 2021): per head, the eigenvalues λ of its full OV circuit
+W_E W_OV W_U (vocab × vocab; W_U with the final norm's weight folded in, Gemma: 1 + w) summarised
+as Σλ / Σ|λ| — 1 when every eigenvalue is positive (the head copies the tokens it attends to),
+−1 when every one is negative. The nonzero eigenvalues of E V O U are those of the hs × hs product
+O (U E) V, so the score covers the **whole vocabulary** exactly (no token subset), through one D × D
+matrix U E summed in chunks of the vocabulary.
 """
 
 from __future__ import annotations
@@ -25,12 +32,13 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .attribution import trace
+from .attribution import require_lm_head, trace
 from .errors import UnsupportedFeature
 from .model import LoadedModel
 from .types import head_name
 
-__all__ = ["Factors", "head_factors", "composition_score", "CompositionScores", "composition_scores"]
+__all__ = ["Factors", "head_factors", "composition_score", "CompositionScores", "composition_scores",
+           "CopyingScores", "copying_scores"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -136,9 +144,11 @@ class CompositionScores:
         return f"{self.model} composition, strongest edge per kind — " + "; ".join(parts)
 
 
-def composition_scores(lm: LoadedModel, *, n_random: int = 20, seed: int = 0) -> CompositionScores:
+def composition_scores(lm: LoadedModel, *, n_random: int = 20, seed: int = 0,
+                       layers: int | None = None) -> CompositionScores:
     """Q-, K- and V-composition scores between every pair of heads in different layers, with the mean
-    score of `n_random` random Gaussian factor sets of the same shapes as the baseline.
+    score of `n_random` random Gaussian factor sets of the same shapes as the baseline. `layers`: only
+    the first that many layers (the cost grows with the square of the number of heads).
 
     >>> from headscope.probe.tiny import tiny_model
     >>> c = composition_scores(tiny_model("llama"))
@@ -147,6 +157,10 @@ def composition_scores(lm: LoadedModel, *, n_random: int = 20, seed: int = 0) ->
     """
     f = head_factors(lm)
     L, nh = len(f.q), f.q[0].shape[0]
+    if layers is not None:
+        if not 1 <= layers <= L:
+            raise ValueError(f"layers must be between 1 and {L} for {lm.name}, got {layers}")
+        L = layers
     out = {kind: np.full((L, nh, L, nh), np.nan) for kind in ("q", "k", "v")}
     for a in range(L):
         l1, r1 = f.v[a][:, None], f.o[a][:, None]  # (nh, 1, D, hs), (nh, 1, hs, D)
@@ -164,3 +178,68 @@ def composition_scores(lm: LoadedModel, *, n_random: int = 20, seed: int = 0) ->
     base = {kind: float(composition_score(rnd(D, hs), rnd(hs, D), rnd(D, hs), rnd(hs, D)).mean())
             for kind in ("q", "k", "v")}
     return CompositionScores(model=lm.name, scores=out, baseline=base)
+
+
+@dataclass(frozen=True, eq=False)
+class CopyingScores:
+    """OV copying score Σλ / Σ|λ| of every head's full OV circuit W_E W_OV W_U: `scores[layer, head]`."""
+
+    model: str
+    scores: np.ndarray  # [layer, head]
+    n_tokens: int  # the vocabulary the circuit spans (all of it unless `tokens` was given)
+
+    def to_frame(self) -> pd.DataFrame:
+        rows = [(head_name(l, h), l, h, float(self.scores[l, h])) for l in range(self.scores.shape[0])
+                for h in range(self.scores.shape[1])]
+        return pd.DataFrame(rows, columns=["head", "layer", "head_index", "copying"])
+
+    def grid(self) -> pd.DataFrame:
+        return pd.DataFrame(self.scores, index=pd.Index(range(self.scores.shape[0]), name="layer"),
+                            columns=pd.Index(range(self.scores.shape[1]), name="head"))
+
+    def top(self, k: int = 10) -> pd.DataFrame:
+        return self.to_frame().sort_values("copying", ascending=False).head(k)
+
+    def summary(self) -> str:
+        t = self.top(3)
+        best = ", ".join(f"{r.head} {r.copying:+.3f}" for r in t.itertuples())
+        share = float((self.scores > 0.5).mean())
+        return (f"{self.model} OV copying (Σλ/Σ|λ| of W_E W_OV W_U over {self.n_tokens} tokens): highest {best}; "
+                f"{share:.0%} of heads above 0.5")
+
+
+def _ov_eigenvalues(f: Factors, g: torch.Tensor) -> torch.Tensor:
+    """Eigenvalues (L, nh, hs) of each head's O (U E) V — the nonzero eigenvalues of E V O U."""
+    return torch.stack([torch.linalg.eigvals(f.o[l] @ g @ f.v[l]) for l in range(len(f.v))])  # (L, nh, hs)
+
+
+def copying_scores(lm: LoadedModel, *, tokens=None, chunk: int = 8192) -> CopyingScores:
+    """OV copying score of every head (decoders): Σλ / Σ|λ| over the eigenvalues λ of W_E W_OV W_U,
+    the pre-attention norm's weight folded into W_V and the final norm's weight into W_U, over the
+    whole vocabulary (or the token ids `tokens`).
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> c = copying_scores(tiny_model("llama"))
+    >>> c.scores.shape, bool(abs(c.scores).max() <= 1)
+    ((2, 4), True)
+    """
+    head = require_lm_head(lm, "OV copying scores")
+    f = head_factors(lm)
+    tr = trace(lm, "The")
+    emb = lm.model.get_input_embeddings().weight.detach()
+    unemb = head.weight.detach()
+    w_final = torch.ones(emb.shape[1], dtype=torch.float64) if tr.final_norm is None else tr.final_norm.weight
+    ids = torch.arange(emb.shape[0]) if tokens is None else torch.as_tensor(list(tokens), dtype=torch.long)
+    if not len(ids) or int(ids.min()) < 0 or int(ids.max()) >= min(emb.shape[0], unemb.shape[0]):
+        raise ValueError(f"tokens must be ids of {lm.name}'s vocabulary (0 .. {min(emb.shape[0], unemb.shape[0]) - 1})")
+    D = emb.shape[1]
+    g = torch.zeros(D, D, dtype=torch.float64)  # U E = Σ_t w ⊙ u_t e_tᵀ over the tokens
+    for start in range(0, len(ids), chunk):
+        part = ids[start : start + chunk]
+        e = emb[part.to(emb.device)].double().cpu()  # (n, D)
+        u = unemb[part.to(unemb.device)].double().cpu() * w_final  # (n, D)
+        g += u.T @ e
+    lam = _ov_eigenvalues(f, g)  # (L, nh, hs) complex
+    scores = (lam.sum(-1).real / lam.abs().sum(-1).clamp_min(1e-300)).numpy()
+    return CopyingScores(model=lm.name, scores=scores, n_tokens=len(ids))
+

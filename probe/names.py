@@ -36,7 +36,7 @@ Device = Literal["cpu", "cuda", "mps", "auto"]
 DType = Literal["float32", "float16", "bfloat16"]
 AblationMethod = Literal["zero", "mean", "uniform"]
 Stronger = Literal["higher", "lower"]
-PatchWhat = Literal["head_out", "mlp", "resid"]
+PatchWhat = Literal["head_out", "mlp", "resid", "pattern", "q", "k", "v", "path"]
 PatchDirection = Literal["denoise", "noise"]
 PatchPositions = Literal["all", "each"]
 

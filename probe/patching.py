@@ -12,6 +12,15 @@ A *site* is one activation, at every position of the prompt:
     ("head", l, h)    head h's output in layer l: its slice of the W_O input (as `probe.interventions`)
     ("mlp", l, None)  layer l's MLP output (the `mlp` module of the block)
     ("resid", l, p)   the residual stream entering layer l, at position p (None: every position)
+    ("q", l, h)       head h's queries: its pattern recomputed from the source's queries and the run's keys
+    ("k", l, h)       head h's keys (the KV head as query head h sees it; its group's other heads keep theirs)
+    ("v", l, h)       head h's values: the run's pattern over the source's values
+    ("pattern", l, h) head h's attention pattern: the source's pattern over the run's values
+
+A q, k, v or pattern patch recomputes head h's output (its slice of the W_O input) from the layer's
+verified from-scratch attention (`probe.scratch`) on the run's and the source's attention inputs; the
+rest of the layer and every other head are the model's own. Patched together, q + k + v of a head is
+its output patch, pattern + v too, and q + k is the pattern patch (tested).
 
 `patch_metrics(lm, prepared, jobs, direction=...)` evaluates any number of *jobs* — each a set of
 sites patched together — and answers `[job, pair]`. Jobs are stacked along the batch: a forward pass
@@ -40,10 +49,14 @@ from .forward import base_model
 from .interventions import head_dim
 from .model import LoadedModel
 from .names import PatchDirection as Direction, PatchWhat
+from .scratch import project_qk, project_v, row_probs
 
-__all__ = ["Direction", "PatchWhat", "Site", "Prepared", "prepare_pairs", "patch_metrics", "sweep_sites"]
+__all__ = ["Direction", "PatchWhat", "Site", "Prepared", "prepare_pairs", "patch_metrics", "path_patch_metrics",
+           "attribution_estimates", "sweep_sites"]
 
 Site = tuple[str, int, int | None]
+ATTN_KINDS = ("q", "k", "v", "pattern")  # sites recomputed inside the attention from its input
+KINDS = ("head", "mlp", "resid", *ATTN_KINDS)
 
 
 @dataclass(frozen=True, eq=False)
@@ -124,7 +137,7 @@ def _source(lm: LoadedModel, family, layers, ids, mask, sites: set[Site]) -> dic
     """The source run's activations at the sites' layers: head inputs of W_O, MLP outputs, layer inputs."""
     base = base_model(lm)
     got: dict = {}
-    need = {(kind, l) for kind, l, _ in sites}
+    need = {("attn" if kind in ATTN_KINDS else kind, l) for kind, l, _ in sites}
     with ExitStack() as stack:
         for kind, l in need:
             if kind == "head":
@@ -133,6 +146,10 @@ def _source(lm: LoadedModel, family, layers, ids, mask, sites: set[Site]) -> dic
             elif kind == "mlp":
                 hook = _mlp(layers[l], l).register_forward_hook(
                     lambda m, a, out, l=l: got.__setitem__(("mlp", l), out.detach().clone()))
+            elif kind == "attn":  # the attention's input, for q, k, v and pattern patches
+                hook = family.attention(base, l).register_forward_pre_hook(
+                    lambda m, a, kw, l=l: got.__setitem__(
+                        ("attn", l), (a[0] if a else kw["hidden_states"]).detach().clone()), with_kwargs=True)
             else:
                 hook = layers[l].register_forward_pre_hook(
                     lambda m, a, kw, l=l: got.__setitem__(("resid", l), (a[0] if a else kw["hidden_states"])
@@ -158,15 +175,20 @@ def patch_metrics(lm: LoadedModel, p: Prepared, jobs: Sequence[frozenset[Site] |
     n_layers, nh = len(layers), lm.config.num_attention_heads
     jobs = [frozenset(j) for j in jobs]
     for kind, l, x in set().union(*jobs) if jobs else ():
-        if kind not in ("head", "mlp", "resid") or not 0 <= l < n_layers:
+        if kind not in KINDS or not 0 <= l < n_layers:
             raise ValueError(f"no site {(kind, l, x)} in {lm.name} ({n_layers} layers)")
-        if kind == "head" and not (x is not None and 0 <= x < nh):
+        if kind in ("head", *ATTN_KINDS) and not (x is not None and 0 <= x < nh):
             raise ValueError(f"no head {x} in layer {l} of {lm.name} ({nh} heads)")
         if kind == "resid" and x is not None and not 0 <= x < p.clean.shape[1]:
             raise ValueError(f"position {x} is outside the prompts ({p.clean.shape[1]} tokens)")
     run_ids, src_ids = (p.corrupt, p.clean) if direction == "denoise" else (p.clean, p.corrupt)
     wanted = set().union(*jobs) if jobs else set()
     source = _source(lm, family, layers, src_ids, p.mask, wanted) if wanted else {}  # no site: no source run
+    return _run_jobs(lm, p, jobs, run_ids, source, family, base, layers, batch_rows)
+
+
+def _run_jobs(lm, p: Prepared, jobs, run_ids, source, family, base, layers, batch_rows) -> torch.Tensor:
+    """The metric of the base run `run_ids` with each job's sites overwritten from `source`: `[job, pair]`."""
     metric = _Metric(lm)
     N = p.n
     per = max(1, batch_rows // N)
@@ -180,19 +202,139 @@ def patch_metrics(lm: LoadedModel, p: Prepared, jobs: Sequence[frozenset[Site] |
             for site in job:
                 where.setdefault(site, []).append(j)
         with ExitStack() as stack:
-            for (kind, l), sites in _by_module(where).items():
+            for (kind, l), sites in _by_module(where).items():  # q/k/v/pattern first: a head_out patch overrides them
                 hs = head_dim(lm, family, l)  # this layer's value head size (Gemma 4's global layers differ)
-                stack.callback(_hook(kind, l, sites, where, source, family, base, layers, N, hs).remove)
+                if kind == "attn":
+                    for handle in _attn_hooks(l, sites, where, source, family, base, lm, p.mask.repeat(k, 1), N, hs):
+                        stack.callback(handle.remove)
+                else:
+                    stack.callback(_hook(kind, l, sites, where, source, family, base, layers, N, hs).remove)
             hidden = base(input_ids=run_ids.repeat(k, 1), attention_mask=p.mask.repeat(k, 1),
                           use_cache=False).last_hidden_state  # (k*N, T, D)
         out.append(metric(hidden, p, k))
     return torch.cat(out) if out else torch.zeros(0, N, dtype=torch.float64)
 
 
+@torch.inference_mode()
+def path_patch_metrics(lm: LoadedModel, p: Prepared, sender: tuple[int, int],
+                       receivers: Sequence[frozenset[Site] | set[Site]], *, direction: Direction = "denoise",
+                       freeze_mlps: bool = False, batch_rows: int = 512) -> torch.Tensor:
+    """Path patching (Wang et al. 2022): the metric with the path sender head → each job's receiver
+    q, k or v inputs patched, and nothing else: `[job, pair]` (float64).
+
+    1. The base run with the sender's output taken from the source run and every other head's output
+       frozen at the base run's (`freeze_mlps`: every MLP's output too; by default the MLPs are
+       recomputed, as in Wang et al.); each later layer's attention input is kept.
+    2. The base run again with each receiver's q, k or v recomputed from that kept input, everything
+       downstream of the receivers recomputed as usual.
+
+    Sites are ("q" | "k" | "v", layer, head) with layer after the sender's. An empty job is the base run.
+    """
+    if direction not in ("denoise", "noise"):
+        raise ValueError(f"direction must be 'denoise' or 'noise', got {direction!r}")
+    family = family_for(lm.config)
+    base = base_model(lm)
+    layers = decoder_layers(lm, family)
+    n_layers, nh = len(layers), lm.config.num_attention_heads
+    ls, hs_ = sender
+    if not (0 <= ls < n_layers and 0 <= hs_ < nh):
+        raise ValueError(f"no sender head L{ls}H{hs_} in {lm.name} ({n_layers} layers × {nh} heads)")
+    jobs = [frozenset(j) for j in receivers]
+    for kind, l, h in set().union(*jobs) if jobs else ():
+        if kind not in ("q", "k", "v") or not (ls < l < n_layers) or not (h is not None and 0 <= h < nh):
+            raise ValueError(f"receiver {(kind, l, h)}: a receiver is the q, k or v of a head in a layer after the "
+                             f"sender's (layer {ls}; {lm.name} has {n_layers} layers × {nh} heads)")
+    run_ids, src_ids = (p.corrupt, p.clean) if direction == "denoise" else (p.clean, p.corrupt)
+    frozen = {("head", l, 0) for l in range(ls, n_layers)}
+    if freeze_mlps:
+        frozen |= {("mlp", l, None) for l in range(ls, n_layers)}
+    kept = _source(lm, family, layers, run_ids, p.mask, frozen)  # the base run's head inputs and MLP outputs
+    sender_src = _source(lm, family, layers, src_ids, p.mask, {("head", ls, hs_)})[("head", ls)]
+    hd = head_dim(lm)
+    after: dict = {}
+    with ExitStack() as stack:
+        for l in range(ls, n_layers):
+            y = kept[("head", l)].clone()  # (N, T, nh*hs): every head frozen at the base run's output
+            if l == ls:
+                y[:, :, hs_ * hd : (hs_ + 1) * hd] = sender_src[:, :, hs_ * hd : (hs_ + 1) * hd]
+            stack.callback(family.out_proj(base, l).register_forward_pre_hook(
+                lambda m, a, y=y: (y, *a[1:])).remove)
+            if freeze_mlps:
+                stack.callback(_mlp(layers[l], l).register_forward_hook(
+                    lambda m, a, out, o=kept[("mlp", l)]: o.clone()).remove)
+            if l > ls:
+                stack.callback(family.attention(base, l).register_forward_pre_hook(
+                    lambda m, a, kw, l=l: after.__setitem__(("attn", l), (a[0] if a else kw["hidden_states"])
+                                                            .detach().clone()), with_kwargs=True).remove)
+        base(input_ids=run_ids, attention_mask=p.mask, use_cache=False)
+    return _run_jobs(lm, p, jobs, run_ids, after, family, base, layers, batch_rows)
+
+
+def attribution_estimates(lm: LoadedModel, p: Prepared, what: PatchWhat = "head_out", *,
+                          direction: Direction = "denoise") -> tuple[list[Site], torch.Tensor]:
+    """Attribution patching (the gradient approximation of activation patching; Nanda 2023, Syed et al.
+    2023): for every site, base metric + (source activation − base activation) · ∂metric/∂activation at
+    the base run, summed over positions. One forward pass of the source run and one forward + backward
+    pass of the base run, whatever the number of sites. `what`: "head_out" (each head's output) or
+    "resid" (the stream entering each layer, every position). Answers the sites and `[site, pair]`
+    (float64), comparable with `patch_metrics`.
+
+    Gradients are taken with `torch.autograd.grad` with respect to added zero tensors: no parameter's
+    `.grad` is written, whatever its `requires_grad`.
+    """
+    if direction not in ("denoise", "noise"):
+        raise ValueError(f"direction must be 'denoise' or 'noise', got {direction!r}")
+    if what not in ("head_out", "resid"):
+        raise ValueError(f"attribution patching covers head_out and resid, got {what!r}")
+    family = family_for(lm.config)
+    base = base_model(lm)
+    layers = decoder_layers(lm, family)
+    n_layers = len(layers)
+    kind = "head" if what == "head_out" else "resid"
+    run_ids, src_ids = (p.corrupt, p.clean) if direction == "denoise" else (p.clean, p.corrupt)
+    with torch.no_grad():
+        src = _source(lm, family, layers, src_ids, p.mask, {(kind, l, 0) for l in range(n_layers)})
+    acts: dict[int, torch.Tensor] = {}
+    zeros: dict[int, torch.Tensor] = {}
+
+    def add_zero(l, x):
+        acts[l] = x.detach()
+        zeros[l] = torch.zeros_like(x, requires_grad=True)
+        return x + zeros[l]  # the same values, and a leaf to take the gradient at
+
+    with torch.enable_grad(), ExitStack() as stack:
+        for l in range(n_layers):
+            if kind == "head":
+                handle = family.out_proj(base, l).register_forward_pre_hook(
+                    lambda m, a, l=l: (add_zero(l, a[0]), *a[1:]))
+            else:
+                def pre(m, a, kw, l=l):
+                    if a:
+                        return (add_zero(l, a[0]), *a[1:]), kw
+                    return a, {**kw, "hidden_states": add_zero(l, kw["hidden_states"])}
+                handle = layers[l].register_forward_pre_hook(pre, with_kwargs=True)
+            stack.callback(handle.remove)
+        hidden = base(input_ids=run_ids, attention_mask=p.mask, use_cache=False).last_hidden_state
+        metric = _Metric(lm)(hidden, p, 1)[0]  # (N,)
+        grads = torch.autograd.grad(metric.sum(), [zeros[l] for l in range(n_layers)])
+    base_metric = metric.detach()
+    rows = []
+    hs = head_dim(lm)
+    sites = sweep_sites(lm, what)
+    for site in sites:
+        _, l, h = site
+        diff = (src[(kind, l)] - acts[l]) * grads[l]  # (N, T, ·): pairs are independent rows of the batch
+        if kind == "head":
+            diff = diff[..., h * hs : (h + 1) * hs]
+        rows.append(diff.double().sum((1, 2)).cpu())
+    est = torch.stack(rows) if rows else torch.zeros(0, p.n, dtype=torch.float64)
+    return sites, base_metric + est
+
+
 def _by_module(where: dict[Site, list[int]]) -> dict[tuple[str, int], list[Site]]:
     grouped: dict[tuple[str, int], list[Site]] = {}
-    for site in where:
-        grouped.setdefault((site[0], site[1]), []).append(site)
+    for site in sorted(where, key=lambda s: s[0] not in ATTN_KINDS):
+        grouped.setdefault(("attn" if site[0] in ATTN_KINDS else site[0], site[1]), []).append(site)
     return grouped
 
 
@@ -234,6 +376,57 @@ def _hook(kind, l, sites, where, source, family, base, layers, N, hs):
     return layers[l].register_forward_pre_hook(pre_layer, with_kwargs=True)
 
 
+def _attn_hooks(l, sites, where, source, family, base, lm, key_valid, N, hs):
+    """Two hooks on layer l: one keeps the attention's input of this forward, the other rewrites the
+    patched heads' slices of the W_O input, recomputed from the run's and the source's q, k, v."""
+    spec = family.layer_spec(base, l, lm.config)
+    group = spec.n_heads // spec.n_kv_heads
+    per_head: dict[int, dict[int, set[str]]] = {}  # head -> batch copy -> the kinds patched there
+    for kind, _, h in sites:
+        for j in where[(kind, l, h)]:
+            per_head.setdefault(h, {}).setdefault(j, set()).add(kind)
+    now: dict = {}
+
+    def grab(module, args, kwargs):
+        now["x"] = args[0] if args else kwargs["hidden_states"]
+
+    def pre(module, args):
+        x = now.pop("x")
+        y = args[0].clone()  # (k*N, T, nh*hs): never the caller's tensor
+        cur = _project(x, spec)  # q (k*N, nh, T, hs), k and v (k*N, nkv, T, hs)
+        src = _project(source[("attn", l)], spec)  # (N, ...)
+        for h, copies in per_head.items():
+            g = h // group
+            by_kinds: dict[frozenset, list[int]] = {}
+            for j, kinds in copies.items():
+                by_kinds.setdefault(frozenset(kinds), []).append(j)
+            for kinds, js in by_kinds.items():
+                rows = _rows(js, N).to(y.device)
+                n = len(js)
+
+                def side(i, kind):  # the source's q, k or v where this kind (or the pattern) is patched
+                    if kind in kinds or (kind != "v" and "pattern" in kinds):
+                        return src[i].repeat(n, 1, 1, 1)
+                    return cur[i][rows]
+
+                q = side(0, "q")[:, h : h + 1]  # (n*N, 1, T, hs)
+                k = side(1, "k")[:, g : g + 1]
+                v = side(2, "v")[:, g : g + 1]
+                _, probs = row_probs(q, k, spec, key_valid[rows], query_start=0, heads=[h])  # (n*N, 1, T, T)
+                y[rows, :, h * hs : (h + 1) * hs] = (probs @ v)[:, 0].to(y.dtype)  # (n*N, T, hs)
+        return (y, *args[1:])
+
+    return (family.attention(base, l).register_forward_pre_hook(grab, with_kwargs=True),
+            family.out_proj(base, l).register_forward_pre_hook(pre))
+
+
+def _project(x: torch.Tensor, spec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Queries, keys and values of one attention input (B, T, D), as the verified from-scratch attention makes them."""
+    q, k = project_qk(x, spec)  # (B, nh, T, hs), (B, nkv, T, hs)
+    v = project_v(x, spec)  # (B, nkv, T, vs): MLA's from its latent, value norms applied
+    return q, k, v
+
+
 def sweep_sites(lm: LoadedModel, what: PatchWhat, *, n_positions: int | None = None) -> list[Site]:
     """Every site of one kind: each head of each layer, each layer's MLP, or the residual stream
     entering each layer (at every position, or at each of `n_positions` positions alone)."""
@@ -242,8 +435,10 @@ def sweep_sites(lm: LoadedModel, what: PatchWhat, *, n_positions: int | None = N
         return [("head", l, h) for l in range(n_layers) for h in range(nh)]
     if what == "mlp":
         return [("mlp", l, None) for l in range(n_layers)]
+    if what in ATTN_KINDS:
+        return [(what, l, h) for l in range(n_layers) for h in range(nh)]
     if what == "resid":
         if n_positions is None:
             return [("resid", l, None) for l in range(n_layers)]
         return [("resid", l, t) for l in range(n_layers) for t in range(n_positions)]
-    raise ValueError(f"what must be head_out, mlp or resid, got {what!r}")
+    raise ValueError(f"what must be head_out, mlp, resid, q, k, v or pattern, got {what!r}")

@@ -637,13 +637,58 @@ def dla_grid(result: DLAResult, *, ax: Axes | None = None, k: int = 3) -> Figure
 
 def patch_grid(result: PatchResult, *, ax: Axes | None = None, k: int = 3) -> Figure:
     """Head-output patching: the normalised metric with each head patched (0 = corrupt run, 1 = clean run)."""
-    title = (f"{result.model} · {result.direction} patching of head outputs on {len(result.pairs)} pairs "
+    what = {"head_out": "head outputs", "pattern": "head patterns", "q": "head queries", "k": "head keys",
+            "v": "head values"}.get(result.what, result.what)
+    if result.sender is not None:
+        what = f"the path from L{result.sender[0]}H{result.sender[1]} into each head's {result.sites[0][0]}"
+    title = (f"{result.model} · {result.direction} patching of {what} on {len(result.pairs)} pairs "
              f"(logit difference clean {result.clean.mean():.2f}, corrupt {result.corrupt.mean():.2f})")
     if result.confirmation is not None:
         c = result.confirmation
         title += f"; held-out: chosen heads {c.fraction:.0%}, random sets {np.mean(c.random_fractions):.0%}"
     return signed_grid(result.grid("normalised"), title=title, label="normalised metric (0 corrupt, 1 clean)", ax=ax,
                        k=k)
+
+
+def composition_graph(scores: Any, *, kind: str = "k", k: int = 25, ax: Axes | None = None) -> Figure:
+    """The strongest `kind`-composition edges (`CompositionScores.top`, by the ratio to random matrices)
+    as a graph: heads as nodes, one column per layer (networkx's multipartite layout), edge width and
+    colour by the ratio; only heads on a drawn edge are shown, so a 30-layer model stays readable."""
+    import networkx as nx
+
+    top = scores.top(k, kind=kind)
+    g = nx.DiGraph()
+    for r in top.itertuples():
+        g.add_node(r.sender, layer=int(r.sender_layer))
+        g.add_node(r.receiver, layer=int(r.receiver_layer))
+        g.add_edge(r.sender, r.receiver, ratio=float(r.ratio))
+    names = {"q": "Q", "k": "K", "v": "V"}
+    base = float(scores.baseline[kind]) if kind in scores.baseline else math.nan
+    title = (f"{scores.model} · the {len(top)} strongest {names.get(kind, kind)}-composition edges "
+             f"(score / random-matrix baseline {base:.3f}; width and colour: the ratio)")
+    with font_context(title):
+        fig, ax = _figure(9.0, 5.5, ax)
+        if g.number_of_nodes():
+            pos = nx.multipartite_layout(g, subset_key="layer")
+            ratios = [d["ratio"] for _, _, d in g.edges(data=True)]
+            hi = max(ratios)
+            nx.draw_networkx_nodes(g, pos, ax=ax, node_size=420, node_color="#dde6f0", edgecolors="#4a6a8a")
+            nx.draw_networkx_labels(g, pos, ax=ax, font_size=7)
+            nx.draw_networkx_edges(g, pos, ax=ax, width=[0.5 + 3.0 * r / hi for r in ratios], edge_color=ratios,
+                                   edge_cmap=_colormap("rocket_r"), arrows=True, arrowsize=10,
+                                   connectionstyle="arc3,rad=0.15", node_size=420)
+        else:
+            ax.text(0.5, 0.5, "no edges (a model of one layer)", ha="center", va="center", transform=ax.transAxes)
+        ax.margins(0.08)
+        ax.set_axis_off()
+        ax.set_title(textwrap.fill(title, 110), fontsize=9)
+    return fig
+
+
+def _colormap(name: str):
+    import seaborn as sns
+
+    return sns.color_palette(name, as_cmap=True)
 
 
 def difference_grid(comparison: Any, metric: str, *, ax: Axes | None = None) -> Figure:

@@ -7,7 +7,7 @@ import click
 from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat, choices
 
 from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
-                      quiet_option, refusals, write_table)
+                      quiet_option, refusals, utf8_text, write_table)
 
 __all__ = ["cli"]
 
@@ -17,7 +17,17 @@ __all__ = ["cli"]
 @click.option("--pairs", "pairs_spec", default="ioi", show_default=True,
               help="A built-in pair set (ioi, agreement) or a JSONL file of {\"clean\", \"corrupt\", \"right\", \"wrong\"}.")
 @click.option("--what", type=click.Choice(choices(PatchWhat)), default="head_out", show_default=True,
-              help="What is patched: each head's output, each MLP's output, or the residual stream entering each layer.")
+              help="What is patched: each head's output, pattern, q, k or v, each MLP's output, the residual stream "
+                   "entering each layer, or path (--sender to every later head's --receivers input).")
+@click.option("--sender", default=None, callback=utf8_text("--sender"),
+              help="With --what path: the sender head, e.g. L9H6.")
+@click.option("--receivers", type=click.Choice(["q", "k", "v"]), default="q", show_default=True,
+              help="With --what path: which input of each later head receives the sender's path.")
+@click.option("--freeze-mlps", is_flag=True, default=False,
+              help="With --what path: freeze the MLPs too (by default they are recomputed, as in Wang et al. 2022).")
+@click.option("--attribution", is_flag=True, default=False,
+              help="Attribution patching (the gradient approximation, with --what head_out or resid), beside real "
+                   "patching on the same pairs and their Spearman rank correlation.")
 @click.option("--direction", type=click.Choice(choices(PatchDirection)), default="denoise", show_default=True,
               help="denoise: run the corrupt prompt, patch in clean activations; noise: the reverse.")
 @click.option("--positions", type=click.Choice(choices(PatchPositions)), default="all", show_default=True,
@@ -33,9 +43,9 @@ __all__ = ["cli"]
 @json_option
 @quiet_option
 @device_options
-def cli(model_name, pairs_spec, what, direction, positions, k, n_random, seed, figure_path, out_path, as_json,
+def cli(model_name, pairs_spec, what, sender, receivers, freeze_mlps, attribution, direction, positions, k, n_random, seed, figure_path, out_path, as_json,
         device, dtype, quiet) -> None:
-    """Patch every head's output (or MLP, or residual stream) from one run of each pair into the other.
+    """Patch every head's output (or pattern, q, k, v, MLP, residual stream, or path) from one run of each pair into the other.
 
     The metric is logit(right) − logit(wrong) at the last token; normalised, 0 is the corrupt run and
     1 the clean one. For head outputs the k strongest heads on half of the pairs are patched together
@@ -49,12 +59,37 @@ def cli(model_name, pairs_spec, what, direction, positions, k, n_random, seed, f
         fail(f"--pairs {pairs_spec}: no such file; give a JSONL file or a built-in set (ioi, agreement)")
     if figure_path is not None and Path(figure_path).exists():
         fail(f"--figure {figure_path} exists; choose another file (headscope never replaces a file it did not write)")
-    if figure_path is not None and what != "head_out":
-        fail("--figure draws the layer × head grid: use it with --what head_out")
+    if figure_path is not None and what in ("mlp", "resid"):
+        fail("--figure draws the layer × head grid: use it with a head's output, pattern, q, k, v or a path")
+    if (what == "path") != (sender is not None):
+        fail("--what path needs --sender (e.g. L9H6), and --sender is only for --what path")
+    if sender is not None:
+        from headscope.probe.types import parse_head
+
+        try:
+            parse_head(sender)
+        except ValueError as exc:
+            fail(f"--sender: {exc}")
+    if attribution and (what not in ("head_out", "resid") or positions != "all"):
+        fail("--attribution approximates head_out or resid patching at every position; use --what head_out or resid")
+    if attribution and figure_path is not None:
+        fail("--figure draws real patching; leave out --attribution")
     lm = load_or_fail(model_name, device, dtype)
+    if attribution:
+        from headscope import attribution_patch
+
+        with refusals(model_name):
+            approx = attribution_patch(lm, pairs_spec, what=what, direction=direction)
+        if out_path:
+            write_table(approx.to_frame(), out_path)
+        if as_json:
+            echo_json(approx.to_dict())
+        else:
+            click.echo(approx.summary())
+        return
     with refusals(model_name):
         result = patch(lm, pairs_spec, what=what, direction=direction, positions=positions, k=k, n_random=n_random,
-                       seed=seed)
+                       seed=seed, sender=sender, receivers=receivers, freeze_mlps=freeze_mlps)
     if out_path:
         write_table(result.to_frame(), out_path)
     if figure_path is not None:

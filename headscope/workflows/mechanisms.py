@@ -17,20 +17,22 @@ error of that identity.
 from __future__ import annotations
 
 import time
-from typing import Sequence
+from typing import Literal, Sequence, get_args
 
 import numpy as np
 
 from headscope.analyses.ablation import random_head_sets
-from headscope.analyses.patching import (Confirmation, PatchPair, PatchResult, builtin_pairs, read_pairs,
-                                         split_halves, strength, top_sites)
+from headscope.analyses.patching import (AttributionPatching, Confirmation, PatchPair, PatchResult, builtin_pairs,
+                                         read_pairs, split_halves, strength, top_sites)
 from headscope.probe.attribution import DLAResult, QKAttribution, direct_logit_attribution, qk_attribution
 from headscope.probe.composition import CompositionScores, composition_scores
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat
-from headscope.probe.patching import patch_metrics, prepare_pairs, sweep_sites
+from headscope.probe.patching import (attribution_estimates, patch_metrics, path_patch_metrics, prepare_pairs,
+                                     sweep_sites)
+from headscope.probe.types import head_name, parse_head
 
-__all__ = ["dla", "qk", "composition", "patch", "patch_pairs"]
+__all__ = ["dla", "qk", "composition", "patch", "patch_pairs", "attribution_patch"]
 
 
 def dla(lm: LoadedModel, prompt: str, answer: str | int, wrong: str | int | None = None) -> DLAResult:
@@ -62,11 +64,12 @@ def qk(lm: LoadedModel, text: str, *, layer: int, head: int, query: int | str, k
     return qk_attribution(lm, text, layer=layer, head=head, query=query, key=key, occurrence=occurrence)
 
 
-def composition(lm: LoadedModel, *, n_random: int = 20, seed: int = 0) -> CompositionScores:
+def composition(lm: LoadedModel, *, n_random: int = 20, seed: int = 0, layers: int | None = None) -> CompositionScores:
     """Q-, K- and V-composition scores (Elhage et al. 2021) between every earlier and later head, from the
     weights alone (the pre-attention norm weight folded in), with the mean score of random matrices of
-    the same shapes as the baseline (`probe.composition.composition_scores`)."""
-    return composition_scores(lm, n_random=n_random, seed=seed)
+    the same shapes as the baseline (`probe.composition.composition_scores`); `layers`: only the first
+    that many layers."""
+    return composition_scores(lm, n_random=n_random, seed=seed, layers=layers)
 
 
 def patch_pairs(lm: LoadedModel, pairs: str | Sequence[PatchPair]) -> tuple[list[PatchPair], int]:
@@ -87,9 +90,16 @@ def patch_pairs(lm: LoadedModel, pairs: str | Sequence[PatchPair]) -> tuple[list
 
 def patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what: PatchWhat = "head_out",
           direction: PatchDirection = "denoise", positions: PatchPositions = "all", k: int = 3,
-          n_random: int = 19, seed: int = 0, batch_rows: int = 512) -> PatchResult:
-    """Activation patching of every site of one kind (`what`: each head's output, each MLP, or the
-    residual stream entering each layer) on clean/corrupt pairs, in one `direction`.
+          n_random: int = 19, seed: int = 0, batch_rows: int = 512, sender: str | tuple[int, int] | None = None,
+          receivers: Literal["q", "k", "v"] = "q", freeze_mlps: bool = False) -> PatchResult:
+    """Activation patching of every site of one kind on clean/corrupt pairs, in one `direction`.
+
+    `what`: each head's output ("head_out"), its attention pattern, its queries, keys or values
+    ("pattern", "q", "k", "v": the head's output recomputed from the source's pattern, q, k or v and
+    the run's others), each MLP, the residual stream entering each layer ("resid"), or "path": path
+    patching (Wang et al. 2022) from the `sender` head ("L9H6" or (9, 6)) to the `receivers` input
+    (q, k or v) of each head of every later layer, every other head frozen (`freeze_mlps`: the MLPs
+    too; `probe.patching.path_patch_metrics`).
 
     `pairs`: a built-in set ("ioi", "agreement"), a JSONL file of {"clean", "corrupt", "right", "wrong"},
     or a list of `PatchPair`. `positions="each"` patches the residual stream at each position alone
@@ -106,8 +116,14 @@ def patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what: PatchWhat 
     >>> r.values.shape   # [head, pair]
     (8, 1)
     """
-    if what not in ("head_out", "mlp", "resid"):
-        raise ValueError(f"what must be head_out, mlp or resid, got {what!r}")
+    if what not in get_args(PatchWhat):
+        raise ValueError(f"what must be one of {', '.join(get_args(PatchWhat))}, got {what!r}")
+    if (what == "path") != (sender is not None):
+        raise ValueError("path patching needs a sender head (sender='L9H6'), and only path patching takes one")
+    if what == "path" and receivers not in ("q", "k", "v"):
+        raise ValueError(f"receivers must be q, k or v, got {receivers!r}")
+    if isinstance(sender, str):
+        sender = parse_head(sender)
     if positions not in ("all", "each"):
         raise ValueError(f"positions must be 'all' or 'each', got {positions!r}")
     if positions == "each" and what != "resid":
@@ -130,9 +146,20 @@ def patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what: PatchWhat 
     start = time.perf_counter()
     clean = patch_metrics(lm, p, [frozenset()], direction="noise")[0].numpy()
     corrupt = patch_metrics(lm, p, [frozenset()], direction="denoise")[0].numpy()
-    sites = sweep_sites(lm, what, n_positions=n_positions)
-    values = patch_metrics(lm, p, [frozenset([s]) for s in sites], direction=direction, batch_rows=batch_rows).numpy()
-    forwards = 2 + 1 + -(-len(sites) // max(1, batch_rows // p.n))  # clean, corrupt, the source run, the patches
+    if what == "path":
+        n_layers, nh = lm.config.num_hidden_layers, lm.config.num_attention_heads
+        if not (0 <= sender[0] < n_layers - 1 and 0 <= sender[1] < nh):
+            raise ValueError(f"sender {head_name(*sender)}: path patching needs a head before the last layer of "
+                             f"{lm.name} ({n_layers} layers × {nh} heads)")
+        sites = [(receivers, l, h) for l in range(sender[0] + 1, n_layers) for h in range(nh)]
+        values = path_patch_metrics(lm, p, sender, [frozenset([s]) for s in sites], direction=direction,
+                                    freeze_mlps=freeze_mlps, batch_rows=batch_rows).numpy()
+        forwards = 2 + 3 + -(-len(sites) // max(1, batch_rows // p.n))  # clean, corrupt, base + source + frozen run
+    else:
+        sites = sweep_sites(lm, what, n_positions=n_positions)
+        values = patch_metrics(lm, p, [frozenset([s]) for s in sites], direction=direction,
+                               batch_rows=batch_rows).numpy()
+        forwards = 2 + 1 + -(-len(sites) // max(1, batch_rows // p.n))  # clean, corrupt, the source run, the patches
     confirmation = None
     if what == "head_out" and p.n >= 4 and k > 0:
         confirmation = _confirm(lm, p, sites, values, clean, corrupt, direction=direction, k=k, n_random=n_random,
@@ -140,7 +167,7 @@ def patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what: PatchWhat 
         forwards += 1 + -(-(1 + n_random) // max(1, batch_rows // len(confirmation.heldout)))  # source + patches
     return PatchResult(model=lm.name, what=what, direction=direction, sites=tuple(sites), values=values, clean=clean,
                        corrupt=corrupt, pairs=tuple(chosen), confirmation=confirmation, dropped=dropped,
-                       seconds=time.perf_counter() - start, forwards=forwards)
+                       seconds=time.perf_counter() - start, forwards=forwards, sender=sender)
 
 
 def _confirm(lm, p, sites, values, clean, corrupt, *, direction, k, n_random, seed, batch_rows) -> Confirmation:
@@ -163,3 +190,40 @@ def _confirm(lm, p, sites, values, clean, corrupt, *, direction, k, n_random, se
     return Confirmation(heads=heads, direction=direction, selection=tuple(int(i) for i in sel),
                         heldout=tuple(int(i) for i in held), per_pair=moved[0], gap=gap, random_sets=tuple(sets),
                         random_fractions=np.asarray(fractions), n_heads=len(sites))
+
+
+def attribution_patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what: Literal["head_out", "resid"] = "head_out",
+                      direction: PatchDirection = "denoise", compare: bool = True,
+                      batch_rows: int = 512) -> AttributionPatching:
+    """Attribution patching: every head's output (or the residual stream entering each layer) patched
+    to first order — (source − base) · gradient of the metric at the base run — from one forward
+    pass of the source run and one forward + backward pass of the base run
+    (`probe.patching.attribution_estimates`). With `compare` (the default) real patching runs on the
+    same pairs too and `.spearman` is the rank correlation of the two over sites.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> from headscope.analyses.patching import PatchPair
+    >>> r = attribution_patch(tiny_model("llama"), [PatchPair("The cat sat on the", "The dog sat on the", " mat", " dog")])
+    >>> r.estimate.values.shape, -1 <= r.spearman <= 1
+    ((8, 1), True)
+    """
+    if what not in ("head_out", "resid"):
+        raise ValueError(f"attribution patching covers head_out and resid, got {what!r}")
+    chosen, dropped = patch_pairs(lm, pairs)
+    p = prepare_pairs(lm, [x.clean for x in chosen], [x.corrupt for x in chosen], [x.right for x in chosen],
+                      [x.wrong for x in chosen])
+    clean = patch_metrics(lm, p, [frozenset()], direction="noise")[0].numpy()
+    corrupt = patch_metrics(lm, p, [frozenset()], direction="denoise")[0].numpy()
+    start = time.perf_counter()
+    sites, values = attribution_estimates(lm, p, what, direction=direction)
+    estimate = PatchResult(model=lm.name, what=what, direction=direction, sites=tuple(sites), values=values.numpy(),
+                           clean=clean, corrupt=corrupt, pairs=tuple(chosen), dropped=dropped,
+                           seconds=time.perf_counter() - start, forwards=2)
+    real = None
+    if compare:
+        start = time.perf_counter()
+        v = patch_metrics(lm, p, [frozenset([s]) for s in sites], direction=direction, batch_rows=batch_rows).numpy()
+        real = PatchResult(model=lm.name, what=what, direction=direction, sites=tuple(sites), values=v, clean=clean,
+                           corrupt=corrupt, pairs=tuple(chosen), dropped=dropped, seconds=time.perf_counter() - start,
+                           forwards=1 + -(-len(sites) // max(1, batch_rows // p.n)))
+    return AttributionPatching(estimate=estimate, real=real)
