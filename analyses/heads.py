@@ -71,7 +71,7 @@ from headscope.probe.words import to_word_level
 
 from .blocks import word_blocks
 from .induction import pattern_sums
-from .metrics import (METRICS, ROLE_LABELS, THRESHOLDS, Diagonal, KeyShare, Metric, Pattern, RowStatistic,
+from .metrics import (METRICS, ROLE_LABELS, THRESHOLDS, Diagonal, KeyShare, Metric, Pairwise, Pattern, RowStatistic,
                       is_punctuation, role_labels_of, thresholds_of)
 
 __all__ = [
@@ -442,10 +442,11 @@ class _Plan:
     key_shares: tuple[tuple[str, KeyShare], ...]
     weights: tuple[RowStatistic, ...]
     statistics: tuple[_StatisticGroup, ...]
+    pairwise: tuple[tuple[str, Pairwise], ...] = ()
 
     @classmethod
     def of(cls, metrics: Mapping[str, Metric]) -> "_Plan":
-        kinds = (Diagonal, KeyShare, RowStatistic, Pattern)
+        kinds = (Diagonal, KeyShare, RowStatistic, Pattern, Pairwise)
         for name, m in metrics.items():
             if not isinstance(m, Metric) or m.name != name:
                 raise ValueError(f"metrics[{name!r}] must be a Metric named {name!r}, got {m!r}")
@@ -476,6 +477,7 @@ class _Plan:
             weights=tuple(weights),
             statistics=tuple(_StatisticGroup(f, tuple(n for n, _ in members), _columns([j for _, j in members]))
                              for f, members in groups.items()),
+            pairwise=tuple((n, metrics[n].computation) for n in corpus if isinstance(metrics[n].computation, Pairwise)),
         )
 
     def patterns(self, token_ids: Sequence[int]) -> list[torch.Tensor]:
@@ -505,6 +507,7 @@ class _TextRows:
     table: torch.Tensor
     counts: torch.Tensor
     plan: _Plan
+    pairs: tuple[torch.Tensor, ...] = ()  # per pairwise metric: W[query, key] · counted[query] (kept units)
 
     @classmethod
     def of(cls, units: Units, plan: _Plan, *, causal: bool, include_special: bool) -> "_TextRows":
@@ -527,6 +530,14 @@ class _TextRows:
         table = torch.tensor([[*(float(m[i]) for m in members), *(float(q[i]) for q in queries), *(w[i] for w in weights)]
                               for i in range(t)], dtype=torch.float32).reshape(t, width)  # [unit, 2·set + weight]
         counted = dict(zip((n for n, _ in plan.key_shares), queries))
+        pairs = []
+        for name, pw in plan.pairwise:
+            w, rows = pw.weights(labels, special)
+            if tuple(w.shape) != (t, t) or len(rows) != t:
+                raise ValueError(f"metric {name!r}: its weights() gave {tuple(w.shape)} for a text of {t} units")
+            rows = [bool(x) for x in rows]
+            counted[name] = rows
+            pairs.append(w.float() * torch.tensor(rows, dtype=torch.float32)[:, None])
         counts = []
         for name in plan.corpus:
             spec = plan.metrics[name]
@@ -535,19 +546,19 @@ class _TextRows:
                 n = 0
             elif isinstance(c, Diagonal):  # the queries that have the key at that offset
                 n = max(t - abs(c.offset), 0)
-            elif isinstance(c, KeyShare):
+            elif isinstance(c, (KeyShare, Pairwise)):
                 n = sum(counted[name])
             else:  # RowStatistic: the rows that see enough keys
                 n = sum(v >= c.min_keys for v in visible)
             counts.append(n)
-        return cls(keep, table, torch.tensor(counts, dtype=torch.float64), plan)
+        return cls(keep, table, torch.tensor(counts, dtype=torch.float64), plan, tuple(pairs))
 
     def sums(self, a: torch.Tensor, query_start: int) -> torch.Tensor:
         """Sums of each corpus metric over the query rows `a[..., row, key]` (units `query_start ..` of
         the text, every key): `[..., metric]` in the plan's `corpus` order."""
         if self.keep is not None:
             a, query_start = _drop_special(a, query_start, self.keep)
-        return _row_sums(a, query_start, self.table, self.plan)
+        return _row_sums(a, query_start, self.table, self.plan, self.pairs)
 
 
 def _drop_special(a: torch.Tensor, query_start: int, keep: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -558,7 +569,8 @@ def _drop_special(a: torch.Tensor, query_start: int, keep: torch.Tensor) -> tupl
     return a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny), lo
 
 
-def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Plan) -> torch.Tensor:
+def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Plan,
+              pairs: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
     """Sums over the query rows `a[..., row, key]` (units `query_start ..`) of each corpus metric of the
     plan, `[..., metric]` in its `corpus` order. The one place the registry's corpus computations run,
     for a whole map (`query_start` 0, every row) and for blocks of rows alike: the sums of a map's
@@ -582,6 +594,8 @@ def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Pla
     for group in plan.statistics:
         weighted = group.statistic(a) @ weights[:, group.columns]  # [..., row] @ [row, metric] -> [..., metric]
         sums.update({name: weighted[..., i] for i, name in enumerate(group.names)})
+    for (name, _), w in zip(plan.pairwise, pairs):  # Σ_q Σ_k A[q, k] W[q, k] over this block's rows
+        sums[name] = (a * w[query_start : query_start + r].to(a.dtype)).sum((-2, -1))
     return torch.stack([sums[m] for m in plan.corpus], -1)
 
 

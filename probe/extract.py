@@ -68,11 +68,11 @@ def iter_extract(
         raise ValueError("nothing to extract: pass texts (a str or a list of str) or images=[...]")
     require_modality(lm, images=images is not None)
     if images is not None:
-        if level != "token" or weight != "attention" or target is not None:
-            raise ValueError("an image's units are patches: extract images with level='token', "
-                             "weight='attention' and no target")
-        return _image_windows(lm, check_images(images), batch_size, _select_layers(lm, layers),
+        if weight != "attention" or target is not None:
+            raise ValueError("images are extracted with weight='attention' and no target")
+        maps = _image_windows(lm, check_images(images), batch_size, _select_layers(lm, layers),
                               _select(heads, lm.config.num_attention_heads, "head"), store_dtype)
+        return (to_word_level(m) for m in maps) if level == "word" else maps  # patches at both levels
     _check_store_dtype(store_dtype)
     if weight not in ("attention", "norm"):
         raise ValueError(f"weight must be 'attention' or 'norm', got {weight!r}")

@@ -63,7 +63,7 @@ def load_image(i: int, item: object):
     if isinstance(item, (str, os.PathLike)):
         path = os.fspath(item)
         if not os.path.isfile(path):
-            raise FileNotFoundError(f"image {i}: no file {path!r}; give the path of a PNG or JPEG image")
+            raise ValueError(f"image {i}: no file {path!r}; give the path of a PNG or JPEG image")
         try:
             with Image.open(path) as img:
                 return img.convert("RGB")

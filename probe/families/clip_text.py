@@ -19,7 +19,7 @@ def _tiny_config(vocab: int, model_type: str):
     from transformers import AutoConfig
 
     return AutoConfig.for_model(model_type, vocab_size=vocab, hidden_size=32, num_hidden_layers=2,
-                                num_attention_heads=4, intermediate_size=64, max_position_embeddings=77,
+                                num_attention_heads=4, intermediate_size=64, max_position_embeddings=128,
                                 bos_token_id=0, eos_token_id=0, pad_token_id=0)  # tiny_model sets the tokenizer's
 
 
