@@ -125,10 +125,12 @@ def load_model(
     model.eval()
     _require_eager(model, name)
     dev = next(model.parameters()).device
+    image = _is_image_config(model.config)
     return LoadedModel(
         name=spec.name if spec else name,
         model=model,
-        tokenizer=tok,
+        tokenizer=None if image else tok,
+        processor=tok if image else None,
         source=source,
         dtype=torch_dtype,
         device=dev,
@@ -307,7 +309,10 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: s
         # An encoder–decoder (T5, BART, Marian) is built whole: its decoder reads the encoder's output.
         cls = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else (
             AutoModelForCausalLM if causal else AutoModel)
-        tok = AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}), **at)
+        if _is_image_config(config):  # a vision transformer: its image processor, no tokenizer
+            tok = _image_processor(path, at)
+        else:
+            tok = AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}), **at)
         model = cls.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelNotAvailable(not_available_message(name, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")) from exc
@@ -317,12 +322,26 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: s
             hf_logging.enable_progress_bar()
     if device in ("cuda", "mps"):
         model = model.to(device)
+    if _is_image_config(model.config):
+        return model, tok
     if not getattr(tok, "is_fast", False):
         raise ModelNotAvailable(
             f"{name}: the tokenizer has no fast (Rust) implementation, so token character offsets are unknown; "
             "headscope needs them to map tokens to words."
         )
     return model, tok
+
+
+def _is_image_config(config) -> bool:
+    family = SUPPORTED_TYPES.get(getattr(config, "model_type", None))
+    return family is not None and family.modality == "image"
+
+
+def _image_processor(path: str, at: dict):
+    """The checkpoint's image processor on the PIL path (the torchvision backend may not be installable)."""
+    from transformers import AutoImageProcessor
+
+    return AutoImageProcessor.from_pretrained(path, backend="pil", **at)
 
 
 def _require_eager(model, name: str) -> None:

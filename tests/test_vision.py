@@ -1,0 +1,160 @@
+"""Vision transformers: images in, verified attention over patch units out, the vision head metrics."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import IMAGE, _tiny
+from headscope.analyses.heads import score_corpus
+from headscope.analyses.metrics import METRICS, neighbour_patches, patch_distance, previous_patch
+from headscope.probe.extract import extract
+from headscope.probe.families import FAMILIES
+from headscope.probe.types import AttentionMap
+from headscope.probe.verify import verify
+
+IMAGE_TYPES = sorted(t for name in IMAGE for t in FAMILIES[name].model_types)
+# the tokens before the patches, per type (read from the embeddings' code: CLS, DeiT's distillation token,
+# the registers the tiny DINOv2 config asks for, none in SigLIP)
+PREFIX = {"vit": ("[CLS]",), "deit": ("[CLS]", "[DIST]"), "dinov2": ("[CLS]",),
+          "dinov2_with_registers": ("[CLS]", "[REG0]", "[REG1]"), "clip_vision_model": ("[CLS]",),
+          "siglip_vision_model": ()}
+
+
+@pytest.fixture(scope="module")
+def picture() -> str:
+    import matplotlib.cbook
+
+    return str(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False))
+
+
+def test_every_image_type_is_covered():
+    assert set(IMAGE_TYPES) == set(PREFIX)
+
+
+@pytest.mark.parametrize("model_type", IMAGE_TYPES)
+def test_verified_from_scratch_on_a_real_image_with_patch_units(model_type, picture):
+    lm = _tiny(model_type)
+    v = verify(lm, images=[picture])
+    assert v.passed and v.max_abs_err <= 1e-5 and v.max_rel_err_output <= 1e-5
+    [m] = extract(lm, images=[picture])
+    prefix = PREFIX[model_type]
+    assert m.grid == (4, 4) and len(m) == len(prefix) + 16  # 32 x 32 pixels in 8 x 8 patches
+    assert m.labels[: len(prefix)] == prefix and m.special == (True,) * len(prefix) + (False,) * 16
+    assert m.positions[len(prefix)] == (0, 0) and m.positions[-1] == (3, 3) and m.labels[-1] == "r3c3"
+    assert m.attention.shape == (2, 4, len(m), len(m)) and not m.causal  # [layer, head, query, key]
+    torch.testing.assert_close(m.attention.sum(-1), torch.ones(2, 4, len(m)))
+    assert m.image.shape == (32, 32, 3) and 0 <= m.image.min() and m.image.max() <= 1
+
+
+def test_a_path_a_pil_image_and_an_array_give_the_same_map_and_are_left_unchanged(picture):
+    from PIL import Image
+
+    lm = _tiny("vit")
+    pil = Image.open(picture)
+    array = np.asarray(pil.convert("RGB")).copy()
+    before_pil, before_array = pil.copy(), array.copy()
+    maps = extract(lm, images=[picture, pil, array, array / 255.0])
+    for m in maps[1:]:
+        torch.testing.assert_close(m.attention, maps[0].attention, atol=2e-3, rtol=0)  # float input: rounding
+    assert np.array_equal(array, before_array) and np.array_equal(np.asarray(pil), np.asarray(before_pil))
+    assert [m.meta["image"] for m in maps] == ["grace_hopper.jpg", "image 1", "image 2", "image 3"]
+
+
+def test_an_image_on_a_text_model_and_a_text_on_an_image_model_are_refused(picture):
+    with pytest.raises(ValueError, match="is a text model .* not images"):
+        extract(_tiny("bert"), images=[picture])
+    with pytest.raises(ValueError, match="is an image model .* not texts"):
+        extract(_tiny("vit"), "a cat")
+    with pytest.raises(ValueError, match="is an image model"):
+        verify(_tiny("vit"), ["a cat"])
+    for bad, what in (("/no/such.png", "no file"), (np.zeros((4, 4, 2)), r"\[H, W\]"), (3, "is a int")):
+        with pytest.raises((ValueError, TypeError), match=what):
+            extract(_tiny("vit"), images=[bad])
+
+
+def test_a_saved_dinov2_with_registers_loads_by_path_with_its_registers_marked(tmp_path, picture):
+    from headscope.probe.loading import load_model
+
+    lm = _tiny("dinov2_with_registers")
+    lm.model.save_pretrained(tmp_path)
+    lm.processor.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path))
+    assert loaded.is_image and loaded.tokenizer is None and type(loaded.processor).__name__.endswith("Pil")
+    [m] = extract(loaded, images=[picture])
+    assert m.labels[:3] == ("[CLS]", "[REG0]", "[REG1]") and m.special[:3] == (True, True, True)
+    torch.testing.assert_close(m.attention, extract(lm, images=[picture])[0].attention)
+
+
+# --- the vision metrics, against loops over a hand-built map --------------------------------------------
+
+
+def _grid_map(rows: int, cols: int, registers: int, seed: int) -> AttentionMap:
+    prefix = ("[CLS]", *(f"[REG{r}]" for r in range(registers)))
+    labels = prefix + tuple(f"r{r}c{c}" for r in range(rows) for c in range(cols))
+    n = len(labels)
+    a = torch.rand(2, 3, n, n, generator=torch.Generator().manual_seed(seed)) ** 4
+    return AttentionMap(text="img", level="token", labels=labels, spans=((0, 0),) * n,
+                        special=(True,) * len(prefix) + (False,) * (rows * cols), attention=a / a.sum(-1, keepdim=True),
+                        causal=False, grid=(rows, cols))
+
+
+def _reference(maps):
+    """The definitions as loops: per head, the mean over counted query rows."""
+    out = {}
+    for metric in ("registers", "attention_distance", "previous_patch", "neighbour_patches"):
+        for l in range(2):
+            for h in range(3):
+                total, count = 0.0, 0
+                for m in maps:
+                    pos = m.positions
+                    regs = [k for k, lab in enumerate(m.labels) if lab.startswith("[REG")]
+                    for q in range(len(m)):
+                        row = m.attention[l, h, q].double()
+                        if metric == "registers":
+                            if regs and q not in regs:
+                                total, count = total + sum(row[k] for k in regs), count + 1
+                            continue
+                        if pos[q] is None:
+                            continue
+                        (r, c), keys = pos[q], [(k, p) for k, p in enumerate(pos) if p is not None]
+                        if metric == "attention_distance":
+                            total += sum(row[k] * math.dist((r, c), p) for k, p in keys)
+                        elif metric == "previous_patch":
+                            if c == 0:
+                                continue
+                            total += sum(row[k] for k, p in keys if p == (r, c - 1))
+                        else:
+                            total += sum(row[k] for k, p in keys if max(abs(p[0] - r), abs(p[1] - c)) == 1)
+                        count += 1
+                out[metric, l, h] = float(total) / count if count else float("nan")
+    return out
+
+
+def test_vision_metrics_match_their_definitions_as_loops():
+    maps = [_grid_map(3, 4, 2, 0), _grid_map(2, 2, 0, 1)]
+    table = score_corpus(maps, level="token").to_frame()
+    for (metric, l, h), want in _reference(maps).items():
+        got = table[(table["metric"] == metric) & (table["layer"] == l) & (table["head"] == h)]["value"].item()
+        assert got == pytest.approx(want, rel=1e-5), (metric, l, h)
+
+
+def test_vision_metric_weights_by_hand():
+    labels, special = ["[CLS]", "r0c0", "r0c1", "r1c0", "r1c1"], [True, False, False, False, False]
+    w, counted = patch_distance(labels, special)
+    assert counted == [False, True, True, True, True] and w[4, 1].item() == pytest.approx(math.sqrt(2))
+    w, counted = previous_patch(labels, special)
+    assert counted == [False, False, True, False, True] and w[2].tolist() == [0, 1, 0, 0, 0]
+    w, _ = neighbour_patches(labels, special)
+    assert w[1].tolist() == [0, 0, 1, 1, 1]  # every other patch of a 2 x 2 grid is a neighbour
+
+
+def test_vision_metrics_count_no_row_of_a_text(tiny_text_map=None):
+    [m] = extract(_tiny("bert"), "The cat sat on the mat.")
+    table = score_corpus([m]).to_frame()
+    for name, spec in METRICS.items():
+        if spec.applies_to == "images":
+            assert table[table.metric == name].n.eq(0).all() and table[table.metric == name].value.isna().all()
