@@ -86,7 +86,7 @@ def _family(name: str) -> Family:
                      f"or a model type ({', '.join(sorted(SUPPORTED_TYPES))})")
 
 
-def tiny_model(name: str, *, seed: int = 0, std: float = 0.2, **config_overrides) -> LoadedModel:
+def tiny_model(name: str, *, seed: int = 0, std: float | None = None, **config_overrides) -> LoadedModel:
     """A `LoadedModel` of a 2-3 layer random model of family (or model type) `name`, ready for extract() and verify().
 
     >>> lm = tiny_model("llama")
@@ -96,6 +96,7 @@ def tiny_model(name: str, *, seed: int = 0, std: float = 0.2, **config_overrides
     import transformers
 
     family = _family(name)
+    std = family.tiny_std if std is None else std
     tok = None if family.tokenizer is None else tiny_tokenizer(family.tokenizer)  # an image model has none
     model_type = name if name in SUPPORTED_TYPES else family.model_types[0]
     cfg = family.tiny_config(0 if tok is None else len(tok), model_type)

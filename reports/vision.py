@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-__all__ = ["patch_overlay", "layer_overlays", "patch_rollout", "patch_grid", "query_unit"]
+__all__ = ["patch_overlay", "layer_overlays", "patch_rollout", "grid_of_row", "query_unit"]
 
 
 def _figure(width: float, height: float, ax: Axes | None) -> tuple[Figure, Axes]:
@@ -61,14 +61,14 @@ def query_unit(amap: AttentionMap, query: int | tuple[int, int] | None = None) -
     return int(query)
 
 
-def patch_grid(row: np.ndarray, amap: AttentionMap) -> np.ndarray:
+def grid_of_row(row: np.ndarray, amap: AttentionMap) -> np.ndarray:
     """One row of weights over the map's units -> `[rows, cols]` over its patches (special keys dropped).
 
     >>> import torch
     >>> m = AttentionMap(text="img", level="token", labels=("[CLS]", "r0c0", "r0c1"), spans=((0, 0),) * 3,
     ...                  special=(True, False, False), attention=torch.full((1, 1, 3, 3), 1 / 3), causal=False,
     ...                  grid=(1, 2))
-    >>> patch_grid(np.array([0.5, 0.2, 0.3]), m).tolist()
+    >>> grid_of_row(np.array([0.5, 0.2, 0.3]), m).tolist()
     [[0.2, 0.3]]
     """
     grid = np.zeros(amap.grid)
@@ -110,7 +110,7 @@ def patch_overlay(amap: AttentionMap, layer: int, head: int, *, query: int | tup
     row = amap.attention[li, hi, q].detach().float().cpu().numpy()
     with font_context(amap.text):
         fig, ax = _figure(4.0, 4.2, ax)
-        _overlay(ax, amap, patch_grid(row, amap), query=q, cmap=cmap,
+        _overlay(ax, amap, grid_of_row(row, amap), query=q, cmap=cmap,
                  title=f"{head_name(layer, head)} from {amap.labels[q]}{_special_share(amap, row)}")
     return fig
 
@@ -133,7 +133,7 @@ def layer_overlays(amap: AttentionMap, layer: int, *, query: int | tuple[int, in
             ax.axis("off")
         for ax, (hi, head) in zip(axes.flat, enumerate(heads)):
             row = amap.attention[li, hi, q].detach().float().cpu().numpy()
-            _overlay(ax, amap, patch_grid(row, amap), query=q, cmap=cmap, title=head_name(layer, head))
+            _overlay(ax, amap, grid_of_row(row, amap), query=q, cmap=cmap, title=head_name(layer, head))
         fig.suptitle(f"layer {layer}: every head from {amap.labels[q]}", fontsize=11)
     return fig
 
@@ -147,6 +147,6 @@ def patch_rollout(amap: AttentionMap, *, query: int | tuple[int, int] | None = N
     row = rollout(amap.attention.detach().float().cpu()).numpy()[q]  # [key]
     with font_context(amap.text):
         fig, ax = _figure(4.0, 4.2, ax)
-        _overlay(ax, amap, patch_grid(row, amap), query=q, cmap=cmap,
+        _overlay(ax, amap, grid_of_row(row, amap), query=q, cmap=cmap,
                  title=f"rollout from {amap.labels[q]}{_special_share(amap, row)}")
     return fig

@@ -81,6 +81,7 @@ class Family:
     # image models: the labels of the tokens before the patches (CLS, DeiT's distillation token, registers)
     prefix_tokens: Callable[[Any], tuple[str, ...]] = lambda cfg: ()
     tiny_processor: Callable[[Any], Any] | None = None  # image models: config -> the tiny model's image processor
+    tiny_std: float = 0.2  # the spread of the tiny model's random weights (wider: attention far from uniform)
 
     def n_layers(self, config) -> int:
         return config.num_hidden_layers
