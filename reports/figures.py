@@ -759,7 +759,16 @@ def plot(result: Any, **kwargs: Any) -> Figure:
 
 
 @plot.register(AttentionMap)
-def _plot_attention(result: AttentionMap, *, layer: int, head: int, **kwargs: Any) -> Figure:
+def _plot_attention(result: AttentionMap, *, layer: int, head: int | None = None, view: str | None = None,
+                    **kwargs: Any) -> Figure:
+    """An image's map is drawn over its patches: `head` from [CLS] (or `query=`), every head of `layer`
+    without a head, `view="rollout"`; `view="heatmap"` (a text's only view) draws the query × key heatmap."""
+    if result.is_image and view != "heatmap":
+        if view == "rollout":
+            return patch_rollout(result, **kwargs)
+        return layer_overlays(result, layer, **kwargs) if head is None else patch_overlay(result, layer, head, **kwargs)
+    if head is None:
+        raise TypeError("plot(amap, layer=, head=): give the head to draw")
     return attention_heatmap(result, layer, head, **kwargs)
 
 
