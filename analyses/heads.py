@@ -507,7 +507,7 @@ class _TextRows:
     table: torch.Tensor
     counts: torch.Tensor
     plan: _Plan
-    pairs: tuple[torch.Tensor, ...] = ()  # per pairwise metric: W[query, key] · counted[query] (kept units)
+    pairs: tuple[torch.Tensor | None, ...] = ()  # per pairwise metric: W[query, key] · counted[query]; None: no row
 
     @classmethod
     def of(cls, units: Units, plan: _Plan, *, causal: bool, include_special: bool) -> "_TextRows":
@@ -533,11 +533,11 @@ class _TextRows:
         pairs = []
         for name, pw in plan.pairwise:
             w, rows = pw.weights(labels, special)
-            if tuple(w.shape) != (t, t) or len(rows) != t:
-                raise ValueError(f"metric {name!r}: its weights() gave {tuple(w.shape)} for a text of {t} units")
             rows = [bool(x) for x in rows]
+            if len(rows) != t or (w is not None and tuple(w.shape) != (t, t)):
+                raise ValueError(f"metric {name!r}: its weights() gave {len(rows)} rows for a text of {t} units")
             counted[name] = rows
-            pairs.append(w.float() * torch.tensor(rows, dtype=torch.float32)[:, None])
+            pairs.append(None if w is None or not any(rows) else w.float() * torch.tensor(rows, dtype=torch.float32)[:, None])
         counts = []
         for name in plan.corpus:
             spec = plan.metrics[name]
@@ -570,7 +570,7 @@ def _drop_special(a: torch.Tensor, query_start: int, keep: torch.Tensor) -> tupl
 
 
 def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Plan,
-              pairs: tuple[torch.Tensor, ...] = ()) -> torch.Tensor:
+              pairs: tuple[torch.Tensor | None, ...] = ()) -> torch.Tensor:
     """Sums over the query rows `a[..., row, key]` (units `query_start ..`) of each corpus metric of the
     plan, `[..., metric]` in its `corpus` order. The one place the registry's corpus computations run,
     for a whole map (`query_start` 0, every row) and for blocks of rows alike: the sums of a map's
@@ -594,8 +594,9 @@ def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Pla
     for group in plan.statistics:
         weighted = group.statistic(a) @ weights[:, group.columns]  # [..., row] @ [row, metric] -> [..., metric]
         sums.update({name: weighted[..., i] for i, name in enumerate(group.names)})
-    for (name, _), w in zip(plan.pairwise, pairs):  # Σ_q Σ_k A[q, k] W[q, k] over this block's rows
-        sums[name] = (a * w[query_start : query_start + r].to(a.dtype)).sum((-2, -1))
+    for (name, _), w in zip(plan.pairwise, pairs or (None,) * len(plan.pairwise)):  # Σ_q Σ_k A[q, k] W[q, k]
+        sums[name] = (a.new_zeros(a.shape[:-2]) if w is None  # a text: nothing to read
+                      else (a * w[query_start : query_start + r].to(a.dtype)).sum((-2, -1)))
     return torch.stack([sums[m] for m in plan.corpus], -1)
 
 

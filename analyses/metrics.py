@@ -132,9 +132,11 @@ def patch_positions(labels: Sequence[str], special: Sequence[bool]) -> list[tupl
     return out
 
 
-def _pairs(labels, special, weight: Callable[[int, int, int, int], float]) -> tuple[torch.Tensor, list[bool]]:
+def _pairs(labels, special, weight: Callable[[int, int, int, int], float]) -> tuple[torch.Tensor | None, list[bool]]:
     pos = patch_positions(labels, special)
     t = len(pos)
+    if all(p is None for p in pos):  # a text: no patch, no row counted, and no T × T weights to build
+        return None, [False] * t
     w = torch.zeros(t, t)
     for q, pq in enumerate(pos):
         if pq is None:
@@ -159,8 +161,8 @@ def patch_distance(labels: Sequence[str], special: Sequence[bool]) -> tuple[torc
 def previous_patch(labels: Sequence[str], special: Sequence[bool]) -> tuple[torch.Tensor, list[bool]]:
     """W[q, k] = 1 for the patch left of q in its row (the patch before it in reading order, without
     wrapping to the row above), counted over the patches that have one."""
-    w, _ = _pairs(labels, special, lambda dr, dc, r, c: float(dr == 0 and dc == 1))
-    return w, [bool(row.any()) for row in w]
+    w, counted = _pairs(labels, special, lambda dr, dc, r, c: float(dr == 0 and dc == 1))
+    return w, counted if w is None else [bool(row.any()) for row in w]
 
 
 def neighbour_patches(labels: Sequence[str], special: Sequence[bool]) -> tuple[torch.Tensor, list[bool]]:
@@ -273,9 +275,10 @@ class Pattern:
 class Pairwise:
     """`Σ_k A[q, k] W[q, k]` per query row, averaged over the rows it counts: `weights(labels, special)`
     gives the `[query, key]` weights `W` and the counted queries from the units (an image's patch grid);
-    a map whose units give no counted query (a text) contributes no row."""
+    a map whose units give no counted query (a text) contributes no row, and its `W` may be None (no
+    T × T weights are built, and its attention is not read for this metric)."""
 
-    weights: Callable[[Sequence[str], Sequence[bool]], tuple[torch.Tensor, Sequence[bool]]]
+    weights: Callable[[Sequence[str], Sequence[bool]], tuple[torch.Tensor | None, Sequence[bool]]]
     kind: ClassVar[MetricKind] = "corpus"
 
 

@@ -65,7 +65,8 @@ def iter_extract(
     if texts is not None and images is not None:
         raise ValueError("pass texts or images, not both (CLIP's two towers are two models: extract each)")
     if texts is None and images is None:
-        raise ValueError("nothing to extract: pass texts (a str or a list of str) or images=[...]")
+        raise TypeError("texts must be a str or an iterable of str (a list, a generator, ...), got NoneType; "
+                        "an image model takes images=[...] instead")
     require_modality(lm, images=images is not None)
     if images is not None:
         if weight != "attention" or target is not None:

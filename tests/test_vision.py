@@ -158,3 +158,116 @@ def test_vision_metrics_count_no_row_of_a_text(tiny_text_map=None):
     for name, spec in METRICS.items():
         if spec.applies_to == "images":
             assert table[table.metric == name].n.eq(0).all() and table[table.metric == name].value.isna().all()
+
+
+# --- CLIP's two towers --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_clip(tmp_path_factory):
+    """A tiny random CLIP saved as a folder (model, tokenizer, image processor) and loaded by path."""
+    from transformers import CLIPConfig, CLIPModel
+
+    from headscope.probe.families._vision import tiny_image_processor
+    from headscope.probe.loading import load_model
+    from headscope.probe.tiny import tiny_tokenizer
+
+    tok = tiny_tokenizer("bytebpe")
+    text = dict(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                max_position_embeddings=64, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, pad_token_id=0)
+    vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, image_size=32,
+                  patch_size=8)
+    torch.manual_seed(0)
+    model = CLIPModel._from_config(CLIPConfig(text_config=text, vision_config=vision, projection_dim=16),
+                                   attn_implementation="eager")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    folder = tmp_path_factory.mktemp("clip")
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    tiny_image_processor(model.config.vision_config).save_pretrained(folder)
+    return load_model(str(folder))
+
+
+def test_clip_towers_are_verified_and_an_image_text_pair_has_no_cross_attention(tiny_clip, picture):
+    from headscope.probe.towers import image_text, towers
+
+    vision, text = towers(tiny_clip)
+    assert vision.model is tiny_clip.model.vision_model and text.model is tiny_clip.model.text_model  # no copies
+    assert verify(vision, images=[picture]).passed and verify(text).passed
+    pair = image_text(tiny_clip, picture, "The cat sat on the mat.")
+    assert pair.image.labels[0] == "[CLS]" and pair.image.grid == (4, 4) and not pair.image.causal
+    assert pair.text.causal and pair.text.labels[:3] == ("The", "cat", "sat")
+    assert "no cross-attention" in pair.note and pair.to_dict()["cross_attention"] is None
+    # the similarity is the model's own: its forward pass on the same inputs gives the same cosine (× its scale)
+    ids = torch.tensor([pair.text.token_ids])
+    pixels = tiny_clip.processor(images=[picture], return_tensors="pt")["pixel_values"]
+    with torch.no_grad():
+        out = tiny_clip.model(input_ids=ids, pixel_values=pixels)
+    scale = tiny_clip.model.logit_scale.exp().item()
+    assert out.logits_per_image.item() == pytest.approx(pair.similarity * scale, rel=1e-4)
+    with pytest.raises(ValueError, match="not a two-tower"):
+        towers(_tiny("vit"))
+
+
+# --- the command line ---------------------------------------------------------------------------------
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+
+    return CliRunner().invoke(cli, list(args))
+
+
+def test_cli_verify_heads_and_explain_take_an_image_and_refuse_a_mismatch(picture):
+    import json
+
+    r = _cli("verify", "--model", "tiny:deit", "--image", picture, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["passed"] and json.loads(r.output)["n_tokens"] == 18
+    r = _cli("heads", "--model", "tiny:dinov2_with_registers", "--image", picture, "--json")
+    assert r.exit_code == 0, r.output
+    top = json.loads(r.output)
+    assert all(top["top"][m] for m in ("registers", "attention_distance", "previous_patch", "neighbour_patches"))
+    r = _cli("explain", "--model", "tiny:vit", "--image", picture, "--token", "r1c2", "--head", "L1H0", "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["query"] == "r1c2"
+    for args in (("verify", "--model", "tiny:bert", "--image", picture), ("verify", "--model", "tiny:vit", "--text", "a"),
+                 ("heads", "--model", "tiny:vit"), ("verify", "--model", "tiny:vit", "--image", "/no/such.png")):
+        r = _cli(*args)
+        assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, (args, r.output)
+
+
+def test_cli_run_writes_the_vision_section_with_overlays_mosaic_rollout_and_metrics(tmp_path, picture):
+    out = tmp_path / "report"
+    r = _cli("run", "--model", "tiny:dinov2_with_registers", "--image", picture, "--out", str(out), "--quiet", "--dpi", "30")
+    assert r.exit_code == 0, r.output
+    figures = {p.name for p in (out / "figures").iterdir()}
+    for stem in ("vision-0-", "vision-layer-", "vision-rollout-0", "heads-attention_distance", "heads-registers"):
+        assert any(stem in f for f in figures), (stem, sorted(figures))
+    page = (out / "index.html").read_text(encoding="utf-8")
+    assert 'id="vision"' in page and "[REG0]" in page and "random weights" in page
+    r = _cli("run", "--model", "tiny:bert", "--image", picture, "--out", str(tmp_path / "other"), "--quiet")
+    assert r.exit_code == 2 and not (tmp_path / "other").exists()
+
+
+def test_plot_draws_the_query_row_on_the_patch_grid_and_leaves_the_map_unchanged(picture):
+    import headscope as hs
+
+    [m] = extract(_tiny("dinov2_with_registers"), images=[picture])
+    before = m.attention.clone()
+    fig = hs.plot(m, layer=1, head=2)  # from [CLS]
+    heat = fig.axes[0].get_images()[-1].get_array()  # the overlay laid over the picture
+    row = m.attention[1, 2, 0, 3:].reshape(4, 4)  # [CLS]'s row over the 16 patch keys, row by row
+    np.testing.assert_allclose(np.asarray(heat), row.numpy(), rtol=1e-6)
+    fig = hs.plot(m, layer=0, head=1, query=(2, 1))  # from a patch: its row
+    np.testing.assert_allclose(np.asarray(fig.axes[0].get_images()[-1].get_array()),
+                               m.attention[0, 1, 3 + 2 * 4 + 1, 3:].reshape(4, 4).numpy(), rtol=1e-6)
+    assert len([ax for ax in hs.plot(m, layer=0).axes if ax.get_images()]) == 4  # every head of the layer
+    assert hs.plot(m, layer=0, view="rollout").axes[0].get_images()
+    assert torch.equal(m.attention, before)
+    with pytest.raises(ValueError, match="no patch"):
+        hs.plot(m, layer=0, head=0, query=(9, 9))
