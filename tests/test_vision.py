@@ -19,7 +19,7 @@ from headscope.probe.verify import verify
 IMAGE_TYPES = sorted(t for name in IMAGE for t in FAMILIES[name].model_types)
 # the tokens before the patches, per type (read from the embeddings' code: CLS, DeiT's distillation token,
 # the registers the tiny DINOv2 config asks for, none in SigLIP)
-PREFIX = {"vit": ("[CLS]",), "deit": ("[CLS]", "[DIST]"), "dinov2": ("[CLS]",),
+PREFIX = {"beit": ("[CLS]",), "vit": ("[CLS]",), "deit": ("[CLS]", "[DIST]"), "dinov2": ("[CLS]",),
           "dinov2_with_registers": ("[CLS]", "[REG0]", "[REG1]"), "clip_vision_model": ("[CLS]",),
           "siglip_vision_model": ()}
 
@@ -48,6 +48,21 @@ def test_verified_from_scratch_on_a_real_image_with_patch_units(model_type, pict
     assert m.attention.shape == (2, 4, len(m), len(m)) and not m.causal  # [layer, head, query, key]
     torch.testing.assert_close(m.attention.sum(-1), torch.ones(2, 4, len(m)))
     assert m.image.shape == (32, 32, 3) and 0 <= m.image.min() and m.image.max() <= 1
+
+
+def test_beit_needs_its_relative_position_bias_per_layer_or_shared(picture):
+    import dataclasses
+
+    from headscope.probe.families._vision import projection_spec
+    from headscope.probe.tiny import tiny_model
+
+    beit = FAMILIES["beit"]
+    no_bias = dataclasses.replace(beit, layer_spec=lambda base, i, cfg: projection_spec(base.layers[i].attention))
+    lm = _tiny("beit")
+    assert verify(lm, images=[picture]).passed
+    assert not verify(lm, images=[picture], family=no_bias).passed  # the bias is there, and is reproduced
+    shared = tiny_model("beit", use_relative_position_bias=False, use_shared_relative_position_bias=True)
+    assert verify(shared, images=[picture]).passed and not verify(shared, images=[picture], family=no_bias).passed
 
 
 def test_a_path_a_pil_image_and_an_array_give_the_same_map_and_are_left_unchanged(picture):
