@@ -33,6 +33,7 @@ Diagonal(offset=-1)
 
 from __future__ import annotations
 
+import functools
 import math
 import re
 import unicodedata
@@ -125,11 +126,16 @@ def patch_positions(labels: Sequence[str], special: Sequence[bool]) -> list[tupl
     >>> patch_positions(["[CLS]", "r0c0", "r1c2", "rc"], [True, False, False, False])
     [None, (0, 0), (1, 2), None]
     """
+    return list(_positions(tuple(labels), tuple(special)))
+
+
+@functools.lru_cache(maxsize=8)  # the three patch metrics read the same map's positions in turn
+def _positions(labels: tuple[str, ...], special: tuple[bool, ...]) -> tuple[tuple[int, int] | None, ...]:
     out = []
     for lab, sp in zip(labels, special):
-        m = None if sp else _PATCH.fullmatch(lab)
+        m = None if sp or lab[:1] != "r" else _PATCH.fullmatch(lab)  # most text labels are ruled out by one test
         out.append(None if m is None else (int(m.group(1)), int(m.group(2))))
-    return out
+    return tuple(out)
 
 
 def _pairs(labels, special, weight: Callable[[int, int, int, int], float]) -> tuple[torch.Tensor | None, list[bool]]:
