@@ -71,7 +71,7 @@ from headscope.probe.words import to_word_level
 
 from .blocks import word_blocks
 from .induction import pattern_sums
-from .metrics import (METRICS, ROLE_LABELS, THRESHOLDS, Diagonal, KeyShare, Metric, Pattern, RowStatistic,
+from .metrics import (METRICS, ROLE_LABELS, THRESHOLDS, Diagonal, KeyShare, Metric, Pairwise, Pattern, RowStatistic,
                       is_punctuation, role_labels_of, thresholds_of)
 
 __all__ = [
@@ -452,10 +452,11 @@ class _Plan:
     key_shares: tuple[tuple[str, KeyShare], ...]
     weights: tuple[RowStatistic, ...]
     statistics: tuple[_StatisticGroup, ...]
+    pairwise: tuple[tuple[str, Pairwise], ...] = ()
 
     @classmethod
     def of(cls, metrics: Mapping[str, Metric]) -> "_Plan":
-        kinds = (Diagonal, KeyShare, RowStatistic, Pattern)
+        kinds = (Diagonal, KeyShare, RowStatistic, Pattern, Pairwise)
         for name, m in metrics.items():
             if not isinstance(m, Metric) or m.name != name:
                 raise ValueError(f"metrics[{name!r}] must be a Metric named {name!r}, got {m!r}")
@@ -489,6 +490,7 @@ class _Plan:
             statistics=tuple(_StatisticGroup(f, tuple(n for n, _ in members), _columns([j for _, j in members]),
                                              zeros_free[f])
                              for f, members in groups.items()),
+            pairwise=tuple((n, metrics[n].computation) for n in corpus if isinstance(metrics[n].computation, Pairwise)),
         )
 
     def patterns(self, token_ids: Sequence[int]) -> list[torch.Tensor]:
@@ -518,6 +520,7 @@ class _TextRows:
     table: torch.Tensor
     counts: torch.Tensor
     plan: _Plan
+    pairs: tuple[torch.Tensor | None, ...] = ()  # per pairwise metric: W[query, key] · counted[query]; None: no row
 
     @classmethod
     def of(cls, units: Units, plan: _Plan, *, causal: bool, include_special: bool) -> "_TextRows":
@@ -540,6 +543,14 @@ class _TextRows:
         table = torch.tensor([[*(float(m[i]) for m in members), *(float(q[i]) for q in queries), *(w[i] for w in weights)]
                               for i in range(t)], dtype=torch.float32).reshape(t, width)  # [unit, 2·set + weight]
         counted = dict(zip((n for n, _ in plan.key_shares), queries))
+        pairs = []
+        for name, pw in plan.pairwise:
+            w, rows = pw.weights(labels, special)
+            rows = [bool(x) for x in rows]
+            if len(rows) != t or (w is not None and tuple(w.shape) != (t, t)):
+                raise ValueError(f"metric {name!r}: its weights() gave {len(rows)} rows for a text of {t} units")
+            counted[name] = rows
+            pairs.append(None if w is None or not any(rows) else w.float() * torch.tensor(rows, dtype=torch.float32)[:, None])
         counts = []
         for name in plan.corpus:
             spec = plan.metrics[name]
@@ -548,12 +559,12 @@ class _TextRows:
                 n = 0
             elif isinstance(c, Diagonal):  # the queries that have the key at that offset
                 n = max(t - abs(c.offset), 0)
-            elif isinstance(c, KeyShare):
+            elif isinstance(c, (KeyShare, Pairwise)):
                 n = sum(counted[name])
             else:  # RowStatistic: the rows that see enough keys
                 n = sum(v >= c.min_keys for v in visible)
             counts.append(n)
-        return cls(keep, table, torch.tensor(counts, dtype=torch.float64), plan)
+        return cls(keep, table, torch.tensor(counts, dtype=torch.float64), plan, tuple(pairs))
 
     def sums(self, a: torch.Tensor, query_start: int, band: tuple[int, int] | None = None) -> torch.Tensor:
         """Sums of each corpus metric over the query rows `a[..., row, key]` (units `query_start ..` of
@@ -563,7 +574,7 @@ class _TextRows:
         if self.keep is not None:
             a, query_start = _drop_special(a, query_start, self.keep)
             band = None  # the kept keys are renumbered
-        return _row_sums(a, query_start, self.table, self.plan, band)
+        return _row_sums(a, query_start, self.table, self.plan, band, self.pairs)
 
 
 def _drop_special(a: torch.Tensor, query_start: int, keep: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -575,7 +586,7 @@ def _drop_special(a: torch.Tensor, query_start: int, keep: torch.Tensor) -> tupl
 
 
 def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Plan,
-              band: tuple[int, int] | None = None) -> torch.Tensor:
+              band: tuple[int, int] | None = None, pairs: tuple[torch.Tensor | None, ...] = ()) -> torch.Tensor:
     """Sums over the query rows `a[..., row, key]` (units `query_start ..`) of each corpus metric of the
     plan, `[..., metric]` in its `corpus` order. The one place the registry's corpus computations run,
     for a whole map (`query_start` 0, every row) and for blocks of rows alike: the sums of a map's
@@ -606,6 +617,9 @@ def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Pla
         rows = group.statistic(seen if group.zeros_free else a)  # [..., row]
         weighted = rows @ weights[:, group.columns]  # [..., row] @ [row, metric] -> [..., metric]
         sums.update({name: weighted[..., i] for i, name in enumerate(group.names)})
+    for (name, _), w in zip(plan.pairwise, pairs or (None,) * len(plan.pairwise)):  # Σ_q Σ_k A[q, k] W[q, k]
+        sums[name] = (a.new_zeros(a.shape[:-2]) if w is None  # a text: nothing to read
+                      else (a * w[query_start : query_start + r].to(a.dtype)).sum((-2, -1)))
     return torch.stack([sums[m] for m in plan.corpus], -1)
 
 

@@ -11,6 +11,8 @@ whole maps and blocks of query rows alike:
   marks the set from the text's units, `queries` says which query rows count for it;
 - `RowStatistic(statistic, scale)`: a statistic of each row (entropy, max weight) weighted by
   `scale(visible keys)`, over the rows that see at least `min_keys` keys;
+- `Pairwise(weights)`: `Σ_k A[q, k] W[q, k]` with a `[query, key]` weight `W` from the units (an image's
+  patch positions: distance, neighbours), over the queries it counts;
 - `Pattern(pattern)`: TransformerLens's detection-pattern score `Σ A⊙P / Σ A` on repeated random
   tokens, `pattern(token ids)` being the 0/1 pattern `P` (`analyses.induction`).
 
@@ -31,7 +33,9 @@ Diagonal(offset=-1)
 
 from __future__ import annotations
 
+import functools
 import math
+import re
 import unicodedata
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -42,15 +46,17 @@ import torch
 from .induction import duplicate_token_pattern, induction_pattern
 
 __all__ = [
-    "MetricName", "MetricKind", "Metric", "Computation", "Diagonal", "KeyShare", "RowStatistic", "Pattern",
+    "MetricName", "MetricKind", "Metric", "Computation", "Diagonal", "KeyShare", "RowStatistic", "Pattern", "Pairwise",
     "METRICS", "THRESHOLDS", "ROLE_LABELS", "thresholds_of", "role_labels_of",
     "is_punctuation", "first_unit", "leading_special", "trailing_special", "punctuation_units",
     "outside_and_seeing", "row_entropy", "row_max", "unscaled", "over_log",
+    "register_units", "patch_positions", "patch_distance", "previous_patch", "neighbour_patches",
 ]
 
 MetricName = Literal[
     "previous_token", "next_token", "self", "first_token", "cls", "sep", "punctuation",
     "entropy", "normalized_entropy", "max_weight", "duplicate_token", "induction",
+    "registers", "attention_distance", "previous_patch", "neighbour_patches",
 ]
 # corpus: a mean over the query rows of attention maps of ordinary texts;
 # pattern: TransformerLens's detection-pattern score on repeated random tokens (`analyses.induction`).
@@ -99,6 +105,80 @@ def trailing_special(labels: Sequence[str], special: Sequence[bool]) -> list[boo
 def punctuation_units(labels: Sequence[str], special: Sequence[bool]) -> list[bool]:
     """Units whose label is only Unicode punctuation (`is_punctuation`), special units left out."""
     return [is_punctuation(lab) and not sp for lab, sp in zip(labels, special)]
+
+
+def register_units(labels: Sequence[str], special: Sequence[bool]) -> list[bool]:
+    """A vision transformer's register tokens ([REG0], [REG1], ...: Darcet et al. 2024), special units.
+
+    >>> register_units(["[CLS]", "[REG0]", "r0c0"], [True, True, False])
+    [False, True, False]
+    """
+    return [bool(sp) and lab.startswith("[REG") for lab, sp in zip(labels, special)]
+
+
+_PATCH = re.compile(r"r(\d+)c(\d+)")
+
+
+def patch_positions(labels: Sequence[str], special: Sequence[bool]) -> list[tuple[int, int] | None]:
+    """(row, column) of each patch unit of an image's map, read off its labels (`r{row}c{col}`, as
+    `probe.images` writes them); None for special units and for every unit of a text.
+
+    >>> patch_positions(["[CLS]", "r0c0", "r1c2", "rc"], [True, False, False, False])
+    [None, (0, 0), (1, 2), None]
+    """
+    return list(_positions(tuple(labels), tuple(special)))
+
+
+@functools.lru_cache(maxsize=8)  # the three patch metrics read the same map's positions in turn
+def _positions(labels: tuple[str, ...], special: tuple[bool, ...]) -> tuple[tuple[int, int] | None, ...]:
+    out = []
+    for lab, sp in zip(labels, special):
+        m = None if sp or lab[:1] != "r" else _PATCH.fullmatch(lab)  # most text labels are ruled out by one test
+        out.append(None if m is None else (int(m.group(1)), int(m.group(2))))
+    return tuple(out)
+
+
+def _pairs(labels, special, weight: Callable[[int, int, int, int], float]) -> tuple[torch.Tensor | None, list[bool]]:
+    pos = patch_positions(labels, special)
+    t = len(pos)
+    if all(p is None for p in pos):  # a text: no patch, no row counted, and no T × T weights to build
+        return None, [False] * t
+    w = torch.zeros(t, t)
+    for q, pq in enumerate(pos):
+        if pq is None:
+            continue
+        for k, pk in enumerate(pos):
+            if pk is not None:
+                w[q, k] = weight(pq[0] - pk[0], pq[1] - pk[1], *pq)
+    return w, [p is not None for p in pos]
+
+
+def patch_distance(labels: Sequence[str], special: Sequence[bool]) -> tuple[torch.Tensor, list[bool]]:
+    """W[q, k]: the distance between patches q and k in patches (Euclidean; 0 for special keys), counted
+    over the patch queries: Σ_k A[q, k] W[q, k] is Dosovitskiy et al.'s (2021, Fig. 7) mean attention distance.
+
+    >>> w, counted = patch_distance(["[CLS]", "r0c0", "r0c1", "r1c1"], [True, False, False, False])
+    >>> w[1].tolist(), counted
+    ([0.0, 0.0, 1.0, 1.4142135381698608], [False, True, True, True])
+    """
+    return _pairs(labels, special, lambda dr, dc, r, c: math.hypot(dr, dc))
+
+
+def previous_patch(labels: Sequence[str], special: Sequence[bool]) -> tuple[torch.Tensor, list[bool]]:
+    """W[q, k] = 1 for the patch left of q in its row (the patch before it in reading order, without
+    wrapping to the row above), counted over the patches that have one."""
+    w, counted = _pairs(labels, special, lambda dr, dc, r, c: float(dr == 0 and dc == 1))
+    return w, counted if w is None else [bool(row.any()) for row in w]
+
+
+def neighbour_patches(labels: Sequence[str], special: Sequence[bool]) -> tuple[torch.Tensor, list[bool]]:
+    """W[q, k] = 1 for the (up to 8) patches around q, counted over the patch queries: a local, convolution-like head.
+
+    >>> w, counted = neighbour_patches(["r0c0", "r0c1", "r1c0", "r1c1"], [False] * 4)
+    >>> w[0].tolist()
+    [0.0, 1.0, 1.0, 1.0]
+    """
+    return _pairs(labels, special, lambda dr, dc, r, c: float(max(abs(dr), abs(dc)) == 1))
 
 
 def outside_and_seeing(member: Sequence[bool], *, causal: bool) -> list[bool]:
@@ -202,7 +282,18 @@ class Pattern:
     kind: ClassVar[MetricKind] = "pattern"
 
 
-Computation = Union[Diagonal, KeyShare, RowStatistic, Pattern]
+@dataclass(frozen=True)
+class Pairwise:
+    """`Σ_k A[q, k] W[q, k]` per query row, averaged over the rows it counts: `weights(labels, special)`
+    gives the `[query, key]` weights `W` and the counted queries from the units (an image's patch grid);
+    a map whose units give no counted query (a text) contributes no row, and its `W` may be None (no
+    T × T weights are built, and its attention is not read for this metric)."""
+
+    weights: Callable[[Sequence[str], Sequence[bool]], tuple[torch.Tensor | None, Sequence[bool]]]
+    kind: ClassVar[MetricKind] = "corpus"
+
+
+Computation = Union[Diagonal, KeyShare, RowStatistic, Pattern, Pairwise]
 
 
 # --- the registry -----------------------------------------------------------------------------------
@@ -222,7 +313,7 @@ class Metric:
     unit: str = ""
     role: str | None = None
     threshold: float | None = None
-    applies_to: Literal["all", "encoders", "decoders"] = "all"
+    applies_to: Literal["all", "encoders", "decoders", "images"] = "all"
 
     @property
     def kind(self) -> MetricKind:
@@ -264,6 +355,16 @@ _ALL = (
            role="duplicate-token head", threshold=0.25, applies_to="decoders"),
     Metric("induction", "attention to the token after an earlier copy of the query's token", Pattern(induction_pattern),
            role="induction head", threshold=0.25, applies_to="decoders"),
+    # Vision transformers (images): positions are read off the map's patch units; a text counts no row.
+    Metric("registers", "attention to the register tokens ([REG0], ...; the vision sink of Darcet et al. 2024)",
+           KeyShare(register_units), role="register sink", threshold=0.5, applies_to="images"),
+    Metric("attention_distance", "mean distance from the query patch to the patches it attends to, in patches "
+           "(Dosovitskiy et al. 2021, Fig. 7)", Pairwise(patch_distance), value_range=(0.0, None), unit="patches",
+           applies_to="images"),
+    Metric("previous_patch", "attention to the patch on the left, in the query's row", Pairwise(previous_patch),
+           role="previous-patch head", threshold=0.5, applies_to="images"),
+    Metric("neighbour_patches", "attention to the (up to 8) patches around the query patch", Pairwise(neighbour_patches),
+           role="local (neighbour-patch) head", threshold=0.5, applies_to="images"),
 )
 
 

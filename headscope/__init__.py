@@ -44,6 +44,9 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "from_hf": "headscope.probe.interop",
     "from_transformer_lens": "headscope.probe.interop",
     "long_frame": "headscope.probe.interop",
+    "towers": "headscope.probe.towers",
+    "image_text": "headscope.probe.towers",
+    "ImageText": "headscope.probe.towers",
     # the workflows
     "heads": "headscope.workflows.heads",
     "induction_inputs": "headscope.workflows.heads",

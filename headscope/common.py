@@ -158,6 +158,13 @@ def utf8_text(option: str):
     return callback
 
 
+def image_option(fn):
+    """`--image FILE` (repeatable): the images a vision transformer reads instead of texts."""
+    return click.option("--image", "images", multiple=True, type=click.Path(dir_okay=False, path_type=str),
+                        help="Image file (PNG, JPEG) for a vision transformer (ViT, DeiT, DINOv2, CLIP/SigLIP "
+                             "vision tower), repeatable; its image processor resizes and normalises it.")(fn)
+
+
 def attention_options(fn):
     """--attention eager|recompute|auto and --memory-budget: how attention is obtained (`probe.recompute`)."""
     fn = click.option("--memory-budget", "memory_budget", default=None, metavar="SIZE", callback=parsed(parse_size, "--memory-budget"),

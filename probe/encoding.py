@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
-from typing import Iterable, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
@@ -32,12 +32,19 @@ TOO_LONG = "longer than the model's context"
 
 @dataclass(frozen=True)
 class Encoded:
-    """One tokenised text: ids, the tokens' character spans, and which are special."""
+    """One tokenised text: ids, the tokens' character spans, and which are special.
+
+    An image (`probe.images.encode_images`) is one too: its name as `text`, one placeholder id per unit,
+    its normalised pixels, its patch grid (rows, columns), its units' labels and the picture as seen."""
 
     text: str
     ids: tuple[int, ...]
     spans: tuple[tuple[int, int], ...]
     special: tuple[bool, ...]
+    pixels: Any = None  # an image's pixel values [3, H, W] (torch), as its image processor made them
+    grid: tuple[int, int] | None = None  # an image's patch grid: (rows, columns)
+    labels: tuple[str, ...] = ()  # an image's unit labels: [CLS], [REG0], ..., r0c0, r0c1, ...
+    picture: Any = None  # an image as the model saw it: numpy [H, W, 3] in 0..1
 
 
 def check_texts(texts: str | Iterable[str]) -> list[str]:
@@ -174,7 +181,11 @@ def encode_targets(lm: LoadedModel, targets: Sequence[str], *, truncate: bool = 
 
 
 def pad_batch(items: Sequence[Encoded], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded `input_ids` and `attention_mask`, both (B, T)."""
+    """Right-padded `input_ids` and `attention_mask`, both (B, T); for images, their `pixel_values`
+    (B, 3, H, W) and a mask of ones (B, T) over their units (every image of a batch has the same size)."""
+    if items and items[0].pixels is not None:
+        pixels = torch.stack([e.pixels for e in items])  # (B, 3, H, W)
+        return pixels.to(device), torch.ones(len(items), len(items[0].ids), dtype=torch.long, device=device)
     t_max = max(len(e.ids) for e in items)
     ids = torch.zeros(len(items), t_max, dtype=torch.long)
     mask = torch.zeros(len(items), t_max, dtype=torch.long)

@@ -20,6 +20,7 @@ import torch
 from .encoding import Encoded, encode, token_labels
 from .families import Family, UnsupportedFeature, family_for
 from .forward import base_model, no_attention_reason
+from .images import check_images, encode_images, require_modality
 from .model import LoadedModel
 from .scratch import attention_from_scratch, project_qk, sink_share
 from .types import head_name
@@ -70,6 +71,17 @@ def _capture_one(lm: LoadedModel, text: str):
     return family, enc, capture(lm, [enc], family)
 
 
+def _find_unit(labels: list[str], token: str | int) -> int:
+    """An image's query unit: its label ("[CLS]", "[REG0]", "r1c2") or its index."""
+    if isinstance(token, int) and not isinstance(token, bool):
+        if not 0 <= token < len(labels):
+            raise ValueError(f"unit {token} out of range: the image has units 0..{len(labels) - 1}")
+        return token
+    if token not in labels:
+        raise ValueError(f"no unit {token!r} in the image; its units are {', '.join(labels[:6])}, … (patches r{{row}}c{{col}})")
+    return labels.index(token)
+
+
 def _find_token(labels: list[str], enc: Encoded, token: str | int, occurrence: int) -> int:
     if isinstance(token, int):
         if not 0 <= token < len(labels):
@@ -87,8 +99,8 @@ def _find_token(labels: list[str], enc: Encoded, token: str | int, occurrence: i
 
 
 @torch.inference_mode()
-def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: int, occurrence: int = 0,
-            attention: Attention = DEFAULT_ATTENTION, budget: int | None = None) -> Explanation:
+def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer: int, head: int, occurrence: int = 0,
+            attention: Attention = DEFAULT_ATTENTION, budget: int | None = None, image: object = None) -> Explanation:
     """Walk through softmax(q·kᵀ/√d)·v for `token` as the query in head `layer`.`head`.
 
     Each key's score is taken apart into the terms the model adds: `raw_score` q·k (content only),
@@ -114,15 +126,25 @@ def explain(lm: LoadedModel, text: str, *, token: str | int, layer: int, head: i
     """
     if isinstance(occurrence, bool) or not isinstance(occurrence, int) or occurrence < 0:
         raise ValueError(f"occurrence must be 0 (the first), 1 (the second), ...; got {occurrence!r}")
+    if (text is None) == (image is None):
+        raise ValueError("explain one text or one image (image=...): give exactly one of them")
+    require_modality(lm, images=image is not None)
     source = source_for(lm, attention, budget=budget)
-    family, enc = family_for(lm.config), encode(lm, text)
+    if image is not None:  # a vision transformer: the query is a unit label, "[CLS]" or a patch "r1c2"
+        images = check_images(image)
+        if len(images) != 1:
+            raise ValueError(f"explain takes one image, got {len(images)}")
+        enc = encode_images(lm, images)[0]
+        text = enc.text
+        source = source_for(lm, "eager")  # images are short: their eager weights are always kept
+    family, enc = family_for(lm.config), enc if image is not None else encode(lm, text)
     n_layers, n_heads = family.n_layers(lm.config), lm.config.num_attention_heads
     if not (0 <= layer < n_layers and 0 <= head < n_heads):
         raise ValueError(f"layer {layer}, head {head} out of range: {lm.name} has {n_layers} layers x {n_heads} heads")
     if layer not in family.attention_layers(lm.config):
         raise ValueError(no_attention_reason(lm, layer))
-    labels = list(token_labels(lm, enc))
-    q_idx = _find_token(labels, enc, token, occurrence)
+    labels = list(enc.labels) if image is not None else list(token_labels(lm, enc))
+    q_idx = _find_unit(labels, token) if image is not None else _find_token(labels, enc, token, occurrence)
     spec = family.layer_spec(base_model(lm), layer, lm.config)
     if source.mode(len(enc.ids)) == "recompute":
         # only this layer's input, caught under fast attention: no layer's T × T weights are kept by the model

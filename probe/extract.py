@@ -17,6 +17,7 @@ import torch
 from .encoding import Encoded, _checked_stream, _text_source, check_texts, encode_many, encode_targets, text_units
 from .forward import (attention_layers, forward_batch, forward_seq2seq, is_seq2seq, learned_sinks, no_attention_layers,
                       no_attention_reason)
+from .images import check_images, encode_images, require_modality
 from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
 from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight
@@ -27,8 +28,9 @@ __all__ = ["extract", "extract_ids", "iter_extract"]
 
 def iter_extract(
     lm: LoadedModel,
-    texts: str | Iterable[str],
+    texts: str | Iterable[str] | None = None,
     *,
+    images: object = None,
     batch_size: int = 8,
     level: Level = "token",
     layers: Sequence[int] | None = None,
@@ -52,11 +54,27 @@ def iter_extract(
     `weight="norm"` gives Kobayashi et al.'s norm-based weights instead of the attention probabilities:
     ‖α_ij f(x_j)‖ (`probe.norms`), each query row divided by its sum (rows sum to 1, as attention's do);
     the maps' `weight` (and `meta["weight"]`) say which. One-stack self-attention only.
+
+    A vision transformer takes `images` instead of texts (paths, PIL images or numpy arrays): each map's
+    units are the tokens before the patches ([CLS], registers; special) and the patches, row by row, with
+    their (row, column) in `positions` and the grid in `grid` (`probe.images`).
     """
     _check_count(batch_size, "batch_size")
     _check_count(window, "window")
     if level not in ("token", "word"):
         raise ValueError(f"level must be 'token' or 'word', got {level!r}")
+    if texts is not None and images is not None:
+        raise ValueError("pass texts or images, not both (CLIP's two towers are two models: extract each)")
+    if texts is None and images is None:
+        raise TypeError("texts must be a str or an iterable of str (a list, a generator, ...), got NoneType; "
+                        "an image model takes images=[...] instead")
+    require_modality(lm, images=images is not None)
+    if images is not None:
+        if weight != "attention" or target is not None:
+            raise ValueError("images are extracted with weight='attention' and no target")
+        maps = _image_windows(lm, check_images(images), batch_size, _select_layers(lm, layers),
+                              _select(heads, lm.config.num_attention_heads, "head"), store_dtype)
+        return (to_word_level(m) for m in maps) if level == "word" else maps  # patches at both levels
     _check_store_dtype(store_dtype)
     if weight not in ("attention", "norm"):
         raise ValueError(f"weight must be 'attention' or 'norm', got {weight!r}")
@@ -94,7 +112,13 @@ def _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dt
                                done, weight)
 
 
-def extract(lm: LoadedModel, texts: str | Iterable[str], **kwargs) -> list[AttentionMap]:
+def _image_windows(lm, images, batch_size, layer_idx, head_idx, store_dtype):
+    for start in range(0, len(images), batch_size):
+        encoded = encode_images(lm, images[start : start + batch_size], first_index=start)
+        yield from _run_encoded(lm, encoded, batch_size, "token", layer_idx, head_idx, store_dtype, None)
+
+
+def extract(lm: LoadedModel, texts: str | Iterable[str] | None = None, **kwargs) -> list[AttentionMap]:
     """Attention of each text as a list of `AttentionMap` (`[layer, head, query, key]`, no padding).
 
     For an encoder–decoder model, `extract(lm, source, target=...)` gives one `Seq2SeqAttention` per
@@ -161,6 +185,12 @@ def _check_store_dtype(store_dtype: object) -> None:
 def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, truncate, segmenter, first_index,
                 weight="attention"):
     encoded = encode_many(lm, texts, truncate=truncate, first_index=first_index)
+    yield from _run_encoded(lm, encoded, batch_size, level, layer_idx, head_idx, store_dtype, segmenter, weight,
+                            truncate)
+
+
+def _run_encoded(lm, encoded, batch_size, level, layer_idx, head_idx, store_dtype, segmenter, weight="attention",
+                 truncate=False):
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))
     results: dict[int, AttentionMap] = {}
     all_layers = len(layer_idx) == lm.config.num_hidden_layers
@@ -171,7 +201,7 @@ def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, 
         picked = torch.stack(att, dim=1)  # (B, L, nh, T, T)
         if not all_heads:
             picked = picked[:, :, head_idx]
-        norms = _norms(lm, [encoded[i].text for i in chunk], truncate) if weight == "norm" else None
+        norms = _norms(lm, [encoded[i].text for i in chunk], truncate) if weight == "norm" else None  # texts only
         for b, i in enumerate(chunk):
             n = len(encoded[i].ids)
             a = picked[b, :, :, :n, :n].to("cpu", store_dtype, copy=True)  # [layer, head, query, key]
@@ -181,7 +211,7 @@ def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, 
                 amap = norm_weighted(amap, norms[b])
             results[i] = to_word_level(amap) if level == "word" else amap
         del att, picked
-    for i in range(len(texts)):
+    for i in range(len(encoded)):
         yield results.pop(i)
 
 
@@ -216,6 +246,12 @@ def _iter_seq2seq(lm, sources, targets, *, batch_size, level, store_dtype, trunc
 
 
 def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads, *, causal: bool | None = None) -> AttentionMap:
+    if enc.pixels is not None:  # an image: its units are the prefix tokens and the patches
+        n = len(enc.labels)
+        return AttentionMap(text=enc.text, level="token", labels=enc.labels, spans=enc.spans, special=enc.special,
+                            attention=attention, causal=False, word_index=tuple(range(n)), word_spans=enc.spans,
+                            layers=layers, heads=heads, grid=enc.grid, image=enc.picture,
+                            meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "image": enc.text})
     units = text_units(lm, enc, segmenter)
     return AttentionMap(
         text=units.text,

@@ -84,8 +84,11 @@ def base_model(lm: LoadedModel) -> torch.nn.Module:
 
 def forward_one_stream(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, *, output_attentions: bool):
     """One forward pass over a batch of single texts: the base model, or an encoder–decoder's encoder
-    alone (its self-attention over the text is the model's one-text view: extract without a target)."""
+    alone (its self-attention over the text is the model's one-text view: extract without a target).
+    An image model takes `ids` as its pixel values (B, 3, H, W) and no mask (every patch is real)."""
     base = base_model(lm)
+    if ids.is_floating_point():
+        return base(pixel_values=ids.to(lm.dtype), output_attentions=output_attentions)
     if is_seq2seq(lm):  # the encoder stack takes no use_cache (T5's refuses it)
         return base.get_encoder()(input_ids=ids, attention_mask=mask, output_attentions=output_attentions)
     return base(input_ids=ids, attention_mask=mask, output_attentions=output_attentions, use_cache=False)

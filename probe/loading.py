@@ -33,6 +33,7 @@ from filelock import FileLock, Timeout
 
 from .families import SUPPORTED_TYPES
 from .folders import reclaim_stale, write_folder
+from .images import TWO_TOWER_TYPES
 from .model import LoadedModel, encoder_only
 from .names import Device, DType
 from .registry import KNOWN_MODELS, ModelNotAvailable, ModelSpec, locate, not_available_message
@@ -125,10 +126,14 @@ def load_model(
     model.eval()
     _require_eager(model, name)
     dev = next(model.parameters()).device
+    processor = None
+    if _is_image_config(model.config) or model.config.model_type in TWO_TOWER_TYPES:
+        processor = _image_processor(str(path), {"revision": revision} if revision else {})
     return LoadedModel(
         name=spec.name if spec else name,
         model=model,
         tokenizer=tok,
+        processor=processor,
         source=source,
         dtype=torch_dtype,
         device=dev,
@@ -306,8 +311,11 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: s
         causal = any(a.endswith("ForCausalLM") for a in (config.architectures or [])) or not encoder_only(config)
         # An encoder–decoder (T5, BART, Marian) is built whole: its decoder reads the encoder's output.
         cls = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else (
-            AutoModelForCausalLM if causal else AutoModel)
-        tok = AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}), **at)
+            AutoModelForCausalLM if causal and config.model_type not in TWO_TOWER_TYPES else AutoModel)
+        if _is_image_config(config):  # a vision transformer: its image processor (below), no tokenizer
+            tok = None
+        else:
+            tok = AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}), **at)
         model = cls.from_pretrained(path, **kwargs)
     except (OSError, ValueError) as exc:
         raise ModelNotAvailable(not_available_message(name, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")) from exc
@@ -317,12 +325,30 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: s
             hf_logging.enable_progress_bar()
     if device in ("cuda", "mps"):
         model = model.to(device)
+    if _is_image_config(model.config):
+        return model, tok
     if not getattr(tok, "is_fast", False):
         raise ModelNotAvailable(
             f"{name}: the tokenizer has no fast (Rust) implementation, so token character offsets are unknown; "
             "headscope needs them to map tokens to words."
         )
     return model, tok
+
+
+def _is_image_config(config) -> bool:
+    family = SUPPORTED_TYPES.get(getattr(config, "model_type", None))
+    return family is not None and family.modality == "image"
+
+
+def _image_processor(path: str, at: dict):
+    """The checkpoint's image processor on the PIL path (the torchvision backend may not be installable)."""
+    from transformers import AutoImageProcessor
+
+    try:
+        return AutoImageProcessor.from_pretrained(path, backend="pil", **at)
+    except (OSError, ValueError) as exc:
+        raise ModelNotAvailable(f"{path}: no image processor could be loaded ({str(exc).splitlines()[0]}); save it "
+                                "beside the model (image_processor.save_pretrained(folder))") from exc
 
 
 def _require_eager(model, name: str) -> None:

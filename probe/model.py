@@ -28,6 +28,15 @@ class LoadedModel:
     dtype: torch.dtype
     device: torch.device
     timings: dict = field(default_factory=dict)  # seconds: {"load": .., "converted": bool}
+    processor: object = None  # an image model's image processor (resize, rescale, normalise); None for text
+
+    @property
+    def is_image(self) -> bool:
+        """True for a vision transformer, whose input is an image (`extract(lm, images=[...])`), not a text."""
+        family = SUPPORTED_TYPES.get(self.model_type)
+        if family is not None:
+            return family.modality == "image"
+        return getattr(self.model, "main_input_name", "input_ids") == "pixel_values"
 
     @property
     def config(self):
@@ -53,6 +62,8 @@ class LoadedModel:
         padding_idx = getattr(getattr(base, "embeddings", None), "padding_idx", None)
         if isinstance(padding_idx, int) and getattr(cfg, "max_position_embeddings", None):
             limit -= padding_idx + 1  # RoBERTa-style positions start after the padding index (MPNet: 514 -> 512)
+        if self.tokenizer is None:
+            return int(limit)
         tok_limit = getattr(self.tokenizer, "model_max_length", None)
         if isinstance(tok_limit, int) and 0 < tok_limit < limit:
             limit = tok_limit

@@ -86,7 +86,7 @@ def _family(name: str) -> Family:
                      f"or a model type ({', '.join(sorted(SUPPORTED_TYPES))})")
 
 
-def tiny_model(name: str, *, seed: int = 0, std: float = 0.2, **config_overrides) -> LoadedModel:
+def tiny_model(name: str, *, seed: int = 0, std: float | None = None, **config_overrides) -> LoadedModel:
     """A `LoadedModel` of a 2-3 layer random model of family (or model type) `name`, ready for extract() and verify().
 
     >>> lm = tiny_model("llama")
@@ -96,18 +96,21 @@ def tiny_model(name: str, *, seed: int = 0, std: float = 0.2, **config_overrides
     import transformers
 
     family = _family(name)
-    tok = tiny_tokenizer(family.tokenizer)
+    std = family.tiny_std if std is None else std
+    tok = None if family.tokenizer is None else tiny_tokenizer(family.tokenizer)  # an image model has none
     model_type = name if name in SUPPORTED_TYPES else family.model_types[0]
-    cfg = family.tiny_config(len(tok), model_type)
+    cfg = family.tiny_config(0 if tok is None else len(tok), model_type)
     for key, value in config_overrides.items():
         setattr(cfg, key, value)
-    cfg.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else 0
-    cfg.bos_token_id, cfg.eos_token_id = tok.bos_token_id, tok.eos_token_id
+    if tok is not None:
+        cfg.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+        cfg.bos_token_id, cfg.eos_token_id = tok.bos_token_id, tok.eos_token_id
     torch.manual_seed(seed)
     model = getattr(transformers, family.auto_class).from_config(cfg, attn_implementation="eager")
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, std)
     model.eval()
+    processor = None if family.tiny_processor is None else family.tiny_processor(cfg)
     return LoadedModel(name=f"tiny-{family.name}", model=model, tokenizer=tok, source="random init",
-                       dtype=torch.float32, device=torch.device("cpu"))
+                       dtype=torch.float32, device=torch.device("cpu"), processor=processor)

@@ -118,9 +118,17 @@ class AttentionMap(_HeadGrid):
     # A hybrid stack's layers without softmax attention (Mamba, recurrent, convolution), by the model's own numbers:
     # they have no row in `attention` (never a row of zeros), and `layers` keeps the others' numbers.
     no_attention: tuple[int, ...] = ()
+    # Images (vision transformers): the patch grid (rows, columns); the units are the special tokens before
+    # the patches ([CLS], registers) and then the patches row by row (`positions`). `image`: the picture as
+    # the model saw it, a numpy [H, W, 3] in 0..1 (for the overlays), or None.
+    grid: tuple[int, int] | None = None
+    image: Any = None
 
     def __post_init__(self) -> None:
         n = len(self.labels)
+        if self.grid is not None and self.grid[0] * self.grid[1] != n - sum(self.special):
+            raise ValueError(f"a {self.grid[0]} x {self.grid[1]} patch grid needs {self.grid[0] * self.grid[1]} "
+                             f"non-special units, the map has {n - sum(self.special)}")
         if self.attention.dim() != 4:
             raise ValueError(f"attention must be [layer, head, query, key], got shape {tuple(self.attention.shape)}")
         if self.attention.shape[-1] != n or self.attention.shape[-2] != n:
@@ -130,6 +138,31 @@ class AttentionMap(_HeadGrid):
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    @property
+    def is_image(self) -> bool:
+        """True for the map of an image: its units are patches on a grid (`grid`, `positions`)."""
+        return self.grid is not None
+
+    @property
+    def positions(self) -> tuple[tuple[int, int] | None, ...]:
+        """(row, column) of each unit on the patch grid, None for the special units ([CLS], registers) and
+        for every unit of a text.
+
+        >>> a = torch.full((1, 1, 5, 5), 0.2)
+        >>> m = AttentionMap(text="img", level="token", labels=("[CLS]", "r0c0", "r0c1", "r1c0", "r1c1"),
+        ...                  spans=((0, 0),) * 5, special=(True,) + (False,) * 4, attention=a, causal=False,
+        ...                  grid=(2, 2))
+        >>> m.positions
+        (None, (0, 0), (0, 1), (1, 0), (1, 1))
+        """
+        if self.grid is None:
+            return (None,) * len(self)
+        cols, out, k = self.grid[1], [], 0
+        for s in self.special:
+            out.append(None if s else divmod(k, cols))
+            k += not s
+        return tuple(out)
 
     @property
     def sink_share(self) -> torch.Tensor | None:

@@ -25,10 +25,11 @@ import torch
 from .encoding import Encoded, check_texts, encode_many, encode_targets, pad_batch
 from .families import Family, Stack, family_for
 from .forward import base_model, forward_one_stream, seq2seq_inputs
+from .images import check_images, encode_images, require_modality
 from .model import LoadedModel
 from .scratch import LayerSpec, attention_from_scratch
 
-__all__ = ["LayerCheck", "Verification", "Captured", "capture", "verify", "DEFAULT_TEXTS", "tolerances"]
+__all__ = ["LayerCheck", "Verification", "Captured", "capture", "verify", "DEFAULT_TEXTS", "tolerances", "default_images"]
 
 DEFAULT_TEXTS = (
     "The animal didn't cross the street because it was too tired.",
@@ -213,10 +214,21 @@ def capture(lm: LoadedModel, items: Sequence[Encoded], family: Family) -> Captur
     return Captured(tuple(inputs), tuple(probs), tuple(outputs), mask.cpu(), seconds)
 
 
+def default_images() -> list:
+    """Two 48 × 48 images to verify an image model on when none is given: a colour ramp and a checkerboard."""
+    import numpy as np
+
+    y, x = np.mgrid[0:48, 0:48] / 47.0
+    ramp = np.stack([x, y, 1.0 - x * y], axis=-1)
+    board = np.repeat(((np.add.outer(np.arange(48) // 6, np.arange(48) // 6)) % 2)[..., None], 3, axis=-1) * 1.0
+    return [ramp, board]
+
+
 def verify(
     lm: LoadedModel,
     texts: str | Sequence[str] | None = None,
     *,
+    images: object = None,
     batch_size: int = 8,
     truncate: bool = False,
     family: Family | None = None,
@@ -232,12 +244,22 @@ def verify(
     'attention verified: max |Δ| = 2.4e-07 over 6 layers × 12 heads (tolerance 1e-05, float32)'
     """
     family = family or family_for(lm.config)
+    if images is not None and texts is not None:
+        raise ValueError("pass texts or images, not both")
+    if images is not None or (texts is None and lm.is_image):
+        require_modality(lm, images=True)
+        encoded = encode_images(lm, check_images(default_images() if images is None else images))
+        return _verify_one_stack(lm, encoded, family, batch_size=batch_size)
+    require_modality(lm, images=False)
     texts = check_texts(DEFAULT_TEXTS if texts is None else texts)
     if family.kind == "encoder-decoder":
         return _verify_seq2seq(lm, texts, target, family, batch_size=batch_size, truncate=truncate)
     if target is not None:
         raise ValueError(f"target= is for encoder-decoder models; {lm.name} is a {family.kind}")
-    encoded = encode_many(lm, texts, truncate=truncate)
+    return _verify_one_stack(lm, encode_many(lm, texts, truncate=truncate), family, batch_size=batch_size)
+
+
+def _verify_one_stack(lm: LoadedModel, encoded: list[Encoded], family: Family, *, batch_size: int) -> Verification:
     have = family.attention_layers(lm.config)
     worst = {i: [0.0, 0.0, 0.0, 0.0] for i in have}  # abs, rel, abs_out, rel_out
     t_fwd = t_re = 0.0

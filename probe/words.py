@@ -15,6 +15,8 @@ query pieces, so rows still sum to 1.
 
 from __future__ import annotations
 
+import dataclasses
+
 import bisect
 import re
 from typing import Callable, Sequence
@@ -200,6 +202,8 @@ def _check_word_index(units) -> None:
 def _map_to_words(amap: AttentionMap) -> AttentionMap:
     if amap.level == "word":
         return amap
+    if amap.is_image:  # an image's patches are its units at both levels
+        return dataclasses.replace(amap, level="word")
     _check_word_index(amap)
     words = _pool(amap.attention, amap.word_index, amap.word_index)
     labels, spans, special = _word_units(amap)

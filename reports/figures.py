@@ -41,6 +41,7 @@ from headscope.probe.verify import Verification
 from .fonts import font_context
 from .sinks import massive_figure, sink_share_grid, streaming_figure
 from .syntax import cluster_plot, relation_bars, relation_grid, tree_figure
+from .vision import layer_overlays, patch_overlay, patch_rollout
 
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
@@ -847,7 +848,16 @@ def plot(result: Any, **kwargs: Any) -> Figure:
 
 
 @plot.register(AttentionMap)
-def _plot_attention(result: AttentionMap, *, layer: int, head: int, **kwargs: Any) -> Figure:
+def _plot_attention(result: AttentionMap, *, layer: int, head: int | None = None, view: str | None = None,
+                    **kwargs: Any) -> Figure:
+    """An image's map is drawn over its patches: `head` from [CLS] (or `query=`), every head of `layer`
+    without a head, `view="rollout"`; `view="heatmap"` (a text's only view) draws the query × key heatmap."""
+    if result.is_image and view != "heatmap":
+        if view == "rollout":
+            return patch_rollout(result, **kwargs)
+        return layer_overlays(result, layer, **kwargs) if head is None else patch_overlay(result, layer, head, **kwargs)
+    if head is None:
+        raise TypeError("plot(amap, layer=, head=): give the head to draw")
     return attention_heatmap(result, layer, head, **kwargs)
 
 
@@ -897,7 +907,8 @@ class FigureSpec:
 
     name: str
     source: str
-    group: Literal["verification", "heads", "probe", "attention", "syntax", "syntax-grid", "comparison", "sinks"]
+    group: Literal["verification", "heads", "probe", "attention", "syntax", "syntax-grid", "comparison", "sinks",
+                   "vision"]
     draw: Callable[..., Figure]
     panels: Callable[[Any], Iterable[Panel]]
     stem: str
@@ -968,6 +979,31 @@ def _token_map_panels(kind: TokenMap):
 def _mosaic_panels(section: Any) -> Iterable[Panel]:
     if section.maps:
         yield Panel((section.maps[0],), {"text": section.maps[0].text}, section.maps)  # the first of the sentences
+
+
+def _image_maps(section: Any) -> list:
+    return [m for m in section.maps if m.is_image]
+
+
+def _overlay_panels(section: Any) -> Iterable[Panel]:
+    """Each image: the start head's attention from [CLS] (the first patch where there is none) over the image."""
+    layer, head = start_head(section)
+    for i, amap in enumerate(_image_maps(section)):
+        yield Panel((amap, layer, head), {"i": i, "head": head_name(layer, head), "from": amap.labels[0],
+                                          "text": amap.text}, amap)
+
+
+def _layer_overlay_panels(section: Any) -> Iterable[Panel]:
+    """The first image: every head of the start head's layer."""
+    maps = _image_maps(section)
+    if maps:
+        layer, _ = start_head(section)
+        yield Panel((maps[0], layer), {"layer": layer, "from": maps[0].labels[0], "text": maps[0].text}, maps[0])
+
+
+def _patch_rollout_panels(section: Any) -> Iterable[Panel]:
+    for i, amap in enumerate(_image_maps(section)):
+        yield Panel((amap,), {"i": i, "from": amap.labels[0], "text": amap.text}, amap)
 
 
 def _comparison_panels(section: Any) -> Iterable[Panel]:
@@ -1063,6 +1099,14 @@ FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
                "syntax-grid-{file_relation}-{file_direction}",
                "{relation} ({direction}, n={n}): test accuracy of every head; {head}, chosen on the selection "
                "sentences, boxed."),
+    FigureSpec("patch_overlay", "maps", "vision", patch_overlay, _overlay_panels,
+               "vision-{i}-{head}", "{head}'s attention from {from} onto the patches of “{text}”, over the image "
+               "as the model saw it (the query patch outlined where it is one)."),
+    FigureSpec("layer_overlays", "maps", "vision", layer_overlays, _layer_overlay_panels,
+               "vision-layer-{layer}", "Every head of layer {layer} on “{text}”: attention from {from} onto the patches."),
+    FigureSpec("patch_rollout", "maps", "vision", patch_rollout, _patch_rollout_panels,
+               "vision-rollout-{i}", "Attention rollout (Abnar & Zuidema 2020) from {from} onto the patches of "
+               "“{text}”: heads averaged, the residual as 0.5·A + 0.5·I, through every layer."),
     FigureSpec("sink_shares", "sinks", "sinks", sink_share_grid, _sink_panels,
                "sinks-shares", "Every head's attention on position 0; sink heads (share > {epsilon:g}) marked by what "
                                "ablating them shows: ○ dormant, ● active."),

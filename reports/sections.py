@@ -323,6 +323,24 @@ def report_tables(analyses: Sequence[ModelAnalysis]) -> dict[str, pd.DataFrame]:
 # ---------------------------------------------------------------- the registry
 
 
+def _vision(a: ModelAnalysis, figures: Figures) -> dict:
+    """The images' overlays, layer mosaic and rollout, and the vision heads (their top scores)."""
+    images = [m for m in a.maps if m.is_image]
+    top = None
+    if images and a.scores is not None:
+        rows = [{"metric": metric, **{f"top {k + 1}": f"{head_name(r.layer, r.head)} {r.value:.2f}"
+                                      for k, r in enumerate(a.scores.top(metric, 3).itertuples())}}
+                for metric in ("cls", "registers", "attention_distance", "previous_patch", "neighbour_patches")
+                if metric in a.scores.metrics and a.scores.table.loc[a.scores.table["metric"] == metric, "value"].notna().any()]
+        top = table_view(pd.DataFrame(rows)) if rows else None
+    return {"vision": {"figures": list(figures.get("vision", [])), "images": [m.text for m in images],
+                       "grid": list(images[0].grid) if images else None, "top": top}}
+
+
+def _shows_images(analyses: Sequence[ModelAnalysis]) -> bool:
+    return any(m.is_image for a in analyses for m in a.maps)
+
+
 def _any(field: str, *more: str) -> Callable[[Sequence[ModelAnalysis]], bool]:
     def shown(analyses: Sequence[ModelAnalysis]) -> bool:
         return any(getattr(a, f) is not None for a in analyses for f in (field, *more))
@@ -336,6 +354,7 @@ SECTIONS: Mapping[str, Section] = MappingProxyType({s.name: s for s in (
     Section("heads", "Head roles", _heads, _heads_tables),
     Section("probe", "Coreference probe", _probes, _probe_tables),
     Section("attention", "Attention figures"),
+    Section("vision", "Vision", _vision, shown=_shows_images),
     Section("syntax", "Syntax", _syntax, _syntax_tables, shown=_any("syntax", "syntax_clusters")),
     Section("comparison", "Comparison", _comparison, _comparison_tables, shown=_any("comparison")),
     Section("sinks", "Sinks", _sinks, _sinks_tables, shown=_any("sinks", "streaming")),

@@ -91,7 +91,8 @@ def test_tiny_model_by_model_type_is_its_family_model(model_type):
     assert lm.name == f"tiny-{family.name}"
     assert family_for(lm.config) is family
     assert lm.is_causal == (family.kind == "decoder")  # an encoder-decoder's one-text view is its encoder
-    assert (family.auto_class == "AutoModel") == (family.kind == "encoder")
+    if family.name != "clip_text":  # CLIP's text tower masks causally but has no next-word head
+        assert (family.auto_class == "AutoModel") == (family.kind == "encoder")
 
 
 def test_tiny_model_of_an_unknown_name_lists_the_choices():

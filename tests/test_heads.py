@@ -24,13 +24,15 @@ from headscope.analyses.heads import (
 )
 from headscope.analyses.induction import PATTERNS, detection_pattern, pattern_score, repeated_random_tokens
 from headscope.analyses.metrics import (
-    ROLE_LABELS, THRESHOLDS, Diagonal, KeyShare, Metric, MetricName, Pattern, RowStatistic, row_entropy, row_max,
+    ROLE_LABELS, THRESHOLDS, Diagonal, KeyShare, Metric, MetricName, Pairwise, Pattern, RowStatistic, row_entropy, row_max,
 )
 from headscope.probe.families import family_for
 from headscope.probe.recompute import Block
 from headscope.probe.types import AttentionMap, Units
 
 # The corpus metrics the loop reference below defines; test_reference_covers_the_registry keeps it honest.
+# The metrics of images (patch positions): their loop reference is in tests/test_vision.py.
+IMAGE_METRICS = ("registers", "attention_distance", "previous_patch", "neighbour_patches")
 CORPUS_METRICS = ("previous_token", "next_token", "self", "first_token", "cls", "sep", "punctuation",
                   "entropy", "normalized_entropy", "max_weight")
 
@@ -455,7 +457,7 @@ def test_every_registry_metric_appears_once_per_head_in_registry_order():
 def test_reference_covers_the_registry():
     corpus = {m for m, spec in METRICS.items() if spec.kind == "corpus"}
     pattern = {m for m, spec in METRICS.items() if spec.kind == "pattern"}
-    assert corpus == set(CORPUS_METRICS) and corpus | pattern == set(METRICS)
+    assert corpus == set(CORPUS_METRICS) | set(IMAGE_METRICS) and corpus | pattern == set(METRICS)
     assert pattern <= set(PATTERNS)  # every pattern metric has a detection pattern of its name
     for name in pattern:  # ... and is scored with it: TransformerLens's pattern, held by the entry
         assert METRICS[name].computation.pattern is PATTERNS[name]
@@ -526,7 +528,7 @@ def test_head_scores_serialise(tmp_path):
 def test_metric_name_literal_is_the_registry():
     # the Literal stays the one static list of the built-in names, in table order
     assert get_args(MetricName) == tuple(METRICS)
-    assert all(isinstance(spec.computation, (Diagonal, KeyShare, RowStatistic, Pattern)) for spec in METRICS.values())
+    assert all(isinstance(spec.computation, (Diagonal, KeyShare, RowStatistic, Pattern, Pairwise)) for spec in METRICS.values())
 
 
 def _last_unit(labels, special):

@@ -27,7 +27,7 @@ def _layer_head(layer: int | None, spec: str) -> tuple[int, int]:
 
 
 @click.command()
-@click.argument("text", callback=utf8_text("TEXT"))
+@click.argument("text", required=False, callback=utf8_text("TEXT"))
 @model_option
 @click.option("--token", required=True, help="The query token (a word of TEXT; a split word starts at its first piece).")
 @click.option("--occurrence", type=click.IntRange(min=0), default=0, show_default=True,
@@ -38,12 +38,14 @@ def _layer_head(layer: int | None, spec: str) -> tuple[int, int]:
 @click.option("--scale-effect", is_flag=True, help="Also show every head of the layer with and without the 1/√d scale.")
 @click.option("--permutation", is_flag=True, help="Also show that attention without positions is permutation-equivariant.")
 @click.option("--truncate", is_flag=True, help="Cut TEXT to the model's context instead of failing.")
+@click.option("--image", "image", type=click.Path(dir_okay=False, path_type=str), default=None,
+              help="A vision transformer: explain this image instead of TEXT; --token is a unit such as [CLS] or r1c2.")
 @out_option
 @json_option
 @quiet_option
 @attention_options
 @device_options
-def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, permutation, truncate, out_path, as_json,
+def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, permutation, truncate, image, out_path, as_json,
         device, dtype, attention, memory_budget, quiet) -> None:
     """Explain how one head builds TOKEN's output in TEXT: scores, scaling, softmax, values.
 
@@ -57,14 +59,22 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
     from headscope.probe.types import head_name
 
     layer, head = _layer_head(layer, head_spec)
+    if (text is None) == (image is None):
+        fail("give TEXT or --image FILE (one of them)")
+    if image is not None and (scale_effect or permutation):
+        fail("--scale-effect and --permutation take a TEXT, not --image")
     lm = load_or_fail(model_name, device, dtype)
     with refusals(model_name, RuntimeError):
-        if truncate:
+        if image is not None:
+            e = explain(lm, image=image, token=token, layer=layer, head=head)
+            text, scales, perm = e.text, None, None
+        elif truncate:
             text = fit_context(lm, text)
-        e = explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence, attention=attention,
-                    budget=memory_budget)
-        scales = scale_table(lm, text, layers=[layer]) if scale_effect else None
-        perm = permutation_check(lm, text) if permutation else None
+        if image is None:
+            e = explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence, attention=attention,
+                        budget=memory_budget)
+            scales = scale_table(lm, text, layers=[layer]) if scale_effect else None
+            perm = permutation_check(lm, text) if permutation else None
     if out_path:
         write_table(e.table, out_path)
     if as_json:

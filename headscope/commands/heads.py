@@ -6,7 +6,7 @@ import click
 
 from headscope.probe.names import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Level, choices
 
-from ..common import (attention_note, attention_options, corpus_or_fail, device_options, echo_json, fail, finish,
+from ..common import (attention_note, attention_options, corpus_or_fail, device_options, echo_json, fail, finish, image_option,
                       join_run, json_option, load_or_fail, model_option, out_option, quiet_option, too_long_or_fail,
                       verify_option, verify_step, write_table)
 
@@ -31,13 +31,14 @@ __all__ = ["cli"]
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random sequences.")
 @out_option
 @click.option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
+@image_option
 @quiet_option
 @json_option
 @verify_option
 @attention_options
 @device_options
 def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, induction_seqs, induction_length,
-        seed, out_path, truncate, quiet, as_json, device, dtype, no_verify, attention, memory_budget) -> None:
+        seed, out_path, truncate, images, quiet, as_json, device, dtype, no_verify, attention, memory_budget) -> None:
     """Score every head over a corpus: previous/next token, self, sinks, punctuation, entropy, induction.
 
     With --json: settings, top heads and roles; the full table goes to --out.
@@ -51,6 +52,11 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
     texts, total, source = corpus.texts, corpus.total, corpus.source
     world = join_run(device)
     lm = load_or_fail(model_name, device, dtype)
+    if images or lm.is_image:  # a vision transformer scores its heads on the images (with the vision metrics)
+        scores, source = _image_scores(lm, model_name, list(images), level, include_special, batch_size), "--image"
+        verification = _image_verification(lm, images, no_verify)
+        _report(scores, k, source, out_path, as_json, verification)
+        return
     if corpus.path is not None:  # a text too long for the model is named by its file and line
         too_long_or_fail(lm, islice(iter_corpus_lines(corpus.path), limit), truncate=truncate)
     verification = verify_step(lm, enabled=not no_verify)
@@ -63,6 +69,32 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
         fail(str(exc))
     if not world.is_main:  # every process of a torchrun run holds the merged scores; rank 0 writes them
         return
+    _report(scores, k, source, out_path, as_json, verification)
+
+
+def _image_scores(lm, model_name: str, images: list[str], level, include_special: bool, batch_size: int):
+    from headscope.analyses.heads import score_corpus
+    from headscope.probe.extract import extract
+    from headscope.probe.images import require_modality
+
+    from ..common import refusals
+
+    with refusals(model_name):
+        require_modality(lm, images=bool(images))
+        maps = extract(lm, images=images, level=level, batch_size=batch_size)
+    return score_corpus(maps, model=lm.name, level=level, include_special=include_special)
+
+
+def _image_verification(lm, images, no_verify: bool) -> dict:
+    from headscope.probe.verify import verify
+
+    if no_verify:
+        return verify_step(lm, enabled=False)
+    v = verify(lm, images=list(images))
+    return {"passed": v.passed, "summary": v.summary(), "max_abs_err": v.max_abs_err}
+
+
+def _report(scores, k, source, out_path, as_json, verification) -> None:
     if out_path:
         write_table(scores.table, out_path)
     if as_json:

@@ -19,8 +19,8 @@ import click
 
 from headscope.probe.names import DEFAULT_LEVEL, Level, choices
 
-from ..common import (Interrupts, attention_options, check_out, corpus_or_fail, device_options, echo_json, fail,
-                      join_run, json_option, load_or_fail, models_option, models_or_fail, parsed, quiet_option, say,
+from ..common import (Interrupts, attention_options, check_out, corpus_or_fail, device_options, echo_json, fail, image_option,
+                      join_run, json_option, load_or_fail, models_option, models_or_fail, parsed, quiet_option, refusals, say,
                       too_long_or_fail, utf8_text)
 
 __all__ = ["cli", "shown_settings"]
@@ -142,13 +142,14 @@ def _parse_width(value: str) -> float:
               help="Resolution of PNG figures (and of images inside vector ones).")
 @click.option("--width", default=None, callback=parsed(_parse_width, "--width"),
               help="Scale every figure file to this width, keeping its aspect: 3.5in, 8.9cm, 89mm or 252pt.")
+@image_option
 @quiet_option
 @json_option
 @attention_options
 @device_options
 def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, force, level, limit, induction_seqs,
         permutations, seed, batch_size, truncate, conllu_path, select_path, ablation, ablation_texts, old_ablation,
-        old_ablation_texts, sinks, formats, dpi, width,
+        old_ablation_texts, sinks, formats, dpi, width, images,
         quiet, as_json, device, dtype, attention, memory_budget) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
@@ -194,7 +195,8 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
         permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate,
         attention=attention, memory_budget=memory_budget, targets=tuple(targets), generate=generate,
         conllu=conllu_path, select_on=select_path, ablation=old_ablation if ablation is None else ablation,
-        ablation_texts=old_ablation_texts if old_ablation_texts is not None else ablation_texts, sinks=sinks)
+        ablation_texts=old_ablation_texts if old_ablation_texts is not None else ablation_texts, sinks=sinks,
+        images=tuple(images))
     world = join_run(device)
 
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser.
@@ -205,7 +207,13 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
             lm = load_or_fail(name, device, dtype)
             load_seconds = time.perf_counter() - t0
             say(f"{lm.name}: loaded from {lm.source} ({load_seconds:.1f} s)", quiet=quiet)
-            too_long_or_fail(lm, corpus_lines, truncate=truncate)
+            if lm.is_image != bool(images):  # an image on a text model, or a text-only run of an image model
+                from headscope.probe.images import require_modality
+
+                with refusals(name):
+                    require_modality(lm, images=bool(images))
+            if not lm.is_image:
+                too_long_or_fail(lm, corpus_lines, truncate=truncate)
             try:
                 analyses.append(analyse_model(lm, corpus, probe_sets, settings, load_seconds=load_seconds,
                                               progress=not quiet, log=None if quiet else lambda line: click.echo(line, err=True),

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
+from ..common import (device_options, echo_json, fail, image_option, json_option, load_or_fail, model_option, out_option,
                       quiet_option, refusals, utf8_text, write_table)
 
 
@@ -16,11 +16,12 @@ from ..common import (device_options, echo_json, fail, json_option, load_or_fail
 @click.option("--target", "targets", multiple=True, callback=utf8_text("--target"),
               help="Encoder-decoder models: the decoder's text for each --text, in order; default: the texts shifted by one.")
 @click.option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
+@image_option
 @out_option
 @json_option
 @quiet_option
 @device_options
-def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], truncate: bool, out_path, as_json: bool, device: str,
+def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], truncate: bool, images: tuple[str, ...], out_path, as_json: bool, device: str,
         dtype: str, quiet) -> None:
     """Exit 0 only when every head of every layer matches the from-scratch attention.
 
@@ -30,13 +31,15 @@ def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], trunc
 
     lm = load_or_fail(model_name, device, dtype)
     with refusals(model_name):
-        result = verify(lm, list(texts) or None, truncate=truncate, **({"target": list(targets)} if targets else {}))
+        result = verify(lm, list(texts) or None, truncate=truncate, **({"target": list(targets)} if targets else {}),
+                        **({"images": list(images)} if images else {}))
     if out_path:
         write_table(result.to_frame(), out_path)
     if as_json:
         echo_json(result.to_dict())
     else:
-        click.echo(f"{result.model} ({result.family}, {result.dtype}), {result.n_texts} texts, {result.n_tokens} tokens")
+        click.echo(f"{result.model} ({result.family}, {result.dtype}), {result.n_texts} {'images' if lm.is_image else 'texts'}, "
+                   f"{result.n_tokens} {'units' if lm.is_image else 'tokens'}")
         width = max(len(_layer(c)) for c in result.layers) if result.layers else 5
         click.echo(f"{'layer':>{max(width, 5)}} {'max|Δ| probs':>13} {'rel':>9} {'max|Δ| out':>11} {'rel':>9}  ok")
         for c in result.layers:

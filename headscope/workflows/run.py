@@ -23,12 +23,14 @@ from typing import Callable, Sequence
 import pandas as pd
 
 from headscope.analyses.flow import FLOW_MAX_EDGES, flow_fits
+from headscope.analyses.heads import score_corpus
 from headscope.analyses.treebank import Treebank
 from headscope.probe.encoding import fit_context
 from headscope.probe.extract import extract
 from headscope.probe.forward import hybrid_note, is_seq2seq
 from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
 from headscope.probe.generate import GenerationAttention, generate_attention
+from headscope.probe.images import require_modality
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, Attention
 from headscope.probe.sources import source_for
@@ -99,6 +101,9 @@ class RunSettings:
     sinks: bool = False
     streaming_tokens: int = 1024
     streaming_window: int = 256
+    # Vision transformers: the images analysed instead of the corpus, the probes and the report sentences
+    # (their maps are the report's maps, scored with the vision metrics); text models take none.
+    images: tuple[str, ...] = ()
 
 
 class _Stages:
@@ -151,6 +156,9 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
     say = log or (lambda message: None)
     stage = _Stages()
     stage.seconds["load"] = round(load_seconds, 3)
+    require_modality(lm, images=bool(settings.images))
+    if lm.is_image:
+        return _analyse_images(lm, settings, stage, say)
     notes: list[str] = [note for note in [hybrid_note(lm)] if note]
     verification: Verification | None
     try:
@@ -247,6 +255,28 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
                          pairs=tuple(pairs), norm_maps=tuple(norm_maps), generations=tuple(generations),
                          syntax=found, syntax_clusters=clusters, evidence=evidence, sinks=sink_report,
                          streaming=streamed)
+
+
+def _analyse_images(lm: LoadedModel, settings: RunSettings, stage: _Stages, say) -> ModelAnalysis:
+    """A vision transformer's run: verification on the images, their maps (patch units) and every head
+    scored on them (the vision metrics among the rest). No corpus, probe, ablation or sinks: those read texts."""
+    images = list(settings.images)
+    verification = stage.run("verify", verify, lm, images=images, batch_size=settings.batch_size)
+    say(f"{lm.name}: {verification.summary()} ({stage.seconds['verify']:.1f} s)")
+    maps = stage.run("images", extract, lm, images=images, level="token", batch_size=settings.batch_size)
+    scores = stage.run("heads", score_corpus, maps, model=lm.name, level="token",
+                       include_special=settings.include_special)
+    scores.meta["corpus"] = f"{len(images)} image(s)"
+    say(f"{lm.name}: head scores over {len(maps)} images, {len(scores.roles)} roles ({stage.seconds['heads']:.1f} s)")
+    notes = ["an image model: the heads are scored on the --image files, and the corpus, the coreference probe, "
+             "ablation and sinks (which read texts) were not run; CLIP and SigLIP towers never attend to each other "
+             "(there is no cross-attention between image and text)"]
+    if lm.source == "random init":
+        notes.append("random weights (a tiny test model): the vision figures show the method, not a trained model")
+    info = {**_model_info(lm, verification, stage.seconds), "images": [m.text for m in maps],
+            "patch_grid": list(maps[0].grid)}
+    return ModelAnalysis(model=lm.name, verification=verification, scores=scores, maps=tuple(maps), info=info,
+                         notes=tuple(notes), seconds=dict(stage.seconds))
 
 
 def corpus_stats(tokenizer, corpora: Sequence[tuple[str, str, Sequence[str]]]) -> pd.DataFrame:

@@ -31,13 +31,15 @@ from ..errors import UnsupportedArchitecture, UnsupportedFeature
 from ..scratch import LayerSpec
 
 __all__ = [
-    "Family", "Refusal", "Kind", "Stack", "StackKind", "TokenizerKind", "UnsupportedArchitecture", "UnsupportedFeature",
-    "FAMILIES", "SUPPORTED_TYPES", "NO_SOFTMAX_LAYER_TYPES", "softmax_layers", "family_for", "family_of_type", "family_table", "coverage_markdown",
+    "Family", "Refusal", "Kind", "Modality", "Stack", "StackKind", "TokenizerKind", "UnsupportedArchitecture",
+    "UnsupportedFeature", "FAMILIES", "SUPPORTED_TYPES", "NO_SOFTMAX_LAYER_TYPES", "softmax_layers", "family_for",
+    "family_of_type", "family_table", "coverage_markdown",
 ]
 
 Kind = Literal["encoder", "decoder", "encoder-decoder"]
 TokenizerKind = Literal["wordpiece", "bytebpe", "sentencepiece"]
 AutoClass = Literal["AutoModel", "AutoModelForCausalLM", "AutoModelForSeq2SeqLM"]
+Modality = Literal["text", "image"]
 StackKind = Literal["encoder", "decoder", "cross"]
 
 
@@ -93,10 +95,16 @@ class Family:
     out_proj: Callable[[torch.nn.Module, int], torch.nn.Module]  # (base_model, i) -> W_O; its input is the heads' concat
     refuses: tuple[Refusal, ...]  # checked in order; the first that applies is raised
     tiny_config: Callable[[int, str], Any]  # (vocab size, model type) -> config of that type's tiny random test model
-    tokenizer: TokenizerKind  # the tiny tokenizer kind the tiny model is built with
+    tokenizer: TokenizerKind | None  # the tiny tokenizer kind the tiny model is built with (None: an image model)
     auto_class: AutoClass  # the transformers Auto class that builds the tiny model
     position_embedding: Callable[[torch.nn.Module], torch.nn.Module] | None = None  # absolute positions, if any
     stacks: tuple[Stack, ...] = ()  # encoder-decoder only: the encoder, decoder and cross stacks, in that order
+    # Vision transformers: the input is an image, cut into patches by the model's own embedding.
+    modality: Modality = "text"
+    # image models: the labels of the tokens before the patches (CLS, DeiT's distillation token, registers)
+    prefix_tokens: Callable[[Any], tuple[str, ...]] = lambda cfg: ()
+    tiny_processor: Callable[[Any], Any] | None = None  # image models: config -> the tiny model's image processor
+    tiny_std: float = 0.2  # the spread of the tiny model's random weights (wider: attention far from uniform)
 
     def n_layers(self, config) -> int:
         return config.num_hidden_layers

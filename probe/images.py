@@ -1,0 +1,130 @@
+"""Images to patch tokens: checked images, the checkpoint's image processor, and a map's patch units.
+
+An image is read (a path, a PIL image or an array), resized and normalised by the model's own image
+processor (`lm.processor`, the PIL path), and becomes one sequence of units: the tokens the model puts
+before its patches (`[CLS]`, DeiT's `[DIST]`, registers `[REG0]`, …; special units) and then one unit
+per patch, row by row, labelled `r{row}c{col}`. The map keeps the patch grid (rows, columns) and the
+image as the model saw it (un-normalised, `[H, W, 3]` in 0..1) for the views.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterable, Sequence
+
+import numpy as np
+
+from .encoding import Encoded
+from .families import family_of_type
+from .model import LoadedModel
+
+__all__ = ["check_images", "load_image", "encode_images", "patch_labels", "ImageInput", "require_modality",
+           "TWO_TOWER_TYPES"]
+
+TWO_TOWER_TYPES = ("clip",)  # an image tower and a text tower, compared only by their pooled embeddings (probe.towers)
+
+ImageInput = object  # a path (str or os.PathLike), a PIL.Image.Image, or a numpy array [H, W] / [H, W, 3 or 4]
+
+
+def require_modality(lm: LoadedModel, *, images: bool) -> None:
+    """A clear error for an image on a text model, or a text on an image model."""
+    if images and not lm.is_image:
+        raise ValueError(f"{lm.name} is a text model ({lm.model_type}); it takes texts, not images. "
+                         "Give it text, or load a vision transformer (e.g. tiny:vit)")
+    if not images and lm.is_image:
+        raise ValueError(f"{lm.name} is an image model ({lm.model_type}); it takes images, not texts. "
+                         "Pass images=[...] (CLI: --image FILE)")
+
+
+def check_images(images: object) -> list:
+    """The images as a list; a clear error for a wrong container (a single image is a list of one)."""
+    if isinstance(images, (str, os.PathLike, np.ndarray)) or _is_pil(images):
+        return [images]
+    if isinstance(images, (bytes, bytearray, dict, set, frozenset)) or not isinstance(images, Iterable):
+        raise TypeError(f"images must be a path, a PIL image, a numpy array or a list of them, got "
+                        f"{type(images).__name__}")
+    out = list(images)
+    if not out:
+        raise ValueError("images is empty; pass at least one image (a path, a PIL image or an array)")
+    return out
+
+
+def _is_pil(obj) -> bool:
+    try:
+        from PIL import Image
+    except ImportError:  # pragma: no cover - PIL comes with matplotlib
+        return False
+    return isinstance(obj, Image.Image)
+
+
+def load_image(i: int, item: object):
+    """Image `i` as an RGB PIL image; one clear error naming it when it cannot be read."""
+    from PIL import Image, UnidentifiedImageError
+
+    if _is_pil(item):
+        return item.convert("RGB")
+    if isinstance(item, (str, os.PathLike)):
+        path = os.fspath(item)
+        if not os.path.isfile(path):
+            raise ValueError(f"image {i}: no file {path!r}; give the path of a PNG or JPEG image")
+        try:
+            with Image.open(path) as img:
+                return img.convert("RGB")
+        except (UnidentifiedImageError, OSError) as exc:
+            raise ValueError(f"image {i}: {path!r} is not an image PIL can read ({exc}); give a PNG or JPEG") from None
+    if isinstance(item, np.ndarray):
+        a = item
+        if a.ndim == 2:
+            a = np.stack([a] * 3, axis=-1)
+        if a.ndim != 3 or a.shape[-1] not in (3, 4) or min(a.shape[:2]) < 1:
+            raise ValueError(f"image {i}: an array must be [H, W] or [H, W, 3 or 4], got shape {item.shape}")
+        if a.dtype.kind == "f":
+            if not np.isfinite(a).all():
+                raise ValueError(f"image {i}: the array holds NaN or infinite values")
+            a = (np.clip(a, 0.0, 1.0) * 255).round().astype(np.uint8)  # floats are read as 0..1
+        elif a.dtype != np.uint8:
+            raise TypeError(f"image {i}: an array must be uint8 (0..255) or float (0..1), got {a.dtype}")
+        return Image.fromarray(np.ascontiguousarray(a[..., :3]), mode="RGB")
+    raise TypeError(f"image {i} is a {type(item).__name__}; pass a path, a PIL image or a numpy array")
+
+
+def patch_labels(rows: int, cols: int) -> tuple[str, ...]:
+    """`r{row}c{col}` for each patch, row by row (the order of the model's patch tokens).
+
+    >>> patch_labels(2, 2)
+    ('r0c0', 'r0c1', 'r1c0', 'r1c1')
+    """
+    return tuple(f"r{r}c{c}" for r in range(rows) for c in range(cols))
+
+
+def _name(i: int, item: object) -> str:
+    return os.path.basename(os.fspath(item)) if isinstance(item, (str, os.PathLike)) else f"image {i}"
+
+
+def encode_images(lm: LoadedModel, images: Sequence[object], *, first_index: int = 0) -> list[Encoded]:
+    """Each image resized and normalised by `lm.processor`, as an `Encoded` holding its pixels
+    `[3, H, W]`, its patch grid and its units' labels (prefix tokens special, then the patches)."""
+    if lm.processor is None:
+        raise ValueError(f"{lm.name} has no image processor; load the checkpoint with its "
+                         "preprocessor_config.json (save_pretrained of the model and its image processor)")
+    pictures = [load_image(first_index + i, item) for i, item in enumerate(images)]
+    pixels = lm.processor(images=pictures, return_tensors="pt")["pixel_values"]  # (B, 3, H, W)
+    cfg = lm.config
+    patch = cfg.patch_size if isinstance(cfg.patch_size, int) else cfg.patch_size[0]
+    _, _, h, w = pixels.shape
+    rows, cols = h // patch, w // patch
+    prefix = family_of_type(lm.model_type).prefix_tokens(cfg)
+    labels = prefix + patch_labels(rows, cols)
+    special = (True,) * len(prefix) + (False,) * (rows * cols)
+    shown = _as_seen(lm.processor, pixels)
+    return [Encoded(text=_name(first_index + i, item), ids=(0,) * len(labels), spans=((0, 0),) * len(labels),
+                    special=special, pixels=pixels[i], grid=(rows, cols), labels=labels, picture=shown[i])
+            for i, item in enumerate(images)]
+
+
+def _as_seen(processor, pixels) -> np.ndarray:
+    """The images as the model saw them, normalisation undone: [B, H, W, 3] in 0..1."""
+    x = pixels.float().numpy().transpose(0, 2, 3, 1)  # (B, H, W, 3)
+    if getattr(processor, "do_normalize", False):
+        x = x * np.asarray(processor.image_std, dtype=np.float32) + np.asarray(processor.image_mean, dtype=np.float32)
+    return np.clip(x, 0.0, 1.0)
