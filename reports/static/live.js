@@ -177,7 +177,8 @@
     state.models = j.models;
     j.models.forEach(function (m) { $("model").appendChild(el("option", { value: m.name }, m.name)); });
     banner();
-  });
+    document.body.setAttribute("data-ready", "1");
+  }).catch(function (e) { fail("the server did not answer: " + e.message); });
   $("model").addEventListener("change", banner);
   $("show").addEventListener("click", show);
   $("metrics").addEventListener("click", metrics);
