@@ -62,10 +62,10 @@ def test_missing_rows_and_bad_tiles_are_refused():
 
 
 def test_top_keys_by_hand():
-    rows = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.0, 0.5]])
+    rows = torch.tensor([[0.1, 0.6, 0.3], [0.5, 0.0, 0.4]])
     t = top_keys(rows, 2, query_start=4)
-    assert t.keys.tolist() == [[1, 2], [0, 2]]  # a tie keeps key order
-    torch.testing.assert_close(t.weights, torch.tensor([[0.6, 0.3], [0.5, 0.5]]))
+    assert t.keys.tolist() == [[1, 2], [0, 2]]
+    torch.testing.assert_close(t.weights, torch.tensor([[0.6, 0.3], [0.5, 0.4]]))
     assert t.to_frame()["query"].tolist() == [4, 4, 5, 5]
     assert top_keys(rows, 9).keys.shape == (2, 3)
 
@@ -101,3 +101,41 @@ def test_live_refuses_bad_heads_and_rows():
         live.rows(0, 0, 3, 3)
     with pytest.raises(ValueError, match="token rows"):
         LiveText(lm, TEXT, source_for(lm, "recompute"), level="word")
+
+
+# ---------------------------------------------------------------- the report's and hs.show's long-text view
+
+def _long_map(n: int, heads: int = 2, causal: bool = True):
+    """A hand-built [1, heads, n, n] map: head 0 attends to the previous token, head 1 uniformly."""
+    from headscope.probe.types import AttentionMap
+
+    att = torch.zeros(1, heads, n, n)
+    att[0, 0, 0, 0] = 1
+    att[0, 0, torch.arange(1, n), torch.arange(n - 1)] = 1
+    att[0, 1] = torch.ones(n, n).tril() / torch.arange(1, n + 1)[:, None]
+    labels = tuple(f"t{i}" for i in range(n))
+    return AttentionMap(text=" ".join(labels), level="token", labels=labels, spans=((0, 0),) * n,
+                        special=(False,) * n, attention=att, causal=causal, meta={"model": "toy"})
+
+
+def test_a_long_map_is_embedded_pooled_with_each_rows_top_keys():
+    from headscope.reports.html import POOL_ABOVE, _units
+
+    n = POOL_ABOVE + 44  # 300 tokens
+    u = _units(_long_map(n))
+    p = u["pooled"]
+    assert len(u["labels"]) == 64 and len(u["att"][0]) == 64 * 64 and p["n_queries"] == n
+    assert u["att"][0] == (pool(_long_map(n).attention[0, 0], 64).max * 1000).round().int().flatten().tolist()
+    assert [row[0] for row in p["top_keys"][0][1:]] == list(range(n - 1))  # previous token, row by row
+    assert p["top_weights"][0][5][0] == 1000
+    assert u["labels"][0] == "t0\u2026t3" and p["keys"][n - 1] == f"t{n - 1}"  # tile 0 of 300 in 64: 0 .. 300 // 64 - 1
+    exact = _units(_long_map(POOL_ABOVE))  # at the threshold: every weight, as before
+    assert "pooled" not in exact and len(exact["att"][0]) == POOL_ABOVE**2
+
+
+def test_a_4000_token_page_stays_under_its_bound():
+    from headscope.reports.inline import show
+
+    html = show(_long_map(4000).attention, [f"t{i}" for i in range(4000)], causal=True).html
+    # exact: 2 heads × 4,000² weights (~100 MB of JSON); pooled: 2 × 64² tiles + 2 × 4,000 × 3 top keys
+    assert "pooled" in html and len(html.encode()) < 600_000, len(html)
