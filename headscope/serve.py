@@ -10,7 +10,8 @@ one page without a framework's extras, and its TestClient (httpx) tests the API 
     POST /api/overview     {"model", "text", "layer", "head", "tiles", "level", "weight"} → {"labels", "tiles", ...}
     POST /api/explain      {"model", "text", "layer", "head", "query"} → explain's terms of that query row
     POST /api/heads        {"model", "text"} → the text's head metrics, [layer][head] per metric
-    POST /api/generate     {"model", "prompt", "max_new_tokens", "layer", "head"} → each generated token's row
+    POST /api/generate     {"model", "prompt", "max_new_tokens", "layer", "head", "chat", "temperature", "top_p",
+                            "seed"} → each generated token's row, each prompt token's turn (chat)
 
 A bad request gets a 4xx and `{"error": "<one line>"}`; anything unexpected a 500 with one line, never a
 traceback. Requests run in a worker thread, one at a time per model (the explorer's lock). No route
@@ -33,7 +34,7 @@ _FIELDS = {  # route → (required fields, optional fields)
     "overview": (("model", "text", "layer", "head"), ("tiles", "level", "weight")),
     "explain": (("model", "text", "layer", "head", "query"), ("level", "weight")),
     "heads": (("model", "text"), ("layer", "head", "level", "weight")),
-    "generate": (("model", "prompt", "layer", "head"), ("max_new_tokens",)),
+    "generate": (("model", "prompt", "layer", "head"), ("max_new_tokens", "chat", "temperature", "top_p", "seed")),
 }
 _IGNORED = {"explain": ("level", "weight"), "heads": ("layer", "head", "level", "weight")}  # the page sends them
 

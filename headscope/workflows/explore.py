@@ -12,7 +12,8 @@ takes plain JSON values and returns a JSON-ready dict:
     overview(model, text, layer, head, tiles)   the whole map pooled into tiles (max, mean)
     explain(model, text, layer, head, query)    the explain terms of one cell's row (`probe.explain`)
     heads(model, text)                          the text's head metrics, layer × head
-    generate(model, prompt, max_new_tokens, layer, head)   each generated token's row
+    generate(model, prompt, max_new_tokens, layer, head, chat, temperature, top_p, seed)
+                                                each generated token's row (chat: each token's turn)
 
 Every request is bounded (`Limits`): text length, rows per request, cells per response, tiles, so one
 request cannot exhaust memory. A bad request raises `ExplorerError` with its HTTP status and one line.
@@ -160,17 +161,23 @@ class Explorer:
                     grid[r.metric][r.layer][r.head] = float(r.value)
             return {"model": model, "layers": scores.n_layers, "heads": scores.n_heads, "metrics": grid}
 
-    def generate(self, model: str, prompt: str, *, layer: int, head: int, max_new_tokens: int = 10) -> dict:
-        from headscope.probe.generate import generate_attention
+    def generate(self, model: str, prompt: str, *, layer: int, head: int, max_new_tokens: int = 10,
+                 chat: bool = False, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> dict:
+        from headscope.probe.generate import chat_prompt, generate_attention
 
         m = self._model(model)
         self._text(prompt)
         n = self._int(max_new_tokens, "max_new_tokens", 1, self.limits.max_new_tokens)
+        if not isinstance(chat, bool):
+            raise ExplorerError(f"chat must be true or false, got {chat!r}")
         with m.lock:
-            key = (prompt, n)
+            key = (prompt, n, chat, temperature, top_p, seed)
             gen = m.generations.get(key)
             if gen is None:
-                gen = self._call(generate_attention, m.lm, prompt, max_new_tokens=n)
+                text, turns = (self._call(chat_prompt, m.lm, [{"role": "user", "content": prompt}]) if chat
+                               else (prompt, None))
+                gen = self._call(generate_attention, m.lm, text, max_new_tokens=n, temperature=temperature,
+                                 top_p=top_p, seed=seed, turns=turns)
                 m.generations[key] = gen
                 while len(m.generations) > self.limits.keep_texts:
                     m.generations.popitem(last=False)
@@ -180,7 +187,7 @@ class Explorer:
             ids = list(gen.prompt.layer_ids)
             li = ids.index(layer) if layer in ids else layer
             return {"model": model, "prompt_labels": list(gen.prompt.labels), "tokens": list(gen.generated_tokens),
-                    "stopped": gen.stopped, "rows": [row[li, head].tolist() for row in gen.steps]}
+                    "turns": list(gen.prompt_turns), "sampling": gen.sampling, "stopped": gen.stopped, "rows": [row[li, head].tolist() for row in gen.steps]}
 
     # -- helpers -----------------------------------------------------------------------------------
 

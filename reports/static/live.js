@@ -156,8 +156,10 @@
     var t = state.step, row = g.rows[t], keys = g.prompt_labels.concat(g.tokens.slice(0, t + 1));
     $("step").textContent = "step " + (t + 1) + " of " + g.tokens.length + ": " + label(g.tokens[t]);
     var max = Math.max.apply(null, row) || 1;
+    var turns = g.turns.length ? g.turns.concat(g.tokens.map(function () { return "assistant"; })) : null;
     keys.forEach(function (k, i) {
-      var s = el("span", { "class": "tok", title: row[i].toFixed(4) }, label(k));
+      var s = el("span", { "class": "tok", title: (turns ? turns[i] + ": " : "") + row[i].toFixed(4),
+        "data-turn": turns ? turns[i] : "" }, label(k));
       s.style.background = blue(row[i] / max);
       box.appendChild(s);
     });
@@ -165,7 +167,8 @@
   function generate() {
     fail("");
     post("/api/generate", { model: $("model").value, prompt: $("text").value,
-      max_new_tokens: parseInt($("new-tokens").value, 10) || 1, layer: parseInt($("layer").value, 10) || 0,
+      max_new_tokens: parseInt($("new-tokens").value, 10) || 1, chat: $("chat").checked,
+      temperature: parseFloat($("temperature").value) || 0, seed: parseInt($("seed").value, 10) || 0, layer: parseInt($("layer").value, 10) || 0,
       head: parseInt($("head").value, 10) || 0 })
       .then(function (g) { state.gen = g; state.step = 0; drawStep(); }).catch(function (e) { fail(e.message); });
   }
