@@ -121,11 +121,22 @@ class LiveText:
             yield from _layer_blocks(x, spec, layer, [head], self.source.block_budget, rows)
 
     def _input(self, layer: int) -> torch.Tensor:
+        """The layer's input (T, D). The first forward pass catches every layer's input when they all fit in
+        a quarter of the source's budget (a zoom into another layer is then seconds, not another forward
+        pass over a long text), else only this layer's; the last `keep_layers` asked for stay."""
         if layer in self._inputs:
             self._inputs.move_to_end(layer)
             return self._inputs[layer]
-        x = layer_inputs(self.lm, self.family, [self.enc], [layer])[layer][0]  # (T, D)
-        self._inputs[layer] = x
+        T, D = len(self.enc.ids), self.lm.config.hidden_size
+        itemsize = torch.empty((), dtype=self.lm.dtype).element_size()
+        every = not self._inputs and self.n_layers * T * D * itemsize <= self.source.budget // 4
+        wanted = list(range(self.n_layers)) if every else [layer]
+        caught = layer_inputs(self.lm, self.family, [self.enc], wanted)
+        if every:
+            self._keep = max(self._keep, self.n_layers)
+        for i in wanted:
+            self._inputs[i] = caught[i][0]
+        self._inputs.move_to_end(layer)
         while len(self._inputs) > self._keep:
             self._inputs.popitem(last=False)
-        return x
+        return self._inputs[layer]

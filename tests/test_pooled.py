@@ -139,3 +139,18 @@ def test_a_4000_token_page_stays_under_its_bound():
     html = show(_long_map(4000).attention, [f"t{i}" for i in range(4000)], causal=True).html
     # exact: 2 heads × 4,000² weights (~100 MB of JSON); pooled: 2 × 64² tiles + 2 × 4,000 × 3 top keys
     assert "pooled" in html and len(html.encode()) < 600_000, len(html)
+
+
+def test_one_forward_pass_serves_every_layer_of_a_recomputed_text(monkeypatch):
+    import headscope.probe.live as live_mod
+    from conftest import _tiny
+
+    lm = _tiny("llama")
+    calls = []
+    real = live_mod.layer_inputs
+    monkeypatch.setattr(live_mod, "layer_inputs", lambda *a, **kw: calls.append(a[3]) or real(*a, **kw))
+    live = LiveText(lm, TEXT, source_for(lm, "recompute"))
+    [m] = extract(lm, TEXT)
+    for layer in (1, 0, 1):
+        torch.testing.assert_close(live.rows(layer, 2, 0, 3), m.attention[layer, 2, :3], atol=1e-6, rtol=0)
+    assert calls == [[0, 1]]  # every layer's input caught at once, then reused
