@@ -17,8 +17,8 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout
 import click
 
 from . import __version__
-from .commands import (ablate, compare, composition, coref, dla, explain, generate, heads, importance, models, patch, qk, relations,
-                       run, sinks, syntax, verify)
+from .commands import (ablate, compare, composition, coref, dla, explain, generate, heads, importance, models, patch, qk,
+                       relations, run, serve, sinks, syntax, verify)
 from .common import Interrupts
 
 
@@ -85,7 +85,7 @@ def cli(debug: bool) -> None:
 _COMMANDS = {
     "models": models, "verify": verify, "explain": explain, "heads": heads, "coref": coref, "relations": relations,
     "syntax": syntax, "run": run, "compare": compare, "generate": generate, "ablate": ablate, "importance": importance,
-    "dla": dla, "qk": qk, "patch": patch, "composition": composition, "sinks": sinks,
+    "dla": dla, "qk": qk, "patch": patch, "composition": composition, "sinks": sinks, "serve": serve,
 }
 for _name, _module in _COMMANDS.items():
     cli.add_command(_module.cli, name=_name)

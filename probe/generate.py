@@ -7,6 +7,15 @@ over the prompt and generated[:t+1] — the last row of a full forward pass over
 computed at the cost of one token. Generation stops after N tokens or at an end-of-sequence token
 (whose row is kept too).
 
+Sampling: `temperature` 0 (the default) is greedy; above 0 the next token is drawn from
+softmax(logits / temperature), cut to the smallest set of tokens whose probability reaches `top_p`
+(nucleus sampling), with a `torch.Generator` seeded by `seed`, so a seed gives the same tokens again.
+
+Chat: `chat_prompt(lm, messages)` renders a list of `{"role", "content"}` messages with the tokenizer's
+chat template (and the generation prompt); `generate_attention(..., turns=...)` then labels each prompt
+token with the role of the turn it sits in (system / user / assistant; the template's own markup of a
+turn belongs to it), and every generated token "assistant".
+
 Layers with a sliding window (Gemma 3) keep only the window's keys in the cache; their rows are
 placed at the end of the full-length row, the keys before the window getting weight 0, exactly as
 the full forward pass masks them.
@@ -14,8 +23,9 @@ the full forward pass masks them.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Sequence
 
 import torch
 
@@ -25,9 +35,10 @@ from .forward import is_seq2seq
 from .model import LoadedModel
 from .types import AttentionMap
 
-__all__ = ["GenerationAttention", "generate_attention"]
+__all__ = ["GenerationAttention", "generate_attention", "chat_prompt", "Turn"]
 
 Stop = Literal["max_new_tokens", "eos"]
+Turn = Literal["system", "user", "assistant"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -43,6 +54,12 @@ class GenerationAttention:
     generated_tokens: tuple[str, ...]  # each id decoded alone, as it reads in the text
     steps: tuple[torch.Tensor, ...]  # [layer, head, key], key = len(prompt) + t + 1
     stopped: Stop
+    sampling: dict = dataclasses.field(default_factory=lambda: {"temperature": 0.0})  # how tokens were picked
+    prompt_turns: tuple[str, ...] = ()  # chat: each prompt token's turn (system / user / assistant); else empty
+
+    def turns(self, step: int) -> tuple[str, ...]:
+        """The turn of each key of `steps[step]` (chat prompts; empty otherwise)."""
+        return self.prompt_turns + ("assistant",) * (step + 1) if self.prompt_turns else ()
 
     def __len__(self) -> int:
         return len(self.generated_ids)
@@ -60,15 +77,27 @@ class GenerationAttention:
         return {
             "model": self.model, "prompt": self.prompt.text, "prompt_tokens": list(self.prompt.labels),
             "text": self.text, "generated_ids": list(self.generated_ids),
-            "generated_tokens": list(self.generated_tokens), "stopped": self.stopped,
+            "generated_tokens": list(self.generated_tokens), "stopped": self.stopped, "sampling": dict(self.sampling),
+            **({"prompt_turns": list(self.prompt_turns)} if self.prompt_turns else {}),
             "steps": [{"step": t, "token": tok, "id": i, "attention": row.tolist()}
                       for t, (tok, i, row) in enumerate(zip(self.generated_tokens, self.generated_ids, self.steps))],
         }
 
 
 @torch.inference_mode()
-def generate_attention(lm: LoadedModel, prompt: str, *, max_new_tokens: int = 20) -> GenerationAttention:
-    """Greedy generation from `prompt` with the KV cache, keeping every new token's attention row."""
+def generate_attention(lm: LoadedModel, prompt: str, *, max_new_tokens: int = 20, temperature: float = 0.0,
+                       top_p: float = 1.0, seed: int | None = None,
+                       turns: Sequence[tuple[int, int, str]] | None = None) -> GenerationAttention:
+    """Generation from `prompt` with the KV cache, keeping every new token's attention row: greedy, or
+    sampled at `temperature` > 0 with nucleus `top_p` and a `seed`. `turns`: (start, stop, role) character
+    ranges of `prompt` (`chat_prompt` gives them) that label its tokens by turn."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < float("inf"):
+        raise ValueError(f"temperature must be 0 (greedy) or more, got {temperature!r}")
+    if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
+        raise ValueError(f"seed must be a whole number, got {seed!r}")
+    rng = torch.Generator().manual_seed(seed if seed is not None else 0)
     if is_seq2seq(lm):
         raise ValueError(f"{lm.name} is an encoder-decoder model; generate follows a decoder-only model's one "
                          "stream — pick a decoder such as smollm2, or extract(lm, source, target=...) for all three "
@@ -92,7 +121,7 @@ def generate_attention(lm: LoadedModel, prompt: str, *, max_new_tokens: int = 20
     steps: list[torch.Tensor] = []
     stopped: Stop = "max_new_tokens"
     for _ in range(max_new_tokens):
-        next_id = int(out.logits[0, -1].argmax())
+        next_id = _pick(out.logits[0, -1], temperature, top_p, rng)
         ids.append(next_id)
         cache = out["cache"] if "cache" in out else out["past_key_values"]
         out = lm.model(input_ids=torch.tensor([[next_id]], device=lm.device), **{cache_arg: cache},
@@ -102,8 +131,63 @@ def generate_attention(lm: LoadedModel, prompt: str, *, max_new_tokens: int = 20
             stopped = "eos"
             break
     tokens = tuple(lm.tokenizer.decode([i]) for i in ids)
+    sampling = {"temperature": float(temperature)}
+    if temperature > 0:
+        sampling.update(top_p=float(top_p), seed=seed if seed is not None else 0)
+    labels = _token_turns(enc, turns) if turns else ()
     return GenerationAttention(model=lm.name, prompt=prompt_map, generated_ids=tuple(ids), generated_tokens=tokens,
-                               steps=tuple(steps), stopped=stopped)
+                               steps=tuple(steps), stopped=stopped, sampling=sampling, prompt_turns=labels)
+
+
+def _pick(logits: torch.Tensor, temperature: float, top_p: float, rng: torch.Generator) -> int:
+    """The next token: the argmax (temperature 0), or a draw from the nucleus of softmax(logits / temperature)."""
+    if temperature == 0:
+        return int(logits.argmax())
+    probs = (logits.float().cpu() / temperature).softmax(-1)
+    order = probs.argsort(descending=True, stable=True)
+    sorted_p = probs[order]
+    keep = (sorted_p.cumsum(-1) - sorted_p) < top_p  # the smallest prefix whose mass reaches top_p (at least one)
+    nucleus = sorted_p * keep
+    return int(order[torch.multinomial(nucleus / nucleus.sum(), 1, generator=rng)])
+
+
+def _token_turns(enc, turns: Sequence[tuple[int, int, str]]) -> tuple[str, ...]:
+    """Each token's turn: the role of the character range its span starts in (a special token with an
+    empty span: the turn of the next token that has one, else the last turn)."""
+    def role(pos: int) -> str | None:
+        return next((r for a, b, r in turns if a <= pos < b), None)
+
+    out: list[str | None] = [role(a) if b > a else None for a, b in enc.spans]
+    following = turns[-1][2] if turns else "assistant"
+    for i in range(len(out) - 1, -1, -1):
+        out[i] = following = out[i] or following
+    return tuple(out)
+
+
+def chat_prompt(lm: LoadedModel, messages: Sequence[dict]) -> tuple[str, tuple[tuple[int, int, str], ...]]:
+    """`messages` rendered by the tokenizer's chat template with the generation prompt, and the character
+    range of each turn: (start, stop, role), the generation prompt belonging to the assistant."""
+    tok = lm.tokenizer
+    if not getattr(tok, "chat_template", None):
+        raise ValueError(f"{lm.name}'s tokenizer has no chat template; generate without chat")
+    if not messages or any(not isinstance(m, dict) or m.get("role") not in ("system", "user", "assistant")
+                           or not isinstance(m.get("content"), str) for m in messages):
+        raise ValueError("messages must be a non-empty list of {'role': system|user|assistant, 'content': text}")
+    bos = getattr(tok, "bos_token", None) or ""
+
+    def render(upto: int, generation: bool) -> str:
+        text = tok.apply_chat_template(list(messages[:upto]), tokenize=False, add_generation_prompt=generation)
+        return text[len(bos):] if bos and text.startswith(bos) else text  # encoding adds <bos> itself
+
+    ranges, start = [], 0
+    for i, m in enumerate(messages):
+        stop = len(render(i + 1, False))
+        ranges.append((start, stop, m["role"]))
+        start = stop
+    full = render(len(messages), True)
+    if len(full) > start:
+        ranges.append((start, len(full), "assistant"))
+    return full, tuple(ranges)
 
 
 def _row(attentions, n_keys: int) -> torch.Tensor:

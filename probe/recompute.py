@@ -171,18 +171,20 @@ def layer_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], laye
 
 
 def _layer_blocks(x: torch.Tensor, spec, layer: int, heads: Sequence[int], budget: int,
-                  kv: torch.Tensor | None = None) -> Iterator[Block]:
+                  kv: torch.Tensor | None = None, rows: tuple[int, int] | None = None) -> Iterator[Block]:
     """Blocks of one layer for one text's input `x` (T, D), real tokens only; `kv` (T, D) the input the keys
-    come from where it is another layer's (shared KV)."""
+    come from where it is another layer's (shared KV); `rows`: only queries start .. stop - 1 (a viewer's
+    zoom), every query by default."""
     T = x.shape[0]
+    first, last = (0, T) if rows is None else rows
     q, k = project_qk(x[None], spec, kv=None if kv is None else kv[None])  # (1, nh, T, hs), (1, nkv, T, hs)
     group = spec.n_heads // spec.n_kv_heads  # grouped-query attention: query head h reads KV head h // group
     idx = torch.tensor(list(heads), device=x.device)
     q, k = q[:, idx], k[:, idx // group]  # (1, H, T, hs) each
     valid = torch.ones(1, T, dtype=torch.long, device=x.device)
-    rows = block_rows(T, len(heads), budget, x.element_size())
-    for start in range(0, T, rows):
-        stop = min(start + rows, T)
+    step = block_rows(T, len(heads), budget, x.element_size())
+    for start in range(first, last, step):
+        stop = min(start + step, last)
         lo, hi = _key_band(spec, start, stop, T)
         band = block_probs(q[:, :, start:stop], k[:, :, lo:hi], spec, valid[:, lo:hi],
                            query_start=start, key_start=lo, heads=list(heads))[0]  # (H, R, hi - lo)

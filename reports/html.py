@@ -47,11 +47,18 @@ __all__ = [
     "explorer_data",
     "slug",
     "CSP",
+    "POOL_ABOVE",
+    "pooled_units",
 ]
 
 # Explorer attention is stored as integers 0..1000 (three decimals): a report stays small.
 _SCALE = 1000
 _NORM_SCALE = 100  # norm-based weights: two decimals (a second copy of each sentence, for the toggle)
+# Past this many query or key units a map is embedded pooled (`pooled_units`), not weight by weight: a
+# page then holds per head at most POOL_TILES² tile maxima and, per query row, its POOL_TOP keys.
+POOL_ABOVE = 256
+POOL_TILES = 64
+POOL_TOP = 3
 CSP = ("default-src 'none'; img-src data:; style-src {style}; script-src {script}; connect-src 'none'; "
        "font-src 'none'; media-src 'none'; object-src 'none'; frame-src 'none'; worker-src 'none'; "
        "base-uri 'none'; form-action 'none'")
@@ -258,8 +265,19 @@ def _units(amap: AttentionMap | CrossAttentionMap, *, own: bool = False, scale: 
 
     att = amap.attention.detach().float().cpu()  # [layer, head, query, key]
     n_l, n_h, n_q, n_k = att.shape
-    ints = (att * scale).round().to(torch.int32).reshape(n_l * n_h, n_q * n_k)  # [layer*head, query*key]
     keys, queries = getattr(amap, "keys", amap), getattr(amap, "queries", amap)  # a cross map's two sides
+    if max(n_q, n_k) > POOL_ABOVE:  # a long text: tiles and each row's top keys, never every weight
+        p = pooled_units(att, queries.labels, keys.labels, scale=scale)
+        e = p["pooled"]
+        out = {"labels": p["keys"], "special": [all(keys.special[a:b]) for a, b in zip(e["key_edges"], e["key_edges"][1:])],
+               "att": p["att"], "pooled": e, "queries": p["queries"],
+               "qspecial": [all(queries.special[a:b]) for a, b in zip(e["query_edges"], e["query_edges"][1:])]}
+        if scale != _SCALE:
+            out["scale"] = scale
+        if own:
+            out.update(layer_ids=list(amap.layer_ids), head_ids=list(amap.head_ids), causal=bool(amap.causal))
+        return out
+    ints = (att * scale).round().to(torch.int32).reshape(n_l * n_h, n_q * n_k)  # [layer*head, query*key]
     out = {"labels": list(keys.labels), "special": [bool(x) for x in keys.special], "att": ints.tolist()}
     if scale != _SCALE:
         out["scale"] = scale
@@ -268,6 +286,40 @@ def _units(amap: AttentionMap | CrossAttentionMap, *, own: bool = False, scale: 
     if own:
         out.update(layer_ids=list(amap.layer_ids), head_ids=list(amap.head_ids), causal=bool(amap.causal))
     return out
+
+
+def pooled_units(att, queries: Sequence[str], keys: Sequence[str], *, scale: int = _SCALE,
+                 tiles: int = POOL_TILES, top: int = POOL_TOP) -> dict:
+    """A `[layer, head, query, key]` map as a viewer of long texts shows it (`analyses.pooled`): the tiles'
+    labels (first…last unit) as its queries and keys, each head's tile maxima as its `att` (integers
+    0..`scale`), and under `pooled` the full labels, the tile edges and per query row its `top` keys and
+    their weights. Square self-attention maps keep a decoder's masking: tile edges are the same on both
+    sides, so a tile above the diagonal is all masked.
+    """
+    import torch
+
+    from headscope.analyses.pooled import pool, top_keys
+
+    n_l, n_h, n_q, n_k = att.shape
+    maxima, top_idx, top_w, edges = [], [], [], None
+    for li in range(n_l):
+        for hi in range(n_h):
+            w = att[li, hi].float()
+            p = pool(w, tiles)
+            edges = edges or (p.query_edges, p.key_edges)
+            maxima.append((p.max * scale).round().to(torch.int32).flatten().tolist())
+            t = top_keys(w, top)
+            top_idx.append(t.keys.tolist())
+            top_w.append((t.weights * scale).round().to(torch.int32).tolist())
+    qe, ke = edges
+
+    def tile_labels(labels: Sequence[str], e: tuple[int, ...]) -> list[str]:
+        return [str(labels[a]) if b - a == 1 else f"{labels[a]}\u2026{labels[b - 1]}" for a, b in zip(e, e[1:])]
+
+    return {"queries": tile_labels(queries, qe), "keys": tile_labels(keys, ke), "att": maxima,
+            "pooled": {"n_queries": n_q, "n_keys": n_k, "query_edges": list(qe), "key_edges": list(ke),
+                       "queries": [str(x) for x in queries], "keys": [str(x) for x in keys], "top_keys": top_idx,
+                       "top_weights": top_w, "scale": scale}}
 
 
 def _grids(section: ModelAnalysis, layer_ids: list[int], head_ids: list[int]) -> dict:

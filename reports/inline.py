@@ -11,6 +11,10 @@ The view: a model view (every layer × head as a thumbnail; click one to enlarge
 view (the enlarged head as a heatmap; hover a query token to see where it attends). Query and key
 labels may differ (cross-attention, or generated tokens attending to the whole sequence).
 
+Past `POOL_ABOVE` (256) query or key units a map is embedded pooled (`reports.html.pooled_units`): each
+head as at most 64 × 64 tiles (the max of each, so a sharp diagonal survives) and each query row's top
+3 keys, listed when a tile row is hovered; the page then grows with T, not T².
+
 `AttentionMap._repr_html_` stays in `probe` as a small static table (probe may not import
 reports, and registering a display formatter on import would be an import side effect); call
 `show(amap)` for the interactive view.
@@ -28,7 +32,7 @@ import torch
 from headscope.probe.generate import GenerationAttention
 from headscope.probe.types import AttentionMap
 
-from .html import _script_json, static_script
+from .html import POOL_ABOVE, _script_json, pooled_units, static_script
 
 __all__ = ["InlineView", "show", "view_data", "generation_data"]
 
@@ -61,6 +65,10 @@ def _map_data(attention: torch.Tensor, queries: Sequence[str], keys: Sequence[st
     if (n_q, n_k) != (len(queries), len(keys)):
         raise ValueError(f"attention is {tuple(att.shape)} ([layer, head, query, key]) but there are "
                          f"{len(queries)} query and {len(keys)} key labels")
+    if max(n_q, n_k) > POOL_ABOVE:  # a long text: tiles (max) and each row's top keys (`reports.html.pooled_units`)
+        p = pooled_units(att, queries, keys)
+        return {"text": text, "queries": p["queries"], "keys": p["keys"], "causal": bool(causal),
+                "offset": len(p["keys"]) - len(p["queries"]), "att": p["att"], "pooled": p["pooled"]}
     ints = (att * _SCALE).round().to(torch.int32).reshape(n_l * n_h, n_q * n_k)  # [layer*head, query*key]
     # A causal query i sees keys up to i + offset: 0 for self-attention, more when the queries are
     # the last tokens of a longer sequence (generation).

@@ -1,6 +1,7 @@
-"""`headscope generate`: greedy generation that records each new token's attention (KV cache on).
+"""`headscope generate`: generation that records each new token's attention (KV cache on): greedy or
+sampled, one prompt or several, plain text or a chat.
 
-A thin wrapper over `headscope.generate.generate_attention`.
+A thin wrapper over `headscope.generate_attention` (and `probe.generate.chat_prompt` for --chat).
 """
 
 from __future__ import annotations
@@ -15,32 +16,67 @@ __all__ = ["cli"]
 @click.command()
 @click.option("--model", "model_name", default="smollm2", show_default=True,
               help="A decoder: packaged name, folder, GGUF file or hub id (NAME@REVISION).")
-@click.option("--prompt", required=True, callback=utf8_text("--prompt"), help="The text to continue.")
+@click.option("--prompt", "prompts", required=True, multiple=True, callback=utf8_text("--prompt"),
+              help="The text to continue; repeat for several prompts (each generated in turn). With --chat: the "
+                   "user's message.")
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
+              help="0: greedy; above 0: sample from softmax(logits / temperature).")
+@click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True,
+              help="Sampling: draw from the smallest set of tokens whose probability reaches this.")
+@click.option("--seed", type=int, default=0, show_default=True, help="Sampling: the random seed (the same tokens again).")
+@click.option("--chat", is_flag=True, help="Apply the tokenizer's chat template: each --prompt is a user message; "
+                                          "every token is labelled by its turn (system / user / assistant).")
+@click.option("--system", default=None, callback=utf8_text("--system"), help="With --chat: a system message first.")
 @click.option("--top", "k", type=click.IntRange(min=1), default=3, show_default=True,
               help="Keys listed per step (attention averaged over layers and heads).")
 @json_option
 @quiet_option
 @device_options
-def cli(model_name, prompt, max_new_tokens, k, as_json, device, dtype, quiet) -> None:
-    """Continue PROMPT greedily and record the attention of every generated token."""
+def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, system, k, as_json, device, dtype,
+        quiet) -> None:
+    """Continue each PROMPT and record the attention of every generated token."""
     from headscope import generate_attention
+    from headscope.probe.generate import chat_prompt
 
+    if system is not None and not chat:
+        fail("--system goes with --chat")
     lm = load_or_fail(model_name, device, dtype)
-    try:
-        result = generate_attention(lm, prompt, max_new_tokens=max_new_tokens)
-    except (TypeError, ValueError) as exc:
-        fail(str(exc))
+    results = []
+    for prompt in prompts:
+        try:
+            turns = None
+            if chat:
+                messages = ([{"role": "system", "content": system}] if system is not None else []) + \
+                    [{"role": "user", "content": prompt}]
+                prompt, turns = chat_prompt(lm, messages)
+            results.append((prompt, generate_attention(lm, prompt, max_new_tokens=max_new_tokens,
+                                                       temperature=temperature, top_p=top_p, seed=seed, turns=turns)))
+        except (TypeError, ValueError) as exc:
+            fail(str(exc))
     if as_json:
-        echo_json(result.to_dict())
+        dicts = [r.to_dict() for _, r in results]
+        echo_json(dicts[0] if len(dicts) == 1 else {"generations": dicts})
         return
-    click.echo(f"{result.model}: {len(result.prompt)} prompt tokens, {len(result)} generated "
-               f"(greedy, stopped at {result.stopped})")
-    click.echo(f"{prompt}\u2192{result.text}")
-    click.echo(f"{'step':>4}  {'token':<16} top {k} keys (mean attention over layers and heads)")
-    for t, row in enumerate(result.steps):
-        mean = row.mean(dim=(0, 1))  # [key]
-        labels = result.key_labels(t)
-        top = mean.topk(min(k, len(labels)))
-        cells = "   ".join(f"{labels[i]!r}@{i} {w:.3f}" for w, i in zip(top.values.tolist(), top.indices.tolist()))
-        click.echo(f"{t:>4}  {result.generated_tokens[t]!r:<16} {cells}")
+    for prompt, result in results:
+        how = "greedy" if temperature == 0 else f"sampled at temperature {temperature:g}, top-p {top_p:g}, seed {seed}"
+        click.echo(f"{result.model}: {len(result.prompt)} prompt tokens, {len(result)} generated "
+                   f"({how}, stopped at {result.stopped})")
+        click.echo(f"{prompt}\u2192{result.text}")
+        if result.prompt_turns:
+            spans, last = [], None
+            for label, turn in zip(result.prompt.labels, result.prompt_turns):
+                if turn != last:
+                    spans.append(f"[{turn}]")
+                    last = turn
+                spans.append(label)
+            click.echo("turns: " + "".join(spans) + "[assistant]" + result.text)
+        click.echo(f"{'step':>4}  {'token':<16} top {k} keys (mean attention over layers and heads)")
+        for t, row in enumerate(result.steps):
+            mean = row.mean(dim=(0, 1))  # [key]
+            labels = result.key_labels(t)
+            turns = result.turns(t)
+            top = mean.topk(min(k, len(labels)))
+            cells = "   ".join(f"{labels[i]!r}@{i}{'/' + turns[i] if turns else ''} {w:.3f}"
+                               for w, i in zip(top.values.tolist(), top.indices.tolist()))
+            click.echo(f"{t:>4}  {result.generated_tokens[t]!r:<16} {cells}")

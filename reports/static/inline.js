@@ -88,6 +88,10 @@
     });
     part("hs-caption").textContent = (data.title ? data.title + " \u00b7 " : "") + "layer " + data.layer_ids[state.layer] +
       " head " + data.head_ids[state.head] + " \u00b7 rows: " + data.query_name + ", columns: " + data.key_name;
+    if (m.pooled) {
+      part("hs-caption").textContent += " \u00b7 pooled: " + m.pooled.n_queries + " \u00d7 " + m.pooled.n_keys +
+        " units in tiles, the max of each tile shown; hover a row for its rows' top keys";
+    }
     drawStrip(w);
   }
 
@@ -111,6 +115,18 @@
         .filter(function (p) { return !masked(m, q, p[1]); })
         .sort(function (a, b) { return b[0] - a[0]; }).slice(0, 3)
         .map(function (p) { return "\u201c" + label(m.keys[p[1]]) + "\u201d " + (p[0] / 1000).toFixed(2); }).join(", ");
+    if (m.pooled && q !== null) { note.appendChild(pooledRows(m.pooled, q)); }
+  }
+
+  // A pooled map (a long text): the rows of tile row q, each with its top keys over the whole text.
+  function pooledRows(p, q) {
+    var list = el("ol", { "class": "hs-top", start: p.query_edges[q] }), at = state.layer * data.head_ids.length + state.head;
+    for (var r = p.query_edges[q]; r < Math.min(p.query_edges[q + 1], p.query_edges[q] + 16); r++) {
+      list.appendChild(el("li", null, label(p.queries[r]) + " \u2192 " + p.top_keys[at][r].map(function (k, j) {
+        return label(p.keys[k]) + "@" + k + " " + (p.top_weights[at][r][j] / p.scale).toFixed(2);
+      }).join(", ")));
+    }
+    return list;
   }
 
   function render() {

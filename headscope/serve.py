@@ -1,0 +1,123 @@
+"""The live explorer's web app (`headscope serve`): Starlette routes over `workflows.explore.Explorer`.
+
+Starlette (with uvicorn as the server) because it is small, typed and well kept, gives a JSON API and
+one page without a framework's extras, and its TestClient (httpx) tests the API in-process.
+
+    GET  /                 the page (`reports.live`): self-contained, CSP connect-src 'self'
+    GET  /api/models       names, families, verified, limits
+    POST /api/attention    {"model", "text", "layer", "head", "level", "weight", "rows": [start, stop] | null,
+                            "keys": [start, stop] | null, "top_k"} → {"labels", "rows", "weights", "top", "verified", ...}
+    POST /api/overview     {"model", "text", "layer", "head", "tiles", "level", "weight"} → {"labels", "tiles", ...}
+    POST /api/explain      {"model", "text", "layer", "head", "query"} → explain's terms of that query row
+    POST /api/heads        {"model", "text"} → the text's head metrics, [layer][head] per metric
+    POST /api/generate     {"model", "prompt", "max_new_tokens", "layer", "head", "chat", "temperature", "top_p",
+                            "seed"} → each generated token's row, each prompt token's turn (chat)
+
+A bad request gets a 4xx and `{"error": "<one line>"}`; anything unexpected a 500 with one line, never a
+traceback. Requests run in a worker thread, one at a time per model (the explorer's lock). No route
+reads or writes a file: the server knows only the models it was started with.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from headscope.workflows.explore import Explorer, ExplorerError
+
+__all__ = ["app", "MAX_BODY"]
+
+MAX_BODY = 1 << 20  # bytes of one request body (the explorer's max_chars of UTF-8, and the JSON around it)
+
+_FIELDS = {  # route → (required fields, optional fields)
+    "attention": (("model", "text", "layer", "head"), ("level", "weight", "rows", "keys", "top_k")),
+    "overview": (("model", "text", "layer", "head"), ("tiles", "level", "weight")),
+    "explain": (("model", "text", "layer", "head", "query"), ("level", "weight")),
+    "heads": (("model", "text"), ("layer", "head", "level", "weight")),
+    "generate": (("model", "prompt", "layer", "head"), ("max_new_tokens", "chat", "temperature", "top_p", "seed")),
+}
+_IGNORED = {"explain": ("level", "weight"), "heads": ("layer", "head", "level", "weight")}  # the page sends them
+
+
+def _error(message: str, status: int):
+    from starlette.responses import JSONResponse
+
+    return JSONResponse({"error": " ".join(str(message).split())[:500]}, status_code=status)
+
+
+async def _body(request) -> dict:
+    size = request.headers.get("content-length")
+    if size is not None and (not size.isdigit() or int(size) > MAX_BODY):
+        raise ExplorerError(f"the request body is larger than {MAX_BODY:,} bytes", 413)
+    raw = b""
+    async for chunk in request.stream():
+        raw += chunk
+        if len(raw) > MAX_BODY:
+            raise ExplorerError(f"the request body is larger than {MAX_BODY:,} bytes", 413)
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError):
+        raise ExplorerError("the request body must be a JSON object") from None
+    if not isinstance(body, dict):
+        raise ExplorerError("the request body must be a JSON object")
+    return body
+
+
+def app(explorer: Explorer, *, title: str = "headscope explorer"):
+    """The Starlette app serving `explorer` and its page."""
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException
+    from starlette.responses import HTMLResponse, JSONResponse
+    from starlette.routing import Route
+
+    from headscope.reports.live import live_page
+
+    page, csp = live_page(title)
+    headers = {"Content-Security-Policy": csp, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
+               "Cache-Control": "no-store"}
+
+    async def index(request):
+        return HTMLResponse(page, headers=headers)
+
+    async def models(request):
+        return JSONResponse(explorer.models())
+
+    def handler(name: str):
+        required, optional = _FIELDS[name]
+
+        async def handle(request):
+            try:
+                body = await _body(request)
+                missing = [f for f in required if f not in body]
+                unknown = sorted(set(body) - set(required) - set(optional))
+                if missing or unknown:
+                    raise ExplorerError(f"/api/{name} " + (f"needs {', '.join(missing)}" if missing else
+                                                           f"takes no field {', '.join(unknown)}") +
+                                        f"; its fields: {', '.join(required + optional)}")
+                kwargs = {k: v for k, v in body.items() if k not in _IGNORED.get(name, ())}
+                result = await run_in_threadpool(getattr(explorer, name), **kwargs)
+            except ExplorerError as exc:
+                return _error(str(exc), exc.status)
+            except Exception as exc:  # one line, never a traceback
+                return _error(f"unexpected {type(exc).__name__}: {exc}", 500)
+            return JSONResponse(result)
+
+        return handle
+
+    async def not_found(request, exc: HTTPException):
+        return _error(f"{request.url.path}: {exc.detail}", exc.status_code)
+
+    routes = [Route("/", index), Route("/api/models", models)]
+    routes += [Route(f"/api/{name}", handler(name), methods=["POST"]) for name in _FIELDS]
+    return Starlette(routes=routes, exception_handlers={HTTPException: not_found})
+
+
+def serve(explorer: Explorer, *, host: str = "127.0.0.1", port: int = 8765, log_level: str = "warning") -> Any:
+    """Run the app with uvicorn until Ctrl-C (uvicorn shuts down cleanly, then the interrupt is raised again)."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app(explorer), host=host, port=port, log_level=log_level,
+                                           lifespan="off", server_header=False, access_log=False))
+    server.run()
+    return server

@@ -1,0 +1,256 @@
+"""The live explorer's questions, answered for loaded models: what `headscope serve` puts behind its JSON API.
+
+`Explorer(models)` holds the models a user passed on the command line and, per model, one attention
+source, one lock (requests to one model are queued, never run at once) and the last few texts
+(`probe.live.LiveText`, so that a zoom into a long text reuses the layer input it caught). Each method
+takes plain JSON values and returns a JSON-ready dict:
+
+    models()                                    names, families, verified type, sizes
+    attention(model, text, layer, head, rows=[start, stop] | None, keys=None, top_k=5)
+                                                the query rows asked for (all of a short text), each
+                                                row's top keys, the labels, verified
+    overview(model, text, layer, head, tiles)   the whole map pooled into tiles (max, mean)
+    explain(model, text, layer, head, query)    the explain terms of one cell's row (`probe.explain`)
+    heads(model, text)                          the text's head metrics, layer × head
+    generate(model, prompt, max_new_tokens, layer, head, chat, temperature, top_p, seed)
+                                                each generated token's row (chat: each token's turn)
+
+Every request is bounded (`Limits`): text length, rows per request, cells per response, tiles, so one
+request cannot exhaust memory. A bad request raises `ExplorerError` with its HTTP status and one line.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from headscope.analyses.pooled import Pooler, top_keys
+from headscope.probe.model import LoadedModel
+from headscope.probe.names import DEFAULT_ATTENTION, Attention, Level, Weight
+
+__all__ = ["Explorer", "ExplorerError", "Limits"]
+
+
+class ExplorerError(ValueError):
+    """A request the explorer refuses: `status` (400 bad, 404 unknown model, 413 too large) and one line."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one request may ask for (the memory budget of a request)."""
+
+    max_chars: int = 100_000  # characters of a text (about 25,000 tokens of English)
+    max_rows: int = 256  # query rows per /api/attention request
+    max_cells: int = 2**21  # rows × keys per response (2 M weights, about 20 MB of JSON)
+    max_tiles: int = 256  # tiles per side of an overview
+    exact_tokens: int = 512  # a map this short may be asked for whole (rows = null)
+    explain_tokens: int = 2048  # explain and head metrics: texts up to this many tokens
+    max_new_tokens: int = 64
+    keep_texts: int = 2  # texts kept per model
+
+
+@dataclass
+class _Model:
+    lm: LoadedModel
+    source: Any
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    texts: OrderedDict = field(default_factory=OrderedDict)
+    generations: OrderedDict = field(default_factory=OrderedDict)
+
+
+def _verified(lm: LoadedModel) -> tuple[bool, str]:
+    from headscope.probe.families import family_for
+
+    try:
+        family = family_for(lm.config)
+    except Exception as exc:  # UnsupportedArchitecture / UnsupportedFeature: shown, not fatal
+        return False, str(exc).splitlines()[0]
+    return True, f"model type {lm.config.model_type!r} (family {family.name}) is verified from scratch"
+
+
+class Explorer:
+    """The loaded `models` (name → LoadedModel) behind the explorer, each with its `attention` source."""
+
+    def __init__(self, models: Mapping[str, LoadedModel], *, attention: Attention = DEFAULT_ATTENTION,
+                 budget: int | None = None, limits: Limits = Limits()) -> None:
+        from headscope.probe.sources import source_for
+
+        if not models:
+            raise ValueError("give at least one model")
+        self.limits, self.attention_name, self.budget = limits, attention, budget
+        self._models = {name: _Model(lm, source_for(lm, attention, budget=budget)) for name, lm in models.items()}
+
+    # -- requests ----------------------------------------------------------------------------------
+
+    def models(self) -> dict:
+        out = []
+        for name, m in self._models.items():
+            ok, why = _verified(m.lm)
+            c = m.lm.config
+            out.append({"name": name, "model": m.lm.name, "type": getattr(c, "model_type", None),
+                        "layers": c.num_hidden_layers, "heads": c.num_attention_heads, "causal": bool(m.lm.is_causal),
+                        "verified": ok, "verification": why, "max_tokens": m.lm.max_length})
+        return {"models": out, "attention": self.attention_name, "limits": vars(self.limits)}
+
+    def attention(self, model: str, text: str, layer: int, head: int, *, level: Level = "token",
+                  weight: Weight = "attention", rows: list | None = None, keys: list | None = None,
+                  top_k: int = 5) -> dict:
+        m = self._model(model)
+        with m.lock:
+            live = self._live(model, m, text, level, weight)
+            n = len(live)
+            start, stop = self._range(rows, n, "rows", whole=n <= self.limits.exact_tokens)
+            if stop - start > self.limits.max_rows and not (rows is None and n <= self.limits.exact_tokens):
+                raise ExplorerError(f"rows asks for {stop - start} rows; at most {self.limits.max_rows} per request",
+                                    413)
+            k0, k1 = self._range(keys, n, "keys", whole=True)
+            if (stop - start) * (k1 - k0) > self.limits.max_cells:
+                raise ExplorerError(f"{stop - start} rows × {k1 - k0} keys is more than {self.limits.max_cells:,} "
+                                    "weights; ask for fewer rows or a key range", 413)
+            weights = self._call(live.rows, layer, head, start, stop)
+            top = top_keys(weights, self._int(top_k, "top_k", 1, 100), query_start=start)
+            return {"model": model, "labels": list(live.labels), "n_tokens": n, "rows": [start, stop],
+                    "keys": [k0, k1], "weights": weights[:, k0:k1].tolist(), "top": top.to_dict(),
+                    "verified": _verified(m.lm)[0], **self._how(live)}
+
+    def overview(self, model: str, text: str, layer: int, head: int, *, tiles: int = 64, level: Level = "token",
+                 weight: Weight = "attention") -> dict:
+        m = self._model(model)
+        tiles = self._int(tiles, "tiles", 1, self.limits.max_tiles)
+        with m.lock:
+            live = self._live(model, m, text, level, weight)
+            n = len(live)
+            pooler = Pooler(n_queries=n, n_keys=n, tiles=tiles, layer=layer, head=head)
+            self._call(lambda: [pooler.consume(block) for block in live.blocks(layer, head)])
+            return {"model": model, "labels": list(live.labels), "n_tokens": n, "tiles": pooler.result().to_dict(6),
+                    "verified": _verified(m.lm)[0], **self._how(live)}
+
+    def explain(self, model: str, text: str, layer: int, head: int, query: int) -> dict:
+        from headscope.probe.explain import explain
+
+        m = self._model(model)
+        with m.lock:
+            live = self._live(model, m, text, "token", "attention")
+            self._short(live, "explain")
+            q = self._int(query, "query", 0, len(live) - 1)
+            e = self._call(explain, m.lm, text, token=q, layer=layer, head=head, attention=self.attention_name,
+                           budget=self.budget)
+            table = e.table.astype(object).where(e.table.notna(), None)
+            return {"model": model, "query": e.query, "query_index": e.query_index, "layer": layer, "head": head,
+                    "scale": e.scale, "summary": e.summary(), "keys": table.to_dict(orient="records")}
+
+    def heads(self, model: str, text: str, *, level: Level = "token") -> dict:
+        from headscope.workflows.heads import heads
+
+        m = self._model(model)
+        with m.lock:
+            live = self._live(model, m, text, "token", "attention")
+            self._short(live, "head metrics")
+            scores = self._call(heads, m.lm, [text], level=level, induction_sequences=0,
+                                attention=self.attention_name, budget=self.budget)
+            table = scores.table.dropna(subset=["value"])
+            grid = {metric: [[None] * scores.n_heads for _ in range(scores.n_layers)] for metric in scores.metrics}
+            for r in table.itertuples(index=False):
+                if r.layer < scores.n_layers:
+                    grid[r.metric][r.layer][r.head] = float(r.value)
+            return {"model": model, "layers": scores.n_layers, "heads": scores.n_heads, "metrics": grid}
+
+    def generate(self, model: str, prompt: str, *, layer: int, head: int, max_new_tokens: int = 10,
+                 chat: bool = False, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> dict:
+        from headscope.probe.generate import chat_prompt, generate_attention
+
+        m = self._model(model)
+        self._text(prompt)
+        n = self._int(max_new_tokens, "max_new_tokens", 1, self.limits.max_new_tokens)
+        if not isinstance(chat, bool):
+            raise ExplorerError(f"chat must be true or false, got {chat!r}")
+        with m.lock:
+            key = (prompt, n, chat, temperature, top_p, seed)
+            gen = m.generations.get(key)
+            if gen is None:
+                text, turns = (self._call(chat_prompt, m.lm, [{"role": "user", "content": prompt}]) if chat
+                               else (prompt, None))
+                gen = self._call(generate_attention, m.lm, text, max_new_tokens=n, temperature=temperature,
+                                 top_p=top_p, seed=seed, turns=turns)
+                m.generations[key] = gen
+                while len(m.generations) > self.limits.keep_texts:
+                    m.generations.popitem(last=False)
+            n_layers, n_heads = gen.steps[0].shape[:2]
+            self._int(layer, "layer", 0, n_layers - 1)
+            self._int(head, "head", 0, n_heads - 1)
+            ids = list(gen.prompt.layer_ids)
+            li = ids.index(layer) if layer in ids else layer
+            return {"model": model, "prompt_labels": list(gen.prompt.labels), "tokens": list(gen.generated_tokens),
+                    "turns": list(gen.prompt_turns), "sampling": gen.sampling, "stopped": gen.stopped, "rows": [row[li, head].tolist() for row in gen.steps]}
+
+    # -- helpers -----------------------------------------------------------------------------------
+
+    def _model(self, name: Any) -> _Model:
+        if not isinstance(name, str) or name not in self._models:
+            raise ExplorerError(f"model {name!r} is not served; this server has {', '.join(self._models)}", 404)
+        return self._models[name]
+
+    def _text(self, text: Any) -> str:
+        if not isinstance(text, str) or not text.strip():
+            raise ExplorerError("text must be a non-empty string")
+        if len(text) > self.limits.max_chars:
+            raise ExplorerError(f"the text has {len(text):,} characters; at most {self.limits.max_chars:,}", 413)
+        return text
+
+    def _live(self, name: str, m: _Model, text: Any, level: Any, weight: Any):
+        from headscope.probe.live import LiveText
+
+        text = self._text(text)
+        key = (text, level, weight)
+        if key in m.texts:
+            m.texts.move_to_end(key)
+            return m.texts[key]
+        live = self._call(LiveText, m.lm, text, m.source, level=level, weight=weight)
+        m.texts[key] = live
+        while len(m.texts) > self.limits.keep_texts:
+            m.texts.popitem(last=False)
+        return live
+
+    def _short(self, live, what: str) -> None:
+        if len(live) > self.limits.explain_tokens:
+            raise ExplorerError(f"{what} covers texts of up to {self.limits.explain_tokens:,} tokens; this one has "
+                                f"{len(live):,}", 413)
+
+    @staticmethod
+    def _int(value: Any, name: str, low: int, high: int) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ExplorerError(f"{name} must be a whole number in {low}..{high}, got {value!r}")
+        return value
+
+    def _range(self, value: Any, n: int, name: str, *, whole: bool) -> tuple[int, int]:
+        if value is None:
+            if not whole:
+                raise ExplorerError(f"the text has {n:,} tokens; give {name} as [start, stop] (at most "
+                                    f"{self.limits.max_rows} rows), or ask /api/overview for the whole map", 413)
+            return 0, n
+        if (not isinstance(value, list) or len(value) != 2 or any(isinstance(v, bool) or not isinstance(v, int)
+                                                                  for v in value)):
+            raise ExplorerError(f"{name} must be [start, stop] (whole numbers) or null, got {value!r}")
+        start, stop = value
+        if not 0 <= start < stop <= n:
+            raise ExplorerError(f"{name} [{start}, {stop}] is outside the text: 0 <= start < stop <= {n}")
+        return start, stop
+
+    @staticmethod
+    def _call(fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ExplorerError:
+            raise
+        except (TypeError, ValueError) as exc:
+            raise ExplorerError(" ".join(str(exc).split()) or type(exc).__name__) from None
+
+    @staticmethod
+    def _how(live) -> dict:
+        return {"mode": live.mode, "check": live.check}

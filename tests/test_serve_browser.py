@@ -1,0 +1,132 @@
+"""The live explorer (`headscope serve`) in a real headless browser, against a server on a free port.
+
+Type a text, see a heatmap with one cell per weight, hover, click a cell for its explain terms, zoom into
+a long text from its overview, find a token, step through a generation — with every request recorded:
+any request not to the server itself fails the test, and so does any console error (a CSP violation
+is one). Hostile text stays text.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+import time
+
+import pytest
+
+from conftest import _tiny
+
+pytestmark = pytest.mark.browser
+uvicorn = pytest.importorskip("uvicorn")
+expect = pytest.importorskip("playwright.sync_api").expect
+
+SHORT = "The cat sat on the mat."
+LONG = "The quick brown fox jumps over the lazy dog while the cat sleeps on a warm mat by the door today."
+
+
+@pytest.fixture(scope="module")
+def server():
+    from headscope.serve import app
+    from headscope.workflows.explore import Explorer
+
+    lm = _tiny("gpt2")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(app(Explorer({"tiny": lm}, attention="recompute")), host="127.0.0.1",
+                                        port=port, log_level="error", lifespan="off"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{port}", lm
+    srv.should_exit = True
+    thread.join(timeout=10)
+
+
+@pytest.fixture
+def page(browser, server):
+    base, _ = server
+    context = browser.new_context(viewport={"width": 1600, "height": 1200})
+    page = context.new_page()
+    page.events = {"console": [], "errors": [], "requests": [], "dialogs": []}
+    page.on("console", lambda m: page.events["console"].append((m.type, m.text)))
+    page.on("pageerror", lambda e: page.events["errors"].append(str(e)))
+    page.on("request", lambda r: page.events["requests"].append(r.url))
+    page.on("dialog", lambda d: (page.events["dialogs"].append(d.message), d.dismiss()))
+    page.goto(base + "/")
+    page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+    yield page
+    others = [u for u in page.events["requests"] if not u.startswith(base + "/")]
+    assert others == [], f"the page asked for {others}"
+    errors = [text for kind, text in page.events["console"] if kind == "error"]
+    assert errors == [] and page.events["errors"] == [] and page.events["dialogs"] == []
+    context.close()
+
+
+def _n_tokens(lm, text: str) -> int:
+    from headscope.probe.encoding import encode
+
+    return len(encode(lm, text).ids)
+
+
+def test_type_a_text_see_its_heatmap_hover_and_explain_a_cell(page, server):
+    n = _n_tokens(server[1], SHORT)
+    assert "verified" in page.locator("#banner").inner_text()
+    page.fill("#text", SHORT)
+    page.fill("#layer", "1")
+    page.click("#show")
+    expect(page.locator("#heatmap rect.cell")).to_have_count(n * n)
+    page.hover("#heatmap rect.cell[data-q='3'][data-k='1']")
+    assert "→" in page.locator("#hover").inner_text()
+    page.click("#heatmap rect.cell[data-q='3'][data-k='1']")
+    page.wait_for_selector("#explain table.terms")
+    assert page.locator("#explain table.terms tr").count() == n + 1  # a header and one row per key
+
+
+def test_a_long_text_shows_tiles_then_zooms_into_rows_and_finds_a_token(page, server):
+    n = _n_tokens(server[1], LONG)
+    assert n > 64
+    page.fill("#text", LONG)
+    page.click("#show")
+    expect(page.locator("#heatmap rect.tile")).to_have_count(64 * 64)
+    page.click("#heatmap rect.tile[data-q='63'][data-k='0']")  # the last tile row: zoom to the last token
+    page.wait_for_selector("#zoom-map rect.cell")
+    assert page.locator("#zoom-map rect.cell").count() == 64 * 64
+    assert page.locator("#zoom ol.topk li").count() == 64
+    assert f"of {n}" in page.locator("#zoom p").first.inner_text()
+    from headscope.probe.encoding import encode, token_labels
+
+    labels = [s.strip().lower() for s in token_labels(server[1], encode(server[1], LONG))]
+    i = next(i for i, s in enumerate(labels) if s and labels.count(s) == 1)  # a token found once
+    page.fill("#search", labels[i])
+    page.click("#find")
+    start = min(i, n - 64)
+    expect(page.locator("#zoom p").first).to_have_text(re.compile(f"^rows {start}–{start + 63},"))
+
+
+def test_step_through_a_generation(page, server):
+    n = _n_tokens(server[1], SHORT)
+    page.fill("#text", SHORT)
+    page.fill("#new-tokens", "3")
+    page.click("#generate")
+    expect(page.locator("#generation .tok")).to_have_count(n + 1)
+    page.click("#next")
+    expect(page.locator("#generation .tok")).to_have_count(n + 2)
+    assert page.locator("#step").inner_text().startswith("step 2 of 3")
+
+
+def test_hostile_text_stays_text(page):
+    hostile = '<script>alert(1)</script> "><img src=x onerror=alert(2)> {{7*7}}'
+    page.fill("#text", hostile)
+    page.click("#show")
+    page.wait_for_selector("#heatmap rect")
+    assert page.locator("img").count() == 0 and page.locator("body script").count() == 1  # the page's own
+    shown = page.locator("#heatmap").text_content()
+    assert "<" in shown and "{" in shown and "49" not in shown  # the text's own characters, as text
+    page.fill("#search", "<img")
+    page.click("#find")
+    assert page.locator("img").count() == 0
