@@ -60,6 +60,10 @@ def head_factors(lm: LoadedModel) -> Factors:
             raise UnsupportedFeature(f"{lm.name} has multi-head latent attention (DeepSeek): its keys and values are "
                                      "read through a normed low-rank latent, not one matrix of the residual stream; "
                                      "composition scores do not cover it yet")
+        if spec.kv_layer is not None:
+            raise UnsupportedFeature(f"layer {l} of {lm.name} reuses layer {spec.kv_layer}'s keys and values (shared KV, "
+                                     "Gemma 4): its K and V read another layer's stream; composition scores do not "
+                                     "cover it yet")
         nh, hs, group = spec.n_heads, spec.head_dim, spec.n_heads // spec.n_kv_heads
         D = spec.wq.shape[1]
         pre = tr.pre_attn[l]

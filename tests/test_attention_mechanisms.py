@@ -307,3 +307,6 @@ def test_qk_attribution_of_a_shared_kv_layer_splits_the_producers_keys():
     for layer in (3, 4):  # the keys are layers 1's and 2's, from their residual streams
         r = qk_attribution(lm, TEXTS[0], layer=layer, head=1, query=7, key=5)
         assert r.identity_abs_err < 1e-5 and r.input_abs_err < 1e-5
+    with pytest.raises(UnsupportedFeature, match="reuses layer 1's keys and values") as err:
+        head_factors(lm)  # composition: K and V of another layer's stream, not covered: refused in one line
+    assert "\n" not in str(err.value)
