@@ -36,10 +36,13 @@ __all__ = ["AblationMethod", "ABLATION_METHODS", "ablate", "check_heads", "head_
 Head = tuple[int, int]
 
 
-def head_dim(lm: LoadedModel, family: Family | None = None, layer: int = 0) -> int:
+def head_dim(lm: LoadedModel, family: Family | None = None, layer: int | None = None) -> int:
     """Width of one head's slice of the W_O input: the value head size of the layer's spec
-    (`LayerSpec.value_head_dim`), which multi-head latent attention sets apart from the q/k head size."""
+    (`LayerSpec.value_head_dim`), which multi-head latent attention sets apart from the q/k head size.
+    `layer`: the model's layer number (default: its first layer with softmax attention)."""
     family = family or family_for(lm.config)
+    if layer is None:
+        layer = family.attention_layers(lm.config)[0]
     return family.layer_spec(base_model(lm), layer, lm.config).value_head_dim
 
 
@@ -205,7 +208,7 @@ def head_means(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, tr
     family = family_for(lm.config)
     base = base_model(lm)
     n_layers, nh = lm.config.num_hidden_layers, lm.config.num_attention_heads
-    sizes = {head_dim(lm, family, l) for l in range(n_layers)}
+    sizes = {head_dim(lm, family, l) for l in family.attention_layers(lm.config)}
     if len(sizes) > 1:
         raise UnsupportedFeature(f"{lm.name}'s heads have different sizes in different layers ({sorted(sizes)}); "
                                  "mean ablation needs one size — use method='zero' or 'uniform'")

@@ -22,7 +22,7 @@ import torch
 from .encoding import encode, text_units
 from .extract import extract
 from .families import family_for
-from .forward import base_model
+from .forward import base_model, no_attention_reason
 from .model import LoadedModel
 from .names import Level, Weight
 from .recompute import Block, _layer_blocks, layer_inputs
@@ -69,6 +69,7 @@ class LiveText:
             self.units = text_units(lm, self.enc)
         self.family = family_for(lm.config)
         self.n_layers = lm.config.num_hidden_layers
+        self.attention_layers = tuple(self.family.attention_layers(lm.config))  # a hybrid stack's softmax layers
         self.n_heads = lm.config.num_attention_heads
 
     def __len__(self) -> int:
@@ -87,6 +88,8 @@ class LiveText:
         for what, v, n in (("layer", layer, self.n_layers), ("head", head, self.n_heads)):
             if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v < n:
                 raise ValueError(f"{what} must be 0..{n - 1} for {self.lm.name}, got {v!r}")
+        if layer not in self.attention_layers:
+            raise ValueError(no_attention_reason(self.lm, layer))
 
     def rows(self, layer: int, head: int, start: int, stop: int) -> torch.Tensor:
         """Query rows start .. stop - 1 of head `layer`.`head`: (stop - start, keys), a new tensor."""
@@ -130,11 +133,12 @@ class LiveText:
             return self._inputs[layer]
         T, D = len(self.enc.ids), self.lm.config.hidden_size
         itemsize = torch.empty((), dtype=self.lm.dtype).element_size()
-        every = not self._inputs and self.n_layers * T * D * itemsize <= self.source.budget // 4
-        wanted = list(range(self.n_layers)) if every else [layer]
+        have = self.attention_layers
+        every = not self._inputs and len(have) * T * D * itemsize <= self.source.budget // 4
+        wanted = list(have) if every else [layer]
         caught = layer_inputs(self.lm, self.family, [self.enc], wanted)
         if every:
-            self._keep = max(self._keep, self.n_layers)
+            self._keep = max(self._keep, len(have))
         for i in wanted:
             self._inputs[i] = caught[i][0]
         self._inputs.move_to_end(layer)

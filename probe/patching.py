@@ -250,7 +250,7 @@ def path_patch_metrics(lm: LoadedModel, p: Prepared, sender: tuple[int, int],
         frozen |= {("mlp", l, None) for l in range(ls, n_layers)}
     kept = _source(lm, family, layers, run_ids, p.mask, frozen)  # the base run's head inputs and MLP outputs
     sender_src = _source(lm, family, layers, src_ids, p.mask, {("head", ls, hs_)})[("head", ls)]
-    hd = head_dim(lm)
+    hd = head_dim(lm, family, ls)  # the sender layer's value head size
     after: dict = {}
     with ExitStack() as stack:
         for l in range(ls, n_layers):
@@ -319,12 +319,12 @@ def attribution_estimates(lm: LoadedModel, p: Prepared, what: PatchWhat = "head_
         grads = torch.autograd.grad(metric.sum(), [zeros[l] for l in range(n_layers)])
     base_metric = metric.detach()
     rows = []
-    hs = head_dim(lm)
     sites = sweep_sites(lm, what)
     for site in sites:
         _, l, h = site
         diff = (src[(kind, l)] - acts[l]) * grads[l]  # (N, T, ·): pairs are independent rows of the batch
         if kind == "head":
+            hs = head_dim(lm, family, l)  # this layer's value head size
             diff = diff[..., h * hs : (h + 1) * hs]
         rows.append(diff.double().sum((1, 2)).cpu())
     est = torch.stack(rows) if rows else torch.zeros(0, p.n, dtype=torch.float64)
