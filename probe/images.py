@@ -28,10 +28,10 @@ ImageInput = object  # a path (str or os.PathLike), a PIL.Image.Image, or a nump
 
 def require_modality(lm: LoadedModel, *, images: bool) -> None:
     """A clear error for an image on a text model, or a text on an image model."""
-    if images and not lm.is_image:
+    if images and not getattr(lm, "is_image", False):
         raise ValueError(f"{lm.name} is a text model ({lm.model_type}); it takes texts, not images. "
                          "Give it text, or load a vision transformer (e.g. tiny:vit)")
-    if not images and lm.is_image:
+    if not images and getattr(lm, "is_image", False):
         raise ValueError(f"{lm.name} is an image model ({lm.model_type}); it takes images, not texts. "
                          "Pass images=[...] (CLI: --image FILE)")
 

@@ -246,7 +246,7 @@ def verify(
     family = family or family_for(lm.config)
     if images is not None and texts is not None:
         raise ValueError("pass texts or images, not both")
-    if images is not None or (texts is None and lm.is_image):
+    if images is not None or (texts is None and getattr(lm, "is_image", False)):
         require_modality(lm, images=True)
         encoded = encode_images(lm, check_images(default_images() if images is None else images))
         return _verify_one_stack(lm, encoded, family, batch_size=batch_size)

@@ -52,7 +52,7 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
     texts, total, source = corpus.texts, corpus.total, corpus.source
     world = join_run(device)
     lm = load_or_fail(model_name, device, dtype)
-    if images or lm.is_image:  # a vision transformer scores its heads on the images (with the vision metrics)
+    if images or getattr(lm, "is_image", False):  # a vision transformer scores its heads on the images (with the vision metrics)
         scores, source = _image_scores(lm, model_name, list(images), level, include_special, batch_size), "--image"
         verification = _image_verification(lm, images, no_verify)
         _report(scores, k, source, out_path, as_json, verification)

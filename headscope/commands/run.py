@@ -207,12 +207,13 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
             lm = load_or_fail(name, device, dtype)
             load_seconds = time.perf_counter() - t0
             say(f"{lm.name}: loaded from {lm.source} ({load_seconds:.1f} s)", quiet=quiet)
-            if lm.is_image != bool(images):  # an image on a text model, or a text-only run of an image model
+            is_image = getattr(lm, "is_image", False)  # a LoadedModel's; a stand-in of the tests may lack it
+            if is_image != bool(images):  # an image on a text model, or a text-only run of an image model
                 from headscope.probe.images import require_modality
 
                 with refusals(name):
                     require_modality(lm, images=bool(images))
-            if not lm.is_image:
+            if not is_image:
                 too_long_or_fail(lm, corpus_lines, truncate=truncate)
             try:
                 analyses.append(analyse_model(lm, corpus, probe_sets, settings, load_seconds=load_seconds,

@@ -156,8 +156,8 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
     say = log or (lambda message: None)
     stage = _Stages()
     stage.seconds["load"] = round(load_seconds, 3)
-    require_modality(lm, images=bool(settings.images))
-    if lm.is_image:
+    if settings.images or getattr(lm, "is_image", False):
+        require_modality(lm, images=bool(settings.images))
         return _analyse_images(lm, settings, stage, say)
     notes: list[str] = [note for note in [hybrid_note(lm)] if note]
     verification: Verification | None
