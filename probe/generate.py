@@ -164,6 +164,27 @@ def _token_turns(enc, turns: Sequence[tuple[int, int, str]]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _injected_system(render, first: dict, stop: int) -> int:
+    """Where the first turn starts when the template put a default system turn before it (else 0): the
+    first turn rendered alone and after a system message of our own end alike; what comes before that
+    common end in the first rendering is the template's system turn."""
+    try:
+        alone, after = render([first]), render([{"role": "system", "content": "\u00a7"}, first])
+    except Exception:  # a template that refuses a system role (Gemma's) adds none
+        return 0
+    common = 0
+    while common < min(len(alone), len(after)) and alone[-1 - common] == after[-1 - common]:
+        common += 1
+    start = len(alone) - common
+    # the common end starts inside the system turn's closing markup ("<|im_end|>\n"): the first turn
+    # starts after that line, with its own header ("<|im_start|>user\n")
+    own = alone.find(first["content"], start)
+    if start == 0 or own < 0:
+        return 0
+    newline = alone.find("\n", start, own + 1)
+    return min(stop, newline + 1 if newline >= 0 else start)
+
+
 def chat_prompt(lm: LoadedModel, messages: Sequence[dict]) -> tuple[str, tuple[tuple[int, int, str], ...]]:
     """`messages` rendered by the tokenizer's chat template with the generation prompt, and the character
     range of each turn: (start, stop, role), the generation prompt belonging to the assistant."""
@@ -174,17 +195,23 @@ def chat_prompt(lm: LoadedModel, messages: Sequence[dict]) -> tuple[str, tuple[t
                            or not isinstance(m.get("content"), str) for m in messages):
         raise ValueError("messages must be a non-empty list of {'role': system|user|assistant, 'content': text}")
     bos = getattr(tok, "bos_token", None) or ""
+    bos_id = getattr(tok, "bos_token_id", None)
+    adds_bos = bool(bos) and bos_id is not None and tok("a", add_special_tokens=True)["input_ids"][:1] == [bos_id]
 
-    def render(upto: int, generation: bool) -> str:
-        text = tok.apply_chat_template(list(messages[:upto]), tokenize=False, add_generation_prompt=generation)
-        return text[len(bos):] if bos and text.startswith(bos) else text  # encoding adds <bos> itself
+    def render(chat: Sequence[dict], generation: bool = False) -> str:
+        text = tok.apply_chat_template(list(chat), tokenize=False, add_generation_prompt=generation)
+        return text[len(bos):] if adds_bos and text.startswith(bos) else text  # encoding adds <bos> itself
 
     ranges, start = [], 0
     for i, m in enumerate(messages):
-        stop = len(render(i + 1, False))
+        stop = len(render(messages[: i + 1]))
         ranges.append((start, stop, m["role"]))
         start = stop
-    full = render(len(messages), True)
+    if messages[0]["role"] != "system":  # a template may put in a default system message (SmolLM2's does)
+        injected = _injected_system(render, messages[0], ranges[0][1])
+        if injected:
+            ranges[0:1] = [(0, injected, "system"), (injected, ranges[0][1], ranges[0][2])]
+    full = render(messages, True)
     if len(full) > start:
         ranges.append((start, len(full), "assistant"))
     return full, tuple(ranges)

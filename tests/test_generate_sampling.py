@@ -65,6 +65,14 @@ def test_chat_tokens_are_labelled_by_their_turn():
     assert not getattr(_tiny("llama").tokenizer, "chat_template", None)  # the cached model is untouched
 
 
+def test_a_default_system_turn_put_in_by_the_template_is_labelled_system():
+    lm = _chat_model()
+    lm.tokenizer.chat_template = "{% if messages[0]['role'] != 'system' %}<|system|>Default.\n{% endif %}" + TEMPLATE
+    text, turns = chat_prompt(lm, [{"role": "user", "content": "Hi"}])
+    assert text == "<|system|>Default.\n<|user|>Hi\n<|assistant|>"
+    assert turns == ((0, 19, "system"), (19, 30, "user"), (30, 43, "assistant"))
+
+
 def test_chat_without_a_template_and_bad_messages_are_refused():
     with pytest.raises(ValueError, match="no chat template"):
         chat_prompt(_tiny("llama"), [{"role": "user", "content": "x"}])

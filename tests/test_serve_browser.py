@@ -119,6 +119,13 @@ def test_step_through_a_generation(page, server):
     assert page.locator("#step").inner_text().startswith("step 2 of 3")
 
 
+def test_a_text_file_is_read_in_the_page(page, tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("A text from a file.", encoding="utf-8")
+    page.set_input_files("#file", str(path))
+    expect(page.locator("#text")).to_have_value("A text from a file.")
+
+
 def test_hostile_text_stays_text(page):
     hostile = '<script>alert(1)</script> "><img src=x onerror=alert(2)> {{7*7}}'
     page.fill("#text", hostile)

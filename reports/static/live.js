@@ -183,6 +183,15 @@
     document.body.setAttribute("data-ready", "1");
   }).catch(function (e) { fail("the server did not answer: " + e.message); });
   $("model").addEventListener("change", banner);
+  // A file the user picks is read here, in the page, into the text box: the server never reads a file.
+  $("file").addEventListener("change", function () {
+    var f = $("file").files[0];
+    if (!f) { return; }
+    var reader = new FileReader();
+    reader.onload = function () { $("text").value = String(reader.result); };
+    reader.onerror = function () { fail("could not read " + f.name); };
+    reader.readAsText(f);
+  });
   $("show").addEventListener("click", show);
   $("metrics").addEventListener("click", metrics);
   $("find").addEventListener("click", find);
