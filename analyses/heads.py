@@ -248,8 +248,8 @@ class HeadScoreAccumulator:
         rows = _TextRows.of(units, plan, causal=causal, include_special=self.include_special)
         for block in blocks:
             layer, heads_at = self._place(block)
-            self._sums[layer][heads_at[:, None], plan.corpus_columns] += rows.sums(
-                block.probs.float(), block.query_start, (block.key_start, block.key_stop))
+            band, where = _banded(block)
+            self._sums[layer][heads_at[:, None], plan.corpus_columns] += rows.sums(band, block.query_start, where)
         self._counts[plan.corpus_columns] += rows.counts
         self._n_texts += 1
 
@@ -566,15 +566,30 @@ class _TextRows:
             counts.append(n)
         return cls(keep, table, torch.tensor(counts, dtype=torch.float64), plan, tuple(pairs))
 
-    def sums(self, a: torch.Tensor, query_start: int, band: tuple[int, int] | None = None) -> torch.Tensor:
+    def sums(self, a: torch.Tensor, query_start: int, band: "_Band | None" = None) -> torch.Tensor:
         """Sums of each corpus metric over the query rows `a[..., row, key]` (units `query_start ..` of
-        the text, every key): `[..., metric]` in the plan's `corpus` order. `band` (key_start, key_stop):
-        the rows' keys outside it are exact zeros (`probe.recompute.Block`), so the linear sums and the
-        zero-free statistics read those keys only."""
+        the text, every key): `[..., metric]` in the plan's `corpus` order. With `band`, `a` is only the
+        rows' keys `band.start .. band.start + K - 1` (`probe.recompute.Block.band`), every other key an
+        exact zero: the linear sums and the zero-free statistics read those keys only."""
         if self.keep is not None:
+            if band is not None:  # the kept keys are renumbered: every key, zeros included
+                a, band = band.block.probs.float(), None
             a, query_start = _drop_special(a, query_start, self.keep)
-            band = None  # the kept keys are renumbered
         return _row_sums(a, query_start, self.table, self.plan, band, self.pairs)
+
+
+@dataclass(frozen=True, eq=False)
+class _Band:
+    """Where a block's band sits among the keys: `start`, the text's `n_keys`, and the block itself."""
+
+    start: int
+    n_keys: int
+    block: Block
+
+
+def _banded(block: Block) -> tuple[torch.Tensor, _Band]:
+    """A block's band in float32 and where it sits, for `_TextRows.sums`."""
+    return block.band.float(), _Band(block.key_start, block.n_keys, block)
 
 
 def _drop_special(a: torch.Tensor, query_start: int, keep: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -586,21 +601,22 @@ def _drop_special(a: torch.Tensor, query_start: int, keep: torch.Tensor) -> tupl
 
 
 def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Plan,
-              band: tuple[int, int] | None = None, pairs: tuple[torch.Tensor | None, ...] = ()) -> torch.Tensor:
+              band: _Band | None = None, pairs: tuple[torch.Tensor | None, ...] = ()) -> torch.Tensor:
     """Sums over the query rows `a[..., row, key]` (units `query_start ..`) of each corpus metric of the
     plan, `[..., metric]` in its `corpus` order. The one place the registry's corpus computations run,
     for a whole map (`query_start` 0, every row) and for blocks of rows alike: the sums of a map's
     blocks add up to the map's. A handful of tensor ops per block, none per head: one matmul for every
     key set, each row statistic once and one matmul for the metrics that share it.
-    `band` (key_start, key_stop): only those keys of the rows are non-zero; the sums and the zero-free
-    statistics then read `a[..., key_start:key_stop]` only (a causal block: about half its keys).
+    With `band`, `a` holds only the keys `band.start .. band.start + K - 1` of the rows, the others being
+    exact zeros: the sums and the zero-free statistics read those keys only (a causal block: about half
+    its keys), and a statistic that is not zero-free gets the whole rows (`band.block.probs`).
     """
-    r, t = a.shape[-2:]
+    r, k = a.shape[-2:]
+    t = k if band is None else band.n_keys
     if r == 0 or t == 0 or not plan.corpus:
         return a.new_zeros(*a.shape[:-2], len(plan.corpus))
-    lo, hi = band if band is not None else (0, t)
-    hi = t if hi is None else hi
-    seen = a[..., lo:hi] if (lo, hi) != (0, t) else a  # the keys that are not exact zeros
+    lo, hi = (0, t) if band is None else (band.start, band.start + k)
+    seen = a  # the keys that are not exact zeros
     s = len(plan.key_shares)
     table = table.to(a.dtype)
     here = table[query_start : query_start + r]
@@ -614,12 +630,13 @@ def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Pla
         shares = (seen @ targets * queries).sum(-2)  # [..., set]: one matmul for every key set
         sums.update({name: shares[..., i] for i, (name, _) in enumerate(plan.key_shares)})
     for group in plan.statistics:
-        rows = group.statistic(seen if group.zeros_free else a)  # [..., row]
+        whole = a if band is None else band.block.probs.to(a.dtype)  # every key, for a statistic that needs them
+        rows = group.statistic(seen if group.zeros_free else whole)  # [..., row]
         weighted = rows @ weights[:, group.columns]  # [..., row] @ [row, metric] -> [..., metric]
         sums.update({name: weighted[..., i] for i, name in enumerate(group.names)})
     for (name, _), w in zip(plan.pairwise, pairs or (None,) * len(plan.pairwise)):  # Σ_q Σ_k A[q, k] W[q, k]
         sums[name] = (a.new_zeros(a.shape[:-2]) if w is None  # a text: nothing to read
-                      else (a * w[query_start : query_start + r].to(a.dtype)).sum((-2, -1)))
+                      else (seen * w[query_start : query_start + r, lo:hi].to(a.dtype)).sum((-2, -1)))
     return torch.stack([sums[m] for m in plan.corpus], -1)
 
 

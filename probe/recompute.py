@@ -48,35 +48,75 @@ PREFIX_TOKENS = 256  # tokens of the eager check in recompute mode
 _WORKING_COPIES = 5
 
 
-@dataclass(frozen=True, eq=False)
 class Block:
     """Attention probabilities of some query rows of one layer: `probs[head, query, key]`.
 
     Rows are queries `query_start .. query_start + R - 1` of the text, keys are all T positions;
-    `heads` are the model's head indices of the first axis.
+    `heads` are the model's head indices of the first axis. Keys outside `key_start .. key_stop - 1`
+    are exact zeros in every row (masked: a causal block's rows stop at their diagonal), so a
+    reduction may read `band` (those keys only, (H, R, K)) instead of `probs`. A block made by
+    `Block.banded` holds only its band: `probs` (H, R, T) is assembled the first time it is read.
+    Read-only, compared by identity.
+
+    >>> b = Block.banded(0, (0,), 1, torch.tensor([[[0.5, 0.5]]]), key_start=0, n_keys=3)
+    >>> b.band, b.key_stop, b.query_stop
+    (tensor([[[0.5000, 0.5000]]]), 2, 2)
+    >>> b.probs
+    tensor([[[0.5000, 0.5000, 0.0000]]])
     """
 
-    layer: int
-    heads: tuple[int, ...]
-    query_start: int
-    probs: torch.Tensor  # (H, R, T)
-    # Keys outside key_start .. key_stop - 1 are exact zeros in every row (masked: a causal block's rows
-    # stop at their diagonal), so a reduction may read `band` only; None: up to the last key.
-    key_start: int = 0
-    key_stop: int | None = None
+    __slots__ = ("layer", "heads", "query_start", "key_start", "key_stop", "_probs", "_band", "_n_keys")
+
+    def __init__(self, layer: int, heads: tuple[int, ...], query_start: int, probs: torch.Tensor,
+                 key_start: int = 0, key_stop: int | None = None) -> None:
+        for name, value in (("layer", layer), ("heads", heads), ("query_start", query_start), ("key_start", key_start),
+                            ("key_stop", key_stop), ("_probs", probs), ("_band", None), ("_n_keys", probs.shape[-1])):
+            object.__setattr__(self, name, value)
+
+    @classmethod
+    def banded(cls, layer: int, heads: tuple[int, ...], query_start: int, band: torch.Tensor, *, key_start: int,
+               n_keys: int) -> "Block":
+        """A block given by its band, the keys `key_start .. key_start + K - 1` of `n_keys`: (H, R, K)."""
+        block = cls(layer, heads, query_start, band, key_start, key_start + band.shape[-1])
+        object.__setattr__(block, "_probs", None)
+        object.__setattr__(block, "_band", band)
+        object.__setattr__(block, "_n_keys", n_keys)
+        return block
 
     @property
-    def query_stop(self) -> int:
-        return self.query_start + self.probs.shape[-2]
+    def probs(self) -> torch.Tensor:
+        """(H, R, T): every key, exact zeros outside the band."""
+        if self._probs is None:  # assembled once, then the band is a view of it
+            object.__setattr__(self, "_probs", _all_keys(self._band, self.key_start, self._n_keys))
+            object.__setattr__(self, "_band", None)
+        return self._probs
 
     @property
     def band(self) -> torch.Tensor:
-        """`probs` over the keys `key_start .. key_stop - 1` only (a view): (H, R, K).
+        """The probabilities of the keys `key_start .. key_stop - 1` only: (H, R, K)."""
+        if self._band is not None:
+            return self._band
+        return self._probs[..., self.key_start : self.key_stop]
 
-        >>> Block(0, (0,), 1, torch.tensor([[[0.5, 0.5, 0.0]]]), key_stop=2).band
-        tensor([[[0.5000, 0.5000]]])
-        """
-        return self.probs[..., self.key_start : self.key_stop]
+    @property
+    def query_stop(self) -> int:
+        return self.query_start + (self._band if self._band is not None else self._probs).shape[-2]
+
+    @property
+    def n_keys(self) -> int:
+        """T, the keys of the text (the last axis of `probs`)."""
+        return self._n_keys
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"a Block is read-only; cannot set {name!r}")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"a Block is read-only; cannot delete {name!r}")
+
+    def __repr__(self) -> str:
+        shape = (*self.band.shape[:-1], self._n_keys)
+        return (f"Block(layer={self.layer}, heads={self.heads}, query_start={self.query_start}, "
+                f"probs=<{tuple(shape)}>, key_start={self.key_start}, key_stop={self.key_stop})")
 
 
 @dataclass(frozen=True)
@@ -188,7 +228,7 @@ def _layer_blocks(x: torch.Tensor, spec, layer: int, heads: Sequence[int], budge
         lo, hi = _key_band(spec, start, stop, T)
         band = block_probs(q[:, :, start:stop], k[:, :, lo:hi], spec, valid[:, lo:hi],
                            query_start=start, key_start=lo, heads=list(heads))[0]  # (H, R, hi - lo)
-        yield Block(layer, tuple(heads), start, _all_keys(band, lo, T), lo, hi)
+        yield Block.banded(layer, tuple(heads), start, band, key_start=lo, n_keys=T)  # probs assembled if read
 
 
 def _all_keys(band: torch.Tensor, lo: int, n_keys: int) -> torch.Tensor:

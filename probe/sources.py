@@ -321,6 +321,19 @@ class AutoSource(AttentionSource):
             return "eager"
         return "recompute" if self.need(n_tokens, batch) > self.budget else "eager"
 
+    def texts(self, texts: Iterable[str], *, level: Level = "token", truncate: bool = False, window: int = 4,
+              weight: Weight = "attention") -> Iterator[AttentionMap | TextBlocks]:
+        """As `AttentionSource.texts`; norm-based weights come from the eager forward pass only, so with
+        them every text is eager, each checked against the budget first (`EagerSource`)."""
+        if weight == "attention":
+            return super().texts(texts, level=level, truncate=truncate, window=window, weight=weight)
+        return self._eager_weights(texts, level=level, truncate=truncate, window=window, weight=weight)
+
+    def _eager_weights(self, texts: Iterable[str], **options) -> Iterator[AttentionMap]:
+        for amap in EagerSource(self.lm, budget=self.budget, batch_size=self.batch_size).texts(texts, **options):
+            self.counts["eager"] += 1
+            yield amap
+
 
 SOURCES: Mapping[Attention, type[AttentionSource]] = MappingProxyType(
     {cls.name: cls for cls in (EagerSource, RecomputeSource, AutoSource)})
