@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 __all__ = [
     "World", "world_from_env", "shard", "shard_length", "all_reduce_sums", "gather_objects", "together",
-    "process_group", "merge_head_scores", "sharded_probe_scores", "Backend",
+    "process_group", "merge_head_scores", "merge_attention_record", "sharded_probe_scores", "Backend",
 ]
 
 T = TypeVar("T")
@@ -180,6 +180,17 @@ def merge_head_scores(acc):
     if any(u != units[0] for u in units):
         raise ValueError(f"the ranks scored different layers and heads: {sorted(set(units))}")
     return acc.merged(all_reduce_sums, units=units[0] if units else None)
+
+
+def merge_attention_record(record: dict) -> dict:
+    """An attention source's `record()` with the texts each mode served summed over every rank (each
+    rank counted its own shard only); the first rank's recompute check, if any rank made one."""
+    records = gather_objects(record)
+    how = dict(record["attention"])
+    for mode in ("eager", "recompute"):
+        how[mode] = sum(r["attention"][mode] for r in records)
+    checks = [r["check"] for r in records if r["check"] is not None]
+    return {"attention": how, "check": checks[0] if checks else None}
 
 
 def sharded_probe_scores(extract: Callable[[list], object], examples: Sequence, world: World):

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 from headscope.analyses.heads import HeadScoreAccumulator, HeadScores
 from headscope.analyses.induction import repeated_random_tokens
 from headscope.analyses.metrics import METRICS, Metric
-from headscope.distributed import World, merge_head_scores, shard, shard_length, together
+from headscope.distributed import World, merge_attention_record, merge_head_scores, shard, shard_length, together
 from headscope.probe.encoding import ordinary_token_ids, special_prefix
 from headscope.probe.forward import is_seq2seq, no_attention_layers
 from headscope.probe.model import LoadedModel
@@ -113,7 +113,7 @@ def heads(
     else:
         meta["induction"] = None
     if attention != "eager":  # an eager run's output stays as it was
-        meta.update(attend.record())
+        meta.update(merge_attention_record(attend.record()))
     return merge_head_scores(acc).result(thresholds=thresholds, meta=meta)
 
 
