@@ -76,6 +76,8 @@ def learned_sinks(lm: LoadedModel) -> bool:
 def base_model(lm: LoadedModel) -> torch.nn.Module:
     """The transformer without its task head (LlamaForCausalLM -> LlamaModel)."""
     m = lm.model
+    if isinstance(getattr(m, "embeddings", None), torch.nn.Module):
+        return m  # already the base (DINOv3ViTModel: its prefix "model" names its encoder, not a base inside)
     base = getattr(m, getattr(m, "base_model_prefix", ""), None)
     if base is None and isinstance(getattr(m, "model", None), torch.nn.Module):
         return m.model  # Llama 4's text model: its prefix names the multimodal model's part, its base is `.model`

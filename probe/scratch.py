@@ -10,6 +10,7 @@ architecture families in `probe/families/`), recompute what the model's attentio
     multi-head latent attention (DeepSeek): q, k, v through low-rank latents with their own RMS norms,
         a rotary key shared by all heads, a value head size of its own (`MultiHeadLatent`)
     rotary positions on all or the first `rotary_dim` dims of each head (half-split or interleaved)
+        (DINOv3: 2-D angles from each patch's (row, column), none on [CLS] and registers: `rotary_angles`)
     (HunYuan, Llama 4: the q/k norm after rotary instead of before; Llama 4's is an L2 norm, unit weight)
     q *= 1 + attn_scale · log(1 + ⌊(t + 1) / floor_scale⌋)   attention temperature tuning (Llama 4's NoPE layers)
     scores = q kᵀ · scale                                   (√d or the model's own scalar)
@@ -39,7 +40,7 @@ import torch
 from .errors import UnsupportedFeature
 
 __all__ = ["LayerSpec", "MultiHeadLatent", "ScratchResult", "project_v", "attention_from_scratch", "project_qk", "row_scores", "row_probs",
-           "block_probs", "output_gate", "stable_softmax", "softmax_with_sink", "sink_share", "rotary_cos_sin", "build_mask",
+           "block_probs", "output_gate", "stable_softmax", "softmax_with_sink", "sink_share", "rotary_cos_sin", "angles_cos_sin", "build_mask",
            "visible_keys", "temperature_scales", "alibi_slopes", "relative_position_buckets"]
 
 
@@ -89,6 +90,10 @@ class LayerSpec:
     # Rotary frequencies (rotary_dim/2,), or a function of the sequence length T for rope types whose
     # frequencies depend on it (dynamic NTK, longrope); None = no rotary.
     inv_freq: torch.Tensor | Callable[[int], torch.Tensor] | None = None
+    # Rotary angles given per position instead of positions 0 .. T-1 times inv_freq: a function of T giving
+    # (T, rotary_dim/2) angles (DINOv3: each patch's centre (y, x) in [-1, 1] times 2π·inv_freq, y's then x's;
+    # angle 0, no rotation, for [CLS] and registers). Overrides inv_freq for the rotation.
+    rotary_angles: Callable[[int], torch.Tensor] | None = None
     rope_scaling: float = 1.0  # multiplies cos and sin (the attention factor of yarn and longrope)
     rotary_dim: int | None = None  # rotate only the first rotary_dim dims of a head (partial rotary); None = all
     rotary_interleaved: bool = False  # pairs (x0, x1), (x2, x3), ... (GPT-J) instead of (x_i, x_{i+d/2})
@@ -168,6 +173,15 @@ def rotary_cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, scaling: flo
     """cos and sin tables, (T, d), d = 2 × len(inv_freq): half-split layout (angle i at i and i + d/2),
     or interleaved (angle i at 2i and 2i + 1, GPT-J)."""
     angles = positions[:, None].to(inv_freq.dtype) * inv_freq[None, :]  # (T, d/2)
+    return angles_cos_sin(angles, scaling, interleaved=interleaved)
+
+
+def angles_cos_sin(angles: torch.Tensor, scaling: float = 1.0, *, interleaved: bool = False):
+    """cos and sin tables (T, d) of rotary angles (T, d/2), in the half-split or the interleaved layout.
+
+    >>> angles_cos_sin(torch.tensor([[0.0]]))
+    (tensor([[1., 1.]]), tensor([[0., 0.]]))
+    """
     if interleaved:
         emb = angles.repeat_interleave(2, dim=-1)  # (T, d)
     else:
@@ -189,10 +203,14 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleave
 def _apply_rotary(t: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
     """`t` (B, n, T, hs) at positions 0 .. T-1 with rotary on its first `rotary_dim` dims; the rest pass unchanged."""
     T = t.shape[-2]
-    inv_freq = spec.inv_freq(T) if callable(spec.inv_freq) else spec.inv_freq
-    positions = torch.arange(T, device=t.device)
-    cos, sin = rotary_cos_sin(inv_freq.float().to(t.device), positions, spec.rope_scaling,
-                              interleaved=spec.rotary_interleaved)
+    if spec.rotary_angles is not None:  # angles of each position's own (DINOv3: 2-D patch centres)
+        cos, sin = angles_cos_sin(spec.rotary_angles(T).float().to(t.device), spec.rope_scaling,
+                                  interleaved=spec.rotary_interleaved)  # (T, d)
+    else:
+        inv_freq = spec.inv_freq(T) if callable(spec.inv_freq) else spec.inv_freq
+        positions = torch.arange(T, device=t.device)
+        cos, sin = rotary_cos_sin(inv_freq.float().to(t.device), positions, spec.rope_scaling,
+                                  interleaved=spec.rotary_interleaved)
     cos, sin = cos.to(t.dtype), sin.to(t.dtype)
     d = spec.rotary_dim or t.shape[-1]
     if d == t.shape[-1]:
@@ -453,7 +471,7 @@ def project_qk(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool = True,
     q, k = _heads(q, spec.n_heads, spec.head_dim), _heads(k, spec.n_kv_heads, spec.head_dim)
     if spec.q_norm is not None and spec.norm_scope == "head" and not spec.norm_after_rotary:
         q, k = _norm_qk(q, k, spec)
-    if spec.inv_freq is not None and use_positions:
+    if (spec.inv_freq is not None or spec.rotary_angles is not None) and use_positions:
         q, k = _apply_rotary(q, spec), _apply_rotary(k, spec)
     if spec.q_norm is not None and spec.norm_after_rotary:
         q, k = _norm_qk(q, k, spec)

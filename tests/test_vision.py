@@ -21,7 +21,7 @@ IMAGE_TYPES = sorted(t for name in IMAGE for t in FAMILIES[name].model_types)
 # the registers the tiny DINOv2 config asks for, none in SigLIP)
 PREFIX = {"beit": ("[CLS]",), "vit": ("[CLS]",), "deit": ("[CLS]", "[DIST]"), "dinov2": ("[CLS]",),
           "dinov2_with_registers": ("[CLS]", "[REG0]", "[REG1]"), "clip_vision_model": ("[CLS]",),
-          "siglip_vision_model": ()}
+          "siglip_vision_model": (), "dinov3_vit": ("[CLS]", "[REG0]", "[REG1]")}
 
 
 @pytest.fixture(scope="module")
@@ -63,6 +63,30 @@ def test_beit_needs_its_relative_position_bias_per_layer_or_shared(picture):
     assert not verify(lm, images=[picture], family=no_bias).passed  # the bias is there, and is reproduced
     shared = tiny_model("beit", use_relative_position_bias=False, use_shared_relative_position_bias=True)
     assert verify(shared, images=[picture]).passed and not verify(shared, images=[picture], family=no_bias).passed
+
+
+def test_dinov3_needs_its_2d_rotary_on_the_patches_and_none_on_cls_and_registers(picture):
+    import dataclasses
+
+    from headscope.probe.families.dinov3_vit import patch_angles
+
+    dino = FAMILIES["dinov3_vit"]
+    lm = _tiny("dinov3_vit")
+
+    def broken(change):
+        def layer_spec(base, i, cfg):
+            spec = dino.layer_spec(base, i, cfg)
+            return dataclasses.replace(spec, rotary_angles=change(spec.rotary_angles))
+        return dataclasses.replace(dino, layer_spec=layer_spec)
+
+    assert verify(lm, images=[picture]).passed
+    assert not verify(lm, images=[picture], family=broken(lambda angles: None)).passed  # no rotary at all
+    # the first patch's angles on [CLS] and the registers too: the model leaves them unrotated
+    every = broken(lambda angles: lambda T: torch.cat([angles(T)[3:4].expand(3, -1), angles(T)[3:]]))
+    assert not verify(lm, images=[picture], family=every).passed
+    # the angles, by hand: the centre of patch (row 0, col 3) of 4 x 4 is (y, x) = (-0.75, 0.75)
+    a = patch_angles(4, 4, torch.tensor([1.0, 0.5]))
+    torch.testing.assert_close(a[3], 2 * math.pi * torch.tensor([-0.75, -0.375, 0.75, 0.375]))
 
 
 def test_a_path_a_pil_image_and_an_array_give_the_same_map_and_are_left_unchanged(picture):
