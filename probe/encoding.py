@@ -184,6 +184,8 @@ def pad_batch(items: Sequence[Encoded], device: torch.device) -> tuple[torch.Ten
     """Right-padded `input_ids` and `attention_mask`, both (B, T); for images, their `pixel_values`
     (B, 3, H, W) and a mask of ones (B, T) over their units (every image of a batch has the same size)."""
     if items and items[0].pixels is not None:
+        if len({e.pixels.shape for e in items}) > 1:
+            raise ValueError("images of different patch grids cannot share a batch; run them in batches of one grid")
         pixels = torch.stack([e.pixels for e in items])  # (B, 3, H, W)
         return pixels.to(device), torch.ones(len(items), len(items[0].ids), dtype=torch.long, device=device)
     t_max = max(len(e.ids) for e in items)

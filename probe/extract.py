@@ -8,6 +8,8 @@ texts are sorted by length so padding stays small; results come back in input or
 
 from __future__ import annotations
 
+import itertools
+
 import operator
 import warnings
 from typing import Iterable, Iterator, Sequence
@@ -115,7 +117,8 @@ def _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dt
 def _image_windows(lm, images, batch_size, layer_idx, head_idx, store_dtype):
     for start in range(0, len(images), batch_size):
         encoded = encode_images(lm, images[start : start + batch_size], first_index=start)
-        yield from _run_encoded(lm, encoded, batch_size, "token", layer_idx, head_idx, store_dtype, None)
+        for _, run in itertools.groupby(encoded, key=lambda e: e.grid):  # one batch holds one grid (SigLIP 2's vary)
+            yield from _run_encoded(lm, list(run), batch_size, "token", layer_idx, head_idx, store_dtype, None)
 
 
 def extract(lm: LoadedModel, texts: str | Iterable[str] | None = None, **kwargs) -> list[AttentionMap]:

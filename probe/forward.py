@@ -9,11 +9,13 @@ whole model over (source, target) pairs, giving encoder self, decoder self and c
 
 from __future__ import annotations
 
+import inspect
 from typing import Sequence
 
 import torch
 
 from .encoding import Encoded, pad_batch
+from .images import patchify
 from .families import (NO_SOFTMAX_LAYER_TYPES, SUPPORTED_TYPES, UnsupportedArchitecture, UnsupportedFeature,
                        family_for, softmax_layers)
 from .model import LoadedModel
@@ -90,10 +92,22 @@ def forward_one_stream(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, *
     An image model takes `ids` as its pixel values (B, 3, H, W) and no mask (every patch is real)."""
     base = base_model(lm)
     if ids.is_floating_point():
-        return base(pixel_values=ids.to(lm.dtype), output_attentions=output_attentions)
+        return base(**_pixel_inputs(base, lm, ids.to(lm.dtype)), output_attentions=output_attentions)
     if is_seq2seq(lm):  # the encoder stack takes no use_cache (T5's refuses it)
         return base.get_encoder()(input_ids=ids, attention_mask=mask, output_attentions=output_attentions)
     return base(input_ids=ids, attention_mask=mask, output_attentions=output_attentions, use_cache=False)
+
+
+def _pixel_inputs(base: torch.nn.Module, lm: LoadedModel, pixels: torch.Tensor) -> dict:
+    """The image model's inputs for images (B, 3, H, W): the pixels, or for SigLIP 2 (naflex) their patch rows
+    (B, rows·cols, p·p·3) with each image's grid in `spatial_shapes` and every patch real (no padding)."""
+    if "spatial_shapes" not in inspect.signature(base.forward).parameters:
+        return {"pixel_values": pixels}
+    B, _, H, W = pixels.shape
+    p = lm.config.patch_size
+    shapes = torch.tensor([[H // p, W // p]] * B, device=pixels.device)  # (B, 2) rows, columns
+    mask = torch.ones(B, (H // p) * (W // p), dtype=torch.long, device=pixels.device)
+    return {"pixel_values": patchify(pixels, p), "pixel_attention_mask": mask, "spatial_shapes": shapes}
 
 
 @torch.inference_mode()

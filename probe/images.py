@@ -18,7 +18,7 @@ from .encoding import Encoded
 from .families import family_of_type
 from .model import LoadedModel
 
-__all__ = ["check_images", "load_image", "encode_images", "patch_labels", "ImageInput", "require_modality",
+__all__ = ["check_images", "load_image", "encode_images", "patch_labels", "patchify", "unpatchify", "ImageInput", "require_modality",
            "TWO_TOWER_TYPES"]
 
 TWO_TOWER_TYPES = ("clip",)  # an image tower and a text tower, compared only by their pooled embeddings (probe.towers)
@@ -108,18 +108,50 @@ def encode_images(lm: LoadedModel, images: Sequence[object], *, first_index: int
         raise ValueError(f"{lm.name} has no image processor; load the checkpoint with its "
                          "preprocessor_config.json (save_pretrained of the model and its image processor)")
     pictures = [load_image(first_index + i, item) for i, item in enumerate(images)]
-    pixels = lm.processor(images=pictures, return_tensors="pt")["pixel_values"]  # (B, 3, H, W)
     cfg = lm.config
     patch = cfg.patch_size if isinstance(cfg.patch_size, int) else cfg.patch_size[0]
-    _, _, h, w = pixels.shape
-    rows, cols = h // patch, w // patch
+    out = lm.processor(images=pictures, return_tensors="pt")
+    if "spatial_shapes" in out:  # SigLIP 2 (naflex): patches already cut, a grid of its own per image, padded
+        pixels = [unpatchify(out["pixel_values"][i], tuple(out["spatial_shapes"][i].tolist()), patch)
+                  for i in range(len(pictures))]  # each (3, rows*p, cols*p): its real patches only
+    else:
+        pixels = list(out["pixel_values"])  # each (3, H, W)
     prefix = family_of_type(lm.model_type).prefix_tokens(cfg)
-    labels = prefix + patch_labels(rows, cols)
-    special = (True,) * len(prefix) + (False,) * (rows * cols)
-    shown = _as_seen(lm.processor, pixels)
-    return [Encoded(text=_name(first_index + i, item), ids=(0,) * len(labels), spans=((0, 0),) * len(labels),
-                    special=special, pixels=pixels[i], grid=(rows, cols), labels=labels, picture=shown[i])
-            for i, item in enumerate(images)]
+    encoded = []
+    for i, item in enumerate(images):
+        rows, cols = pixels[i].shape[-2] // patch, pixels[i].shape[-1] // patch
+        labels = prefix + patch_labels(rows, cols)
+        special = (True,) * len(prefix) + (False,) * (rows * cols)
+        encoded.append(Encoded(text=_name(first_index + i, item), ids=(0,) * len(labels), spans=((0, 0),) * len(labels),
+                               special=special, pixels=pixels[i], grid=(rows, cols), labels=labels,
+                               picture=_as_seen(lm.processor, pixels[i][None])[0]))
+    return encoded
+
+
+def unpatchify(patches, grid: tuple[int, int], patch: int):
+    """SigLIP 2's patch rows (N, p·p·C), each patch's pixels row by row with the channels last, back to the
+    image (C, rows·p, cols·p) of the first rows·cols (the real ones; the rest are padding).
+
+    >>> import torch
+    >>> unpatchify(torch.arange(8.0).view(2, 4), (1, 2), 1)  # two 1 x 1 patches of 4 channels
+    tensor([[[0., 4.]],
+    <BLANKLINE>
+            [[1., 5.]],
+    <BLANKLINE>
+            [[2., 6.]],
+    <BLANKLINE>
+            [[3., 7.]]])
+    """
+    rows, cols = grid
+    x = patches[: rows * cols].reshape(rows, cols, patch, patch, -1)  # (rows, cols, p, p, C)
+    return x.permute(4, 0, 2, 1, 3).reshape(x.shape[-1], rows * patch, cols * patch)  # (C, rows*p, cols*p)
+
+
+def patchify(pixels, patch: int):
+    """Images (B, C, H, W) as SigLIP 2's patch rows (B, rows·cols, p·p·C), the inverse of `unpatchify`."""
+    B, C, H, W = pixels.shape
+    x = pixels.reshape(B, C, H // patch, patch, W // patch, patch)  # (B, C, rows, p, cols, p)
+    return x.permute(0, 2, 4, 3, 5, 1).reshape(B, (H // patch) * (W // patch), patch * patch * C)
 
 
 def _as_seen(processor, pixels) -> np.ndarray:

@@ -263,8 +263,9 @@ def _verify_one_stack(lm: LoadedModel, encoded: list[Encoded], family: Family, *
     have = family.attention_layers(lm.config)
     worst = {i: [0.0, 0.0, 0.0, 0.0] for i in have}  # abs, rel, abs_out, rel_out
     t_fwd = t_re = 0.0
-    for start in range(0, len(encoded), batch_size):
-        batch = encoded[start : start + batch_size]
+    grids = {e.grid for e in encoded}
+    for start in range(0, len(encoded), 1 if len(grids) > 1 else batch_size):  # one batch holds one image grid
+        batch = encoded[start : start + (1 if len(grids) > 1 else batch_size)]
         cap = capture(lm, batch, family)
         t_fwd += cap.seconds
         t0 = time.perf_counter()

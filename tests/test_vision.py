@@ -21,7 +21,7 @@ IMAGE_TYPES = sorted(t for name in IMAGE for t in FAMILIES[name].model_types)
 # the registers the tiny DINOv2 config asks for, none in SigLIP)
 PREFIX = {"beit": ("[CLS]",), "vit": ("[CLS]",), "deit": ("[CLS]", "[DIST]"), "dinov2": ("[CLS]",),
           "dinov2_with_registers": ("[CLS]", "[REG0]", "[REG1]"), "clip_vision_model": ("[CLS]",),
-          "siglip_vision_model": (), "dinov3_vit": ("[CLS]", "[REG0]", "[REG1]")}
+          "siglip_vision_model": (), "siglip2_vision_model": (), "dinov3_vit": ("[CLS]", "[REG0]", "[REG1]")}
 
 
 @pytest.fixture(scope="module")
@@ -87,6 +87,28 @@ def test_dinov3_needs_its_2d_rotary_on_the_patches_and_none_on_cls_and_registers
     # the angles, by hand: the centre of patch (row 0, col 3) of 4 x 4 is (y, x) = (-0.75, 0.75)
     a = patch_angles(4, 4, torch.tensor([1.0, 0.5]))
     torch.testing.assert_close(a[3], 2 * math.pi * torch.tensor([-0.75, -0.375, 0.75, 0.375]))
+
+
+def test_siglip2_reads_each_images_grid_from_spatial_shapes_and_matches_the_padded_masked_model(picture):
+    from PIL import Image
+
+    lm = _tiny("siglip2_vision_model")
+    wide = np.zeros((20, 60, 3), dtype=np.uint8)
+    wide[:, ::3] = 255  # stripes: patches that differ
+    out = lm.processor(images=[Image.open(picture).convert("RGB"), Image.fromarray(wide)], return_tensors="pt")
+    shapes = [tuple(s) for s in out["spatial_shapes"].tolist()]
+    assert shapes[1][0] < shapes[1][1] and out["pixel_attention_mask"][1].sum() < out["pixel_attention_mask"].shape[1]
+    v = verify(lm, images=[picture, wide])  # two grids: one padded with masked patches in the model's own input
+    assert v.passed and v.max_abs_err <= 1e-5
+    maps = extract(lm, images=[picture, wide])
+    assert [m.grid for m in maps] == shapes
+    rows, cols = shapes[1]
+    assert maps[1].positions[cols] == (1, 0) and maps[1].labels[-1] == f"r{rows - 1}c{cols - 1}"
+    with torch.inference_mode():  # the model on its processor's own padded batch, padding masked
+        ref = lm.model(**out, output_attentions=True).attentions  # per layer (B, nh, N, N)
+    for i, m in enumerate(maps):
+        n = len(m)
+        torch.testing.assert_close(m.attention, torch.stack([a[i, :, :n, :n] for a in ref]), atol=1e-6, rtol=0)
 
 
 def test_a_path_a_pil_image_and_an_array_give_the_same_map_and_are_left_unchanged(picture):
