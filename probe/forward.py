@@ -22,7 +22,7 @@ from .model import LoadedModel
 
 __all__ = ["base_model", "is_seq2seq", "learned_sinks", "attention_layers", "hybrid_note", "no_attention_layers",
            "no_attention_reason",
-           "NO_SOFTMAX_LAYER_TYPES", "forward_one_stream", "forward_batch", "forward_seq2seq", "seq2seq_inputs"]
+           "NO_SOFTMAX_LAYER_TYPES", "forward_one_stream", "pixel_inputs", "forward_batch", "forward_seq2seq", "seq2seq_inputs"]
 
 
 def is_seq2seq(lm: LoadedModel) -> bool:
@@ -92,13 +92,13 @@ def forward_one_stream(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, *
     An image model takes `ids` as its pixel values (B, 3, H, W) and no mask (every patch is real)."""
     base = base_model(lm)
     if ids.is_floating_point():
-        return base(**_pixel_inputs(base, lm, ids.to(lm.dtype)), output_attentions=output_attentions)
+        return base(**pixel_inputs(base, lm, ids.to(lm.dtype)), output_attentions=output_attentions)
     if is_seq2seq(lm):  # the encoder stack takes no use_cache (T5's refuses it)
         return base.get_encoder()(input_ids=ids, attention_mask=mask, output_attentions=output_attentions)
     return base(input_ids=ids, attention_mask=mask, output_attentions=output_attentions, use_cache=False)
 
 
-def _pixel_inputs(base: torch.nn.Module, lm: LoadedModel, pixels: torch.Tensor) -> dict:
+def pixel_inputs(base: torch.nn.Module, lm: LoadedModel, pixels: torch.Tensor) -> dict:
     """The image model's inputs for images (B, 3, H, W): the pixels, or for SigLIP 2 (naflex) their patch rows
     (B, rows·cols, p·p·3) with each image's grid in `spatial_shapes` and every patch real (no padding)."""
     if "spatial_shapes" not in inspect.signature(base.forward).parameters:

@@ -21,7 +21,7 @@ from .model import LoadedModel
 __all__ = ["check_images", "load_image", "encode_images", "patch_labels", "patchify", "unpatchify", "ImageInput", "require_modality",
            "TWO_TOWER_TYPES"]
 
-TWO_TOWER_TYPES = ("clip",)  # an image tower and a text tower, compared only by their pooled embeddings (probe.towers)
+TWO_TOWER_TYPES = ("clip", "siglip", "siglip2")  # an image tower and a text tower, compared only by their pooled embeddings (probe.towers)
 
 ImageInput = object  # a path (str or os.PathLike), a PIL.Image.Image, or a numpy array [H, W] / [H, W, 3 or 4]
 

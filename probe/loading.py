@@ -34,7 +34,7 @@ from filelock import FileLock, Timeout
 from .families import SUPPORTED_TYPES
 from .folders import reclaim_stale, write_folder
 from .images import TWO_TOWER_TYPES
-from .model import LoadedModel, encoder_only
+from .model import LoadedModel, encoder_only, model_class
 from .names import Device, DType
 from .registry import KNOWN_MODELS, ModelNotAvailable, ModelSpec, locate, not_available_message
 from .tiny import tiny_model
@@ -316,7 +316,7 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: s
             tok = None
         else:
             tok = AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}), **at)
-        model = cls.from_pretrained(path, **kwargs)
+        model = model_class(config, cls.__name__).from_pretrained(path, **kwargs)  # SigLIP's text towers: own class
     except (OSError, ValueError) as exc:
         raise ModelNotAvailable(not_available_message(name, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")) from exc
     finally:

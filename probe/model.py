@@ -14,7 +14,7 @@ import torch
 
 from .families import SUPPORTED_TYPES
 
-__all__ = ["LoadedModel", "encoder_only"]
+__all__ = ["LoadedModel", "encoder_only", "model_class"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,3 +82,17 @@ def encoder_only(config) -> bool:
 
     return (model_type in modeling_auto.MODEL_FOR_MASKED_LM_MAPPING_NAMES
             and model_type not in modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def model_class(config, auto_class: str = "AutoModel"):
+    """The transformers class that builds `config`: `auto_class` where it maps the config, else the config's own
+    model class (no Auto class maps SigLIP's text towers: SiglipTextConfig -> SiglipTextModel)."""
+    import transformers
+
+    auto = getattr(transformers, auto_class)
+    if auto_class != "AutoModel" or type(config) in auto._model_mapping:
+        return auto  # (a task head's Auto class keeps its own error for a config it does not map)
+    own = getattr(transformers, type(config).__name__.removesuffix("Config") + "Model", None)
+    if own is None:
+        raise ValueError(f"no transformers class builds a {config.model_type!r} model from its config")
+    return own

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .families import FAMILIES, SUPPORTED_TYPES, Family, TokenizerKind
-from .model import LoadedModel
+from .model import LoadedModel, model_class
 
 __all__ = ["tiny_model", "tiny_tokenizer", "TINY_CORPUS"]
 
@@ -93,7 +93,6 @@ def tiny_model(name: str, *, seed: int = 0, std: float | None = None, **config_o
     >>> lm.config.num_hidden_layers, lm.is_causal
     (2, True)
     """
-    import transformers
 
     family = _family(name)
     std = family.tiny_std if std is None else std
@@ -106,7 +105,9 @@ def tiny_model(name: str, *, seed: int = 0, std: float | None = None, **config_o
         cfg.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else 0
         cfg.bos_token_id, cfg.eos_token_id = tok.bos_token_id, tok.eos_token_id
     torch.manual_seed(seed)
-    model = getattr(transformers, family.auto_class).from_config(cfg, attn_implementation="eager")
+    cls = model_class(cfg, family.auto_class)
+    build = cls.from_config if hasattr(cls, "from_config") else cls._from_config  # an Auto class | a model class
+    model = build(cfg, attn_implementation="eager")
     with torch.no_grad():
         for p in model.parameters():
             p.normal_(0.0, std)

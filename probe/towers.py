@@ -1,6 +1,6 @@
-"""CLIP's two towers: an image tower and a text tower, each a model of its own, for an (image, caption) pair.
+"""CLIP's and SigLIP's two towers: an image tower and a text tower, each a model of its own, for an (image, caption) pair.
 
-A CLIP model (`model_type` "clip") holds a vision transformer and a causal text transformer that never
+A CLIP model (`model_type` "clip"; SigLIP's "siglip" and "siglip2" alike) holds a vision transformer and a text transformer (causal in CLIP, bidirectional in SigLIP) that never
 attend to each other: there is no cross-attention in CLIP (nor in SigLIP); the two meet only in the cosine
 similarity of their pooled, projected embeddings. `towers` gives each as a `LoadedModel` (the same
 weights), so each is extracted and verified like any image or text model; `image_text` gives both maps.
@@ -11,25 +11,27 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .extract import extract
+from .forward import pixel_inputs
 from .images import TWO_TOWER_TYPES, check_images, encode_images
 from .model import LoadedModel
 from .types import AttentionMap
 
 __all__ = ["towers", "ImageText", "image_text", "NO_CROSS_ATTENTION"]
 
-NO_CROSS_ATTENTION = ("CLIP has no cross-attention: its image tower and its text tower never attend to each other; "
-                      "each one's attention is its own input's, and the pair meets only in the cosine similarity of "
-                      "their pooled embeddings")
+NO_CROSS_ATTENTION = ("CLIP and SigLIP have no cross-attention: the image tower and the text tower never attend to "
+                      "each other; each one's attention is its own input's, and the pair meets only in the cosine "
+                      "similarity of their pooled embeddings")
 
 
 def towers(lm: LoadedModel) -> tuple[LoadedModel, LoadedModel]:
-    """A CLIP model's image tower and text tower as two `LoadedModel`s (the same weights, not copies): each
-    is extracted and verified like any image or text model (families `clip_vision`, `clip_text`)."""
+    """A CLIP or SigLIP model's image tower and text tower as two `LoadedModel`s (the same weights, not copies):
+    each is extracted and verified like any image or text model (families `clip_vision`, `clip_text`,
+    `siglip_text`)."""
     if lm.model_type not in TWO_TOWER_TYPES:
         raise ValueError(f"{lm.name} ({lm.model_type}) is not a two-tower image-text model; towers() takes "
-                         f"{', '.join(TWO_TOWER_TYPES)} (SigLIP's text tower is not covered yet)")
+                         f"{', '.join(TWO_TOWER_TYPES)}")
     if lm.tokenizer is None or lm.processor is None:
-        raise ValueError(f"{lm.name}: a CLIP model needs its tokenizer and its image processor")
+        raise ValueError(f"{lm.name}: a two-tower model needs its tokenizer and its image processor")
     m = lm.model
     vision = replace(lm, name=f"{lm.name} (image tower)", model=m.vision_model, tokenizer=None)
     text = replace(lm, name=f"{lm.name} (text tower)", model=m.text_model, processor=None)
@@ -40,8 +42,8 @@ def towers(lm: LoadedModel) -> tuple[LoadedModel, LoadedModel]:
 class ImageText:
     """Both towers' attention for one (image, caption) pair: two separate maps, no attention between them."""
 
-    image: AttentionMap  # the image tower's, over [CLS] and the patches
-    text: AttentionMap  # the text tower's (causal), over the caption's tokens
+    image: AttentionMap  # the image tower's, over [CLS] (CLIP) and the patches
+    text: AttentionMap  # the text tower's (causal in CLIP, bidirectional in SigLIP), over the caption's tokens
     similarity: float  # cosine similarity of the pooled, projected embeddings
     note: str = NO_CROSS_ATTENTION
     meta: dict = field(default_factory=dict)
@@ -53,7 +55,7 @@ class ImageText:
 
 
 def image_text(lm: LoadedModel, image: object, caption: str) -> ImageText:
-    """The attention of both towers of a CLIP model for an (image, caption) pair, and their similarity.
+    """The attention of both towers of a CLIP or SigLIP model for an (image, caption) pair, and their similarity.
 
     There is no cross-attention to show: `ImageText.note` says so, and the result holds none."""
     import torch
@@ -64,7 +66,7 @@ def image_text(lm: LoadedModel, image: object, caption: str) -> ImageText:
     with torch.inference_mode():
         pix = encode_images(vision, check_images(image)[:1])[0].pixels[None].to(lm.device, lm.dtype)
         ids = torch.tensor([text_map.token_ids], device=lm.device)
-        a = lm.model.get_image_features(pixel_values=pix)
+        a = lm.model.get_image_features(**pixel_inputs(vision.model, vision, pix))  # SigLIP 2: its patch rows
         b = lm.model.get_text_features(input_ids=ids)
         a, b = (getattr(x, "pooler_output", x) for x in (a, b))
         sim = float(torch.nn.functional.cosine_similarity(a, b).item())

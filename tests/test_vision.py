@@ -272,6 +272,52 @@ def test_clip_towers_are_verified_and_an_image_text_pair_has_no_cross_attention(
         towers(_tiny("vit"))
 
 
+@pytest.mark.parametrize("model_type", ["siglip", "siglip2"])
+def test_siglip_towers_are_verified_bidirectional_and_the_similarity_is_the_models(model_type, picture):
+    import dataclasses
+
+    import transformers
+
+    from headscope.probe.families import family_of_type
+    from headscope.probe.model import LoadedModel
+    from headscope.probe.tiny import tiny_tokenizer
+    from headscope.probe.towers import image_text, towers
+
+    tok = tiny_tokenizer("bytebpe")
+    text = dict(vocab_size=len(tok), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+                max_position_embeddings=64, pad_token_id=0, bos_token_id=0, eos_token_id=0)
+    vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64, patch_size=8,
+                  **({"num_patches": 16} if model_type == "siglip2" else {"image_size": 32}))
+    prefix = "Siglip" if model_type == "siglip" else "Siglip2"
+    cfg = getattr(transformers, f"{prefix}Config")(text_config=text, vision_config=vision)
+    torch.manual_seed(0)
+    model = getattr(transformers, f"{prefix}Model")._from_config(cfg, attn_implementation="eager").eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.5)
+    processor = family_of_type(f"{model_type}_vision_model").tiny_processor(model.config.vision_config)
+    lm = LoadedModel(name=f"tiny {model_type}", model=model, tokenizer=tok, processor=processor, source="random init",
+                     dtype=torch.float32, device=torch.device("cpu"))
+    vision_lm, text_lm = towers(lm)
+    assert vision_lm.model is model.vision_model and text_lm.model is model.text_model  # no copies
+    assert verify(vision_lm, images=[picture]).passed and verify(text_lm).passed
+    caption = "The cat sat on the mat."
+    pair = image_text(lm, picture, caption)
+    assert pair.image.grid == (4, 4) and len(pair.image) == 16 and not pair.text.causal  # no CLS; bidirectional
+    assert "no cross-attention" in pair.note and pair.to_dict()["cross_attention"] is None
+    # the text tower really is bidirectional: a causal spec does not reproduce it
+    siglip_text = family_of_type(f"{model_type}_text_model")
+    causal = dataclasses.replace(siglip_text, layer_spec=lambda base, i, c: dataclasses.replace(
+        siglip_text.layer_spec(base, i, c), causal=True))
+    assert not verify(text_lm, family=causal).passed
+    # the similarity is the model's own: its forward pass gives the same logit (cosine × scale + bias)
+    inputs = processor(images=[picture], return_tensors="pt")
+    with torch.no_grad():
+        out = model(input_ids=torch.tensor([pair.text.token_ids]), **inputs)
+    expected = pair.similarity * model.logit_scale.exp().item() + model.logit_bias.item()
+    assert out.logits_per_image.item() == pytest.approx(expected, rel=1e-4, abs=1e-4)
+
+
 # --- the command line ---------------------------------------------------------------------------------
 
 
