@@ -1071,9 +1071,9 @@ MECHANISMS_EDGES = 25  # composition edges drawn (the strongest; the CSV keeps m
 
 def _composition_panels(section: Any) -> Iterable[Panel]:
     found = getattr(section, "mechanisms", None)
-    if found is not None and found.composition is not None:
-        for kind in found.composition.scores:
-            yield Panel((found.composition, kind, MECHANISMS_EDGES), {"kind": kind, "kind_name": kind.upper(), "k": MECHANISMS_EDGES}, found)
+    if found is not None and found.composition is not None:  # K-composition: the one induction heads are made of
+        yield Panel((found.composition, "k", MECHANISMS_EDGES), {"kind": "k", "kind_name": "K", "k": MECHANISMS_EDGES},
+                    found)
 
 
 def _mechanisms_patch_panels(section: Any) -> Iterable[Panel]:
@@ -1150,7 +1150,7 @@ FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
     FigureSpec("mechanisms_composition", "mechanisms", "mechanisms", _composition_figure, _composition_panels,
                "mechanisms-composition-{kind}", "The {k} strongest {kind_name}-composition edges (Elhage et al. 2021) "
                                                 "between heads, from the weights alone, by the ratio to random "
-                                                "matrices of the same shapes."),
+                                                "matrices of the same shapes (Q and V: mechanisms_composition.csv)."),
     FigureSpec("mechanisms_patching", "mechanisms", "mechanisms", patch_grid, _mechanisms_patch_panels,
                "mechanisms-patching", "Head-output patching (denoising) on {n} pairs of the built-in {pair_set} set: "
                                       "the logit difference with each head's clean output patched into the corrupt "
