@@ -391,9 +391,10 @@ def _kind(name: str) -> tuple[str, int | None, int | None]:
     return name, None, None
 
 
-def direct_logit_attribution(lm: LoadedModel, prompt: str, answer: str | int, wrong: str | int | None = None
+def direct_logit_attribution(lm: LoadedModel, prompt: str, answer: str | int | None, wrong: str | int | None = None
                              ) -> DLAResult:
-    """Split the logit of `answer` (minus that of `wrong`) after `prompt` into the residual stream's parts.
+    """Split the logit of `answer` (minus that of `wrong`) after `prompt` into the residual stream's parts;
+    `answer=None`: the model's own most likely next token (the report's sentences).
 
     Each part goes through the final norm at the run's frozen scale and the unembedding; the final
     norm's bias and the unembedding's bias are parts of their own ("final_norm_bias", "unembed_bias").
@@ -404,9 +405,12 @@ def direct_logit_attribution(lm: LoadedModel, prompt: str, answer: str | int, wr
     (True, ['attn_bias', 'embed', 'head', 'mlp'])
     """
     head = require_lm_head(lm, "direct logit attribution")
-    a = answer_token(lm, answer)
+    a = None if answer is None else answer_token(lm, answer)
     b = None if wrong is None else answer_token(lm, wrong)
     tr = trace(lm, prompt)
+    if a is None:
+        a = int(tr.logits.argmax())
+        answer = lm.tokenizer.decode([a])
     t = len(tr.ids) - 1
     names, parts, attn_err = residual_parts(tr, t)
     W = head.weight.detach().double().cpu()

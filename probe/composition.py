@@ -27,6 +27,7 @@ matrix U E summed in chunks of the vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from html import escape
 
 import numpy as np
 import pandas as pd
@@ -147,6 +148,14 @@ class CompositionScores:
                 parts.append(f"{kind}: {r.sender} → {r.receiver} {r.score:.3f} ({r.ratio:.1f}× random {r.baseline:.3f})")
         return f"{self.model} composition, strongest edge per kind — " + "; ".join(parts)
 
+    def to_dict(self, k: int = 10) -> dict:
+        """The baselines and the `k` strongest edges of each kind."""
+        return {"model": self.model, "baseline": dict(self.baseline),
+                "top": {kind: self.top(k, kind).drop(columns="kind").to_dict(orient="records") for kind in self.scores}}
+
+    def _repr_html_(self) -> str:
+        return f"<p>{escape(self.summary())}</p>" + self.top(10).to_html(index=False, float_format=lambda x: f"{x:.4f}")
+
 
 def composition_scores(lm: LoadedModel, *, n_random: int = 20, seed: int = 0,
                        layers: int | None = None) -> CompositionScores:
@@ -210,6 +219,9 @@ class CopyingScores:
         share = float((self.scores > 0.5).mean())
         return (f"{self.model} OV copying (Σλ/Σ|λ| of W_E W_OV W_U over {self.n_tokens} tokens): highest {best}; "
                 f"{share:.0%} of heads above 0.5")
+
+    def _repr_html_(self) -> str:
+        return f"<p>{escape(self.summary())}</p>" + self.top(10).to_html(index=False, float_format=lambda x: f"{x:.4f}")
 
 
 def _ov_eigenvalues(f: Factors, g: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from headscope.analyses.evidence import AblationEvidence
+    from headscope.analyses.mechanisms import MechanismsReport
     from headscope.analyses.sinks import SinkReport, StreamingResult
     from headscope.analyses.compare import HeadComparison
     from headscope.analyses.coref import ProbeResult
@@ -50,6 +51,7 @@ class ModelAnalysis:
     comparison: HeadComparison | None = None  # this model (B) against the model it is compared with (A)
     sinks: SinkReport | None = None  # the Sinks section (`run --sinks`)
     streaming: StreamingResult | None = None  # its StreamingLLM test (decoders)
+    mechanisms: MechanismsReport | None = None  # the Mechanisms section (`run --mechanisms`)
     info: Mapping[str, Any] = field(default_factory=dict)  # family, layers, heads, dtype, source, timings
     notes: tuple[str, ...] = ()  # problems to show prominently (a stage that could not run, ...)
     seconds: Mapping[str, float] = field(default_factory=dict)  # wall time of each stage
@@ -91,7 +93,7 @@ class ModelAnalysis:
         return self.verification is not None and self.verification.passed
 
     def to_dict(self) -> dict:
-        """The run.json entry of this model (with "syntax" and "sinks" only when those analyses ran)."""
+        """The run.json entry of this model (with "syntax", "sinks" and "mechanisms" only when those analyses ran)."""
         v = self.verification
         record = {
             "model": self.model, "info": dict(self.info),
@@ -109,6 +111,8 @@ class ModelAnalysis:
         if self.sinks is not None or self.streaming is not None:
             record["sinks"] = {"analysis": None if self.sinks is None else self.sinks.to_dict(),
                                "streaming": None if self.streaming is None else self.streaming.to_dict()}
+        if self.mechanisms is not None:
+            record["mechanisms"] = self.mechanisms.to_dict()
         return record
 
 

@@ -908,7 +908,7 @@ class FigureSpec:
     name: str
     source: str
     group: Literal["verification", "heads", "probe", "attention", "syntax", "syntax-grid", "comparison", "sinks",
-                   "vision"]
+                   "mechanisms", "vision"]
     draw: Callable[..., Figure]
     panels: Callable[[Any], Iterable[Panel]]
     stem: str
@@ -1059,6 +1059,33 @@ def _streaming_panels(section: Any) -> Iterable[Panel]:
         yield Panel((result,), {"n": result.n_tokens, "window": result.window, "keep": result.keep}, result)
 
 
+def _dla_panels(section: Any) -> Iterable[Panel]:
+    found = getattr(section, "mechanisms", None)
+    for i, r in enumerate(found.dla if found is not None else ()):
+        yield Panel((r,), {"i": i, "text": r.prompt, "answer": r.answer.strip() or repr(r.answer),
+                           "total": r.total, "err": r.identity_abs_err}, found)
+
+
+MECHANISMS_EDGES = 25  # composition edges drawn (the strongest; the CSV keeps more)
+
+
+def _composition_panels(section: Any) -> Iterable[Panel]:
+    found = getattr(section, "mechanisms", None)
+    if found is not None and found.composition is not None:  # K-composition: the one induction heads are made of
+        yield Panel((found.composition, "k", MECHANISMS_EDGES), {"kind": "k", "kind_name": "K", "k": MECHANISMS_EDGES},
+                    found)
+
+
+def _mechanisms_patch_panels(section: Any) -> Iterable[Panel]:
+    found = getattr(section, "mechanisms", None)
+    if found is not None and found.patching is not None:
+        yield Panel((found.patching,), {"pair_set": found.pair_set, "n": len(found.patching.pairs)}, found)
+
+
+def _composition_figure(scores: Any, kind: str, k: int) -> Figure:
+    return composition_graph(scores, kind=kind, k=k)
+
+
 FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
     FigureSpec("verification", "verification", "verification", verification_plot, _verification_panels,
                "verification",
@@ -1116,6 +1143,18 @@ FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
     FigureSpec("streaming", "streaming", "sinks", streaming_figure, _streaming_panels,
                "sinks-streaming", "Next-token loss against position on {n} tokens: dense attention, a window of "
                                   "{window} keys, and the window plus the first {keep} tokens (StreamingLLM)."),
+    FigureSpec("mechanisms_dla", "mechanisms", "mechanisms", dla_grid, _dla_panels,
+               "mechanisms-dla-{i}", "Direct logit attribution of the next token “{answer}” after “{text}”: each head's "
+                                     "write at the last position through the frozen final norm onto the unembedding "
+                                     "(logit {total:.3f}; the parts sum back to it within {err:.0e})."),
+    FigureSpec("mechanisms_composition", "mechanisms", "mechanisms", _composition_figure, _composition_panels,
+               "mechanisms-composition-{kind}", "The {k} strongest {kind_name}-composition edges (Elhage et al. 2021) "
+                                                "between heads, from the weights alone, by the ratio to random "
+                                                "matrices of the same shapes (Q and V: mechanisms_composition.csv)."),
+    FigureSpec("mechanisms_patching", "mechanisms", "mechanisms", patch_grid, _mechanisms_patch_panels,
+               "mechanisms-patching", "Head-output patching (denoising) on {n} pairs of the built-in {pair_set} set: "
+                                      "the logit difference with each head's clean output patched into the corrupt "
+                                      "run, normalised (0 = corrupt, 1 = clean)."),
 )}
 
 

@@ -239,6 +239,25 @@ def _sinks(a: ModelAnalysis, figures: Figures) -> dict:
     return {"sinks": view}
 
 
+def _mechanisms(a: ModelAnalysis, figures: Figures) -> dict:
+    """Each part's headline (or why it did not run), the patching verdict, the figures."""
+    m = a.mechanisms
+    view: dict = {"figures": list(figures.get("mechanisms", [])), "result": None}
+    if m is not None:
+        top = m.composition.top(10) if m.composition is not None else None
+        view["result"] = {
+            "dla": [r.summary() for r in m.dla],
+            "composition": None if m.composition is None else m.composition.summary(),
+            "composition_top": None if top is None else table_view(top[["kind", "sender", "receiver", "score", "ratio"]]),
+            "edges": m.edges,
+            "patching": None if m.patching is None else m.patching.summary(),
+            "verdict": None if m.patching is None else m.patching.verdict,
+            "notes": list(m.notes),
+            "seconds": ", ".join(f"{k} {v:.1f} s" for k, v in m.seconds.items()),
+        }
+    return {"mechanisms": view}
+
+
 def _corpus(a: ModelAnalysis, figures: Figures) -> dict:
     return {"corpus": table_view(a.corpus)}
 
@@ -290,6 +309,14 @@ def _comparison_tables(a: ModelAnalysis) -> dict:
 
 def _sinks_tables(a: ModelAnalysis) -> dict:
     return sinks_tables(a.sinks, a.streaming)
+
+
+def _mechanisms_tables(a: ModelAnalysis) -> dict:
+    m = a.mechanisms
+    if m is None:
+        return {}
+    return {"mechanisms_dla": m.dla_frame(), "mechanisms_composition": m.composition_frame(),
+            "mechanisms_patching": m.patching_frame()}
 
 
 def _corpus_tables(a: ModelAnalysis) -> dict:
@@ -358,6 +385,7 @@ SECTIONS: Mapping[str, Section] = MappingProxyType({s.name: s for s in (
     Section("syntax", "Syntax", _syntax, _syntax_tables, shown=_any("syntax", "syntax_clusters")),
     Section("comparison", "Comparison", _comparison, _comparison_tables, shown=_any("comparison")),
     Section("sinks", "Sinks", _sinks, _sinks_tables, shown=_any("sinks", "streaming")),
+    Section("mechanisms", "Mechanisms", _mechanisms, _mechanisms_tables, shown=_any("mechanisms")),
     Section("corpus", "Corpus", _corpus, _corpus_tables),
     Section("settings", "Settings & versions"),
 )})

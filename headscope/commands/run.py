@@ -28,15 +28,17 @@ __all__ = ["cli", "shown_settings"]
 _COREF_SETS = ("agreement", "winograd")
 _SYNTAX_SETTINGS = ("conllu", "select_on")  # recorded only when given
 _SINKS_SETTINGS = ("sinks", "streaming_tokens", "streaming_window")  # recorded only with --sinks
+_MECHANISMS_SETTINGS = ("mechanisms", "mechanisms_pairs")  # recorded only with --mechanisms
 
 
 def shown_settings(settings) -> dict:
     """The settings the page shows and run.json records. Texts and targets are listed in run.json only;
-    generate, conllu, select_on and the sinks settings only when given: a run without them records what it
+    generate, conllu, select_on, the sinks and the mechanisms settings only when given: a run without them records what it
     always did."""
     return {k: v for k, v in asdict(settings).items()
             if k not in ("texts", "targets") and not (k == "generate" and not v)
-            and not (k in _SYNTAX_SETTINGS and v is None) and not (k in _SINKS_SETTINGS and not settings.sinks)}
+            and not (k in _SYNTAX_SETTINGS and v is None) and not (k in _SINKS_SETTINGS and not settings.sinks)
+            and not (k in _MECHANISMS_SETTINGS and not settings.mechanisms)}
 
 
 # ---------------------------------------------------------------- inputs
@@ -136,6 +138,9 @@ def _parse_width(value: str) -> float:
 @click.option("--sinks", "sinks", is_flag=True,
               help="Add a Sinks section: sink rate, sink heads with value norms and dormant calls (mean ablation), "
                    "massive activations, and for decoders the StreamingLLM test on the shared UD English EWT text.")
+@click.option("--mechanisms", "mechanisms", is_flag=True,
+              help="Add a Mechanisms section: direct logit attribution of each report sentence's next token and "
+                   "head-output patching of 8 built-in ioi pairs (decoders), and the heads' composition graph.")
 @click.option("--format", "formats", default="png", show_default=True, callback=_check_formats,
               help="Figure files to write, comma-separated: png, svg, pdf (fonts embedded). The page inlines PNG.")
 @click.option("--dpi", type=click.IntRange(min=10, max=1200), default=100, show_default=True,
@@ -149,7 +154,7 @@ def _parse_width(value: str) -> float:
 @device_options
 def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, force, level, limit, induction_seqs,
         permutations, seed, batch_size, truncate, conllu_path, select_path, ablation, ablation_texts, old_ablation,
-        old_ablation_texts, sinks, formats, dpi, width, images,
+        old_ablation_texts, sinks, mechanisms, formats, dpi, width, images,
         quiet, as_json, device, dtype, attention, memory_budget) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
@@ -196,7 +201,7 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
         attention=attention, memory_budget=memory_budget, targets=tuple(targets), generate=generate,
         conllu=conllu_path, select_on=select_path, ablation=old_ablation if ablation is None else ablation,
         ablation_texts=old_ablation_texts if old_ablation_texts is not None else ablation_texts, sinks=sinks,
-        images=tuple(images))
+        mechanisms=mechanisms, images=tuple(images))
     world = join_run(device)
 
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser.

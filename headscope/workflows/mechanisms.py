@@ -9,6 +9,9 @@
     patch(lm, pairs, what=..., direction=...) -> analyses.patching.PatchResult: activation patching of
                                                 every head (or layer) on clean/corrupt pairs, with its
                                                 statistics
+    mechanisms(lm, sentences)                -> analyses.mechanisms.MechanismsReport: the report's section,
+                                                DLA of each sentence's next token, composition, patching
+                                                of a built-in pair set
 
 Each decomposition is an identity that sums back to the model's own number; each result carries the
 error of that identity.
@@ -22,6 +25,7 @@ from typing import Literal, Sequence, get_args
 import numpy as np
 
 from headscope.analyses.ablation import random_head_sets
+from headscope.analyses.mechanisms import COMPOSITION_EDGES, MechanismsReport
 from headscope.analyses.patching import (AttributionPatching, Confirmation, PatchPair, PatchResult, builtin_pairs,
                                          read_pairs, split_halves, strength, top_sites)
 from headscope.probe.attribution import DLAResult, QKAttribution, direct_logit_attribution, qk_attribution
@@ -32,12 +36,14 @@ from headscope.probe.patching import (attribution_estimates, patch_metrics, path
                                      sweep_sites)
 from headscope.probe.types import head_name, parse_head
 
-__all__ = ["dla", "qk", "composition", "patch", "patch_pairs", "attribution_patch"]
+__all__ = ["dla", "qk", "composition", "patch", "patch_pairs", "attribution_patch", "mechanisms", "REPORT_PAIRS"]
+
+REPORT_PAIRS = 8  # pairs of the built-in set the report patches: enough for the held-out check (4 + 4)
 
 
-def dla(lm: LoadedModel, prompt: str, answer: str | int, wrong: str | int | None = None) -> DLAResult:
-    """Direct logit attribution (decoders): the logit of `answer` after `prompt`, minus that of `wrong`
-    if given, split into the residual stream's parts with the final norm's scale frozen at this run's
+def dla(lm: LoadedModel, prompt: str, answer: str | int | None, wrong: str | int | None = None) -> DLAResult:
+    """Direct logit attribution (decoders): the logit of `answer` (None: the model's own most likely next
+    token) after `prompt`, minus that of `wrong` if given, split into the residual stream's parts with the final norm's scale frozen at this run's
     value (`probe.attribution.direct_logit_attribution`). `.summary()` states the identity's error.
 
     >>> from headscope.probe.tiny import tiny_model
@@ -227,3 +233,46 @@ def attribution_patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what
                            corrupt=corrupt, pairs=tuple(chosen), dropped=dropped, seconds=time.perf_counter() - start,
                            forwards=1 + -(-len(sites) // max(1, batch_rows // p.n)))
     return AttributionPatching(estimate=estimate, real=real)
+
+
+def mechanisms(lm: LoadedModel, sentences: Sequence[str], *, pair_set: str = "ioi", n_pairs: int = REPORT_PAIRS,
+               edges: int = COMPOSITION_EDGES, seed: int = 0) -> MechanismsReport:
+    """The report's Mechanisms section (`headscope run --mechanisms`): DLA of each sentence's next token
+    (the model's own most likely one), the composition scores of every pair of heads (the tables keep
+    the `edges` strongest of each kind), and head-output patching (denoising) of the first `n_pairs`
+    pairs of the built-in `pair_set` that keep their length, with its held-out check. DLA and patching
+    need a decoder's LM head: on other models each is one note saying why it did not run.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> r = mechanisms(tiny_model("llama"), ["The cat sat on the"], n_pairs=4)
+    >>> len(r.dla), r.composition is not None, r.patching.values.shape
+    (1, True, (8, 4))
+    """
+    seconds: dict[str, float] = {}
+    notes: list[str] = []
+    t0 = time.perf_counter()
+    results: list[DLAResult] = []
+    try:
+        results = [dla(lm, text, None) for text in sentences]
+    except ValueError as exc:  # no LM head (an encoder) or an encoder–decoder model: one line says why
+        notes.append(f"direct logit attribution was not run: {exc}")
+    seconds["dla"] = round(time.perf_counter() - t0, 3)
+    t0 = time.perf_counter()
+    scores = None
+    try:
+        scores = composition(lm, seed=seed)
+    except ValueError as exc:
+        notes.append(f"composition scores were not run: {exc}")
+    seconds["composition"] = round(time.perf_counter() - t0, 3)
+    t0 = time.perf_counter()
+    patched = None
+    if results:  # patching reads the same LM head as DLA
+        chosen, _ = patch_pairs(lm, pair_set)
+        patched = patch(lm, chosen[:n_pairs], seed=seed)
+    else:
+        notes.append(f"patching of the {pair_set!r} pairs was not run: it compares next-token logits, and "
+                     f"{lm.name} has no language-model head")
+    seconds["patching"] = round(time.perf_counter() - t0, 3)
+    return MechanismsReport(model=lm.name, dla=tuple(results), composition=scores, patching=patched,
+                            pair_set=pair_set if patched is not None else None, edges=edges, notes=tuple(notes),
+                            seconds=seconds)

@@ -9,6 +9,7 @@
         generate          decoders: tokens generated after each sentence (`probe.generate`)
         syntax            with a treebank: relations, trees, head clusters (`workflows.syntax`)
         sinks             where asked for: sink rate, sink heads, massive activations, StreamingLLM (`workflows.sinks`)
+        mechanisms        where asked for: DLA of the sentences' next tokens, composition, patching (`workflows.mechanisms`)
     -> reports.analysis.ModelAnalysis: the input of `hs.report` (the page, its tables, run.json)
 
 `RunSettings` records what a run did. An architecture that cannot be verified is noted, not fatal.
@@ -39,6 +40,7 @@ from headscope.probe.words import word_spans
 from headscope.reports.analysis import ModelAnalysis
 
 from .ablation import ablation_evidence
+from .mechanisms import mechanisms
 from .heads import heads
 from .relations import probe_sets
 from .sinks import default_streaming_text, sinks, streaming
@@ -101,6 +103,11 @@ class RunSettings:
     sinks: bool = False
     streaming_tokens: int = 1024
     streaming_window: int = 256
+    # The Mechanisms section (`workflows.mechanisms.mechanisms`): DLA of each report sentence's next token and
+    # head-output patching of `mechanisms_pairs` pairs of the built-in `ioi` set (decoders), and the composition
+    # scores of every pair of heads (any model).
+    mechanisms: bool = False
+    mechanisms_pairs: int = 8
     # Vision transformers: the images analysed instead of the corpus, the probes and the report sentences
     # (their maps are the report's maps, scored with the vision metrics); text models take none.
     images: tuple[str, ...] = ()
@@ -247,6 +254,14 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
             say(f"{lm.name}: StreamingLLM test, perplexity dense {streamed.dense_ppl:.2f}, window "
                 f"{streamed.window_ppl:.2f}, window + 4 sinks {streamed.sink_window_ppl:.2f} "
                 f"({stage.seconds['streaming']:.1f} s)")
+    found_mechanisms = None
+    if settings.mechanisms and is_seq2seq(lm):
+        notes.append("the mechanisms analysis was not run: it covers encoders and decoders, not encoder-decoder models")
+    elif settings.mechanisms:
+        found_mechanisms = stage.run("mechanisms", mechanisms, lm, settings.texts, n_pairs=settings.mechanisms_pairs,
+                                     seed=settings.seed)
+        say(f"{lm.name}: mechanisms, " + ", ".join(f"{k} {v:.1f} s" for k, v in found_mechanisms.seconds.items())
+            + f" ({stage.seconds['mechanisms']:.1f} s)")
     info = _model_info(lm, verification, stage.seconds)
     if pairs:
         info["targets"] = "given" if settings.targets else DEFAULT_TARGETS
@@ -254,7 +269,7 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
                          maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds),
                          pairs=tuple(pairs), norm_maps=tuple(norm_maps), generations=tuple(generations),
                          syntax=found, syntax_clusters=clusters, evidence=evidence, sinks=sink_report,
-                         streaming=streamed)
+                         streaming=streamed, mechanisms=found_mechanisms)
 
 
 def _analyse_images(lm: LoadedModel, settings: RunSettings, stage: _Stages, say) -> ModelAnalysis:
