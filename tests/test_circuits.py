@@ -14,14 +14,20 @@ def _prepared(lm, corrupt=CORRUPT):
     return prepare_pairs(lm, CLEAN, corrupt, [" mat", " log"], [" dog", " cat"])
 
 
+def _hooks(model):
+    return [(name, list(m._forward_pre_hooks), list(m._forward_hooks)) for name, m in model.named_modules()]
+
+
 def _state(model):
-    return {k: v.clone() for k, v in model.state_dict().items()}
+    """The weights and the hooks (transformers installs its own output-capturing hooks on a model's first
+    `output_attentions` call and keeps them: a tool must leave the set as it found it, not empty)."""
+    return {k: v.clone() for k, v in model.state_dict().items()}, _hooks(model)
 
 
 def _same(model, state) -> bool:
+    weights, hooks = state
     now = model.state_dict()
-    return all(torch.equal(v, now[k]) for k, v in state.items()) and not any(
-        m._forward_hooks or m._forward_pre_hooks for m in model.modules())
+    return all(torch.equal(v, now[k]) for k, v in weights.items()) and _hooks(model) == hooks
 
 
 def _jobs(*sets):
