@@ -712,18 +712,21 @@ def difference_grid(comparison: Any, metric: str, *, ax: Axes | None = None) -> 
     return fig
 
 
-def probe_grid(result: Any, *, ax: Axes | None = None) -> Figure:
+def probe_grid(result: Any, no_attention: Sequence[int] = (), *, ax: Axes | None = None) -> Figure:
     """Per-head accuracy of a probe (`ProbeResult.heads`) as a layer × head grid, best head boxed.
 
-    The colour scale is centred on the chance baseline: blue above chance, red below.
+    The colour scale is centred on the chance baseline: blue above chance, red below. `no_attention`: a hybrid
+    stack's layers without softmax attention, drawn as labelled rows.
     """
     heads = result.heads
     grid = heads.pivot(index="layer", columns="head", values="accuracy").sort_index().sort_index(axis=1)
+    grid = with_no_attention_rows(grid, tuple(no_attention))
     chance = result.baselines.get("chance") if result.baselines else None
     with font_context(f"{result.model}{result.task}{result.verdict}"):
         fig, ax = _grid_figure(grid, ax)
         _grid_heatmap(ax, grid, vmin=0.0, vmax=1.0, cmap="vlag_r", center=chance, fmt=".2f",
                       label="accuracy (all examples)")
+        _label_no_attention(ax, list(grid.index), tuple(no_attention), grid.shape[1])
         if result.best_head is not None:
             _outline(ax, grid, [tuple(result.best_head)], colour="black")
         ax.set_title(f"{result.model} · {result.task} (n={result.n})\n{_probe_headline(result)}", fontsize=10)
@@ -829,6 +832,12 @@ def verification_plot(verification: Verification, *, ax: Axes | None = None) -> 
         ax.set_xlabel("layer")
         ax.set_ylabel("error")
         ax.set_xticks(x if len(x) <= 32 else x[::2])
+        for layer in verification.no_attention:  # a hybrid stack's layers without attention: named, not a gap
+            ax.axvspan(layer - 0.35, layer + 0.35, facecolor="white", edgecolor="#999999", hatch="///", lw=0.6)
+            ax.text(layer, max(floor, lowest) / 3, f"L{layer}: {NO_ATTENTION}", rotation=90, ha="center",
+                    va="bottom", fontsize=7, color="#444444", bbox=dict(facecolor="white", edgecolor="none", pad=1.0))
+        if verification.no_attention:
+            ax.set_xticks(sorted({*x.tolist(), *verification.no_attention}))
         ax.legend(fontsize=7, loc="upper left", framealpha=0.9)
         width = fig.get_figwidth()
         ax.set_title(textwrap.fill(verification.summary(), int(width * 12)), fontsize=9,
@@ -928,15 +937,16 @@ def _score_panels(section: Any) -> Iterable[Panel]:
 
 
 def _probe_panels(section: Any) -> Iterable[Panel]:
+    no_attention = tuple(getattr(section.scores, "no_attention", ()))  # a hybrid stack's layers without attention
     for probe in section.probes:
-        yield Panel((probe,), {"task": probe.task, "file_task": slug(probe.task), "n": probe.n}, probe)
+        yield Panel((probe, no_attention), {"task": probe.task, "file_task": slug(probe.task), "n": probe.n}, probe)
 
 
 def _drilldown_panels(section: Any) -> Iterable[Panel]:
     for panel in _probe_panels(section):
         probe = panel.result
         if probe.best_head is not None and len(probe.examples):
-            yield panel
+            yield Panel((probe,), panel.words, probe)  # the drilldown draws the best head's examples only
 
 
 def _heatmap_panels(section: Any) -> Iterable[Panel]:

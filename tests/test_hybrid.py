@@ -123,6 +123,10 @@ def test_figures_draw_a_labelled_row_for_a_layer_without_attention(hybrid_scores
     assert "L2: no softmax attention" in [t.get_text() for t in mosaic.texts]
     with pytest.raises(ValueError, match="layer 2 has no softmax attention"):
         attention_heatmap(m, 2, 0)
+    from headscope.reports.figures import verification_plot
+
+    plot = verification_plot(verify(_tiny("qwen3_next"), TEXTS)).axes[0]
+    assert "L2: no softmax attention" in [t.get_text() for t in plot.texts]
     import matplotlib.pyplot as plt
 
     plt.close("all")
