@@ -189,6 +189,24 @@ def linear_weights(m: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | Non
     return m.weight.detach(), None if m.bias is None else m.bias.detach()
 
 
+def norm_eps(norm: torch.nn.Module) -> float:
+    """The epsilon of a transformers RMS norm module, under either of its names: `variance_epsilon` (Llama's
+    norms; Gemma 3n / Gemma 4 / Llama 4 from transformers 5.25) or `eps` (those three up to 5.24, Gemma 3,
+    Qwen3-Next); `UnsupportedArchitecture` naming the module when it has neither.
+
+    >>> from types import SimpleNamespace
+    >>> norm_eps(SimpleNamespace(variance_epsilon=1e-6)), norm_eps(SimpleNamespace(eps=1e-5))
+    (1e-06, 1e-05)
+    """
+    for name in ("variance_epsilon", "eps"):
+        value = getattr(norm, name, None)
+        if isinstance(value, (int, float)):
+            return float(value)
+    raise UnsupportedArchitecture(f"{type(norm).__name__} has no epsilon under the names headscope knows "
+                                  f"(variance_epsilon, eps): this transformers version renamed it; "
+                                  f"install a transformers version headscope supports (see pyproject.toml)")
+
+
 def _discover() -> dict[str, Family]:
     found = {}
     for info in pkgutil.iter_modules(__path__):

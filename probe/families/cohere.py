@@ -11,7 +11,7 @@ import dataclasses
 
 from ..rotary import ROPE_INV_FREQ, rope, unsupported_rope
 from ..scratch import LayerSpec
-from . import Family, Refusal
+from . import Family, Refusal, norm_eps
 from .llama import cached_length, llama_spec, tiny_llama_config
 
 
@@ -21,7 +21,7 @@ def _spec(base, i: int, cfg) -> LayerSpec:
                                **rope(cfg, attn.head_dim, longest_seen=cached_length(base.rotary_emb)).spec_fields())
     if getattr(attn, "use_qk_norm", False):  # weights (nh, hs) and (nkv, hs): one row per head
         spec = dataclasses.replace(spec, q_norm=attn.q_norm.weight.detach(), k_norm=attn.k_norm.weight.detach(),
-                                   norm_eps=attn.q_norm.variance_epsilon, norm_offset=0.0, norm_scope="head",
+                                   norm_eps=norm_eps(attn.q_norm), norm_offset=0.0, norm_scope="head",
                                    norm_kind="layer")
     if getattr(cfg, "layer_types", None) is not None and attn.sliding_window is None:  # Cohere 2's NoPE layers
         spec = dataclasses.replace(spec, inv_freq=None, rope_scaling=1.0, rotary_dim=None)

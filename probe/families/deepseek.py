@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..rotary import ROPE_INV_FREQ, rope
 from ..scratch import LayerSpec, MultiHeadLatent
-from . import Family, Refusal, UnsupportedFeature, linear_weights
+from . import Family, Refusal, UnsupportedFeature, linear_weights, norm_eps
 from .llama import cached_length
 
 # The types whose rotary pairs do not follow `rope_interleave`: DeepSeek-V2's complex rotary turns consecutive
@@ -35,7 +35,7 @@ def _spec(base, i: int, cfg) -> LayerSpec:
     wo, bo = linear_weights(attn.o_proj)
     latent = MultiHeadLatent(q_a=q_a, q_a_bias=q_a_bias, q_a_norm=q_a_norm, kv_a=kv_a, kv_a_bias=kv_a_bias,
                              kv_a_norm=attn.kv_a_layernorm.weight.detach(), nope_dim=nope,
-                             norm_eps=attn.kv_a_layernorm.variance_epsilon)
+                             norm_eps=norm_eps(attn.kv_a_layernorm))
     positions = rope(cfg, rope_dim, longest_seen=cached_length(base.rotary_emb))
     interleaved = ROTARY_LAYOUT.get(cfg.model_type, bool(getattr(cfg, "rope_interleave", False)))
     return LayerSpec(wq, kv_b[:, :nope].reshape(nh * nope, -1), kv_b[:, nope:].reshape(nh * vd, -1), wo,

@@ -4,13 +4,17 @@
 - `multi_query` (Falcon-7B): all query heads' rows, then the one K and V shared by every head.
 - neither: [q_h, k_h, v_h] per head, as in BLOOM.
 
-With `alibi=True` (Falcon-RW), Falcon adds slope_h × key position as BLOOM does, with two quirks of
-its own that we reproduce as the model computes them: the slopes and the bias are rounded to
-bfloat16, and the bias enters the scores twice — once inside the attention layer, where it is scaled
-by 1/√d with the scores, and once more folded into the mask the model builds (also divided by √d).
+With `alibi=True` (Falcon-RW), Falcon adds slope_h × key position as BLOOM does, with quirks of its
+own that we reproduce as the model computes them: the slopes and the bias are rounded to bfloat16, and
+the model folds the bias, divided by √d, into the mask it builds. Up to transformers 5.24 the attention
+layer also took the bias (its `forward` has an `alibi` argument) and added it to the scores before
+scaling them by 1/√d, so the bias entered twice; from 5.25 the layer has no such argument and the bias
+enters once, through the mask. Which of the two the loaded model does is read off its attention layer.
 """
 
 from __future__ import annotations
+
+import inspect
 
 import torch
 
@@ -48,12 +52,19 @@ def _alibi_slopes_as_falcon_rounds_them(n_heads: int) -> torch.Tensor:
     return alibi_slopes(n_heads).bfloat16()  # Falcon multiplies bfloat16 slopes by the positions
 
 
-def _alibi(n_heads: int, scale: float):
+def _layer_adds_alibi(attn) -> bool:
+    """True when the attention layer takes the ALiBi bias itself (transformers up to 5.24: its `forward` has an
+    `alibi` argument), on top of the copy folded into the mask; False when the mask carries it alone (5.25)."""
+    return "alibi" in inspect.signature(type(attn).forward).parameters
+
+
+def _alibi(n_heads: int, scale: float, *, times: int = 1):
+    """Falcon's ALiBi bias, scaled with the scores and added `times` times (2 where the layer adds it too)."""
     per_key = key_position_bias(_alibi_slopes_as_falcon_rounds_them(n_heads))
 
     def bias(n_queries: int, n_keys: int, **block) -> torch.Tensor:
         once = per_key(n_queries, n_keys, **block).float() * scale  # bfloat16 product, then scaled with the scores
-        return once + once  # in the layer, and again through the mask
+        return once * times  # through the mask, and (up to 5.24) again in the layer
 
     return bias
 
@@ -64,7 +75,10 @@ def _spec(base, i: int, cfg) -> LayerSpec:
     wo, bo = linear_weights(attn.dense)
     nh, hs = attn.num_heads, attn.head_dim
     scale = attn.inv_norm_factor
-    positions = dict(score_bias=_alibi(nh, scale)) if cfg.alibi else rope(cfg, hs, whole_head=True).spec_fields()
+    if cfg.alibi:
+        positions = dict(score_bias=_alibi(nh, scale, times=2 if _layer_adds_alibi(attn) else 1))
+    else:
+        positions = rope(cfg, hs, whole_head=True).spec_fields()
     return LayerSpec(wq, wk, wv, wo, bq, bk, bv, bo, n_heads=nh, n_kv_heads=nkv, head_dim=hs, scale=scale,
                      causal=True, **positions)
 
@@ -85,7 +99,7 @@ FAMILY = Family(
     name="falcon",
     model_types=("falcon",),
     kind="decoder",
-    features=("rotary or ALiBi (bfloat16 slopes, added twice as the model does)",
+    features=("rotary or ALiBi (bfloat16 slopes, added once or twice as the model does)",
               "multi-query, grouped (new_decoder_architecture) or per-head fused QKV", "causal"),
     layer_spec=_spec,
     attention=lambda base, i: base.h[i].self_attention,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..rotary import ROPE_INV_FREQ, rope, unsupported_rope
 from ..scratch import LayerSpec
-from . import Family, Refusal, linear_weights
+from . import Family, Refusal, linear_weights, norm_eps
 from .llama import cached_length
 
 
@@ -20,7 +20,7 @@ def _spec(base, i: int, cfg) -> LayerSpec:
         sliding_window=cfg.sliding_window if layer_type == "sliding_attention" else None,
         **rope(cfg, hs, layer_type, whole_head=True,
                longest_seen=cached_length(base.rotary_emb, layer_type)).spec_fields(),
-        q_norm=attn.q_norm.weight.detach(), k_norm=attn.k_norm.weight.detach(), norm_eps=attn.q_norm.eps,
+        q_norm=attn.q_norm.weight.detach(), k_norm=attn.k_norm.weight.detach(), norm_eps=norm_eps(attn.q_norm),
     )
 
 

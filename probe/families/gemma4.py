@@ -24,7 +24,7 @@ import torch
 
 from ..rotary import ROPE_INV_FREQ, rope
 from ..scratch import LayerSpec
-from . import Family, Refusal, linear_weights
+from . import Family, Refusal, linear_weights, norm_eps
 from .llama import cached_length
 
 
@@ -50,7 +50,7 @@ def _spec(base, i: int, cfg) -> LayerSpec:
     return LayerSpec(
         wq, wk, wv, wo, bq, bk, bv, bo, n_heads=cfg.num_attention_heads, n_kv_heads=wk.shape[0] // hs,
         head_dim=hs, scale=attn.scaling, causal=True, sliding_window=attn.sliding_window, **positions.spec_fields(),
-        q_norm=attn.q_norm.weight.detach(), k_norm=kv_attn.k_norm.weight.detach(), norm_eps=attn.q_norm.eps,
+        q_norm=attn.q_norm.weight.detach(), k_norm=kv_attn.k_norm.weight.detach(), norm_eps=norm_eps(attn.q_norm),
         norm_offset=0.0, v_norm=torch.ones(hs, dtype=wq.dtype, device=wq.device),
         kv_layer=None if j == i else j,
     )

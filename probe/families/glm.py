@@ -12,7 +12,7 @@ import dataclasses
 
 from ..rotary import ROPE_INV_FREQ, rope, unsupported_rope
 from ..scratch import LayerSpec
-from . import Family, Refusal
+from . import Family, Refusal, norm_eps
 from .llama import cached_length, llama_spec, tiny_llama_config
 
 HALF_SPLIT = ("glm4_moe",)  # the types of this family whose rotary pairs are half-split, not interleaved
@@ -25,7 +25,7 @@ def _spec(base, i: int, cfg) -> LayerSpec:
                                **positions.spec_fields())
     if getattr(attn, "use_qk_norm", False):  # GLM-4-MoE
         spec = dataclasses.replace(spec, q_norm=attn.q_norm.weight.detach(), k_norm=attn.k_norm.weight.detach(),
-                                   norm_eps=attn.q_norm.variance_epsilon, norm_offset=0.0, norm_scope="head")
+                                   norm_eps=norm_eps(attn.q_norm), norm_offset=0.0, norm_scope="head")
     return spec
 
 

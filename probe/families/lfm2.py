@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ..rotary import ROPE_INV_FREQ, rope, unsupported_rope
 from ..scratch import LayerSpec
-from . import Family, Refusal, linear_weights
+from . import Family, Refusal, linear_weights, norm_eps
 from .llama import cached_length, tiny_llama_config
 
 
@@ -23,7 +23,7 @@ def _spec(base, i: int, cfg) -> LayerSpec:
     return LayerSpec(wq, wk, wv, wo, bq, bk, bv, bo, n_heads=cfg.num_attention_heads,
                      n_kv_heads=cfg.num_key_value_heads, head_dim=hs, scale=attn.scaling, causal=True,
                      **positions.spec_fields(), q_norm=attn.q_layernorm.weight.detach(),
-                     k_norm=attn.k_layernorm.weight.detach(), norm_eps=attn.q_layernorm.variance_epsilon,
+                     k_norm=attn.k_layernorm.weight.detach(), norm_eps=norm_eps(attn.q_layernorm),
                      norm_offset=0.0)
 
 

@@ -22,7 +22,7 @@ import torch
 
 from ..rotary import ROPE_INV_FREQ, unsupported_rope
 from ..scratch import LayerSpec
-from . import Family, Refusal
+from . import Family, Refusal, norm_eps
 from .llama import llama_spec
 
 
@@ -36,7 +36,7 @@ def _spec(base, i: int, cfg) -> LayerSpec:
         spec = dataclasses.replace(spec, chunk_size=cfg.attention_chunk_size)
     if hasattr(attn, "qk_norm"):  # L2 norm: x / rms(x), no weight
         ones = torch.ones(spec.head_dim, dtype=spec.wq.dtype, device=spec.wq.device)
-        spec = dataclasses.replace(spec, q_norm=ones, k_norm=ones, norm_eps=attn.qk_norm.eps, norm_offset=0.0,
+        spec = dataclasses.replace(spec, q_norm=ones, k_norm=ones, norm_eps=norm_eps(attn.qk_norm), norm_offset=0.0,
                                    norm_after_rotary=True)
     return spec
 

@@ -9,6 +9,7 @@ import dataclasses
 
 from ..rotary import ROPE_INV_FREQ
 from ..scratch import LayerSpec
+from . import norm_eps
 from .llama import FAMILY as LLAMA
 from .llama import llama_spec, tiny_llama_config
 
@@ -16,7 +17,7 @@ from .llama import llama_spec, tiny_llama_config
 def _spec(base, i: int, cfg) -> LayerSpec:
     attn = base.layers[i].self_attn
     return dataclasses.replace(llama_spec(base, i, cfg), q_norm=attn.q_norm.weight.detach(),  # (nh*hs,)
-                               k_norm=attn.k_norm.weight.detach(), norm_eps=attn.q_norm.variance_epsilon,  # (nkv*hs,)
+                               k_norm=attn.k_norm.weight.detach(), norm_eps=norm_eps(attn.q_norm),  # (nkv*hs,)
                                norm_offset=0.0, norm_scope="projection")
 
 

@@ -10,6 +10,7 @@ import dataclasses
 
 from ..rotary import ROPE_INV_FREQ
 from ..scratch import LayerSpec
+from . import norm_eps
 from .llama import FAMILY as LLAMA
 from .llama import llama_spec, tiny_llama_config
 
@@ -19,7 +20,7 @@ def _spec(base, i: int, cfg) -> LayerSpec:
     after = hasattr(attn, "query_layernorm")  # HunYuan names its head norms apart and applies them after rotary
     q_norm, k_norm = (attn.query_layernorm, attn.key_layernorm) if after else (attn.q_norm, attn.k_norm)
     spec = dataclasses.replace(llama_spec(base, i, cfg), q_norm=q_norm.weight.detach(),
-                               k_norm=k_norm.weight.detach(), norm_eps=q_norm.variance_epsilon,
+                               k_norm=k_norm.weight.detach(), norm_eps=norm_eps(q_norm),
                                norm_offset=0.0, norm_scope="head", norm_after_rotary=after)
     if _global_nope(attn):
         spec = dataclasses.replace(spec, inv_freq=None, rope_scaling=1.0, rotary_dim=None)

@@ -14,7 +14,7 @@ import dataclasses
 
 from ..rotary import ROPE_INV_FREQ, rope, unsupported_rope
 from ..scratch import LayerSpec
-from . import Family, Refusal, linear_weights
+from . import Family, Refusal, linear_weights, norm_eps
 from .llama import cached_length, tiny_llama_config
 
 
@@ -35,8 +35,8 @@ def _spec(base, i: int, cfg) -> LayerSpec:
     positions = rope(cfg, hs, longest_seen=cached_length(base.rotary_emb))  # partial: the first quarter of a head
     return LayerSpec(wq, wk, wv, wo, bq, bk, bv, bo, n_heads=nh, n_kv_heads=cfg.num_key_value_heads, head_dim=hs,
                      scale=attn.scaling, causal=True, **positions.spec_fields(),
-                     q_norm=attn.q_norm.weight.detach(), k_norm=attn.k_norm.weight.detach(), norm_eps=attn.q_norm.eps,
-                     norm_offset=1.0, output_gate=wg, output_gate_bias=bg)
+                     q_norm=attn.q_norm.weight.detach(), k_norm=attn.k_norm.weight.detach(),
+                     norm_eps=norm_eps(attn.q_norm), norm_offset=1.0, output_gate=wg, output_gate_bias=bg)
 
 
 def _tiny_config(vocab: int, model_type: str):
