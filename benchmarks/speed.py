@@ -62,14 +62,14 @@ def bare_loop(lm, batches, *, output_attentions: bool = True) -> None:
 def cli_defaults() -> dict:
     """The keyword arguments `headscope heads --corpus FILE` passes to `headscope.heads` when given no
     option (read off the command itself): batch size, induction sequences and length, seed, level,
-    special units, attention source and memory budget. `window` is `heads`' own default (the CLI sets none)."""
+    special units, attention source and memory budget. `window` and `truncate=False` are `heads`' own
+    defaults (the CLI passes no window; --truncate is a flag, off)."""
     from headscope.commands.heads import cli
 
     d = {p.name: p.default for p in cli.params}
     return {"batch_size": d["batch_size"], "induction_sequences": d["induction_seqs"],
             "induction_length": d["induction_length"], "seed": d["seed"], "level": d["level"],
-            "include_special": d["include_special"], "attention": d["attention"], "budget": d["memory_budget"],
-            "truncate": d["truncate"]}
+            "include_special": d["include_special"], "attention": d["attention"], "budget": d["memory_budget"]}
 
 
 def short_texts(n: int, *, ewt: bool = True) -> tuple[list[str], str]:
