@@ -101,12 +101,14 @@ def iter_extract(
 
 
 def _iter_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: int = 8, level: Level = "token",
-                  truncate: bool = False) -> Iterator[AttentionMap]:
+                  truncate: bool = False, facts: dict | None = None) -> Iterator[AttentionMap]:
     """`iter_extract` of texts already encoded (`encode_many`) and checked, as one window (sorted by length,
-    every layer and head, float32), so that a caller that tokenised them to choose a mode does not again."""
+    every layer and head, float32), so that a caller that tokenised them to choose a mode does not again;
+    `facts` (`_facts(lm)`) lets a caller that runs many windows read the model once."""
     require_modality(lm, images=False)
     return _run_encoded(lm, list(encoded), batch_size, level, _select_layers(lm, None),
-                        _select(None, lm.config.num_attention_heads, "head"), torch.float32, None, "attention", truncate)
+                        _select(None, lm.config.num_attention_heads, "head"), torch.float32, None, "attention", truncate,
+                        facts)
 
 
 def _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dtype, truncate, segmenter, weight):
@@ -202,12 +204,12 @@ def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, 
 
 
 def _run_encoded(lm, encoded, batch_size, level, layer_idx, head_idx, store_dtype, segmenter, weight="attention",
-                 truncate=False):
+                 truncate=False, facts=None):
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))
     results: dict[int, AttentionMap] = {}
     all_layers = len(layer_idx) == lm.config.num_hidden_layers
     all_heads = len(head_idx) == lm.config.num_attention_heads
-    facts = _facts(lm)  # read off the model once, not once per text
+    facts = facts or _facts(lm)  # read off the model once, not once per text
     heads_at = slice(None) if all_heads else torch.tensor(head_idx)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
