@@ -258,7 +258,8 @@ class ProbeScores:
 
 
 def concat_scores(parts: Sequence[ProbeScores]) -> ProbeScores:
-    """One `ProbeScores` from several of the same model and heads (exclusion counts added up)."""
+    """One `ProbeScores` from several of the same model and heads (exclusion counts added up; the recompute
+    check of the first part that made one: in a torchrun run rank 0 may have had no long text)."""
     if not parts:
         raise ValueError("nothing to concatenate")
     first = parts[0]
@@ -270,8 +271,9 @@ def concat_scores(parts: Sequence[ProbeScores]) -> ProbeScores:
     excluded: Counter = Counter()
     for p in parts:
         excluded.update(p.excluded)
+    check = next((p.check for p in parts if p.check is not None), None)  # whichever part recomputed a text
     return replace(first, examples=tuple(e for p in parts for e in p.examples), scores=torch.cat(padded),
-                   excluded=dict(excluded))
+                   excluded=dict(excluded), check=check)
 
 
 def collect_scores(

@@ -453,6 +453,7 @@ class _Plan:
     weights: tuple[RowStatistic, ...]
     statistics: tuple[_StatisticGroup, ...]
     pairwise: tuple[tuple[str, Pairwise], ...] = ()
+    _row_weights: dict = field(default_factory=dict, repr=False)  # (units, causal) -> `row_weights`, filled as met
 
     @classmethod
     def of(cls, metrics: Mapping[str, Metric]) -> "_Plan":
@@ -492,6 +493,19 @@ class _Plan:
                              for f, members in groups.items()),
             pairwise=tuple((n, metrics[n].computation) for n in corpus if isinstance(metrics[n].computation, Pairwise)),
         )
+
+    def row_weights(self, t: int, causal: bool) -> tuple[torch.Tensor, Callable[[int], int]]:
+        """The row weights of a text of `t` units, `[unit, weight]` float32 (each `RowStatistic.weight` of
+        the keys the row sees: q + 1 for a causal row, t otherwise), and how many rows see at least a given
+        number of keys. They depend on `t` and `causal` only: worked out once per length, not per text."""
+        key = (t, causal)
+        if key not in self._row_weights:
+            visible = [i + 1 if causal else t for i in range(t)]  # the keys each row can see
+            weights = torch.tensor([[w.weight(v) for w in self.weights] for v in visible],
+                                   dtype=torch.float32).reshape(t, len(self.weights))
+            seeing = (lambda least: min(t, max(t - least + 1, 0))) if causal else (lambda least: t if t >= least else 0)
+            self._row_weights[key] = weights, seeing
+        return self._row_weights[key]
 
     def patterns(self, token_ids: Sequence[int]) -> list[torch.Tensor]:
         """The 0/1 `[query, key]` pattern of each pattern metric (in `pattern` order) for `token_ids`."""
@@ -537,11 +551,9 @@ class _TextRows:
                 raise ValueError(f"metric {name!r}: its keys() marked {len(member)} units of a text of {t}")
         queries = [[bool(x) for x in share.queries(member, causal=causal)]
                    for (_, share), member in zip(plan.key_shares, members)]
-        visible = [i + 1 if causal else t for i in range(t)]  # the keys each row can see
-        weights = [[w.weight(v) for v in visible] for w in plan.weights]
-        width = 2 * len(members) + len(weights)
-        table = torch.tensor([[*(float(m[i]) for m in members), *(float(q[i]) for q in queries), *(w[i] for w in weights)]
-                              for i in range(t)], dtype=torch.float32).reshape(t, width)  # [unit, 2·set + weight]
+        weights, seeing = plan.row_weights(t, causal)  # [unit, weight]; rows that see >= min_keys keys
+        sets = torch.tensor([*members, *queries], dtype=torch.float32).reshape(2 * len(members), t)  # 0/1 [column, unit]
+        table = torch.cat([sets.T, weights], 1)  # [unit, 2·set + weight]
         counted = dict(zip((n for n, _ in plan.key_shares), queries))
         pairs = []
         for name, pw in plan.pairwise:
@@ -562,7 +574,7 @@ class _TextRows:
             elif isinstance(c, (KeyShare, Pairwise)):
                 n = sum(counted[name])
             else:  # RowStatistic: the rows that see enough keys
-                n = sum(v >= c.min_keys for v in visible)
+                n = seeing(c.min_keys)
             counts.append(n)
         return cls(keep, table, torch.tensor(counts, dtype=torch.float64), plan, tuple(pairs))
 

@@ -39,8 +39,7 @@ class Plan:
     """What a run measures, and on how much."""
 
     repeats: int
-    heads: tuple[tuple[str, int], ...]  # item 1: (model, texts)
-    induction: tuple[int, int]  # item 1, decoders: repeated sequences, tokens per half
+    heads: tuple[tuple[str, int], ...]  # item 1: (model, texts), `headscope heads`' defaults (induction too)
     naive: tuple[tuple[str, int], ...]  # item 2
     verify: tuple[tuple[str, int], ...]  # item 3
     memory: tuple[str, tuple[int, ...], int]  # item 4: model, corpus sizes, batch size
@@ -53,8 +52,7 @@ class Plan:
 
 FULL = Plan(
     repeats=3,
-    heads=(("minilm", 371), ("smollm2", 48)),
-    induction=(10, 30),
+    heads=(("minilm", 2_000), ("smollm2", 200)),  # issue 26: minilm, 2,000 UD EWT sentences
     naive=(("minilm", 200), ("smollm2", 32)),
     verify=(("minilm", 32), ("smollm2", 32), ("gemma3-270m", 32)),
     memory=("minilm", (300, 3_000, 30_000), 32),
@@ -66,7 +64,6 @@ FULL = Plan(
 QUICK = Plan(
     repeats=1,
     heads=(("tiny-bert", 16), ("tiny-llama", 16)),
-    induction=(2, 6),
     naive=(("tiny-bert", 16),),
     verify=(("tiny-llama", 8),),
     memory=("tiny-bert", (8, 16, 32), 8),
@@ -114,8 +111,7 @@ def _sections(plan: Plan, models: _Models, peer_python: str | None) -> list[tupl
     r = plan.repeats
     for name, n in plan.heads:
         out.append(("1", f"head analyses vs bare loop, {name}", name, lambda name=name, n=n: [speed.heads_vs_bare(
-            models.get(name), corpus(n), induction_sequences=plan.induction[0], induction_length=plan.induction[1],
-            repeats=r + 2 if name == "minilm" else r)]))
+            models.get(name), *speed.short_texts(n, ewt=not plan.quick), repeats=r)]))
     for name, n in plan.naive:
         out.append(("2", f"naive loop vs head analyses, {name}", name,
                     lambda name=name, n=n: [speed.heads_vs_naive(models.get(name), corpus(n), repeats=r)]))

@@ -100,6 +100,17 @@ def iter_extract(
                     weight)
 
 
+def _iter_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: int = 8, level: Level = "token",
+                  truncate: bool = False, facts: dict | None = None) -> Iterator[AttentionMap]:
+    """`iter_extract` of texts already encoded (`encode_many`) and checked, as one window (sorted by length,
+    every layer and head, float32), so that a caller that tokenised them to choose a mode does not again;
+    `facts` (`_facts(lm)`) lets a caller that runs many windows read the model once."""
+    require_modality(lm, images=False)
+    return _run_encoded(lm, list(encoded), batch_size, level, _select_layers(lm, None),
+                        _select(None, lm.config.num_attention_heads, "head"), torch.float32, None, "attention", truncate,
+                        facts)
+
+
 def _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dtype, truncate, segmenter, weight):
     pending: list[str] = []
     done = 0  # texts already yielded, so errors can name a text by its position in the whole stream
@@ -193,27 +204,27 @@ def _run_window(lm, texts, batch_size, level, layer_idx, head_idx, store_dtype, 
 
 
 def _run_encoded(lm, encoded, batch_size, level, layer_idx, head_idx, store_dtype, segmenter, weight="attention",
-                 truncate=False):
+                 truncate=False, facts=None):
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))
     results: dict[int, AttentionMap] = {}
     all_layers = len(layer_idx) == lm.config.num_hidden_layers
     all_heads = len(head_idx) == lm.config.num_attention_heads
+    facts = facts or _facts(lm)  # read off the model once, not once per text
+    heads_at = slice(None) if all_heads else torch.tensor(head_idx)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        att = forward_batch(lm, [encoded[i] for i in chunk], layer_idx)
-        picked = torch.stack(att, dim=1)  # (B, L, nh, T, T)
-        if not all_heads:
-            picked = picked[:, :, head_idx]
+        att = forward_batch(lm, [encoded[i] for i in chunk], layer_idx)  # L × (B, nh, T, T)
         norms = _norms(lm, [encoded[i].text for i in chunk], truncate) if weight == "norm" else None  # texts only
         for b, i in enumerate(chunk):
             n = len(encoded[i].ids)
-            a = picked[b, :, :, :n, :n].to("cpu", store_dtype, copy=True)  # [layer, head, query, key]
+            # one copy per text, padding cut: [layer, head, query, key] (no (B, L, nh, T, T) stack of the batch first)
+            a = torch.stack([x[b, heads_at, :n, :n] for x in att]).to("cpu", store_dtype)
             amap = _make_map(lm, encoded[i], a, segmenter, () if all_layers else tuple(layer_idx),
-                             () if all_heads else tuple(head_idx))
+                             () if all_heads else tuple(head_idx), facts=facts)
             if norms is not None:
                 amap = norm_weighted(amap, norms[b])
             results[i] = to_word_level(amap) if level == "word" else amap
-        del att, picked
+        del att
     for i in range(len(encoded)):
         yield results.pop(i)
 
@@ -248,7 +259,15 @@ def _iter_seq2seq(lm, sources, targets, *, batch_size, level, store_dtype, trunc
         del att
 
 
-def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads, *, causal: bool | None = None) -> AttentionMap:
+def _facts(lm) -> dict:
+    """What every map of `lm` carries besides its text and attention, read off the model once per run of
+    texts (`learned_sinks` walks every parameter's name)."""
+    return {"meta": {"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")}, "sinks": learned_sinks(lm),
+            "no_attention": no_attention_layers(lm)}
+
+
+def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads, *, causal: bool | None = None,
+              facts: dict | None = None) -> AttentionMap:
     if enc.pixels is not None:  # an image: its units are the prefix tokens and the patches
         n = len(enc.labels)
         return AttentionMap(text=enc.text, level="token", labels=enc.labels, spans=enc.spans, special=enc.special,
@@ -256,6 +275,7 @@ def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads, *, causal: 
                             layers=layers, heads=heads, grid=enc.grid, image=enc.picture,
                             meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "image": enc.text})
     units = text_units(lm, enc, segmenter)
+    facts = facts or _facts(lm)
     return AttentionMap(
         text=units.text,
         level="token",
@@ -269,9 +289,9 @@ def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads, *, causal: 
         token_ids=units.token_ids,
         layers=layers,
         heads=heads,
-        meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")},
-        sinks=learned_sinks(lm),
-        no_attention=no_attention_layers(lm),
+        meta=dict(facts["meta"]),
+        sinks=facts["sinks"],
+        no_attention=facts["no_attention"],
     )
 
 
@@ -305,6 +325,7 @@ def extract_ids(
     layer_idx = _select_layers(lm, layers)
     head_idx = _select(heads, lm.config.num_attention_heads, "head")
     out = []
+    sinks = learned_sinks(lm)
     for start in range(0, len(encoded), batch_size):
         chunk = encoded[start : start + batch_size]
         att = forward_batch(lm, chunk, layer_idx)
@@ -320,7 +341,7 @@ def extract_ids(
                 causal=lm.is_causal, word_index=tuple(range(n)), token_ids=enc.ids,
                 layers=() if len(layer_idx) == lm.config.num_hidden_layers else tuple(layer_idx),  # model numbers
                 heads=() if heads is None else tuple(head_idx),
-                meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")}, sinks=learned_sinks(lm),
+                meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")}, sinks=sinks,
             ))
     return out
 

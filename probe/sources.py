@@ -41,7 +41,7 @@ from typing import ClassVar, Iterable, Iterator, Literal, Mapping, Sequence
 import torch
 
 from .encoding import Encoded, _checked_stream, check_texts, encode_many, text_units, token_count
-from .extract import _make_map, _select, _select_layers, extract_ids, iter_extract
+from .extract import _facts, _iter_encoded, _make_map, _select, _select_layers, extract_ids, iter_extract
 from .extract import extract as extract_eager
 from .forward import attention_layers, is_seq2seq
 from .model import LoadedModel
@@ -125,6 +125,7 @@ class AttentionSource:
         if weight != "attention":
             raise ValueError(f"weight={weight!r} comes from the eager forward pass; use attention='eager' with it")
         stream, done = iter(texts), 0
+        facts = _facts(self.lm)  # what every map carries, read off the model once for the whole stream
         while chunk := list(islice(stream, self.batch_size * window)):
             try:
                 chunk = check_texts(chunk)
@@ -132,9 +133,9 @@ class AttentionSource:
                 raise type(exc)(f"{exc} (text {done} is the first of this chunk of {len(chunk)})") from None
             encoded = encode_many(self.lm, chunk, truncate=truncate, first_index=done)
             modes = self._modes(encoded)
-            eager = [t for t, m in zip(chunk, modes) if m == "eager"]
-            yield from iter_extract(self.lm, eager, batch_size=self.batch_size, level=level, truncate=truncate,
-                                    window=window)
+            eager = [e for e, m in zip(encoded, modes) if m == "eager"]  # one window, tokenised once
+            yield from _iter_encoded(self.lm, eager, batch_size=self.batch_size, level=level, truncate=truncate,
+                                     facts=facts)
             for enc, m in zip(encoded, modes):
                 if m == "recompute":
                     yield TextBlocks(text_units(self.lm, enc), self.blocks(enc), self.lm.is_causal, self.all_layers,

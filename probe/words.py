@@ -119,7 +119,8 @@ def _words_touched(text: str, a: int, b: int, words: list[tuple[int, int]]) -> l
     i = max(bisect.bisect_right(words, (a, len(text) + 1)) - 1, 0)
     while i < len(words) and words[i][0] < b:
         wa, wb = words[i]
-        if any(not text[c].isspace() for c in range(max(a, wa), min(b, wb))):
+        part = text[max(a, wa) : min(b, wb)]
+        if part and not part.isspace():  # a non-space character of the token inside the word
             hits.append(i)
         i += 1
     return hits
@@ -164,18 +165,17 @@ def to_word_level(amap):
 def _pool(attention: torch.Tensor, query_index: Sequence[int], key_index: Sequence[int]) -> torch.Tensor:
     """[layer, head, query token, key token] -> [layer, head, query word, key word]: mean over a query
     word's pieces, sum over a key word's pieces."""
-    mean_q = _membership(query_index, attention.dtype)
-    mean_q = (mean_q / mean_q.sum(0, keepdim=True)).T  # [word, token], rows average query pieces
     member = _membership(key_index, attention.dtype)  # [token, word]
+    mean_q = member if query_index is key_index else _membership(query_index, attention.dtype)  # a map's own words
+    mean_q = (mean_q / mean_q.sum(0, keepdim=True)).T  # [word, token], rows average query pieces
     return torch.einsum("wq,lhqk,kv->lhwv", mean_q, attention, member)  # [layer, head, word, word]
 
 
 def _membership(word_index: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
-    idx = torch.tensor(word_index)
-    n_units = int(idx.max()) + 1 if len(idx) else 0
-    member = torch.zeros(len(idx), n_units, dtype=dtype)  # [token, word]
-    member[torch.arange(len(idx)), idx] = 1
-    return member
+    """0/1 `[token, word]`: token t belongs to word `word_index[t]`."""
+    if not len(word_index):
+        return torch.zeros(0, 0, dtype=dtype)
+    return torch.nn.functional.one_hot(torch.tensor(word_index, dtype=torch.long), max(word_index) + 1).to(dtype)
 
 
 def _word_units(units) -> tuple[tuple[str, ...], tuple[tuple[int, int], ...], tuple[bool, ...]]:

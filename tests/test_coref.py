@@ -2,6 +2,7 @@
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -308,6 +309,15 @@ def test_concat_scores_pads_candidates_and_adds_exclusions():
     both = concat_scores([ProbeScores(examples=a.examples, scores=a.scores, excluded={"x": 1}), b])
     assert both.scores.shape == (5, 3, 4, 3) and torch.isnan(both.scores[:4, ..., 2]).all()
     assert both.excluded == {"x": 3}
+    assert both.check is None  # no part recomputed a text
+
+
+def test_concat_scores_keeps_the_check_of_whichever_part_made_one():
+    # torchrun: rank 0's shard may hold no text long enough to recompute while rank 1's does
+    a = _toy(n_pairs=1)
+    check = {"passed": True, "max_abs_err": 1e-7}
+    parts = [ProbeScores(examples=a.examples, scores=a.scores), replace(a, check=check)]
+    assert concat_scores(parts).check == check and concat_scores(parts[::-1]).check == check
 
 
 # --------------------------------------------------------------------------------------------

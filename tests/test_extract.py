@@ -287,3 +287,25 @@ def test_chosen_layers_are_caught_by_hooks_and_match(tiny):
     for f, p in zip(full, part):
         row = f.layer_ids.index(1)
         torch.testing.assert_close(p.attention, f.attention[row : row + 1], atol=1e-6, rtol=0)
+
+
+def test_heads_reads_the_model_once_and_tokenises_each_text_once(monkeypatch):
+    """The corpus path's per-text costs that are not per text: `learned_sinks` (a walk over every parameter
+    name) is read once per stream of texts, not once per map or window, and under attention='auto' (the default) a chunk's
+    texts are tokenised once, to choose their mode, not again to extract them."""
+    import headscope as hs
+    from conftest import _tiny
+    from headscope.probe import encoding, extract as extract_mod, sources
+
+    lm = _tiny("bert")  # the session's cached tiny model
+    texts = [f"{t} {i}" for i, t in enumerate(TEXTS * 4)]  # 12 texts: two windows of 2 batches of 3
+    sinks, encoded = [], []
+    real_sinks, real_encode = extract_mod.learned_sinks, encoding.encode_many
+    monkeypatch.setattr(extract_mod, "learned_sinks", lambda m: sinks.append(1) or real_sinks(m))
+    counted = lambda m, chunk, **kw: encoded.extend(chunk) or real_encode(m, chunk, **kw)  # noqa: E731
+    monkeypatch.setattr(sources, "encode_many", counted)
+    monkeypatch.setattr(extract_mod, "encode_many", counted)
+    scores = hs.heads(lm, texts, batch_size=3, window=2)
+    assert scores.n_texts == len(texts) and scores.meta["attention"]["eager"] == len(texts)
+    assert len(sinks) == 1
+    assert sorted(encoded) == sorted(texts)  # every text tokenised exactly once
