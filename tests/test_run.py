@@ -220,7 +220,10 @@ def test_corpus_stats_counts_words_and_tokens():
 
 
 @pytest.mark.slow
-def test_default_model_end_to_end(tmp_path):
+def test_default_model_end_to_end(tmp_path, draw_only):
+    # the figures asserted; every figure of a real model's report is drawn by the quickstart notebook's hs.report
+    # (tests/test_notebook.py), every figure of a run by test_two_models_one_side_by_side_report
+    draw_only("attention_mosaic", "rollout")
     out = tmp_path / "minilm"
     result = CliRunner().invoke(cli, ["run", "--out", str(out), "--limit", "40", "--permutations", "1000",
                                       "--coref", _small_probe(), "--quiet"], catch_exceptions=False)
