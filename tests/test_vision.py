@@ -351,8 +351,9 @@ def test_cli_verify_heads_and_explain_take_an_image_and_refuse_a_mismatch(pictur
 def test_cli_run_writes_the_vision_section_with_overlays_mosaic_rollout_and_metrics(tmp_path, picture, draw_only):
     from headscope.reports.figures import FIGURES
 
-    # the vision section's figures and the head grids asserted; test_run.py draws the rest of a run
-    draw_only("head_scores", *(n for n, spec in FIGURES.items() if spec.group == "vision"))
+    # the vision section's figures, the head grids asserted and the attention figures on patch maps; the
+    # verification plot (the same for every model) is drawn in test_run.py
+    draw_only("head_scores", *(n for n, spec in FIGURES.items() if spec.group in ("vision", "attention")))
     out = tmp_path / "report"
     r = _cli("run", "--model", "tiny:dinov2_with_registers", "--image", picture, "--out", str(out), "--quiet", "--dpi", "30")
     assert r.exit_code == 0, r.output
