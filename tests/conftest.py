@@ -74,6 +74,22 @@ def gemma3():
 
 
 @pytest.fixture
+def draw_only(monkeypatch):
+    """`draw_only(*names)`: reports draw only these `FIGURES` (none when no name is given) for the rest
+    of the test; the page, its sections, tables and run.json are built as ever. Drawing is ~95% of a
+    tiny `run`: an end-to-end test of one option draws that option's figures, and tests that check
+    the record or the page alone draw none (tests/test_run.py's two-model run draws every figure)."""
+    from headscope.reports import html
+
+    def only(*names: str) -> None:
+        unknown = set(names) - set(html.FIGURES)
+        assert not unknown, f"not in FIGURES: {sorted(unknown)}"
+        monkeypatch.setattr(html, "FIGURES", {n: spec for n, spec in html.FIGURES.items() if n in names})
+
+    return only
+
+
+@pytest.fixture
 def shared_data() -> pathlib.Path:
     path = SHARED / "data"
     if not path.exists():

@@ -160,9 +160,10 @@ def test_decoders_with_ablation_get_induction_and_cloze_flips(llama_run):
 
 # --- the report --------------------------------------------------------------------------------
 
-def test_report_shows_ablation_columns_lines_and_token_maps(bert_run, llama_run):
+def test_report_shows_ablation_columns_lines_and_token_maps(bert_run, llama_run, draw_only):
     from headscope.reports.html import build_report
 
+    draw_only("rollout", "flow")  # the token maps; the ablation columns and lines are the page's, not figures
     report = build_report([bert_run[1], llama_run[1]])
     html = report.html
     assert html.count("<h3>Ablation evidence</h3>") == 2 and "Does looking predict mattering?" in html
@@ -198,9 +199,11 @@ def test_token_map_draws_rollout_and_flow_of_the_map():
 
 # --- the CLI -------------------------------------------------------------------------------------
 
-def test_cli_ablation_flags(monkeypatch, tmp_path):
+def test_cli_ablation_flags(monkeypatch, tmp_path, draw_only):
     from headscope.cli import cli
     from headscope.commands import run as run_mod
+
+    draw_only()  # the flags reach the record; the section's drawing is test_report_shows_ablation_columns_...
 
     monkeypatch.setattr(run_mod, "load_or_fail", lambda name, device, dtype: tiny_model("bert"))
     monkeypatch.setattr(run_mod, "models_or_fail", lambda *a, **kw: None)  # test model names are not real ones
@@ -219,10 +222,12 @@ def test_cli_ablation_flags(monkeypatch, tmp_path):
     assert bad.exit_code != 0 and "--ablation-texts" in bad.output
 
 
-def test_the_old_causal_flags_still_work_one_release_with_a_warning(monkeypatch, tmp_path):
+def test_the_old_causal_flags_still_work_one_release_with_a_warning(monkeypatch, tmp_path, draw_only):
     from headscope.analyses.relations import builtin_path
     from headscope.cli import cli
     from headscope.commands import run as run_mod
+
+    draw_only()  # the old flags reach the record as the new ones do; nothing drawn depends on them
 
     monkeypatch.setattr(run_mod, "load_or_fail", lambda name, device, dtype: tiny_model("bert"))
     monkeypatch.setattr(run_mod, "models_or_fail", lambda *a, **kw: None)  # test model names are not real ones

@@ -98,9 +98,11 @@ def test_settings_record_mechanisms_only_when_given():
     assert on["mechanisms"] is True and on["mechanisms_pairs"] == 8
 
 
-def test_run_mechanisms_adds_the_section(tmp_path, monkeypatch):
+def test_run_mechanisms_adds_the_section(tmp_path, monkeypatch, draw_only):
     from headscope.cli import cli
     from headscope.commands import run as run_mod
+
+    draw_only(*MECHANISM_FIGURES)  # the section's own figures; test_run.py draws the rest of a run
 
     lm = _tiny("llama")
     monkeypatch.setattr(run_mod, "load_or_fail", lambda name, device="cpu", dtype="float32": lm)

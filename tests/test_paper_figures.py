@@ -152,11 +152,32 @@ def test_save_picks_the_format_by_suffix(tmp_path):
         save(fig, tmp_path / "f.jpg")
 
 
+def _one_of_each_figure():
+    """A report section with each kind of figure once: one sentence (one heatmap, model view, rollout,
+    flow), one head-score metric (one grid), the verification, the probe's grid and drill-down. Its
+    figures are what a full section draws several times over (23 of them), at a third of the cost in
+    each of three formats."""
+    import dataclasses
+
+    from headscope.analyses.heads import score_corpus
+    from headscope.analyses.metrics import METRICS
+
+    full = R.section("toy-enc", texts=R.SENTENCES[:1])
+    one = {"previous_token": METRICS["previous_token"]}
+    scores = score_corpus(full.maps, level="token", model=full.model, metrics=one)
+    return dataclasses.replace(full, scores=scores)
+
+
 def test_report_writes_each_requested_format_and_inlines_the_same_png(tmp_path):
     from headscope.reports.html import build_report
 
-    section = R.section("toy-enc")
+    section = _one_of_each_figure()
     default = build_report([section])
+    kinds = {"verification", "heads-previous_token", "probe-coref-toy-grid", "probe-coref-toy-drilldown",
+             "attention-0-L1H2", "model-view", "rollout-0", "flow-0"}
+    # each kind a text model's section draws
+    assert {f.name[len("toy-enc-"):-len(".png")] for f in default.figures} == kinds
+    assert len(default.figures) == len(kinds) and len({f.group for f in default.figures}) == 4
     papers = build_report([section], formats=("png", "svg", "pdf"), width=3.5)
     assert [f.name for f in papers.figures] == [f.name for f in default.figures]
     assert [f.inline for f in papers.figures] == [f.inline for f in default.figures]  # the page is unchanged

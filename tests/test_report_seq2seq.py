@@ -32,6 +32,12 @@ def _section(family: str) -> ModelAnalysis:
     return analysis
 
 
+@functools.lru_cache(maxsize=None)
+def _report(family: str):
+    """The report of `_section(family)`, drawn once for the figure and the browser tests."""
+    return build_report([_section(family)])
+
+
 @pytest.mark.parametrize("family", ["t5", "bart"])
 def test_explorer_data_has_all_three_kinds_with_their_own_labels(family):
     section = _section(family)
@@ -67,7 +73,7 @@ def test_one_stack_sections_keep_a_single_self_view():
 
 
 def test_figures_show_decoder_and_cross_attention_and_say_which():
-    report = build_report([_section("t5")])
+    report = _report("t5")
     captions = [f.caption for f in report.figures if f.group == "attention"]
     assert sum(c.startswith("Cross-attention (target → source)") for c in captions) == len(SOURCES)
     assert sum(c.startswith("Decoder self-attention") for c in captions) == len(SOURCES)
@@ -81,7 +87,8 @@ def test_mismatched_pairs_are_refused():
         ModelAnalysis(model="m", maps=section.maps, pairs=section.pairs[:1])
 
 
-def test_analyse_model_pairs_the_report_sentences_with_their_targets():
+def test_analyse_model_pairs_the_report_sentences_with_their_targets(draw_only):
+    draw_only()  # the page's tables and data; the figures of pairs are test_figures_show_decoder_...
     lm = tiny_model("t5")
     sets = [("t", builtin_set("agreement")[:16])]
     given = RunSettings(corpus="c", coref="p", texts=SOURCES, targets=TARGETS, permutations=100, induction_sequences=0)
@@ -126,7 +133,7 @@ def test_cli_refuses_targets_that_do_not_pair(tmp_path, args, message):
 @pytest.mark.browser
 def test_selecting_cross_attention_draws_target_rows_and_source_columns(browser, tmp_path):
     section = _section("t5")
-    build_report([section]).write(tmp_path)
+    _report("t5").write(tmp_path)
     page = browser.new_page()
     errors = []
     page.on("pageerror", lambda e: errors.append(str(e)))

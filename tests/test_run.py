@@ -76,7 +76,8 @@ def test_two_models_one_side_by_side_report(tiny_models, tmp_path):
     assert _leftovers(tmp_path) == []
 
 
-def test_default_sentences_and_probe_sets(tiny_models, tmp_path):
+def test_default_sentences_and_probe_sets(tiny_models, tmp_path, draw_only):
+    draw_only()  # the defaults reach the record and the page; test_two_models_... draws every figure
     out = tmp_path / "report"
     result = _invoke("--model", "llama", "--out", str(out), "--limit", "2", "--permutations", "100",
                      "--induction-seqs", "0", "--quiet")
@@ -124,7 +125,7 @@ def test_existing_folder_needs_force_and_only_a_report_is_replaced_whole(quick_r
     assert _leftovers(tmp_path) == []
 
 
-def test_failed_verification_is_written_then_exits_nonzero(tiny_models, tmp_path, monkeypatch):
+def test_failed_verification_is_written_then_exits_nonzero(tiny_models, tmp_path, monkeypatch, draw_only):
     import headscope.workflows.run
     from report_samples import verification
 
@@ -135,6 +136,7 @@ def test_failed_verification_is_written_then_exits_nonzero(tiny_models, tmp_path
         return verification(v.model, passed=False, layers=len(v.layers))
 
     monkeypatch.setattr(headscope.workflows.run, "verify", broken)
+    draw_only("verification")  # the failed check's own figure; the others do not depend on it
     out = tmp_path / "report"
     result = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", str(out), *FAST])
     assert result.exit_code == 1
@@ -218,7 +220,10 @@ def test_corpus_stats_counts_words_and_tokens():
 
 
 @pytest.mark.slow
-def test_default_model_end_to_end(tmp_path):
+def test_default_model_end_to_end(tmp_path, draw_only):
+    # the figures asserted; every figure of a real model's report is drawn by the quickstart notebook's hs.report
+    # (tests/test_notebook.py), every figure of a run by test_two_models_one_side_by_side_report
+    draw_only("attention_mosaic", "rollout")
     out = tmp_path / "minilm"
     result = CliRunner().invoke(cli, ["run", "--out", str(out), "--limit", "40", "--permutations", "1000",
                                       "--coref", _small_probe(), "--quiet"], catch_exceptions=False)
@@ -248,7 +253,8 @@ def test_recorded_versions_are_the_installed_packages():
     assert v["python"] == ".".join(map(str, sys.version_info[:3]))
 
 
-def test_run_json_prints_the_run_record(tiny_models, tmp_path):
+def test_run_json_prints_the_run_record(tiny_models, tmp_path, draw_only):
+    draw_only()  # the record printed is the one written, whatever was drawn
     out = tmp_path / "report"
     result = _invoke("--model", "llama", "--out", str(out), "--json", *FAST)
     assert result.exit_code == 0, result.output

@@ -79,9 +79,11 @@ def tiny_llama(monkeypatch):
     return lm
 
 
-def test_run_sinks_adds_the_section_and_records_its_settings(tiny_llama, tmp_path, monkeypatch):
+def test_run_sinks_adds_the_section_and_records_its_settings(tiny_llama, tmp_path, monkeypatch, draw_only):
     from headscope.cli import cli
     from headscope.workflows import run as run_wf
+
+    draw_only(*(n for n, spec in FIGURES.items() if spec.group == "sinks"))  # the section's own figures
 
     text = tmp_path / "long.txt"
     text.write_text("The cat sat on the mat. " * 20)

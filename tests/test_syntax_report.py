@@ -17,6 +17,8 @@ from headscope.reports.html import build_report
 
 from test_syntax import _records, _sentences_file, _split
 
+SYNTAX_FIGURES = [name for name, spec in FIGURES.items() if spec.group.startswith("syntax")]
+
 
 def _result():
     """Head L0H0 points every word at its governor, L0H1 at the previous word (see test_syntax._records)."""
@@ -102,8 +104,10 @@ def tiny_bert(monkeypatch):
 FAST = ["--limit", "4", "--permutations", "100", "--induction-seqs", "0", "--quiet", "--text", "The cat sat."]
 
 
-def test_run_with_conllu_adds_the_syntax_section(tiny_bert, tmp_path):
+def test_run_with_conllu_adds_the_syntax_section(tiny_bert, tmp_path, draw_only):
     from headscope.cli import cli
+
+    draw_only("syntax_clusters")  # the figure asserted; the module's `report` draws every syntax figure
 
     test, dev = _sentences_file(tmp_path, "test.conllu", 12), _sentences_file(tmp_path, "dev.conllu", 11)
     out = tmp_path / "report"
@@ -126,8 +130,10 @@ def test_run_with_conllu_adds_the_syntax_section(tiny_bert, tmp_path):
     assert "figures/tiny-bert-syntax-clusters.png" in record["files"]["figures"]
 
 
-def test_run_without_conllu_records_no_syntax(tiny_bert, tmp_path):
+def test_run_without_conllu_records_no_syntax(tiny_bert, tmp_path, draw_only):
     from headscope.cli import cli
+
+    draw_only(*SYNTAX_FIGURES)  # a syntax figure drawn would be caught
 
     out = tmp_path / "report"
     res = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", str(out), *FAST], catch_exceptions=False)

@@ -348,7 +348,12 @@ def test_cli_verify_heads_and_explain_take_an_image_and_refuse_a_mismatch(pictur
         assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, (args, r.output)
 
 
-def test_cli_run_writes_the_vision_section_with_overlays_mosaic_rollout_and_metrics(tmp_path, picture):
+def test_cli_run_writes_the_vision_section_with_overlays_mosaic_rollout_and_metrics(tmp_path, picture, draw_only):
+    from headscope.reports.figures import FIGURES
+
+    # the vision section's figures, the head grids asserted and the attention figures on patch maps; the
+    # verification plot (the same for every model) is drawn in test_run.py
+    draw_only("head_scores", *(n for n, spec in FIGURES.items() if spec.group in ("vision", "attention")))
     out = tmp_path / "report"
     r = _cli("run", "--model", "tiny:dinov2_with_registers", "--image", picture, "--out", str(out), "--quiet", "--dpi", "30")
     assert r.exit_code == 0, r.output
