@@ -22,6 +22,8 @@ business of the attention sources (`probe.sources`): every recomputed text is tr
 from __future__ import annotations
 
 import contextlib
+import queue
+import threading
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -314,11 +316,15 @@ def iter_blocks_encoded(
     base = base_model(lm)
     specs = {layer: family.layer_spec(base, layer, lm.config) for layer in layer_idx}
     producers = {s.kv_layer for s in specs.values() if s.kv_layer is not None}  # shared KV: their inputs too
-    inputs = layer_inputs(lm, family, items, sorted(set(layer_idx) | producers), implementation)
+    wanted = set(layer_idx)
+    inputs: dict[int, torch.Tensor] = {}  # the shared-KV producers' inputs, kept for their consumers
     buffers = Buffers()  # every layer's blocks written into the same two buffers while consumers let go of them
-    for layer in layer_idx:
+    for layer, x in _streamed_inputs(lm, family, items, sorted(wanted | producers), implementation):
+        if layer in producers:
+            inputs[layer] = x
+        if layer not in wanted:
+            continue
         spec = specs[layer]
-        x = inputs[layer] if layer in producers else inputs.pop(layer)  # (B, T, D); dropped once its blocks are out
         kv = spec.kv_input(inputs)  # (B, T, D) the producer layer's input (shared KV), or None
         for b, enc in enumerate(items):
             n = len(enc.ids)
@@ -326,6 +332,74 @@ def iter_blocks_encoded(
                                        kv=None if kv is None else kv[b, :n], buffers=buffers):
                 yield b, block
         del x
+
+
+def _streamed_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], layers: Sequence[int],
+                     implementation: str) -> Iterator[tuple[int, torch.Tensor]]:
+    """`(layer, its attention input (B, T, D))` in forward order, one layer at a time, from one forward pass.
+
+    `layer_inputs` keeps every layer's input until the pass ends (layers × T × D floats: 755 MB for
+    gemma3-270m at 16,384 tokens, on top of the forward's own peak). Here the pass runs in a worker thread
+    that stops in each wanted layer's pre-hook until the caller has taken that layer's blocks, so one
+    layer's input is held at a time. The two threads take turns, never run at once. The worker only
+    stops in its own calls: the caller may use the model meanwhile (hooks of other threads pass through).
+    """
+    handoff: queue.Queue = queue.Queue(maxsize=1)
+    resume = threading.Semaphore(0)
+    state = {"stop": False, "worker": None}
+    last = max(layers)
+
+    def grab(i):
+        def hook(module, args, kwargs):
+            if threading.get_ident() != state["worker"]:
+                return None
+            handoff.put(("layer", i, (args[0] if args else kwargs["hidden_states"]).detach()))
+            resume.acquire()  # the caller has taken this layer's blocks
+            if state["stop"] or i == last:
+                raise _Enough
+            return None
+        return hook
+
+    def work():
+        state["worker"] = threading.get_ident()
+        try:
+            with torch.inference_mode(), fast_attention(lm.model, implementation):
+                base(input_ids=ids, attention_mask=mask, output_attentions=False, use_cache=False)
+        except _Enough:
+            pass
+        except BaseException as exc:  # handed to the caller, raised there
+            handoff.put(("error", None, exc))
+            return
+        handoff.put(("done", None, None))
+
+    base = base_model(lm)
+    ids, mask = pad_batch(items, lm.device)
+    handles = family.hook_layers(base, lm.config, layers, grab, where="attention", pre=True, with_kwargs=True)
+    worker = threading.Thread(target=work, name="headscope-layer-inputs", daemon=True)
+    try:
+        worker.start()
+        while True:
+            kind, layer, x = handoff.get()
+            if kind == "error":
+                raise x
+            if kind == "done":
+                return
+            try:
+                yield layer, x
+            finally:
+                del x
+                resume.release()
+    finally:
+        state["stop"] = True
+        resume.release()  # a worker waiting in a hook raises _Enough and ends
+        while worker.is_alive():  # drain what it hands over while it unwinds
+            try:
+                handoff.get(timeout=0.05)
+            except queue.Empty:
+                pass
+            worker.join(timeout=0.05)
+        for h in handles:
+            h.remove()
 
 
 def iter_blocks(
