@@ -19,7 +19,7 @@ from typing import Iterable, Iterator, Protocol, Sequence
 
 import torch
 
-from headscope.probe.recompute import Block
+from headscope.probe.recompute import Block, Buffers
 
 __all__ = ["BlockConsumer", "feed", "HeadMap", "word_blocks"]
 
@@ -73,41 +73,84 @@ def word_blocks(blocks: Iterable[Block], word_index: Sequence[int]) -> Iterator[
 
     `word_index[t]` is the word unit of token t (an `AttentionMap`'s `word_index`). A word is given out
     once its last piece has been seen, with every earlier word; blocks of a layer must come in row
-    order (as `iter_blocks` gives them). Word blocks have `query_start` in words and keys over words.
+    order (as `iter_blocks` gives them). Word blocks have `query_start` in words and keys over words;
+    each holds only the words its rows' keys reach (`Block.banded`: a causal or sliding band of words).
     """
     idx = torch.as_tensor(list(word_index), dtype=torch.long)
     n_units = int(idx.max()) + 1
     pieces = torch.bincount(idx, minlength=n_units)  # tokens per word
     last = torch.full((n_units,), -1, dtype=torch.long).scatter_reduce(0, idx, torch.arange(len(idx)), "amax")
+    ordered = bool((idx[1:] >= idx[:-1]).all()) and bool((idx[1:] - idx[:-1] <= 1).all()) and int(idx[0]) == 0
+    scratch = torch.empty(0)  # the key sums of one block, reused: (H, R, words) written over each block
+    buffers = Buffers()  # the word blocks given out, written over once the consumer has let go of them
     layer = None
     for block in blocks:
         if block.layer != layer:
             if layer is not None and done < n_units:
                 raise ValueError(f"layer {layer}: its blocks stopped before word {done} was complete")
-            layer, done, pending, key_stop = block.layer, 0, None, 0  # pending: [head, word done.., word] query sums
+            # pending: [head, word done.., key] query sums of the words not given out yet, keys from word p_lo
+            layer, done, pending, p_lo = block.layer, 0, None, 0
         band, lo = block.band, block.key_start  # the keys outside the band are exact zeros: left out
         H, R, K = band.shape
+        words = idx[lo : lo + K]
+        # the words this block's keys reach (in any order), and the first word pending rows need too
+        start, reach = (int(words.min()), int(words.max()) + 1) if K else (0, 0)
+        if pending is not None and pending.shape[1]:
+            start = min(start, p_lo)
+        width = max(reach - start, 0)
+        if scratch.numel() < H * R * width or scratch.dtype != band.dtype or scratch.device != band.device:
+            scratch = band.new_empty(H * R * width)
         # keys of one word summed in token order; scatter_add_ is one vectorised pass where index_add_
-        # over the last axis loops over the T keys
-        reach = int(idx[lo : lo + K].max()) + 1 if K else 0  # the words this block's keys reach (in any order)
-        keys = band.new_zeros(H, R, reach).scatter_add_(-1, idx[lo : lo + K].to(band.device).expand(H, R, -1),
-                                                        band)  # (H, R, words up to reach)
-        key_stop = max(key_stop, reach)  # the words the layer's rows reach so far: zeros beyond
+        # (or a gather) over the last axis loops over the keys
+        keys = scratch[: H * R * width].view(H, R, width).zero_().scatter_add_(
+            -1, (words - start).to(band.device).expand(H, R, -1), band)  # (H, R, words start .. reach - 1)
         units = idx[block.query_start : block.query_stop]
-        top = int(units.max()) + 1
-        if pending is None or pending.shape[1] < top - done:
-            grown = keys.new_zeros(keys.shape[0], top - done, n_units)
-            if pending is not None:
-                grown[:, : pending.shape[1]] = pending
-            pending = grown
-        pending[..., :reach].index_add_(1, (units - done).to(keys.device), keys)
+        pending = _fold_rows(pending, p_lo, keys, start, units, done, ordered, buffers, n_units)
+        p_lo = start
         unfinished = (last[done:] >= block.query_stop).nonzero()  # words whose last piece is yet to come
         ready = done + int(unfinished[0]) if len(unfinished) else n_units
         if ready > done:
             k = ready - done
-            out = pending[:, :k]  # rows given out, never written again: normalised in place, the band only
-            out[..., :key_stop].div_(pieces[done:ready, None].to(out))
-            yield Block(layer, block.heads, done, out, key_stop=key_stop)
+            out = pending[:, :k]  # rows given out, never written again: normalised in place
+            out.div_(pieces[done:ready, None].to(out))
+            yield Block.banded(layer, block.heads, done, out, key_start=start, n_keys=n_units)
             pending, done = pending[:, k:], ready
     if layer is not None and done < n_units:
         raise ValueError(f"layer {layer}: its blocks stopped before word {done} was complete")
+
+
+def _fold_rows(pending: torch.Tensor | None, p_lo: int, keys: torch.Tensor, start: int, units: torch.Tensor,
+               done: int, ordered: bool, buffers: Buffers, n_units: int) -> torch.Tensor:
+    """Query sums `[head, word done.., key start ..]`: `pending`'s (words done.., keys from `p_lo` >= `start`;
+    or None) with the token rows `keys[head, row, word start ..]` of words `units` added, each word's rows
+    in row order (0 + r1 + r2 ...)."""
+    H, R, width = keys.shape
+    have = 0 if pending is None else pending.shape[1]
+    p_stop = p_lo + pending.shape[-1] - start if have else 0  # pending's keys, in this block's numbering
+    first = int(units[0]) if R else done
+    if ordered and R and first == done and have <= 1 and p_stop <= width:
+        # words in order, one after another: only the last word of a block can be unfinished, and the next
+        # block's first row goes on with it. Each word's first row is copied, later rows added rank by rank.
+        new = torch.ones(R, dtype=torch.bool)
+        new[1:] = units[1:] != units[:-1]
+        starts = new.nonzero().flatten()  # the first row of each word of this block
+        out = torch.index_select(keys, 1, starts, out=buffers.take((H, len(starts), width), keys,
+                                                                   at_least=H * R * n_units))  # (H, words, keys)
+        rank = torch.arange(R) - starts.repeat_interleave(torch.diff(starts, append=torch.tensor([R])))
+        for r in range(1, int(rank.max()) + 1):
+            rows = (rank == r).nonzero().flatten()
+            out.index_add_(1, units[rows] - first, keys.index_select(1, rows))
+        if have:  # the word left pending goes on here: its earlier rows come first
+            carried = keys.new_zeros(H, width)
+            carried[:, p_lo - start : p_stop] = pending[:, 0]
+            for row in range(int(starts[1]) if len(starts) > 1 else R):
+                carried.add_(keys[:, row])
+            out[:, 0] = carried
+        return out
+    # any order (a special token given the last unit): the general fold, every row over the same keys
+    top = int(units.max()) + 1 if R else done
+    grown = keys.new_zeros(H, max(top - done, have), max(width, p_stop))
+    if have:
+        grown[:, :have, p_lo - start : p_stop] = pending
+    grown[..., :width].index_add_(1, (units - done).to(keys.device), keys)
+    return grown

@@ -641,9 +641,9 @@ def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Pla
     if s:
         shares = (seen @ targets * queries).sum(-2)  # [..., set]: one matmul for every key set
         sums.update({name: shares[..., i] for i, (name, _) in enumerate(plan.key_shares)})
-    for group in plan.statistics:
-        whole = a if band is None else band.block.probs.to(a.dtype)  # every key, for a statistic that needs them
-        rows = group.statistic(seen if group.zeros_free else whole)  # [..., row]
+    for group in plan.statistics:  # a statistic that is not zero-free gets every key (the block assembles them)
+        whole = seen if group.zeros_free or band is None else band.block.probs.to(a.dtype)
+        rows = group.statistic(whole)  # [..., row]
         weighted = rows @ weights[:, group.columns]  # [..., row] @ [row, metric] -> [..., metric]
         sums.update({name: weighted[..., i] for i, name in enumerate(group.names)})
     for (name, _), w in zip(plan.pairwise, pairs or (None,) * len(plan.pairwise)):  # Σ_q Σ_k A[q, k] W[q, k]

@@ -22,6 +22,8 @@ business of the attention sources (`probe.sources`): every recomputed text is tr
 from __future__ import annotations
 
 import contextlib
+import queue
+import threading
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -210,11 +212,52 @@ def layer_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], laye
     return caught
 
 
+class Buffers:
+    """Two flat buffers handed out in turn, for blocks that a consumer reads and drops one at a time.
+
+    A fresh large tensor costs the kernel's zeroing of its pages, about as much as one pass over it; a
+    buffer written over costs nothing. `take` reuses the buffer handed out two calls ago only when
+    nothing holds its storage any more (a `for` loop still holds the block before, hence two); a
+    consumer that keeps its blocks gets fresh tensors, as without buffers.
+
+    >>> buffers = Buffers()
+    >>> a, b = buffers.take((2, 3), torch.zeros(1)), buffers.take((2, 3), torch.zeros(1))
+    >>> c = buffers.take((2, 3), torch.zeros(1))
+    >>> c.data_ptr() == a.data_ptr()  # `a` is still held here: not reused
+    False
+    """
+
+    def __init__(self) -> None:
+        self._flat: list[torch.Tensor | None] = [None, None]
+        self._turn = 0
+
+    def take(self, shape: Sequence[int], like: torch.Tensor, *, at_least: int = 0) -> torch.Tensor:
+        """An uninitialised tensor of `shape`, `like`'s dtype and device (room for `at_least` elements)."""
+        n = 1
+        for size in shape:
+            n *= int(size)
+        self._turn ^= 1
+        flat = self._flat[self._turn]
+        if (flat is None or flat.numel() < n or flat.dtype != like.dtype or flat.device != like.device
+                or not _unshared(flat)):
+            flat = self._flat[self._turn] = like.new_empty(max(n, at_least))
+        return flat[:n].view(*shape)
+
+
+def _unshared(flat: torch.Tensor) -> bool:
+    """Whether `flat`'s storage is held by `flat` alone (no view of it is alive anywhere)."""
+    try:  # the storage's reference count: `flat` and the handle asked for here
+        return torch._C._storage_Use_Count(flat.untyped_storage()._cdata) <= 2
+    except (AttributeError, RuntimeError):  # no way to tell: never reuse
+        return False
+
+
 def _layer_blocks(x: torch.Tensor, spec, layer: int, heads: Sequence[int], budget: int,
-                  kv: torch.Tensor | None = None, rows: tuple[int, int] | None = None) -> Iterator[Block]:
+                  kv: torch.Tensor | None = None, rows: tuple[int, int] | None = None,
+                  buffers: Buffers | None = None) -> Iterator[Block]:
     """Blocks of one layer for one text's input `x` (T, D), real tokens only; `kv` (T, D) the input the keys
     come from where it is another layer's (shared KV); `rows`: only queries start .. stop - 1 (a viewer's
-    zoom), every query by default."""
+    zoom), every query by default; `buffers`: where the blocks' probabilities are written."""
     T = x.shape[0]
     first, last = (0, T) if rows is None else rows
     q, k = project_qk(x[None], spec, kv=None if kv is None else kv[None])  # (1, nh, T, hs), (1, nkv, T, hs)
@@ -226,8 +269,10 @@ def _layer_blocks(x: torch.Tensor, spec, layer: int, heads: Sequence[int], budge
     for start in range(first, last, step):
         stop = min(start + step, last)
         lo, hi = _key_band(spec, start, stop, T)
+        out = None if buffers is None else buffers.take((1, len(heads), stop - start, hi - lo), q,
+                                                        at_least=len(heads) * step * T)
         band = block_probs(q[:, :, start:stop], k[:, :, lo:hi], spec, valid[:, lo:hi],
-                           query_start=start, key_start=lo, heads=list(heads))[0]  # (H, R, hi - lo)
+                           query_start=start, key_start=lo, heads=list(heads), out=out)[0]  # (H, R, hi - lo)
         yield Block.banded(layer, tuple(heads), start, band, key_start=lo, n_keys=T)  # probs assembled if read
 
 
@@ -271,17 +316,90 @@ def iter_blocks_encoded(
     base = base_model(lm)
     specs = {layer: family.layer_spec(base, layer, lm.config) for layer in layer_idx}
     producers = {s.kv_layer for s in specs.values() if s.kv_layer is not None}  # shared KV: their inputs too
-    inputs = layer_inputs(lm, family, items, sorted(set(layer_idx) | producers), implementation)
-    for layer in layer_idx:
+    wanted = set(layer_idx)
+    inputs: dict[int, torch.Tensor] = {}  # the shared-KV producers' inputs, kept for their consumers
+    buffers = Buffers()  # every layer's blocks written into the same two buffers while consumers let go of them
+    for layer, x in _streamed_inputs(lm, family, items, sorted(wanted | producers), implementation):
+        if layer in producers:
+            inputs[layer] = x
+        if layer not in wanted:
+            continue
         spec = specs[layer]
-        x = inputs[layer] if layer in producers else inputs.pop(layer)  # (B, T, D); dropped once its blocks are out
         kv = spec.kv_input(inputs)  # (B, T, D) the producer layer's input (shared KV), or None
         for b, enc in enumerate(items):
             n = len(enc.ids)
             for block in _layer_blocks(x[b, :n], spec, layer, head_idx, budget,
-                                       kv=None if kv is None else kv[b, :n]):
+                                       kv=None if kv is None else kv[b, :n], buffers=buffers):
                 yield b, block
         del x
+
+
+def _streamed_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], layers: Sequence[int],
+                     implementation: str) -> Iterator[tuple[int, torch.Tensor]]:
+    """`(layer, its attention input (B, T, D))` in forward order, one layer at a time, from one forward pass.
+
+    `layer_inputs` keeps every layer's input until the pass ends (layers × T × D floats: 755 MB for
+    gemma3-270m at 16,384 tokens, on top of the forward's own peak). Here the pass runs in a worker thread
+    that stops in each wanted layer's pre-hook until the caller has taken that layer's blocks, so one
+    layer's input is held at a time. The two threads take turns, never run at once. The worker only
+    stops in its own calls: the caller may use the model meanwhile (hooks of other threads pass through).
+    """
+    handoff: queue.Queue = queue.Queue(maxsize=1)
+    resume = threading.Semaphore(0)
+    state = {"stop": False, "worker": None}
+    last = max(layers)
+
+    def grab(i):
+        def hook(module, args, kwargs):
+            if threading.get_ident() != state["worker"]:
+                return None
+            handoff.put(("layer", i, (args[0] if args else kwargs["hidden_states"]).detach()))
+            resume.acquire()  # the caller has taken this layer's blocks
+            if state["stop"] or i == last:
+                raise _Enough
+            return None
+        return hook
+
+    def work():
+        state["worker"] = threading.get_ident()
+        try:
+            with torch.inference_mode(), fast_attention(lm.model, implementation):
+                base(input_ids=ids, attention_mask=mask, output_attentions=False, use_cache=False)
+        except _Enough:
+            pass
+        except BaseException as exc:  # handed to the caller, raised there
+            handoff.put(("error", None, exc))
+            return
+        handoff.put(("done", None, None))
+
+    base = base_model(lm)
+    ids, mask = pad_batch(items, lm.device)
+    handles = family.hook_layers(base, lm.config, layers, grab, where="attention", pre=True, with_kwargs=True)
+    worker = threading.Thread(target=work, name="headscope-layer-inputs", daemon=True)
+    try:
+        worker.start()
+        while True:
+            kind, layer, x = handoff.get()
+            if kind == "error":
+                raise x
+            if kind == "done":
+                return
+            try:
+                yield layer, x
+            finally:
+                del x
+                resume.release()
+    finally:
+        state["stop"] = True
+        resume.release()  # a worker waiting in a hook raises _Enough and ends
+        while worker.is_alive():  # drain what it hands over while it unwinds
+            try:
+                handoff.get(timeout=0.05)
+            except queue.Empty:
+                pass
+            worker.join(timeout=0.05)
+        for h in handles:
+            h.remove()
 
 
 def iter_blocks(

@@ -491,14 +491,17 @@ def row_scores(
     use_scale: bool = True,
     use_positions: bool = True,
     heads: list[int] | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Scores of a block of query rows: scaled, position-biased and softcapped, before the mask (B, h, R, K).
 
-    Arguments as in `row_probs`. The position bias is asked for this block's rows and keys only.
+    Arguments as in `row_probs`; `out`: a (B, h, R, K) buffer the product is written into. The position
+    bias is asked for this block's rows and keys only.
     """
     R, K = q_rows.shape[-2], k.shape[-2]
     scale = spec.scale if use_scale else 1.0
-    scores = (q_rows @ k.transpose(-2, -1)).mul_(scale)  # (B, h, R, K), scaled in place: the product is ours
+    scores = torch.matmul(q_rows, k.transpose(-2, -1), out=out)  # (B, h, R, K): the product is ours
+    scores.mul_(scale)  # scaled in place
     if spec.score_bias is not None and use_positions:
         if query_start or key_start:
             bias = spec.score_bias(query_start + R, key_start + K, query_start=query_start, key_start=key_start)
@@ -585,19 +588,25 @@ def block_probs(
     query_start: int,
     key_start: int = 0,
     heads: list[int] | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`row_probs`'s probabilities, bit for bit, without keeping the scores: (B, h, R, K).
 
     The same operations in the same order, done in place on the one scores buffer this function
-    makes: hidden keys set to -inf (what adding the 0 / -inf mask gives), then the row max shifted
-    out, exp and normalisation as in `stable_softmax`. One (B, h, R, K) buffer instead of five.
+    makes (or `out`, a (B, h, R, K) buffer of the caller's, written over): hidden keys set to -inf
+    (what adding the 0 / -inf mask gives), then the row max shifted out, exp and normalisation as in
+    `stable_softmax`. One (B, h, R, K) buffer instead of five.
     """
     R = q_rows.shape[-2]
-    p = row_scores(q_rows, k, spec, query_start=query_start, key_start=key_start, heads=heads)
-    visible = visible_keys(key_valid, causal=spec.causal, sliding_window=spec.sliding_window,
-                           local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start,
-                           chunk_size=spec.chunk_size)
-    p.masked_fill_(~visible, float("-inf"))
+    p = row_scores(q_rows, k, spec, query_start=query_start, key_start=key_start, heads=heads, out=out)
+    # a plain causal mask hides no key left of the first row: only the keys from there on are masked
+    d = (query_start - key_start if spec.causal and spec.sliding_window is None and spec.local_window is None
+         and spec.chunk_size is None and 0 < query_start - key_start <= p.shape[-1]
+         and bool(key_valid[:, : query_start - key_start].all()) else 0)
+    visible = visible_keys(key_valid[:, d:], causal=spec.causal, sliding_window=spec.sliding_window,
+                           local_window=spec.local_window, rows=(query_start, query_start + R),
+                           key_start=key_start + d, chunk_size=spec.chunk_size)
+    p[..., d:].masked_fill_(~visible, float("-inf"))
     if spec.sinks is not None:  # the sink column costs one more buffer; rows sum to < 1
         return softmax_with_sink(p, _sink_logits(spec, heads))
     row_max = p.amax(dim=-1, keepdim=True)
