@@ -60,16 +60,17 @@ def bare_loop(lm, batches, *, output_attentions: bool = True) -> None:
 
 
 def cli_defaults() -> dict:
-    """The keyword arguments `headscope heads --corpus FILE` passes to `headscope.heads` when given no
-    option (read off the command itself): batch size, induction sequences and length, seed, level,
-    special units, attention source and memory budget. `window` and `truncate=False` are `heads`' own
-    defaults (the CLI passes no window; --truncate is a flag, off)."""
-    from headscope.commands.heads import cli
+    """The keyword arguments `headscope heads --corpus FILE` runs `headscope.heads` with when given no
+    option: `hs.heads`' own defaults (the command's options default to them; the benchmarks use the
+    public API, never the CLI's modules): batch size, window, induction sequences and length, seed,
+    level, special units, attention source and memory budget, `truncate=False`."""
+    import inspect
 
-    d = {p.name: p.default for p in cli.params}
-    return {"batch_size": d["batch_size"], "induction_sequences": d["induction_seqs"],
-            "induction_length": d["induction_length"], "seed": d["seed"], "level": d["level"],
-            "include_special": d["include_special"], "attention": d["attention"], "budget": d["memory_budget"]}
+    import headscope as hs
+
+    d = {name: p.default for name, p in inspect.signature(hs.heads).parameters.items()}
+    return {k: d[k] for k in ("batch_size", "window", "induction_sequences", "induction_length", "seed", "level",
+                              "include_special", "attention", "budget", "truncate")}
 
 
 def short_texts(n: int, *, ewt: bool = True) -> tuple[list[str], str]:
@@ -102,7 +103,7 @@ def heads_vs_bare(lm, texts: Sequence[str], source: str = "", *, repeats: int = 
     import headscope as hs
 
     opts = cli_defaults()
-    bs, window = opts["batch_size"], 4
+    bs, window = opts["batch_size"], opts["window"]
     n_ind = opts["induction_sequences"] if lm.is_causal else 0
     batches = same_batches(lm, texts, batch_size=bs, window=window)
     if n_ind:

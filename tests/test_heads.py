@@ -741,6 +741,21 @@ def test_cli_defaults_are_the_analysis_defaults():
     pd.testing.assert_frame_equal(by_default.table, analysis.table, check_exact=False, rtol=1e-5, atol=1e-6)
 
 
+
+def test_heads_command_options_default_to_the_api_defaults():
+    """`headscope heads` with no option runs `hs.heads` with its own defaults (benchmark item 1 reads them there)."""
+    import inspect
+
+    import headscope as hs
+    from headscope.commands.heads import cli
+
+    options = {p.name: p.default for p in cli.params}
+    api = inspect.signature(hs.heads).parameters
+    pairs = {"batch_size": "batch_size", "induction_seqs": "induction_sequences", "induction_length": "induction_length",
+             "seed": "seed", "level": "level", "include_special": "include_special", "attention": "attention",
+             "memory_budget": "budget"}
+    assert {o: options[o] for o in pairs} == {o: api[a].default for o, a in pairs.items()}
+
 # --- real models ---------------------------------------------------------------------------------
 
 
