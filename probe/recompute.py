@@ -184,32 +184,11 @@ class _Enough(Exception):
     """Raised by the last wanted layer's hook: the layers after it need not run."""
 
 
-@torch.inference_mode()
 def layer_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], layers: Sequence[int],
                   implementation: str = "sdpa") -> dict[int, torch.Tensor]:
-    """Each wanted layer's attention input (B, T, D), from one forward pass with fast attention."""
-    base = base_model(lm)
-    caught: dict[int, torch.Tensor] = {}
-    last = max(layers)
-
-    def grab(i):
-        def hook(module, args, kwargs):
-            caught[i] = (args[0] if args else kwargs["hidden_states"]).detach()
-            if i == last:
-                raise _Enough
-        return hook
-
-    handles = family.hook_layers(base, lm.config, layers, grab, where="attention", pre=True, with_kwargs=True)
-    ids, mask = pad_batch(items, lm.device)
-    try:
-        with fast_attention(lm.model, implementation):
-            base(input_ids=ids, attention_mask=mask, output_attentions=False, use_cache=False)
-    except _Enough:
-        pass
-    finally:
-        for h in handles:
-            h.remove()
-    return caught
+    """Each wanted layer's attention input (B, T, D), from one forward pass with fast attention (all of them
+    kept at once: a caller that reads layer after layer streams them with `_streamed_inputs`)."""
+    return dict(_streamed_inputs(lm, family, items, layers, implementation))
 
 
 class Buffers:
