@@ -159,6 +159,16 @@ def _source(lm: LoadedModel, family, layers, ids, mask, sites: set[Site]) -> dic
     return got
 
 
+def _setup(lm: LoadedModel, p: Prepared, direction: Direction):
+    """What every patching run starts from: the family, the base model, its decoder layers, and the prompts
+    run and the prompts the patched activations come from (denoise: the corrupt run, clean activations)."""
+    if direction not in ("denoise", "noise"):
+        raise ValueError(f"direction must be 'denoise' or 'noise', got {direction!r}")
+    family = family_for(lm.config)
+    run_ids, src_ids = (p.corrupt, p.clean) if direction == "denoise" else (p.clean, p.corrupt)
+    return family, base_model(lm), decoder_layers(lm, family), run_ids, src_ids
+
+
 @torch.inference_mode()
 def patch_metrics(lm: LoadedModel, p: Prepared, jobs: Sequence[frozenset[Site] | set[Site]], *,
                   direction: Direction = "denoise", batch_rows: int = 512) -> torch.Tensor:
@@ -167,11 +177,7 @@ def patch_metrics(lm: LoadedModel, p: Prepared, jobs: Sequence[frozenset[Site] |
     `direction="denoise"` runs the corrupt prompts with clean activations patched in; `"noise"` the
     clean prompts with corrupt ones. An empty job is the base run itself.
     """
-    if direction not in ("denoise", "noise"):
-        raise ValueError(f"direction must be 'denoise' or 'noise', got {direction!r}")
-    family = family_for(lm.config)
-    base = base_model(lm)
-    layers = decoder_layers(lm, family)
+    family, base, layers, run_ids, src_ids = _setup(lm, p, direction)
     n_layers, nh = len(layers), lm.config.num_attention_heads
     jobs = [frozenset(j) for j in jobs]
     for kind, l, x in set().union(*jobs) if jobs else ():
@@ -181,7 +187,6 @@ def patch_metrics(lm: LoadedModel, p: Prepared, jobs: Sequence[frozenset[Site] |
             raise ValueError(f"no head {x} in layer {l} of {lm.name} ({nh} heads)")
         if kind == "resid" and x is not None and not 0 <= x < p.clean.shape[1]:
             raise ValueError(f"position {x} is outside the prompts ({p.clean.shape[1]} tokens)")
-    run_ids, src_ids = (p.corrupt, p.clean) if direction == "denoise" else (p.clean, p.corrupt)
     wanted = set().union(*jobs) if jobs else set()
     source = _source(lm, family, layers, src_ids, p.mask, wanted) if wanted else {}  # no site: no source run
     return _run_jobs(lm, p, jobs, run_ids, source, family, base, layers, batch_rows)
@@ -230,11 +235,7 @@ def path_patch_metrics(lm: LoadedModel, p: Prepared, sender: tuple[int, int],
 
     Sites are ("q" | "k" | "v", layer, head) with layer after the sender's. An empty job is the base run.
     """
-    if direction not in ("denoise", "noise"):
-        raise ValueError(f"direction must be 'denoise' or 'noise', got {direction!r}")
-    family = family_for(lm.config)
-    base = base_model(lm)
-    layers = decoder_layers(lm, family)
+    family, base, layers, run_ids, src_ids = _setup(lm, p, direction)
     n_layers, nh = len(layers), lm.config.num_attention_heads
     ls, hs_ = sender
     if not (0 <= ls < n_layers and 0 <= hs_ < nh):
@@ -244,7 +245,6 @@ def path_patch_metrics(lm: LoadedModel, p: Prepared, sender: tuple[int, int],
         if kind not in ("q", "k", "v") or not (ls < l < n_layers) or not (h is not None and 0 <= h < nh):
             raise ValueError(f"receiver {(kind, l, h)}: a receiver is the q, k or v of a head in a layer after the "
                              f"sender's (layer {ls}; {lm.name} has {n_layers} layers × {nh} heads)")
-    run_ids, src_ids = (p.corrupt, p.clean) if direction == "denoise" else (p.clean, p.corrupt)
     frozen = {("head", l, 0) for l in range(ls, n_layers)}
     if freeze_mlps:
         frozen |= {("mlp", l, None) for l in range(ls, n_layers)}
@@ -282,16 +282,11 @@ def attribution_estimates(lm: LoadedModel, p: Prepared, what: PatchWhat = "head_
     Gradients are taken with `torch.autograd.grad` with respect to added zero tensors: no parameter's
     `.grad` is written, whatever its `requires_grad`.
     """
-    if direction not in ("denoise", "noise"):
-        raise ValueError(f"direction must be 'denoise' or 'noise', got {direction!r}")
+    family, base, layers, run_ids, src_ids = _setup(lm, p, direction)
     if what not in ("head_out", "resid"):
         raise ValueError(f"attribution patching covers head_out and resid, got {what!r}")
-    family = family_for(lm.config)
-    base = base_model(lm)
-    layers = decoder_layers(lm, family)
     n_layers = len(layers)
     kind = "head" if what == "head_out" else "resid"
-    run_ids, src_ids = (p.corrupt, p.clean) if direction == "denoise" else (p.clean, p.corrupt)
     with torch.no_grad():
         src = _source(lm, family, layers, src_ids, p.mask, {(kind, l, 0) for l in range(n_layers)})
     acts: dict[int, torch.Tensor] = {}
