@@ -27,6 +27,7 @@ __all__ = [
     "TABLE_WRITERS", "write_table", "writable_or_fail", "load_or_fail", "echo_json", "verify_option", "verify_step",
     "finish", "say", "Interrupts", "too_long_or_fail", "attention_options", "parse_size", "attention_note", "parsed", "new_file_or_fail",
     "join_run", "check_out", "Corpus", "corpus_or_fail", "utf8_text", "flag_spelling", "models_or_fail", "refusals",
+    "new_figure_or_fail",
 ]
 
 
@@ -251,6 +252,27 @@ def new_file_or_fail(path: Path, option: str) -> None:
     _claim_output(path, option, folder=False)
     if path.exists() and not click.get_current_context().meta.get(_FORCE, False):
         fail(f"{option} {path} already exists; pass --force to replace it, or choose another file")
+
+
+def new_figure_or_fail(path: str | os.PathLike | None, option: str = "--figure") -> None:
+    """Refuse, before any compute, a figure file (`reports.figures.save`) that would fail after it: a suffix
+    that is not a figure format, a folder that is missing or cannot be written, a symbolic link, or a file that
+    exists (a figure never replaces a file). Nothing to check for None."""
+    if path is None:
+        return
+    from headscope.reports.figures import FORMATS
+
+    p = Path(path)
+    if p.suffix.lower().lstrip(".") not in FORMATS:
+        fail(f"{option} {path}: give a file name ending in {', '.join('.' + f for f in FORMATS)}")
+    writable_or_fail(p, option)
+    if not p.absolute().parent.is_dir():  # the figure is written into its folder as it is, none is made
+        fail(f"{option} {path}: the folder {p.absolute().parent} does not exist; create it first or choose another")
+    if p.is_symlink():
+        fail(f"{option} {path} is a symbolic link (to {os.readlink(p)}); headscope does not write through links")
+    if p.exists():
+        fail(f"{option} {path} exists; choose another file (headscope never replaces a file it did not write)")
+    _claim_output(p, option, folder=False)
 
 
 _OUTPUTS = "headscope.outputs"  # ctx.meta key: {resolved path: (option, is a folder)}, every output claimed so far

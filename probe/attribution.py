@@ -37,13 +37,13 @@ from typing import Literal
 import pandas as pd
 import torch
 
-from .encoding import encode
+from .encoding import check_texts, encode
 from .errors import UnsupportedFeature
-from .families import Family, family_for
+from .families import SUPPORTED_TYPES, Family, family_for
 from .forward import base_model
 from .model import LoadedModel
 from .scratch import LayerSpec
-from .types import head_name
+from .types import head_name, whole_number
 
 __all__ = ["FrozenNorm", "Trace", "trace", "answer_token", "residual_parts", "DLAResult", "direct_logit_attribution",
            "QKAttribution", "qk_attribution", "decoder_layers", "require_lm_head"]
@@ -140,8 +140,11 @@ def require_lm_head(lm: LoadedModel, what: str) -> torch.nn.Module:
     get = getattr(lm.model, "get_output_embeddings", None)
     head = get() if get is not None else None
     if not lm.is_causal or head is None:
-        raise ValueError(f"{what} needs a decoder with a language-model head; {lm.name} has none "
-                         "(an encoder's masked-LM head is not decomposed yet)")
+        kind = family_for(lm.config).kind if lm.model_type in SUPPORTED_TYPES else None
+        why = ("an image model: no next token to read off" if getattr(lm, "is_image", False) else
+               "an encoder–decoder model: only one stack of self-attention is decomposed" if kind == "encoder-decoder"
+               else "an encoder's masked-LM head is not decomposed yet")
+        raise ValueError(f"{what} needs a decoder with a language-model head; {lm.name} has none ({why})")
     return head
 
 
@@ -172,6 +175,12 @@ class Trace:
 
 def trace(lm: LoadedModel, text: str) -> Trace:
     """Run `text` once through the model with hooks that catch everything the decompositions need."""
+    if not isinstance(text, str):
+        raise TypeError(f"the text must be one str, got {type(text).__name__}")
+    check_texts([text])  # an empty text has no last token ("Expected tensor for argument #1 'indices' ...")
+    if getattr(lm, "is_image", False):
+        raise ValueError(f"{lm.name} is an image model ({lm.model_type}); the decompositions (dla, qk, composition) "
+                         "read a text's residual stream and cover text models only")
     family = family_for(lm.config)
     if family.kind == "encoder-decoder":
         raise ValueError(f"{lm.name} is an encoder–decoder model; attribution covers one stack of self-attention")
@@ -300,6 +309,8 @@ def answer_token(lm: LoadedModel, answer: str | int) -> int:
         if not 0 <= answer < lm.model.get_output_embeddings().weight.shape[0]:
             raise ValueError(f"token id {answer} is outside {lm.name}'s vocabulary")
         return answer
+    if not isinstance(answer, str):
+        raise TypeError(f"an answer is a str or a token id (int), got {answer!r}")
     ids = lm.tokenizer(answer, add_special_tokens=False)["input_ids"]
     if not ids:
         raise ValueError(f"answer {answer!r} is empty after tokenisation")
@@ -339,10 +350,16 @@ class DLAResult:
     def identity_rel_err(self) -> float:
         return self.identity_abs_err / max(abs(self.total), 1e-12)
 
+    answer_token: str | None = None  # the token scored (a string answer's first token), where it differs
+    wrong_token: str | None = None
+
     @property
     def what(self) -> str:
-        return (f"logit({self.answer!r}) − logit({self.wrong!r})" if self.wrong is not None
-                else f"logit({self.answer!r})")
+        def shown(given: str, token: str | None) -> str:  # 'logit(' Mar' (first token of ' Mary'))': what was scored
+            return repr(given) if token is None or token == given else f"{token!r} (first token of {given!r})"
+
+        return (f"logit({shown(self.answer, self.answer_token)}) − logit({shown(self.wrong, self.wrong_token)})"
+                if self.wrong is not None else f"logit({shown(self.answer, self.answer_token)})")
 
     def grid(self) -> pd.DataFrame:
         """Head values as a layer × head frame (index: layer, columns: head)."""
@@ -369,7 +386,8 @@ class DLAResult:
 
     def to_dict(self) -> dict:
         return {"model": self.model, "prompt": self.prompt, "answer": self.answer, "wrong": self.wrong,
-                "answer_id": self.answer_id, "wrong_id": self.wrong_id, "total": self.total,
+                "answer_id": self.answer_id, "wrong_id": self.wrong_id, "answer_token": self.answer_token,
+                "wrong_token": self.wrong_token, "total": self.total,
                 "sum_of_components": float(self.table["value"].sum()),
                 "identity_abs_err": self.identity_abs_err, "identity_rel_err": self.identity_rel_err,
                 "attention_abs_err": self.attention_abs_err, "final_norm_abs_err": self.final_norm_abs_err,
@@ -411,6 +429,9 @@ def direct_logit_attribution(lm: LoadedModel, prompt: str, answer: str | int | N
     if a is None:
         a = int(tr.logits.argmax())
         answer = lm.tokenizer.decode([a])
+    if a == b:  # the difference would be 0 in every part: a table of zeros that looks like an answer
+        raise ValueError(f"answer {answer!r} and wrong {wrong!r} are the same token ({lm.tokenizer.decode([a])!r}, "
+                         f"id {a}): only their first tokens are compared; give a wrong answer that starts differently")
     t = len(tr.ids) - 1
     names, parts, attn_err = residual_parts(tr, t)
     W = head.weight.detach().double().cpu()
@@ -437,7 +458,9 @@ def direct_logit_attribution(lm: LoadedModel, prompt: str, answer: str | int | N
                      answer_id=a, wrong_id=b, total=total, table=table,
                      identity_abs_err=abs(float(table["value"].sum()) - total), attention_abs_err=attn_err,
                      final_norm_abs_err=final_err, softcap=cap or None, capped_total=capped,
-                     n_layers=len(tr.specs), n_heads=tr.specs[0].n_heads, labels=tr.labels)
+                     n_layers=len(tr.specs), n_heads=tr.specs[0].n_heads, labels=tr.labels,
+                     answer_token=lm.tokenizer.decode([a]) if isinstance(answer, str) else None,
+                     wrong_token=lm.tokenizer.decode([b]) if isinstance(wrong, str) else None)
 
 
 # --------------------------------------------------------------------------------------------
@@ -554,6 +577,8 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
     from .explain import _find_token
     from .scratch import project_qk, row_probs, temperature_scales, visible_keys
 
+    layer, head = whole_number(layer, "layer", minimum=None), whole_number(head, "head", minimum=None)
+    occurrence = whole_number(occurrence, "occurrence")
     family = family_for(lm.config)
     n_layers, nh = family.n_layers(lm.config), lm.config.num_attention_heads
     if not (0 <= layer < n_layers and 0 <= head < nh):
@@ -570,6 +595,10 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
     labels = list(tr.labels)
     i = _find_token(labels, enc, query, occurrence)
     j = _find_token(labels, enc, key, 0)
+    if isinstance(key, str) and (same := [n for n, lab in enumerate(labels) if lab.strip().lower() == labels[j].strip().lower()
+                                          and not enc.special[n]])[1:]:
+        raise ValueError(f"the key {key!r} matches tokens {', '.join(map(str, same))} of {labels}: give the key as its index "
+                         "(CLI: --key N)")
     if spec.causal and j > i:
         raise ValueError(f"key {labels[j]!r} (token {j}) comes after query {labels[i]!r} (token {i}): a decoder's "
                          "query never sees it")

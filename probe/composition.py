@@ -36,7 +36,7 @@ import torch
 from .attribution import require_lm_head, trace
 from .errors import UnsupportedFeature
 from .model import LoadedModel
-from .types import head_name
+from .types import head_name, seed_value, whole_number
 
 __all__ = ["Factors", "head_factors", "composition_score", "CompositionScores", "composition_scores",
            "CopyingScores", "copying_scores"]
@@ -168,9 +168,12 @@ def composition_scores(lm: LoadedModel, *, n_random: int = 20, seed: int = 0,
     >>> c.scores["q"].shape, sorted(c.baseline)
     ((2, 4, 2, 4), ['k', 'q', 'v'])
     """
+    n_random = whole_number(n_random, "n_random", minimum=1)  # 0: a baseline of nan and every ratio nan
+    seed = seed_value(seed)
     f = head_factors(lm)
     L, nh = len(f.q), f.q[0].shape[0]
     if layers is not None:
+        layers = whole_number(layers, "layers", minimum=None)
         if not 1 <= layers <= L:
             raise ValueError(f"layers must be between 1 and {L} for {lm.name}, got {layers}")
         L = layers

@@ -133,6 +133,9 @@ def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False
     if not texts:  # the fast tokenizer fails on an empty batch
         return []
     tok, limit = lm.tokenizer, lm.max_length
+    if tok is None:  # an image model (or a two-tower model's image tower): "'NoneType' object is not callable"
+        raise ValueError(f"{lm.name} ({lm.model_type}) has no tokenizer, so it cannot read text: this takes a "
+                         "text model (an image model reads images: --image FILE where a command takes one)")
     looked = [bounded_text(tok, text, limit) for text in texts]
     enc = tok([shown for shown, _ in looked], return_offsets_mapping=True, return_special_tokens_mask=True,
               add_special_tokens=True)

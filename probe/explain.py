@@ -83,11 +83,15 @@ def _find_unit(labels: list[str], token: str | int) -> int:
 
 
 def _find_token(labels: list[str], enc: Encoded, token: str | int, occurrence: int) -> int:
-    if isinstance(token, int):
+    if isinstance(token, int) and not isinstance(token, bool):
         if not 0 <= token < len(labels):
             raise ValueError(f"token index {token} out of range 0..{len(labels) - 1}")
         return token
+    if not isinstance(token, str):  # True would be token 1, 1.0 an AttributeError
+        raise TypeError(f"a token is a str of the text or its index (an int), got {token!r}")
     want = token.strip().lower()
+    if not want:  # "" starts every piece: the first token was taken without a word
+        raise ValueError(f"the token {token!r} is empty; give a token of the text, one of {labels}, or its index")
     hits = [i for i, lab in enumerate(labels) if lab.lower() == want]
     if not hits:  # a word split into pieces: take the piece where the word starts
         hits = [i for i, (a, _) in enumerate(enc.spans)

@@ -33,7 +33,7 @@ from .encoding import encode
 from .extract import extract
 from .forward import is_seq2seq
 from .model import LoadedModel
-from .types import AttentionMap
+from .types import AttentionMap, seed_value, whole_number
 
 __all__ = ["GenerationAttention", "generate_attention", "chat_prompt", "Turn"]
 
@@ -91,12 +91,19 @@ def generate_attention(lm: LoadedModel, prompt: str, *, max_new_tokens: int = 20
     """Generation from `prompt` with the KV cache, keeping every new token's attention row: greedy, or
     sampled at `temperature` > 0 with nucleus `top_p` and a `seed`. `turns`: (start, stop, role) character
     ranges of `prompt` (`chat_prompt` gives them) that label its tokens by turn."""
+    if not isinstance(prompt, str):  # a list reached the tokenizer: "TextEncodeInput must be Union[...]"
+        raise TypeError(f"prompt must be one str, got {type(prompt).__name__}; call generate_attention once per prompt")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < float("inf"):
         raise ValueError(f"temperature must be 0 (greedy) or more, got {temperature!r}")
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
     if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
         raise ValueError(f"seed must be a whole number, got {seed!r}")
+    seed = None if seed is None else seed_value(seed)  # torch's "Overflow when unpacking long long" past 2**63
+    if temperature == 0 and top_p != 1:  # greedy decoding never reads it: the run would not be the one asked for
+        raise ValueError(f"top_p={top_p:g} is nucleus sampling, which needs a temperature above 0 (greedy decoding "
+                         "takes the argmax); give a temperature or leave top_p at 1")
+    max_new_tokens = whole_number(max_new_tokens, "max_new_tokens", minimum=None)  # True would be 1 token
     rng = torch.Generator().manual_seed(seed if seed is not None else 0)
     if is_seq2seq(lm):
         raise ValueError(f"{lm.name} is an encoder-decoder model; generate follows a decoder-only model's one "
@@ -143,10 +150,12 @@ def _pick(logits: torch.Tensor, temperature: float, top_p: float, rng: torch.Gen
     """The next token: the argmax (temperature 0), or a draw from the nucleus of softmax(logits / temperature)."""
     if temperature == 0:
         return int(logits.argmax())
-    probs = (logits.float().cpu() / temperature).softmax(-1)
+    logits = logits.float().cpu()
+    probs = ((logits - logits.max()) / temperature).softmax(-1)  # shifted first: a tiny temperature made inf / inf
     order = probs.argsort(descending=True, stable=True)
     sorted_p = probs[order]
     keep = (sorted_p.cumsum(-1) - sorted_p) < top_p  # the smallest prefix whose mass reaches top_p (at least one)
+    keep[0] = True  # a top_p below float32's smallest number compared as 0 and kept nothing
     nucleus = sorted_p * keep
     return int(order[torch.multinomial(nucleus / nucleus.sum(), 1, generator=rng)])
 

@@ -70,6 +70,9 @@ def load_image(i: int, item: object):
         try:
             with Image.open(path) as img:
                 return img.convert("RGB")
+        except Image.DecompressionBombError as exc:  # not an OSError: it came out as "unexpected ..."
+            raise ValueError(f"image {i}: {path!r} is too large to decode safely ({exc}); scale it down (the model "
+                             "resizes every image to its own size anyway)") from None
         except (UnidentifiedImageError, OSError) as exc:
             raise ValueError(f"image {i}: {path!r} is not an image PIL can read ({exc}); give a PNG or JPEG") from None
     if isinstance(item, np.ndarray):

@@ -88,17 +88,21 @@ def prepare_pairs(lm: LoadedModel, clean: Sequence[str], corrupt: Sequence[str],
     require_lm_head(lm, "activation patching")
     if not (len(clean) == len(corrupt) == len(right) == len(wrong)) or not clean:
         raise ValueError("patching needs at least one pair, each with clean, corrupt, right and wrong")
+    for i, pair in enumerate(zip(clean, corrupt)):
+        for which, text in zip(("clean", "corrupt"), pair):
+            if not isinstance(text, str) or not text.strip():  # no last token to read the metric at
+                raise ValueError(f"pair {i}: the {which} prompt is {text!r}; every prompt needs a non-space character")
     a, b = encode_many(lm, list(clean)), encode_many(lm, list(corrupt))
     for i, (x, y) in enumerate(zip(a, b)):
         if len(x.ids) != len(y.ids):
             raise ValueError(f"pair {i}: the clean prompt has {len(x.ids)} tokens and the corrupt one {len(y.ids)}; "
                              "patching needs the same number (change the corrupt prompt's words)")
+    rights, wrongs = [answer_token(lm, r) for r in right], [answer_token(lm, w) for w in wrong]
     ids_a, mask = pad_batch(a, lm.device)
     ids_b, _ = pad_batch(b, lm.device)
     lengths = tuple(len(x.ids) for x in a)
     return Prepared(ids_a, ids_b, mask, torch.tensor([n - 1 for n in lengths], device=lm.device),
-                    torch.tensor([answer_token(lm, r) for r in right], device=lm.device),
-                    torch.tensor([answer_token(lm, w) for w in wrong], device=lm.device), lengths)
+                    torch.tensor(rights, device=lm.device), torch.tensor(wrongs, device=lm.device), lengths)
 
 
 def _mlp(layer: torch.nn.Module, l: int) -> torch.nn.Module:

@@ -60,6 +60,9 @@ def image_text(lm: LoadedModel, image: object, caption: str) -> ImageText:
     There is no cross-attention to show: `ImageText.note` says so, and the result holds none."""
     import torch
 
+    if len(check_images(image)) != 1:  # the rest were dropped without a word
+        raise ValueError(f"image_text takes one (image, caption) pair, got {len(check_images(image))} images; "
+                         "call it once per image")
     vision, text = towers(lm)
     [image_map] = extract(vision, images=check_images(image)[:1])
     [text_map] = extract(text, caption)

@@ -16,7 +16,7 @@ import torch
 from .names import Level, Weight
 
 __all__ = ["AttentionMap", "Units", "CrossAttentionMap", "Seq2SeqAttention", "Level", "Weight", "head_name", "parse_head",
-           "json_safe"]
+           "json_safe", "whole_number", "seed_value", "SEED_MAX"]
 
 
 _HEAD = re.compile(r"\s*L(\d+)\s*H(\d+)\s*|\s*(\d+)\s*,\s*(\d+)\s*", re.IGNORECASE)
@@ -42,6 +42,40 @@ def parse_head(spec: str) -> tuple[int, int]:
         raise ValueError(f"{spec!r} is not a head name; write LAYERHHEAD such as L1H3 (0-based layer and head)")
     layer, head = m.group(1, 2) if m.group(1) is not None else m.group(3, 4)
     return int(layer), int(head)
+
+
+SEED_MAX = 2**63 - 1  # the largest seed every generator headscope seeds (numpy's, torch's) takes
+
+
+def whole_number(value: object, name: str, *, minimum: int | None = 0) -> int:
+    """`value` as an int of at least `minimum` (None: any); a float (1.5 would silently become 1) or a bool is an error.
+
+    >>> whole_number(3, "k", minimum=1)
+    3
+    """
+    import operator
+
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        n = operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be a whole number such as {max(minimum or 0, 1)}, got {value!r}") from None
+    if minimum is not None and n < minimum:
+        raise ValueError(f"{name} must be at least {minimum}, got {n}")
+    return n
+
+
+def seed_value(seed: object, name: str = "seed") -> int:
+    """A random seed: a whole number 0 .. 2**63 - 1 (numpy's generators refuse negatives, torch's overflow past it).
+
+    >>> seed_value(0), seed_value(2**63 - 1) == SEED_MAX
+    (0, True)
+    """
+    n = whole_number(seed, name, minimum=0)
+    if n > SEED_MAX:
+        raise ValueError(f"{name} must be at most 2**63 - 1 = {SEED_MAX}, got {n}")
+    return n
 
 
 def json_safe(obj: Any) -> Any:

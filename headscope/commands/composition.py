@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
-                      quiet_option, refusals, write_table)
+from ..common import (device_options, echo_json, json_option, load_or_fail, model_option, new_figure_or_fail,
+                      out_option, quiet_option, refusals, write_table)
 
 __all__ = ["cli"]
 
@@ -31,12 +31,9 @@ def cli(model_name, kind, k, copying, figure_path, out_path, as_json, device, dt
     Weights only, no text: the pre-attention norm's weight is folded into W_Q, W_K and W_V and the
     final norm's into W_U; no centring. --out writes every (kind, sender, receiver) score.
     """
-    from pathlib import Path
-
     from headscope import composition
 
-    if figure_path is not None and Path(figure_path).exists():
-        fail(f"--figure {figure_path} exists; choose another file (headscope never replaces a file it did not write)")
+    new_figure_or_fail(figure_path)
     lm = load_or_fail(model_name, device, dtype)
     with refusals(model_name):
         result = composition(lm)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
-                      quiet_option, refusals, utf8_text, write_table)
+from ..common import (device_options, echo_json, json_option, load_or_fail, model_option, new_figure_or_fail,
+                      out_option, quiet_option, refusals, utf8_text, write_table)
 
 __all__ = ["cli"]
 
@@ -28,12 +28,9 @@ def cli(model_name, prompt, answer, wrong, k, figure_path, out_path, as_json, de
     The final norm's scale is frozen at this run's value; the parts sum to the model's own logit
     (difference), and the error of that sum is printed with every result. --out writes every part.
     """
-    from pathlib import Path
-
     from headscope import dla
 
-    if figure_path is not None and Path(figure_path).exists():
-        fail(f"--figure {figure_path} exists; choose another file (headscope never replaces a file it did not write)")
+    new_figure_or_fail(figure_path)
     lm = load_or_fail(model_name, device, dtype)
     with refusals(model_name):
         result = dla(lm, prompt, answer, wrong)

@@ -6,8 +6,8 @@ import click
 
 from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat, choices
 
-from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
-                      quiet_option, refusals, utf8_text, write_table)
+from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, new_figure_or_fail,
+                      out_option, quiet_option, refusals, utf8_text, write_table)
 
 __all__ = ["cli"]
 
@@ -57,8 +57,7 @@ def cli(model_name, pairs_spec, what, sender, receivers, freeze_mlps, attributio
 
     if pairs_spec not in ("ioi", "agreement") and not Path(pairs_spec).is_file():
         fail(f"--pairs {pairs_spec}: no such file; give a JSONL file or a built-in set (ioi, agreement)")
-    if figure_path is not None and Path(figure_path).exists():
-        fail(f"--figure {figure_path} exists; choose another file (headscope never replaces a file it did not write)")
+    new_figure_or_fail(figure_path)
     if figure_path is not None and what in ("mlp", "resid"):
         fail("--figure draws the layer × head grid: use it with a head's output, pattern, q, k, v or a path")
     if (what == "path") != (sender is not None):

@@ -28,13 +28,14 @@ from headscope.analyses.ablation import random_head_sets
 from headscope.analyses.mechanisms import COMPOSITION_EDGES, MechanismsReport
 from headscope.analyses.patching import (AttributionPatching, Confirmation, PatchPair, PatchResult, builtin_pairs,
                                          read_pairs, split_halves, strength, top_sites)
-from headscope.probe.attribution import DLAResult, QKAttribution, direct_logit_attribution, qk_attribution
+from headscope.probe.attribution import (DLAResult, QKAttribution, answer_token, direct_logit_attribution,
+                                        qk_attribution, require_lm_head)
 from headscope.probe.composition import CompositionScores, composition_scores
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat
 from headscope.probe.patching import (attribution_estimates, patch_metrics, path_patch_metrics, prepare_pairs,
                                      sweep_sites)
-from headscope.probe.types import head_name, parse_head
+from headscope.probe.types import head_name, parse_head, seed_value, whole_number
 
 __all__ = ["dla", "qk", "composition", "patch", "patch_pairs", "attribution_patch", "mechanisms", "REPORT_PAIRS"]
 
@@ -82,15 +83,25 @@ def patch_pairs(lm: LoadedModel, pairs: str | Sequence[PatchPair]) -> tuple[list
     """The pairs to patch and how many were left out: a built-in set's name ("ioi", "agreement"), whose
     pairs with a clean and a corrupt prompt of different token lengths for this tokenizer are left
     out; a JSONL path; or PatchPairs (which must all match in length)."""
+    require_lm_head(lm, "activation patching")  # before the tokenizer: an image model has none
     if isinstance(pairs, str):
         if pairs in ("ioi", "agreement"):
             every = builtin_pairs(pairs)
             tok = lm.tokenizer
-            kept = [p for p in every if len(tok(p.clean)["input_ids"]) == len(tok(p.corrupt)["input_ids"])]
+            # a pair whose right and wrong answers start with the same token measures 0 in every run: left out too
+            kept = [p for p in every if len(tok(p.clean)["input_ids"]) == len(tok(p.corrupt)["input_ids"])
+                    and answer_token(lm, p.right) != answer_token(lm, p.wrong)]
             if not kept:
-                raise ValueError(f"no pair of the built-in set {pairs!r} keeps its length under {lm.name}'s tokenizer")
+                raise ValueError(f"no pair of the built-in set {pairs!r} keeps its length and two different answer "
+                                 f"tokens under {lm.name}'s tokenizer")
             return kept, len(every) - len(kept)
         return read_pairs(pairs), 0
+    if isinstance(pairs, (set, frozenset)) or not isinstance(pairs, Sequence):
+        raise TypeError(f"pairs must be a built-in set's name, a JSONL path or a list of PatchPair, got "
+                        f"{type(pairs).__name__}")
+    bad = next((i for i, x in enumerate(pairs) if not isinstance(x, PatchPair)), None)
+    if bad is not None:
+        raise TypeError(f"pair {bad} is a {type(pairs[bad]).__name__}, not a PatchPair(clean, corrupt, right, wrong)")
     return list(pairs), 0
 
 
@@ -130,6 +141,10 @@ def patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what: PatchWhat 
         raise ValueError(f"receivers must be q, k or v, got {receivers!r}")
     if isinstance(sender, str):
         sender = parse_head(sender)
+    elif sender is not None:
+        sender = tuple(whole_number(x, "sender's layer and head", minimum=None) for x in sender)
+    k, n_random = whole_number(k, "k"), whole_number(n_random, "n_random")
+    seed, batch_rows = seed_value(seed), whole_number(batch_rows, "batch_rows", minimum=1)
     if positions not in ("all", "each"):
         raise ValueError(f"positions must be 'all' or 'each', got {positions!r}")
     if positions == "each" and what != "resid":
@@ -141,8 +156,11 @@ def patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what: PatchWhat 
         common = max(set(lengths), key=lambda n: (lengths.count(n), -n))
         dropped += sum(n != common for n in lengths)
         chosen = [x for x, n in zip(chosen, lengths) if n == common]
-    p = prepare_pairs(lm, [x.clean for x in chosen], [x.corrupt for x in chosen], [x.right for x in chosen],
-                      [x.wrong for x in chosen])
+    p = _prepared(lm, chosen)
+    n_heads = lm.config.num_hidden_layers * lm.config.num_attention_heads
+    if what == "head_out" and p.n >= 4 and n_random and k > n_heads // 2:  # was "cannot draw 7 random heads from the 1 ..."
+        raise ValueError(f"k = {k} (CLI: --top): the held-out check compares the k strongest heads with random sets "
+                         f"of k other heads, so {lm.name}'s {n_heads} heads allow at most {n_heads // 2}")
     n_positions = None
     if positions == "each":
         if len(set(p.lengths)) != 1:
@@ -174,6 +192,22 @@ def patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what: PatchWhat 
     return PatchResult(model=lm.name, what=what, direction=direction, sites=tuple(sites), values=values, clean=clean,
                        corrupt=corrupt, pairs=tuple(chosen), confirmation=confirmation, dropped=dropped,
                        seconds=time.perf_counter() - start, forwards=forwards, sender=sender)
+
+
+def _prepared(lm: LoadedModel, chosen: Sequence[PatchPair]):
+    """The pairs tokenised (`probe.patching.prepare_pairs`), refusing those that can only give 0 / 0: a corrupt
+    prompt of the same tokens as the clean one, or right and wrong answers that start with the same token (the
+    metric is then 0 in every run, and the normalised values nan)."""
+    p = prepare_pairs(lm, [x.clean for x in chosen], [x.corrupt for x in chosen], [x.right for x in chosen],
+                      [x.wrong for x in chosen])
+    for i, x in enumerate(chosen):
+        if bool((p.clean[i] == p.corrupt[i]).all()):
+            raise ValueError(f"pair {i}: the clean and the corrupt prompt are the same tokens ({x.clean!r}); "
+                             "patching needs a corrupt prompt that differs")
+        if int(p.right[i]) == int(p.wrong[i]):
+            raise ValueError(f"pair {i}: right {x.right!r} and wrong {x.wrong!r} are the same token "
+                             f"({lm.tokenizer.decode([int(p.right[i])])!r}); only their first tokens are compared")
+    return p
 
 
 def _confirm(lm, p, sites, values, clean, corrupt, *, direction, k, n_random, seed, batch_rows) -> Confirmation:
@@ -215,9 +249,9 @@ def attribution_patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what
     """
     if what not in ("head_out", "resid"):
         raise ValueError(f"attribution patching covers head_out and resid, got {what!r}")
+    batch_rows = whole_number(batch_rows, "batch_rows", minimum=1)
     chosen, dropped = patch_pairs(lm, pairs)
-    p = prepare_pairs(lm, [x.clean for x in chosen], [x.corrupt for x in chosen], [x.right for x in chosen],
-                      [x.wrong for x in chosen])
+    p = _prepared(lm, chosen)
     clean = patch_metrics(lm, p, [frozenset()], direction="noise")[0].numpy()
     corrupt = patch_metrics(lm, p, [frozenset()], direction="denoise")[0].numpy()
     start = time.perf_counter()

@@ -36,6 +36,7 @@ from headscope.probe.forward import is_seq2seq
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import AblationMethod
 from headscope.probe.sinks import attention_of_ids, head_internals, residual_stream, special_frame, token_nll
+from headscope.probe.types import seed_value, whole_number
 
 from .ablation import ablate_each
 
@@ -64,15 +65,27 @@ def sinks(lm: LoadedModel, texts: Sequence[str] | None = None, *, k: int = 1, ep
     >>> r.sink_rate.value, r.heads[r.heads["sink"]]["dormant"].mean()   # doctest: +SKIP
     """
     texts = check_texts(builtin_corpus() if texts is None else texts)
+    if getattr(lm, "is_image", False):  # was "'NoneType' object is not callable" (an image model has no tokenizer)
+        raise ValueError(f"the sinks analysis reads texts; {lm.name} is an image model ({lm.model_type}): load a text model")
     if is_seq2seq(lm):
         raise ValueError(f"the sinks analysis covers encoders and decoders; {lm.name} is an encoder-decoder model")
+    k = whole_number(k, "k", minimum=None)
     if not 1 <= k <= K_MAX:
         raise ValueError(f"k must be 1..{K_MAX}, got {k}")
     if not 0 <= epsilon < 1:
         raise ValueError(f"epsilon must be in [0, 1), got {epsilon}")
+    counts = dict(n_sequences=n_sequences, ablation_texts=ablation_texts, n_random=n_random, head_texts=head_texts,
+                  massive_sequences=massive_sequences, massive_top=massive_top, n_boot=n_boot, batch_size=batch_size)
+    n_sequences, ablation_texts, n_random, head_texts, massive_sequences, massive_top, n_boot, batch_size = (
+        whole_number(v, name, minimum=1) for name, v in counts.items())  # 0 of any: an IndexError or a table of nan
+    n_random_sequences, seed = whole_number(n_random_sequences, "n_random_sequences"), seed_value(seed)
+    length = whole_number(length, "length", minimum=None)
     lead, trail = special_frame(lm)
     if length < len(lead) + len(trail) + 2:
         raise ValueError(f"length {length} leaves fewer than 2 text tokens between {lm.name}'s special tokens")
+    if length > lm.max_length:  # past the positions the model has (a crash on absolute positions, else silent)
+        raise ValueError(f"length {length} is more than {lm.name}'s {lm.max_length} positions; give at most "
+                         f"{lm.max_length} (CLI: --length)")
     heads = _head_table(lm, texts[:head_texts], batch_size=batch_size)
     notes: list[str] = []
 
@@ -216,8 +229,8 @@ def streaming(lm: LoadedModel, text: str | None = None, *, window: int = 256, ke
     """
     if not lm.is_causal:
         raise ValueError(f"the StreamingLLM test needs a decoder; {lm.name} is an encoder")
-    if window < 1 or keep < 1 or max_tokens < 2:
-        raise ValueError("window and keep must be at least 1 and max_tokens at least 2")
+    window, keep = whole_number(window, "window", minimum=1), whole_number(keep, "keep", minimum=1)
+    max_tokens = whole_number(max_tokens, "max_tokens", minimum=2)
     if text is None:
         found = default_streaming_text()
         if found is None:
@@ -227,6 +240,14 @@ def streaming(lm: LoadedModel, text: str | None = None, *, window: int = 256, ke
     ids = list(lm.tokenizer(check_texts([text])[0])["input_ids"])[: min(max_tokens, lm.max_length)]
     if len(ids) < 2:
         raise ValueError("the text has fewer than 2 tokens")
+    # A window or window + first tokens that reaches every key is dense attention again: equal numbers that look like
+    # a finding (and --keep 999999 ran a million passes over 10 tokens).
+    if window >= len(ids) - 1:
+        raise ValueError(f"a window of {window} keys covers all {len(ids)} tokens of the text: the test would equal dense "
+                         f"attention; give a longer text (CLI: --text-file, --max-tokens) or a window below {len(ids) - 1}")
+    if keep >= len(ids) - 1 - window:  # the last query that predicts a token is at position len(ids) - 2
+        raise ValueError(f"the first {keep} tokens beside a window of {window} reach every key of the {len(ids)} tokens: "
+                         f"each test would equal dense attention; keep at most {len(ids) - window - 2} (CLI: --keep)")
     dense = token_nll(lm, ids).numpy()
     only = token_nll(lm, ids, window=window).numpy()
     kept = {s: token_nll(lm, ids, window=window, keep=s).numpy() for s in range(1, keep + 1)}
