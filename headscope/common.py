@@ -25,7 +25,7 @@ from headscope.probe.names import DEFAULT_ATTENTION, Attention, Device, DType, c
 __all__ = [
     "fail", "model_option", "models_option", "device_options", "quiet_option", "json_option", "out_option",
     "TABLE_WRITERS", "write_table", "writable_or_fail", "load_or_fail", "echo_json", "verify_option", "verify_step",
-    "finish", "say", "Interrupts", "too_long_or_fail", "attention_options", "parse_size", "attention_note", "parsed", "new_file_or_fail",
+    "finish", "say", "Interrupts", "committed", "too_long_or_fail", "attention_options", "parse_size", "attention_note", "parsed", "new_file_or_fail",
     "join_run", "check_out", "Corpus", "corpus_or_fail", "utf8_text", "flag_spelling", "models_or_fail", "refusals",
 ]
 
@@ -315,6 +315,7 @@ def write_table(table, path: Path) -> None:
         TABLE_WRITERS[path.suffix](table, tmp)
         os.replace(tmp, path)
         tmp = None
+        committed(str(path))()
     except (OSError, ImportError) as exc:
         fail(f"could not write {path}: {getattr(exc, 'strerror', None) or exc}")
     finally:
@@ -522,10 +523,17 @@ class Interrupts:
     context manager in the main thread; the previous handler is restored on exit. Every command runs
     inside one (`headscope.cli`, which checks it when the command returns); a guard opened inside
     another (`run`'s, for its own safe points) marks the outer one too.
+
+    `commit(what)` says the command's output is in place: from then on a Ctrl-C is too late to undo
+    anything, so it is remembered as `late` (announced by `headscope.cli`, exit status unchanged)
+    instead of raised. Never both: an interrupt either stops the command before its output replaces
+    anything (130), or comes after and is only announced.
     """
 
     def __init__(self) -> None:
         self.received = False
+        self.committed: str | None = None  # what is in place, once the output is
+        self.late = False  # a Ctrl-C came after `commit`
         self._previous: Any = None
         self._hook: Any = None
 
@@ -542,13 +550,24 @@ class Interrupts:
             signal.signal(signal.SIGINT, self._previous)
             sys.unraisablehook = self._hook
 
+    def _outer(self) -> "Interrupts | None":
+        outer = getattr(self._previous, "__self__", None)
+        return outer if isinstance(outer, Interrupts) else None
+
     def _mark(self) -> None:
         self.received = True
-        outer = getattr(self._previous, "__self__", None)
-        if isinstance(outer, Interrupts):
+        if (outer := self._outer()) is not None:
             outer._mark()
 
+    def _mark_late(self) -> None:
+        self.late = True
+        if (outer := self._outer()) is not None:
+            outer._mark_late()
+
     def _handler(self, signum, frame) -> None:
+        if self.committed is not None:
+            self._mark_late()  # the output is in place: nothing left to stop
+            return
         self._mark()
         raise KeyboardInterrupt
 
@@ -557,7 +576,23 @@ class Interrupts:
             return  # remembered: check() raises it where it can stop the command
         self._hook(unraisable)
 
+    def commit(self, what: str) -> None:
+        """`what` (a path, say) is in place: later Ctrl-Cs are announced, not raised (here and outside)."""
+        if self.committed is None:
+            self.committed = what
+        if (outer := self._outer()) is not None:
+            outer.commit(what)
+
     def check(self) -> None:
         """Raise KeyboardInterrupt if a Ctrl-C came in, even one that a finaliser swallowed."""
         if self.received:
             raise KeyboardInterrupt
+
+
+def committed(what: str) -> Callable[[], None]:
+    """The cue a writer gives once `what` is in place: it commits the running command's `Interrupts`
+    (`headscope.cli` keeps it as the click context's object), so a later Ctrl-C is announced, not
+    turned into "nothing was written" (130). Outside a command, a cue that does nothing."""
+    ctx = click.get_current_context(silent=True)
+    guard = ctx.find_object(Interrupts) if ctx is not None else None
+    return (lambda: guard.commit(what)) if guard is not None else (lambda: None)

@@ -14,7 +14,7 @@ import click
 
 from headscope.probe.names import DEFAULT_LEVEL, Level, choices
 
-from ..common import (check_out, corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail,
+from ..common import (check_out, committed, corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail,
                       quiet_option, verify_option, verify_step)
 
 __all__ = ["cli"]
@@ -90,7 +90,7 @@ def _write_report(out: Path, result, models, verified: dict, checks: dict, sourc
         written = report(analyses, out, force=force, title=f"headscope comparison — {result.b} vs {result.a}",
                          settings={"corpus": source, "texts": result.n_texts, "rule": result.rule},
                          record={"command": "compare", "corpus": source, "comparison": result.to_dict(),
-                                 "verification": checks})
+                                 "verification": checks}, committed=committed(str(out)))
     except ReportFolderError as exc:
         fail(str(exc))
     except OSError as exc:
