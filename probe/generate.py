@@ -95,8 +95,8 @@ def generate_attention(lm: LoadedModel, prompt: str, *, max_new_tokens: int = 20
         raise ValueError(f"temperature must be 0 (greedy) or more, got {temperature!r}")
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ValueError(f"seed must be a whole number, got {seed!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**63):
+        raise ValueError(f"seed must be a whole number in 0..2**63-1, got {seed!r}")  # a torch.Generator's range
     rng = torch.Generator().manual_seed(seed if seed is not None else 0)
     if is_seq2seq(lm):
         raise ValueError(f"{lm.name} is an encoder-decoder model; generate follows a decoder-only model's one "

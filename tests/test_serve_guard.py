@@ -370,3 +370,11 @@ def test_a_signal_during_a_request_answers_it_and_exits_cleanly(sig, code, words
     assert answer.status_code == 200 and answer.json()["tiles"]
     assert proc.returncode == code, rest
     assert words in rest and "Traceback" not in rest and "Error" not in rest
+
+
+@pytest.mark.parametrize("seed", [-1, 2**70])
+def test_a_seed_outside_a_generators_range_is_one_line_that_names_the_range(lm, seed):
+    # Seen in this pass: 2**70 answered "Overflow when unpacking long long", -1 was taken as 2**64-1.
+    r = _client(lm).post("/api/generate", json={"model": "m", "prompt": "Hi", "layer": 0, "head": 0,
+                                                "temperature": 0.7, "seed": seed})
+    assert r.status_code == 400 and r.json()["error"] == f"seed must be a whole number in 0..2**63-1, got {seed}"
