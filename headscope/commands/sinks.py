@@ -78,8 +78,6 @@ def cli(model_name, corpus_path, limit, k, epsilon, length, sequences, random_se
     if streaming:
         text = _read_text(text_file)
         lm = load_or_fail(model_name, device, dtype)
-        if not lm.is_causal:
-            fail(f"--streaming needs a decoder; {lm.name} is an encoder (try --model smollm2)")
         try:
             result = streaming_test(lm, text, window=window, keep=keep, max_tokens=max_tokens,
                                     source=text_file)
