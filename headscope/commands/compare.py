@@ -14,6 +14,7 @@ import click
 
 from ..common.corpus import corpus_or_fail
 from ..common.exits import fail
+from ..common.interrupts import committed
 from ..common.loading import load_or_fail
 from ..common.options import corpus, options
 from ..common.outputs import check_out, echo_json
@@ -82,7 +83,7 @@ def _write_report(out: Path, result, models, verified: dict, checks: dict, sourc
         written = report(analyses, out, force=force, title=f"headscope comparison — {result.b} vs {result.a}",
                          settings={"corpus": source, "texts": result.n_texts, "rule": result.rule},
                          record={"command": "compare", "corpus": source, "comparison": result.to_dict(),
-                                 "verification": checks})
+                                 "verification": checks}, committed=committed(str(out)))
     except ReportFolderError as exc:
         fail(str(exc))
     except OSError as exc:

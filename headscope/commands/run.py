@@ -227,7 +227,8 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
         recorded = {**shown, "texts": list(settings.texts), **({"targets": list(settings.targets)} if settings.targets else {})}
         try:
             written = report(analyses, out_dir, force=force, settings=shown, record={"settings": recorded},
-                             formats=formats, dpi=dpi, width=width, check=interrupts.check, started=t_start)
+                             formats=formats, dpi=dpi, width=width, check=interrupts.check,
+                             committed=lambda: interrupts.commit(str(out_dir)), started=t_start)
         except ReportFolderError as exc:
             fail(str(exc))
         except OSError as exc:

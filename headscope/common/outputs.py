@@ -17,6 +17,7 @@ from typing import Any, Callable
 import click
 
 from .exits import fail
+from .interrupts import committed
 
 __all__ = ["TABLE_WRITERS", "write_table", "writable_or_fail", "new_file_or_fail", "claim_output", "check_table_path",
            "remember_force", "new_figure_or_fail", "check_out", "echo_json", "say", "attention_note"]
@@ -136,6 +137,7 @@ def write_table(table, path: Path) -> None:
         TABLE_WRITERS[path.suffix](table, tmp)
         os.replace(tmp, path)
         tmp = None
+        committed(str(path))()
     except (OSError, ImportError) as exc:
         fail(f"could not write {path}: {getattr(exc, 'strerror', None) or exc}")
     finally:
