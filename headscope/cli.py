@@ -21,7 +21,7 @@ import click
 from . import __version__
 from .commands import (ablate, compare, composition, coref, dla, explain, generate, heads, importance, models, patch, qk,
                        relations, run, serve, sinks, syntax, verify)
-from .common import Interrupts
+from .common.interrupts import Interrupts
 
 
 class _OneLine(click.ClickException):

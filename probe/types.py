@@ -16,7 +16,7 @@ import torch
 from .names import Level, Weight
 
 __all__ = ["AttentionMap", "Units", "CrossAttentionMap", "Seq2SeqAttention", "Level", "Weight", "head_name", "parse_head",
-           "json_safe"]
+           "parse_heads", "json_safe"]
 
 
 _HEAD = re.compile(r"\s*L(\d+)\s*H(\d+)\s*|\s*(\d+)\s*,\s*(\d+)\s*", re.IGNORECASE)
@@ -42,6 +42,18 @@ def parse_head(spec: str) -> tuple[int, int]:
         raise ValueError(f"{spec!r} is not a head name; write LAYERHHEAD such as L1H3 (0-based layer and head)")
     layer, head = m.group(1, 2) if m.group(1) is not None else m.group(3, 4)
     return int(layer), int(head)
+
+
+def parse_heads(spec: str) -> list[tuple[int, int]]:
+    """`[(layer, head), ...]` from comma-separated head names, `L16H0,L18H6` (each read by `parse_head`).
+
+    >>> parse_heads("L16H0, l18h6")
+    [(16, 0), (18, 6)]
+    """
+    names = [part for part in str(spec).split(",") if part.strip()]
+    if not names:
+        raise ValueError(f"{spec!r} names no head; write head names separated by commas, such as L16H0,L18H6")
+    return [parse_head(part) for part in names]
 
 
 def json_safe(obj: Any) -> Any:

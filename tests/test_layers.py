@@ -176,7 +176,7 @@ def test_every_room_is_read():
     # one known arrow of each kind: relative (two levels), absolute inside a function, `from package import
     # submodule`, a bare sibling name in benchmarks/
     assert graph.has_edge("probe/extract.py", "probe/types.py")
-    assert graph.has_edge("headscope/commands/verify.py", "headscope/common.py")
+    assert graph.has_edge("headscope/commands/verify.py", "headscope/common/options.py")
     assert graph.has_edge("headscope/commands/verify.py", "headscope/__init__.py")
     assert graph.has_edge("benchmarks/ablation_numbers.py", "headscope/workflows/ablation.py")
     assert graph.has_edge("benchmarks/run.py", "benchmarks/common.py")

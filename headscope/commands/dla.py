@@ -4,36 +4,28 @@ from __future__ import annotations
 
 import click
 
-from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
-                      quiet_option, refusals, utf8_text, write_table)
+from ..common.exits import refusals
+from ..common.loading import load_or_fail
+from ..common.options import options, top, utf8_text
+from ..common.outputs import echo_json, write_table
 
 __all__ = ["cli"]
 
 
 @click.command()
-@model_option
+@options("model")
 @click.option("--prompt", required=True, callback=utf8_text("--prompt"), help="The text whose next token is explained.")
 @click.option("--answer", required=True, callback=utf8_text("--answer"), help="The next token (its first token, e.g. ' Mary' with its space).")
 @click.option("--wrong", default=None, callback=utf8_text("--wrong"), help="A wrong answer: explain logit(answer) − logit(wrong).")
-@click.option("--top", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Parts listed.")
-@click.option("--figure", "figure_path", type=click.Path(dir_okay=False), default=None,
-              help="Also write the layer × head grid (.png, .svg or .pdf).")
-@out_option
-@json_option
-@quiet_option
-@device_options
+@options(top(10, "Parts listed."), "figure", "out", "json", "quiet", "device")
 def cli(model_name, prompt, answer, wrong, k, figure_path, out_path, as_json, device, dtype, quiet) -> None:
     """Split the next-token logit (difference) into embeddings, heads, MLPs and biases.
 
     The final norm's scale is frozen at this run's value; the parts sum to the model's own logit
     (difference), and the error of that sum is printed with every result. --out writes every part.
     """
-    from pathlib import Path
-
     from headscope import dla
 
-    if figure_path is not None and Path(figure_path).exists():
-        fail(f"--figure {figure_path} exists; choose another file (headscope never replaces a file it did not write)")
     lm = load_or_fail(model_name, device, dtype)
     with refusals(model_name):
         result = dla(lm, prompt, answer, wrong)

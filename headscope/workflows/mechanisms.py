@@ -214,7 +214,7 @@ def attribution_patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what
     ((8, 1), True)
     """
     if what not in ("head_out", "resid"):
-        raise ValueError(f"attribution patching covers head_out and resid, got {what!r}")
+        raise ValueError(f"attribution patching covers what='head_out' and what='resid', not what={what!r}")
     chosen, dropped = patch_pairs(lm, pairs)
     p = prepare_pairs(lm, [x.clean for x in chosen], [x.corrupt for x in chosen], [x.right for x in chosen],
                       [x.wrong for x in chosen])
