@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from ..common import attention_options, device_options, fail, load_or_fail, models_or_fail, quiet_option, say
+from ..common import fail, load_or_fail, models_or_fail, say
+from ..common.options import options
 
 
 @click.command()
@@ -20,9 +21,7 @@ from ..common import attention_options, device_options, fail, load_or_fail, mode
                    "Loopback names and the --host address are always answered, any other name gets 403.")
 @click.option("--max-in-flight", type=click.IntRange(1, 1000), default=8, show_default=True,
               help="Requests one client may have in flight at once; more get 429.")
-@quiet_option
-@attention_options
-@device_options
+@options("quiet", "attention", "device")
 def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, quiet, attention, memory_budget, device,
         dtype) -> None:
     """Open the live explorer at http://HOST:PORT/: type a text, see any head's attention, zoom into long
