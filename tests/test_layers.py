@@ -306,3 +306,10 @@ def test_the_private_name_check_sees_both_spellings(tmp_path):
                                      "probe/norms.py:2 imports _select from probe/extract.py",
                                      "probe/recompute.py:1 imports _select from probe/extract.py",
                                      "probe/sources.py:2 imports _select from probe/extract.py"]
+
+
+def test_no_file_of_probe_or_analyses_is_a_grab_bag():
+    """Past 800 lines a file holds several ideas: split it, one idea per file."""
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for room in ("probe", "analyses") for p in _py_files(ROOT / room)
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 800]
+    assert not long, "files over 800 lines:\n" + "\n".join(long)

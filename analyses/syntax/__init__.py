@@ -1,37 +1,17 @@
 """Do heads follow syntax? Per-relation accuracy, a positional baseline, decoded trees, head clusters.
 
-One idea per file, each name at home there and re-exported here:
-
-    relations   per-sentence facts (`summarise`, word scores), arcs, per-relation scores against an offset
-    trees       dependency trees decoded from one head's word scores, scored against right-branching
-    result      `SyntaxResult`: one model's relations and trees (`score_syntax`)
-    clusters    heads placed by the Jensen-Shannon distance between their attention rows
-
 Everything here works on word-level attention already extracted (`probe.extract(..., level="word",
-segmenter=...)` with the gold words as segments) and on gold `treebank.Sentence`s; no model.
+segmenter=...)` with the gold words as segments) and on gold `treebank.Sentence`s; no model. One idea
+per file, each name at home there (its docstring tells the method) and re-exported here:
 
-1. `summarise(amap, sentence)` -> `SentenceAttention`: for every head, the word each word attends
-   to most (special tokens and the word itself excluded; an exact tie is no pick), and, for the heads
-   kept, the word-to-word scores used to decode trees.
-2. `collect_arcs` -> `Arcs`: one example per gold arc and direction, with each head's outcome.
-   *dependent->head*: the dependent is the query and its governor the answer (Clark et al. 2019).
-   *head->dependent*: the governor is the query; one example per (governor, relation), right when the
-   most-attended word is any of its dependents with that relation.
-3. `score_relations`: per relation and direction, the head with the most right answers on the
-   selection sentences (ties by the seeded rank of `analyses.selection`) is scored on the test
-   sentences (Wilson interval). The baseline is the best fixed relative offset for that relation
-   and direction, chosen on the selection sentences too.
-   `p_value` is a one-sided paired sign-flip test of head vs offset on the test examples (valid as
-   is: nothing was chosen on them); `p_holm` adjusts it for the number of relations tested.
-4. Trees (Htut et al. 2019): each head's word-to-word scores decoded into a maximum spanning
-   arborescence (Chu-Liu/Edmonds) rooted at the gold root; undirected unlabeled attachment score
-   (UUAS) of the head chosen on the selection sentences vs a right-branching chain and vs the best
-   offset tree.
-5. Head clusters (Clark et al. 2019, Fig. 6): mean Jensen-Shannon distance between every pair of
-   heads' attention rows over a corpus, embedded in 2-D by metric MDS (scikit-learn).
-
-Decoders are causal: a query sees only earlier words, so an answer after it cannot be attended to.
-Those examples are kept (the table compares models on the same arcs) and counted in `n_after`.
+    relations   per-sentence facts (`summarise`, word scores), one example per arc and direction, and
+                per relation the head chosen on the selection sentences scored on the test sentences
+                against the best fixed offset (Clark et al. 2019)
+    trees       each head's word scores decoded into a maximum spanning tree, UUAS against
+                right-branching and the offset tree (Htut et al. 2019)
+    result      `SyntaxResult`: one model's relations and trees (`score_syntax`)
+    clusters    heads placed by the Jensen-Shannon distance between their attention rows (metric MDS;
+                Clark et al. 2019, Fig. 6)
 """
 
 from __future__ import annotations
