@@ -448,14 +448,14 @@ def _rotate_at(parts: torch.Tensor, spec: LayerSpec, pos: int, T: int) -> torch.
     """Rotary at position `pos` applied to each row of `parts` (P, hs), as `probe.scratch` rotates a sequence of T."""
     if spec.inv_freq is None:
         return parts
-    from .scratch import _rotate, rotary_cos_sin
+    from .scratch import rotary_cos_sin, rotate
 
     inv_freq = spec.inv_freq(T) if callable(spec.inv_freq) else spec.inv_freq
     cos, sin = rotary_cos_sin(inv_freq.float().cpu(), torch.arange(T), spec.rope_scaling,
                               interleaved=spec.rotary_interleaved)
     cos, sin = cos[pos].double(), sin[pos].double()  # (d,)
     d = spec.rotary_dim or parts.shape[-1]
-    turned = _rotate(parts[..., :d], cos, sin, interleaved=spec.rotary_interleaved)
+    turned = rotate(parts[..., :d], cos, sin, interleaved=spec.rotary_interleaved)
     return torch.cat([turned, parts[..., d:]], dim=-1)
 
 
@@ -551,7 +551,7 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
     >>> r.identity_abs_err < 1e-5
     True
     """
-    from .explain import _find_token
+    from .explain import find_token
     from .scratch import project_qk, row_probs, temperature_scales, visible_keys
 
     family = family_for(lm.config)
@@ -568,8 +568,8 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
                                  "QK attribution does not split it yet — use headscope dla or ablation for this model")
     enc = encode(lm, text)
     labels = list(tr.labels)
-    i = _find_token(labels, enc, query, occurrence)
-    j = _find_token(labels, enc, key, 0)
+    i = find_token(labels, enc, query, occurrence)
+    j = find_token(labels, enc, key, 0)
     if spec.causal and j > i:
         raise ValueError(f"key {labels[j]!r} (token {j}) comes after query {labels[i]!r} (token {i}): a decoder's "
                          "query never sees it")

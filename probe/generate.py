@@ -72,6 +72,19 @@ class GenerationAttention:
         """Labels of the keys of `steps[step]`: the prompt's tokens, then the generated ones up to `step`."""
         return self.prompt.labels + self.generated_tokens[: step + 1]
 
+    def head_rows(self, layer: int, head: int) -> tuple[torch.Tensor, ...]:
+        """Head `layer`.`head` (the model's numbers; a hybrid's layers without attention have none) at every
+        step: its row over that step's keys."""
+        for what, v, have in (("layer", layer, self.prompt.layer_ids), ("head", head, self.prompt.head_ids)):
+            if what == "layer" and v in self.prompt.no_attention and not isinstance(v, bool):
+                raise ValueError(f"layer {v} of {self.model} has no softmax attention; layers "
+                                 f"{', '.join(map(str, have))} have")
+            if isinstance(v, bool) or not isinstance(v, int) or v not in have:
+                some = f"0..{len(have) - 1}" if have == tuple(range(len(have))) else ", ".join(map(str, have))
+                raise ValueError(f"{what} must be {some} for {self.model}, got {v!r}")
+        li, hi = self.prompt.layer_ids.index(layer), self.prompt.head_ids.index(head)
+        return tuple(row[li, hi] for row in self.steps)
+
     def to_dict(self) -> dict:
         """JSON-ready: prompt and generated tokens, and each step's `[layer, head, key]` row."""
         return {
