@@ -3,7 +3,7 @@
 `build_report(analyses)` takes one `reports.analysis.ModelAnalysis` per model (plain results:
 AttentionMaps, Verification, HeadScores, ProbeResults, DataFrames — never a model) and returns a
 `Report`: its sections are `reports.sections.SECTIONS` (each with its template, its view of a model
-and its tables), its figures `reports.figures.FIGURES`. `Report.write(folder)` puts `index.html`,
+and its tables), its figures `reports.panels.FIGURES`. `Report.write(folder)` puts `index.html`,
 `figures/*.png` (or the formats asked for) and `*.csv` into a folder; `reports.folder.report` writes
 that folder whole or not at all, with its run.json.
 
@@ -33,7 +33,8 @@ import pandas as pd
 from headscope.probe.types import json_safe
 
 from .analysis import ModelAnalysis
-from .figures import FIGURES, FORMATS, STACKS, figure_bytes, plotted_metrics, slug, start_head, to_png
+from .canvas import FORMATS, figure_bytes, to_png
+from .panels import FIGURES, STACKS, plotted_metrics, slug, start_head
 from .sections import SECTIONS, Section, flat, report_tables
 
 if TYPE_CHECKING:
@@ -401,7 +402,7 @@ def build_report(
 ) -> Report:
     """Figures, tables and the HTML page for one or more models (side by side).
 
-    `formats` (of `reports.figures.FORMATS`), `dpi` and `width` (inches, a paper's column) shape the
+    `formats` (of `reports.canvas.FORMATS`), `dpi` and `width` (inches, a paper's column) shape the
     figure files; the page inlines the PNG at `dpi` and the figures' own size.
     """
     from markupsafe import Markup

@@ -11,7 +11,7 @@ import torch
 from click.testing import CliRunner
 
 from headscope.analyses.syntax import choose_tree_head, score_syntax
-from headscope.reports.figures import FIGURES
+from headscope.reports.panels import FIGURES
 from headscope.reports.analysis import ModelAnalysis
 from headscope.reports.html import build_report
 
