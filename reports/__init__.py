@@ -9,6 +9,8 @@
 - `reports.panels`: `FIGURES`, the registry of the report's figures;
 - `reports.fonts`: fonts that draw CJK, Arabic and emoji labels as glyphs;
 - `reports.html`: `build_report(...)` -> one self-contained, offline `index.html` plus PNGs and CSVs;
+- `reports.page`, `reports.payload`: what every page is made with (templates, CSP, safe JSON) and the
+  one encoder of attention for a page;
 - `reports.inline`: `show(maps)`, the head explorer inline in a notebook, offline (also `reports.show`);
 - `reports.notebook`: bertviz views (they need a CDN) and tables for Jupyter.
 

@@ -234,7 +234,7 @@ def test_probe_figures_sit_beside_their_probe():
 def test_the_explorer_and_the_inline_view_share_one_copy_of_their_helpers(report):
     from importlib import resources
 
-    from headscope.reports.html import static_script
+    from headscope.reports.page import static_script
     from headscope.reports.inline import show
 
     common = resources.files("headscope.reports").joinpath("static", "common.js").read_text(encoding="utf-8").strip()
