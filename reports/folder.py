@@ -28,7 +28,7 @@ from headscope.probe.folders import writable, write_folder
 from headscope.probe.types import json_safe
 
 from .analysis import ModelAnalysis
-from .figures import check_width
+from .canvas import check_width
 from .html import build_report
 
 __all__ = ["report", "ReportFolder", "ReportFolderError", "check_report_folder", "not_a_report", "versions"]

@@ -226,7 +226,7 @@ def test_a_symlinked_table_out_is_refused_before_any_work(dangling, tmp_path):
 
 
 def test_long_slugs_are_capped_and_stay_distinct():
-    from headscope.reports.figures import slug
+    from headscope.reports.panels import slug
 
     a, b = "/data/" + "checkpoints/" * 30 + "step-1000", "/data/" + "checkpoints/" * 30 + "step-2000"
     assert len(slug(a)) <= 60 and len(slug(b)) <= 60 and slug(a) != slug(b)

@@ -118,17 +118,20 @@ def _long_map(n: int, heads: int = 2, causal: bool = True):
 
 
 def test_a_long_map_is_embedded_pooled_with_each_rows_top_keys():
-    from headscope.reports.html import POOL_ABOVE, _units
+    from headscope.reports.payload import POOL_ABOVE, attention_payload
+
+    def payload(m):  # the one encoder the report's explorer and hs.show embed
+        return attention_payload(m.attention, m.labels, m.labels)
 
     n = POOL_ABOVE + 44  # 300 tokens
-    u = _units(_long_map(n))
+    u = payload(_long_map(n))
     p = u["pooled"]
-    assert len(u["labels"]) == 64 and len(u["att"][0]) == 64 * 64 and p["n_queries"] == n
+    assert len(u["keys"]) == 64 and len(u["att"][0]) == 64 * 64 and p["n_queries"] == n
     assert u["att"][0] == (pool(_long_map(n).attention[0, 0], 64).max * 1000).round().int().flatten().tolist()
     assert [row[0] for row in p["top_keys"][0][1:]] == list(range(n - 1))  # previous token, row by row
     assert p["top_weights"][0][5][0] == 1000
-    assert u["labels"][0] == "t0\u2026t3" and p["keys"][n - 1] == f"t{n - 1}"  # tile 0 of 300 in 64: 0 .. 300 // 64 - 1
-    exact = _units(_long_map(POOL_ABOVE))  # at the threshold: every weight, as before
+    assert u["keys"][0] == "t0\u2026t3" and p["keys"][n - 1] == f"t{n - 1}"  # tile 0 of 300 in 64: 0 .. 300 // 64 - 1
+    exact = payload(_long_map(POOL_ABOVE))  # at the threshold: every weight, as before
     assert "pooled" not in exact and len(exact["att"][0]) == POOL_ABOVE**2
 
 

@@ -43,7 +43,8 @@ def cli(model_name, kind, k, copying, figure_path, out_path, as_json, device, dt
         frame = result.to_frame()
         write_table(frame[frame["kind"].isin(kinds)], out_path)
     if figure_path is not None:
-        from headscope.reports.figures import composition_graph, save
+        from headscope.reports.canvas import save
+        from headscope.reports.figures import composition_graph
 
         save(composition_graph(result, kind=kind or "k"), figure_path)
     edges = {kd: result.top(k, kind=kd) for kd in kinds}

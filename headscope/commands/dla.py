@@ -32,7 +32,8 @@ def cli(model_name, prompt, answer, wrong, k, figure_path, out_path, as_json, de
     if out_path:
         write_table(result.to_frame(), out_path)
     if figure_path is not None:
-        from headscope.reports.figures import dla_grid, save
+        from headscope.reports.canvas import save
+        from headscope.reports.figures import dla_grid
 
         save(dla_grid(result), figure_path)
     if as_json:

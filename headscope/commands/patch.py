@@ -8,7 +8,7 @@ from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat, cho
 
 from ..common.exits import fail, refusals
 from ..common.loading import load_or_fail
-from ..common.options import figure, head, options, seed, top
+from ..common.options import figure, head, options, top
 from ..common.outputs import echo_json, write_table
 
 __all__ = ["cli"]
@@ -78,7 +78,8 @@ def cli(model_name, pairs_spec, what, sender, receivers, freeze_mlps, attributio
     if out_path:
         write_table(result.to_frame(), out_path)
     if figure_path is not None:
-        from headscope.reports.figures import patch_grid, save
+        from headscope.reports.canvas import save
+        from headscope.reports.figures import patch_grid
 
         save(patch_grid(result), figure_path)
     if as_json:

@@ -78,7 +78,7 @@ def _read_treebanks(conllu_path: str | None, select_path: str | None) -> dict:
 
 
 def _check_formats(ctx, param, value: str) -> tuple[str, ...]:
-    from headscope.reports.figures import FORMATS
+    from headscope.reports.canvas import FORMATS
 
     formats = tuple(dict.fromkeys(f.strip().lower() for f in value.split(",") if f.strip()))
     bad = [f for f in formats if f not in FORMATS]
@@ -88,7 +88,7 @@ def _check_formats(ctx, param, value: str) -> tuple[str, ...]:
 
 
 def _parse_width(value: str) -> float:
-    from headscope.reports.figures import parse_width  # imported when the option is given: matplotlib is slow to load
+    from headscope.reports.canvas import parse_width  # imported when the option is given: matplotlib is slow to load
 
     return parse_width(value)
 
@@ -176,7 +176,7 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
         fail(f"--target: {len(targets)} targets for {len(texts or REPORT_SENTENCES)} sentences; give one --target per "
              "--text, in the same order")
     if width is not None:
-        from headscope.reports.figures import check_width
+        from headscope.reports.canvas import check_width
 
         try:
             check_width(width, dpi)

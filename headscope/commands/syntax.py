@@ -101,7 +101,7 @@ def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, n
 
 def _cluster_writers() -> dict:
     """File suffix -> how the clusters go there: the table (TABLE_WRITERS) or its figure (figure FORMATS)."""
-    from headscope.reports.figures import FORMATS
+    from headscope.reports.canvas import FORMATS
 
     return {**{suffix: "table" for suffix in TABLE_WRITERS}, **{f".{fmt}": "figure" for fmt in FORMATS}}
 
@@ -132,7 +132,7 @@ def _write_clusters(lm, others, treebank, path: Path, *, n_sentences: int, seed:
     import matplotlib
 
     matplotlib.use("Agg")
-    from headscope.reports.figures import save
+    from headscope.reports.canvas import save
     from headscope.reports.syntax import cluster_plot
 
     # Drawn into a temporary file beside `path`, renamed over it when complete: a replaced file is never half written.
