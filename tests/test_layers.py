@@ -227,12 +227,6 @@ def test_the_check_finds_a_planted_cycle(tmp_path):
 
 # --- no module imports another module's private name ---------------------------------------------------
 
-# Offenders outside this change's rooms, each to be fixed where it lives; the lead empties this after merging.
-PRIVATE_IMPORTS_ALLOWED = frozenset({
-    "reports/inline.py imports _script_json from reports/html.py",  # reports/ is being cleaned separately
-    "reports/live.py imports _environment from reports/html.py",  # reports/ is being cleaned separately
-    "reports/live.py imports _hash from reports/html.py",  # reports/ is being cleaned separately
-})
 
 
 def _private(name: str) -> bool:
@@ -286,10 +280,7 @@ def _dotted(node: ast.expr, imported: dict[str, str]) -> str | None:
 
 def test_no_module_imports_another_modules_private_name():
     found = private_imports()
-    bad = [f for f in found if f.split(":", 1)[0] + " " + f.split(" ", 1)[1] not in PRIVATE_IMPORTS_ALLOWED]
-    assert not bad, "private names read from another module (make them public in their home):\n" + "\n".join(bad)
-    listed = {f.split(":", 1)[0] + " " + f.split(" ", 1)[1] for f in found}
-    assert PRIVATE_IMPORTS_ALLOWED <= listed, f"fixed, so drop from the allow-list: {PRIVATE_IMPORTS_ALLOWED - listed}"
+    assert not found, "private names read from another module (make them public in their home):\n" + "\n".join(found)
 
 
 def test_the_private_name_check_sees_both_spellings(tmp_path):
