@@ -28,6 +28,7 @@ from headscope.analyses.heads import HeadScores
 from headscope.analyses.metrics import METRICS
 from headscope.analyses.patching import PatchResult
 from headscope.probe.attribution import DLAResult
+from headscope.probe.composition import CompositionScores
 from headscope.probe.types import AttentionMap, head_name
 from headscope.probe.verify import Verification
 
@@ -472,8 +473,8 @@ def verification_plot(verification: Verification, *, ax: Axes | None = None) -> 
 def plot(result: Any, **kwargs: Any) -> Figure:
     """The figure of a result: `plot(amap, layer=, head=)`, `plot(scores, metric=)`, `plot(verification)`,
     `plot(probe_result)`; keyword arguments go to the drawing function."""
-    raise TypeError(f"no figure is defined for a {type(result).__name__}; plot takes an AttentionMap, "
-                    "a HeadScores, a Verification or a ProbeResult")
+    raise TypeError(f"no figure is defined for a {type(result).__name__}; plot takes an AttentionMap, a HeadScores, "
+                    "a Verification, a ProbeResult, a DLAResult, a PatchResult or a CompositionScores")
 
 
 @plot.register(AttentionMap)
@@ -495,21 +496,8 @@ def _plot_scores(result: HeadScores, *, metric: str, **kwargs: Any) -> Figure:
     return score_grid(result, metric, **kwargs)
 
 
-@plot.register(Verification)
-def _plot_verification(result: Verification, **kwargs: Any) -> Figure:
-    return verification_plot(result, **kwargs)
-
-
-@plot.register(DLAResult)
-def _plot_dla(result: DLAResult, **kwargs: Any) -> Figure:
-    return dla_grid(result, **kwargs)
-
-
-@plot.register(PatchResult)
-def _plot_patch(result: PatchResult, **kwargs: Any) -> Figure:
-    return patch_grid(result, **kwargs)
-
-
-@plot.register(ProbeResult)
-def _plot_probe(result: ProbeResult, **kwargs: Any) -> Figure:
-    return probe_grid(result, **kwargs)
+# One drawing per result type, taking the result and the drawing's own keyword arguments.
+for _type, _draw in ((Verification, verification_plot), (DLAResult, dla_grid), (PatchResult, patch_grid),
+                     (ProbeResult, probe_grid), (CompositionScores, composition_graph)):
+    plot.register(_type, _draw)
+del _type, _draw

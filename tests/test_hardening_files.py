@@ -303,3 +303,26 @@ def test_a_bad_second_model_is_reported_before_the_first_is_loaded(monkeypatch, 
                                       str(tmp_path / "r"), "--quiet"])
     assert result.exit_code == 2 and "minilm is a packaged model, which has no revisions" in _one_line(result)
     assert loaded == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_figure_whose_write_fails_half_way_leaves_no_half_file(tmp_path, monkeypatch, capsys):
+    # dla, patch and composition --figure (and syntax --clusters) wrote straight into the file: a full disk or a
+    # Ctrl-C mid-write left half a PNG under the user's name. Now it goes through a temporary sibling.
+    from pathlib import Path
+
+    import matplotlib.figure
+
+    from headscope.common.outputs import write_figure
+
+    real = Path.write_bytes
+
+    def half(self, data):
+        real(self, data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", half)
+    target = tmp_path / "grid.png"
+    with pytest.raises(SystemExit) as done:
+        write_figure(matplotlib.figure.Figure(figsize=(1, 1)), target)
+    assert done.value.code == 2 and not target.exists() and list(tmp_path.iterdir()) == []
+    assert capsys.readouterr().err.strip() == f"headscope: could not write {target}: No space left on device"

@@ -7,7 +7,7 @@ import click
 from ..common.exits import refusals
 from ..common.loading import load_or_fail
 from ..common.options import figure, options, top
-from ..common.outputs import echo_json, write_table
+from ..common.outputs import echo_json, write_outputs
 
 __all__ = ["cli"]
 
@@ -39,14 +39,8 @@ def cli(model_name, kind, k, copying, figure_path, out_path, as_json, device, dt
 
             copy = copying_scores(lm)
     kinds = [kind] if kind else ["q", "k", "v"]
-    if out_path:
-        frame = result.to_frame()
-        write_table(frame[frame["kind"].isin(kinds)], out_path)
-    if figure_path is not None:
-        from headscope.reports.canvas import save
-        from headscope.reports.figures import composition_graph
-
-        save(composition_graph(result, kind=kind or "k"), figure_path)
+    frame = result.to_frame()
+    write_outputs(result, out_path, figure_path, table=frame[frame["kind"].isin(kinds)], kind=kind or "k")
     edges = {kd: result.top(k, kind=kd) for kd in kinds}
     if as_json:
         echo_json({"model": result.model, "baseline": {kd: result.baseline[kd] for kd in kinds},

@@ -7,7 +7,7 @@ import click
 from ..common.exits import refusals
 from ..common.loading import load_or_fail
 from ..common.options import options, top, utf8_text
-from ..common.outputs import echo_json, write_table
+from ..common.outputs import echo_json, write_outputs
 
 __all__ = ["cli"]
 
@@ -29,13 +29,7 @@ def cli(model_name, prompt, answer, wrong, k, figure_path, out_path, as_json, de
     lm = load_or_fail(model_name, device, dtype)
     with refusals(model_name):
         result = dla(lm, prompt, answer, wrong)
-    if out_path:
-        write_table(result.to_frame(), out_path)
-    if figure_path is not None:
-        from headscope.reports.canvas import save
-        from headscope.reports.figures import dla_grid
-
-        save(dla_grid(result), figure_path)
+    write_outputs(result, out_path, figure_path)
     if as_json:
         echo_json(result.to_dict())
         return

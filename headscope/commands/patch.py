@@ -9,7 +9,7 @@ from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat, cho
 from ..common.exits import fail, refusals
 from ..common.loading import load_or_fail
 from ..common.options import figure, head, options, top
-from ..common.outputs import echo_json, write_table
+from ..common.outputs import echo_json, write_outputs, write_table
 
 __all__ = ["cli"]
 
@@ -75,13 +75,7 @@ def cli(model_name, pairs_spec, what, sender, receivers, freeze_mlps, attributio
     with refusals(model_name):
         result = patch(lm, pairs_spec, what=what, direction=direction, positions=positions, k=k, n_random=n_random,
                        seed=seed, sender=sender, receivers=receivers, freeze_mlps=freeze_mlps)
-    if out_path:
-        write_table(result.to_frame(), out_path)
-    if figure_path is not None:
-        from headscope.reports.canvas import save
-        from headscope.reports.figures import patch_grid
-
-        save(patch_grid(result), figure_path)
+    write_outputs(result, out_path, figure_path)
     if as_json:
         echo_json(result.to_dict())
         return

@@ -7,7 +7,7 @@ import click
 from ..common.exits import refusals
 from ..common.loading import load_or_fail
 from ..common.options import head, options, top, utf8_text
-from ..common.outputs import echo_json, write_table
+from ..common.outputs import echo_json, write_outputs
 
 __all__ = ["cli"]
 
@@ -38,8 +38,7 @@ def cli(text, model_name, head, query, key, occurrence, k, out_path, as_json, de
     with refusals(model_name):
         result = qk(lm, text, layer=layer, head=head, query=_position(query), key=_position(key),
                     occurrence=occurrence)
-    if out_path:
-        write_table(result.to_frame(), out_path)
+    write_outputs(result, out_path)
     if as_json:
         echo_json(result.to_dict())
         return

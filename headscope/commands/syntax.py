@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
@@ -11,7 +10,7 @@ import click
 from ..common.exits import fail
 from ..common.loading import load_or_fail, models_or_fail
 from ..common.options import limit, options, seed
-from ..common.outputs import TABLE_WRITERS, echo_json, new_file_or_fail, say, write_table
+from ..common.outputs import TABLE_WRITERS, echo_json, new_file_or_fail, say, write_figure, write_table
 from ..common.verification import finish, verify_step
 
 __all__ = ["cli", "treebank_or_fail"]
@@ -132,19 +131,9 @@ def _write_clusters(lm, others, treebank, path: Path, *, n_sentences: int, seed:
     import matplotlib
 
     matplotlib.use("Agg")
-    from headscope.reports.canvas import save
     from headscope.reports.syntax import cluster_plot
 
-    # Drawn into a temporary file beside `path`, renamed over it when complete: a replaced file is never half written.
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}{path.suffix}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save(cluster_plot(table), tmp)
-        os.replace(tmp, path)
-    except OSError as exc:
-        fail(f"--clusters {path}: {exc}")
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_figure(cluster_plot(table), path)
 
 
 def _pct(x) -> str:

@@ -122,19 +122,17 @@ def writable_or_fail(target: Path, option: str) -> None:
         fail(f"{option} {target}: {problem}")
 
 
-def write_table(table, path: Path) -> None:
-    """Write a DataFrame to `path` in the format its suffix names; a failure is one error line.
-
-    Missing folders are created. The table goes to a temporary file beside `path` that is renamed
-    over it when complete, so a replaced file is never half written.
-    """
+def write_whole(path: Path, write: Callable[[Path], None]) -> None:
+    """`write(tmp)` into a temporary file beside `path`, then renamed over it: a replaced file is never half
+    written, and an interrupted one leaves nothing. Missing folders are created; a failure is one error line.
+    Once the file is in place, a Ctrl-C is too late to undo it (`committed`)."""
     path = Path(path)
     tmp: Path | None = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         # Named here but created by the writer, so the file gets the user's umask (mkstemp would make it 0600).
         tmp = path.with_name(f".{path.name}.partial-{os.getpid()}-{os.urandom(4).hex()}{path.suffix}")
-        TABLE_WRITERS[path.suffix](table, tmp)
+        write(tmp)
         os.replace(tmp, path)
         tmp = None
         committed(str(path))()
@@ -144,6 +142,30 @@ def write_table(table, path: Path) -> None:
         if tmp is not None:
             with suppress(OSError):
                 tmp.unlink()
+
+
+def write_table(table, path: Path) -> None:
+    """Write a DataFrame to `path` in the format its suffix names (`write_whole`)."""
+    write_whole(path, lambda tmp: TABLE_WRITERS[Path(path).suffix](table, tmp))
+
+
+def write_figure(figure, path: Path) -> None:
+    """Write a matplotlib figure to `path` as the format its suffix names (`reports.canvas.save`, `write_whole`)."""
+    from headscope.reports.canvas import save
+
+    write_whole(path, lambda tmp: save(figure, tmp))
+
+
+def write_outputs(result: Any, out_path: Path | None, figure_path: Path | str | None = None, *, table: Any = None,
+                  **figure: Any) -> None:
+    """A result command's files: its table (`result.to_frame()` unless `table` is given) to `--out`, its figure
+    (`hs.plot(result, **figure)`) to `--figure`, each when asked for."""
+    if out_path:
+        write_table(result.to_frame() if table is None else table, out_path)
+    if figure_path is not None:
+        from headscope.reports.figures import plot
+
+        write_figure(plot(result, **figure), Path(figure_path))
 
 
 def check_out(out: Path, force: bool, option: str = "--out") -> None:
