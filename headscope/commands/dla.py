@@ -7,7 +7,7 @@ import click
 from ..common.exits import refusals
 from ..common.loading import load_or_fail
 from ..common.options import options, top, utf8_text
-from ..common.outputs import echo_json, write_outputs
+from ..common.outputs import emit
 
 __all__ = ["cli"]
 
@@ -29,10 +29,6 @@ def cli(model_name, prompt, answer, wrong, k, figure_path, out_path, as_json, de
     lm = load_or_fail(model_name, device, dtype)
     with refusals(model_name):
         result = dla(lm, prompt, answer, wrong)
-    write_outputs(result, out_path, figure_path)
-    if as_json:
-        echo_json(result.to_dict())
-        return
-    click.echo(result.summary())
-    for r in result.top(k).itertuples():
-        click.echo(f"  {r.component:>16}  {r.value:+.4f}")
+    if emit(result, out_path, figure_path, as_json=as_json):
+        for r in result.top(k).itertuples():
+            click.echo(f"  {r.component:>16}  {r.value:+.4f}")

@@ -9,7 +9,7 @@ from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat, cho
 from ..common.exits import fail, refusals
 from ..common.loading import load_or_fail
 from ..common.options import figure, head, options, top
-from ..common.outputs import echo_json, write_outputs, write_table
+from ..common.outputs import emit
 
 __all__ = ["cli"]
 
@@ -65,19 +65,10 @@ def cli(model_name, pairs_spec, what, sender, receivers, freeze_mlps, attributio
 
         with refusals(model_name):
             approx = attribution_patch(lm, pairs_spec, what=what, direction=direction)
-        if out_path:
-            write_table(approx.to_frame(), out_path)
-        if as_json:
-            echo_json(approx.to_dict())
-        else:
-            click.echo(approx.summary())
+        emit(approx, out_path, as_json=as_json)
         return
     with refusals(model_name):
         result = patch(lm, pairs_spec, what=what, direction=direction, positions=positions, k=k, n_random=n_random,
                        seed=seed, sender=sender, receivers=receivers, freeze_mlps=freeze_mlps)
-    write_outputs(result, out_path, figure_path)
-    if as_json:
-        echo_json(result.to_dict())
-        return
-    click.echo(result.summary())
-    click.echo(f"{result.forwards} batched forward passes in {result.seconds:.1f} s")
+    if emit(result, out_path, figure_path, as_json=as_json):
+        click.echo(f"{result.forwards} batched forward passes in {result.seconds:.1f} s")

@@ -7,7 +7,7 @@ import click
 from ..common.exits import refusals
 from ..common.loading import load_or_fail
 from ..common.options import head, options, top, utf8_text
-from ..common.outputs import echo_json, write_outputs
+from ..common.outputs import emit
 
 __all__ = ["cli"]
 
@@ -38,11 +38,8 @@ def cli(text, model_name, head, query, key, occurrence, k, out_path, as_json, de
     with refusals(model_name):
         result = qk(lm, text, layer=layer, head=head, query=_position(query), key=_position(key),
                     occurrence=occurrence)
-    write_outputs(result, out_path)
-    if as_json:
-        echo_json(result.to_dict())
+    if not emit(result, out_path, as_json=as_json):
         return
-    click.echo(result.summary())
     for r in result.top(k).itertuples():
         click.echo(f"  query {r.query_component:>14} × key {r.key_component:<14} {r.value:+.4f}")
     removed = result.weight_without.reindex(result.weight_without["change"].abs().sort_values(ascending=False).index)

@@ -168,6 +168,17 @@ def write_outputs(result: Any, out_path: Path | None, figure_path: Path | str | 
         write_figure(plot(result, **figure), Path(figure_path))
 
 
+def emit(result: Any, out_path: Path | None, figure_path: Path | str | None = None, *, as_json: bool) -> bool:
+    """A result command's whole output: its files (`write_outputs`), then `--json`'s `result.to_dict()` or the
+    text's `result.summary()` line. True for text, after which the command prints its own rows."""
+    write_outputs(result, out_path, figure_path)
+    if as_json:
+        echo_json(result.to_dict())
+        return False
+    click.echo(result.summary())
+    return True
+
+
 def check_out(out: Path, force: bool, option: str = "--out") -> None:
     """Refuse, before any work, a report folder (`option`) that must not be replaced or cannot be written."""
     from headscope.reports.folder import ReportFolderError, check_report_folder
