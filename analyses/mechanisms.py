@@ -9,7 +9,7 @@
                       with its held-out check and verdict
         notes         one line for each part that could not run, and why (an encoder: no DLA, no patching)
 
-A result, never a model: the report draws it (`reports.figures.FIGURES`) and writes its tables.
+A result, never a model: the report draws it (`reports.panels.FIGURES`) and writes its tables.
 """
 
 from __future__ import annotations

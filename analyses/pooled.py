@@ -11,6 +11,11 @@ browser. A viewer gets instead:
 Both are built from a whole map (`pool`, `top_keys`) or folded from a stream of row blocks as the
 recompute engine gives them (`Pooler`, an `analyses.blocks.BlockConsumer`), so the T² map of a long
 text never exists: the result is the same either way (tests/test_pooled.py proves it).
+
+A figure of a long text (`reports.heatmaps.token_heatmap`) is drawn from `block_means` instead: tiles of
+a fixed `block × block` units (so every drawn cell covers the same span and its label is unit `i·block`)
+whose mean leaves out the cells a causal model cannot see, so that a tile on the diagonal shows what
+its queries attend to, not a mean diluted by the mask.
 Nothing here touches a model.
 """
 
@@ -18,12 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import pandas as pd
 import torch
 
 from headscope.probe.recompute import Block
 
-__all__ = ["PooledMap", "TopKeys", "Pooler", "pool", "top_keys", "tile_index"]
+__all__ = ["PooledMap", "TopKeys", "Pooler", "pool", "top_keys", "tile_index", "block_means"]
 
 
 def tile_index(n: int, tiles: int) -> torch.Tensor:
@@ -166,3 +172,22 @@ def pool(weights: torch.Tensor, tiles: int) -> PooledMap:
     p = Pooler(n_queries=weights.shape[0], n_keys=weights.shape[1], tiles=tiles)
     p.add(0, weights)
     return p.result()
+
+
+def block_means(weights: np.ndarray, block: int) -> np.ndarray:
+    """Mean over `block` × `block` tiles of a `[query, key]` map (NaN, the cells a causal model cannot see,
+    left out; a tile of only NaN stays NaN); the last tiles may be smaller.
+
+    >>> block_means(np.arange(16.0).reshape(4, 4), 2).tolist()
+    [[2.5, 4.5], [10.5, 12.5]]
+    """
+    if block == 1:
+        return weights
+    n_q, n = weights.shape
+    m_q, m = -(-n_q // block), -(-n // block)
+    padded = np.full((m_q * block, m * block), np.nan)
+    padded[:n_q, :n] = weights
+    tiles = padded.reshape(m_q, block, m, block)
+    counts = np.isfinite(tiles).sum(axis=(1, 3))
+    sums = np.nansum(tiles, axis=(1, 3))
+    return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)

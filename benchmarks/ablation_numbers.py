@@ -25,6 +25,7 @@ import json
 import math
 import sys
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -74,61 +75,65 @@ def _model(name: str):
     return _MODELS[name]
 
 
-def top_k(name: str, out: dict, save, ks=(5, 10)) -> None:
-    """Induction scores, then the top-K induction heads ablated against random sets of K."""
+@contextmanager
+def _step(name: str, out: dict, save, seconds: str):
+    """One measurement of model `name`: its model and its results dict `out[name]`; the seconds the
+    measurement took are recorded under `seconds` and the results saved at the end."""
     t0 = time.time()
-    lm = _model(name)
     res = out.setdefault(name, {})
-    res["settings"] = {"score_sequences": SCORE_SEQS, "score_length": SCORE_LEN, "topk_task": vars(TOPK_TASK),
-                       "each_task": vars(EACH_TASK), "n_random": N_RANDOM, "importance_texts": IMPORTANCE_TEXTS}
+    yield _model(name), res
+    res[seconds] = time.time() - t0
+    save()
+
+
+def _induction_scores(lm, res: dict, save) -> None:
+    """Every head's induction score into `res` (and the 10 highest), once."""
     scores = heads(lm, CORPUS[:2], induction_sequences=SCORE_SEQS, induction_length=SCORE_LEN, seed=0)
     grid = scores.grid("induction")  # layer x head
     res["induction_scores"] = {head_name(int(l), int(h)): float(grid.loc[l, h]) for l in grid.index for h in grid.columns}
-    ranked = sorted(res["induction_scores"].items(), key=lambda kv: -kv[1])
-    res["top_induction_heads"] = ranked[:10]
+    res["top_induction_heads"] = sorted(res["induction_scores"].items(), key=lambda kv: -kv[1])[:10]
     save()
+
+
+def top_k(name: str, out: dict, save, ks=(5, 10)) -> None:
+    """Induction scores, then the top-K induction heads ablated against random sets of K."""
     from headscope.probe.types import parse_head
 
-    order = [parse_head(k) for k, _ in ranked]
-    for k in ks:
-        r = ablation.ablate(lm, order[:k], method="zero", task=TOPK_TASK, n_random=N_RANDOM, seed=1, batch_size=5)
-        res[f"ablate_top{k}_zero"] = r.to_dict()
-        print(name, r.verdict, flush=True)
-        save()
-    res["seconds_top_k"] = time.time() - t0
-    save()
+    with _step(name, out, save, "seconds_top_k") as (lm, res):
+        res["settings"] = {"score_sequences": SCORE_SEQS, "score_length": SCORE_LEN, "topk_task": vars(TOPK_TASK),
+                           "each_task": vars(EACH_TASK), "n_random": N_RANDOM, "importance_texts": IMPORTANCE_TEXTS}
+        _induction_scores(lm, res, save)
+        ranked = sorted(res["induction_scores"].items(), key=lambda kv: -kv[1])
+        order = [parse_head(k) for k, _ in ranked]
+        for k in ks:
+            r = ablation.ablate(lm, order[:k], method="zero", task=TOPK_TASK, n_random=N_RANDOM, seed=1, batch_size=5)
+            res[f"ablate_top{k}_zero"] = r.to_dict()
+            print(name, r.verdict, flush=True)
+            save()
 
 
 def importance(name: str, out: dict, save) -> None:
-    t0 = time.time()
-    lm = _model(name)
-    res = out.setdefault(name, {})
-    imp = ablation.importance(lm, CORPUS[:IMPORTANCE_TEXTS], batch_size=4)
-    res["importance"] = {head_name(r.layer, r.head): r.importance for r in imp.to_frame().itertuples()}
-    res["importance_top10"] = list(res["importance"].items())[:10]
-    res["importance_loss"] = imp.loss
-    res["seconds_importance"] = time.time() - t0
-    save()
+    with _step(name, out, save, "seconds_importance") as (lm, res):
+        imp = ablation.importance(lm, CORPUS[:IMPORTANCE_TEXTS], batch_size=4)
+        res["importance"] = {head_name(r.layer, r.head): r.importance for r in imp.to_frame().itertuples()}
+        res["importance_top10"] = list(res["importance"].items())[:10]
+        res["importance_loss"] = imp.loss
 
 
 def each(name: str, out: dict, save) -> None:
     """Every head ablated alone; Spearman ρ of its induction score (and importance) with that effect."""
-    t0 = time.time()
-    lm = _model(name)
-    res = out[name]
-    frame = ablation.ablate_each(lm, task=EACH_TASK, batch_size=2, progress=True)
-    eff = {head_name(int(r.layer), int(r.head)): float(r.effect) for r in frame.itertuples()}
-    res["single_head_effect"] = eff
-    res["single_head_effect_top10"] = sorted(eff.items(), key=lambda kv: -kv[1])[:10]
-    keys = sorted(eff)
-    y = np.array([eff[k] for k in keys])
-    x = np.array([res["induction_scores"][k] for k in keys])
-    res["spearman_induction_score_vs_single_ablation"] = spearman_with_intervals(x, y)
-    if "importance" in res:
-        imp = np.array([res["importance"][k] for k in keys])
-        res["spearman_importance_vs_single_ablation"] = spearman_with_intervals(imp, y)
-    res["seconds_each"] = time.time() - t0
-    save()
+    with _step(name, out, save, "seconds_each") as (lm, res):
+        frame = ablation.ablate_each(lm, task=EACH_TASK, batch_size=2, progress=True)
+        eff = {head_name(int(r.layer), int(r.head)): float(r.effect) for r in frame.itertuples()}
+        res["single_head_effect"] = eff
+        res["single_head_effect_top10"] = sorted(eff.items(), key=lambda kv: -kv[1])[:10]
+        keys = sorted(eff)
+        y = np.array([eff[k] for k in keys])
+        x = np.array([res["induction_scores"][k] for k in keys])
+        res["spearman_induction_score_vs_single_ablation"] = spearman_with_intervals(x, y)
+        if "importance" in res:
+            imp = np.array([res["importance"][k] for k in keys])
+            res["spearman_importance_vs_single_ablation"] = spearman_with_intervals(imp, y)
 
 
 def attrib(name: str, out: dict, save) -> None:
@@ -144,66 +149,53 @@ def attrib(name: str, out: dict, save) -> None:
     from headscope.probe.encoding import Encoded, pad_batch
     from headscope.probe.interventions import head_mask
 
-    t0 = time.time()
-    lm = _model(name)
-    res = out.setdefault(name, {})
-    if "induction_scores" not in res:
-        scores = heads(lm, CORPUS[:2], induction_sequences=SCORE_SEQS, induction_length=SCORE_LEN, seed=0)
-        grid = scores.grid("induction")
-        res["induction_scores"] = {head_name(int(l), int(h)): float(grid.loc[l, h]) for l in grid.index
-                                   for h in grid.columns}
-        res["top_induction_heads"] = sorted(res["induction_scores"].items(), key=lambda kv: -kv[1])[:10]
+    with _step(name, out, save, "seconds_attrib") as (lm, res):
+        if "induction_scores" not in res:
+            _induction_scores(lm, res, save)
+        task = TOPK_TASK
+        seqs, prefix = induction_inputs(lm, n_sequences=task.n_sequences, length=task.length, seed=task.seed)
+        start = len(prefix) + task.length
+        L, H = lm.config.num_hidden_layers, lm.config.num_attention_heads
+        total = torch.zeros(L, H, dtype=torch.float64)
+        for first in range(0, len(seqs), 1):
+            chunk = [Encoded("", s, ((0, 0),) * len(s), (False,) * len(s)) for s in seqs[first : first + 1]]
+            ids, mask = pad_batch(chunk, lm.device)
+            xi = torch.ones(len(chunk), L, H, requires_grad=True)
+            with torch.enable_grad(), head_mask(lm, xi):
+                logits = lm.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+                nll = F.cross_entropy(logits[:, start - 1 : -1].float().transpose(1, 2), ids[:, start:], reduction="none")
+                (grad,) = torch.autograd.grad(nll.mean(1).sum(), xi)
+            total += grad.sum(0).double()
+        est = {head_name(l, h): float(-total[l, h] / len(seqs)) for l in range(L) for h in range(H)}
+        res["attribution_effect"] = est
+        res["attribution_effect_top10"] = sorted(est.items(), key=lambda kv: -kv[1])[:10]
+        keys = sorted(est)
+        x = np.array([res["induction_scores"][k] for k in keys])
+        y = np.array([est[k] for k in keys])
+        res["spearman_induction_score_vs_attribution_effect"] = spearman_with_intervals(x, y)
         save()
-    task = TOPK_TASK
-    seqs, prefix = induction_inputs(lm, n_sequences=task.n_sequences, length=task.length, seed=task.seed)
-    start = len(prefix) + task.length
-    L, H = lm.config.num_hidden_layers, lm.config.num_attention_heads
-    total = torch.zeros(L, H, dtype=torch.float64)
-    for first in range(0, len(seqs), 1):
-        chunk = [Encoded("", s, ((0, 0),) * len(s), (False,) * len(s)) for s in seqs[first : first + 1]]
-        ids, mask = pad_batch(chunk, lm.device)
-        xi = torch.ones(len(chunk), L, H, requires_grad=True)
-        with torch.enable_grad(), head_mask(lm, xi):
-            logits = lm.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-            nll = F.cross_entropy(logits[:, start - 1 : -1].float().transpose(1, 2), ids[:, start:], reduction="none")
-            (grad,) = torch.autograd.grad(nll.mean(1).sum(), xi)
-        total += grad.sum(0).double()
-    est = {head_name(l, h): float(-total[l, h] / len(seqs)) for l in range(L) for h in range(H)}
-    res["attribution_effect"] = est
-    res["attribution_effect_top10"] = sorted(est.items(), key=lambda kv: -kv[1])[:10]
-    keys = sorted(est)
-    x = np.array([res["induction_scores"][k] for k in keys])
-    y = np.array([est[k] for k in keys])
-    res["spearman_induction_score_vs_attribution_effect"] = spearman_with_intervals(x, y)
-    save()
-    from headscope.probe.types import parse_head
+        from headscope.probe.types import parse_head
 
-    check = [k for k, _ in res["attribution_effect_top10"][:3]] + keys[:: max(1, len(keys) // 3)][:3]
-    real = {}
-    for k in check:
-        r = ablation.ablate(lm, [parse_head(k)], task=task, n_random=0, batch_size=5)
-        real[k] = {"estimated": est[k], "ablated": r.effect}
-        res["attribution_check"] = real
-        save()
-    res["seconds_attrib"] = time.time() - t0
-    save()
+        check = [k for k, _ in res["attribution_effect_top10"][:3]] + keys[:: max(1, len(keys) // 3)][:3]
+        real = {}
+        for k in check:
+            r = ablation.ablate(lm, [parse_head(k)], task=task, n_random=0, batch_size=5)
+            real[k] = {"estimated": est[k], "ablated": r.effect}
+            res["attribution_check"] = real
+            save()
 
 
 def encoder(name: str, out: dict, save) -> None:
-    t0 = time.time()
-    lm = _model(name)
-    res = out.setdefault(name, {})
-    imp = ablation.importance(lm, CORPUS)
-    frame = imp.to_frame()
-    res["importance_loss"] = imp.loss
-    res["importance_top10"] = [[head_name(r.layer, r.head), r.importance] for r in frame.head(10).itertuples()]
-    save()
-    top = [(int(r.layer), int(r.head)) for r in frame.head(5).itertuples()]
-    r = ablation.ablate(lm, top, method="zero", corpus=CORPUS, n_random=N_RANDOM, seed=1)
-    res["ablate_top5_importance_zero"] = r.to_dict()
-    print(r.verdict, flush=True)
-    res["seconds"] = time.time() - t0
-    save()
+    with _step(name, out, save, "seconds") as (lm, res):
+        imp = ablation.importance(lm, CORPUS)
+        frame = imp.to_frame()
+        res["importance_loss"] = imp.loss
+        res["importance_top10"] = [[head_name(r.layer, r.head), r.importance] for r in frame.head(10).itertuples()]
+        save()
+        top = [(int(r.layer), int(r.head)) for r in frame.head(5).itertuples()]
+        r = ablation.ablate(lm, top, method="zero", corpus=CORPUS, n_random=N_RANDOM, seed=1)
+        res["ablate_top5_importance_zero"] = r.to_dict()
+        print(r.verdict, flush=True)
 
 
 def roles(name: str, out: dict, save, k: int = 3) -> None:
@@ -211,27 +203,24 @@ def roles(name: str, out: dict, save, k: int = 3) -> None:
     from headscope.analyses.metrics import METRICS
 
     t0 = time.time()
-    lm = _model(name)
-    res = out.setdefault(name, {})
-    scores = heads(lm, CORPUS, induction_sequences=SCORE_SEQS, induction_length=SCORE_LEN, seed=0)
-    grids = role_grids(scores)
-    res["role_top_heads_ablated"] = {}
-    for metric in grids:
-        top = [(int(r.layer), int(r.head)) for r in scores.top(metric, k=k).itertuples()]
-        r = ablation.ablate(lm, top, method="zero", corpus=CORPUS, n_random=N_RANDOM, seed=1)
-        res["role_top_heads_ablated"][f"{METRICS[metric].role} ({metric})"] = r.to_dict()
-        print(name, metric, r.verdict, flush=True)
-        save()
-    res["seconds_roles_topk"] = time.time() - t0
-    frame = ablation.ablate_each(lm, corpus=CORPUS[:32])
-    single = frame["effect"].to_numpy().reshape(lm.config.num_hidden_layers, lm.config.num_attention_heads)
-    harm = single if lm.is_causal else -single  # larger = hurt more (loss up, cosine down)
-    res["single_head_effect_32_texts"] = {head_name(int(r.layer), int(r.head)): float(r.effect)
-                                          for r in frame.itertuples()}
-    res["spearman_role_score_vs_single_harm"] = {
-        m: spearman_interval(g.ravel(), harm.ravel(), score=m).to_dict() for m, g in grids.items()}
-    res["seconds_roles"] = time.time() - t0
-    save()
+    with _step(name, out, save, "seconds_roles") as (lm, res):
+        scores = heads(lm, CORPUS, induction_sequences=SCORE_SEQS, induction_length=SCORE_LEN, seed=0)
+        grids = role_grids(scores)
+        res["role_top_heads_ablated"] = {}
+        for metric in grids:
+            top = [(int(r.layer), int(r.head)) for r in scores.top(metric, k=k).itertuples()]
+            r = ablation.ablate(lm, top, method="zero", corpus=CORPUS, n_random=N_RANDOM, seed=1)
+            res["role_top_heads_ablated"][f"{METRICS[metric].role} ({metric})"] = r.to_dict()
+            print(name, metric, r.verdict, flush=True)
+            save()
+        res["seconds_roles_topk"] = time.time() - t0
+        frame = ablation.ablate_each(lm, corpus=CORPUS[:32])
+        single = frame["effect"].to_numpy().reshape(lm.config.num_hidden_layers, lm.config.num_attention_heads)
+        harm = single if lm.is_causal else -single  # larger = hurt more (loss up, cosine down)
+        res["single_head_effect_32_texts"] = {head_name(int(r.layer), int(r.head)): float(r.effect)
+                                              for r in frame.itertuples()}
+        res["spearman_role_score_vs_single_harm"] = {
+            m: spearman_interval(g.ravel(), harm.ravel(), score=m).to_dict() for m, g in grids.items()}
 
 
 def main() -> None:

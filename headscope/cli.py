@@ -10,16 +10,18 @@ from __future__ import annotations
 
 import copy
 import os
+import signal
 import sys
+import threading
 import warnings
-from contextlib import contextmanager, redirect_stderr, redirect_stdout
+from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_stdout
 
 import click
 
 from . import __version__
 from .commands import (ablate, compare, composition, coref, dla, explain, generate, heads, importance, models, patch, qk,
                        relations, run, serve, sinks, syntax, verify)
-from .common import Interrupts
+from .common.interrupts import Interrupts
 
 
 class _OneLine(click.ClickException):
@@ -41,12 +43,21 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context):
         debug = ctx.params.get("debug", False)
         try:
-            # Every command under one Ctrl-C guard: an interrupt that a finaliser swallowed still ends in 130.
-            with warnings.catch_warnings(), Interrupts() as interrupts:  # both restored afterwards
+            # Every command under one Ctrl-C guard: an interrupt that a finaliser swallowed still ends in 130,
+            # one that came after the output was in place (`Interrupts.commit`) is announced, not raised.
+            # `main` opens it for the whole process (ctx.obj); a caller of `cli` itself gets one per command.
+            guard = nullcontext(ctx.obj) if isinstance(ctx.obj, Interrupts) else Interrupts()
+            with warnings.catch_warnings(), guard as interrupts:  # both restored afterwards
+                ctx.obj = interrupts  # for the commands' writers (`common.write_table`)
                 if not debug:
                     warnings.showwarning = _warning_line
-                result = super().invoke(ctx)
-                interrupts.check()
+                try:
+                    result = super().invoke(ctx)
+                    interrupts.check()
+                finally:
+                    if interrupts.late:
+                        click.echo(f"headscope: Ctrl-C came after {interrupts.committed} was in place; it is "
+                                   "complete, so the command finished", err=True)
                 return result
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
@@ -110,5 +121,15 @@ def _quiet_unless_rank_zero():
 def main(args: list[str] | None = None) -> None:
     """The `headscope` command, `python -m headscope` and every process of `torchrun -m headscope`."""
     warnings.filterwarnings("ignore", category=FutureWarning)
-    with _quiet_unless_rank_zero():
-        cli(args=args, prog_name="headscope")
+    # The process's Ctrl-C guard, opened before click parses anything, so that no moment of the command is
+    # unguarded. Once the command has ended (its report written and announced, say) the process is only
+    # shutting down: an interrupt then is too late to stop anything and must not turn the exit status into a
+    # death by SIGINT, so it is ignored (SIG_IGN, which Python's own shutdown keeps: a Python handler it resets).
+    interrupts = Interrupts().__enter__()
+    try:
+        with _quiet_unless_rank_zero():
+            cli(args=args, prog_name="headscope", obj=interrupts)
+    finally:
+        interrupts.__exit__()
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, signal.SIG_IGN)

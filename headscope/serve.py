@@ -13,16 +13,21 @@ one page without a framework's extras, and its TestClient (httpx) tests the API 
     POST /api/generate     {"model", "prompt", "max_new_tokens", "layer", "head", "chat", "temperature", "top_p",
                             "seed"} → each generated token's row, each prompt token's turn (chat)
 
-A bad request gets a 4xx and `{"error": "<one line>"}`; anything unexpected a 500 with one line, never a
-traceback. Requests run in a worker thread, one at a time per model (the explorer's lock). No route
-reads or writes a file: the server knows only the models it was started with.
+Every request passes `headscope.guard` first: its own Host and Origin only, POST bodies only as JSON, the
+token under `--allow-remote`, a bound on each client's requests in flight. A bad request gets a 4xx and
+`{"error": "<one line>"}`; anything unexpected a 500 with one line, never a traceback. Requests run in a
+worker thread, one at a time per model (the explorer's lock). No route reads or writes a file: the server
+knows only the models it was started with.
 """
 
 from __future__ import annotations
 
 import json
+import signal
+import threading
 from typing import Any
 
+from headscope.guard import Guard, guarded
 from headscope.workflows.explore import Explorer, ExplorerError
 
 __all__ = ["app", "MAX_BODY"]
@@ -63,8 +68,8 @@ async def _body(request) -> dict:
     return body
 
 
-def app(explorer: Explorer, *, title: str = "headscope explorer"):
-    """The Starlette app serving `explorer` and its page."""
+def app(explorer: Explorer, *, title: str = "headscope explorer", guard: Guard | None = None):
+    """The Starlette app serving `explorer` and its page, behind `guard` (default: a loopback server's)."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.exceptions import HTTPException
@@ -74,8 +79,8 @@ def app(explorer: Explorer, *, title: str = "headscope explorer"):
     from headscope.reports.live import live_page
 
     page, csp = live_page(title)
-    headers = {"Content-Security-Policy": csp, "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer",
-               "Cache-Control": "no-store"}
+    headers = {"Content-Security-Policy": csp + "; frame-ancestors 'none'", "X-Frame-Options": "DENY",
+               "X-Content-Type-Options": "nosniff", "Referrer-Policy": "no-referrer", "Cache-Control": "no-store"}
 
     async def index(request):
         return HTMLResponse(page, headers=headers)
@@ -110,14 +115,29 @@ def app(explorer: Explorer, *, title: str = "headscope explorer"):
 
     routes = [Route("/", index), Route("/api/models", models)]
     routes += [Route(f"/api/{name}", handler(name), methods=["POST"]) for name in _FIELDS]
-    return Starlette(routes=routes, exception_handlers={HTTPException: not_found})
+    return guarded(Starlette(routes=routes, exception_handlers={HTTPException: not_found}),
+                   Guard() if guard is None else guard)
 
 
-def serve(explorer: Explorer, *, host: str = "127.0.0.1", port: int = 8765, log_level: str = "warning") -> Any:
-    """Run the app with uvicorn until Ctrl-C (uvicorn shuts down cleanly, then the interrupt is raised again)."""
+def serve(explorer: Explorer, *, host: str = "127.0.0.1", port: int = 8765, guard: Guard | None = None,
+          log_level: str = "warning") -> Any:
+    """Run the app with uvicorn until Ctrl-C (uvicorn shuts down cleanly, then the interrupt is raised again).
+    `guard` defaults to one for `host`."""
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app(explorer), host=host, port=port, log_level=log_level,
-                                           lifespan="off", server_header=False, access_log=False))
-    server.run()
+    guard = Guard(bound=host) if guard is None else guard
+    server = uvicorn.Server(uvicorn.Config(app(explorer, guard=guard), host=host, port=port, log_level=log_level,
+                                           lifespan="off", server_header=False, access_log=False,
+                                           timeout_graceful_shutdown=30))
+    # SIGTERM (a service manager's stop) shuts down as gracefully as Ctrl-C: uvicorn answers what is in flight,
+    # then raises the signal again under the handler it found, which here records it instead of killing the
+    # process, so the caller can say so and exit 0. Ctrl-C stays the caller's (headscope.cli: exit 130).
+    server.stopped_by = None
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: setattr(server, "stopped_by", "SIGTERM")) if main else None
+    try:
+        server.run()
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
     return server

@@ -471,14 +471,14 @@ def _rotate_at(parts: torch.Tensor, spec: LayerSpec, pos: int, T: int) -> torch.
     """Rotary at position `pos` applied to each row of `parts` (P, hs), as `probe.scratch` rotates a sequence of T."""
     if spec.inv_freq is None:
         return parts
-    from .scratch import _rotate, rotary_cos_sin
+    from .scratch import rotary_cos_sin, rotate
 
     inv_freq = spec.inv_freq(T) if callable(spec.inv_freq) else spec.inv_freq
     cos, sin = rotary_cos_sin(inv_freq.float().cpu(), torch.arange(T), spec.rope_scaling,
                               interleaved=spec.rotary_interleaved)
     cos, sin = cos[pos].double(), sin[pos].double()  # (d,)
     d = spec.rotary_dim or parts.shape[-1]
-    turned = _rotate(parts[..., :d], cos, sin, interleaved=spec.rotary_interleaved)
+    turned = rotate(parts[..., :d], cos, sin, interleaved=spec.rotary_interleaved)
     return torch.cat([turned, parts[..., d:]], dim=-1)
 
 
@@ -574,7 +574,7 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
     >>> r.identity_abs_err < 1e-5
     True
     """
-    from .explain import _find_token
+    from .explain import find_token
     from .scratch import project_qk, row_probs, temperature_scales, visible_keys
 
     layer, head = whole_number(layer, "layer", minimum=None), whole_number(head, "head", minimum=None)
@@ -593,8 +593,8 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
                                  "QK attribution does not split it yet — use headscope dla or ablation for this model")
     enc = encode(lm, text)
     labels = list(tr.labels)
-    i = _find_token(labels, enc, query, occurrence)
-    j = _find_token(labels, enc, key, 0)
+    i = find_token(labels, enc, query, occurrence)
+    j = find_token(labels, enc, key, 0)
     if isinstance(key, str) and (same := [n for n, lab in enumerate(labels) if lab.strip().lower() == labels[j].strip().lower()
                                           and not enc.special[n]])[1:]:
         raise ValueError(f"the key {key!r} matches tokens {', '.join(map(str, same))} of {labels}: give the key as its index "

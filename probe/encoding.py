@@ -23,7 +23,7 @@ from .words import Segmenter, assign_words
 
 __all__ = ["Encoded", "check_texts", "encode", "encode_many", "encode_targets", "pad_batch", "token_labels",
            "tokenizer_labels", "text_units", "fit_context", "special_prefix", "ordinary_token_ids", "TOO_LONG",
-           "special_ids", "bounded_text", "token_count"]
+           "special_ids", "bounded_text", "token_count", "checked_stream", "text_source"]
 
 
 # The reason a text is left out of an analysis when it has more tokens than the model takes.
@@ -49,7 +49,7 @@ class Encoded:
 
 def check_texts(texts: str | Iterable[str]) -> list[str]:
     """The texts as a list; a clear error for a non-string or an empty text (naming its index)."""
-    return list(_checked_stream(texts))
+    return list(checked_stream(texts))
 
 
 def _check_one(i: int, t: object) -> None:
@@ -64,7 +64,7 @@ def _check_one(i: int, t: object) -> None:
                          "Unicode text; decode its source with errors='replace' (or remove it)") from None
 
 
-def _text_source(texts: object) -> Iterable[str]:
+def text_source(texts: object) -> Iterable[str]:
     """`texts` as an iterable of items to check one by one; a clear error for a wrong container."""
     if isinstance(texts, str):
         return [texts]
@@ -80,8 +80,9 @@ def _text_source(texts: object) -> Iterable[str]:
     return texts
 
 
-def _checked_stream(texts: str | Iterable[str]) -> Iterator[str]:
-    for i, t in enumerate(_text_source(texts)):
+def checked_stream(texts: str | Iterable[str]) -> Iterator[str]:
+    """`texts` one at a time, each checked as it comes (`check_texts` without holding them all)."""
+    for i, t in enumerate(text_source(texts)):
         _check_one(i, t)
         yield t
 

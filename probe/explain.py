@@ -29,7 +29,7 @@ from .names import DEFAULT_ATTENTION, Attention
 from .recompute import layer_inputs
 from .sources import source_for
 
-__all__ = ["Explanation", "explain", "scale_effect", "PermutationCheck", "permutation_check"]
+__all__ = ["Explanation", "explain", "find_token", "scale_effect", "PermutationCheck", "permutation_check"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,7 +82,9 @@ def _find_unit(labels: list[str], token: str | int) -> int:
     return labels.index(token)
 
 
-def _find_token(labels: list[str], enc: Encoded, token: str | int, occurrence: int) -> int:
+def find_token(labels: list[str], enc: Encoded, token: str | int, occurrence: int) -> int:
+    """The index of `token` in a text's units: an index as it is (checked), else the `occurrence`-th unit
+    whose label is the word (or where a word split into pieces starts)."""
     if isinstance(token, int) and not isinstance(token, bool):
         if not 0 <= token < len(labels):
             raise ValueError(f"token index {token} out of range 0..{len(labels) - 1}")
@@ -148,7 +150,7 @@ def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer
     if layer not in family.attention_layers(lm.config):
         raise ValueError(no_attention_reason(lm, layer))
     labels = list(enc.labels) if image is not None else list(token_labels(lm, enc))
-    q_idx = _find_unit(labels, token) if image is not None else _find_token(labels, enc, token, occurrence)
+    q_idx = _find_unit(labels, token) if image is not None else find_token(labels, enc, token, occurrence)
     spec = family.layer_spec(base_model(lm), layer, lm.config)
     if source.mode(len(enc.ids)) == "recompute":
         # only this layer's input, caught under fast attention: no layer's T × T weights are kept by the model

@@ -9,23 +9,21 @@ texts are sorted by length so padding stays small; results come back in input or
 from __future__ import annotations
 
 import itertools
-
-import operator
 import warnings
 from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from .encoding import Encoded, _checked_stream, _text_source, check_texts, encode_many, encode_targets, text_units
-from .forward import (attention_layers, forward_batch, forward_seq2seq, is_seq2seq, learned_sinks, no_attention_layers,
-                      no_attention_reason)
+from .encoding import Encoded, check_texts, checked_stream, encode_many, encode_targets, text_source
+from .forward import forward_batch, forward_seq2seq, is_seq2seq, learned_sinks
 from .images import check_images, encode_images, require_modality
+from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers, whole_number
 from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
 from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight
 from .words import Segmenter, to_word_level
 
-__all__ = ["extract", "extract_ids", "iter_extract"]
+__all__ = ["extract", "extract_ids", "iter_extract", "extract_encoded"]
 
 
 def iter_extract(
@@ -74,8 +72,8 @@ def iter_extract(
     if images is not None:
         if weight != "attention" or target is not None:
             raise ValueError("images are extracted with weight='attention' and no target")
-        maps = _image_windows(lm, check_images(images), batch_size, _select_layers(lm, layers),
-                              _select(heads, lm.config.num_attention_heads, "head"), store_dtype)
+        maps = _image_windows(lm, check_images(images), batch_size, select_layers(lm, layers),
+                              select_heads(lm, heads), store_dtype)
         return (to_word_level(m) for m in maps) if level == "word" else maps  # patches at both levels
     _check_store_dtype(store_dtype)
     if weight not in ("attention", "norm"):
@@ -90,31 +88,30 @@ def iter_extract(
         if layers is not None or heads is not None:
             raise ValueError(f"{lm.name} is an encoder-decoder model; layers= and heads= select in one stack only, "
                              "so extract all and index the maps")
-        return _iter_seq2seq(lm, _text_source(texts), target, batch_size=batch_size, level=level,
+        return _iter_seq2seq(lm, text_source(texts), target, batch_size=batch_size, level=level,
                              store_dtype=store_dtype, truncate=truncate, segmenter=segmenter)
-    layer_idx = _select_layers(lm, layers)
-    head_idx = _select(heads, lm.config.num_attention_heads, "head")
-    texts = _text_source(texts)
+    layer_idx = select_layers(lm, layers)
+    head_idx = select_heads(lm, heads)
+    texts = text_source(texts)
     # Checked above, before the first text is asked for; the texts themselves are checked as they stream.
     return _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dtype, truncate, segmenter,
                     weight)
 
 
-def _iter_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: int = 8, level: Level = "token",
-                  truncate: bool = False, facts: dict | None = None) -> Iterator[AttentionMap]:
+def extract_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: int = 8, level: Level = "token",
+                    truncate: bool = False, facts: MapFacts | None = None) -> Iterator[AttentionMap]:
     """`iter_extract` of texts already encoded (`encode_many`) and checked, as one window (sorted by length,
     every layer and head, float32), so that a caller that tokenised them to choose a mode does not again;
-    `facts` (`_facts(lm)`) lets a caller that runs many windows read the model once."""
+    `facts` (`MapFacts.of(lm)`) lets a caller that runs many windows read the model once."""
     require_modality(lm, images=False)
-    return _run_encoded(lm, list(encoded), batch_size, level, _select_layers(lm, None),
-                        _select(None, lm.config.num_attention_heads, "head"), torch.float32, None, "attention", truncate,
-                        facts)
+    return _run_encoded(lm, list(encoded), batch_size, level, select_layers(lm, None), select_heads(lm, None),
+                        torch.float32, None, "attention", truncate, facts)
 
 
 def _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dtype, truncate, segmenter, weight):
     pending: list[str] = []
     done = 0  # texts already yielded, so errors can name a text by its position in the whole stream
-    for text in _checked_stream(texts):
+    for text in checked_stream(texts):
         pending.append(text)
         if len(pending) == batch_size * window:
             yield from _run_window(lm, pending, batch_size, level, layer_idx, head_idx, store_dtype, truncate,
@@ -146,42 +143,6 @@ def extract(lm: LoadedModel, texts: str | Iterable[str] | None = None, **kwargs)
     return list(iter_extract(lm, texts, **kwargs))
 
 
-def _select_layers(lm: LoadedModel, layers: Sequence[int] | None) -> list[int]:
-    """The chosen layers (by default every layer with softmax attention); a hybrid model's layers without
-    attention are refused by name."""
-    have = attention_layers(lm)
-    chosen = _select(list(have) if layers is None else layers, lm.config.num_hidden_layers, "layer")
-    for layer in chosen:
-        if layer not in have:
-            raise ValueError(no_attention_reason(lm, layer))
-    return chosen
-
-
-def _select(chosen: Sequence[int] | None, n: int, what: str) -> list[int]:
-    if chosen is None:
-        return list(range(n))
-    if isinstance(chosen, (str, bytes)) or not isinstance(chosen, Iterable):
-        raise TypeError(f"{what}s must be a list of {what} indices such as [0, 2] (or None for all), got {chosen!r}")
-    out = sorted({_index(c, what) for c in chosen})
-    if not out:
-        raise ValueError(f"{what}s is empty; pass None for all {what}s or a list such as [0, 2] "
-                         f"(the model has {what}s 0..{n - 1})")
-    bad = [c for c in out if not 0 <= c < n]
-    if bad:
-        raise ValueError(f"{what}s {bad} out of range: the model has {what}s 0..{n - 1}")
-    return out
-
-
-def _index(value: object, what: str) -> int:
-    """A whole-number index; a float (1.5 would silently mean 1) or a bool (True would mean 1) is an error."""
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise TypeError(f"{what} index {value!r} is a {type(value).__name__}; {what}s are whole numbers such as 0 or 3")
-
-
 def _check_count(value: object, name: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be a whole number such as 8, got {value!r}")
@@ -207,10 +168,9 @@ def _run_encoded(lm, encoded, batch_size, level, layer_idx, head_idx, store_dtyp
                  truncate=False, facts=None):
     order = sorted(range(len(encoded)), key=lambda i: len(encoded[i].ids))
     results: dict[int, AttentionMap] = {}
-    all_layers = len(layer_idx) == lm.config.num_hidden_layers
-    all_heads = len(head_idx) == lm.config.num_attention_heads
-    facts = facts or _facts(lm)  # read off the model once, not once per text
-    heads_at = slice(None) if all_heads else torch.tensor(head_idx)
+    layers, heads = kept_ids(lm, layer_idx, head_idx)
+    facts = facts or MapFacts.of(lm)  # read off the model once, not once per text
+    heads_at = torch.tensor(head_idx) if heads else slice(None)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         att = forward_batch(lm, [encoded[i] for i in chunk], layer_idx)  # L × (B, nh, T, T)
@@ -219,8 +179,7 @@ def _run_encoded(lm, encoded, batch_size, level, layer_idx, head_idx, store_dtyp
             n = len(encoded[i].ids)
             # one copy per text, padding cut: [layer, head, query, key] (no (B, L, nh, T, T) stack of the batch first)
             a = torch.stack([x[b, heads_at, :n, :n] for x in att]).to("cpu", store_dtype)
-            amap = _make_map(lm, encoded[i], a, segmenter, () if all_layers else tuple(layer_idx),
-                             () if all_heads else tuple(head_idx), facts=facts)
+            amap = make_map(lm, encoded[i], a, segmenter=segmenter, layers=layers, heads=heads, facts=facts)
             if norms is not None:
                 amap = norm_weighted(amap, norms[b])
             results[i] = to_word_level(amap) if level == "word" else amap
@@ -250,49 +209,13 @@ def _iter_seq2seq(lm, sources, targets, *, batch_size, level, store_dtype, trunc
             def keep(kind, nq, nk):  # [layer, head, query, key] of item b, padding cut
                 return att[kind][b, :, :, :nq, :nk].to("cpu", store_dtype, copy=True)
 
-            encoder = _make_map(lm, s_enc, keep("encoder", ns, ns), segmenter, (), (), causal=False)
-            decoder = _make_map(lm, t_enc, keep("decoder", nt, nt), segmenter, (), (), causal=True)
+            encoder = make_map(lm, s_enc, keep("encoder", ns, ns), segmenter=segmenter, causal=False)
+            decoder = make_map(lm, t_enc, keep("decoder", nt, nt), segmenter=segmenter, causal=True)
             cross = CrossAttentionMap(queries=Units.of(decoder), keys=Units.of(encoder),
                                       attention=keep("cross", nt, ns), meta=dict(encoder.meta))
             pair = Seq2SeqAttention(encoder=encoder, decoder=decoder, cross=cross)
             yield to_word_level(pair) if level == "word" else pair
         del att
-
-
-def _facts(lm) -> dict:
-    """What every map of `lm` carries besides its text and attention, read off the model once per run of
-    texts (`learned_sinks` walks every parameter's name)."""
-    return {"meta": {"model": lm.name, "dtype": str(lm.dtype).replace("torch.", "")}, "sinks": learned_sinks(lm),
-            "no_attention": no_attention_layers(lm)}
-
-
-def _make_map(lm, enc: Encoded, attention, segmenter, layers, heads, *, causal: bool | None = None,
-              facts: dict | None = None) -> AttentionMap:
-    if enc.pixels is not None:  # an image: its units are the prefix tokens and the patches
-        n = len(enc.labels)
-        return AttentionMap(text=enc.text, level="token", labels=enc.labels, spans=enc.spans, special=enc.special,
-                            attention=attention, causal=False, word_index=tuple(range(n)), word_spans=enc.spans,
-                            layers=layers, heads=heads, grid=enc.grid, image=enc.picture,
-                            meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "image": enc.text})
-    units = text_units(lm, enc, segmenter)
-    facts = facts or _facts(lm)
-    return AttentionMap(
-        text=units.text,
-        level="token",
-        labels=units.labels,
-        spans=units.spans,
-        special=units.special,
-        attention=attention,
-        causal=lm.is_causal if causal is None else causal,
-        word_index=units.word_index,
-        word_spans=units.word_spans,
-        token_ids=units.token_ids,
-        layers=layers,
-        heads=heads,
-        meta=dict(facts["meta"]),
-        sinks=facts["sinks"],
-        no_attention=facts["no_attention"],
-    )
 
 
 def extract_ids(
@@ -322,8 +245,8 @@ def extract_ids(
         if len(ids) > lm.max_length:
             raise ValueError(f"sequence {i} has {len(ids)} tokens; {lm.name} takes at most {lm.max_length}")
         encoded.append(Encoded(text="", ids=ids, spans=((0, 0),) * len(ids), special=tuple(t in special_ids for t in ids)))
-    layer_idx = _select_layers(lm, layers)
-    head_idx = _select(heads, lm.config.num_attention_heads, "head")
+    layer_idx = select_layers(lm, layers)
+    head_idx = select_heads(lm, heads)
     out = []
     sinks = learned_sinks(lm)
     for start in range(0, len(encoded), batch_size):
@@ -350,4 +273,4 @@ def _token_ids(i: int, seq: object) -> tuple[int, ...]:
     if isinstance(seq, (str, bytes, bytearray)) or not isinstance(seq, Iterable):
         raise TypeError(f"sequence {i} is a {type(seq).__name__}; each sequence is a list of token ids (ints), "
                         "e.g. sequences=[[5, 17, 2]]")
-    return tuple(_index(t, f"sequence {i}: token id") for t in seq)
+    return tuple(whole_number(t, f"sequence {i}: token id") for t in seq)

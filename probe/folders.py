@@ -45,7 +45,7 @@ def temporary_name(name: str, token: str, kind: str = PARTIAL) -> str:
 
 
 def write_folder(target: Path, fill: Callable[[Path], None], *, replace: Callable[[Path], str | None] | None = None,
-                 check: Callable[[], None] = lambda: None) -> None:
+                 check: Callable[[], None] = lambda: None, committed: Callable[[], None] = lambda: None) -> None:
     """Call `fill(tmp)` on a fresh temporary folder beside `target`, then move it to `target`.
 
     An exception or interrupt removes the temporary folder and leaves `target` as it was. An existing
@@ -58,6 +58,9 @@ def write_folder(target: Path, fill: Callable[[Path], None], *, replace: Callabl
     Once `check()` has passed, the replacement is one step: Ctrl-C (SIGINT) is held back until the new
     folder is in place and the old one gone, and then only announced (a "headscope: ..." warning),
     so an interrupt never leaves the new folder in place while saying that nothing was replaced.
+    `committed()` is called the moment the new folder is in place, still with Ctrl-C held back: the
+    caller's cue that from now on an interrupt is too late to undo anything (`headscope.cli` then
+    announces one instead of exiting 130).
     """
     target = Path(target).absolute()
     if target.is_symlink():
@@ -86,6 +89,7 @@ def write_folder(target: Path, fill: Callable[[Path], None], *, replace: Callabl
                         if old.exists() and not target.exists():
                             os.replace(old, target)  # put the previous folder back
                         raise
+                    committed()
                     _remove(old)
             except BaseException:
                 _remove(tmp)

@@ -72,6 +72,19 @@ class GenerationAttention:
         """Labels of the keys of `steps[step]`: the prompt's tokens, then the generated ones up to `step`."""
         return self.prompt.labels + self.generated_tokens[: step + 1]
 
+    def head_rows(self, layer: int, head: int) -> tuple[torch.Tensor, ...]:
+        """Head `layer`.`head` (the model's numbers; a hybrid's layers without attention have none) at every
+        step: its row over that step's keys."""
+        for what, v, have in (("layer", layer, self.prompt.layer_ids), ("head", head, self.prompt.head_ids)):
+            if what == "layer" and v in self.prompt.no_attention and not isinstance(v, bool):
+                raise ValueError(f"layer {v} of {self.model} has no softmax attention; layers "
+                                 f"{', '.join(map(str, have))} have")
+            if isinstance(v, bool) or not isinstance(v, int) or v not in have:
+                some = f"0..{len(have) - 1}" if have == tuple(range(len(have))) else ", ".join(map(str, have))
+                raise ValueError(f"{what} must be {some} for {self.model}, got {v!r}")
+        li, hi = self.prompt.layer_ids.index(layer), self.prompt.head_ids.index(head)
+        return tuple(row[li, hi] for row in self.steps)
+
     def to_dict(self) -> dict:
         """JSON-ready: prompt and generated tokens, and each step's `[layer, head, key]` row."""
         return {
@@ -97,9 +110,7 @@ def generate_attention(lm: LoadedModel, prompt: str, *, max_new_tokens: int = 20
         raise ValueError(f"temperature must be 0 (greedy) or more, got {temperature!r}")
     if isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1:
         raise ValueError(f"top_p must be in (0, 1], got {top_p!r}")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int)):
-        raise ValueError(f"seed must be a whole number, got {seed!r}")
-    seed = None if seed is None else seed_value(seed)  # torch's "Overflow when unpacking long long" past 2**63
+    seed = None if seed is None else seed_value(seed)  # a torch.Generator's range: 2**70 was "Overflow ... long long"
     if temperature == 0 and top_p != 1:  # greedy decoding never reads it: the run would not be the one asked for
         raise ValueError(f"top_p={top_p:g} is nucleus sampling, which needs a temperature above 0 (greedy decoding "
                          "takes the argmax); give a temperature or leave top_p at 1")

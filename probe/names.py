@@ -9,6 +9,7 @@ and `--help` read these without importing torch. Every other file takes its choi
     Attention  where attention comes from: the model's eager weights, recomputed from scratch in
                blocks of query rows, or recomputed only where eager would exceed the memory budget
                (`probe.sources`, the registry of attention sources)
+    Mode       how one text's attention was obtained by its source: eager, or recomputed
     Device, DType   where and in which dtype a model runs
     AblationMethod  how a head is switched off (`probe.interventions.ABLATION_METHODS`)
     Stronger   which direction of an effect means "more": a loss rises, a cosine falls
@@ -25,13 +26,14 @@ from __future__ import annotations
 
 from typing import Literal, get_args
 
-__all__ = ["Level", "Weight", "Attention", "Device", "DType", "AblationMethod", "Stronger", "PatchWhat", "PatchDirection",
+__all__ = ["Level", "Weight", "Attention", "Mode", "Device", "DType", "AblationMethod", "Stronger", "PatchWhat", "PatchDirection",
            "PatchPositions", "DEFAULT_ATTENTION",
            "DEFAULT_LEVEL", "DEFAULT_INCLUDE_SPECIAL", "choices"]
 
 Level = Literal["token", "word"]
 Weight = Literal["attention", "norm"]
 Attention = Literal["eager", "recompute", "auto"]
+Mode = Literal["eager", "recompute"]
 Device = Literal["cpu", "cuda", "mps", "auto"]
 DType = Literal["float32", "float16", "bfloat16"]
 AblationMethod = Literal["zero", "mean", "uniform"]

@@ -62,14 +62,25 @@ def norm_weights(result: ScratchResult, wo: torch.Tensor) -> tuple[torch.Tensor,
     return per_head, summed.norm(dim=-1)
 
 
-def layers_from_scratch(lm: LoadedModel, batch, family, base) -> Iterator[tuple[LayerSpec, ScratchResult]]:
-    """Each layer's `LayerSpec` and from-scratch attention over one padded batch of encodings, computed
-    from the model's own layer inputs (captured in one forward pass)."""
-    cap = capture(lm, batch, family)
-    for i in family.attention_layers(lm.config):  # a hybrid stack's layers without attention have no spec
-        spec = family.layer_spec(base, i, lm.config)
-        x = cap.inputs[i]
-        yield spec, attention_from_scratch(x, spec, cap.key_valid.to(x.device), kv=spec.kv_input(cap.inputs))
+def scratch_batches(lm: LoadedModel, texts: str | Sequence[str], *, batch_size: int = 8, truncate: bool = False
+                    ) -> Iterator[tuple[list, Iterator[tuple[LayerSpec, ScratchResult]]]]:
+    """The texts in padded batches of `batch_size`, in input order: each batch's encodings and, lazily, each
+    attention layer's `LayerSpec` and from-scratch attention over it, computed from the model's own layer
+    inputs (caught in one forward pass)."""
+    family = family_for(lm.config)
+    base = base_model(lm)
+    encoded = encode_many(lm, check_texts(texts), truncate=truncate)
+
+    def layers(batch):
+        cap = capture(lm, batch, family)
+        for i in family.attention_layers(lm.config):  # a hybrid stack's layers without attention have no spec
+            spec = family.layer_spec(base, i, lm.config)
+            x = cap.inputs[i]
+            yield spec, attention_from_scratch(x, spec, cap.key_valid.to(x.device), kv=spec.kv_input(cap.inputs))
+
+    for start in range(0, len(encoded), batch_size):
+        batch = encoded[start : start + batch_size]
+        yield batch, layers(batch)
 
 
 @torch.inference_mode()
@@ -77,15 +88,12 @@ def norm_attention(lm: LoadedModel, texts: str | Sequence[str], *, batch_size: i
                    truncate: bool = False) -> list[NormAttention]:
     """Norm-based attention of each text, padding removed, in input order."""
     family = family_for(lm.config)
-    base = base_model(lm)
-    encoded = encode_many(lm, check_texts(texts), truncate=truncate)
     out: list[NormAttention] = []
     have = family.attention_layers(lm.config)
     rows = () if len(have) == family.n_layers(lm.config) else have
-    for start in range(0, len(encoded), batch_size):
-        batch = encoded[start : start + batch_size]
+    for batch, computed in scratch_batches(lm, texts, batch_size=batch_size, truncate=truncate):
         heads, layers = [], []
-        for spec, r in layers_from_scratch(lm, batch, family, base):
+        for spec, r in computed:
             ph, pl = norm_weights(r, spec.wo)
             heads.append(ph.float().cpu())
             layers.append(pl.float().cpu())

@@ -30,9 +30,9 @@ from typing import Iterator, Sequence
 import torch
 
 from .encoding import Encoded, check_texts, encode, pad_batch
-from .extract import _select, _select_layers
 from .families import Family, family_for
 from .forward import attention_layers, base_model
+from .maps import select_heads, select_layers
 from .model import LoadedModel
 from .scratch import block_probs, project_qk
 from .verify import tolerances
@@ -40,6 +40,7 @@ from .verify import tolerances
 __all__ = [
     "Block", "PrefixCheck", "DEFAULT_BUDGET", "PREFIX_TOKENS",
     "block_rows", "fast_attention", "iter_blocks", "iter_blocks_encoded", "check_prefix", "layer_inputs",
+    "layer_blocks", "Buffers",
 ]
 
 DEFAULT_BUDGET = 256 * 2**20  # bytes for one block and its working copies
@@ -231,7 +232,7 @@ def _unshared(flat: torch.Tensor) -> bool:
         return False
 
 
-def _layer_blocks(x: torch.Tensor, spec, layer: int, heads: Sequence[int], budget: int,
+def layer_blocks(x: torch.Tensor, spec, layer: int, heads: Sequence[int], budget: int,
                   kv: torch.Tensor | None = None, rows: tuple[int, int] | None = None,
                   buffers: Buffers | None = None) -> Iterator[Block]:
     """Blocks of one layer for one text's input `x` (T, D), real tokens only; `kv` (T, D) the input the keys
@@ -290,8 +291,8 @@ def iter_blocks_encoded(
 ) -> Iterator[tuple[int, Block]]:
     """`(item index, block)` for a batch of tokenised texts: one forward pass, then layer by layer."""
     family = family or family_for(lm.config)
-    layer_idx = _select_layers(lm, layers)
-    head_idx = _select(heads, lm.config.num_attention_heads, "head")
+    layer_idx = select_layers(lm, layers)
+    head_idx = select_heads(lm, heads)
     base = base_model(lm)
     specs = {layer: family.layer_spec(base, layer, lm.config) for layer in layer_idx}
     producers = {s.kv_layer for s in specs.values() if s.kv_layer is not None}  # shared KV: their inputs too
@@ -307,7 +308,7 @@ def iter_blocks_encoded(
         kv = spec.kv_input(inputs)  # (B, T, D) the producer layer's input (shared KV), or None
         for b, enc in enumerate(items):
             n = len(enc.ids)
-            for block in _layer_blocks(x[b, :n], spec, layer, head_idx, budget,
+            for block in layer_blocks(x[b, :n], spec, layer, head_idx, budget,
                                        kv=None if kv is None else kv[b, :n], buffers=buffers):
                 yield b, block
         del x
@@ -419,8 +420,8 @@ def check_prefix(
     """
     n = min(n_tokens, len(enc.ids))
     prefix = Encoded(text=enc.text, ids=enc.ids[:n], spans=enc.spans[:n], special=enc.special[:n])
-    layer_idx = _select_layers(lm, layers)
-    head_idx = _select(heads, lm.config.num_attention_heads, "head")
+    layer_idx = select_layers(lm, layers)
+    head_idx = select_heads(lm, heads)
     reference = _eager_probs(lm, prefix, layer_idx)  # layer -> (nh, n, n)
     worst = 0.0
     for _, block in iter_blocks_encoded(lm, [prefix], layers=layer_idx, heads=head_idx):

@@ -40,7 +40,7 @@ import torch
 from .errors import UnsupportedFeature
 
 __all__ = ["LayerSpec", "MultiHeadLatent", "ScratchResult", "project_v", "attention_from_scratch", "project_qk", "row_scores", "row_probs",
-           "block_probs", "output_gate", "stable_softmax", "softmax_with_sink", "sink_share", "rotary_cos_sin", "angles_cos_sin", "build_mask",
+           "block_probs", "output_gate", "stable_softmax", "softmax_with_sink", "sink_share", "rotary_cos_sin", "rotate", "angles_cos_sin", "build_mask",
            "visible_keys", "temperature_scales", "alibi_slopes", "relative_position_buckets"]
 
 
@@ -189,8 +189,9 @@ def angles_cos_sin(angles: torch.Tensor, scaling: float = 1.0, *, interleaved: b
     return emb.cos() * scaling, emb.sin() * scaling
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False) -> torch.Tensor:
-    # x: (B, n, T, d); each pair (x_i, x_{i+d/2}), or (x_{2i}, x_{2i+1}) interleaved, turns by its angle.
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved: bool = False) -> torch.Tensor:
+    """Rotary position embedding applied to `x` (..., T, d) at `rotary_cos_sin`'s angles: each pair (x_i, x_{i+d/2}),
+    or (x_{2i}, x_{2i+1}) interleaved, turns by its angle."""
     if interleaved:
         pairs = x.unflatten(-1, (-1, 2))  # (B, n, T, d/2, 2)
         rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
@@ -214,8 +215,8 @@ def _apply_rotary(t: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
     cos, sin = cos.to(t.dtype), sin.to(t.dtype)
     d = spec.rotary_dim or t.shape[-1]
     if d == t.shape[-1]:
-        return _rotate(t, cos, sin, interleaved=spec.rotary_interleaved)
-    return torch.cat([_rotate(t[..., :d], cos, sin, interleaved=spec.rotary_interleaved), t[..., d:]], dim=-1)
+        return rotate(t, cos, sin, interleaved=spec.rotary_interleaved)
+    return torch.cat([rotate(t[..., :d], cos, sin, interleaved=spec.rotary_interleaved), t[..., d:]], dim=-1)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 1.0,

@@ -27,11 +27,11 @@ from typing import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from .encoding import check_texts, encode_many, token_labels
+from .encoding import token_labels
 from .families import family_for
 from .forward import base_model, forward_one_stream
 from .model import LoadedModel
-from .norms import layers_from_scratch, norm_weights
+from .norms import norm_weights, scratch_batches
 
 __all__ = ["HeadInternals", "head_internals", "attention_of_ids", "residual_stream", "block_modules",
            "window_mask", "token_nll", "special_frame"]
@@ -52,13 +52,9 @@ class HeadInternals:
 def head_internals(lm: LoadedModel, texts: str | Sequence[str], *, batch_size: int = 8,
                    truncate: bool = False) -> Iterator[HeadInternals]:
     """Per text, in input order: its `HeadInternals` (float32, CPU)."""
-    family = family_for(lm.config)
-    base = base_model(lm)
-    encoded = encode_many(lm, check_texts(texts), truncate=truncate)
-    for start in range(0, len(encoded), batch_size):
-        batch = encoded[start : start + batch_size]
+    for batch, computed in scratch_batches(lm, texts, batch_size=batch_size, truncate=truncate):
         probs, vnorms, nweights = [], [], []
-        for spec, r in layers_from_scratch(lm, batch, family, base):
+        for spec, r in computed:
             per_head, _ = norm_weights(r, spec.wo)
             probs.append(r.probs.float().cpu())  # (B, nh, T, T)
             vnorms.append(r.values.norm(dim=-1).float().cpu())  # (B, nh, T)

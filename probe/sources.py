@@ -22,6 +22,8 @@ sentences) asks its source, never an if-chain of its own:
     source.blocks(enc)               one encoded text as `Block`s of query rows, layer by layer
     source.iter_maps(texts, ...)     whole `AttentionMap`s, in order: eager, or assembled from blocks
                                      (`maps` gives them as a list)
+    source.live(text, level=, weight=)  one text held for a viewer (`probe.live.LiveText`): any head's
+                                     query rows when asked for, sliced from its eager map or recomputed
     source.checked(enc, layers=)     the first recomputed text checked against the model's eager
                                      attention on its prefix (`PrefixCheck`); a mismatch raises
     source.record()                  what results say about it: meta["attention"], meta["check"]
@@ -36,24 +38,24 @@ from collections import Counter
 from dataclasses import dataclass
 from itertools import islice
 from types import MappingProxyType
-from typing import ClassVar, Iterable, Iterator, Literal, Mapping, Sequence
+from typing import ClassVar, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from .encoding import Encoded, _checked_stream, check_texts, encode_many, text_units, token_count
-from .extract import _facts, _iter_encoded, _make_map, _select, _select_layers, extract_ids, iter_extract
+from .encoding import Encoded, check_texts, checked_stream, encode, encode_many, text_units, token_count
 from .extract import extract as extract_eager
+from .extract import extract_encoded, extract_ids, iter_extract
 from .forward import attention_layers, is_seq2seq
+from .live import EagerLive, LiveText, RecomputedLive
+from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from .model import LoadedModel
-from .names import Attention, Level, Weight
+from .names import Attention, Level, Mode, Weight
 from .recompute import DEFAULT_BUDGET, Block, PrefixCheck, check_prefix, iter_blocks_encoded
 from .types import AttentionMap, Units
 from .words import Segmenter, to_word_level
 
 __all__ = ["AttentionSource", "EagerSource", "RecomputeSource", "AutoSource", "SOURCES", "TextBlocks", "source_for",
            "memory_budget", "eager_bytes"]
-
-Mode = Literal["eager", "recompute"]
 
 
 def memory_budget(value: int | None = None) -> int:
@@ -125,7 +127,7 @@ class AttentionSource:
         if weight != "attention":
             raise ValueError(f"weight={weight!r} comes from the eager forward pass; use attention='eager' with it")
         stream, done = iter(texts), 0
-        facts = _facts(self.lm)  # what every map carries, read off the model once for the whole stream
+        facts = MapFacts.of(self.lm)  # what every map carries, read off the model once for the whole stream
         while chunk := list(islice(stream, self.batch_size * window)):
             try:
                 chunk = check_texts(chunk)
@@ -134,8 +136,8 @@ class AttentionSource:
             encoded = encode_many(self.lm, chunk, truncate=truncate, first_index=done)
             modes = self._modes(encoded)
             eager = [e for e, m in zip(encoded, modes) if m == "eager"]  # one window, tokenised once
-            yield from _iter_encoded(self.lm, eager, batch_size=self.batch_size, level=level, truncate=truncate,
-                                     facts=facts)
+            yield from extract_encoded(self.lm, eager, batch_size=self.batch_size, level=level, truncate=truncate,
+                                       facts=facts)
             for enc, m in zip(encoded, modes):
                 if m == "recompute":
                     yield TextBlocks(text_units(self.lm, enc), self.blocks(enc), self.lm.is_causal, self.all_layers,
@@ -195,8 +197,8 @@ class AttentionSource:
         if level not in ("token", "word"):
             raise ValueError(f"level must be 'token' or 'word', got {level!r}")
         texts = check_texts(texts)
-        layer_idx = _select_layers(self.lm, layers)
-        head_idx = _select(heads, self.lm.config.num_attention_heads, "head")
+        layer_idx = select_layers(self.lm, layers)
+        head_idx = select_heads(self.lm, heads)
         for start in range(0, len(texts), self.batch_size):
             batch = texts[start : start + self.batch_size]
             encoded = encode_many(self.lm, batch, truncate=truncate, first_index=start)
@@ -217,15 +219,47 @@ class AttentionSource:
         for b, block in iter_blocks_encoded(self.lm, encoded, layers=layer_idx, heads=head_idx,
                                             budget=self.block_budget):
             maps[b][row_of[block.layer], :, block.query_start : block.query_stop] = block.probs
-        all_layers = len(layer_idx) == self.lm.config.num_hidden_layers
-        all_heads = len(head_idx) == self.lm.config.num_attention_heads
+        layers, heads = kept_ids(self.lm, layer_idx, head_idx)
         out = []
         for enc, a in zip(encoded, maps):
-            amap = _make_map(self.lm, enc, a, segmenter, () if all_layers else tuple(layer_idx),
-                             () if all_heads else tuple(head_idx))
+            amap = make_map(self.lm, enc, a, segmenter=segmenter, layers=layers, heads=heads)
             amap.meta.update(attention="recompute", check=check.to_dict())
             out.append(to_word_level(amap) if level == "word" else amap)
         return out
+
+    # -- one text, held for a viewer ----------------------------------------------------------------
+
+    def live(self, text: str, *, level: Level = "token", weight: Weight = "attention",
+             keep_layers: int = 4) -> LiveText:
+        """`text` held for a viewer (`probe.live`): any head's query rows, computed when asked for, eager or
+        recomputed as this source obtains a text of its length (`mode`)."""
+        enc = self._live_text(text, level, weight)
+        if self.mode(len(enc.ids)) == "eager":
+            return self._eager_live(text, level, weight)
+        return self._recomputed_live(enc, level, weight, keep_layers)
+
+    def _live_text(self, text: str, level: Level, weight: Weight) -> Encoded:
+        if level not in ("token", "word"):
+            raise ValueError(f"level must be 'token' or 'word', got {level!r}")
+        if weight not in ("attention", "norm"):
+            raise ValueError(f"weight must be 'attention' or 'norm', got {weight!r}")
+        if not isinstance(text, str):
+            raise TypeError(f"a live text is one str, got {type(text).__name__}")
+        [text] = check_texts(text)
+        return encode(self.lm, text)
+
+    def _eager_live(self, text: str, level: Level, weight: Weight) -> EagerLive:
+        [amap] = extract_eager(self.lm, text, level=level, weight=weight)
+        return EagerLive(self.lm, self, amap)
+
+    def _recomputed_live(self, enc: Encoded, level: Level, weight: Weight, keep_layers: int) -> RecomputedLive:
+        if weight == "norm":
+            raise ValueError("weight='norm' comes from the eager forward pass; this text is recomputed "
+                             "(use weight='attention', or attention='eager' with a larger memory budget)")
+        if level == "word":
+            raise ValueError(f"this text has {len(enc.ids):,} tokens and is recomputed in blocks of rows, which are "
+                             "token rows: use level='token'")
+        return RecomputedLive(self.lm, self, enc, text_units(self.lm, enc), keep_layers=keep_layers)
 
     # -- bookkeeping -------------------------------------------------------------------------------
 
@@ -265,26 +299,36 @@ class EagerSource(AttentionSource):
         """`texts`, each checked before it reaches the model: a ValueError (the need, the budget and the way
         out) when its eager attention alone would take more than the budget, instead of the allocator's
         failure in the middle of the forward pass."""
-        limit, config = self.lm.max_length, self.lm.config
-        for i, text in enumerate(_checked_stream(texts)):
+        limit = self.lm.max_length
+        for i, text in enumerate(checked_stream(texts)):
             n, _ = token_count(self.lm.tokenizer, text, limit)
             if n > limit and not truncate:
                 yield text  # too long for the model: extraction says so, with its own advice
                 continue
-            n = min(n, limit)
-            need = self.need(n)
-            if need > self.budget:
-                itemsize = torch.empty((), dtype=self.lm.dtype).element_size()
-                raise ValueError(
-                    f"text {i} (starting {text[:40]!r}) has {n:,} tokens: its eager attention alone takes "
-                    f"{need / 1e9:.1f} GB ({config.num_hidden_layers} layers × {config.num_attention_heads} heads × "
-                    f"{n:,}² × {itemsize} B), more than the memory budget of {self.budget / 1e9:.1f} GB; use "
-                    "attention='auto' (CLI: --attention auto), which recomputes such a text in blocks, or raise "
-                    "the budget (CLI: --memory-budget)")
+            self._fits(i, text, min(n, limit))
             yield text
+
+    def _fits(self, i: int, text: str, n: int) -> None:
+        """A ValueError when text `i`'s eager attention (`n` tokens) alone takes more than the budget."""
+        need, config = self.need(n), self.lm.config
+        if need > self.budget:
+            itemsize = torch.empty((), dtype=self.lm.dtype).element_size()
+            raise ValueError(
+                f"text {i} (starting {text[:40]!r}) has {n:,} tokens: its eager attention alone takes "
+                f"{need / 1e9:.1f} GB ({config.num_hidden_layers} layers × {config.num_attention_heads} heads × "
+                f"{n:,}² × {itemsize} B), more than the memory budget of {self.budget / 1e9:.1f} GB; use "
+                "attention='auto' (CLI: --attention auto), which recomputes such a text in blocks, or raise "
+                "the budget (CLI: --memory-budget)")
 
     def eager_texts(self, texts: Sequence[str]) -> list[str]:
         return list(texts)
+
+    def live(self, text: str, *, level: Level = "token", weight: Weight = "attention",
+             keep_layers: int = 4) -> EagerLive:
+        """The text's whole map, extracted once and sliced (checked against the budget first)."""
+        self._fits(0, text, len(self._live_text(text, level, weight).ids))
+        return self._eager_live(text, level, weight)
+
 
     def iter_maps(self, texts: str | Iterable[str], *, level: Level = "token", layers: Sequence[int] | None = None,
                   heads: Sequence[int] | None = None, store_dtype: torch.dtype = torch.float32,

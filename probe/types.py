@@ -16,7 +16,7 @@ import torch
 from .names import Level, Weight
 
 __all__ = ["AttentionMap", "Units", "CrossAttentionMap", "Seq2SeqAttention", "Level", "Weight", "head_name", "parse_head",
-           "json_safe", "whole_number", "seed_value", "SEED_MAX"]
+           "parse_heads", "json_safe", "whole_number", "seed_value", "SEED_MAX"]
 
 
 _HEAD = re.compile(r"\s*L(\d+)\s*H(\d+)\s*|\s*(\d+)\s*,\s*(\d+)\s*", re.IGNORECASE)
@@ -44,6 +44,18 @@ def parse_head(spec: str) -> tuple[int, int]:
     return int(layer), int(head)
 
 
+def parse_heads(spec: str) -> list[tuple[int, int]]:
+    """`[(layer, head), ...]` from comma-separated head names, `L16H0,L18H6` (each read by `parse_head`).
+
+    >>> parse_heads("L16H0, l18h6")
+    [(16, 0), (18, 6)]
+    """
+    names = [part for part in str(spec).split(",") if part.strip()]
+    if not names:
+        raise ValueError(f"{spec!r} names no head; write head names separated by commas, such as L16H0,L18H6")
+    return [parse_head(part) for part in names]
+
+
 SEED_MAX = 2**63 - 1  # the largest seed every generator headscope seeds (numpy's, torch's) takes
 
 
@@ -67,15 +79,15 @@ def whole_number(value: object, name: str, *, minimum: int | None = 0) -> int:
 
 
 def seed_value(seed: object, name: str = "seed") -> int:
-    """A random seed: a whole number 0 .. 2**63 - 1 (numpy's generators refuse negatives, torch's overflow past it).
+    """A random seed: a whole number 0 .. 2**63 - 1, the range of every generator headscope seeds (numpy's refuse
+    negatives, torch's overflow past it).
 
     >>> seed_value(0), seed_value(2**63 - 1) == SEED_MAX
     (0, True)
     """
-    n = whole_number(seed, name, minimum=0)
-    if n > SEED_MAX:
-        raise ValueError(f"{name} must be at most 2**63 - 1 = {SEED_MAX}, got {n}")
-    return n
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= SEED_MAX:
+        raise ValueError(f"{name} must be a whole number in 0..2**63-1, got {seed!r}")
+    return seed
 
 
 def json_safe(obj: Any) -> Any:

@@ -3,10 +3,14 @@
 `plot(result, **kw)` draws any result: an `AttentionMap` (`layer=`, `head=`), a `HeadScores`
 (`metric=`), a `Verification` or a `ProbeResult`. Submodules (imported on use, so
 `import headscope.reports` costs nothing):
-- `reports.figures`: matplotlib figures of attention maps, head scores, probes and verification,
-  and `FIGURES`, the registry of the report's figures;
+- `reports.figures`: matplotlib figures of attention maps, head scores, probes, mechanisms and
+  verification, one per result type, and `plot`; `reports.heatmaps`, the heatmaps they are made of;
+- `reports.canvas`: the figure base (`report_figure`, `new_figure`) and files for papers (`save`);
+- `reports.panels`: `FIGURES`, the registry of the report's figures;
 - `reports.fonts`: fonts that draw CJK, Arabic and emoji labels as glyphs;
 - `reports.html`: `build_report(...)` -> one self-contained, offline `index.html` plus PNGs and CSVs;
+- `reports.page`, `reports.payload`: what every page is made with (templates, CSP, safe JSON) and the
+  one encoder of attention for a page;
 - `reports.inline`: `show(maps)`, the head explorer inline in a notebook, offline (also `reports.show`);
 - `reports.notebook`: bertviz views (they need a CDN) and tables for Jupyter.
 
@@ -35,7 +39,7 @@ def show(maps: Any, *args: Any, **kwargs: Any):
 
 
 def save(fig: Any, path: Any, **kwargs: Any):
-    """Write a figure as .png, .svg or .pdf by the suffix (`dpi=`, `width="3.5in"`): see `reports.figures.save`."""
-    from .figures import save as _save
+    """Write a figure as .png, .svg or .pdf by the suffix (`dpi=`, `width="3.5in"`): see `reports.canvas.save`."""
+    from .canvas import save as _save
 
     return _save(fig, path, **kwargs)

@@ -1,52 +1,47 @@
-"""Figures of attention, head scores, probes and verification — the same from the CLI and a notebook.
+"""Figures of attention, head scores, probes, mechanisms and verification: one per result type, and `plot`.
 
 Every function takes plain results (`AttentionMap`, `HeadScores`, `ProbeResult`, `Verification`,
-DataFrames), never a model, and returns a `matplotlib.figure.Figure`. Figures are built with
-`Figure()` rather than pyplot: no global figure registry, no backend choice, nothing shown twice in
-Jupyter, where they display through `_repr_png_` as the very PNG the report writes. Text is drawn
-with fonts that cover CJK, Arabic and emoji (`reports.fonts`).
+`DLAResult`, `PatchResult`, DataFrames), never a model, and returns a `ReportFigure` (`reports.canvas`):
+the same figure from the CLI, the report and a notebook, where it displays as the very PNG the report
+writes. Text is drawn with fonts that cover CJK, Arabic and emoji (`reports.fonts`); the heatmaps they
+are made of are `reports.heatmaps`.
 
 Head and layer arguments are model indices (`amap.layer_ids` / `amap.head_ids`), so a map that
 kept only some heads is addressed the same way as a full one.
 
-`plot(result, **kw)` picks the figure by the result's type. `FIGURES` lists the report's figures:
-each entry names the part of a report section it draws, how, its file stem and caption; the report
-(`reports.html`) draws what the registry lists, so a new report figure is one entry.
+`plot(result, **kw)` picks the figure by the result's type. Which figures a report draws, and from
+what, is `reports.panels.FIGURES`; files and sizes for papers are `reports.canvas` (`save`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import hashlib
-import io
 import math
-import re
 import textwrap
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from headscope.analyses.coref import ProbeResult
-from headscope.analyses.flow import FLOW_MAX_EDGES, FLOW_MAX_SECONDS, TOKEN_MAPS, TokenMap, flow, flow_fits
+from headscope.analyses.flow import FLOW_MAX_SECONDS, TOKEN_MAPS, TokenMap, flow
 from headscope.analyses.heads import HeadScores
 from headscope.analyses.metrics import METRICS
 from headscope.analyses.patching import PatchResult
 from headscope.probe.attribution import DLAResult
+from headscope.probe.composition import CompositionScores
 from headscope.probe.types import AttentionMap, head_name
 from headscope.probe.verify import Verification
 
+from .canvas import new_figure
 from .fonts import font_context
-from .sinks import massive_figure, sink_share_grid, streaming_figure
-from .syntax import cluster_plot, relation_bars, relation_grid, tree_figure
+from .heatmaps import (NO_ATTENTION, display_label, grid_figure, grid_heatmap, label_no_attention, outline_heads,
+                       token_heatmap, with_no_attention_rows)
 from .vision import layer_overlays, patch_overlay, patch_rollout
 
 if TYPE_CHECKING:
+    import pandas as pd
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
-    import pandas as pd
 
 __all__ = [
     "attention_heatmap",
@@ -60,190 +55,10 @@ __all__ = [
     "signed_grid",
     "dla_grid",
     "patch_grid",
+    "composition_graph",
     "best_heads",
     "plot",
-    "FigureSpec",
-    "Panel",
-    "FIGURES",
-    "STACKS",
-    "plotted_metrics",
-    "start_head",
-    "slug",
-    "display_label",
-    "to_png",
-    "figure_bytes",
-    "FigureFormat",
-    "FORMATS",
-    "WIDTH_UNITS",
-    "parse_width",
-    "fitted",
-    "save",
 ]
-
-_MASKED = "#eeeeee"  # cells a causal model cannot attend to
-
-
-def display_label(label: str) -> str:
-    """A token as a readable axis label: whitespace made visible, never empty.
-
-    >>> display_label("\\n"), display_label(" "), display_label("Ġthe")
-    ('↵', '␣', 'Ġthe')
-    """
-    shown = label.replace("\n", "↵").replace("\t", "⇥").replace("\r", "")
-    return shown if shown.strip() else "␣"
-
-
-def to_png(fig: Figure, *, dpi: int = 100) -> bytes:
-    """The figure as PNG bytes, drawn under matplotlib's defaults whatever the caller's rcParams.
-
-    Save a figure once: constrained layout refines itself on every draw, so a second save of the
-    same Figure may differ by a pixel (a fresh figure from the same data is identical).
-    """
-    return figure_bytes(fig, "png", dpi=dpi)
-
-
-# ---------------------------------------------------------------- files for papers
-
-FigureFormat = Literal["png", "svg", "pdf"]
-
-# Per file format, the rcParams that keep every label's glyphs in the file. PDF embeds subsets of
-# the fonts as CID fonts (Type 42: text stays text, and journals refuse Type 3); SVG writes each
-# glyph as an outline, so CJK shows even where the reader has no CJK font. The date is left out of
-# vector files so the same figure gives the same bytes.
-FORMATS: Mapping[str, Mapping[str, Any]] = {
-    "png": {"rc": {}, "metadata": None},
-    "svg": {"rc": {"svg.fonttype": "path", "svg.hashsalt": "headscope"}, "metadata": {"Date": None}},
-    "pdf": {"rc": {"pdf.fonttype": 42}, "metadata": {"CreationDate": None}},
-}
-
-# Column widths are given with a unit: 3.5in, 8.9cm, 89mm, 252pt.
-WIDTH_UNITS: Mapping[str, float] = {"in": 1.0, "cm": 1 / 2.54, "mm": 1 / 25.4, "pt": 1 / 72}
-WIDTH_RANGE = (0.5, 40.0)  # inches: from a thumbnail to a poster
-PIXEL_RANGE = (50, 12_000)  # width × dpi of a figure file: an image that can be seen, and one that fits in memory
-
-
-def check_width(width: float | None, dpi: int) -> None:
-    """ValueError unless `width` (inches; None keeps each figure's own) lies in `WIDTH_RANGE` and
-    `width × dpi` in `PIXEL_RANGE`: checked before any work, as drawing a 1000in figure runs out of
-    memory and a 0.001pt one is an empty image.
-
-    >>> check_width(3.5, 300)
-    >>> check_width(40, 1200)
-    Traceback (most recent call last):
-    ValueError: 40in at 1200 dpi is 48000 pixels wide; give at most 12000 pixels (a smaller --width or --dpi)
-    """
-    if width is None:
-        return
-    lo, hi = WIDTH_RANGE
-    if not lo <= width <= hi:
-        raise ValueError(f"{width:g}in is outside {lo:g}in–{hi:g}in; give a figure width in that range, "
-                         "such as 3.5in or 8.9cm")
-    pixels, (least, most) = width * dpi, PIXEL_RANGE
-    if pixels < least:
-        raise ValueError(f"{width:g}in at {dpi} dpi is {pixels:.0f} pixels wide; give at least {least} pixels "
-                         "(a larger --width or --dpi)")
-    if pixels > most:
-        raise ValueError(f"{width:g}in at {dpi} dpi is {pixels:.0f} pixels wide; give at most {most} pixels "
-                         "(a smaller --width or --dpi)")
-
-
-def figure_bytes(fig: Figure, fmt: FigureFormat = "png", *, dpi: int = 100, width: float | None = None) -> bytes:
-    """The figure as a `fmt` file (see `FORMATS`); `width` (inches) scales it to a paper's column.
-
-    The figure itself is left as it was (`fitted` restores its size and fonts).
-    """
-    if fmt not in FORMATS:
-        raise ValueError(f"unknown figure format {fmt!r}; choose from {', '.join(FORMATS)}")
-    check_width(width, dpi)
-    spec = FORMATS[fmt]
-    buf = io.BytesIO()
-    extra = {"metadata": spec["metadata"]} if spec["metadata"] is not None else {}
-    with fitted(fig, width), font_context("", **spec["rc"]):  # some sizes (font.size) are read at draw time
-        # constrained layout already fits the figure; bbox_inches="tight" would draw it twice
-        fig.savefig(buf, format=fmt, dpi=dpi, facecolor="white", **extra)
-    return buf.getvalue()
-
-
-def parse_width(spec: str) -> float:
-    """Inches from a width with its unit (`WIDTH_UNITS`).
-
-    >>> parse_width("3.5in"), parse_width("2.54cm"), parse_width(" 72pt ")
-    (3.5, 1.0, 1.0)
-    """
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-z]+)\s*", str(spec).lower())
-    if m is None or m.group(2) not in WIDTH_UNITS or float(m.group(1)) <= 0:
-        raise ValueError(f"{spec!r} is not a width; write a positive number and a unit "
-                         f"({', '.join(WIDTH_UNITS)}), such as 3.5in or 8.9cm")
-    inches = round(float(m.group(1)) * WIDTH_UNITS[m.group(2)], 6)
-    lo, hi = WIDTH_RANGE
-    if not lo <= inches <= hi:
-        raise ValueError(f"{spec!r} is outside {lo:g}in–{hi:g}in; give a figure width in that range, "
-                         "such as 3.5in or 8.9cm")
-    return inches
-
-
-@contextlib.contextmanager
-def fitted(fig: Figure, width: float | None) -> Iterator[None]:
-    """Inside, `fig` is `width` inches wide, its height and every font scaled by the same factor,
-    so the figure looks as it does on screen, only smaller or larger (nothing overflows a margin).
-    Size and fonts are restored on exit."""
-    if width is None:
-        yield
-        return
-    from matplotlib.text import Text
-
-    w, h = fig.get_size_inches()
-    k = width / w
-    texts = [(t, t.get_fontsize()) for t in fig.findobj(Text)]
-    try:
-        fig.set_size_inches(width, h * k)
-        for t, size in texts:
-            t.set_fontsize(size * k)
-        yield
-    finally:
-        fig.set_size_inches(w, h)
-        for t, size in texts:
-            t.set_fontsize(size)
-
-
-def save(fig: Figure, path: str | Path, *, dpi: int = 100, width: float | str | None = None) -> Path:
-    """Write `fig` to `path`, the format named by its suffix (.png, .svg, .pdf); `width` in inches
-    or with a unit ("3.5in"). Returns the path."""
-    path = Path(path)
-    fmt = path.suffix.lower().lstrip(".")
-    if fmt not in FORMATS:
-        raise ValueError(f"{path}: give a file name ending in {', '.join('.' + f for f in FORMATS)}")
-    inches = parse_width(width) if isinstance(width, str) else width
-    path.write_bytes(figure_bytes(fig, fmt, dpi=dpi, width=inches))  # type: ignore[arg-type]
-    return path
-
-
-@functools.lru_cache(maxsize=1)
-def _figure_class():
-    from matplotlib.figure import Figure
-
-    class ReportFigure(Figure):
-        """A matplotlib Figure that Jupyter shows as the same PNG the report writes (`to_png`).
-
-        Figures made without pyplot get no display hook from the inline backend; `_repr_png_`
-        gives them one, without touching matplotlib's global state.
-        """
-
-        def _repr_png_(self) -> bytes:
-            return to_png(self)
-
-    return ReportFigure
-
-
-def _new_figure(width: float, height: float, **kwargs) -> Figure:
-    return _figure_class()(figsize=(width, height), **kwargs)
-
-
-def _figure(width: float, height: float, ax: Axes | None) -> tuple[Figure, Axes]:
-    if ax is not None:
-        return ax.figure, ax
-    fig = _new_figure(width, height, layout="constrained")
-    return fig, fig.add_subplot()
 
 
 def _index(ids: Sequence[int], wanted: int, what: str) -> int:
@@ -251,27 +66,6 @@ def _index(ids: Sequence[int], wanted: int, what: str) -> int:
         return list(ids).index(wanted)
     except ValueError:
         raise ValueError(f"{what} {wanted} is not in this map; it holds {what}s {list(ids)}") from None
-
-
-def _upright(label: str) -> bool:
-    """Whether a column label reads better upright: one character, or two wide (CJK) ones.
-
-    >>> _upright("我爱"), _upright("."), _upright("it")
-    (True, True, False)
-    """
-    import unicodedata
-
-    return len(label) == 1 or (len(label) == 2 and all(unicodedata.east_asian_width(c) in "WF" for c in label))
-
-
-def _label_size(n: int) -> float:
-    """Font size (points) that keeps n labels legible at the cell size `_cell` gives."""
-    return 10.0 if n <= 24 else max(6.0, 10.0 - (n - 24) / 10)
-
-
-def _cell(n: int) -> float:
-    """Inches per heatmap cell: roomy for short texts, tighter (never cramped) for long ones."""
-    return 0.34 if n <= 24 else max(0.2, 0.34 - (n - 24) * 0.004)
 
 
 # ---------------------------------------------------------------- attention of one head
@@ -307,86 +101,11 @@ def attention_heatmap(
     weights = amap.attention[li, hi].detach().float().cpu().numpy()  # [query, key]
     model = amap.meta.get("model", "")
     cross = hasattr(amap, "queries")
-    return _token_heatmap(weights, amap, ax=ax, cmap=cmap, cbar="attention weight",
+    return token_heatmap(weights, amap, ax=ax, cmap=cmap, cbar="attention weight",
                           title=title or f"{model + ' · ' if model else ''}{'cross-attention · ' if cross else ''}"
                                          f"layer {layer} head {head} · {amap.level} level",
                           xlabel="source key (attended to)" if cross else "key (attended to)",
                           ylabel="target query (attending)" if cross else "query (attending)")
-
-
-# A token heatmap's size is bounded whatever the text's length: at most CELLS_MAX cells per axis (a longer text
-# is drawn as a pooled overview, each cell the mean over a block of units), at most SIDE_MAX inches per side, and
-# at most LABELS_MAX tick labels per axis (every k-th unit's label beyond that).
-CELLS_MAX = 256
-SIDE_MAX = 20.0
-LABELS_MAX = 80
-
-
-def _pooled(weights: np.ndarray, block: int) -> np.ndarray:
-    """Mean over `block` × `block` tiles (NaN, the cells a causal model cannot see, left out; a tile of
-    only NaN stays NaN); the last tiles may be smaller.
-
-    >>> _pooled(np.arange(16.0).reshape(4, 4), 2).tolist()
-    [[2.5, 4.5], [10.5, 12.5]]
-    """
-    if block == 1:
-        return weights
-    n_q, n = weights.shape
-    m_q, m = -(-n_q // block), -(-n // block)
-    padded = np.full((m_q * block, m * block), np.nan)
-    padded[:n_q, :n] = weights
-    tiles = padded.reshape(m_q, block, m, block)
-    counts = np.isfinite(tiles).sum(axis=(1, 3))
-    sums = np.nansum(tiles, axis=(1, 3))
-    return np.where(counts > 0, sums / np.maximum(counts, 1), np.nan)
-
-
-def _token_heatmap(weights: np.ndarray, amap: AttentionMap, *, ax: Axes | None, cmap: str, cbar: str,
-                   title: str, xlabel: str = "key (attended to)", ylabel: str = "query (attending)") -> Figure:
-    """A [query, key] map over `amap`'s units, a label on every row and column; a causal map's upper triangle grey.
-    A cross-attention map's rows are the target's units and its columns the source's.
-
-    Its size is bounded (`CELLS_MAX`, `SIDE_MAX`, `LABELS_MAX`): a long text is drawn pooled, with every
-    k-th label, and the title says so. A plain `pcolormesh` (seaborn's heatmap measured every label
-    against every other: gigabytes for a few hundred tokens).
-    """
-    import matplotlib as mpl
-
-    rows = [display_label(t) for t in getattr(amap, "queries", amap).labels]
-    labels = [display_label(t) for t in getattr(amap, "keys", amap).labels]
-    n_q, n = len(rows), len(labels)
-    values = np.array(weights, dtype=float)  # a copy: the caller's array is left alone
-    if amap.causal:
-        values[np.triu(np.ones((n_q, n), dtype=bool), k=1)] = np.nan
-    block = -(-max(n, n_q) // CELLS_MAX)
-    drawn = _pooled(values, block)
-    m_q, m = drawn.shape
-    cell = min(_cell(max(m, m_q)), SIDE_MAX / max(m, m_q))
-    step = -(-max(m, m_q) // LABELS_MAX)
-    notes = ([f"pooled {block}×{block}"] if block > 1 else []) + ([f"a label every {step * block} units"] if step > 1 else [])
-    full_title = f"{title} · {', '.join(notes)}" if notes else title
-    colours = mpl.colormaps[cmap].with_extremes(bad=_MASKED)
-    with font_context("".join(rows + labels) + str(title or "") + str(amap.meta.get("model", ""))):
-        fig, ax = _figure(m * cell + 2.4, m_q * cell + 1.4, ax)
-        ax.set_facecolor(_MASKED)
-        mesh = ax.pcolormesh(np.ma.masked_invalid(drawn), cmap=colours, vmin=0.0, vmax=1.0)
-        ax.set_xlim(0, m)
-        ax.set_ylim(m_q, 0)
-        ax.set_aspect("equal")
-        for side in ax.spines.values():
-            side.set_visible(False)
-        fig.colorbar(mesh, ax=ax, label=cbar, shrink=0.6 if max(m, m_q) > 12 else 0.9)
-        size = _label_size(len(range(0, max(m, m_q), step)))
-        ax.set_xticks([i + 0.5 for i in range(0, m, step)], [labels[i * block] for i in range(0, m, step)])
-        ax.set_yticks([i + 0.5 for i in range(0, m_q, step)], [rows[i * block] for i in range(0, m_q, step)])
-        ax.tick_params(axis="x", labelsize=size, length=0)
-        for tick in ax.get_xticklabels():  # one character (or two CJK ones) upright, the rest vertical
-            tick.set_rotation(0 if _upright(tick.get_text()) else 90)
-        ax.tick_params(axis="y", labelrotation=0, labelsize=size, length=0)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        ax.set_title(full_title, fontsize=11)
-    return fig
 
 
 def token_map(amap: AttentionMap, kind: TokenMap = "rollout", *, ax: Axes | None = None, cmap: str = "Purples") -> Figure:
@@ -410,14 +129,14 @@ def token_map(amap: AttentionMap, kind: TokenMap = "rollout", *, ax: Axes | None
                    else TOKEN_MAPS[kind](attention)).numpy()  # [query, key]
     except TimeoutError as exc:
         with font_context(amap.text + model):
-            fig, ax = _figure(6.0, 1.6, ax)
+            fig, ax = new_figure(6.0, 1.6, ax)
             ax.axis("off")
             ax.text(0.5, 0.5, textwrap.fill(f"Attention flow skipped: {exc}. The rollout above is drawn; "
                                             "for the flow, use a shorter text.", 80),
                     ha="center", va="center", fontsize=10, transform=ax.transAxes)
             ax.set_title(f"{model + ' · ' if model else ''}attention flow skipped · {amap.level} level", fontsize=11)
         return fig
-    return _token_heatmap(weights, amap, ax=ax, cmap=cmap, cbar=f"share of the output ({kind})",
+    return token_heatmap(weights, amap, ax=ax, cmap=cmap, cbar=f"share of the output ({kind})",
                           title=f"{model + ' · ' if model else ''}attention {kind} · {amap.level} level",
                           xlabel="input token", ylabel="output token (after the last layer)")
 
@@ -448,7 +167,7 @@ def attention_mosaic(amap: AttentionMap, *, cmap: str = "viridis", max_width: fl
     width = min(max_width, 1.0 + 0.9 * n_h)
     height = width * (n_l / n_h) * 0.98 + 0.9
     with font_context(amap.text + str(amap.meta.get("model", ""))):
-        fig, ax = _figure(width + 1.0, height, None)
+        fig, ax = new_figure(width + 1.0, height, None)
         ax.set_facecolor("white")
         img = ax.imshow(mosaic, cmap=cmap, norm=PowerNorm(0.5, vmin=0, vmax=1), interpolation="nearest")
         ax.set_xticks([j * tile + n / 2 - 0.5 for j in range(n_h)], [str(h) for h in amap.head_ids], fontsize=8)
@@ -467,104 +186,6 @@ def attention_mosaic(amap: AttentionMap, *, cmap: str = "viridis", max_width: fl
         model = amap.meta.get("model", "")
         ax.set_title(f"{model + ': ' if model else ''}every head on “{text}” ({amap.level} level)", fontsize=10)
     return fig
-
-
-# ---------------------------------------------------------------- layer x head grids
-
-
-def _grid_heatmap(ax: Axes, grid: pd.DataFrame, *, vmin: float, vmax: float, cmap: str, center: float | None,
-                  fmt: str, label: str) -> None:
-    """One cell per (layer, head), numbers in the cells while they stay legible; NaN cells grey.
-
-    Plain `imshow` with fixed margins rather than seaborn + constrained layout: a report draws a
-    dozen of these per model, and this is about twice as fast.
-    """
-    import matplotlib as mpl
-    import seaborn  # noqa: F401  (registers the rocket / mako / vlag colour maps)
-    from matplotlib.colors import Normalize, TwoSlopeNorm
-
-    values = grid.to_numpy(dtype=float)
-    n_l, n_h = values.shape
-    colours = mpl.colormaps[cmap].with_extremes(bad=_MASKED)
-    norm = (TwoSlopeNorm(center, vmin, vmax) if center is not None and vmin < center < vmax
-            else Normalize(vmin, vmax if vmax > vmin else vmin + 1))
-    img = ax.imshow(np.ma.masked_invalid(values), cmap=colours, norm=norm, aspect="auto", interpolation="nearest")
-    if values.size <= 150:
-        size = 7 if n_h <= 12 else 6
-        for (i, j), v in np.ndenumerate(values):
-            if math.isfinite(v):
-                r, g, b, _ = colours(norm(v))
-                ink = "white" if 0.299 * r + 0.587 * g + 0.114 * b < 0.5 else "black"
-                ax.text(j, i, format(v, fmt), ha="center", va="center", fontsize=size, color=ink)
-    ax.set_xticks(range(n_h), [str(h) for h in grid.columns])
-    ax.set_yticks(range(n_l), [str(l) for l in grid.index])
-    ax.set_xticks(np.arange(n_h + 1) - 0.5, minor=True)
-    ax.set_yticks(np.arange(n_l + 1) - 0.5, minor=True)
-    ax.grid(which="minor", color="white", linewidth=0.8)
-    ax.tick_params(which="both", length=0)
-    for side in ax.spines.values():
-        side.set_visible(False)
-    ax.set_xlabel("head")
-    ax.set_ylabel("layer")
-    ax.figure.colorbar(img, ax=ax, shrink=0.8 if n_l <= 12 else 0.4, label=label, pad=0.02)
-
-
-NO_ATTENTION = "no softmax attention"  # the label of a hybrid stack's layer without attention, in every figure
-
-
-def with_no_attention_rows(grid: pd.DataFrame, no_attention: Sequence[int]) -> pd.DataFrame:
-    """`grid` (index = model layers) with a row for each layer in `no_attention`, in layer order, all NaN: drawn
-    by `_label_no_attention` as a labelled row, so L3 of the model stays L3 and is never a row of zeros.
-
-    >>> import pandas as pd
-    >>> g = pd.DataFrame([[0.5, 0.2]], index=pd.Index([1], name="layer"), columns=[0, 1])
-    >>> with_no_attention_rows(g, (0, 2)).index.tolist()
-    [0, 1, 2]
-    """
-    if not no_attention:
-        return grid
-    return grid.reindex(sorted(set(grid.index) | set(no_attention))).rename_axis(grid.index.name)
-
-
-def _label_no_attention(ax: Axes, rows: Sequence[int], no_attention: Sequence[int], n_cols: int) -> None:
-    """Hatch each row of a layer without softmax attention and write so across it (row order = `rows`)."""
-    from matplotlib.patches import Rectangle
-
-    for layer in no_attention:
-        if layer not in rows:
-            continue
-        r = list(rows).index(layer)
-        ax.add_patch(Rectangle((-0.5, r - 0.5), n_cols, 1, facecolor="white", edgecolor="#999999", hatch="///",
-                               lw=0.6, zorder=3))
-        ax.text((n_cols - 1) / 2, r, f"L{layer}: {NO_ATTENTION}", ha="center", va="center", fontsize=7,
-                color="#444444", zorder=5, bbox=dict(facecolor="white", edgecolor="none", pad=1.0))
-
-
-def _outline(ax: Axes, grid: pd.DataFrame, cells: Sequence[tuple[int, int]], colour: str = "#d62728") -> None:
-    """Box the (layer, head) cells, the grid's index/columns being model indices."""
-    from matplotlib.patches import Rectangle
-
-    rows, cols = list(grid.index), list(grid.columns)
-    for rank, (layer, head) in enumerate(cells):
-        if layer in rows and head in cols:
-            r, c = rows.index(layer), cols.index(head)
-            ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor=colour,
-                                   lw=2.6 if rank == 0 else 1.6, clip_on=False, zorder=4))  # above the grid lines
-
-
-def _grid_size(grid: pd.DataFrame) -> tuple[float, float]:
-    n_l, n_h = grid.shape
-    return min(14.0, 2.2 + 0.62 * n_h), min(16.0, 1.6 + (0.42 if n_l <= 12 else 0.3) * n_l)
-
-
-def _grid_figure(grid: pd.DataFrame, ax: Axes | None) -> tuple[Figure, Axes]:
-    """A figure for a grid with fixed margins (inches), unless the caller gave the axes."""
-    if ax is not None:
-        return ax.figure, ax
-    w, h = _grid_size(grid)
-    fig = _new_figure(w, h)
-    fig.subplots_adjust(left=0.75 / w, right=1 - 0.1 / w, bottom=0.55 / h, top=1 - 0.62 / h)
-    return fig, fig.add_subplot()
 
 
 def best_heads(scores: Any, metric: str, k: int = 3) -> list[tuple[int, int, float]]:
@@ -596,10 +217,10 @@ def score_grid(scores: Any, metric: str, *, ax: Axes | None = None, k: int = 3) 
     label = f"{spec.label} ({spec.unit})" if spec.unit else spec.label
     best = best_heads(scores, metric, k)
     with font_context(f"{scores.model}{metric}"):
-        fig, ax = _grid_figure(grid, ax)
-        _grid_heatmap(ax, grid, vmin=vmin, vmax=vmax, cmap=cmap, center=None, fmt=".2f", label=label)
-        _label_no_attention(ax, list(grid.index), no_attention, grid.shape[1])
-        _outline(ax, grid, [(l, h) for l, h, _ in best])
+        fig, ax = grid_figure(grid, ax)
+        grid_heatmap(ax, grid, vmin=vmin, vmax=vmax, cmap=cmap, center=None, fmt=".2f", label=label)
+        label_no_attention(ax, list(grid.index), no_attention, grid.shape[1])
+        outline_heads(ax, grid, [(l, h) for l, h, _ in best])
         head = f"{scores.model} · {spec.label} ({scores.level} level)"
         if not finite.size:
             sub = "not applicable to this model"
@@ -620,9 +241,9 @@ def signed_grid(grid: pd.DataFrame, *, title: str, label: str, ax: Axes | None =
             if math.isfinite(float(grid.loc[l, h]))]
     best = sorted(flat, key=lambda x: -abs(x[2]))[:k]
     with font_context(title):
-        fig, ax = _grid_figure(grid, ax)
-        _grid_heatmap(ax, grid, vmin=-bound, vmax=bound, cmap="vlag", center=0.0, fmt=fmt, label=label)
-        _outline(ax, grid, [(l, h) for l, h, _ in best])
+        fig, ax = grid_figure(grid, ax)
+        grid_heatmap(ax, grid, vmin=-bound, vmax=bound, cmap="vlag", center=0.0, fmt=fmt, label=label)
+        outline_heads(ax, grid, [(l, h) for l, h, _ in best])
         width = fig.get_figwidth()
         ax.set_title(textwrap.fill(title, max(40, int(width * 11))), fontsize=9)
     return fig
@@ -668,7 +289,7 @@ def composition_graph(scores: Any, *, kind: str = "k", k: int = 25, ax: Axes | N
     title = (f"{scores.model} · the {len(top)} strongest {names.get(kind, kind)}-composition edges "
              f"(score / random-matrix baseline {base:.3f}; width and colour: the ratio)")
     with font_context(title):
-        fig, ax = _figure(9.0, 5.5, ax)
+        fig, ax = new_figure(9.0, 5.5, ax)
         if g.number_of_nodes():
             pos = nx.multipartite_layout(g, subset_key="layer")
             ratios = [d["ratio"] for _, _, d in g.edges(data=True)]
@@ -703,10 +324,10 @@ def difference_grid(comparison: Any, metric: str, *, ax: Axes | None = None) -> 
     changed = [(int(r.layer), int(r.head)) for r in rows[rows["metric"] == metric].itertuples()]
     label = METRICS[metric].label if metric in METRICS else metric
     with font_context(f"{comparison.a}{comparison.b}{metric}"):
-        fig, ax = _grid_figure(grid, ax)
-        _grid_heatmap(ax, grid, vmin=-bound, vmax=bound, cmap="vlag", center=0.0, fmt="+.2f",
+        fig, ax = grid_figure(grid, ax)
+        grid_heatmap(ax, grid, vmin=-bound, vmax=bound, cmap="vlag", center=0.0, fmt="+.2f",
                       label=f"{label}: B − A")
-        _outline(ax, grid, changed)
+        outline_heads(ax, grid, changed)
         ax.set_title(f"{label}: {comparison.b} − {comparison.a} over {comparison.n_texts} texts\n"
                      f"{len(changed)} changed head{'s' if len(changed) != 1 else ''} (boxed)", fontsize=10)
     return fig
@@ -723,12 +344,12 @@ def probe_grid(result: Any, no_attention: Sequence[int] = (), *, ax: Axes | None
     grid = with_no_attention_rows(grid, tuple(no_attention))
     chance = result.baselines.get("chance") if result.baselines else None
     with font_context(f"{result.model}{result.task}{result.verdict}"):
-        fig, ax = _grid_figure(grid, ax)
-        _grid_heatmap(ax, grid, vmin=0.0, vmax=1.0, cmap="vlag_r", center=chance, fmt=".2f",
+        fig, ax = grid_figure(grid, ax)
+        grid_heatmap(ax, grid, vmin=0.0, vmax=1.0, cmap="vlag_r", center=chance, fmt=".2f",
                       label="accuracy (all examples)")
-        _label_no_attention(ax, list(grid.index), tuple(no_attention), grid.shape[1])
+        label_no_attention(ax, list(grid.index), tuple(no_attention), grid.shape[1])
         if result.best_head is not None:
-            _outline(ax, grid, [tuple(result.best_head)], colour="black")
+            outline_heads(ax, grid, [tuple(result.best_head)], colour="black")
         ax.set_title(f"{result.model} · {result.task} (n={result.n})\n{_probe_headline(result)}", fontsize=10)
     return fig
 
@@ -757,7 +378,7 @@ def probe_drilldown(result: Any, *, max_examples: int = 12, ax: Axes | None = No
     shown = ex[ex["example"].isin(ids)]
     chars = "".join(map(str, shown[["text", "source", "candidate"]].to_numpy().ravel()))
     with font_context(chars + f"✓{result.model}{result.task}"):
-        fig, ax = _figure(9.0, 0.9 + 0.21 * (len(shown) + 1.6 * len(ids)), ax)
+        fig, ax = new_figure(9.0, 0.9 + 0.21 * (len(shown) + 1.6 * len(ids)), ax)
         if not ids:
             ax.text(0.5, 0.5, "no examples", ha="center", va="center")
             ax.set_axis_off()
@@ -813,7 +434,7 @@ def verification_plot(verification: Verification, *, ax: Axes | None = None) -> 
     frame = verification.to_frame()
     floor = 1e-12  # an exact match (Δ = 0) still gets a visible bar on a log axis
     with font_context(verification.summary() + verification.model):
-        fig, ax = _figure(min(12.0, 4.5 + 0.25 * len(frame)), 3.4, ax)
+        fig, ax = new_figure(min(12.0, 4.5 + 0.25 * len(frame)), 3.4, ax)
         x = frame["layer"].to_numpy()
         colours = ["#2ca02c" if p else "#d62728" for p in frame["passed"]]
         ax.bar(x, np.maximum(frame["max_abs_err"].to_numpy(dtype=float), floor), color=colours, width=0.7,
@@ -852,8 +473,8 @@ def verification_plot(verification: Verification, *, ax: Axes | None = None) -> 
 def plot(result: Any, **kwargs: Any) -> Figure:
     """The figure of a result: `plot(amap, layer=, head=)`, `plot(scores, metric=)`, `plot(verification)`,
     `plot(probe_result)`; keyword arguments go to the drawing function."""
-    raise TypeError(f"no figure is defined for a {type(result).__name__}; plot takes an AttentionMap, "
-                    "a HeadScores, a Verification or a ProbeResult")
+    raise TypeError(f"no figure is defined for a {type(result).__name__}; plot takes an AttentionMap, a HeadScores, "
+                    "a Verification, a ProbeResult, a DLAResult, a PatchResult or a CompositionScores")
 
 
 @plot.register(AttentionMap)
@@ -875,335 +496,8 @@ def _plot_scores(result: HeadScores, *, metric: str, **kwargs: Any) -> Figure:
     return score_grid(result, metric, **kwargs)
 
 
-@plot.register(Verification)
-def _plot_verification(result: Verification, **kwargs: Any) -> Figure:
-    return verification_plot(result, **kwargs)
-
-
-@plot.register(DLAResult)
-def _plot_dla(result: DLAResult, **kwargs: Any) -> Figure:
-    return dla_grid(result, **kwargs)
-
-
-@plot.register(PatchResult)
-def _plot_patch(result: PatchResult, **kwargs: Any) -> Figure:
-    return patch_grid(result, **kwargs)
-
-
-@plot.register(ProbeResult)
-def _plot_probe(result: ProbeResult, **kwargs: Any) -> Figure:
-    return probe_grid(result, **kwargs)
-
-
-# ---------------------------------------------------------------- the report's figures
-
-
-@dataclass(frozen=True)
-class Panel:
-    """One figure to draw: the arguments of its spec's `draw`, the words that fill its file stem and
-    caption, and the result it shows (a report places a probe's figures beside that probe)."""
-
-    args: tuple
-    words: Mapping[str, Any]
-    result: Any = None
-
-
-@dataclass(frozen=True)
-class FigureSpec:
-    """A figure of the report. `source` names the field of a model's analysis (`reports.analysis.ModelAnalysis`)
-    it draws; `panels(section)` lists what to draw from it (nothing when the field is empty); `stem`
-    and `caption` are format strings over each panel's words; `group` is the report section showing it."""
-
-    name: str
-    source: str
-    group: Literal["verification", "heads", "probe", "attention", "syntax", "syntax-grid", "comparison", "sinks",
-                   "mechanisms", "vision"]
-    draw: Callable[..., Figure]
-    panels: Callable[[Any], Iterable[Panel]]
-    stem: str
-    caption: str
-
-
-def _verification_panels(section: Any) -> Iterable[Panel]:
-    if section.verification is not None:
-        yield Panel((section.verification,), {}, section.verification)
-
-
-def _score_panels(section: Any) -> Iterable[Panel]:
-    if section.scores is not None:
-        for metric in plotted_metrics(section.scores):
-            yield Panel((section.scores, metric), {"metric": metric, "label": section.scores.registry[metric].label},
-                        section.scores)
-
-
-def _probe_panels(section: Any) -> Iterable[Panel]:
-    no_attention = tuple(getattr(section.scores, "no_attention", ()))  # a hybrid stack's layers without attention
-    for probe in section.probes:
-        yield Panel((probe, no_attention), {"task": probe.task, "file_task": slug(probe.task), "n": probe.n}, probe)
-
-
-def _drilldown_panels(section: Any) -> Iterable[Panel]:
-    for panel in _probe_panels(section):
-        probe = panel.result
-        if probe.best_head is not None and len(probe.examples):
-            yield Panel((probe,), panel.words, probe)  # the drilldown draws the best head's examples only
-
-
-def _heatmap_panels(section: Any) -> Iterable[Panel]:
-    layer, head = start_head(section)
-    kind = f"{STACKS['encoder']} · " if section.pairs else ""  # an encoder–decoder's maps are its encoder's
-    for i, amap in enumerate(section.heatmap_maps):
-        yield Panel((amap, layer, head), {"i": i, "head": head_name(layer, head), "layer_id": layer, "head_id": head,
-                                          "text": amap.text, "level": amap.level, "kind": kind}, amap)
-
-
-# The attention maps of an encoder–decoder model, named once: the report's explorer and figure captions use these.
-STACKS: Mapping[str, str] = {"encoder": "Encoder self-attention", "decoder": "Decoder self-attention",
-                             "cross": "Cross-attention (target → source)"}
-
-
-def _seq2seq_panels(section: Any) -> Iterable[Panel]:
-    """The decoder's self-attention and the cross-attention of each (source, target) pair, at the
-    heatmaps' level, on the start head (or the stack's first head where it has no such head)."""
-    layer, head = start_head(section)
-    words = bool(section.heatmap_maps) and section.heatmap_maps[0].level == "word"
-    pairs = section.word_pairs if words and section.word_pairs else section.pairs
-    for i, pair in enumerate(pairs):
-        for kind in ("decoder", "cross"):
-            amap = getattr(pair, kind)
-            lay = layer if layer in amap.layer_ids else amap.layer_ids[0]
-            hd = head if head in amap.head_ids else amap.head_ids[0]
-            yield Panel((amap, lay, hd), {"i": i, "kind": kind, "stack": STACKS[kind], "head": head_name(lay, hd),
-                                          "layer_id": lay, "head_id": hd, "text": pair.encoder.text,
-                                          "target": pair.decoder.text, "level": amap.level}, amap)
-
-
-def _token_map_panels(kind: TokenMap):
-    def panels(section: Any) -> Iterable[Panel]:
-        for i, amap in enumerate(section.maps):  # token level: every layer of the whole text
-            if kind != "flow" or flow_fits(amap.attention):
-                yield Panel((amap, kind), {"i": i, "text": amap.text}, amap)
-    return panels
-
-
-def _mosaic_panels(section: Any) -> Iterable[Panel]:
-    if section.maps:
-        yield Panel((section.maps[0],), {"text": section.maps[0].text}, section.maps)  # the first of the sentences
-
-
-def _image_maps(section: Any) -> list:
-    return [m for m in section.maps if m.is_image]
-
-
-def _overlay_panels(section: Any) -> Iterable[Panel]:
-    """Each image: the start head's attention from [CLS] (the first patch where there is none) over the image."""
-    layer, head = start_head(section)
-    for i, amap in enumerate(_image_maps(section)):
-        yield Panel((amap, layer, head), {"i": i, "head": head_name(layer, head), "from": amap.labels[0],
-                                          "text": amap.text}, amap)
-
-
-def _layer_overlay_panels(section: Any) -> Iterable[Panel]:
-    """The first image: every head of the start head's layer."""
-    maps = _image_maps(section)
-    if maps:
-        layer, _ = start_head(section)
-        yield Panel((maps[0], layer), {"layer": layer, "from": maps[0].labels[0], "text": maps[0].text}, maps[0])
-
-
-def _patch_rollout_panels(section: Any) -> Iterable[Panel]:
-    for i, amap in enumerate(_image_maps(section)):
-        yield Panel((amap,), {"i": i, "from": amap.labels[0], "text": amap.text}, amap)
-
-
-def _comparison_panels(section: Any) -> Iterable[Panel]:
-    comparison = getattr(section, "comparison", None)
-    for metric in dict.fromkeys(comparison.table["metric"]) if comparison is not None else ():
-        yield Panel((comparison, metric), {"metric": metric, "a": comparison.a, "b": comparison.b,
-                                           "label": METRICS[metric].label if metric in METRICS else metric},
-                    comparison)
-
-
-def _direction_slug(direction: str) -> str:
-    return slug(direction.replace("->", "-to-"))  # dependent-to-head
-
-
-def _relation_bar_panels(section: Any) -> Iterable[Panel]:
-    result = getattr(section, "syntax", None)
-    for direction in dict.fromkeys(r.direction for r in result.relations) if result is not None else ():
-        if any(r.direction == direction and r.best_head is not None for r in result.relations):
-            yield Panel((result, direction), {"direction": direction, "file_direction": _direction_slug(direction)}, result)
-
-
-def _relation_grid_panels(section: Any) -> Iterable[Panel]:
-    result = getattr(section, "syntax", None)
-    for r in result.relations if result is not None else ():
-        if r.best_head is not None:
-            yield Panel((result, r.relation, r.direction), {"direction": r.direction, "relation": r.relation, "n": r.n,
-                                               "file_relation": slug(r.relation), "file_direction": _direction_slug(r.direction),
-                                               "head": head_name(*r.best_head)}, result)
-
-
-def _tree_panels(section: Any) -> Iterable[Panel]:
-    result = getattr(section, "syntax", None)
-    trees = result.trees if result is not None else None
-    if trees is not None and trees.example is not None and trees.example_heads:
-        yield Panel((trees,), {"head": head_name(*trees.best_head), "text": trees.example.text}, result)
-
-
-def _cluster_panels(section: Any) -> Iterable[Panel]:
-    clusters = getattr(section, "syntax_clusters", None)
-    if clusters is not None and len(clusters):
-        yield Panel((clusters,), {"n": len(clusters)}, getattr(section, "syntax", None))
-
-
-def _sink_panels(section: Any) -> Iterable[Panel]:
-    report = getattr(section, "sinks", None)
-    if report is not None:
-        yield Panel((report,), {"epsilon": report.sink_rate.epsilon}, report)
-
-
-def _streaming_panels(section: Any) -> Iterable[Panel]:
-    result = getattr(section, "streaming", None)
-    if result is not None:
-        yield Panel((result,), {"n": result.n_tokens, "window": result.window, "keep": result.keep}, result)
-
-
-def _dla_panels(section: Any) -> Iterable[Panel]:
-    found = getattr(section, "mechanisms", None)
-    for i, r in enumerate(found.dla if found is not None else ()):
-        yield Panel((r,), {"i": i, "text": r.prompt, "answer": r.answer.strip() or repr(r.answer),
-                           "total": r.total, "err": r.identity_abs_err}, found)
-
-
-MECHANISMS_EDGES = 25  # composition edges drawn (the strongest; the CSV keeps more)
-
-
-def _composition_panels(section: Any) -> Iterable[Panel]:
-    found = getattr(section, "mechanisms", None)
-    if found is not None and found.composition is not None:  # K-composition: the one induction heads are made of
-        yield Panel((found.composition, "k", MECHANISMS_EDGES), {"kind": "k", "kind_name": "K", "k": MECHANISMS_EDGES},
-                    found)
-
-
-def _mechanisms_patch_panels(section: Any) -> Iterable[Panel]:
-    found = getattr(section, "mechanisms", None)
-    if found is not None and found.patching is not None:
-        yield Panel((found.patching,), {"pair_set": found.pair_set, "n": len(found.patching.pairs)}, found)
-
-
-def _composition_figure(scores: Any, kind: str, k: int) -> Figure:
-    return composition_graph(scores, kind=kind, k=k)
-
-
-FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
-    FigureSpec("verification", "verification", "verification", verification_plot, _verification_panels,
-               "verification",
-               "Max |Δ| per layer between the model's attention and the from-scratch recomputation (log scale)."),
-    FigureSpec("head_scores", "scores", "heads", score_grid, _score_panels,
-               "heads-{metric}", "{label}: one cell per head, the top heads boxed."),
-    FigureSpec("probe_grid", "probes", "probe", probe_grid, _probe_panels,
-               "probe-{file_task}-grid", "{task}: accuracy of every head over all {n} examples; the selected head boxed."),
-    FigureSpec("probe_drilldown", "probes", "probe", probe_drilldown, _drilldown_panels,
-               "probe-{file_task}-drilldown", "{task}: the selected head's attention from the source word to each candidate."),
-    FigureSpec("attention", "maps", "attention", attention_heatmap, _heatmap_panels,
-               "attention-{i}-{head}", "{kind}Layer {layer_id}, head {head_id} on “{text}” ({level} level)."),
-    FigureSpec("seq2seq_attention", "pairs", "attention", attention_heatmap, _seq2seq_panels,
-               "attention-{i}-{kind}-{head}",
-               "{stack} · layer {layer_id}, head {head_id}: target “{target}”, source “{text}” ({level} level)."),
-    FigureSpec("attention_mosaic", "maps", "attention", attention_mosaic, _mosaic_panels,
-               "model-view", "Every head on “{text}” (token level), one small heatmap per head."),
-    FigureSpec("rollout", "maps", "attention", token_map, _token_map_panels("rollout"),
-               "rollout-{i}", "Attention rollout (Abnar & Zuidema 2020) on “{text}”: how much of each output token "
-               "(row) comes from each input token (column), heads averaged, the residual as 0.5·A + 0.5·I."),
-    FigureSpec("flow", "maps", "attention", token_map, _token_map_panels("flow"),
-               "flow-{i}", "Attention flow (Abnar & Zuidema 2020) on “{text}”: the max-flow from each output token "
-               "(row) to each input token (column) through the layers, rows normalised (drawn when layers × "
-               f"tokens² ≤ {FLOW_MAX_EDGES:,} and it takes at most {FLOW_MAX_SECONDS:g} s; the notes name a text "
-               "whose flow was not drawn)."),
-    FigureSpec("syntax_relations", "syntax", "syntax", relation_bars, _relation_bar_panels,
-               "syntax-{file_direction}",
-               "{direction}: per relation, the head chosen on the selection sentences, its test accuracy (95% "
-               "Wilson interval) beside the best fixed offset's."),
-    FigureSpec("syntax_tree", "syntax", "syntax", tree_figure, _tree_panels,
-               "syntax-tree", "The gold tree of “{text}” above, the tree decoded from {head} below."),
-    FigureSpec("syntax_clusters", "syntax_clusters", "syntax", cluster_plot, _cluster_panels,
-               "syntax-clusters", "All {n} heads placed by the Jensen-Shannon distance between their attention "
-                                  "(metric MDS), coloured by layer, labelled by each head's top role."),
-    FigureSpec("comparison_grid", "comparison", "comparison", difference_grid, _comparison_panels,
-               "compare-{metric}", "{label}: {b} minus {a} per head, the changed heads boxed."),
-    FigureSpec("syntax_grid", "syntax", "syntax-grid", relation_grid, _relation_grid_panels,
-               "syntax-grid-{file_relation}-{file_direction}",
-               "{relation} ({direction}, n={n}): test accuracy of every head; {head}, chosen on the selection "
-               "sentences, boxed."),
-    FigureSpec("patch_overlay", "maps", "vision", patch_overlay, _overlay_panels,
-               "vision-{i}-{head}", "{head}'s attention from {from} onto the patches of “{text}”, over the image "
-               "as the model saw it (the query patch outlined where it is one)."),
-    FigureSpec("layer_overlays", "maps", "vision", layer_overlays, _layer_overlay_panels,
-               "vision-layer-{layer}", "Every head of layer {layer} on “{text}”: attention from {from} onto the patches."),
-    FigureSpec("patch_rollout", "maps", "vision", patch_rollout, _patch_rollout_panels,
-               "vision-rollout-{i}", "Attention rollout (Abnar & Zuidema 2020) from {from} onto the patches of "
-               "“{text}”: heads averaged, the residual as 0.5·A + 0.5·I, through every layer."),
-    FigureSpec("sink_shares", "sinks", "sinks", sink_share_grid, _sink_panels,
-               "sinks-shares", "Every head's attention on position 0; sink heads (share > {epsilon:g}) marked by what "
-                               "ablating them shows: ○ dormant, ● active."),
-    FigureSpec("massive_activations", "sinks", "sinks", massive_figure, _sink_panels,
-               "sinks-massive", "The largest residual-stream activation of each layer beside the layer's median; "
-                                "massive ones (|a| > 100 and > 1000 × the median, Sun et al. 2024) labelled."),
-    FigureSpec("streaming", "streaming", "sinks", streaming_figure, _streaming_panels,
-               "sinks-streaming", "Next-token loss against position on {n} tokens: dense attention, a window of "
-                                  "{window} keys, and the window plus the first {keep} tokens (StreamingLLM)."),
-    FigureSpec("mechanisms_dla", "mechanisms", "mechanisms", dla_grid, _dla_panels,
-               "mechanisms-dla-{i}", "Direct logit attribution of the next token “{answer}” after “{text}”: each head's "
-                                     "write at the last position through the frozen final norm onto the unembedding "
-                                     "(logit {total:.3f}; the parts sum back to it within {err:.0e})."),
-    FigureSpec("mechanisms_composition", "mechanisms", "mechanisms", _composition_figure, _composition_panels,
-               "mechanisms-composition-{kind}", "The {k} strongest {kind_name}-composition edges (Elhage et al. 2021) "
-                                                "between heads, from the weights alone, by the ratio to random "
-                                                "matrices of the same shapes (Q and V: mechanisms_composition.csv)."),
-    FigureSpec("mechanisms_patching", "mechanisms", "mechanisms", patch_grid, _mechanisms_patch_panels,
-               "mechanisms-patching", "Head-output patching (denoising) on {n} pairs of the built-in {pair_set} set: "
-                                      "the logit difference with each head's clean output patched into the corrupt "
-                                      "run, normalised (0 = corrupt, 1 = clean)."),
-)}
-
-
-def plotted_metrics(scores: Any) -> list[str]:
-    """Metrics with at least one finite value (the rest are listed as not applicable)."""
-    finite = scores.table.groupby("metric", sort=False)["value"].apply(lambda v: v.notna().any())
-    return [m for m in scores.metrics if bool(finite.get(m, False))]
-
-
-def start_head(section: Any) -> tuple[int, int]:
-    """The head shown first: the probe's selected head, else the top previous-token head, else the
-    most confident one, else the map's first head."""
-    for probe in section.probes:
-        if probe.best_head is not None:
-            return int(probe.best_head[0]), int(probe.best_head[1])
-    if section.scores is not None:
-        for metric in ("previous_token", "max_weight"):
-            top = section.scores.top(metric, k=1) if metric in section.scores.metrics else None
-            if top is not None and len(top):
-                return int(top["layer"].iloc[0]), int(top["head"].iloc[0])
-    if section.maps:
-        return section.maps[0].layer_ids[0], section.maps[0].head_ids[0]
-    return 0, 0
-
-
-SLUG_MAX = 60  # characters (ASCII: bytes) of a slug, so that every file name of a report stays far below 255 bytes
-
-
-def slug(text: str) -> str:
-    """A file-name-safe form of a model name or task, at most `SLUG_MAX` characters: a longer one keeps its
-    start and ends in a hash of the whole text, so different texts keep different slugs.
-
-    >>> slug("HuggingFaceTB/SmolLM2-135M"), slug("../my model")
-    ('HuggingFaceTB-SmolLM2-135M', 'my-model')
-    >>> len(slug("/data/" + "checkpoints/" * 40 + "step-1000"))
-    60
-    """
-    s = re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "model"
-    if len(s) <= SLUG_MAX:
-        return s
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:12]
-    return f"{s[:SLUG_MAX - len(digest) - 1].rstrip('-.')}-{digest}"
+# One drawing per result type, taking the result and the drawing's own keyword arguments.
+for _type, _draw in ((Verification, verification_plot), (DLAResult, dla_grid), (PatchResult, patch_grid),
+                     (ProbeResult, probe_grid), (CompositionScores, composition_graph)):
+    plot.register(_type, _draw)
+del _type, _draw

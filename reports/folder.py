@@ -28,7 +28,7 @@ from headscope.probe.folders import writable, write_folder
 from headscope.probe.types import json_safe
 
 from .analysis import ModelAnalysis
-from .figures import check_width
+from .canvas import check_width
 from .html import build_report
 
 __all__ = ["report", "ReportFolder", "ReportFolderError", "check_report_folder", "not_a_report", "versions"]
@@ -124,13 +124,14 @@ def not_a_report(folder: Path) -> str | None:
 def report(analyses: Sequence[ModelAnalysis], out: str | Path, *, force: bool = False, title: str | None = None,
            settings: Mapping[str, Any] | None = None, record: Mapping[str, Any] | None = None,
            formats: Sequence[str] = ("png",), dpi: int = 100, width: float | None = None,
-           check: Callable[[], None] = lambda: None, started: float | None = None) -> ReportFolder:
+           check: Callable[[], None] = lambda: None, committed: Callable[[], None] = lambda: None,
+           started: float | None = None) -> ReportFolder:
     """Write the report of `analyses` (one `ModelAnalysis` per model, side by side) into the folder `out`.
 
     `settings` are shown on the page and recorded in run.json; `record` adds (or overrides) run.json
     keys (`headscope run` records its sentences there, `compare` its comparison). `formats`, `dpi`
     and `width` (inches) shape the figure files. `check()` runs before anything is moved (an
-    interrupt check); `started` (a `time.perf_counter()` value) dates `seconds.total` in run.json.
+    interrupt check), `committed()` the moment the new folder is in place (`write_folder`); `started` (a `time.perf_counter()` value) dates `seconds.total` in run.json.
     `ReportFolderError` when `out` must not be replaced; an interrupted or failed write leaves `out`
     as it was.
 
@@ -169,5 +170,5 @@ def report(analyses: Sequence[ModelAnalysis], out: str | Path, *, force: bool = 
         (folder / "run.json").write_text(json.dumps(json_safe(run_record), indent=2, ensure_ascii=False) + "\n",
                                          encoding="utf-8")
 
-    write_folder(out, fill, replace=not_a_report if force else None, check=check)
+    write_folder(out, fill, replace=not_a_report if force else None, check=check, committed=committed)
     return ReportFolder(path=out, n_figures=len(page.figures), figures=figures, tables=tables, record=run_record)

@@ -3,7 +3,7 @@
 `build_report(analyses)` takes one `reports.analysis.ModelAnalysis` per model (plain results:
 AttentionMaps, Verification, HeadScores, ProbeResults, DataFrames — never a model) and returns a
 `Report`: its sections are `reports.sections.SECTIONS` (each with its template, its view of a model
-and its tables), its figures `reports.figures.FIGURES`. `Report.write(folder)` puts `index.html`,
+and its tables), its figures `reports.panels.FIGURES`. `Report.write(folder)` puts `index.html`,
 `figures/*.png` (or the formats asked for) and `*.csv` into a folder; `reports.folder.report` writes
 that folder whole or not at all, with its run.json.
 
@@ -18,22 +18,19 @@ Every string from users or models is escaped by jinja2's autoescape; the explore
 from __future__ import annotations
 
 import base64
-import functools
-import hashlib
-import json
 import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import pandas as pd
 
-from headscope.probe.types import json_safe
-
 from .analysis import ModelAnalysis
-from .figures import FIGURES, FORMATS, STACKS, figure_bytes, plotted_metrics, slug, start_head, to_png
+from .canvas import FORMATS, figure_bytes, to_png
+from .page import CSP, csp_hash, environment, script_json, static_script, static_text
+from .panels import FIGURES, STACKS, plotted_metrics, slug, start_head
+from .payload import SCALE, attention_ints, attention_payload
 from .sections import SECTIONS, Section, flat, report_tables
 
 if TYPE_CHECKING:
@@ -45,23 +42,10 @@ __all__ = [
     "compact_png",
     "build_report",
     "explorer_data",
-    "slug",
-    "CSP",
-    "POOL_ABOVE",
-    "pooled_units",
 ]
 
-# Explorer attention is stored as integers 0..1000 (three decimals): a report stays small.
-_SCALE = 1000
+# Explorer attention is embedded by `reports.payload` (integers 0..SCALE, pooled past POOL_ABOVE units).
 _NORM_SCALE = 100  # norm-based weights: two decimals (a second copy of each sentence, for the toggle)
-# Past this many query or key units a map is embedded pooled (`pooled_units`), not weight by weight: a
-# page then holds per head at most POOL_TILES² tile maxima and, per query row, its POOL_TOP keys.
-POOL_ABOVE = 256
-POOL_TILES = 64
-POOL_TOP = 3
-CSP = ("default-src 'none'; img-src data:; style-src {style}; script-src {script}; connect-src 'none'; "
-       "font-src 'none'; media-src 'none'; object-src 'none'; frame-src 'none'; worker-src 'none'; "
-       "base-uri 'none'; form-action 'none'")
 
 
 @dataclass(frozen=True)
@@ -229,15 +213,13 @@ def _sentences(s: ModelAnalysis) -> list[dict]:
 def _generation(gen: Any) -> dict:
     """A generation as the explorer steps through it: per new token its one query row over the prompt and
     the tokens generated so far (a causal row: it sees every key up to itself)."""
-    import torch
-
     prompt = gen.prompt
     steps = []
     for t, (token, row) in enumerate(zip(gen.generated_tokens, gen.steps)):  # row: [layer, head, key]
-        n_l, n_h, n_k = row.shape
-        ints = (row.float() * _SCALE).round().to(torch.int32).reshape(n_l * n_h, n_k)  # [layer*head, 1*key]
+        n_k = row.shape[-1]
         units = {"labels": list(gen.key_labels(t)), "special": [bool(x) for x in prompt.special] + [False] * (t + 1),
-                 "att": ints.tolist(), "queries": [token], "qspecial": [False], "causal": True, "offset": n_k - 1}
+                 "att": attention_ints(row.float().unsqueeze(2)), "queries": [token], "qspecial": [False],
+                 "causal": True, "offset": n_k - 1}  # one query row: never pooled
         steps.append({"token": token, "views": {"self": {"attention": {"token": units}}}})
     return {"text": f"generated after \u201c{prompt.text}\u201d: {gen.text}", "steps": steps}
 
@@ -251,75 +233,31 @@ def _explorer_note(s: ModelAnalysis) -> str:
 
 
 def _levels(amap: AttentionMap | CrossAttentionMap, words: AttentionMap | CrossAttentionMap | None, *,
-            own: bool = False, scale: int = _SCALE) -> dict:
+            own: bool = False, scale: int = SCALE) -> dict:
     levels = {amap.level: _units(amap, own=own, scale=scale)}
     if words is not None:
         levels[words.level] = _units(words, own=own, scale=scale)
     return levels
 
 
-def _units(amap: AttentionMap | CrossAttentionMap, *, own: bool = False, scale: int = _SCALE) -> dict:
-    """Labels and attention of one view, as integers 0..`scale`; `own`: it carries its layer/head ids and
-    masking (else the model's)."""
-    import torch
-
-    att = amap.attention.detach().float().cpu()  # [layer, head, query, key]
-    n_l, n_h, n_q, n_k = att.shape
+def _units(amap: AttentionMap | CrossAttentionMap, *, own: bool = False, scale: int = SCALE) -> dict:
+    """Labels and attention of one view, as integers 0..`scale` (`reports.payload`, pooled past `POOL_ABOVE`
+    units); `own`: it carries its layer/head ids and masking (else the model's)."""
     keys, queries = getattr(amap, "keys", amap), getattr(amap, "queries", amap)  # a cross map's two sides
-    if max(n_q, n_k) > POOL_ABOVE:  # a long text: tiles and each row's top keys, never every weight
-        p = pooled_units(att, queries.labels, keys.labels, scale=scale)
+    p = attention_payload(amap.attention.detach().float().cpu(), queries.labels, keys.labels, scale=scale)
+    out = {"labels": p["keys"], "special": [bool(x) for x in keys.special], "att": p["att"]}
+    if "pooled" in p:  # one flag per tile: all of its units special
         e = p["pooled"]
-        out = {"labels": p["keys"], "special": [all(keys.special[a:b]) for a, b in zip(e["key_edges"], e["key_edges"][1:])],
-               "att": p["att"], "pooled": e, "queries": p["queries"],
-               "qspecial": [all(queries.special[a:b]) for a, b in zip(e["query_edges"], e["query_edges"][1:])]}
-        if scale != _SCALE:
-            out["scale"] = scale
-        if own:
-            out.update(layer_ids=list(amap.layer_ids), head_ids=list(amap.head_ids), causal=bool(amap.causal))
-        return out
-    ints = (att * scale).round().to(torch.int32).reshape(n_l * n_h, n_q * n_k)  # [layer*head, query*key]
-    out = {"labels": list(keys.labels), "special": [bool(x) for x in keys.special], "att": ints.tolist()}
-    if scale != _SCALE:
+        out.update(special=[all(keys.special[a:b]) for a, b in zip(e["key_edges"], e["key_edges"][1:])], pooled=e,
+                   queries=p["queries"],
+                   qspecial=[all(queries.special[a:b]) for a, b in zip(e["query_edges"], e["query_edges"][1:])])
+    if scale != SCALE:
         out["scale"] = scale
-    if queries is not keys:
-        out.update(queries=list(queries.labels), qspecial=[bool(x) for x in queries.special])
+    if queries is not keys and "pooled" not in p:
+        out.update(queries=p["queries"], qspecial=[bool(x) for x in queries.special])
     if own:
         out.update(layer_ids=list(amap.layer_ids), head_ids=list(amap.head_ids), causal=bool(amap.causal))
     return out
-
-
-def pooled_units(att, queries: Sequence[str], keys: Sequence[str], *, scale: int = _SCALE,
-                 tiles: int = POOL_TILES, top: int = POOL_TOP) -> dict:
-    """A `[layer, head, query, key]` map as a viewer of long texts shows it (`analyses.pooled`): the tiles'
-    labels (first…last unit) as its queries and keys, each head's tile maxima as its `att` (integers
-    0..`scale`), and under `pooled` the full labels, the tile edges and per query row its `top` keys and
-    their weights. Square self-attention maps keep a decoder's masking: tile edges are the same on both
-    sides, so a tile above the diagonal is all masked.
-    """
-    import torch
-
-    from headscope.analyses.pooled import pool, top_keys
-
-    n_l, n_h, n_q, n_k = att.shape
-    maxima, top_idx, top_w, edges = [], [], [], None
-    for li in range(n_l):
-        for hi in range(n_h):
-            w = att[li, hi].float()
-            p = pool(w, tiles)
-            edges = edges or (p.query_edges, p.key_edges)
-            maxima.append((p.max * scale).round().to(torch.int32).flatten().tolist())
-            t = top_keys(w, top)
-            top_idx.append(t.keys.tolist())
-            top_w.append((t.weights * scale).round().to(torch.int32).tolist())
-    qe, ke = edges
-
-    def tile_labels(labels: Sequence[str], e: tuple[int, ...]) -> list[str]:
-        return [str(labels[a]) if b - a == 1 else f"{labels[a]}\u2026{labels[b - 1]}" for a, b in zip(e, e[1:])]
-
-    return {"queries": tile_labels(queries, qe), "keys": tile_labels(keys, ke), "att": maxima,
-            "pooled": {"n_queries": n_q, "n_keys": n_k, "query_edges": list(qe), "key_edges": list(ke),
-                       "queries": [str(x) for x in queries], "keys": [str(x) for x in keys], "top_keys": top_idx,
-                       "top_weights": top_w, "scale": scale}}
 
 
 def _grids(section: ModelAnalysis, layer_ids: list[int], head_ids: list[int]) -> dict:
@@ -352,43 +290,6 @@ def _grid(g: pd.DataFrame, layer_ids: list[int], head_ids: list[int], title: str
 # ---------------------------------------------------------------- HTML
 
 
-@functools.lru_cache(maxsize=1)
-def _environment():
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.PackageLoader(__package__, "templates"), autoescape=True,
-                             undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
-    return env
-
-
-def _static(name: str) -> str:
-    return resources.files(__package__).joinpath("static", name).read_text(encoding="utf-8")
-
-
-_COMMON = "// @include common.js"
-
-
-def static_script(name: str) -> str:
-    """A script of `static/` with the helpers both views share (`static/common.js`) put in at its
-    `// @include common.js` line, inside its own function, so that they add no page global."""
-    source = _static(name)
-    if source.count(_COMMON) != 1:
-        raise ValueError(f"{name} must hold the line '{_COMMON}' once")
-    return source.replace(_COMMON, _static("common.js").strip(), 1)
-
-
-def _hash(text: str) -> str:
-    return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode("ascii") + "'"
-
-
-def _script_json(obj: Any) -> str:
-    """JSON that is safe inside <script>: <, >, &, ' escaped as \\u003c ... (jinja2's htmlsafe dumps)."""
-    from jinja2.utils import htmlsafe_json_dumps
-
-    return str(htmlsafe_json_dumps(json_safe(obj), dumps=functools.partial(json.dumps, separators=(",", ":"),
-                                                                            ensure_ascii=False, allow_nan=False)))
-
-
 def build_report(
     analyses: Sequence[ModelAnalysis],
     *,
@@ -401,7 +302,7 @@ def build_report(
 ) -> Report:
     """Figures, tables and the HTML page for one or more models (side by side).
 
-    `formats` (of `reports.figures.FORMATS`), `dpi` and `width` (inches, a paper's column) shape the
+    `formats` (of `reports.canvas.FORMATS`), `dpi` and `width` (inches, a paper's column) shape the
     figure files; the page inlines the PNG at `dpi` and the figures' own size.
     """
     from markupsafe import Markup
@@ -416,14 +317,14 @@ def build_report(
     figures = [f for figs in per_model for f in figs]
     tables = report_tables(analyses)
     shown = [section for section in SECTIONS.values() if section.shown(analyses)]
-    script, style = static_script("explorer.js"), _static("report.css")
-    data = _script_json(explorer_data(analyses))
+    script, style = static_script("explorer.js"), static_text("report.css")
+    data = script_json(explorer_data(analyses))
     if "</script" in script.lower():
         raise ValueError("explorer.js must not contain '</script'")
-    csp = CSP.format(style=_hash(style), script=_hash(script))
+    csp = CSP.format(style=csp_hash(style), script=csp_hash(script))
     assert not set(csp) & set('"<>&'), csp  # plain ASCII tokens: safe as an attribute value unescaped
     title = title or "headscope report — " + " vs ".join(s.model for s in analyses)
-    html = _environment().get_template("report.html.j2").render(
+    html = environment().get_template("report.html.j2").render(
         title=title,
         csp=Markup(csp),
         style=Markup(style),

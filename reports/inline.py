@@ -11,7 +11,8 @@ The view: a model view (every layer × head as a thumbnail; click one to enlarge
 view (the enlarged head as a heatmap; hover a query token to see where it attends). Query and key
 labels may differ (cross-attention, or generated tokens attending to the whole sequence).
 
-Past `POOL_ABOVE` (256) query or key units a map is embedded pooled (`reports.html.pooled_units`): each
+Attention is embedded as the report embeds it (`reports.payload.attention_payload`): past `POOL_ABOVE`
+(256) query or key units pooled (`reports.payload.pooled_units`): each
 head as at most 64 × 64 tiles (the max of each, so a sharp diagonal survives) and each query row's top
 3 keys, listed when a tile row is hovered; the page then grows with T, not T².
 
@@ -32,11 +33,10 @@ import torch
 from headscope.probe.generate import GenerationAttention
 from headscope.probe.types import AttentionMap
 
-from .html import POOL_ABOVE, _script_json, pooled_units, static_script
+from .page import script_json, static_script
+from .payload import attention_payload
 
 __all__ = ["InlineView", "show", "view_data", "generation_data"]
-
-_SCALE = 1000  # attention stored as integers 0..1000 (three decimals), as in the report
 
 
 @dataclass(frozen=True)
@@ -51,12 +51,10 @@ class InlineView:
 
 def _map_data(attention: torch.Tensor, queries: Sequence[str], keys: Sequence[str], *, causal: bool,
               text: str) -> dict:
-    import torch
-
     if attention.device.type == "meta":
         raise ValueError("attention is a meta tensor (a shape without values): load or compute the weights first")
     att = attention.detach().float().cpu()  # [layer, head, query, key]
-    n_l, n_h, n_q, n_k = att.shape
+    n_q, n_k = att.shape[2:]
     bad = ~att.isfinite()
     if bad.any():  # int32 would turn NaN and ±inf into -2147483648 and draw it as a weight
         l, h, q, k = (int(i) for i in bad.nonzero()[0])
@@ -65,15 +63,12 @@ def _map_data(attention: torch.Tensor, queries: Sequence[str], keys: Sequence[st
     if (n_q, n_k) != (len(queries), len(keys)):
         raise ValueError(f"attention is {tuple(att.shape)} ([layer, head, query, key]) but there are "
                          f"{len(queries)} query and {len(keys)} key labels")
-    if max(n_q, n_k) > POOL_ABOVE:  # a long text: tiles (max) and each row's top keys (`reports.html.pooled_units`)
-        p = pooled_units(att, queries, keys)
-        return {"text": text, "queries": p["queries"], "keys": p["keys"], "causal": bool(causal),
-                "offset": len(p["keys"]) - len(p["queries"]), "att": p["att"], "pooled": p["pooled"]}
-    ints = (att * _SCALE).round().to(torch.int32).reshape(n_l * n_h, n_q * n_k)  # [layer*head, query*key]
+    p = attention_payload(att, queries, keys)  # pooled past POOL_ABOVE units: tiles (max) and each row's top keys
     # A causal query i sees keys up to i + offset: 0 for self-attention, more when the queries are
     # the last tokens of a longer sequence (generation).
-    return {"text": text, "queries": [str(s) for s in queries], "keys": [str(s) for s in keys],
-            "causal": bool(causal), "offset": n_k - n_q, "att": ints.tolist()}
+    out = {"text": text, "queries": p["queries"], "keys": p["keys"], "causal": bool(causal),
+           "offset": len(p["keys"]) - len(p["queries"]), "att": p["att"]}
+    return out | ({"pooled": p["pooled"]} if "pooled" in p else {})
 
 
 def _labels(amap: Any) -> tuple[Sequence[str], Sequence[str]]:
@@ -186,5 +181,5 @@ def _fragment(data: dict) -> str:
             '<svg class="hs-head-view" xmlns="http://www.w3.org/2000/svg" role="img" '
             'aria-label="attention heatmap"></svg>'
             '<div class="hs-strip"></div><p class="hs-strip-note"></p></div></div>'
-            f'<script type="application/json" id="{uid}-data">{_script_json(data)}</script>'
+            f'<script type="application/json" id="{uid}-data">{script_json(data)}</script>'
             f'<script>{_script()}("{uid}");</script></div>')

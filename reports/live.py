@@ -2,7 +2,7 @@
 
 The page is rendered once per server by jinja2 with autoescape (`templates/live.html.j2`); its script
 (`static/live.js`, with the shared helpers of `static/common.js`) and stylesheet are inlined and
-allowed by their SHA-256 hashes, under the report's Content-Security-Policy (`reports.html.CSP`)
+allowed by their SHA-256 hashes, under the pages' Content-Security-Policy (`reports.page.CSP`)
 with one change: `connect-src 'self'`, so that the script may ask the server's own JSON API and
 nothing else. Every token and text from the user or the model is set with `textContent` only.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from markupsafe import Markup
 
-from .html import CSP, _environment, _hash, static_script
+from .page import CSP, csp_hash, environment, static_script
 
 __all__ = ["live_page", "LIVE_CSP"]
 
@@ -42,7 +42,7 @@ def live_page(title: str = "headscope explorer") -> tuple[str, str]:
     script = static_script("live.js")
     if "</script" in script.lower() or "<!--" in script:
         raise ValueError("live.js must not contain '</script' or '<!--'")
-    csp = LIVE_CSP.format(style=_hash(_STYLE), script=_hash(script))
-    html = _environment().get_template("live.html.j2").render(
+    csp = LIVE_CSP.format(style=csp_hash(_STYLE), script=csp_hash(script))
+    html = environment().get_template("live.html.j2").render(
         title=title, csp=Markup(csp), style=Markup(_STYLE), script=Markup(script))
     return html, csp

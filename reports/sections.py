@@ -1,4 +1,4 @@
-"""The report's sections, each defined once: `SECTIONS[name]`, beside `reports.figures.FIGURES`.
+"""The report's sections, each defined once: `SECTIONS[name]`, beside `reports.panels.FIGURES`.
 
 A section is one entry: its anchor and navigation title, its template (`templates/_<name>.html.j2`),
 what it shows of one model (`view`: the strings and tables its template reads, from a
@@ -21,7 +21,7 @@ from headscope.probe.types import head_name
 
 from .analysis import ModelAnalysis
 from .evidence import ablation_heads_table, evidence_view, probe_line, roles_table
-from .figures import plotted_metrics
+from .panels import plotted_metrics
 from .sinks import sinks_tables
 from .syntax import relations_frame, syntax_tables, trees_frame
 

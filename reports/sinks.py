@@ -1,7 +1,7 @@
 """The report's Sinks section (`headscope run --sinks`): its figures and tables.
 
 Each figure takes results (`analyses.sinks.SinkReport`, `StreamingResult`), never a model, and returns a
-new `matplotlib.figure.Figure` (no pyplot); the report draws them through `reports.figures.FIGURES`.
+new `ReportFigure` (`reports.canvas`); the report draws them through `reports.panels.FIGURES`.
 `sinks_tables` are the CSV tables written beside the report.
 """
 
@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .canvas import new_figure
 from .fonts import font_context
 
 if TYPE_CHECKING:
@@ -21,15 +22,6 @@ if TYPE_CHECKING:
 __all__ = ["sink_share_grid", "massive_figure", "streaming_figure", "sinks_tables"]
 
 
-def _figure(width: float, height: float, ax: Axes | None) -> tuple[Figure, Axes]:
-    if ax is not None:
-        return ax.figure, ax
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), layout="constrained")
-    return fig, fig.add_subplot()
-
-
 def sink_share_grid(report: Any, *, ax: Axes | None = None) -> Figure:
     """Per head (layer × head): the attention share on position 0; heads called dormant by ablation marked ○,
     sink heads whose ablation matters marked ●."""
@@ -38,7 +30,7 @@ def sink_share_grid(report: Any, *, ax: Axes | None = None) -> Figure:
     grid = np.full((L, H), np.nan)
     grid[h["layer"].to_numpy(), h["head"].to_numpy()] = h["first_share_1"].to_numpy(dtype=float)
     with font_context(report.model):
-        fig, ax = _figure(min(2.0 + 0.35 * H, 12.0), 1.2 + 0.28 * L, ax)
+        fig, ax = new_figure(min(2.0 + 0.35 * H, 12.0), 1.2 + 0.28 * L, ax)
         im = ax.imshow(grid, vmin=0, vmax=1, cmap="viridis", aspect="auto")
         fig.colorbar(im, ax=ax, label="attention on position 0")
         if "dormant" in h.columns:
@@ -57,7 +49,7 @@ def massive_figure(report: Any, *, ax: Axes | None = None) -> Figure:
     """The largest |activation| of each layer's residual stream against the layer's median (log scale)."""
     m = report.massive
     with font_context(report.model):
-        fig, ax = _figure(7.0, 3.2, ax)
+        fig, ax = new_figure(7.0, 3.2, ax)
         top = m.loc[m.groupby("layer")["ratio_to_median"].idxmax()] if len(m) else m
         if len(top):
             ax.semilogy(top["layer"], top["value"].abs(), "o-", label="largest |activation|")
@@ -82,7 +74,7 @@ def streaming_figure(result: Any, *, ax: Axes | None = None, smooth: int = 64) -
     """Next-token loss against position (a running mean over `smooth` positions) under dense attention, the
     window alone, and the window plus the first `keep` tokens; the window's edge dotted."""
     with font_context(result.model):
-        fig, ax = _figure(7.0, 3.2, ax)
+        fig, ax = new_figure(7.0, 3.2, ax)
         lines = [("dense", result.dense, "#1f77b4"), (f"window of {result.window}", result.window_only, "#d62728"),
                  (f"window + first {result.keep}", result.sink_window[result.keep], "#2ca02c")]
         for label, nll, colour in lines:

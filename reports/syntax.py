@@ -2,8 +2,8 @@
 head clusters) and its tables.
 
 Each figure function takes results (`analyses.syntax.SyntaxResult`, `TreeScore`, the clusters
-table), never a model, and returns a new `matplotlib.figure.Figure` (no pyplot, no global state);
-the report draws them through `reports.figures.FIGURES`. `relations_frame`, `trees_frame` and
+table), never a model, and returns a new `ReportFigure` (`reports.canvas`: no pyplot, no global state);
+the report draws them through `reports.panels.FIGURES`. `relations_frame`, `trees_frame` and
 `syntax_tables` are the CSV tables written beside the report.
 """
 
@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
+from .canvas import new_figure
 from .fonts import font_context
 
 if TYPE_CHECKING:
@@ -28,22 +29,13 @@ _BASE_COLOUR = "#bbbbbb"
 _WRONG = "#d62728"
 
 
-def _figure(width: float, height: float, ax: Axes | None) -> tuple[Figure, Axes]:
-    if ax is not None:
-        return ax.figure, ax
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), layout="constrained")
-    return fig, fig.add_subplot()
-
-
 def relation_bars(result: Any, direction: str = "dependent->head", *, ax: Axes | None = None) -> Figure:
     """Per relation with a crowned head: its held-out accuracy (95% Wilson interval) beside the
     best fixed offset's, most frequent relation on top; a star marks a head that beats the offset."""
     rows = [r for r in result.relations if r.direction == direction and r.best_head is not None]
     n = max(len(rows), 1)
     with font_context(result.model):
-        fig, ax = _figure(7.0, 1.2 + 0.32 * n, ax)
+        fig, ax = new_figure(7.0, 1.2 + 0.32 * n, ax)
         y = np.arange(len(rows))[::-1]  # first row (all relations) at the top
         acc = np.array([r.heldout_accuracy for r in rows], dtype=float)
         base = np.array([r.baseline_accuracy for r in rows], dtype=float)
@@ -74,7 +66,7 @@ def relation_grid(result: Any, relation: str, direction: str = "dependent->head"
     score = result.relation(relation, direction)
     n_l, n_h = grid.shape
     with font_context(result.model):
-        fig, ax = _figure(min(14.0, 2.4 + 0.5 * n_h), min(16.0, 1.6 + 0.32 * n_l), ax)
+        fig, ax = new_figure(min(14.0, 2.4 + 0.5 * n_h), min(16.0, 1.6 + 0.32 * n_l), ax)
         img = ax.imshow(np.ma.masked_invalid(grid.to_numpy(dtype=float)), cmap=mpl.colormaps["viridis"],
                         vmin=0, vmax=1, aspect="auto", interpolation="nearest")
         ax.set_xticks(range(n_h), [str(h) for h in grid.columns], fontsize=7)
@@ -116,7 +108,7 @@ def tree_figure(trees: Any, *, ax: Axes | None = None) -> Figure:
     colours = ["black" if g < 0 or frozenset((d, g)) in gold else _WRONG for d, g in enumerate(predicted)]
     height = 0.7 * max(1, n - 1) ** 0.8 / 2 + 0.6
     with font_context(sentence.text):
-        fig, ax = _figure(min(16.0, 1.0 + 0.75 * n), 3.2, ax)
+        fig, ax = new_figure(min(16.0, 1.0 + 0.75 * n), 3.2, ax)
         _arcs(ax, sentence.heads, above=True, colours=["#555555"] * n)
         _arcs(ax, predicted, above=False, colours=colours)
         for i, form in enumerate(sentence.forms):
@@ -143,7 +135,7 @@ def cluster_plot(clusters: pd.DataFrame, *, ax: Axes | None = None) -> Figure:
     depth = clusters.groupby("model")["layer"].transform(lambda s: s / max(int(s.max()), 1))
     cmap = mpl.colormaps["viridis"]
     with font_context("".join(str(r) for r in clusters.get("role", []))):
-        fig, ax = _figure(7.0, 6.0, ax)
+        fig, ax = new_figure(7.0, 6.0, ax)
         for k, model in enumerate(models):
             sel = (clusters["model"] == model).to_numpy()
             ax.scatter(clusters["x"][sel], clusters["y"][sel], c=cmap(depth[sel].to_numpy()), s=28,

@@ -1,8 +1,8 @@
 """The report's Vision section (image inputs): attention drawn over the image, patch by patch.
 
 Each figure takes an `AttentionMap` of an image (`amap.grid`, `amap.positions`, `amap.image`), never a
-model, and returns a new `matplotlib.figure.Figure` (no pyplot); the report draws them through
-`reports.figures.FIGURES`, the notebook through `hs.plot`. The attention of one query row onto the
+model, and returns a new `ReportFigure` (`reports.canvas`); the report draws them through
+`reports.panels.FIGURES`, the notebook through `hs.plot`. The attention of one query row onto the
 patch keys is reshaped to the patch grid and laid over the picture the model saw (its attention to
 [CLS] and the registers, which have no place on the grid, is given in the title).
 """
@@ -16,6 +16,7 @@ import numpy as np
 from headscope.analyses.flow import rollout
 from headscope.probe.types import AttentionMap, head_name
 
+from .canvas import new_figure, report_figure
 from .fonts import font_context
 
 if TYPE_CHECKING:
@@ -23,15 +24,6 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["patch_overlay", "layer_overlays", "patch_rollout", "grid_of_row", "query_unit"]
-
-
-def _figure(width: float, height: float, ax: Axes | None) -> tuple[Figure, Axes]:
-    if ax is not None:
-        return ax.figure, ax
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height), layout="constrained")
-    return fig, fig.add_subplot()
 
 
 def _check(amap: AttentionMap) -> None:
@@ -109,7 +101,7 @@ def patch_overlay(amap: AttentionMap, layer: int, head: int, *, query: int | tup
     li, hi = list(amap.layer_ids).index(layer), list(amap.head_ids).index(head)
     row = amap.attention[li, hi, q].detach().float().cpu().numpy()
     with font_context(amap.text):
-        fig, ax = _figure(4.0, 4.2, ax)
+        fig, ax = new_figure(4.0, 4.2, ax)
         _overlay(ax, amap, grid_of_row(row, amap), query=q, cmap=cmap,
                  title=f"{head_name(layer, head)} from {amap.labels[q]}{_special_share(amap, row)}")
     return fig
@@ -118,8 +110,6 @@ def patch_overlay(amap: AttentionMap, layer: int, head: int, *, query: int | tup
 def layer_overlays(amap: AttentionMap, layer: int, *, query: int | tuple[int, int] | None = None,
                    cmap: str = "inferno") -> Figure:
     """Every head of one layer as an overlay (attention from [CLS] or `query`), one panel per head."""
-    from matplotlib.figure import Figure
-
     _check(amap)
     q = query_unit(amap, query)
     li = list(amap.layer_ids).index(layer)
@@ -127,7 +117,7 @@ def layer_overlays(amap: AttentionMap, layer: int, *, query: int | tuple[int, in
     cols = min(len(heads), 4)
     rows = -(-len(heads) // cols)
     with font_context(amap.text):
-        fig = Figure(figsize=(2.4 * cols, 2.5 * rows + 0.4), layout="constrained")
+        fig = report_figure(2.4 * cols, 2.5 * rows + 0.4)
         axes = fig.subplots(rows, cols, squeeze=False)
         for ax in axes.flat[len(heads):]:
             ax.axis("off")
@@ -146,7 +136,7 @@ def patch_rollout(amap: AttentionMap, *, query: int | tuple[int, int] | None = N
     q = query_unit(amap, query)
     row = rollout(amap.attention.detach().float().cpu()).numpy()[q]  # [key]
     with font_context(amap.text):
-        fig, ax = _figure(4.0, 4.2, ax)
+        fig, ax = new_figure(4.0, 4.2, ax)
         _overlay(ax, amap, grid_of_row(row, amap), query=q, cmap=cmap,
                  title=f"rollout from {amap.labels[q]}{_special_share(amap, row)}")
     return fig

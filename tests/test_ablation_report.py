@@ -176,7 +176,8 @@ def test_report_shows_ablation_columns_lines_and_token_maps(bert_run, llama_run,
 
 
 def test_token_map_draws_rollout_and_flow_of_the_map():
-    from headscope.reports.figures import FIGURES, token_map
+    from headscope.reports.figures import token_map
+    from headscope.reports.panels import FIGURES
 
     [amap] = hs.extract(tiny_model("llama"), "The cat sat on the mat.")
     fig = token_map(amap, "rollout")

@@ -211,7 +211,8 @@ def test_patch_command_new_kinds_and_attribution(tmp_path):
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert out["sender"] == "L0H1" and [(h["layer"], h["input"]) for h in out["heads"]] == [(1, "v")] * 4
-    from headscope.reports.figures import patch_grid, save
+    from headscope.reports.canvas import save
+    from headscope.reports.figures import patch_grid
     from headscope.workflows.mechanisms import patch
 
     r = patch(_tiny("llama"), "agreement", what="pattern", k=0)

@@ -324,9 +324,10 @@ def test_headscope_warnings_print_as_one_clean_line(monkeypatch):
 # Runs `headscope run` with stubs for the model, the analyses and the drawing. HOOK picks what the
 # report writer does: "sigint" sends SIGINT mid-write; "swallowed" sends it inside a finaliser
 # (Python prints "Exception ignored" and drops the KeyboardInterrupt); "kill:N" SIGKILLs the process
-# at its N-th step (a file written, a folder renamed), "sigint:N" sends it SIGINT there.
+# at its N-th step (a file written, a folder renamed), "sigint:N" sends it SIGINT there; "sigint:after" sends
+# it once the report is written (before "wrote ..." is printed), "sigint:exit" while Python shuts down.
 _DRIVER = textwrap.dedent("""
-    import gc, os, signal, sys
+    import atexit, gc, os, signal, sys
     import pandas as pd
     import headscope.probe.folders as folders
     import headscope.reports.folder as report_folder
@@ -383,6 +384,17 @@ _DRIVER = textwrap.dedent("""
     workflow.analyse_model = lambda lm, *a, **kw: ModelAnalysis(model="stub", verification=verified)
     report_folder.build_report = lambda analyses, **kw: html.Report(
         html="<p>new</p>", figures=(), tables={f"t{i}": pd.DataFrame({"a": [i]}) for i in range(4)})
+    real_report = report_folder.report
+
+    def report(*a, **kw):
+        written = real_report(*a, **kw)
+        if hook == "sigint:after":
+            os.kill(os.getpid(), signal.SIGINT)
+        return written
+
+    report_folder.report = report  # what `from headscope import report` finds (the façade reads its home)
+    if hook == "sigint:exit":
+        atexit.register(os.kill, os.getpid(), signal.SIGINT)
     sys.argv = ["headscope", *sys.argv[1:]]
     main()
 """)

@@ -295,13 +295,13 @@ def test_heads_reads_the_model_once_and_tokenises_each_text_once(monkeypatch):
     texts are tokenised once, to choose their mode, not again to extract them."""
     import headscope as hs
     from conftest import _tiny
-    from headscope.probe import encoding, extract as extract_mod, sources
+    from headscope.probe import encoding, extract as extract_mod, maps, sources
 
     lm = _tiny("bert")  # the session's cached tiny model
     texts = [f"{t} {i}" for i, t in enumerate(TEXTS * 4)]  # 12 texts: two windows of 2 batches of 3
     sinks, encoded = [], []
-    real_sinks, real_encode = extract_mod.learned_sinks, encoding.encode_many
-    monkeypatch.setattr(extract_mod, "learned_sinks", lambda m: sinks.append(1) or real_sinks(m))
+    real_sinks, real_encode = maps.learned_sinks, encoding.encode_many
+    monkeypatch.setattr(maps, "learned_sinks", lambda m: sinks.append(1) or real_sinks(m))
     counted = lambda m, chunk, **kw: encoded.extend(chunk) or real_encode(m, chunk, **kw)  # noqa: E731
     monkeypatch.setattr(sources, "encode_many", counted)
     monkeypatch.setattr(extract_mod, "encode_many", counted)

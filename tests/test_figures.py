@@ -11,6 +11,8 @@ import torch
 import report_samples as R
 from headscope.probe.types import AttentionMap
 from headscope.reports import figures as F
+from headscope.reports.canvas import to_png
+from headscope.reports.heatmaps import display_label
 from headscope.reports.fonts import families_for, font_context, font_families, font_for, missing_glyphs
 
 
@@ -21,7 +23,7 @@ def _pixels(fig) -> np.ndarray:
 
     with warnings.catch_warnings():  # the deliberate tofu renderings warn "Glyph ... missing"
         warnings.simplefilter("ignore", UserWarning)
-        return np.asarray(Image.open(io.BytesIO(F.to_png(fig, dpi=80))).convert("L"))
+        return np.asarray(Image.open(io.BytesIO(to_png(fig, dpi=80))).convert("L"))
 
 
 def _text_image(text: str, families: list[str] | None = None) -> np.ndarray:
@@ -92,7 +94,7 @@ def test_heatmap_has_every_label_and_a_colour_bar_for_long_texts():
     assert len(amap) >= 40
     fig = F.attention_heatmap(amap, 0, 1)
     ax, cbar = fig.axes  # the heatmap and its colour bar
-    shown = [F.display_label(t) for t in amap.labels]
+    shown = [display_label(t) for t in amap.labels]
     assert [t.get_text() for t in ax.get_xticklabels()] == shown
     assert [t.get_text() for t in ax.get_yticklabels()] == shown
     assert "attention" in cbar.get_ylabel()
@@ -209,7 +211,7 @@ def test_probe_grid_and_drilldown_show_the_selected_head():
     shown = (wrong + [e for e in order if e not in wrong])[:6]
     rows = [r for e in shown for r in ex[ex["example"] == e].itertuples()]
     names = [t.get_text() for t in ax.get_yticklabels()]
-    assert names == [F.display_label(str(r.candidate)) + (" ✓" if r.correct else "") for r in rows]
+    assert names == [display_label(str(r.candidate)) + (" ✓" if r.correct else "") for r in rows]
     red, blue, pale = (0.839, 0.153, 0.157), (0.122, 0.306, 0.612), (0.788, 0.839, 0.910)
     expected = [(blue if r.correct else red) if r.chosen else pale for r in rows]
     assert [p.get_facecolor()[:3] for p in ax.patches] == [pytest.approx(c, abs=0.01) for c in expected]
@@ -227,7 +229,7 @@ def test_verification_plot_marks_failing_layers():
     assert [p.get_height() for p in ax.patches] == pytest.approx([max(c.max_abs_err, 1e-12) for c in v.layers])
     assert ax.lines[-1].get_ydata()[0] == v.tolerance  # the tolerance line
     assert "NOT verified" in ax.get_title()
-    F.to_png(fig)  # tick labels are made at draw time
+    to_png(fig)  # tick labels are made at draw time
     ticks = [t.get_text() for t in ax.get_yticklabels()]
     assert "1e-05" in ticks and not any("$" in t for t in ticks)
 

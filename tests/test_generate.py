@@ -82,3 +82,17 @@ def test_real_decoders_generate_with_cached_rows_equal_to_full_forward(name, req
         full = base_model(lm)(input_ids=ids, output_attentions=True, use_cache=False).attentions
     want = torch.stack([a[0, :, -1] for a in full])  # the last generated token's row, [layer, head, key]
     torch.testing.assert_close(g.steps[-1], want, atol=1e-4, rtol=0)
+
+
+def test_the_explorer_reads_a_hybrid_stacks_layers_by_the_models_own_numbers():
+    from conftest import _tiny
+
+    from headscope.workflows.explore import Explorer, ExplorerError
+
+    lm = _tiny("qwen3_next")  # softmax attention at 0, 1 and 3; a gated delta-net at 2
+    explorer = Explorer({"m": lm}, attention="eager")
+    g = explorer.generate("m", "The cat", layer=3, head=1, max_new_tokens=2)
+    steps = generate_attention(lm, "The cat", max_new_tokens=2).steps  # [attention layer, head, key] per step
+    assert g["rows"] == [row[2, 1].tolist() for row in steps]  # L3 is the third attention layer's row
+    with pytest.raises(ExplorerError, match="layer 2 of tiny-qwen3_next has no softmax attention"):
+        explorer.generate("m", "The cat", layer=2, head=1, max_new_tokens=2)  # never another layer's row

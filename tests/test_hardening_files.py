@@ -39,6 +39,42 @@ def test_ctrl_c_at_any_step_either_keeps_the_old_report_or_completes_and_says_wh
     assert "Traceback" not in done.stderr and _leftovers(tmp_path) == []
 
 
+@pytest.mark.parametrize("hook", ["sigint:after", "sigint:exit"])
+def test_ctrl_c_after_the_report_is_in_place_finishes_with_0_and_says_it_came_too_late(hook, tmp_path):
+    # Seen (issue 35): Ctrl-C once the new report was in place printed "wrote ...", and then the process died
+    # by SIGINT (130) or said "interrupted; nothing was written or replaced": a script read failure although the
+    # report had been replaced. Now: the report stands, exit 0, and a Ctrl-C still inside the command says so.
+    out = tmp_path / "report"
+    _previous_report(out)
+    done = _driven(hook, out, "--force")
+    assert done.returncode == 0, done.stderr
+    assert (out / "index.html").read_text() == "<p>new</p>" and _leftovers(tmp_path) == []
+    assert "nothing was written" not in done.stderr and "Traceback" not in done.stderr
+    assert "Exception ignored" not in done.stderr and "KeyboardInterrupt" not in done.stderr
+    if hook == "sigint:after":
+        assert f"Ctrl-C came after {out} was in place; it is complete, so the command finished" in done.stderr
+
+
+def test_a_committed_cue_turns_later_interrupts_into_late_ones_outward_and_not_before(tmp_path):
+    from headscope.common import Interrupts
+
+    with Interrupts() as outer:
+        with Interrupts() as inner:
+            with pytest.raises(KeyboardInterrupt):
+                signal.raise_signal(signal.SIGINT)  # before any output: it stops the command
+            assert inner.received and outer.received
+            inner.received = outer.received = False
+            seen = []
+            write_folder(tmp_path / "r", lambda d: (d / "a").write_text("x"),
+                         committed=lambda: (seen.append((tmp_path / "r" / "a").exists()), inner.commit("r")))
+            assert seen == [True]  # called once, when the new folder is in place
+            signal.raise_signal(signal.SIGINT)  # afterwards: remembered as late, not raised
+            inner.check()
+        assert inner.late and outer.late and outer.committed == "r" and not outer.received
+        signal.raise_signal(signal.SIGINT)  # the outer guard, committed through the inner one
+        outer.check()
+
+
 def test_ctrl_c_while_replacing_in_process_finishes_the_replacement_and_warns(tmp_path):
     out = tmp_path / "r"
     _previous_report(out)
@@ -190,7 +226,7 @@ def test_a_symlinked_table_out_is_refused_before_any_work(dangling, tmp_path):
 
 
 def test_long_slugs_are_capped_and_stay_distinct():
-    from headscope.reports.figures import slug
+    from headscope.reports.panels import slug
 
     a, b = "/data/" + "checkpoints/" * 30 + "step-1000", "/data/" + "checkpoints/" * 30 + "step-2000"
     assert len(slug(a)) <= 60 and len(slug(b)) <= 60 and slug(a) != slug(b)
@@ -267,3 +303,26 @@ def test_a_bad_second_model_is_reported_before_the_first_is_loaded(monkeypatch, 
                                       str(tmp_path / "r"), "--quiet"])
     assert result.exit_code == 2 and "minilm is a packaged model, which has no revisions" in _one_line(result)
     assert loaded == [] and list(tmp_path.iterdir()) == []
+
+
+def test_a_figure_whose_write_fails_half_way_leaves_no_half_file(tmp_path, monkeypatch, capsys):
+    # dla, patch and composition --figure (and syntax --clusters) wrote straight into the file: a full disk or a
+    # Ctrl-C mid-write left half a PNG under the user's name. Now it goes through a temporary sibling.
+    from pathlib import Path
+
+    import matplotlib.figure
+
+    from headscope.common.outputs import write_figure
+
+    real = Path.write_bytes
+
+    def half(self, data):
+        real(self, data[: len(data) // 2])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", half)
+    target = tmp_path / "grid.png"
+    with pytest.raises(SystemExit) as done:
+        write_figure(matplotlib.figure.Figure(figsize=(1, 1)), target)
+    assert done.value.code == 2 and not target.exists() and list(tmp_path.iterdir()) == []
+    assert capsys.readouterr().err.strip() == f"headscope: could not write {target}: No space left on device"

@@ -26,9 +26,10 @@ def _map(n: int, *, causal: bool = False, seed: int = 0) -> AttentionMap:
 @pytest.mark.parametrize("causal", [False, True])
 def test_a_long_heatmap_is_drawn_pooled_with_thinned_labels(causal, monkeypatch):
     import headscope.reports.figures as F
+    import headscope.reports.heatmaps as H
 
-    monkeypatch.setattr(F, "CELLS_MAX", 8)
-    monkeypatch.setattr(F, "LABELS_MAX", 3)
+    monkeypatch.setattr(H, "CELLS_MAX", 8)
+    monkeypatch.setattr(H, "LABELS_MAX", 3)
     n, block = 20, 3  # ceil(20 / 8) = 3: 7 × 7 cells, the last ones 2 units wide
     amap = _map(n, causal=causal)
     before = amap.attention.clone()
@@ -52,13 +53,14 @@ def test_a_long_heatmap_is_drawn_pooled_with_thinned_labels(causal, monkeypatch)
 
 def test_a_very_long_heatmap_stays_small():
     import headscope.reports.figures as F
+    import headscope.reports.heatmaps as H
 
     fig = F.attention_heatmap(_map(700), 0, 0)
     ax = fig.axes[0]
-    assert ax.collections[0].get_array().size <= F.CELLS_MAX ** 2
-    assert len(ax.get_xticklabels()) <= F.LABELS_MAX and len(ax.get_yticklabels()) <= F.LABELS_MAX
+    assert ax.collections[0].get_array().size <= H.CELLS_MAX ** 2
+    assert len(ax.get_xticklabels()) <= H.LABELS_MAX and len(ax.get_yticklabels()) <= H.LABELS_MAX
     width, height = fig.get_size_inches()
-    assert width <= F.SIDE_MAX + 3 and height <= F.SIDE_MAX + 3
+    assert width <= H.SIDE_MAX + 3 and height <= H.SIDE_MAX + 3
 
 
 def test_a_short_heatmap_keeps_every_cell_and_label():

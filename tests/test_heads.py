@@ -822,7 +822,7 @@ def test_a_new_metric_flows_through_hs_heads_and_the_report():
     import headscope as hs
     from headscope.probe.tiny import tiny_model
     from headscope.reports.analysis import ModelAnalysis
-    from headscope.reports.figures import FIGURES
+    from headscope.reports.panels import FIGURES
     from headscope.reports.html import explorer_data
 
     lm = tiny_model("gpt2")

@@ -176,7 +176,7 @@ def test_every_room_is_read():
     # one known arrow of each kind: relative (two levels), absolute inside a function, `from package import
     # submodule`, a bare sibling name in benchmarks/
     assert graph.has_edge("probe/extract.py", "probe/types.py")
-    assert graph.has_edge("headscope/commands/verify.py", "headscope/common.py")
+    assert graph.has_edge("headscope/commands/verify.py", "headscope/common/options.py")
     assert graph.has_edge("headscope/commands/verify.py", "headscope/__init__.py")
     assert graph.has_edge("benchmarks/ablation_numbers.py", "headscope/workflows/ablation.py")
     assert graph.has_edge("benchmarks/run.py", "benchmarks/common.py")
@@ -223,3 +223,84 @@ def test_the_check_finds_a_planted_cycle(tmp_path):
     assert not any("headscope/probe" in n for n in import_graph(root))
     assert import_cycles(root, allowed=frozenset({"probe/extract.py", "probe/norms.py"})) == [
         "benchmarks/common.py -> benchmarks/speed.py -> benchmarks/common.py"]
+
+
+# --- no module imports another module's private name ---------------------------------------------------
+
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def private_imports(root: Path = ROOT) -> list[str]:
+    """`file:line imports _name from other.py` for each private name of another project module that a module of
+    the rooms or the top floor reads: `from .x import _y`, or `x._y` where `x` is a project module it imported."""
+    modules = project_modules(root)
+    found = []
+    for rel in sorted(modules[""].values()):
+        own = _module_name(Path(rel))
+        package = own if rel.endswith("__init__.py") else own.rpartition(".")[0]
+        tree = ast.parse((root / rel).read_text(encoding="utf-8"), filename=rel)
+        imported: dict[str, str] = {}  # a local name bound to a project module -> the module's dotted name
+        hits: list[tuple[int, str, str]] = []
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                parts = package.split(".") if package else []
+                module = (".".join(parts[: len(parts) - (node.level - 1)] + ([node.module] if node.module else []))
+                          if node.level else node.module or "")
+                target = _resolve(module, "", modules)
+                for alias in node.names:
+                    if _resolve(f"{module}.{alias.name}", "", modules) is not None:  # a submodule
+                        imported[alias.asname or alias.name] = f"{module}.{alias.name}"
+                    elif target is not None and target != rel and _private(alias.name):
+                        hits.append((node.lineno, alias.name, target))
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    local = alias.asname or alias.name.split(".")[0]
+                    imported[local] = alias.name if alias.asname else local
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and _private(node.attr):
+                target = _resolve(_dotted(node.value, imported) or "", "", modules)
+                if target is not None and target != rel:
+                    hits.append((node.lineno, node.attr, target))
+        found += [f"{rel}:{line} imports {name} from {target}" for line, name, target in sorted(set(hits))]
+    return found
+
+
+def _dotted(node: ast.expr, imported: dict[str, str]) -> str | None:
+    """`x.y.z` as the dotted module name it stands for when `x` names an imported module; else None."""
+    if isinstance(node, ast.Name):
+        return imported.get(node.id)
+    if isinstance(node, ast.Attribute):
+        base = _dotted(node.value, imported)
+        return None if base is None else f"{base}.{node.attr}"
+    return None
+
+
+def test_no_module_imports_another_modules_private_name():
+    found = private_imports()
+    assert not found, "private names read from another module (make them public in their home):\n" + "\n".join(found)
+
+
+def test_the_private_name_check_sees_both_spellings(tmp_path):
+    root = _plant(tmp_path, {
+        "headscope/__init__.py": "",
+        "probe/__init__.py": "",
+        "probe/extract.py": "def _select():\n    pass\ndef own():\n    return _select()\n",
+        "probe/recompute.py": "from .extract import _select\n",
+        "probe/live.py": "from . import extract\ndef f():\n    return extract._select\n",
+        "probe/sources.py": "import headscope.probe.extract as ex\nx = ex._select\nfrom .extract import __doc__\n",
+        "probe/norms.py": "import headscope.probe.extract\ny = headscope.probe.extract._select\n",
+    })
+    assert private_imports(root) == ["probe/live.py:3 imports _select from probe/extract.py",
+                                     "probe/norms.py:2 imports _select from probe/extract.py",
+                                     "probe/recompute.py:1 imports _select from probe/extract.py",
+                                     "probe/sources.py:2 imports _select from probe/extract.py"]
+
+
+def test_no_file_of_probe_or_analyses_is_a_grab_bag():
+    """Past 800 lines a file holds several ideas: split it, one idea per file."""
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for room in ("probe", "analyses") for p in _py_files(ROOT / room)
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > 800]
+    assert not long, "files over 800 lines:\n" + "\n".join(long)

@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 
 from headscope.reports.analysis import ModelAnalysis
-from headscope.reports.figures import FIGURES
+from headscope.reports.panels import FIGURES
 from headscope.reports.html import build_report
 from headscope.workflows.mechanisms import mechanisms
 

@@ -14,6 +14,7 @@ import torch
 
 import report_samples as R
 from headscope.probe.types import AttentionMap
+from headscope.reports import canvas as C
 from headscope.reports import figures as F
 
 CJK = "我爱北京"
@@ -30,7 +31,7 @@ def _cjk_text_figure():
     from headscope.reports.fonts import font_context
 
     with font_context(CJK):
-        fig = F._new_figure(3.0, 1.0)
+        fig = C.report_figure(3.0, 1.0, layout=None)
         fig.text(0.5, 0.5, CJK, fontsize=40, ha="center", va="center")
     return fig
 
@@ -42,33 +43,33 @@ def _media_box(pdf: bytes) -> tuple[float, float]:
 
 def test_each_format_is_a_file_of_that_type():
     fig = F.attention_heatmap(_cjk_map(), 0, 0)
-    png, svg, pdf = (F.figure_bytes(fig, fmt) for fmt in ("png", "svg", "pdf"))
+    png, svg, pdf = (C.figure_bytes(fig, fmt) for fmt in ("png", "svg", "pdf"))
     assert png.startswith(b"\x89PNG\r\n\x1a\n")
     assert pdf.startswith(b"%PDF-") and pdf.rstrip().endswith(b"%%EOF")
     assert ET.fromstring(svg).tag == "{http://www.w3.org/2000/svg}svg"
     fresh = F.attention_heatmap(_cjk_map(), 0, 0)
-    assert F.to_png(fresh) == F.figure_bytes(F.attention_heatmap(_cjk_map(), 0, 0), "png")  # the report's PNG as before
+    assert C.to_png(fresh) == C.figure_bytes(F.attention_heatmap(_cjk_map(), 0, 0), "png")  # the report's PNG as before
     with pytest.raises(ValueError, match="unknown figure format 'gif'"):
-        F.figure_bytes(fig, "gif")
+        C.figure_bytes(fig, "gif")
 
 
 def test_vector_files_are_reproducible():
     a = F.attention_heatmap(_cjk_map(), 0, 0)
     b = F.attention_heatmap(_cjk_map(), 0, 0)
-    assert F.figure_bytes(a, "pdf") == F.figure_bytes(b, "pdf")  # no creation date inside
-    assert F.figure_bytes(a, "svg") == F.figure_bytes(b, "svg")
+    assert C.figure_bytes(a, "pdf") == C.figure_bytes(b, "pdf")  # no creation date inside
+    assert C.figure_bytes(a, "svg") == C.figure_bytes(b, "svg")
 
 
 @pytest.mark.parametrize("spec, inches", [("3.5in", 3.5), ("8.89cm", 3.5), ("88.9mm", 3.5), ("252pt", 3.5),
                                           (" 7 IN ", 7.0), (".5in", 0.5)])
 def test_widths_with_units(spec, inches):
-    assert F.parse_width(spec) == pytest.approx(inches)
+    assert C.parse_width(spec) == pytest.approx(inches)
 
 
 @pytest.mark.parametrize("spec", ["3.5", "3.5 furlong", "-1in", "0cm", "in", ""])
 def test_a_width_without_a_known_unit_is_refused(spec):
     with pytest.raises(ValueError, match="is not a width"):
-        F.parse_width(spec)
+        C.parse_width(spec)
 
 
 def test_width_scales_the_file_keeping_its_aspect_and_leaves_the_figure_alone():
@@ -77,18 +78,18 @@ def test_width_scales_the_file_keeping_its_aspect_and_leaves_the_figure_alone():
     fig = F.score_grid(R.section().scores, "previous_token")
     w, h = fig.get_size_inches()
     sizes = [t.get_fontsize() for t in fig.findobj(Text)]
-    pdf = F.figure_bytes(fig, "pdf", width=3.5)
+    pdf = C.figure_bytes(fig, "pdf", width=3.5)
     assert _media_box(pdf) == pytest.approx((3.5 * 72, 3.5 * h / w * 72), abs=0.05)  # PDF points
     from PIL import Image
 
-    png = Image.open(io.BytesIO(F.figure_bytes(fig, "png", dpi=200, width=3.5)))
+    png = Image.open(io.BytesIO(C.figure_bytes(fig, "png", dpi=200, width=3.5)))
     assert png.size[0] == 700 and png.size[1] == pytest.approx(700 * h / w, abs=1)
     assert tuple(fig.get_size_inches()) == (w, h)
     assert [t.get_fontsize() for t in fig.findobj(Text)] == sizes
 
 
 def test_svg_draws_cjk_glyphs_as_outlines():
-    svg = F.figure_bytes(F.attention_heatmap(_cjk_map(), 0, 0), "svg").decode("utf-8")
+    svg = C.figure_bytes(F.attention_heatmap(_cjk_map(), 0, 0), "svg").decode("utf-8")
     # svg.fonttype "path": each glyph is an outline defined once as <font>-<glyph index>, no <text>
     # left to a reader's fonts. Four characters, four distinct CJK outlines (tofu would be one, index 0).
     glyphs = set(re.findall(r'id="([^"]*CJK[^"]*-[0-9a-f]+)"', svg))
@@ -104,7 +105,7 @@ def _need(tool: str) -> str:
 
 
 def test_pdf_with_cjk_labels_embeds_a_cjk_font():
-    pdf = F.figure_bytes(F.attention_heatmap(_cjk_map(), 0, 0), "pdf")
+    pdf = C.figure_bytes(F.attention_heatmap(_cjk_map(), 0, 0), "pdf")
     listing = subprocess.run([_need("pdffonts"), "-"], input=pdf, capture_output=True, check=True).stdout.decode()
     rows = [line.split() for line in listing.splitlines()[2:]]
     cjk = [r for r in rows if "CJK" in r[0]]
@@ -123,8 +124,8 @@ def test_pdf_with_cjk_labels_renders_like_the_png():
     from PIL import Image
 
     fig = _cjk_text_figure()
-    png = np.asarray(Image.open(io.BytesIO(F.figure_bytes(fig, "png", dpi=100))).convert("L"))
-    pdf = F.figure_bytes(fig, "pdf")
+    png = np.asarray(Image.open(io.BytesIO(C.figure_bytes(fig, "png", dpi=100))).convert("L"))
+    pdf = C.figure_bytes(fig, "pdf")
     ppm = subprocess.run([_need("pdftoppm"), "-r", "100", "-gray", "-"], input=pdf, capture_output=True,
                          check=True).stdout
     raster = np.asarray(Image.open(io.BytesIO(ppm)).convert("L"))

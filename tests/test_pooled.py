@@ -1,4 +1,4 @@
-"""The pooled overview and per-row top keys (analyses.pooled), and LiveText's rows (probe.live)."""
+"""The pooled overview and per-row top keys (analyses.pooled), and a source's live text's rows (probe.live)."""
 
 import pytest
 import torch
@@ -6,7 +6,6 @@ import torch
 from conftest import in_turn
 from headscope.analyses.pooled import Pooler, pool, tile_index, top_keys
 from headscope.probe.extract import extract
-from headscope.probe.live import LiveText
 from headscope.probe.sources import source_for
 
 TEXT = "The cat sat on the mat because it was tired."
@@ -74,7 +73,7 @@ def test_top_keys_by_hand():
 def test_live_rows_and_pooled_blocks_equal_the_extracted_map(tiny, attention):
     [m] = extract(tiny, TEXT)
     source = source_for(tiny, attention)
-    live = LiveText(tiny, TEXT, source)
+    live = source.live(TEXT)
     assert live.mode == attention and live.labels == m.labels
     n = len(live)
     layer, head = m.layer_ids[-1], tiny.config.num_attention_heads - 1
@@ -94,13 +93,13 @@ def test_live_refuses_bad_heads_and_rows():
     from conftest import _tiny
 
     lm = _tiny("gpt2")
-    live = LiveText(lm, TEXT, source_for(lm, "eager"))
+    live = source_for(lm, "eager").live(TEXT)
     with pytest.raises(ValueError, match="layer must be"):
         live.rows(9, 0, 0, 1)
     with pytest.raises(ValueError, match="rows must be"):
         live.rows(0, 0, 3, 3)
     with pytest.raises(ValueError, match="token rows"):
-        LiveText(lm, TEXT, source_for(lm, "recompute"), level="word")
+        source_for(lm, "recompute").live(TEXT, level="word")
 
 
 # ---------------------------------------------------------------- the report's and hs.show's long-text view
@@ -119,17 +118,20 @@ def _long_map(n: int, heads: int = 2, causal: bool = True):
 
 
 def test_a_long_map_is_embedded_pooled_with_each_rows_top_keys():
-    from headscope.reports.html import POOL_ABOVE, _units
+    from headscope.reports.payload import POOL_ABOVE, attention_payload
+
+    def payload(m):  # the one encoder the report's explorer and hs.show embed
+        return attention_payload(m.attention, m.labels, m.labels)
 
     n = POOL_ABOVE + 44  # 300 tokens
-    u = _units(_long_map(n))
+    u = payload(_long_map(n))
     p = u["pooled"]
-    assert len(u["labels"]) == 64 and len(u["att"][0]) == 64 * 64 and p["n_queries"] == n
+    assert len(u["keys"]) == 64 and len(u["att"][0]) == 64 * 64 and p["n_queries"] == n
     assert u["att"][0] == (pool(_long_map(n).attention[0, 0], 64).max * 1000).round().int().flatten().tolist()
     assert [row[0] for row in p["top_keys"][0][1:]] == list(range(n - 1))  # previous token, row by row
     assert p["top_weights"][0][5][0] == 1000
-    assert u["labels"][0] == "t0\u2026t3" and p["keys"][n - 1] == f"t{n - 1}"  # tile 0 of 300 in 64: 0 .. 300 // 64 - 1
-    exact = _units(_long_map(POOL_ABOVE))  # at the threshold: every weight, as before
+    assert u["keys"][0] == "t0\u2026t3" and p["keys"][n - 1] == f"t{n - 1}"  # tile 0 of 300 in 64: 0 .. 300 // 64 - 1
+    exact = payload(_long_map(POOL_ABOVE))  # at the threshold: every weight, as before
     assert "pooled" not in exact and len(exact["att"][0]) == POOL_ABOVE**2
 
 
@@ -149,8 +151,17 @@ def test_one_forward_pass_serves_every_layer_of_a_recomputed_text(monkeypatch):
     calls = []
     real = live_mod.layer_inputs
     monkeypatch.setattr(live_mod, "layer_inputs", lambda *a, **kw: calls.append(a[3]) or real(*a, **kw))
-    live = LiveText(lm, TEXT, source_for(lm, "recompute"))
+    live = source_for(lm, "recompute").live(TEXT)
     [m] = extract(lm, TEXT)
     for layer in (1, 0, 1):
         torch.testing.assert_close(live.rows(layer, 2, 0, 3), m.attention[layer, 2, :3], atol=1e-6, rtol=0)
     assert calls == [[0, 1]]  # every layer's input caught at once, then reused
+
+
+def test_an_eager_live_text_over_the_budget_is_refused_before_the_forward_pass():
+    from conftest import _tiny
+
+    lm = _tiny("gpt2")  # 2 layers × 4 heads × T² × 4 B for T tokens: well over 100 bytes
+    with pytest.raises(ValueError, match="more than the memory budget.*attention='auto'"):
+        source_for(lm, "eager", budget=100).live(TEXT)
+    assert source_for(lm, "auto", budget=100).live(TEXT).mode == "recompute"  # auto recomputes it instead

@@ -13,7 +13,8 @@ import pytest
 
 import report_samples as R
 from headscope.reports.analysis import ModelAnalysis
-from headscope.reports.html import build_report, explorer_data, slug
+from headscope.reports.html import build_report, explorer_data
+from headscope.reports.panels import slug
 from headscope.reports.sections import report_tables
 
 
@@ -196,7 +197,8 @@ def test_models_whose_names_share_a_slug_get_distinct_files():
 def test_a_figure_is_one_registry_entry(monkeypatch):
     """A spec added to FIGURES is drawn, written under its stem, captioned, and shown in its group."""
     import headscope.reports.html as H
-    from headscope.reports.figures import FIGURES, FigureSpec, Panel, verification_plot
+    from headscope.reports.figures import verification_plot
+    from headscope.reports.panels import FIGURES, FigureSpec, Panel
 
     def panels(section):
         if section.verification is not None:
@@ -232,7 +234,7 @@ def test_probe_figures_sit_beside_their_probe():
 def test_the_explorer_and_the_inline_view_share_one_copy_of_their_helpers(report):
     from importlib import resources
 
-    from headscope.reports.html import static_script
+    from headscope.reports.page import static_script
     from headscope.reports.inline import show
 
     common = resources.files("headscope.reports").joinpath("static", "common.js").read_text(encoding="utf-8").strip()

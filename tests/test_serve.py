@@ -19,7 +19,7 @@ TEXT = "The cat sat on the mat because it was tired."
 
 
 def _client(lm, **kwargs) -> TestClient:
-    return TestClient(app(Explorer({"m": lm}, **kwargs)))
+    return TestClient(app(Explorer({"m": lm}, **kwargs)), base_url="http://127.0.0.1:8765")
 
 
 @pytest.mark.parametrize("tiny, attention", in_turn("recompute", "eager"), indirect=["tiny"])
@@ -86,12 +86,13 @@ def test_bad_requests_get_a_4xx_and_one_line(body, status, words):
 
 def test_malformed_bodies_unknown_routes_and_large_bodies():
     c = _client(_tiny("gpt2"))
+    json_type = {"content-type": "application/json"}
     for raw in (b"{nope", b"[1, 2]", b"\xff\xfe"):
-        r = c.post("/api/overview", content=raw)
+        r = c.post("/api/overview", content=raw, headers=json_type)
         assert r.status_code == 400 and r.json()["error"] == "the request body must be a JSON object"
     assert c.get("/api/nothing").status_code == 404 and "error" in c.get("/api/nothing").json()
     assert c.get("/api/attention").status_code == 405
-    r = c.post("/api/attention", content=b" " * (2 << 20))
+    r = c.post("/api/attention", content=b" " * (2 << 20), headers=json_type)
     assert r.status_code == 413
 
 

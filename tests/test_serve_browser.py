@@ -137,3 +137,55 @@ def test_hostile_text_stays_text(page):
     page.fill("#search", "<img")
     page.click("#find")
     assert page.locator("img").count() == 0
+
+
+_EVIL = """<!doctype html><title>evil</title><script>
+const target = "http://127.0.0.1:%d", body = JSON.stringify({model: "tiny", text: "stolen", layer: 0, head: 0});
+Promise.allSettled([
+  fetch(target + "/api/attention", {method: "POST", mode: "no-cors", headers: {"Content-Type": "text/plain"}, body}),
+  fetch(target + "/api/generate", {method: "POST", mode: "no-cors", body}),
+  fetch(target + "/api/attention", {method: "POST", headers: {"Content-Type": "application/json"}, body}),
+  fetch(target + "/api/models").then(r => r.json()),
+]).then(r => { document.title = "done " + r.map(x => x.status).join(","); });
+</script>"""
+
+
+def test_a_page_on_another_origin_cannot_make_the_explorer_compute_or_read_it(browser, server, monkeypatch):
+    """Issue 35: a cross-site "simple" POST (text/plain, no preflight) was answered. Now a page the user
+    visits on another origin — here another loopback port — gets nothing computed and reads nothing."""
+    import http.server
+
+    from headscope.workflows.explore import Explorer
+
+    calls = []
+    for name in ("attention", "generate", "models"):
+        real = getattr(Explorer, name)
+        monkeypatch.setattr(Explorer, name, lambda self, *a, _real=real, _name=name, **kw: (calls.append(_name),
+                                                                                          _real(self, *a, **kw))[1])
+    port = int(server[0].rsplit(":", 1)[1])
+    page_html = (_EVIL % port).encode()
+
+    class Evil(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            self.wfile.write(page_html)
+
+        def log_message(self, *args):
+            pass
+
+    evil = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Evil)
+    threading.Thread(target=evil.serve_forever, daemon=True).start()
+    context = browser.new_context()
+    try:
+        page = context.new_page()
+        page.goto(f"http://127.0.0.1:{evil.server_address[1]}/")
+        page.wait_for_function("document.title.startsWith('done')", timeout=10_000)
+        title = page.title()
+    finally:
+        context.close()
+        evil.shutdown()
+    # The no-cors requests end "fulfilled" with an opaque answer the page cannot read; the others are refused.
+    assert title == "done fulfilled,fulfilled,rejected,rejected", title
+    assert calls == []  # the server computed nothing for it

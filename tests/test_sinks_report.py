@@ -11,7 +11,7 @@ from click.testing import CliRunner
 
 from headscope.analyses.sinks import SinkRate, SinkReport, StreamingResult
 from headscope.reports.analysis import ModelAnalysis
-from headscope.reports.figures import FIGURES
+from headscope.reports.panels import FIGURES
 from headscope.reports.html import build_report
 
 

@@ -8,26 +8,27 @@ import numpy as np
 import pytest
 import torch
 
-from headscope.analyses.syntax import (
+from headscope.analyses.syntax.clusters import head_clusters, head_distances
+from headscope.analyses.syntax.relations import (
     ALL_RELATIONS,
     NOT_IN_MAP,
     SHARED_UNIT,
     SentenceAttention,
     best_offset,
-    choose_tree_head,
     collect_arcs,
-    decode_tree,
-    head_clusters,
-    head_distances,
-    offset_tree,
-    right_branching,
     score_relations,
-    score_syntax,
     summarise,
     top_units,
-    undirected_matches,
     unit_of_words,
     word_scores,
+)
+from headscope.analyses.syntax.result import score_syntax
+from headscope.analyses.syntax.trees import (
+    choose_tree_head,
+    decode_tree,
+    offset_tree,
+    right_branching,
+    undirected_matches,
 )
 from headscope.analyses.stats import holm
 from headscope.analyses.treebank import Sentence, TreebankError, parse_conllu, read_conllu

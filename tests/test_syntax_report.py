@@ -10,8 +10,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from headscope.analyses.syntax import choose_tree_head, score_syntax
-from headscope.reports.figures import FIGURES
+from headscope.analyses.syntax.result import score_syntax
+from headscope.analyses.syntax.trees import choose_tree_head
+from headscope.reports.panels import FIGURES
 from headscope.reports.analysis import ModelAnalysis
 from headscope.reports.html import build_report
 

@@ -349,7 +349,7 @@ def test_cli_verify_heads_and_explain_take_an_image_and_refuse_a_mismatch(pictur
 
 
 def test_cli_run_writes_the_vision_section_with_overlays_mosaic_rollout_and_metrics(tmp_path, picture, draw_only):
-    from headscope.reports.figures import FIGURES
+    from headscope.reports.panels import FIGURES
 
     # the vision section's figures, the head grids asserted and the attention figures on patch maps; the
     # verification plot (the same for every model) is drawn in test_run.py

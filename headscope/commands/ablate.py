@@ -6,8 +6,11 @@ import click
 
 from headscope.probe.names import AblationMethod, choices
 
-from ..common import (corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail, model_option,
-                      quiet_option)
+from ..common.corpus import corpus_or_fail
+from ..common.exits import fail
+from ..common.loading import load_or_fail
+from ..common.options import corpus, heads, options, seed
+from ..common.outputs import echo_json
 
 __all__ = ["cli", "parse_top"]
 
@@ -26,12 +29,6 @@ def parse_top(spec: str) -> tuple[str, int]:
     return metric, int(k)
 
 
-def _parse_heads(spec: str) -> list[tuple[int, int]]:
-    from headscope.probe.types import parse_head
-
-    return [parse_head(part) for part in spec.split(",") if part.strip()]
-
-
 def _top_heads(lm, metric: str, k: int, texts: list[str]) -> list[tuple[int, int]]:
     from headscope import heads
 
@@ -42,43 +39,33 @@ def _top_heads(lm, metric: str, k: int, texts: list[str]) -> list[tuple[int, int
 
 
 @click.command()
-@model_option
-@click.option("--heads", "heads_spec", default=None, help="Heads to ablate, e.g. L16H0,L18H6.")
+@options("model", heads(help="Heads to ablate, e.g. L16H0,L18H6."))
 @click.option("--top", "top_spec", default=None, help="Ablate the K heads scoring highest on METRIC (METRIC:K), "
               "scored as `headscope heads` does.")
 @click.option("--method", type=click.Choice(choices(AblationMethod)), default="zero", show_default=True,
               help="Zero the head, replace it by its mean output, or make its attention uniform.")
-@click.option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None,
-              help="Measure on these texts (one per line, or JSONL with 'text').")
+@corpus(help="Measure on these texts (one per line, or JSONL with 'text').")
 @click.option("--task", type=click.Choice(["induction"]), default=None,
               help="Measure on a built-in task: induction = loss on the second copy of repeated random tokens.")
 @click.option("--word", default=None, help="Encoders: the word whose final representation is compared.")
 @click.option("--random", "n_random", type=click.IntRange(min=0), default=19, show_default=True,
               help="Random head sets of the same size to compare with.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random head sets.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N texts.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
-@json_option
-@quiet_option
-@device_options
-def cli(model_name, heads_spec, top_spec, method, corpus_path, task, word, n_random, seed, limit, batch_size, as_json,
+@options(seed(help="Seed of the random head sets."), "batching", "json", "quiet", "device")
+def cli(model_name, heads, top_spec, method, corpus_path, limit, task, word, n_random, seed, batch_size, as_json,
         device, dtype, quiet) -> None:
     """Ablate heads and compare the effect with ablating random heads (mean, sd, empirical p)."""
     from headscope import ablate, builtin_corpus
     from headscope.probe.interventions import refuse_seq2seq
 
-    if (heads_spec is None) == (top_spec is None):
+    if (heads is None) == (top_spec is None):
         fail("give exactly one of --heads L16H0,L18H6 or --top METRIC:K")
     if (corpus_path is None) == (task is None):
         fail("give exactly one of --corpus FILE or --task induction")
     try:
-        heads = _parse_heads(heads_spec) if heads_spec is not None else None
         top = parse_top(top_spec) if top_spec is not None else None
     except ValueError as exc:
         fail(str(exc))
     texts = corpus_or_fail(corpus_path, limit).texts if corpus_path else None
-    if heads is not None and not heads:
-        fail("--heads is empty; write e.g. L16H0,L18H6")
     lm = load_or_fail(model_name, device, dtype)
     try:
         refuse_seq2seq(lm, "head ablation")  # before --top scores every head

@@ -12,10 +12,13 @@ from pathlib import Path
 
 import click
 
-from headscope.probe.names import DEFAULT_LEVEL, Level, choices
-
-from ..common import (check_out, corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail,
-                      quiet_option, verify_option, verify_step)
+from ..common.corpus import corpus_or_fail
+from ..common.exits import fail
+from ..common.interrupts import committed
+from ..common.loading import load_or_fail
+from ..common.options import corpus, options
+from ..common.outputs import check_out, echo_json
+from ..common.verification import verify_step
 
 __all__ = ["cli"]
 
@@ -23,25 +26,15 @@ __all__ = ["cli"]
 @click.command()
 @click.argument("model_a")
 @click.argument("model_b")
-@click.option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None,
-              help="Text file (one text per line) or JSONL with a 'text' field; default: the built-in corpus.")
-@click.option("--level", type=click.Choice(choices(Level)), default=DEFAULT_LEVEL, show_default=True,
-              help="Score sub-word tokens or words (Clark et al. 2019 aggregation).")
-@click.option("--special/--no-special", "include_special", default=True, show_default=True,
-              help="Keep [CLS]/[SEP]/<bos> as units, or drop them and renormalise each row.")
-@click.option("--limit", type=click.IntRange(min=2), default=None, help="Use only the first N texts.")
+@options(corpus(minimum=2), "level", "special")
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05,
               show_default=True, help="Family-wise error rate over all (head, metric) pairs (Holm).")
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
+@options("batching", "truncate")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Also write an HTML report with the comparison into this folder (created; must not exist "
                    "unless --force).")
 @click.option("--force", is_flag=True, help="Replace an existing --report folder that headscope wrote.")
-@json_option
-@quiet_option
-@verify_option
-@device_options
+@options("json", "quiet", "verify", "device")
 def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, batch_size, truncate, report_dir, force,
         as_json, device, dtype, no_verify, quiet) -> None:
     """Compare every head of MODEL_A and MODEL_B (names, folders, GGUF files or hub ids, NAME@REVISION)."""
@@ -90,7 +83,7 @@ def _write_report(out: Path, result, models, verified: dict, checks: dict, sourc
         written = report(analyses, out, force=force, title=f"headscope comparison — {result.b} vs {result.a}",
                          settings={"corpus": source, "texts": result.n_texts, "rule": result.rule},
                          record={"command": "compare", "corpus": source, "comparison": result.to_dict(),
-                                 "verification": checks})
+                                 "verification": checks}, committed=committed(str(out)))
     except ReportFolderError as exc:
         fail(str(exc))
     except OSError as exc:

@@ -4,26 +4,23 @@ from __future__ import annotations
 
 import click
 
-from ..common import (device_options, echo_json, json_option, load_or_fail, model_option, new_figure_or_fail,
-                      out_option, quiet_option, refusals, write_table)
+from ..common.exits import refusals
+from ..common.loading import load_or_fail
+from ..common.options import figure, options, top
+from ..common.outputs import echo_json, write_outputs
 
 __all__ = ["cli"]
 
 
 @click.command()
-@model_option
+@options("model")
 @click.option("--kind", type=click.Choice(["q", "k", "v"]), default=None,
               help="Only this kind of composition (default: all three).")
-@click.option("--top", "k", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Strongest edges listed per kind (by the ratio to random matrices).")
+@top(10, "Strongest edges listed per kind (by the ratio to random matrices).")
 @click.option("--copying/--no-copying", default=True, show_default=True,
               help="Also the OV copying score of every head (decoders: it needs the unembedding).")
-@click.option("--figure", "figure_path", type=click.Path(dir_okay=False), default=None,
-              help="Also write the composition graph of --kind (default k) (.png, .svg or .pdf).")
-@out_option
-@json_option
-@quiet_option
-@device_options
+@options(figure(help="Also write the composition graph of --kind (default k) (.png, .svg or .pdf)."), "out", "json",
+         "quiet", "device")
 def cli(model_name, kind, k, copying, figure_path, out_path, as_json, device, dtype, quiet) -> None:
     """Q-, K- and V-composition scores between every earlier and later head (Elhage et al. 2021),
     against random matrices of the same shapes, and each head's OV copying score.
@@ -33,7 +30,6 @@ def cli(model_name, kind, k, copying, figure_path, out_path, as_json, device, dt
     """
     from headscope import composition
 
-    new_figure_or_fail(figure_path)
     lm = load_or_fail(model_name, device, dtype)
     with refusals(model_name):
         result = composition(lm)
@@ -43,13 +39,8 @@ def cli(model_name, kind, k, copying, figure_path, out_path, as_json, device, dt
 
             copy = copying_scores(lm)
     kinds = [kind] if kind else ["q", "k", "v"]
-    if out_path:
-        frame = result.to_frame()
-        write_table(frame[frame["kind"].isin(kinds)], out_path)
-    if figure_path is not None:
-        from headscope.reports.figures import composition_graph, save
-
-        save(composition_graph(result, kind=kind or "k"), figure_path)
+    frame = result.to_frame()
+    write_outputs(result, out_path, figure_path, table=frame[frame["kind"].isin(kinds)], kind=kind or "k")
     edges = {kd: result.top(k, kind=kd) for kd in kinds}
     if as_json:
         echo_json({"model": result.model, "baseline": {kd: result.baseline[kd] for kd in kinds},

@@ -11,35 +11,36 @@ from typing import Sequence
 
 import click
 
-from headscope.probe.names import DEFAULT_ATTENTION, AblationMethod, Level, choices
+from headscope.probe.names import DEFAULT_ATTENTION, AblationMethod, choices
 
-from ..common import (attention_options, device_options, echo_json, fail, finish, join_run, json_option, load_or_fail,
-                      model_option, out_option, quiet_option, verify_option, verify_step, write_table)
+from ..common.exits import fail
+from ..common.loading import load_or_fail
+from ..common.options import head, level, limit, options, seed
+from ..common.outputs import echo_json, write_table
+from ..common.runs import join_run
+from ..common.verification import finish, verify_step
 
 __all__ = ["cli", "probe_command", "probe_options"]
 
 
 def probe_options(fn):
     """The options `coref` and `probe` share (after `--data`)."""
-    for opt in reversed([
-        model_option,
+    return options(
+        "model",
         click.option("--heldout", "heldout_path", default=None,
                      help="Also choose the head on all of --data and score it on this file "
                           "(e.g. GAP development -> validation); the k-fold result on --data is kept under 'sets'."),
-        click.option("--level", type=click.Choice(choices(Level, first="word")), default="word", show_default=True,
-                     help="Attention between words (pieces summed/averaged) or raw tokens."),
+        level(help="Attention between words (pieces summed/averaged) or raw tokens."),
         click.option("--head-word", is_flag=True, help="Score a multi-word name by its last word only (default: sum over it)."),
         click.option("--folds", type=click.IntRange(2, None), default=5, show_default=True, help="k of the group k-fold."),
         click.option("--permutations", "n_perm", type=click.IntRange(100, None), default=10_000, show_default=True,
                      help="Monte Carlo permutations per test."),
-        click.option("--seed", type=int, default=0, show_default=True, help="Seed of the folds and permutations."),
-        click.option("--limit", type=click.IntRange(1, None), default=None,
-                     help="Use only the first N examples of each file (a subset: say so when you report)."),
-        click.option("--batch-size", type=click.IntRange(1, None), default=8, show_default=True),
-        click.option("--head", "show_head", default=None, metavar="LxHy",
-                     help="Also show this head's per-example attention to each candidate, e.g. L3H5 or 3,5 "
-                          "(model indices, from 0)."),
-        out_option,
+        seed(help="Seed of the folds and permutations."),
+        limit("examples of each file (a subset: say so when you report)"),
+        "batching",
+        head(name="show_head", help="Also show this head's per-example attention to each candidate, e.g. L3H5 or 3,5 "
+                                    "(model indices, from 0)."),
+        "out",
         click.option("--ablate", is_flag=True,
                      help="Ablation check (decoders): ablate the best head and compare how the model's preference "
                           "between the candidates moves, against random heads."),
@@ -48,14 +49,8 @@ def probe_options(fn):
                           "first 64 built-in corpus texts, or make it attend uniformly."),
         click.option("--random-sets", "n_random", type=click.IntRange(1, None), default=19, show_default=True,
                      help="How many random head sets --ablate compares with (19 allows p = 0.05)."),
-        quiet_option,
-        json_option,
-        verify_option,
-        attention_options,
-        device_options,
-    ]):
-        fn = opt(fn)
-    return fn
+        "quiet", "json", "verify", "attention", "device",
+    )(fn)
 
 
 def _load_set(spec: str, limit: int | None, option: str = "--data"):
@@ -76,20 +71,9 @@ def _load_set(spec: str, limit: int | None, option: str = "--data"):
     return task, examples[:limit] if limit else examples
 
 
-def _parse_head(spec: str | None) -> tuple[int, int] | None:
-    from headscope.probe.types import parse_head
-
-    if spec is None:
-        return None
-    try:
-        return parse_head(spec)
-    except ValueError as exc:
-        fail(f"--head: {exc}")
-
-
 def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, template: str, model_name: str,
                 data_spec: str | None, heldout_path: str | None, level: str, head_word: bool, folds: int,
-                n_perm: int, seed: int, limit: int | None, batch_size: int, show_head: str | None,
+                n_perm: int, seed: int, limit: int | None, batch_size: int, show_head: tuple[int, int] | None,
                 out_path: Path | None, ablate: bool, method: str, n_random: int, quiet: bool, as_json: bool,
                 no_verify: bool, device: str, dtype: str, attention: str = DEFAULT_ATTENTION,
                 memory_budget: int | None = None) -> None:
@@ -100,7 +84,7 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, templa
     from headscope.analyses.relations import ProbeDataError
     from headscope import ablate_chosen_head, probe_sets
 
-    head = _parse_head(show_head)
+    head = show_head  # (layer, head), read by the --head option
     try:
         sets = [_load_set(name, limit) for name in ([data_spec] if data_spec is not None else builtin)]
         held = _load_set(heldout_path, limit, "--heldout") if heldout_path else None

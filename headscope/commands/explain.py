@@ -4,47 +4,38 @@ from __future__ import annotations
 
 import click
 
-from ..common import (attention_options, device_options, echo_json, fail, json_option, load_or_fail, model_option,
-                      out_option, quiet_option, refusals, utf8_text, write_table)
+from ..common.exits import fail, refusals
+from ..common.loading import load_or_fail
+from ..common.options import head, options, truncate, utf8_text
+from ..common.outputs import echo_json, write_table
 
 
-def _layer_head(layer: int | None, spec: str) -> tuple[int, int]:
-    """(layer, head) from `--head L2H3` (or `2,3`), or from `--layer 2 --head 3`."""
-    from headscope.probe.types import parse_head
-
-    if spec.strip().isdigit():
+def _layer_head(layer: int | None, given: tuple[int, int] | int) -> tuple[int, int]:
+    """(layer, head) from `--head L2H3` (or `2,3`), or from `--layer 2 --head 3` (`given` is then the int 3)."""
+    if isinstance(given, int):
         if layer is None:
-            fail(f"--head {spec}: give the layer too, as --head LAYERH{spec.strip()} (e.g. L2H{spec.strip()}) "
-                 "or with --layer")
-        return layer, int(spec)
-    try:
-        parsed = parse_head(spec)
-    except ValueError as exc:
-        fail(f"--head: {exc}")
-    if layer is not None and layer != parsed[0]:
-        fail(f"--layer {layer} and --head {spec} name different layers; give one of them")
-    return parsed
+            fail(f"--head {given}: give the layer too, as --head LAYERH{given} (e.g. L2H{given}) or with --layer")
+        return layer, given
+    if layer is not None and layer != given[0]:
+        fail(f"--layer {layer} and --head L{given[0]}H{given[1]} name different layers; give one of them")
+    return given
 
 
 @click.command()
 @click.argument("text", required=False, callback=utf8_text("TEXT"))
-@model_option
+@options("model")
 @click.option("--token", required=True, help="The query token (a word of TEXT; a split word starts at its first piece).")
 @click.option("--occurrence", type=click.IntRange(min=0), default=0, show_default=True,
               help="Which occurrence of --token (0-based: 0 is the first).")
-@click.option("--head", "head_spec", required=True, metavar="LxHy",
-              help="The head, e.g. L2H3 or 2,3 (model indices, from 0); a bare number is a head of --layer.")
+@head(name="head_spec", required=True, bare=True,
+      help="The head, e.g. L2H3 or 2,3 (model indices, from 0); a bare number is a head of --layer.")
 @click.option("--layer", type=int, default=None, help="The layer, when --head is a bare head number.")
 @click.option("--scale-effect", is_flag=True, help="Also show every head of the layer with and without the 1/√d scale.")
 @click.option("--permutation", is_flag=True, help="Also show that attention without positions is permutation-equivariant.")
-@click.option("--truncate", is_flag=True, help="Cut TEXT to the model's context instead of failing.")
+@truncate(help="Cut TEXT to the model's context instead of failing.")
 @click.option("--image", "image", type=click.Path(dir_okay=False, path_type=str), default=None,
               help="A vision transformer: explain this image instead of TEXT; --token is a unit such as [CLS] or r1c2.")
-@out_option
-@json_option
-@quiet_option
-@attention_options
-@device_options
+@options("out", "json", "quiet", "attention", "device")
 def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, permutation, truncate, image, out_path, as_json,
         device, dtype, attention, memory_budget, quiet) -> None:
     """Explain how one head builds TOKEN's output in TEXT: scores, scaling, softmax, values.

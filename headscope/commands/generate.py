@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import click
 
-from ..common import device_options, echo_json, fail, json_option, load_or_fail, quiet_option, utf8_text
+from ..common.exits import fail
+from ..common.loading import load_or_fail
+from ..common.options import model, options, seed, top, utf8_text
+from ..common.outputs import echo_json
 
 __all__ = ["cli"]
 
 
 @click.command()
-@click.option("--model", "model_name", default="smollm2", show_default=True,
-              help="A decoder: packaged name, folder, GGUF file or hub id (NAME@REVISION).")
+@model(default="smollm2", help="A decoder: packaged name, folder, GGUF file or hub id (NAME@REVISION).")
 @click.option("--prompt", "prompts", required=True, multiple=True, callback=utf8_text("--prompt"),
               help="The text to continue; repeat for several prompts (each generated in turn). With --chat: the "
                    "user's message.")
@@ -24,15 +26,11 @@ __all__ = ["cli"]
               help="0: greedy; above 0: sample from softmax(logits / temperature).")
 @click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True,
               help="Sampling: draw from the smallest set of tokens whose probability reaches this.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Sampling: the random seed (the same tokens again).")
+@seed(help="Sampling: the random seed (the same tokens again).")
 @click.option("--chat", is_flag=True, help="Apply the tokenizer's chat template: each --prompt is a user message; "
                                           "every token is labelled by its turn (system / user / assistant).")
 @click.option("--system", default=None, callback=utf8_text("--system"), help="With --chat: a system message first.")
-@click.option("--top", "k", type=click.IntRange(min=1), default=3, show_default=True,
-              help="Keys listed per step (attention averaged over layers and heads).")
-@json_option
-@quiet_option
-@device_options
+@options(top(3, "Keys listed per step (attention averaged over layers and heads)."), "json", "quiet", "device")
 def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, system, k, as_json, device, dtype,
         quiet) -> None:
     """Continue each PROMPT and record the attention of every generated token."""

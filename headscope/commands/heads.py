@@ -4,39 +4,25 @@ from __future__ import annotations
 
 import click
 
-from headscope.probe.names import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Level, choices
-
-from ..common import (attention_note, attention_options, corpus_or_fail, device_options, echo_json, fail, finish, image_option,
-                      join_run, json_option, load_or_fail, model_option, out_option, quiet_option, too_long_or_fail,
-                      verify_option, verify_step, write_table)
+from ..common.corpus import corpus_or_fail, too_long_or_fail
+from ..common.exits import fail, refusals
+from ..common.loading import load_or_fail
+from ..common.options import options, seed, top
+from ..common.outputs import attention_note, echo_json, write_table
+from ..common.runs import join_run
+from ..common.verification import finish, verify_step
 
 __all__ = ["cli"]
 
 
 @click.command()
-@model_option
-@click.option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None,
-              help="Text file (one text per line) or JSONL with a 'text' field; default: the built-in corpus.")
-@click.option("--level", type=click.Choice(choices(Level)), default=DEFAULT_LEVEL, show_default=True,
-              help="Score sub-word tokens or words (Clark et al. 2019 aggregation).")
-@click.option("--special/--no-special", "include_special", default=DEFAULT_INCLUDE_SPECIAL, show_default=True,
-              help="Keep [CLS]/[SEP]/<bos> as units, or drop them and renormalise each row.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N texts.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--top", "k", type=click.IntRange(min=1), default=3, show_default=True, help="Heads listed per metric.")
+@options("model", "corpus", "level", "special", "batching", top(3, "Heads listed per metric."))
 @click.option("--induction-seqs", type=click.IntRange(min=0), default=20, show_default=True,
               help="Repeated random sequences for the induction/duplicate scores (decoders; 0 skips).")
 @click.option("--induction-length", type=click.IntRange(min=2), default=50, show_default=True,
               help="Random tokens per half of each repeated sequence.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the random sequences.")
-@out_option
-@click.option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
-@image_option
-@quiet_option
-@json_option
-@verify_option
-@attention_options
-@device_options
+@options(seed(help="Seed of the random sequences."), "out", "truncate", "image", "quiet", "json", "verify", "attention",
+         "device")
 def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, induction_seqs, induction_length,
         seed, out_path, truncate, images, quiet, as_json, device, dtype, no_verify, attention, memory_budget) -> None:
     """Score every head over a corpus: previous/next token, self, sinks, punctuation, entropy, induction.
@@ -76,8 +62,6 @@ def _image_scores(lm, model_name: str, images: list[str], level, include_special
     from headscope.analyses.heads import score_corpus
     from headscope.probe.extract import extract
     from headscope.probe.images import require_modality
-
-    from ..common import refusals
 
     with refusals(model_name):
         require_modality(lm, images=bool(images))

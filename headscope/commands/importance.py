@@ -4,25 +4,18 @@ from __future__ import annotations
 
 import click
 
-from ..common import (corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail, model_option,
-                      out_option, quiet_option, write_table)
+from ..common.corpus import corpus_or_fail
+from ..common.exits import fail
+from ..common.loading import load_or_fail
+from ..common.options import options, top
+from ..common.outputs import echo_json, write_table
 
 __all__ = ["cli"]
 
 
 @click.command()
-@model_option
-@click.option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None,
-              help="Text file (one text per line) or JSONL with a 'text' field; default: the built-in corpus.")
-@out_option
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N texts.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--top", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Heads listed.")
-@click.option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
-@json_option
-@quiet_option
-@device_options
-def cli(model_name, corpus_path, out_path, limit, batch_size, k, truncate, as_json, device, dtype, quiet) -> None:
+@options("model", "corpus", "out", "batching", top(10, "Heads listed."), "truncate", "json", "quiet", "device")
+def cli(model_name, corpus_path, limit, out_path, batch_size, k, truncate, as_json, device, dtype, quiet) -> None:
     """Rank every head by E|∂L/∂ξ_h| through a head mask, normalised per layer."""
     from headscope import importance
     from headscope.probe.importance import IMPORTANCE_LOSSES

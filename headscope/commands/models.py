@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import click
 
-from ..common import echo_json, json_option, out_option, quiet_option, write_table
+from ..common.options import options
+from ..common.outputs import echo_json, write_table
 
 
 @click.command()
 @click.option("--families", is_flag=True, help="List the model types whose attention is verified, by family.")
-@out_option
-@json_option
-@quiet_option
+@options("out", "json", "quiet")
 def cli(families: bool, out_path, as_json: bool, quiet) -> None:
     """List the known models, their family, where the weights come from and if they are installed."""
     from headscope.probe.families import family_table

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import click
 
-from ..common import (device_options, echo_json, fail, json_option, load_or_fail, model_option, out_option,
-                      quiet_option, refusals, utf8_text, write_table)
+from ..common.exits import refusals
+from ..common.loading import load_or_fail
+from ..common.options import head, options, top, utf8_text
+from ..common.outputs import emit
 
 __all__ = ["cli"]
 
@@ -16,18 +18,13 @@ def _position(value: str) -> int | str:
 
 @click.command()
 @click.argument("text", callback=utf8_text("TEXT"))
-@model_option
-@click.option("--head", "head_spec", required=True, metavar="LxHy", help="The head, e.g. L2H3 (model indices, from 0).")
+@options("model", head(required=True))
 @click.option("--query", required=True, help="The query token: a token of TEXT, or its index.")
 @click.option("--key", required=True, help="The key token: a token of TEXT, or its index.")
 @click.option("--occurrence", type=click.IntRange(min=0), default=0, show_default=True,
               help="Which occurrence of --query (0-based).")
-@click.option("--top", "k", type=click.IntRange(min=1), default=10, show_default=True, help="Pairs listed.")
-@out_option
-@json_option
-@quiet_option
-@device_options
-def cli(text, model_name, head_spec, query, key, occurrence, k, out_path, as_json, device, dtype, quiet) -> None:
+@options(top(10, "Pairs listed."), "out", "json", "quiet", "device")
+def cli(text, model_name, head, query, key, occurrence, k, out_path, as_json, device, dtype, quiet) -> None:
     """Split one head's score from --query to --key over (query-side part, key-side part) pairs.
 
     The parts are the embeddings, every earlier head, every earlier MLP and the biases; the norms'
@@ -35,22 +32,14 @@ def cli(text, model_name, head_spec, query, key, occurrence, k, out_path, as_jso
     that sum is printed. --out writes every pair.
     """
     from headscope import qk
-    from headscope.probe.types import parse_head
 
-    try:
-        layer, head = parse_head(head_spec)
-    except ValueError as exc:
-        fail(f"--head: {exc}")
+    layer, head = head
     lm = load_or_fail(model_name, device, dtype)
     with refusals(model_name):
         result = qk(lm, text, layer=layer, head=head, query=_position(query), key=_position(key),
                     occurrence=occurrence)
-    if out_path:
-        write_table(result.to_frame(), out_path)
-    if as_json:
-        echo_json(result.to_dict())
+    if not emit(result, out_path, as_json=as_json):
         return
-    click.echo(result.summary())
     for r in result.top(k).itertuples():
         click.echo(f"  query {r.query_component:>14} × key {r.key_component:<14} {r.value:+.4f}")
     removed = result.weight_without.reindex(result.weight_without["change"].abs().sort_values(ascending=False).index)

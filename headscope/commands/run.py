@@ -17,11 +17,13 @@ from pathlib import Path
 
 import click
 
-from headscope.probe.names import DEFAULT_LEVEL, Level, choices
-
-from ..common import (Interrupts, attention_options, check_out, corpus_or_fail, device_options, echo_json, fail, image_option,
-                      join_run, json_option, load_or_fail, models_option, models_or_fail, parsed, quiet_option, refusals, say,
-                      too_long_or_fail, utf8_text)
+from ..common.corpus import corpus_or_fail, too_long_or_fail
+from ..common.exits import fail, refusals
+from ..common.interrupts import Interrupts
+from ..common.loading import load_or_fail, models_or_fail
+from ..common.options import corpus, level, options, parsed, truncate, utf8_text
+from ..common.outputs import check_out, echo_json, say
+from ..common.runs import join_run
 
 __all__ = ["cli", "shown_settings"]
 
@@ -76,7 +78,7 @@ def _read_treebanks(conllu_path: str | None, select_path: str | None) -> dict:
 
 
 def _check_formats(ctx, param, value: str) -> tuple[str, ...]:
-    from headscope.reports.figures import FORMATS
+    from headscope.reports.canvas import FORMATS
 
     formats = tuple(dict.fromkeys(f.strip().lower() for f in value.split(",") if f.strip()))
     bad = [f for f in formats if f not in FORMATS]
@@ -86,16 +88,14 @@ def _check_formats(ctx, param, value: str) -> tuple[str, ...]:
 
 
 def _parse_width(value: str) -> float:
-    from headscope.reports.figures import parse_width  # imported when the option is given: matplotlib is slow to load
+    from headscope.reports.canvas import parse_width  # imported when the option is given: matplotlib is slow to load
 
     return parse_width(value)
 
 
 @click.command()
-@models_option
-@click.option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None,
-              help="Texts for the head scores: one per line, or JSONL with a 'text' field. "
-                   "Default: the built-in corpus.")
+@options("models", corpus(help="Texts for the head scores: one per line, or JSONL with a 'text' field. "
+                              "Default: the built-in corpus."))
 @click.option("--coref", "coref_path", type=click.Path(dir_okay=False), default=None,
               help="Coreference probe data (JSONL or GAP .tsv). Default: the built-in agreement and Winograd sets.")
 @click.option("--text", "texts", multiple=True, callback=utf8_text("--text"),
@@ -110,16 +110,12 @@ def _parse_width(value: str) -> float:
               help="Folder to write the report into (created; must not exist unless --force).")
 @click.option("--force", is_flag=True,
               help="Replace an existing --out folder that headscope wrote (its run.json lists every file in it).")
-@click.option("--level", type=click.Choice(choices(Level, first="word")), default=DEFAULT_LEVEL, show_default=True,
-              help="Units for head scores and the probe: words (Clark et al. 2019) or sub-word tokens.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N corpus texts.")
+@level(help="Units for head scores and the probe: words (Clark et al. 2019) or sub-word tokens.")
 @click.option("--induction-seqs", type=click.IntRange(min=0), default=20, show_default=True,
               help="Repeated random sequences for induction scores (decoders; 0 skips).")
 @click.option("--permutations", type=click.IntRange(min=100), default=10_000, show_default=True,
               help="Monte Carlo permutations per probe test.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--truncate", is_flag=True, help="Cut texts longer than a model's context instead of failing.")
+@options("seed", "batching", truncate(help="Cut texts longer than a model's context instead of failing."))
 @click.option("--conllu", "conllu_path", default=None,
               help="A CoNLL-U treebank: adds a Syntax section (heads that follow dependency relations, trees, "
                    "head clusters), scored on this file.")
@@ -147,12 +143,8 @@ def _parse_width(value: str) -> float:
               help="Resolution of PNG figures (and of images inside vector ones).")
 @click.option("--width", default=None, callback=parsed(_parse_width, "--width"),
               help="Scale every figure file to this width, keeping its aspect: 3.5in, 8.9cm, 89mm or 252pt.")
-@image_option
-@quiet_option
-@json_option
-@attention_options
-@device_options
-def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, force, level, limit, induction_seqs,
+@options("image", "quiet", "json", "attention", "device")
+def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_dir, force, level, induction_seqs,
         permutations, seed, batch_size, truncate, conllu_path, select_path, ablation, ablation_texts, old_ablation,
         old_ablation_texts, sinks, mechanisms, formats, dpi, width, images,
         quiet, as_json, device, dtype, attention, memory_budget) -> None:
@@ -184,7 +176,7 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
         fail(f"--target: {len(targets)} targets for {len(texts or REPORT_SENTENCES)} sentences; give one --target per "
              "--text, in the same order")
     if width is not None:
-        from headscope.reports.figures import check_width
+        from headscope.reports.canvas import check_width
 
         try:
             check_width(width, dpi)
@@ -235,7 +227,8 @@ def cli(models, corpus_path, coref_path, texts, targets, generate, out_dir, forc
         recorded = {**shown, "texts": list(settings.texts), **({"targets": list(settings.targets)} if settings.targets else {})}
         try:
             written = report(analyses, out_dir, force=force, settings=shown, record={"settings": recorded},
-                             formats=formats, dpi=dpi, width=width, check=interrupts.check, started=t_start)
+                             formats=formats, dpi=dpi, width=width, check=interrupts.check,
+                             committed=lambda: interrupts.commit(str(out_dir)), started=t_start)
         except ReportFolderError as exc:
             fail(str(exc))
         except OSError as exc:

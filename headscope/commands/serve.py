@@ -2,20 +2,10 @@
 
 from __future__ import annotations
 
-import ipaddress
-
 import click
 
-from ..common import attention_options, device_options, fail, load_or_fail, models_or_fail, quiet_option, say
-
-
-def _loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+from ..common import fail, load_or_fail, models_or_fail, say
+from ..common.options import options
 
 
 @click.command()
@@ -24,24 +14,39 @@ def _loopback(host: str) -> bool:
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
 @click.option("--allow-remote", is_flag=True,
-              help="Allow a --host other than loopback: anyone who reaches it can run the models on your texts.")
-@quiet_option
-@attention_options
-@device_options
-def cli(models, host, port, allow_remote, quiet, attention, memory_budget, device, dtype) -> None:
+              help="Allow a --host other than loopback; every request then needs the random token printed at start "
+                   "(open the printed address once: it sets a cookie).")
+@click.option("--allow-host", "allow_hosts", multiple=True, metavar="NAME",
+              help="Also answer requests whose Host is NAME (a reverse proxy's name, say); repeat for several. "
+                   "Loopback names and the --host address are always answered, any other name gets 403.")
+@click.option("--max-in-flight", type=click.IntRange(1, 1000), default=8, show_default=True,
+              help="Requests one client may have in flight at once; more get 429.")
+@options("quiet", "attention", "device")
+def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, quiet, attention, memory_budget, device,
+        dtype) -> None:
     """Open the live explorer at http://HOST:PORT/: type a text, see any head's attention, zoom into long
-    texts, click a cell for its explain terms, step through a generation. Ctrl-C stops it."""
+    texts, click a cell for its explain terms, step through a generation. Ctrl-C stops it.
+
+    It answers only its own page: requests with another Host or Origin get 403, POST bodies other than
+    JSON 415, so a web page you visit cannot use it."""
     names = [n.strip() for item in models for n in item.split(",") if n.strip()]
     if not names:
         fail("--model: give at least one model name")
     if len(set(names)) != len(names):
         fail("--model: a model is named twice")
-    if not _loopback(host):
+    from headscope.guard import Guard, host_name, loopback, new_token
+
+    for name in allow_hosts:
+        if not name.strip() or any(c in name for c in "/ @?#"):
+            fail(f"--allow-host {name!r}: give a host name or address, such as explorer.lab.example")
+    if not loopback(host_name(host)):
         if not allow_remote:
             fail(f"--host {host} is not a loopback address: the explorer runs models for anyone who reaches it; "
                  "add --allow-remote to serve it anyway")
-        click.echo(f"headscope: warning: serving on {host}:{port} — anyone who can reach it can run the models",
-                   err=True)
+        click.echo(f"headscope: warning: serving on {host}:{port} — anyone who can reach it and has the token can "
+                   "run the models", err=True)
+    guard = Guard(bound=host, allow_hosts=frozenset(allow_hosts), token=new_token() if allow_remote else None,
+                  max_in_flight=max_in_flight)
     models_or_fail(names)
     from headscope.serve import serve
     from headscope.workflows.explore import Explorer
@@ -55,8 +60,11 @@ def cli(models, host, port, allow_remote, quiet, attention, memory_budget, devic
     except ValueError as exc:
         fail(str(exc))
     shown = f"[{host}]" if ":" in host else host
-    click.echo(f"headscope explorer: http://{shown}:{port}/ (Ctrl-C stops it)", err=True)
-    server = serve(explorer, host=host, port=port)
+    token = f"?token={guard.token}" if guard.token else ""
+    click.echo(f"headscope explorer: http://{shown}:{port}/{token} (Ctrl-C stops it)", err=True)
+    server = serve(explorer, host=host, port=port, guard=guard)
     if not server.started:
         fail(f"could not listen on {host}:{port} (in use, or not an address of this machine); pick another --port",
              code=1)
+    if server.stopped_by:
+        click.echo(f"headscope explorer: stopped by {server.stopped_by}; every request in flight was answered", err=True)

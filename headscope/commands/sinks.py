@@ -9,8 +9,11 @@ import click
 
 from headscope.probe.names import AblationMethod, choices
 
-from ..common import (corpus_or_fail, device_options, echo_json, fail, json_option, load_or_fail, model_option,
-                      out_option, quiet_option, say, write_table)
+from ..common.corpus import corpus_or_fail
+from ..common.exits import fail
+from ..common.loading import load_or_fail
+from ..common.options import corpus, options
+from ..common.outputs import echo_json, say, write_table
 
 __all__ = ["cli"]
 
@@ -31,11 +34,8 @@ def _read_text(path: str | None) -> str | None:
 
 
 @click.command()
-@model_option
-@click.option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None,
-              help="Texts for the per-head shares, the sink rate and the ablations (one per line, or JSONL with "
-                   "'text'). Default: the built-in corpus.")
-@click.option("--limit", type=click.IntRange(min=1), default=None, help="Use only the first N texts.")
+@options("model", corpus(help="Texts for the per-head shares, the sink rate and the ablations (one per line, or JSONL "
+                             "with 'text'). Default: the built-in corpus."))
 @click.option("--k", "k", type=click.IntRange(1, 4), default=1, show_default=True,
               help="Sink rate: attention on the first k positions (Gu et al. 2025).")
 @click.option("--epsilon", type=click.FloatRange(0, 1, max_open=True), default=0.3, show_default=True,
@@ -65,12 +65,7 @@ def _read_text(path: str | None) -> str | None:
               help="--streaming: the long text. Default: the UD English EWT test treebank's text in the shared data.")
 @click.option("--max-tokens", type=click.IntRange(min=2), default=2048, show_default=True,
               help="--streaming: the first N tokens of the text.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
-@out_option
-@quiet_option
-@json_option
-@device_options
+@options("seed", "batching", "out", "quiet", "json", "device")
 def cli(model_name, corpus_path, limit, k, epsilon, length, sequences, random_sequences, ablation, ablation_texts,
         method, n_random, streaming, window, keep, text_file, max_tokens, seed, batch_size, out_path, quiet, as_json,
         device, dtype) -> None:
@@ -83,8 +78,6 @@ def cli(model_name, corpus_path, limit, k, epsilon, length, sequences, random_se
     if streaming:
         text = _read_text(text_file)
         lm = load_or_fail(model_name, device, dtype)
-        if not lm.is_causal:
-            fail(f"--streaming needs a decoder; {lm.name} is an encoder (try --model smollm2)")
         try:
             result = streaming_test(lm, text, window=window, keep=keep, max_tokens=max_tokens,
                                     source=text_file)

@@ -3,14 +3,15 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import click
 
-from ..common import (TABLE_WRITERS, attention_options, device_options, echo_json, fail, finish, json_option,
-                      load_or_fail, model_option, models_or_fail, new_file_or_fail, out_option, quiet_option, say, verify_option,
-                      verify_step, write_table)
+from ..common.exits import fail
+from ..common.loading import load_or_fail, models_or_fail
+from ..common.options import limit, options, seed
+from ..common.outputs import TABLE_WRITERS, echo_json, new_file_or_fail, say, write_figure, write_table
+from ..common.verification import finish, verify_step
 
 __all__ = ["cli", "treebank_or_fail"]
 
@@ -43,7 +44,7 @@ def _read(path: Path, option: str):
 @click.command(help="Which heads follow which dependency relations on a CoNLL-U treebank: per relation the head "
                     "chosen on --select-on scored on --conllu against the best fixed offset, and trees decoded "
                     "from single heads against right-branching.")
-@model_option
+@options("model")
 @click.option("--conllu", "conllu_path", required=True, help="The treebank the heads are scored on (CoNLL-U).")
 @click.option("--select-on", "select_path", default=None,
               help="A second CoNLL-U file to choose heads and offsets on (e.g. dev -> test). "
@@ -54,10 +55,8 @@ def _read(path: Path, option: str):
 @click.option("--no-trees", is_flag=True, help="Skip decoding trees.")
 @click.option("--permutations", "n_perm", type=click.IntRange(100, None), default=10_000, show_default=True,
               help="Monte Carlo permutations per test.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Seed of the split, tie-breaks, sample, tests.")
-@click.option("--limit", type=click.IntRange(1, None), default=None,
-              help="Use only the first N sentences of each file (a subset: say so when you report).")
-@click.option("--batch-size", type=click.IntRange(1, None), default=8, show_default=True)
+@options(seed(help="Seed of the split, tie-breaks, sample, tests."),
+         limit("sentences of each file (a subset: say so when you report)"), "batching")
 @click.option("--clusters", "clusters_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also place every head by the Jensen-Shannon distance between its attention and the others' "
                    "(metric MDS) on the first --cluster-sentences sentences of --conllu, labelled by each head's "
@@ -68,12 +67,7 @@ def _read(path: Path, option: str):
                    "must match (same special tokens), else it is refused. Needs --clusters.")
 @click.option("--cluster-sentences", type=click.IntRange(2, None), default=100, show_default=True,
               help="Sentences the clusters are computed on.")
-@out_option
-@json_option
-@quiet_option
-@verify_option
-@attention_options
-@device_options
+@options("out", "json", "quiet", "verify", "attention", "device")
 def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, n_perm, seed, limit, batch_size,
         clusters_path, cluster_with, cluster_sentences, out_path, as_json, quiet, no_verify, device, dtype, attention,
         memory_budget) -> None:
@@ -106,7 +100,7 @@ def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, n
 
 def _cluster_writers() -> dict:
     """File suffix -> how the clusters go there: the table (TABLE_WRITERS) or its figure (figure FORMATS)."""
-    from headscope.reports.figures import FORMATS
+    from headscope.reports.canvas import FORMATS
 
     return {**{suffix: "table" for suffix in TABLE_WRITERS}, **{f".{fmt}": "figure" for fmt in FORMATS}}
 
@@ -137,19 +131,9 @@ def _write_clusters(lm, others, treebank, path: Path, *, n_sentences: int, seed:
     import matplotlib
 
     matplotlib.use("Agg")
-    from headscope.reports.figures import save
     from headscope.reports.syntax import cluster_plot
 
-    # Drawn into a temporary file beside `path`, renamed over it when complete: a replaced file is never half written.
-    tmp = path.with_name(f".{path.name}.partial-{os.getpid()}{path.suffix}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        save(cluster_plot(table), tmp)
-        os.replace(tmp, path)
-    except OSError as exc:
-        fail(f"--clusters {path}: {exc}")
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_figure(cluster_plot(table), path)
 
 
 def _pct(x) -> str:

@@ -6,21 +6,18 @@ import sys
 
 import click
 
-from ..common import (device_options, echo_json, fail, image_option, json_option, load_or_fail, model_option, out_option,
-                      quiet_option, refusals, utf8_text, write_table)
+from ..common.exits import refusals
+from ..common.loading import load_or_fail
+from ..common.options import options, utf8_text
+from ..common.outputs import echo_json, write_table
 
 
 @click.command()
-@model_option
+@options("model")
 @click.option("--text", "texts", multiple=True, callback=utf8_text("--text"), help="Text to verify on (repeatable); default: built-in examples.")
 @click.option("--target", "targets", multiple=True, callback=utf8_text("--target"),
               help="Encoder-decoder models: the decoder's text for each --text, in order; default: the texts shifted by one.")
-@click.option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
-@image_option
-@out_option
-@json_option
-@quiet_option
-@device_options
+@options("truncate", "image", "out", "json", "quiet", "device")
 def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], truncate: bool, images: tuple[str, ...], out_path, as_json: bool, device: str,
         dtype: str, quiet) -> None:
     """Exit 0 only when every head of every layer matches the from-scratch attention.

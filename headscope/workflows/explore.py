@@ -2,8 +2,10 @@
 
 `Explorer(models)` holds the models a user passed on the command line and, per model, one attention
 source, one lock (requests to one model are queued, never run at once) and the last few texts
-(`probe.live.LiveText`, so that a zoom into a long text reuses the layer input it caught). Each method
-takes plain JSON values and returns a JSON-ready dict:
+(`source.live`, a `probe.live.LiveText`, so that a zoom into a long text reuses the layer input it caught)
+and generations (`probe.lru.LRU`). The source and its live texts check what a request asks of the model
+(layer, head, query rows); the explorer keeps to HTTP: the limits of a request and the JSON it answers.
+Each method takes plain JSON values and returns a JSON-ready dict:
 
     models()                                    names, families, verified type, sizes
     attention(model, text, layer, head, rows=[start, stop] | None, keys=None, top_k=5)
@@ -22,11 +24,11 @@ request cannot exhaust memory. A bad request raises `ExplorerError` with its HTT
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from headscope.analyses.pooled import Pooler, top_keys
+from headscope.probe.lru import LRU
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, Attention, Level, Weight
 
@@ -59,9 +61,9 @@ class Limits:
 class _Model:
     lm: LoadedModel
     source: Any
+    texts: LRU  # (text, level, weight) -> LiveText
+    generations: LRU  # (prompt, max_new_tokens, chat, temperature, top_p, seed) -> GenerationAttention
     lock: threading.Lock = field(default_factory=threading.Lock)
-    texts: OrderedDict = field(default_factory=OrderedDict)
-    generations: OrderedDict = field(default_factory=OrderedDict)
 
 
 def _verified(lm: LoadedModel) -> tuple[bool, str]:
@@ -84,7 +86,8 @@ class Explorer:
         if not models:
             raise ValueError("give at least one model")
         self.limits, self.attention_name, self.budget = limits, attention, budget
-        self._models = {name: _Model(lm, source_for(lm, attention, budget=budget)) for name, lm in models.items()}
+        self._models = {name: _Model(lm, source_for(lm, attention, budget=budget), LRU(limits.keep_texts),
+                                     LRU(limits.keep_texts)) for name, lm in models.items()}
 
     # -- requests ----------------------------------------------------------------------------------
 
@@ -105,7 +108,8 @@ class Explorer:
         with m.lock:
             live = self._live(model, m, text, level, weight)
             n = len(live)
-            start, stop = self._range(rows, n, "rows", whole=n <= self.limits.exact_tokens)
+            # the live text checks the rows against the text; the keys are the explorer's to slice
+            start, stop = self._range(rows, n, "rows", whole=n <= self.limits.exact_tokens, bounded=False)
             if stop - start > self.limits.max_rows and not (rows is None and n <= self.limits.exact_tokens):
                 raise ExplorerError(f"rows asks for {stop - start} rows; at most {self.limits.max_rows} per request",
                                     413)
@@ -171,23 +175,16 @@ class Explorer:
         if not isinstance(chat, bool):
             raise ExplorerError(f"chat must be true or false, got {chat!r}")
         with m.lock:
-            key = (prompt, n, chat, temperature, top_p, seed)
-            gen = m.generations.get(key)
-            if gen is None:
-                text, turns = (self._call(chat_prompt, m.lm, [{"role": "user", "content": prompt}]) if chat
-                               else (prompt, None))
-                gen = self._call(generate_attention, m.lm, text, max_new_tokens=n, temperature=temperature,
-                                 top_p=top_p, seed=seed, turns=turns)
-                m.generations[key] = gen
-                while len(m.generations) > self.limits.keep_texts:
-                    m.generations.popitem(last=False)
-            n_layers, n_heads = gen.steps[0].shape[:2]
-            self._int(layer, "layer", 0, n_layers - 1)
-            self._int(head, "head", 0, n_heads - 1)
-            ids = list(gen.prompt.layer_ids)
-            li = ids.index(layer) if layer in ids else layer
+            def generated():
+                text, turns = chat_prompt(m.lm, [{"role": "user", "content": prompt}]) if chat else (prompt, None)
+                return generate_attention(m.lm, text, max_new_tokens=n, temperature=temperature, top_p=top_p,
+                                          seed=seed, turns=turns)
+
+            gen = self._call(m.generations.get, (prompt, n, chat, temperature, top_p, seed), generated)
+            rows = self._call(gen.head_rows, layer, head)
             return {"model": model, "prompt_labels": list(gen.prompt.labels), "tokens": list(gen.generated_tokens),
-                    "turns": list(gen.prompt_turns), "sampling": gen.sampling, "stopped": gen.stopped, "rows": [row[li, head].tolist() for row in gen.steps]}
+                    "turns": list(gen.prompt_turns), "sampling": gen.sampling, "stopped": gen.stopped,
+                    "rows": [row.tolist() for row in rows]}
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -204,18 +201,8 @@ class Explorer:
         return text
 
     def _live(self, name: str, m: _Model, text: Any, level: Any, weight: Any):
-        from headscope.probe.live import LiveText
-
         text = self._text(text)
-        key = (text, level, weight)
-        if key in m.texts:
-            m.texts.move_to_end(key)
-            return m.texts[key]
-        live = self._call(LiveText, m.lm, text, m.source, level=level, weight=weight)
-        m.texts[key] = live
-        while len(m.texts) > self.limits.keep_texts:
-            m.texts.popitem(last=False)
-        return live
+        return self._call(m.texts.get, (text, level, weight), lambda: m.source.live(text, level=level, weight=weight))
 
     def _short(self, live, what: str) -> None:
         if len(live) > self.limits.explain_tokens:
@@ -228,7 +215,9 @@ class Explorer:
             raise ExplorerError(f"{name} must be a whole number in {low}..{high}, got {value!r}")
         return value
 
-    def _range(self, value: Any, n: int, name: str, *, whole: bool) -> tuple[int, int]:
+    def _range(self, value: Any, n: int, name: str, *, whole: bool, bounded: bool = True) -> tuple[int, int]:
+        """`value` as (start, stop): [start, stop] or null (the whole text where `whole`); `bounded`: checked
+        against the text here (keys, which only the explorer slices; rows are the live text's to check)."""
         if value is None:
             if not whole:
                 raise ExplorerError(f"the text has {n:,} tokens; give {name} as [start, stop] (at most "
@@ -238,7 +227,7 @@ class Explorer:
                                                                   for v in value)):
             raise ExplorerError(f"{name} must be [start, stop] (whole numbers) or null, got {value!r}")
         start, stop = value
-        if not 0 <= start < stop <= n:
+        if bounded and not 0 <= start < stop <= n:
             raise ExplorerError(f"{name} [{start}, {stop}] is outside the text: 0 <= start < stop <= {n}")
         return start, stop
 

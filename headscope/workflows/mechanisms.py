@@ -248,7 +248,7 @@ def attribution_patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what
     ((8, 1), True)
     """
     if what not in ("head_out", "resid"):
-        raise ValueError(f"attribution patching covers head_out and resid, got {what!r}")
+        raise ValueError(f"attribution patching covers what='head_out' and what='resid', not what={what!r}")
     batch_rows = whole_number(batch_rows, "batch_rows", minimum=1)
     chosen, dropped = patch_pairs(lm, pairs)
     p = _prepared(lm, chosen)

@@ -23,16 +23,10 @@ import pandas as pd
 
 from tqdm import tqdm
 
-from headscope.analyses.syntax import (
-    SentenceAttention,
-    SyntaxResult,
-    TreeSelection,
-    choose_tree_head,
-    head_clusters,
-    head_distances,
-    score_syntax,
-    summarise,
-)
+from headscope.analyses.syntax.clusters import head_clusters, head_distances
+from headscope.analyses.syntax.relations import SentenceAttention, summarise
+from headscope.analyses.syntax.result import SyntaxResult, score_syntax
+from headscope.analyses.syntax.trees import TreeSelection, choose_tree_head
 from headscope.analyses.selection import head_rank
 from headscope.analyses.treebank import Sentence, Treebank, read_conllu, segmenter_for
 from headscope.probe.encoding import TOO_LONG

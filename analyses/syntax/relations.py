@@ -1,11 +1,11 @@
-"""Do heads follow syntax? Per-relation accuracy, a positional baseline, decoded trees, head clusters.
+"""Do heads follow dependency relations? Per-sentence facts, one example per arc, per-relation scores.
 
 Everything here works on word-level attention already extracted (`probe.extract(..., level="word",
 segmenter=...)` with the gold words as segments) and on gold `treebank.Sentence`s; no model.
 
 1. `summarise(amap, sentence)` -> `SentenceAttention`: for every head, the word each word attends
    to most (special tokens and the word itself excluded; an exact tie is no pick), and, for the heads
-   kept, the word-to-word scores used to decode trees.
+   kept, the word-to-word scores used to decode trees (`analyses.syntax.trees`).
 2. `collect_arcs` -> `Arcs`: one example per gold arc and direction, with each head's outcome.
    *dependent->head*: the dependent is the query and its governor the answer (Clark et al. 2019).
    *head->dependent*: the governor is the query; one example per (governor, relation), right when the
@@ -16,12 +16,6 @@ segmenter=...)` with the gold words as segments) and on gold `treebank.Sentence`
    and direction, chosen on the selection sentences too.
    `p_value` is a one-sided paired sign-flip test of head vs offset on the test examples (valid as
    is: nothing was chosen on them); `p_holm` adjusts it for the number of relations tested.
-4. Trees (Htut et al. 2019): each head's word-to-word scores decoded into a maximum spanning
-   arborescence (Chu-Liu/Edmonds) rooted at the gold root; undirected unlabeled attachment score
-   (UUAS) of the head chosen on the selection sentences vs a right-branching chain and vs the best
-   offset tree.
-5. Head clusters (Clark et al. 2019, Fig. 6): mean Jensen-Shannon distance between every pair of
-   heads' attention rows over a corpus, embedded in 2-D by metric MDS (scikit-learn).
 
 Decoders are causal: a query sees only earlier words, so an answer after it cannot be attended to.
 Those examples are kept (the table compares models on the same arcs) and counted in `n_after`.
@@ -32,47 +26,22 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Literal, Mapping, Sequence
+from typing import Literal, Sequence
 
 import numpy as np
 import pandas as pd
 import torch
 
-from headscope.probe.types import AttentionMap, head_name
+from headscope.probe.types import AttentionMap
 
-from .selection import beats_baseline, chosen_head, head_rank, heldout_score, no_head_beats, select_head, too_few
-from .stats import format_p, holm, ranked_argmax, signflip_max_p, wilson
-from .treebank import Sentence
+from ..selection import beats_baseline, chosen_head, head_rank, heldout_score, no_head_beats, select_head, too_few
+from ..stats import format_p, holm, signflip_max_p, wilson
+from ..treebank import Sentence
+from .trees import decode_tree, undirected_matches
 
-__all__ = [
-    "Direction",
-    "DIRECTIONS",
-    "ALL_RELATIONS",
-    "MIN_EXAMPLES",
-    "SentenceAttention",
-    "Arcs",
-    "RelationScore",
-    "TreeSelection",
-    "TreeScore",
-    "SyntaxResult",
-    "unit_of_words",
-    "top_units",
-    "word_scores",
-    "summarise",
-    "collect_arcs",
-    "best_offset",
-    "score_relations",
-    "decode_tree",
-    "undirected_matches",
-    "right_branching",
-    "offset_tree",
-    "choose_tree_head",
-    "score_trees",
-    "score_syntax",
-    "head_distances",
-    "embed_heads",
-    "head_clusters",
-]
+__all__ = ["Direction", "DIRECTIONS", "ALL_RELATIONS", "MIN_EXAMPLES", "NOT_IN_MAP", "SHARED_UNIT", "SentenceAttention",
+           "Arcs", "RelationScore", "unit_of_words", "top_units", "word_scores", "summarise", "collect_arcs",
+           "best_offset", "score_relations"]
 
 Direction = Literal["dependent->head", "head->dependent"]
 DIRECTIONS: tuple[Direction, ...] = ("dependent->head", "head->dependent")
@@ -400,328 +369,3 @@ def _head_table(parts, scores: list[RelationScore], ids) -> pd.DataFrame:
             "chosen": [score.best_head == (int(l), int(h)) for l, h in zip(layer_grid.ravel(), head_grid.ravel())],
         }))
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-
-# --------------------------------------------------------------------------------------------
-# 4. Trees
-
-
-def decode_tree(scores: np.ndarray, root: int) -> list[int]:
-    """The governor of each word (-1 for `root`) in the maximum spanning arborescence of
-    `scores[dependent, governor]`, rooted at `root` (Chu-Liu/Edmonds).
-
-    The decoder is UFAL's binding of TurboParser's implementation (`ufal.chu_liu_edmonds`): it finds
-    the same optimum as networkx's `maximum_spanning_arborescence` (the tests check this on random
-    matrices) in about a thousandth of the time, which is what makes decoding every head's tree on
-    thousands of sentences possible. Node 0 of its matrix is an artificial root that only `root`
-    may attach to.
-
-    >>> s = np.array([[0, .9, .1], [.2, 0, .8], [.5, .5, 0]])
-    >>> decode_tree(s, root=2)
-    [1, 2, -1]
-    """
-    from ufal.chu_liu_edmonds import chu_liu_edmonds
-
-    n = scores.shape[0]
-    if n == 1:
-        return [-1]
-    m = np.full((n + 1, n + 1), np.nan)  # [dependent, governor]; NaN = no such arc
-    m[1:, 1:] = scores
-    np.fill_diagonal(m, np.nan)
-    m[root + 1, 0] = 0.0
-    heads, _ = chu_liu_edmonds(m)
-    return [h - 1 for h in heads[1:]]
-
-
-def _edges(heads: Sequence[int]) -> set[frozenset]:
-    return {frozenset((d, g)) for d, g in enumerate(heads) if g >= 0}
-
-
-def undirected_matches(predicted: Sequence[int], gold: Sequence[int]) -> int:
-    """How many gold arcs the prediction has, direction ignored (the numerator of UUAS).
-
-    >>> undirected_matches([1, -1, 1], [-1, 0, 1])
-    2
-    """
-    return len(_edges(predicted) & _edges(gold))
-
-
-def right_branching(n: int) -> list[int]:
-    """Each word governs the next (a chain; undirected, the same as left-branching).
-
-    >>> right_branching(3)
-    [-1, 0, 1]
-    """
-    return [i - 1 for i in range(n)]
-
-
-def offset_tree(n: int, root: int, offset: int) -> list[int]:
-    """Each word but the root attached to the word `offset` away (-1 where that is outside the sentence).
-
-    >>> offset_tree(4, root=1, offset=1)
-    [1, -1, 3, -1]
-    """
-    return [-1 if d == root or not 0 <= d + offset < n else d + offset for d in range(n)]
-
-
-@dataclass(frozen=True)
-class TreeSelection:
-    """The head whose decoded trees match the most gold arcs on a (seeded) sample of selection sentences."""
-
-    head: int  # flat index layer_pos * n_heads + head_pos
-    matches: np.ndarray  # [flat head] gold arcs matched
-    n_edges: int
-    n_sentences: int
-
-    @property
-    def uuas(self) -> float:
-        return float(self.matches[self.head]) / self.n_edges if self.n_edges else math.nan
-
-
-def choose_tree_head(records: Sequence[SentenceAttention], rank: torch.Tensor) -> TreeSelection:
-    """The head whose decoded trees match the most gold arcs over the records that carry
-    `tree_matches` (`summarise(..., match_trees=True)`); ties by `rank`, as for relations."""
-    used = [r for r in records if r.tree_matches is not None]
-    if not used:
-        raise ValueError("no sentence carries decoded trees (summarise with match_trees=True)")
-    matches = np.sum([r.tree_matches for r in used], axis=0).astype(np.int64)
-    edges = sum(len(r.sentence) - 1 for r in used)
-    best = int(ranked_argmax(matches, rank.numpy()))
-    return TreeSelection(head=best, matches=matches, n_edges=edges, n_sentences=len(used))
-
-
-@dataclass(frozen=True)
-class TreeScore:
-    """UUAS of the chosen head's decoded trees on the test sentences, beside the baselines."""
-
-    best_head: tuple[int, int]
-    uuas: float
-    right_branching_uuas: float
-    offset: int | None
-    offset_uuas: float
-    baseline: str  # the stronger baseline on the test sentences, which `p_value` compares with
-    p_value: float
-    n_sentences: int
-    n_edges: int
-    select_uuas: float
-    select_sentences: int
-    verdict: str
-    example: Sentence | None = None  # one test sentence, for the figure of its decoded tree
-    example_heads: tuple[int, ...] = ()
-
-    def to_dict(self) -> dict:
-        return {
-            "best_head": {"layer": self.best_head[0], "head": self.best_head[1]},
-            "uuas": self.uuas,
-            "right_branching_uuas": self.right_branching_uuas,
-            "offset_uuas": self.offset_uuas,
-            "p_value": self.p_value,
-            "offset": self.offset,
-            "baseline": self.baseline,
-            "n_sentences": self.n_sentences,
-            "n_edges": self.n_edges,
-            "select_uuas": self.select_uuas,
-            "select_sentences": self.select_sentences,
-            "verdict": self.verdict,
-        }
-
-
-def _pick_example(records: Sequence[SentenceAttention]) -> int:
-    # The first test sentence of a readable length (short sentences are often fragments).
-    return next((i for i, r in enumerate(records) if 8 <= len(r.sentence) <= 16), 0)
-
-
-def score_trees(records: Sequence[SentenceAttention], head: int, best_head: tuple[int, int], offset: int | None,
-                selection: TreeSelection, *, n_perm: int = 10_000, seed: int = 0, alpha: float = 0.05) -> TreeScore:
-    """UUAS of flat head `head` (kept in every record) vs right-branching and vs the offset tree."""
-    m_head, m_right, m_off, edges = [], [], [], 0
-    example = _pick_example(records) if records else None
-    example_heads: tuple[int, ...] = ()
-    for i, rec in enumerate(records):
-        s = rec.sentence
-        pred = decode_tree(rec.scores[rec.kept.index(head)].float().numpy(), s.root)
-        if i == example:
-            example_heads = tuple(pred)
-        m_head.append(undirected_matches(pred, s.heads))
-        m_right.append(undirected_matches(right_branching(len(s)), s.heads))
-        m_off.append(undirected_matches(offset_tree(len(s), s.root, offset), s.heads) if offset is not None else 0)
-        edges += len(s) - 1
-    h, r, o = (np.array(x, dtype=np.float64) for x in (m_head, m_right, m_off))
-    base_name, base = ("right-branching", r) if r.sum() >= o.sum() else (f"offset {offset:+d}", o)
-    p = signflip_max_p(h - base, n_perm=n_perm, seed=seed) if len(h) else math.nan
-    u = lambda x: float(x.sum()) / edges if edges else math.nan  # noqa: E731
-    beats = beats_baseline(p, h.sum(), base.sum(), alpha=alpha)
-    verdict = (f"{chosen_head(best_head, None, on=f'{selection.n_sentences} selection sentences')} decodes trees with "
-               f"UUAS {u(h):.1%} on {len(h)} test sentences; right-branching {u(r):.1%}, "
-               f"offset {'none' if offset is None else f'{offset:+d}'} {u(o):.1%}; "
-               f"{'above' if beats else 'not above'} the {base_name} baseline ({format_p(p)}).")
-    return TreeScore(best_head=best_head, uuas=u(h), right_branching_uuas=u(r), offset=offset, offset_uuas=u(o),
-                     baseline=base_name, p_value=p, n_sentences=len(h), n_edges=edges, select_uuas=selection.uuas,
-                     select_sentences=selection.n_sentences, verdict=verdict,
-                     example=records[example].sentence if records else None, example_heads=example_heads)
-
-
-# --------------------------------------------------------------------------------------------
-# The whole result
-
-
-@dataclass(frozen=True, eq=False)
-class SyntaxResult:
-    """Per-relation head-vs-offset table, the tidy per-head table and the tree scores of one model."""
-
-    model: str
-    treebank: str
-    selection: str  # how the selection and test sentences were obtained, in words
-    n_sentences: int  # test sentences scored
-    n_skipped: int  # test sentences skipped (unaligned, longer than the context)
-    skipped: dict
-    n_select_sentences: int
-    relations: tuple[RelationScore, ...]
-    heads: pd.DataFrame
-    trees: TreeScore | None
-    excluded: dict = field(default_factory=dict)
-    causal: bool = False
-    subtypes: bool = False
-    n_permutations: int = 0
-    alpha: float = 0.05
-    notes: tuple[str, ...] = ()
-
-    def relation(self, relation: str, direction: Direction = "dependent->head") -> RelationScore:
-        for r in self.relations:
-            if (r.relation, r.direction) == (relation, direction):
-                return r
-        raise KeyError(f"no relation {relation!r} ({direction}) in this result")
-
-    def to_frame(self) -> pd.DataFrame:
-        """The tidy per-head table (one row per relation x direction x head)."""
-        return self.heads.assign(model=self.model)[["model", *self.heads.columns]]
-
-    def to_dict(self) -> dict:
-        return {
-            "model": self.model,
-            "n_sentences": self.n_sentences,
-            "n_skipped": self.n_skipped,
-            "relations": [r.to_dict() for r in self.relations],
-            "trees": None if self.trees is None else self.trees.to_dict(),
-            "treebank": self.treebank,
-            "selection": self.selection,
-            "n_select_sentences": self.n_select_sentences,
-            "skipped": dict(self.skipped),
-            "excluded": dict(self.excluded),
-            "causal": self.causal,
-            "subtypes": self.subtypes,
-            "n_permutations": self.n_permutations,
-            "alpha": self.alpha,
-            "notes": list(self.notes),
-        }
-
-
-def score_syntax(select: Sequence[SentenceAttention], test: Sequence[SentenceAttention], *, model: str,
-                 treebank: str, selection: str, layer_ids: Sequence[int], head_ids: Sequence[int],
-                 tree_selection: TreeSelection | None = None, skipped: Mapping[str, int] | None = None,
-                 causal: bool = False, subtypes: bool = False, n_perm: int = 10_000, seed: int = 0,
-                 alpha: float = 0.05, min_examples: int = MIN_EXAMPLES) -> SyntaxResult:
-    """Relations (selection -> test) and, given a `tree_selection` whose head every test record keeps, trees."""
-    s_arcs, t_arcs = collect_arcs(select, subtypes=subtypes), collect_arcs(test, subtypes=subtypes)
-    relations, heads = score_relations(s_arcs, t_arcs, layer_ids, head_ids, n_perm=n_perm, seed=seed, alpha=alpha,
-                                       min_examples=min_examples)
-    trees = None
-    if tree_selection is not None and test:
-        li, hi = divmod(tree_selection.head, len(head_ids))
-        offset = best_offset([s_arcs.offsets[i] for i in s_arcs.where(ALL_RELATIONS, DIRECTIONS[0])])
-        trees = score_trees(test, tree_selection.head, (layer_ids[li], head_ids[hi]), offset, tree_selection,
-                            n_perm=n_perm, seed=seed, alpha=alpha)
-    excluded = {**{f"selection: {k}": v for k, v in s_arcs.excluded.items()},
-                **{f"test: {k}": v for k, v in t_arcs.excluded.items()}}
-    notes = ()
-    if causal:
-        after = int(t_arcs.after.sum())
-        notes = (f"{after} of {len(t_arcs)} test examples have their answer after the query word; a decoder's "
-                 f"query sees only earlier words, so no head can get those (counted in each row's n_after).",)
-    skipped = dict(skipped or {})
-    return SyntaxResult(model=model, treebank=treebank, selection=selection, n_sentences=len(test),
-                        n_skipped=sum(skipped.values()), skipped=skipped, n_select_sentences=len(select),
-                        relations=tuple(relations), heads=heads, trees=trees, excluded=excluded, causal=causal,
-                        subtypes=subtypes, n_permutations=n_perm, alpha=alpha, notes=notes)
-
-
-# --------------------------------------------------------------------------------------------
-# 5. Head clusters (Clark et al. 2019, Fig. 6)
-
-
-def _js_rows(p: torch.Tensor) -> torch.Tensor:
-    """Jensen-Shannon distance (base 2, in [0, 1]) between every pair of heads, summed over rows.
-
-    `p[head, row, key]` -> `[head, head]`.
-    """
-    p = p.double()
-    plogp = torch.special.xlogy(p, p).sum(-1)  # [head, row]: -entropy
-    out = torch.zeros(p.shape[0], p.shape[0], dtype=torch.float64)
-    for i in range(p.shape[0]):
-        m = (p[i : i + 1] + p) / 2  # [head, row, key]
-        js = (0.5 * (plogp[i : i + 1] + plogp) - torch.special.xlogy(m, m).sum(-1)) / math.log(2)  # [head, row]
-        out[i] = js.clamp_min(0).sqrt().sum(-1)
-    return out
-
-
-def head_distances(maps: Sequence[Sequence[AttentionMap]]) -> tuple[np.ndarray, pd.DataFrame]:
-    """Mean Jensen-Shannon distance between the attention rows of every pair of heads, over a corpus.
-
-    `maps[model][text]`: one list of maps per model, the same texts in the same order. Heads of several
-    models are compared row by row, so their units must match text by text (same labels).
-    Returns `(distance [head, head], heads)` where `heads` lists `model, layer, head, name` per row.
-    """
-    if not maps or not maps[0]:
-        raise ValueError("head_distances needs at least one model with at least one map")
-    n_texts = len(maps[0])
-    if any(len(m) != n_texts for m in maps):
-        raise ValueError("every model needs a map of each text, in the same order")
-    total, rows = None, 0
-    for t in range(n_texts):
-        group = [m[t] for m in maps]
-        if any(g.labels != group[0].labels for g in group[1:]):
-            raise ValueError(f"text {t}: the models' units differ ({list(group[0].labels)[:8]} ... vs "
-                             f"{list(group[1].labels)[:8]} ...); heads can be compared only on the same units")
-        p = torch.cat([g.attention.reshape(-1, len(g), len(g)) for g in group])  # [all heads, query, key]
-        d = _js_rows(p)
-        total = d if total is None else total + d
-        rows += len(group[0])
-    meta = [{"model": g.meta.get("model", f"model{k}"), "layer": layer, "head": head, "name": head_name(layer, head)}
-            for k, g in enumerate(m[0] for m in maps) for layer in g.layer_ids for head in g.head_ids]
-    dist = (total / rows).numpy()
-    np.fill_diagonal(dist, 0.0)
-    return (dist + dist.T) / 2, pd.DataFrame(meta, columns=["model", "layer", "head", "name"])
-
-
-def embed_heads(distance: np.ndarray, *, seed: int = 0) -> np.ndarray:
-    """2-D coordinates whose distances approximate `distance` (scikit-learn's metric MDS, seeded)."""
-    from sklearn.manifold import MDS
-
-    mds = MDS(n_components=2, metric="precomputed", init="random", n_init=4, random_state=seed,
-              normalized_stress="auto")
-    return mds.fit_transform(np.asarray(distance, dtype=np.float64))
-
-
-def _top_roles(roles: pd.DataFrame | Mapping[str, str] | None) -> dict[tuple[str | None, str], str]:
-    """(model or None, head name) -> role: the first role listed for each head (analyses.heads.assign_roles order)."""
-    if roles is None:
-        return {}
-    if isinstance(roles, Mapping):
-        return {(None, k): v for k, v in roles.items()}
-    out: dict = {}
-    for row in roles.itertuples():
-        key = (getattr(row, "model", None), head_name(row.layer, row.head))
-        out.setdefault(key, row.role)
-    return out
-
-
-def head_clusters(distance: np.ndarray, heads: pd.DataFrame, *, roles=None, seed: int = 0) -> pd.DataFrame:
-    """`heads` with 2-D MDS coordinates `x, y` and each head's top `role` ("" where it has none).
-
-    `roles`: a roles table (columns `layer, head, role`, optionally `model`; e.g. from
-    `analyses.heads.assign_roles`) or a mapping head name -> role; computed elsewhere, never here.
-    """
-    xy = embed_heads(distance, seed=seed)
-    top = _top_roles(roles)
-    role = [top.get((m, n), top.get((None, n), "")) for m, n in zip(heads["model"], heads["name"])]
-    return heads.assign(x=xy[:, 0], y=xy[:, 1], role=role)

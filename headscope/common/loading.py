@@ -1,0 +1,33 @@
+"""Loading the models a command names, with the list of offline models when one cannot be had."""
+
+from __future__ import annotations
+
+from .exits import fail
+
+__all__ = ["load_or_fail", "models_or_fail"]
+
+
+def load_or_fail(name: str, device: str = "cpu", dtype: str = "float32"):
+    """Load a model; an unknown or missing one exits with the list of offline models."""
+    from headscope import load
+    from headscope.probe.registry import ModelNotAvailable
+
+    try:
+        return load(name, device=device, dtype=dtype)
+    except (ModelNotAvailable, RuntimeError) as exc:
+        first, *more = str(exc).splitlines() or [""]
+        fail(first + ("; `headscope models` lists the models that work offline" if more else ""))
+
+
+def models_or_fail(names, option: str = "--model") -> None:
+    """Check every model name before any work (`probe.loading.check_name`): a bad second --model is
+    reported before the first model is loaded and analysed."""
+    from headscope.probe.loading import check_name
+    from headscope.probe.registry import ModelNotAvailable
+
+    for name in names:
+        try:
+            check_name(name)
+        except ModelNotAvailable as exc:
+            first, *more = str(exc).splitlines() or [""]
+            fail(f"{option} {first}" + ("; `headscope models` lists the models that work offline" if more else ""))

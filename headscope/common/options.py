@@ -1,0 +1,292 @@
+"""The options every command shares, each defined once here and composed by name with `options`.
+
+    @click.command()
+    @options("model", "corpus", "batching", top(3, "Heads listed per metric."), "heads", "out", "json", "quiet",
+             "device")
+    def cli(model_name, corpus_path, limit, batch_size, k, heads, out_path, as_json, quiet, device, dtype): ...
+
+A group is a decorator that adds one or more options; `options` applies groups in the order given, which is
+the order `--help` lists them. A name takes the group's defaults; a call (`top(3, ...)`, `seed(help=...)`)
+sets what differs between commands (a default, what the option is for), never the option's name, type or
+parameter name. The groups and the parameter each one gives the command:
+
+    model       --model NAME (model_name)          models      --model NAME, repeatable (models)
+    corpus      --corpus FILE, --limit N (corpus_path, limit)
+    limit       --limit N alone (limit)            level       --level word|token (level)
+    special     --special/--no-special (include_special)
+    batching    --batch-size N (batch_size)        seed        --seed N (seed)
+    top         --top K, rows listed (k)           truncate    --truncate (truncate)
+    head        --head L1H3, one head as (layer, head) (head; `head(option=...)` for --sender)
+    heads       --heads L1H3,L2H0 as [(layer, head), ...] (heads)
+    out         --out FILE, a table by its suffix, and --force (out_path)
+    figure      --figure FILE, never an existing file (figure_path)
+    json        --json (as_json)                   quiet       --quiet (quiet)
+    verify      --no-verify (no_verify)            image       --image FILE, repeatable (images)
+    attention   --attention, --memory-budget (attention, memory_budget)
+    device      --device, --dtype (device, dtype)
+
+Head names are read by `probe.types.parse_head` (the inverse of `head_name`), the parser the workflows use;
+a bad one is one line naming the option, exit 2, before any model loads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import click
+
+from headscope.probe.names import (DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Device, DType,
+                                   Level, choices)
+
+from .exits import fail
+from .outputs import check_table_path, new_figure_or_fail, remember_force
+
+__all__ = ["options", "GROUPS", "model", "models", "corpus", "limit", "level", "special", "batching", "seed", "top",
+           "truncate", "head", "heads", "out", "figure", "json", "quiet", "verify", "image", "attention", "device",
+           "parsed", "utf8_text", "parse_size", "attention_options", "device_options", "quiet_option"]
+
+Decorator = Callable[[Callable], Callable]
+
+
+def _together(*decorators: Decorator) -> Decorator:
+    """One decorator applying `decorators` so that `--help` lists their options in the order given."""
+    def apply(fn: Callable) -> Callable:
+        for decorate in reversed(decorators):
+            fn = decorate(fn)
+        return fn
+
+    return apply
+
+
+def options(*groups: str | Decorator) -> Decorator:
+    """The option groups `groups` (a name from `GROUPS`, or a group already called with its settings), in order."""
+    unknown = [g for g in groups if isinstance(g, str) and g not in GROUPS]
+    if unknown:
+        raise ValueError(f"no option group {', '.join(map(repr, unknown))}; the groups are {', '.join(GROUPS)}")
+    return _together(*(GROUPS[g]() if isinstance(g, str) else g for g in groups))
+
+
+# ---------------------------------------------------------------- parsing a value
+
+
+def parsed(parse: Callable[[str], Any], option: str):
+    """A click callback giving `parse(value)` (None stays None); a ValueError is one line naming `option`, exit 2."""
+    def callback(ctx, param, value: str | None):
+        if value is None:
+            return None
+        try:
+            return parse(value)
+        except ValueError as exc:
+            fail(f"{option} {exc}")
+
+    return callback
+
+
+def utf8_text(option: str):
+    """A click callback that refuses a text argument that is not UTF-8 (one value or a repeated option's tuple).
+
+    A byte that is not UTF-8 in argv reaches Python as a lone surrogate, which the tokenizer would meet
+    after the model has loaded, with a bare TypeError.
+    """
+    def callback(ctx, param, value):
+        for i, text in enumerate((value,) if isinstance(value, str) else value or (), start=1):
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                which = option if isinstance(value, str) else f"{option} {i}"
+                code = ord(text[exc.start])  # an undecodable byte b arrives as U+DC00 + b (surrogateescape)
+                what = f"the byte 0x{code - 0xDC00:02x}" if 0xDC80 <= code <= 0xDCFF else f"a lone surrogate {text[exc.start]!r}"
+                fail(f"{which} is not UTF-8 text (character {exc.start + 1} is {what}); pass the text in UTF-8")
+        return value
+
+    return callback
+
+
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `8GB`, `512MiB`, `1.5 GB` or a plain number of bytes.
+
+    >>> parse_size("8GB"), parse_size("512MiB"), parse_size("1000")
+    (8000000000, 536870912, 1000)
+    """
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", str(text))
+    unit = m and m.group(2).lower()
+    if not m or unit not in _SIZE_UNITS or int(float(m.group(1)) * _SIZE_UNITS[unit]) < 1:
+        raise ValueError(f"{text!r} is not a size; give bytes such as 8GB, 512MiB or 1000000")
+    return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+def _head_name(text: str) -> tuple[int, int]:
+    from headscope.probe.types import parse_head  # imported when the option is given: it imports torch
+
+    return parse_head(text)
+
+
+def _head_or_number(text: str) -> tuple[int, int] | int:
+    return int(text) if text.strip().isdigit() else _head_name(text)
+
+
+def _head_names(text: str) -> list[tuple[int, int]]:
+    from headscope.probe.types import parse_heads
+
+    return parse_heads(text)
+
+
+# ---------------------------------------------------------------- the groups
+
+_MODEL_HELP = "Packaged name, folder or hub id."
+
+
+def model(*, default: str = "minilm", help: str = _MODEL_HELP) -> Decorator:
+    """--model NAME (default minilm)."""
+    return click.option("--model", "model_name", default=default, show_default=True, help=help)
+
+
+def models() -> Decorator:
+    """--model NAME, repeatable (or comma-separated): the commands that compare models side by side."""
+    return click.option("--model", "models", multiple=True, default=("minilm",), show_default=True,
+                        help=f"{_MODEL_HELP} Repeat (or separate with commas) to compare models side by side.")
+
+
+_CORPUS_HELP = "Text file (one text per line) or JSONL with a 'text' field; default: the built-in corpus."
+
+
+def limit(what: str = "texts", *, minimum: int = 1) -> Decorator:
+    """--limit N: only the first N of the `what` a command reads."""
+    return click.option("--limit", type=click.IntRange(min=minimum), default=None, help=f"Use only the first N {what}.")
+
+
+def corpus(*, help: str = _CORPUS_HELP, minimum: int = 1) -> Decorator:
+    """--corpus FILE (default: the built-in corpus) and --limit N of its texts (at least `minimum`)."""
+    return _together(click.option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None, help=help),
+                     limit(minimum=minimum))
+
+
+def level(*, help: str = "Score sub-word tokens or words (Clark et al. 2019 aggregation).") -> Decorator:
+    """--level word|token (default word)."""
+    return click.option("--level", type=click.Choice(choices(Level, first=DEFAULT_LEVEL)), default=DEFAULT_LEVEL,
+                        show_default=True, help=help)
+
+
+def special() -> Decorator:
+    """--special/--no-special: keep the special tokens as units (default), or drop them."""
+    return click.option("--special/--no-special", "include_special", default=DEFAULT_INCLUDE_SPECIAL, show_default=True,
+                        help="Keep [CLS]/[SEP]/<bos> as units, or drop them and renormalise each row.")
+
+
+def batching() -> Decorator:
+    """--batch-size N (default 8)."""
+    return click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+
+
+def seed(*, help: str | None = None) -> Decorator:
+    """--seed N (default 0); `help` says what it seeds."""
+    return click.option("--seed", type=int, default=0, show_default=True, help=help)
+
+
+def top(default: int = 10, help: str = "Rows listed.") -> Decorator:
+    """--top K: how many of the strongest rows the text output lists (the parameter `k`)."""
+    return click.option("--top", "k", type=click.IntRange(min=1), default=default, show_default=True, help=help)
+
+
+def truncate(*, help: str = "Cut texts longer than the model's context instead of failing.") -> Decorator:
+    """--truncate."""
+    return click.option("--truncate", is_flag=True, help=help)
+
+
+def head(*, option: str = "--head", name: str = "head", help: str = "The head, e.g. L2H3 (model indices, from 0).",
+         required: bool = False, bare: bool = False) -> Decorator:
+    """One head, `L2H3` (or `2,3`), given to the command as (layer, head); `bare`: a bare number passes as an int
+    (a head of the layer another option names)."""
+    return click.option(option, name, required=required, default=None, metavar="LxHy", help=help,
+                        callback=parsed(_head_or_number if bare else _head_name, option))
+
+
+def heads(*, help: str = "Heads, e.g. L16H0,L18H6.") -> Decorator:
+    """--heads L16H0,L18H6, given to the command as [(layer, head), ...]."""
+    return click.option("--heads", "heads", default=None, metavar="LxHy,...", help=help,
+                        callback=parsed(_head_names, "--heads"))
+
+
+def out() -> Decorator:
+    """--out FILE: the command's full table, as .csv, .parquet or .json, and --force to replace one.
+
+    Checked before any compute; `--force` is read first (eager), so the check of --out knows it.
+    """
+    return _together(
+        click.option("--force", is_flag=True, is_eager=True, expose_value=False, callback=remember_force,
+                     help="Replace an existing output file (atomically: the old one stays until the new one "
+                          "is complete)."),
+        click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                     callback=check_table_path, expose_value=True,
+                     help="Write the full table here: .csv, .parquet or .json by the suffix "
+                          "(missing folders are created)."))
+
+
+def figure(*, help: str = "Also write the layer × head grid (.png, .svg or .pdf).") -> Decorator:
+    """--figure FILE: a figure beside the text output; an existing file is refused."""
+    return click.option("--figure", "figure_path", type=click.Path(dir_okay=False), default=None, help=help,
+                        callback=new_figure_or_fail)
+
+
+def json() -> Decorator:
+    """--json: one JSON object on stdout instead of text."""
+    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+
+
+def quiet() -> Decorator:
+    """--quiet: no progress on stderr (--no-progress is kept as a hidden alias)."""
+    return _together(click.option("--quiet", "quiet", is_flag=True, help="No progress on stderr."),
+                     click.option("--no-progress", "quiet", is_flag=True, hidden=True))
+
+
+def verify() -> Decorator:
+    """--no-verify."""
+    return click.option("--no-verify", is_flag=True, help="Skip recomputing the attention from scratch before the analysis.")
+
+
+def image() -> Decorator:
+    """`--image FILE` (repeatable): the images a vision transformer reads instead of texts."""
+    return click.option("--image", "images", multiple=True, type=click.Path(dir_okay=False, path_type=str),
+                        help="Image file (PNG, JPEG) for a vision transformer (ViT, DeiT, DINOv2, CLIP/SigLIP "
+                             "vision tower), repeatable; its image processor resizes and normalises it.")
+
+
+def attention() -> Decorator:
+    """--attention eager|recompute|auto and --memory-budget: how attention is obtained (`probe.recompute`)."""
+    return _together(
+        click.option("--attention", type=click.Choice(choices(Attention)), default=DEFAULT_ATTENTION, show_default=True,
+                     help="The model's eager attention weights, or recomputed from scratch in blocks of query rows "
+                          "(long texts: no layers × heads × T² tensor), or recomputed only where eager would "
+                          "exceed --memory-budget. Recomputation is checked against eager on a short prefix."),
+        click.option("--memory-budget", "memory_budget", default=None, metavar="SIZE",
+                     callback=parsed(parse_size, "--memory-budget"),
+                     help="Bytes that eager attention may take before --attention auto recomputes it and "
+                          "--attention eager refuses the text (8GB, 512MiB; default: a quarter of RAM)."))
+
+
+def device() -> Decorator:
+    """--device and --dtype, the way every command takes them."""
+    return _together(
+        click.option("--device", type=click.Choice(choices(Device)), default="cpu", show_default=True,
+                     help="Where to run; 'auto' spreads a model too large for one GPU via accelerate's device_map."),
+        click.option("--dtype", type=click.Choice(choices(DType)), default="float32", show_default=True,
+                     help="Weights and compute dtype."))
+
+
+# Every group by name, with its defaults: what `options("corpus", ...)` looks up.
+GROUPS: dict[str, Callable[[], Decorator]] = {
+    "model": model, "models": models, "corpus": corpus, "limit": limit, "level": level, "special": special,
+    "batching": batching, "seed": seed, "top": top, "truncate": truncate, "head": head, "heads": heads, "out": out,
+    "figure": figure, "json": json, "quiet": quiet, "verify": verify, "image": image, "attention": attention,
+    "device": device,
+}
+
+# The groups as the single decorators `headscope/commands/serve.py` takes.
+attention_options, device_options, quiet_option = attention(), device(), quiet()

@@ -1,0 +1,76 @@
+"""Attention as the pages embed it: integers, and past `POOL_ABOVE` units a pooled view of each head.
+
+`attention_payload(att, queries, keys)` is the one encoder of a `[layer, head, query, key]` map for a page:
+the report's explorer (`reports.html`) and the notebook view (`reports.inline`) both embed what it gives.
+Weights are stored as integers 0..`scale` (`SCALE`: three decimals), one flat row per head
+(`attention_ints`), so a page stays small. Past `POOL_ABOVE` query or key units a map is embedded pooled
+(`pooled_units`, from `analyses.pooled`): per head at most `POOL_TILES`² tile maxima and, per query row,
+its `POOL_TOP` keys; a page then grows with T, not T².
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+__all__ = ["SCALE", "POOL_ABOVE", "POOL_TILES", "POOL_TOP", "attention_payload", "attention_ints", "pooled_units"]
+
+SCALE = 1000  # attention stored as integers 0..1000 (three decimals)
+POOL_ABOVE = 256
+POOL_TILES = 64
+POOL_TOP = 3
+
+
+def attention_payload(att, queries: Sequence[str], keys: Sequence[str], *, scale: int = SCALE) -> dict:
+    """`att` (`[layer, head, query, key]`, a float tensor on the CPU) with its query and key labels, as a page
+    embeds it: `queries`, `keys` (labels as strings) and `att` (per head one flat row of integers 0..`scale`);
+    past `POOL_ABOVE` units the tiles' labels, their maxima and, under `pooled`, the rest (`pooled_units`)."""
+    if max(att.shape[2], att.shape[3]) > POOL_ABOVE:  # a long text: tiles and each row's top keys, never every weight
+        return pooled_units(att, queries, keys, scale=scale)
+    return {"queries": [str(s) for s in queries], "keys": [str(s) for s in keys], "att": attention_ints(att, scale)}
+
+
+def attention_ints(att, scale: int = SCALE) -> list[list[int]]:
+    """`[layer, head, query, key]` weights as integers 0..`scale`, one row `[query * key]` per (layer, head).
+
+    >>> import torch
+    >>> attention_ints(torch.tensor([[[[0.25, 0.75], [1.0, 0.0]]]]))
+    [[250, 750, 1000, 0]]
+    """
+    import torch
+
+    n_l, n_h, n_q, n_k = att.shape
+    return (att * scale).round().to(torch.int32).reshape(n_l * n_h, n_q * n_k).tolist()
+
+
+def pooled_units(att, queries: Sequence[str], keys: Sequence[str], *, scale: int = SCALE,
+                 tiles: int = POOL_TILES, top: int = POOL_TOP) -> dict:
+    """A `[layer, head, query, key]` map as a viewer of long texts shows it (`analyses.pooled`): the tiles'
+    labels (first…last unit) as its queries and keys, each head's tile maxima as its `att` (integers
+    0..`scale`), and under `pooled` the full labels, the tile edges and per query row its `top` keys and
+    their weights. Square self-attention maps keep a decoder's masking: tile edges are the same on both
+    sides, so a tile above the diagonal is all masked.
+    """
+    import torch
+
+    from headscope.analyses.pooled import pool, top_keys
+
+    n_l, n_h, n_q, n_k = att.shape
+    maxima, top_idx, top_w, edges = [], [], [], None
+    for li in range(n_l):
+        for hi in range(n_h):
+            w = att[li, hi].float()
+            p = pool(w, tiles)
+            edges = edges or (p.query_edges, p.key_edges)
+            maxima.append((p.max * scale).round().to(torch.int32).flatten().tolist())
+            t = top_keys(w, top)
+            top_idx.append(t.keys.tolist())
+            top_w.append((t.weights * scale).round().to(torch.int32).tolist())
+    qe, ke = edges
+
+    def tile_labels(labels: Sequence[str], e: tuple[int, ...]) -> list[str]:
+        return [str(labels[a]) if b - a == 1 else f"{labels[a]}\u2026{labels[b - 1]}" for a, b in zip(e, e[1:])]
+
+    return {"queries": tile_labels(queries, qe), "keys": tile_labels(keys, ke), "att": maxima,
+            "pooled": {"n_queries": n_q, "n_keys": n_k, "query_edges": list(qe), "key_edges": list(ke),
+                       "queries": [str(x) for x in queries], "keys": [str(x) for x in keys], "top_keys": top_idx,
+                       "top_weights": top_w, "scale": scale}}
