@@ -1,3 +1,4 @@
+import contextlib
 import functools
 import os
 import pathlib
@@ -114,3 +115,37 @@ def browser():
         b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         yield b
         b.close()
+
+
+def one_line(result) -> str:
+    """The one line a refused command printed on stderr (it must print exactly one, and no traceback)."""
+    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.output
+    return lines[0]
+
+
+@contextlib.contextmanager
+def served(asgi_app):
+    """`asgi_app` served by uvicorn on a free loopback port in a thread: yields (base URL, port)."""
+    import socket
+    import threading
+    import time
+
+    import uvicorn
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    srv = uvicorn.Server(uvicorn.Config(asgi_app, host="127.0.0.1", port=port, log_level="critical", lifespan="off"))
+    thread = threading.Thread(target=srv.run, daemon=True)
+    thread.start()
+    for _ in range(200):
+        if srv.started:
+            break
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}", port
+    finally:
+        srv.should_exit = True
+        thread.join(timeout=10)

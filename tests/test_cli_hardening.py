@@ -17,6 +17,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import one_line
 from click.testing import CliRunner
 
 from headscope.cli import cli
@@ -54,11 +55,6 @@ def _run(*args):
                                     *args])
 
 
-def _one_line(result) -> str:
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 def _leftovers(folder: Path) -> list[str]:
@@ -75,7 +71,7 @@ def test_force_refuses_the_working_directory_and_its_ancestors(stub_run, tmp_pat
     monkeypatch.chdir(work)
     for out in (".", "..", str(work), str(tmp_path)):
         result = _run("--out", out, "--force")
-        assert result.exit_code == 2 and "working directory" in _one_line(result)
+        assert result.exit_code == 2 and "working directory" in one_line(result)
     assert (work / "n.txt").read_text() == "x" and sorted(p.name for p in work.iterdir()) == ["n.txt"]
 
 
@@ -84,7 +80,7 @@ def test_force_replaces_only_a_folder_headscope_wrote(stub_run, tmp_path):
     user.mkdir()
     (user / "n.txt").write_text("keep")
     result = _run("--out", str(user), "--force")
-    assert result.exit_code == 2 and "did not write" in _one_line(result)
+    assert result.exit_code == 2 and "did not write" in one_line(result)
     assert (user / "n.txt").read_text() == "keep"
 
     report = tmp_path / "report"
@@ -96,7 +92,7 @@ def test_force_replaces_only_a_folder_headscope_wrote(stub_run, tmp_path):
     (report / "notes.md").write_text("mine")  # a report the user added a file to is no longer ours
     (report / "figures" / "sketch.png").write_bytes(b"png")
     result = _run("--out", str(report), "--force")
-    assert result.exit_code == 2 and "figures/sketch.png" in _one_line(result)
+    assert result.exit_code == 2 and "figures/sketch.png" in one_line(result)
     assert (report / "notes.md").read_text() == "mine" and (report / "figures" / "sketch.png").exists()
     assert _leftovers(tmp_path) == []
 
@@ -137,7 +133,7 @@ def test_an_output_that_cannot_be_written_fails_before_the_model_loads(args, mon
     for module in ("run", "heads", "verify"):
         monkeypatch.setattr(f"headscope.commands.{module}.load_or_fail", _no_model)
     result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 2 and "--out" in _one_line(result)
+    assert result.exit_code == 2 and "--out" in one_line(result)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder anyway")
@@ -148,7 +144,7 @@ def test_a_read_only_folder_fails_before_the_model_loads(tmp_path, monkeypatch):
         result = CliRunner().invoke(cli, ["heads", "--out", str(tmp_path / "s.csv")])
     finally:
         tmp_path.chmod(0o755)
-    assert result.exit_code == 2 and "cannot write" in _one_line(result)
+    assert result.exit_code == 2 and "cannot write" in one_line(result)
 
 
 def test_the_writability_check_leaves_nothing_behind(tmp_path):
@@ -165,7 +161,7 @@ def test_every_table_out_refuses_an_existing_file_unless_force(tmp_path):
     out = tmp_path / "models.csv"
     out.write_text("mine\n")
     result = CliRunner().invoke(cli, ["models", "--out", str(out)])
-    assert result.exit_code == 2 and "already exists" in _one_line(result) and out.read_text() == "mine\n"
+    assert result.exit_code == 2 and "already exists" in one_line(result) and out.read_text() == "mine\n"
     result = CliRunner().invoke(cli, ["models", "--out", str(out), "--force"])
     assert result.exit_code == 0 and out.read_text().startswith("name,")
     assert _leftovers(tmp_path) == []
@@ -183,7 +179,7 @@ def test_a_failed_table_write_keeps_the_old_file(tmp_path, monkeypatch):
 
     monkeypatch.setitem(common.TABLE_WRITERS, ".csv", half_then_fail)
     result = CliRunner().invoke(cli, ["models", "--out", str(out), "--force"])
-    assert result.exit_code == 2 and "No space left" in _one_line(result)
+    assert result.exit_code == 2 and "No space left" in one_line(result)
     assert out.read_text() == "mine\n" and _leftovers(tmp_path) == []
 
 
@@ -205,7 +201,7 @@ def test_explain_truncate_is_the_option_its_error_suggests(tmp_path):
     long = "cat " * 300  # the tiny models take 128 tokens
     args = ["explain", long, "--model", "tiny:bert", "--token", "cat", "--head", "L0H0"]
     result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 2 and "--truncate" in _one_line(result)
+    assert result.exit_code == 2 and "--truncate" in one_line(result)
     result = CliRunner().invoke(cli, [*args, "--truncate", "--json"])
     assert result.exit_code == 0, result.output
     assert len(json.loads(result.stdout)["keys"]) == 128
@@ -216,7 +212,7 @@ def test_occurrence_counts_from_zero_and_refuses_negatives():
     from headscope.probe.tiny import tiny_model
 
     result = CliRunner().invoke(cli, ["explain", "a cat", "--token", "cat", "--head", "L0H0", "--occurrence", "-1"])
-    assert result.exit_code == 2 and "--occurrence" in _one_line(result)
+    assert result.exit_code == 2 and "--occurrence" in one_line(result)
     with pytest.raises(ValueError, match="occurrence must be 0"):
         hs.explain(tiny_model("bert"), "a cat and a cat", token="cat", layer=0, head=0, occurrence=-1)
 
@@ -224,7 +220,7 @@ def test_occurrence_counts_from_zero_and_refuses_negatives():
 def test_heldout_errors_name_heldout(tmp_path):
     missing = str(tmp_path / "no.jsonl")
     result = CliRunner().invoke(cli, ["coref", "--data", _small_probe(), "--heldout", missing])
-    line = _one_line(result)
+    line = one_line(result)
     assert result.exit_code == 2 and line.startswith(f"headscope: --heldout {missing}") and "--data" not in line
 
 
@@ -237,7 +233,7 @@ def test_a_corpus_line_too_long_for_the_model_is_named_by_file_and_line(command,
     corpus.write_text("short one\n\n" + "cat " * 300 + "\nshort two\n")  # the long text is on line 3
     extra = ["--out", str(tmp_path / "r")] if command[0] == "run" else []
     result = CliRunner().invoke(cli, [*command, "--model", "tiny:bert", "--corpus", str(corpus), "--quiet", *extra])
-    assert result.exit_code == 2 and f"{corpus}, line 3:" in _one_line(result) and "--truncate" in result.stderr
+    assert result.exit_code == 2 and f"{corpus}, line 3:" in one_line(result) and "--truncate" in result.stderr
     assert not (tmp_path / "r").exists()
 
 
@@ -289,7 +285,7 @@ def test_every_bad_argument_is_one_line_and_a_nonzero_exit(args, tmp_path):
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     result = CliRunner().invoke(cli, args)
     assert result.exit_code not in (0, None), result.output
-    assert _one_line(result).startswith("headscope: ")
+    assert one_line(result).startswith("headscope: ")
     assert not (tmp_path / "r").exists()
 
 
@@ -300,7 +296,7 @@ def test_an_unexpected_error_is_one_line_and_debug_shows_the_traceback(monkeypat
     monkeypatch.setattr("headscope.probe.registry.model_table", broken)
     result = CliRunner().invoke(cli, ["models"])
     assert result.exit_code == 1
-    assert _one_line(result) == ("headscope: unexpected ZeroDivisionError: division by zero second line "
+    assert one_line(result) == ("headscope: unexpected ZeroDivisionError: division by zero second line "
                                  "(--debug shows the traceback)")
     result = CliRunner().invoke(cli, ["--debug", "models"])
     assert isinstance(result.exception, ZeroDivisionError)

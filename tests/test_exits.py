@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import one_line
 from click.testing import CliRunner
 
 from headscope.cli import cli
@@ -13,11 +14,6 @@ from headscope.cli import cli
 NO_MODEL = "no-such-model-h24"  # a command that reached the model would fail on this name instead
 
 
-def _one_line(result) -> str:
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 # ------------------------------------------------------------------ item 15: lone surrogates
@@ -49,7 +45,7 @@ def test_a_lone_surrogate_in_a_data_file_is_one_line_and_exit_2_before_the_model
     flag = "--corpus" if command == "heads" else "--data"
     result = CliRunner().invoke(cli, [command, "--model", NO_MODEL, flag, str(path)])
     assert result.exit_code == 2
-    line = _one_line(result)
+    line = one_line(result)
     assert "d.jsonl" in line and "lone surrogate" in line and NO_MODEL not in line
 
 
@@ -67,7 +63,7 @@ def test_a_text_argument_that_is_not_utf8_is_refused_before_the_model(tmp_path, 
     extra = ["--out", str(out)] if args[0] == "run" else []
     result = CliRunner().invoke(cli, [args[0], "--model", NO_MODEL, *args[1:], *extra])
     assert result.exit_code == 2
-    line = _one_line(result)
+    line = one_line(result)
     assert line.startswith(f"headscope: {flag} is not UTF-8 text") and "byte 0x" in line
     assert not out.exists()
 
@@ -114,7 +110,7 @@ def test_coref_with_no_scorable_example_says_so_and_exits_2(tmp_path, monkeypatc
     result = CliRunner().invoke(cli, ["coref", "--model", "tiny:llama", "--data", str(data), "--quiet", "--no-verify",
                                       "--permutations", "100"])
     assert result.exit_code == 2, result.output
-    line = _one_line(result)
+    line = one_line(result)
     assert "nothing to score: none of the 2 example(s)" in line and "2 × a candidate is not before the source" in line
     assert "nan" not in result.stdout
 
@@ -146,7 +142,7 @@ def test_a_ctrl_c_that_a_finaliser_swallows_still_ends_the_command_with_130(monk
     args = [command] + (["--conllu", "x.conllu"] if command == "syntax" else [])
     result = CliRunner().invoke(cli, args)
     assert result.exit_code == 130, (result.exit_code, result.output)
-    assert _one_line(result) == "headscope: interrupted; nothing was written or replaced"
+    assert one_line(result) == "headscope: interrupted; nothing was written or replaced"
     assert "Exception ignored" not in result.stderr
 
 
@@ -219,7 +215,7 @@ def test_ablation_and_importance_refuse_encoder_decoders_by_name(monkeypatch, tm
         monkeypatch.setattr(f"headscope.commands.{command}.load_or_fail", lambda *a: t5)
         extra = ["--heads", "L0H0"] if command == "ablate" else []
         result = CliRunner().invoke(cli, [command, "--model", "tiny:t5", "--corpus", str(corpus), *extra])
-        assert result.exit_code == 2 and "is an encoder–decoder model" in _one_line(result)
+        assert result.exit_code == 2 and "is an encoder–decoder model" in one_line(result)
 
 
 def test_cli_refusals_spell_the_flag_not_the_api_keyword(monkeypatch, tmp_path):
@@ -234,7 +230,7 @@ def test_cli_refusals_spell_the_flag_not_the_api_keyword(monkeypatch, tmp_path):
     corpus.write_text("The cat sat on the mat.\n")
     result = CliRunner().invoke(cli, ["heads", "--model", "tiny:t5", "--attention", "recompute", "--corpus", str(corpus),
                                       "--quiet", "--no-verify"])
-    line = _one_line(result)
+    line = one_line(result)
     assert result.exit_code == 2 and "encoder-decoder" in line
     assert line.endswith("use --attention eager") and "attention='eager'" not in line
 

@@ -14,7 +14,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from test_cli_hardening import _driven, _leftovers, _one_line, _previous_report, _run, stub_run  # noqa: F401
+from conftest import one_line
+from test_cli_hardening import _driven, _leftovers, _previous_report, _run, stub_run  # noqa: F401
 
 from headscope.probe.folders import OLD, reclaim_stale, temporary_name, write_folder
 from headscope.reports.folder import not_a_report
@@ -143,7 +144,7 @@ def test_a_symlinked_out_is_refused_before_any_work(dangling, stub_run, tmp_path
     link.symlink_to(target)
     result = _run("--out", str(link), "--force")
     assert result.exit_code == 2
-    assert "is a symbolic link" in _one_line(result)
+    assert "is a symbolic link" in one_line(result)
     assert link.is_symlink() and _leftovers(tmp_path) == []
     assert dangling or (target / "index.html").read_text() == "previous"
 
@@ -170,7 +171,7 @@ def test_syntax_refuses_out_and_clusters_naming_one_file(clusters, tmp_path, mon
     result = CliRunner().invoke(cli, ["syntax", "--model", "tiny:bert", "--conllu", "missing.conllu",
                                       "--out", "same.csv", "--clusters", clusters])
     assert result.exit_code == 2
-    line = _one_line(result)
+    line = one_line(result)
     assert "--clusters" in line and "--out" in line and "same file" in line
     assert not (tmp_path / "same.csv").exists()
 
@@ -218,7 +219,7 @@ def test_a_symlinked_table_out_is_refused_before_any_work(dangling, tmp_path):
     link = tmp_path / "link.csv"
     link.symlink_to(target)
     result = CliRunner().invoke(cli, ["heads", "--model", "no-such-model", "--out", str(link), "--force"])
-    assert result.exit_code == 2 and "is a symbolic link" in _one_line(result)
+    assert result.exit_code == 2 and "is a symbolic link" in one_line(result)
     assert link.is_symlink() and (dangling or target.read_text() == "the user's table\n")
 
 
@@ -252,9 +253,9 @@ def test_an_out_name_too_long_for_the_file_system_is_refused_before_any_work(siz
     from headscope.cli import cli
 
     result = _run("--out", str(tmp_path / ("r" * size)))
-    assert result.exit_code == 2 and "bytes" in _one_line(result)
+    assert result.exit_code == 2 and "bytes" in one_line(result)
     table = CliRunner().invoke(cli, ["heads", "--model", "no-such-model", "--out", str(tmp_path / ("t" * size + ".csv"))])
-    assert table.exit_code == 2 and "bytes" in _one_line(table)
+    assert table.exit_code == 2 and "bytes" in one_line(table)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -265,7 +266,7 @@ def test_an_out_name_too_long_for_the_file_system_is_refused_before_any_work(siz
                                   ["--width", "1in", "--dpi", "10"]])
 def test_a_width_out_of_range_is_refused_before_any_work(args, stub_run, tmp_path):
     result = _run("--out", str(tmp_path / "r"), *args)
-    assert result.exit_code == 2 and "--width" in _one_line(result)
+    assert result.exit_code == 2 and "--width" in one_line(result)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -301,7 +302,7 @@ def test_a_bad_second_model_is_reported_before_the_first_is_loaded(monkeypatch, 
     monkeypatch.setattr(run_mod, "load_or_fail", lambda name, *a: loaded.append(name))
     result = CliRunner().invoke(cli, ["run", "--model", "tiny:bert", "--model", "minilm@main", "--out",
                                       str(tmp_path / "r"), "--quiet"])
-    assert result.exit_code == 2 and "minilm is a packaged model, which has no revisions" in _one_line(result)
+    assert result.exit_code == 2 and "minilm is a packaged model, which has no revisions" in one_line(result)
     assert loaded == [] and list(tmp_path.iterdir()) == []
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from click.testing import CliRunner
-from conftest import _tiny
+from conftest import _tiny, one_line
 
 import headscope as hs
 from headscope.analyses.patching import PatchPair
@@ -16,11 +16,6 @@ from headscope.cli import cli
 NO_MODEL = "no-such-model-h35"  # a command that reached the model would fail on this name instead
 
 
-def _one_line(result) -> str:
-    lines = [ln for ln in result.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, result.stderr
-    assert "Traceback" not in result.output
-    return lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +39,7 @@ def test_a_figure_that_could_not_be_written_is_refused_before_the_model(command,
                          ("/proc/headscope-h35/grid.png", "cannot write"),
                          (tmp_path / "gone.png", "symbolic link")):
         result = CliRunner().invoke(cli, [*command, "--model", NO_MODEL, "--figure", str(figure)])
-        line = _one_line(result)
+        line = one_line(result)
         assert result.exit_code == 2 and line.startswith(f"headscope: --figure {figure}") and said in line, line
     assert not (tmp_path / "nowhere.png").exists()
 
@@ -237,7 +232,7 @@ def test_the_cli_says_each_refusal_in_one_line(monkeypatch, llama, tmp_path):
         if said is None:  # the extreme nucleus is the argmax, not "unexpected RuntimeError" (exit 1)
             assert result.exit_code == 0, result.output
             continue
-        assert result.exit_code == 2 and said in _one_line(result), result.output
+        assert result.exit_code == 2 and said in one_line(result), result.output
 
 
 def test_whole_numbers_and_seeds_have_one_check():

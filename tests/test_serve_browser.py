@@ -9,13 +9,11 @@ is one). Hostile text stays text.
 from __future__ import annotations
 
 import re
-import socket
 import threading
-import time
 
 import pytest
 
-from conftest import _tiny
+from conftest import _tiny, served
 
 pytestmark = pytest.mark.browser
 uvicorn = pytest.importorskip("uvicorn")
@@ -31,20 +29,8 @@ def server():
     from headscope.workflows.explore import Explorer
 
     lm = _tiny("gpt2")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app(Explorer({"tiny": lm}, attention="recompute")), host="127.0.0.1",
-                                        port=port, log_level="error", lifespan="off"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", lm
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with served(app(Explorer({"tiny": lm}, attention="recompute"))) as (base, _):
+        yield base, lm
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from conftest import _tiny
+from conftest import _tiny, served
 from headscope.guard import TOKEN_COOKIE, Guard, host_name, loopback
 
 pytest.importorskip("starlette")
@@ -175,20 +175,8 @@ def test_serve_refuses_bad_guard_options_before_loading(args, words):
 def server(lm):
     """A uvicorn server on a free loopback port; `explorer` may be patched per test (restored after)."""
     explorer = Explorer({"m": lm, "n": lm})
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    srv = uvicorn.Server(uvicorn.Config(app(explorer, guard=Guard(max_in_flight=3)), host="127.0.0.1", port=port,
-                                        log_level="critical", lifespan="off"))
-    thread = threading.Thread(target=srv.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if srv.started:
-            break
-        time.sleep(0.05)
-    yield f"http://127.0.0.1:{port}", port, explorer
-    srv.should_exit = True
-    thread.join(timeout=10)
+    with served(app(explorer, guard=Guard(max_in_flight=3))) as (base, port):
+        yield base, port, explorer
 
 
 def _rss() -> int:
