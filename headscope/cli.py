@@ -130,6 +130,6 @@ def main(args: list[str] | None = None) -> None:
         with _quiet_unless_rank_zero():
             cli(args=args, prog_name="headscope", obj=interrupts)
     finally:
-        interrupts.__exit__()
         if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, signal.SIG_IGN)
+            signal.signal(signal.SIGINT, signal.SIG_IGN)  # first, so that no moment is left to the default
+        interrupts.__exit__()  # its hook; the handler it leaves, being no longer its own

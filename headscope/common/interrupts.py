@@ -44,7 +44,8 @@ class Interrupts:
 
     def __exit__(self, *exc) -> None:
         if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+            if signal.getsignal(signal.SIGINT) == self._handler:  # not one that was installed after it
+                signal.signal(signal.SIGINT, self._previous)
             sys.unraisablehook = self._hook
 
     def _outer(self) -> "Interrupts | None":
