@@ -161,29 +161,41 @@ def _dispatch(model, spec: Placement, dtype: torch.dtype):
         if spec.offload_folder is None:
             raise PlacementError("the model does not fit in --max-memory; give --offload-folder DIR for the rest, "
                                  "or a larger budget")
-        folder = _scratch_folder(spec.offload_folder, model)
+        folder = _scratch_folder(spec.offload_folder)
+        _remove_with(model, folder)
         # written here, not by dispatch_model, which skips a module named "" (the whole model) and would
         # reuse an index.json it finds
         offload_state_dict(str(folder), {key: value for key, value in model.state_dict().items()
                                          if any(not m or key == m or key.startswith(m + ".") for m in disk)})
-    quiet = logging.getLogger("accelerate.big_modeling")  # "some parameters are on the meta device": by design
-    level, quiet.level = quiet.level, logging.ERROR
-    try:
+    with _quiet_dispatch():
         model = dispatch_model(model, device_map, offload_dir=None if folder is None else str(folder))
-    finally:
-        quiet.setLevel(level)
     model.hf_device_map = device_map
     return model
 
 
-def _scratch_folder(root: Path, owner) -> Path:
-    """A new folder in `root` for `owner`'s offloaded weights, removed when `owner` is (or the process ends)."""
+@contextmanager
+def _quiet_dispatch() -> Iterator[None]:
+    """accelerate's "some parameters are on the meta device" warning unsaid: offload is what was asked for."""
+    quiet = logging.getLogger("accelerate.big_modeling")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        quiet.setLevel(level)
+
+
+def _scratch_folder(root: Path) -> Path:
+    """A new folder in `root` for one model's offloaded weights (`_remove_with` ties it to the model)."""
+    return Path(tempfile.mkdtemp(prefix="headscope-offload-", dir=root))
+
+
+def _remove_with(owner, folder: Path) -> None:
+    """Remove `folder` when `owner` is collected (or the process ends)."""
     import shutil
     import weakref
 
-    folder = Path(tempfile.mkdtemp(prefix="headscope-offload-", dir=root))
     weakref.finalize(owner, shutil.rmtree, folder, ignore_errors=True)
-    return folder
 
 
 def _tiny(name: str, *, spec: Placement, dtype: str) -> LoadedModel:
@@ -428,10 +440,11 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, spec: Pla
         kwargs["gguf_file"] = gguf_file
     at = {"revision": revision} if revision else {}  # a hub checkpoint: config, tokenizer and weights alike
     kwargs.update(at)
+    scratch = None  # a fresh folder in the offload folder, removed with the model
     if spec.spread:
         kwargs.update(device_map="auto", max_memory=spec.budget())
         if spec.offload_folder is not None:
-            scratch = Path(tempfile.mkdtemp(prefix="headscope-offload-", dir=spec.offload_folder))
+            scratch = _scratch_folder(spec.offload_folder)
             kwargs["offload_folder"] = str(scratch)
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # GGUF conversion and tied-weight notices are not the user's problem
@@ -454,18 +467,20 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, spec: Pla
             tok = None
         else:
             tok = AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}), **at)
-        model = model_class(config, cls.__name__).from_pretrained(path, **kwargs)  # SigLIP's text towers: own class
+        with _quiet_dispatch():
+            model = model_class(config, cls.__name__).from_pretrained(path, **kwargs)  # SigLIP's text towers: own class
     except (OSError, ValueError) as exc:
         raise ModelNotAvailable(not_available_message(name, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")) from exc
     finally:
+        if scratch is not None and "model" not in locals():  # the load failed: its offload folder goes
+            import shutil
+
+            shutil.rmtree(scratch, ignore_errors=True)
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
-    if spec.spread and spec.offload_folder is not None:
-        import shutil
-        import weakref
-
-        weakref.finalize(model, shutil.rmtree, scratch, ignore_errors=True)
+    if scratch is not None:
+        _remove_with(model, scratch)
     if not spec.spread and spec.device != "cpu":
         model = model.to(spec.device)
     if _is_image_config(model.config):
