@@ -147,3 +147,31 @@ def test_cli_runs_offloaded(tmp_path):
                                    "--offload-folder", str(tmp_path / "off"), "--json", "--quiet"])
     assert res.exit_code == 0, res.output
     assert '"passed": true' in res.stdout.replace(" ", "").replace('"passed":true', '"passed": true')
+
+
+def test_verify_streams_one_layer_at_a_time(pair, monkeypatch):
+    """Verification of an offloaded model brings in one layer's attention weights at a time, from the layer
+    inputs it caught, never the model: at most one layer's weights are in memory for it at once."""
+    from contextlib import contextmanager
+
+    from headscope.probe import placement
+
+    ref, off = pair
+    real, depth, loads = placement.onloaded, [0], []
+
+    @contextmanager
+    def counting(*modules):
+        depth[0] += 1
+        loads.append((depth[0], sum(p.numel() for m in modules for p in m.parameters() if p.device.type == "meta")))
+        try:
+            with real(*modules):
+                yield
+        finally:
+            depth[0] -= 1
+
+    monkeypatch.setattr(placement, "onloaded", counting)
+    assert hs.verify(off, TEXTS).passed
+    layer = max(sum(p.numel() for p in block.parameters()) for block in ref.model.modules()
+                if type(block).__name__ in off.model._no_split_modules and "Embeddings" not in type(block).__name__)
+    assert loads and max(d for d, _ in loads) == 1  # never two at once
+    assert 0 < max(n for _, n in loads) <= layer  # an offloaded layer's weights, no more
