@@ -175,3 +175,19 @@ def test_verify_streams_one_layer_at_a_time(pair, monkeypatch):
                 if type(block).__name__ in off.model._no_split_modules and "Embeddings" not in type(block).__name__)
     assert loads and max(d for d, _ in loads) == 1  # never two at once
     assert 0 < max(n for _, n in loads) <= layer  # an offloaded layer's weights, no more
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_is_checked_against_float32(dtype):
+    """A half-precision model is verified against a float32 recomputation of the same layer inputs, with a
+    tolerance of HALF_ROUNDOFFS unit roundoffs (stated in the result); the dtype is in the JSON."""
+    from headscope.probe.verify import HALF_ROUNDOFFS
+
+    u = torch.finfo(getattr(torch, dtype)).eps / 2
+    v = hs.verify(load_model("tiny:llama", dtype=dtype), TEXTS)
+    assert v.passed and v.dtype == dtype and v.tolerance == pytest.approx(HALF_ROUNDOFFS * u)
+    # recomputing in the model's own dtype left errors of a whole roundoff (the last bit of the probabilities);
+    # against float32 only the model's own rounding is left
+    assert max(c.max_abs_err for c in v.layers) < u
+    res = CliRunner().invoke(cli, ["verify", "--model", "tiny:llama", "--dtype", dtype, "--json", "--quiet"])
+    assert res.exit_code == 0 and f'"dtype": "{dtype}"' in res.stdout
