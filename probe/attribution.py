@@ -42,6 +42,7 @@ from .errors import UnsupportedFeature
 from .families import SUPPORTED_TYPES, Family, family_for
 from .forward import base_model
 from .model import LoadedModel
+from .placement import onloaded
 from .scratch import LayerSpec
 from .types import head_name, whole_number
 
@@ -94,10 +95,11 @@ def freeze_norm(module: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> Fr
     with w or with 1 + w) that reproduces `y`; `UnsupportedFeature` when none does."""
     x, y = x.double(), y.double()
     D = x.shape[-1]
-    w = getattr(module, "weight", None)
-    w = torch.ones(D, dtype=torch.float64) if w is None else w.detach().double().cpu()
-    b = getattr(module, "bias", None)
-    b = None if b is None else b.detach().double().cpu()
+    with onloaded(module):  # a norm that accelerate offloaded: its weights in for the copy
+        w = getattr(module, "weight", None)
+        w = torch.ones(D, dtype=torch.float64) if w is None else w.detach().double().cpu()
+        b = getattr(module, "bias", None)
+        b = None if b is None else b.detach().double().cpu()
     eps = _eps(module)
     centred = x - x.mean(-1, keepdim=True)
     candidates = [
@@ -434,15 +436,16 @@ def direct_logit_attribution(lm: LoadedModel, prompt: str, answer: str | int | N
                          f"id {a}): only their first tokens are compared; give a wrong answer that starts differently")
     t = len(tr.ids) - 1
     names, parts, attn_err = residual_parts(tr, t)
-    W = head.weight.detach().double().cpu()
+    with onloaded(head):  # an unembedding that accelerate offloaded: its weights in for the copy
+        W = head.weight.detach().double().cpu()
+        hb = getattr(head, "bias", None)
+        hb = None if hb is None else hb.detach().double().cpu()
     u = W[a] - (W[b] if b is not None else 0)  # (D,) the direction read off the final norm's output
     values = tr.final_norm.apply(parts, t) @ u  # (P,)
     rows = [(n, *_kind(n), float(v)) for n, v in zip(names, values)]
     if tr.final_norm.bias is not None:
         rows.append(("final_norm_bias", "final_norm_bias", None, None, float(tr.final_norm.bias @ u)))
-    hb = getattr(head, "bias", None)
     if hb is not None:
-        hb = hb.detach().double().cpu()
         rows.append(("unembed_bias", "unembed_bias", None, None, float(hb[a] - (hb[b] if b is not None else 0))))
     table = pd.DataFrame(rows, columns=["component", "kind", "layer", "head", "value"])
     table[["layer", "head"]] = table[["layer", "head"]].astype("Int64")

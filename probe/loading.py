@@ -31,15 +31,16 @@ from typing import Iterator
 import torch
 from filelock import FileLock, Timeout
 
+from .errors import PlacementError
 from .families import SUPPORTED_TYPES
 from .folders import reclaim_stale, write_folder
 from .images import TWO_TOWER_TYPES
 from .model import LoadedModel, encoder_only, model_class
-from .names import Device, DType
+from .names import Device, DType, device_spec
 from .registry import KNOWN_MODELS, ModelNotAvailable, ModelSpec, locate, not_available_message
 from .tiny import tiny_model
 
-__all__ = ["load_model", "cache_dir", "Device", "DType"]
+__all__ = ["load_model", "cache_dir", "Device", "DType", "Placement", "PlacementError", "is_offloaded"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _CACHE_FORMAT = 1
@@ -49,16 +50,166 @@ log = logging.getLogger(__name__)
 TINY_PREFIX = "tiny:"
 
 
-def _tiny(name: str, *, device: str, dtype: str) -> LoadedModel:
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where a model's weights go: one device, or accelerate's placement over `max_memory` (bytes per GPU
+    number, `cpu`, `mps`) with what fits nowhere in `offload_folder`, read from disk one layer at a time."""
+
+    device: str = "cpu"
+    max_memory: dict | None = None
+    offload_folder: Path | None = None
+
+    @property
+    def spread(self) -> bool:
+        """Whether accelerate places the layers (`device_map="auto"`) rather than one `.to(device)`."""
+        return self.device == "auto" or self.max_memory is not None or self.offload_folder is not None
+
+    def budget(self) -> dict | None:
+        """accelerate's `max_memory`: the one given, else (on the cpu) the memory free now, else accelerate's own."""
+        if self.max_memory is None and self.device == "cpu":
+            import psutil
+
+            return {"cpu": psutil.virtual_memory().available}
+        return self.max_memory
+
+
+def placement(device: str, max_memory: dict | None, offload_folder: str | os.PathLike | None) -> Placement:
+    """The checked `Placement`; `PlacementError` (one line: what to change) for one that cannot be had here."""
+    try:
+        device = device_spec(device)
+    except ValueError:
+        raise PlacementError(f"device must be auto, cpu, cuda, cuda:N (GPU number N) or mps, got {device!r}") from None
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise PlacementError(f"--device {device} was asked for but torch sees no CUDA GPU here; use --device cpu.")
+    if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
+        raise PlacementError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s), numbered from 0")
+    if device == "mps" and not torch.backends.mps.is_available():
+        raise PlacementError("--device mps was asked for but this torch build has no MPS backend; use --device cpu.")
+    if max_memory is not None:
+        max_memory = _checked_budget(max_memory)
+    folder = None if offload_folder is None else _offload_folder(Path(offload_folder).expanduser())
+    spec = Placement(device, max_memory, folder)
+    if spec.spread and device not in ("auto", "cpu"):
+        raise PlacementError(f"--device {device} puts the whole model on one device; with --max-memory or "
+                             "--offload-folder accelerate places it: give --device auto (or cpu) and name the "
+                             "devices in --max-memory (0=20GiB,cpu=60GiB)")
+    return spec
+
+
+def _checked_budget(max_memory: dict) -> dict:
+    if not isinstance(max_memory, dict) or not max_memory:
+        raise PlacementError(f"max_memory must be a dict of bytes per device, e.g. {{'cpu': 300_000_000}}, "
+                             f"got {max_memory!r}")
+    gpus = torch.cuda.device_count()
+    for where, size in max_memory.items():
+        if not (where in ("cpu", "mps", "disk") or (isinstance(where, int) and where >= 0)):
+            raise PlacementError(f"--max-memory names {where!r}; name a GPU by its number (0, 1, ...), or cpu, "
+                                 "mps, disk")
+        if isinstance(where, int) and where >= gpus:
+            raise PlacementError(f"--max-memory gives GPU {where} a budget, but this machine has {gpus} GPU(s)"
+                                 + (", numbered from 0" if gpus else "; give cpu=SIZE"))
+        if where == "mps" and not torch.backends.mps.is_available():
+            raise PlacementError("--max-memory names mps, but this torch build has no MPS backend")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise PlacementError(f"--max-memory {where}: give a size in bytes (300MB, 20GiB), got {size!r}")
+    return dict(max_memory)
+
+
+def _offload_folder(folder: Path) -> Path:
+    """`folder`, made if missing, once a file can be written in it; `PlacementError` otherwise."""
+    if folder.exists() and not folder.is_dir():
+        raise PlacementError(f"--offload-folder {folder} is a file; give a folder (it is made if missing)")
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as exc:
+        raise PlacementError(f"--offload-folder {folder} cannot be written ({exc.strerror or exc}); give a "
+                             "writable folder") from None
+    return folder
+
+
+def is_offloaded(model) -> bool:
+    """Whether some of `model`'s weights live off the device they run on (on disk; on the cpu beside a GPU),
+    brought in by accelerate's hooks only while their layer runs."""
+    where = set((getattr(model, "hf_device_map", None) or {}).values())
+    return "disk" in where or ("cpu" in where and bool(where - {"cpu", "disk"}))
+
+
+def _main_device(model) -> torch.device:
+    """Where a model's inputs go: the device of its first placed part (its embeddings), the cpu for disk."""
+    placed = getattr(model, "hf_device_map", None)
+    if not placed:
+        return next(model.parameters()).device
+    first = next(iter(placed.values()))
+    if first in ("disk", "meta"):
+        first = "cpu"
+    return torch.device(f"cuda:{first}" if isinstance(first, int) else first)
+
+
+def _dispatch(model, spec: Placement, dtype: torch.dtype):
+    """`model` (built in memory) placed by accelerate as `from_pretrained(device_map="auto")` places a checkpoint:
+    what fits nowhere goes to a fresh folder inside the offload folder, removed with the model."""
+    from accelerate import dispatch_model, infer_auto_device_map
+    from accelerate.utils import offload_state_dict
+
+    device_map = infer_auto_device_map(model, max_memory=spec.budget(), dtype=dtype,
+                                       no_split_module_classes=sorted(getattr(model, "_no_split_modules", None) or []))
+    disk = [name for name, where in device_map.items() if where == "disk"]
+    folder = None
+    if disk:
+        if spec.offload_folder is None:
+            raise PlacementError("the model does not fit in --max-memory; give --offload-folder DIR for the rest, "
+                                 "or a larger budget")
+        folder = _scratch_folder(spec.offload_folder)
+        _remove_with(model, folder)
+        # written here, not by dispatch_model, which skips a module named "" (the whole model) and would
+        # reuse an index.json it finds
+        offload_state_dict(str(folder), {key: value for key, value in model.state_dict().items()
+                                         if any(not m or key == m or key.startswith(m + ".") for m in disk)})
+    with _quiet_dispatch():
+        model = dispatch_model(model, device_map, offload_dir=None if folder is None else str(folder))
+    model.hf_device_map = device_map
+    return model
+
+
+@contextmanager
+def _quiet_dispatch() -> Iterator[None]:
+    """accelerate's "some parameters are on the meta device" warning unsaid: offload is what was asked for."""
+    quiet = logging.getLogger("accelerate.big_modeling")
+    level = quiet.level
+    quiet.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        quiet.setLevel(level)
+
+
+def _scratch_folder(root: Path) -> Path:
+    """A new folder in `root` for one model's offloaded weights (`_remove_with` ties it to the model)."""
+    return Path(tempfile.mkdtemp(prefix="headscope-offload-", dir=root))
+
+
+def _remove_with(owner, folder: Path) -> None:
+    """Remove `folder` when `owner` is collected (or the process ends)."""
+    import shutil
+    import weakref
+
+    weakref.finalize(owner, shutil.rmtree, folder, ignore_errors=True)
+
+
+def _tiny(name: str, *, spec: Placement, dtype: str) -> LoadedModel:
     model_type = name[len(TINY_PREFIX):]
     if model_type not in SUPPORTED_TYPES:
         raise ModelNotAvailable(f"no tiny model for {model_type!r}; tiny: takes a verified model type: "
                                 f"{', '.join(sorted(SUPPORTED_TYPES))} (see `headscope models --families`)")
     lm = tiny_model(model_type)
-    if device == "auto":
-        device = "cpu"
-    model = lm.model.to(device=device, dtype=_DTYPES[dtype])
-    return dataclasses.replace(lm, name=name, model=model, dtype=_DTYPES[dtype], device=torch.device(device))
+    model = lm.model.to(dtype=_DTYPES[dtype])
+    if spec.spread:
+        model = _dispatch(model, spec, _DTYPES[dtype])
+    else:
+        model = model.to(device=spec.device)
+    return dataclasses.replace(lm, name=name, model=model, dtype=_DTYPES[dtype], device=_main_device(model))
 
 
 def cache_dir() -> Path:
@@ -74,6 +225,8 @@ def load_model(
     *,
     device: Device = "cpu",
     dtype: DType = "float32",
+    max_memory: dict | None = None,
+    offload_folder: str | os.PathLike | None = None,
     use_cache: bool = True,
 ) -> LoadedModel:
     """Load `name` (a packaged model, a local folder, a hub id, or `tiny:MODEL_TYPE`) with eager attention.
@@ -84,8 +237,11 @@ def load_model(
     A hub id may name a revision (branch, tag or commit), `org/model@step1000`, to compare
     checkpoints of one model.
 
-    `device="auto"` hands placement to accelerate's `device_map="auto"`, which spreads a model
-    that is larger than one GPU over the GPUs (and CPU) it finds.
+    `device` is `cpu`, `cuda`, `cuda:N` (GPU number N), `mps`, or `auto`, which hands placement to
+    accelerate's `device_map="auto"`: it spreads a model that is larger than one GPU over the GPUs (and CPU)
+    it finds. `max_memory` (bytes per GPU number, `"cpu"`, `"mps"`: `{0: 20 * 2**30, "cpu": 60 * 2**30}`) and
+    `offload_folder` (a folder for the layers that fit nowhere, read from disk one layer at a time) imply
+    accelerate's placement too. A placement that cannot be had here is a `PlacementError`, before any load.
 
     >>> m = load_model("minilm")          # doctest: +SKIP
     >>> m.config.num_hidden_layers        # doctest: +SKIP
@@ -93,19 +249,17 @@ def load_model(
     """
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-    if device not in ("cpu", "cuda", "mps", "auto"):
-        raise ValueError(f"device must be cpu, cuda, mps or auto, got {device!r}")
-    _check_device(device)
+    spec = placement(device, max_memory, offload_folder)
     check_name(name)
     if name.startswith(TINY_PREFIX):
-        return _tiny(name, device=device, dtype=dtype)
+        return _tiny(name, spec=spec, dtype=dtype)
     torch_dtype = _DTYPES[dtype]
     t0 = time.perf_counter()
-    spec = KNOWN_MODELS.get(name)
+    packaged = KNOWN_MODELS.get(name)
     revision = None
     with ExitStack() as scratch:  # temporary files that the load needs and that go once it is done
-        if spec is not None:
-            path, gguf_file, source = _packaged_path(spec, scratch)
+        if packaged is not None:
+            path, gguf_file, source = _packaged_path(packaged, scratch)
         else:
             base, revision = split_revision(name)
             path, gguf_file, source = _user_path(base)
@@ -120,17 +274,17 @@ def load_model(
                   if gguf_file is not None and use_cache else None)
         if cached is not None:
             folder, converted = cached
-            model, tok = _from_folder(str(folder), None, torch_dtype, device, name)
+            model, tok = _from_folder(str(folder), None, torch_dtype, spec, name)
         else:
-            model, tok = _from_folder(str(path), gguf_file, torch_dtype, device, name, revision=revision)
+            model, tok = _from_folder(str(path), gguf_file, torch_dtype, spec, name, revision=revision)
     model.eval()
     _require_eager(model, name)
-    dev = next(model.parameters()).device
+    dev = _main_device(model)
     processor = None
     if _is_image_config(model.config) or model.config.model_type in TWO_TOWER_TYPES:
         processor = _image_processor(str(path), {"revision": revision} if revision else {})
     return LoadedModel(
-        name=spec.name if spec else name,
+        name=packaged.name if packaged else name,
         model=model,
         tokenizer=tok,
         processor=processor,
@@ -139,13 +293,6 @@ def load_model(
         device=dev,
         timings={"load_s": time.perf_counter() - t0, "converted_gguf": converted},
     )
-
-
-def _check_device(device: str) -> None:
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda was asked for but torch sees no CUDA GPU here; use --device cpu.")
-    if device == "mps" and not torch.backends.mps.is_available():
-        raise RuntimeError("--device mps was asked for but this torch build has no MPS backend; use --device cpu.")
 
 
 def _packaged_path(spec: ModelSpec, scratch: ExitStack) -> tuple[Path, str | None, str]:
@@ -283,7 +430,7 @@ def _hub_unreachable() -> str | None:
     return None
 
 
-def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: str, name: str, *,
+def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, spec: Placement, name: str, *,
                  revision: str | None = None):
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -293,8 +440,12 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: s
         kwargs["gguf_file"] = gguf_file
     at = {"revision": revision} if revision else {}  # a hub checkpoint: config, tokenizer and weights alike
     kwargs.update(at)
-    if device == "auto":
-        kwargs["device_map"] = "auto"
+    scratch = None  # a fresh folder in the offload folder, removed with the model
+    if spec.spread:
+        kwargs.update(device_map="auto", max_memory=spec.budget())
+        if spec.offload_folder is not None:
+            scratch = _scratch_folder(spec.offload_folder)
+            kwargs["offload_folder"] = str(scratch)
     verbosity, bars = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
     hf_logging.set_verbosity_error()  # GGUF conversion and tied-weight notices are not the user's problem
     hf_logging.disable_progress_bar()
@@ -316,15 +467,22 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, device: s
             tok = None
         else:
             tok = AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}), **at)
-        model = model_class(config, cls.__name__).from_pretrained(path, **kwargs)  # SigLIP's text towers: own class
+        with _quiet_dispatch():
+            model = model_class(config, cls.__name__).from_pretrained(path, **kwargs)  # SigLIP's text towers: own class
     except (OSError, ValueError) as exc:
         raise ModelNotAvailable(not_available_message(name, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")) from exc
     finally:
+        if scratch is not None and "model" not in locals():  # the load failed: its offload folder goes
+            import shutil
+
+            shutil.rmtree(scratch, ignore_errors=True)
         hf_logging.set_verbosity(verbosity)
         if bars:
             hf_logging.enable_progress_bar()
-    if device in ("cuda", "mps"):
-        model = model.to(device)
+    if scratch is not None:
+        _remove_with(model, scratch)
+    if not spec.spread and spec.device != "cpu":
+        model = model.to(spec.device)
     if _is_image_config(model.config):
         return model, tok
     if not getattr(tok, "is_fast", False):
@@ -423,7 +581,7 @@ def _entry_or_conversion(entry: Path, label: str, path: Path, gguf_file: str) ->
     log.warning("headscope: converting %s from GGUF to fp32 once (about a minute); cached in %s", label, entry)
 
     def fill(tmp: Path) -> None:
-        model, tok = _from_folder(str(path), gguf_file, torch.float32, "cpu", label)
+        model, tok = _from_folder(str(path), gguf_file, torch.float32, Placement(), label)
         # The dequantised weights are plain fp32 tensors; transformers still tags the model as
         # "quantized with gguf", which blocks saving and would make the next load look for a GGUF.
         model.hf_quantizer = None

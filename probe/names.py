@@ -10,7 +10,7 @@ and `--help` read these without importing torch. Every other file takes its choi
                blocks of query rows, or recomputed only where eager would exceed the memory budget
                (`probe.sources`, the registry of attention sources)
     Mode       how one text's attention was obtained by its source: eager, or recomputed
-    Device, DType   where and in which dtype a model runs
+    Device, DType   where and in which dtype a model runs (`device_spec` also takes `cuda:N`, one GPU)
     AblationMethod  how a head is switched off (`probe.interventions.ABLATION_METHODS`)
     Stronger   which direction of an effect means "more": a loss rises, a cosine falls
     PatchWhat, PatchDirection, PatchPositions   what activation patching overwrites, which run
@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Literal, get_args
 
 __all__ = ["Level", "Weight", "Attention", "Mode", "Device", "DType", "AblationMethod", "Stronger", "PatchWhat", "PatchDirection",
-           "PatchPositions", "DEFAULT_ATTENTION",
+           "PatchPositions", "DEFAULT_ATTENTION", "device_spec",
            "DEFAULT_LEVEL", "DEFAULT_INCLUDE_SPECIAL", "choices"]
 
 Level = Literal["token", "word"]
@@ -50,6 +50,19 @@ DEFAULT_ATTENTION: Attention = "auto"
 # The head analyses' default setting (Clark et al. 2019): words, with [CLS]/[SEP]/<bos> kept as units.
 DEFAULT_LEVEL: Level = "word"
 DEFAULT_INCLUDE_SPECIAL = True
+
+
+def device_spec(text: str) -> str:
+    """`text`, lower-cased, when it names a place for a model: one of `Device`, or `cuda:N` (GPU number N).
+
+    >>> device_spec("cpu"), device_spec("CUDA:1")
+    ('cpu', 'cuda:1')
+    """
+    spec = str(text).strip().lower()
+    index = spec[len("cuda:"):] if spec.startswith("cuda:") else None
+    if spec in get_args(Device) or (index and index.isascii() and index.isdigit()):
+        return spec
+    raise ValueError(f"{text!r} is not a device; give auto, cpu, cuda, cuda:N (GPU number N, from 0) or mps")
 
 
 def choices(name: object, first: str | None = None) -> list[str]:

@@ -48,6 +48,7 @@ from .families import family_for
 from .forward import base_model
 from .interventions import head_dim
 from .model import LoadedModel
+from .placement import onloaded
 from .names import PatchDirection as Direction, PatchWhat
 from .scratch import project_qk, project_v, row_probs
 
@@ -120,8 +121,9 @@ class _Metric:
 
     def __init__(self, lm: LoadedModel) -> None:
         head = require_lm_head(lm, "activation patching")
-        self.w = head.weight.detach()
-        self.b = None if getattr(head, "bias", None) is None else head.bias.detach()
+        with onloaded(head):  # an unembedding that accelerate offloaded: its weights in, kept for the metric
+            self.w = head.weight.detach()
+            self.b = None if getattr(head, "bias", None) is None else head.bias.detach()
         self.cap = getattr(lm.config, "final_logit_softcapping", None)
 
     def __call__(self, hidden: torch.Tensor, p: Prepared, copies: int) -> torch.Tensor:

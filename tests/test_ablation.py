@@ -245,8 +245,8 @@ def _cli(monkeypatch, lm, args):
     from headscope.cli import cli
     from headscope.commands import ablate as ablate_cmd, importance as importance_cmd
 
-    monkeypatch.setattr(ablate_cmd, "load_or_fail", lambda name, device, dtype: lm)
-    monkeypatch.setattr(importance_cmd, "load_or_fail", lambda name, device, dtype: lm)
+    monkeypatch.setattr(ablate_cmd, "load_or_fail", lambda name, *placement: lm)
+    monkeypatch.setattr(importance_cmd, "load_or_fail", lambda name, *placement: lm)
     return CliRunner().invoke(cli, args)
 
 

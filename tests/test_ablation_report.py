@@ -206,7 +206,7 @@ def test_cli_ablation_flags(monkeypatch, tmp_path, draw_only):
 
     draw_only()  # the flags reach the record; the section's drawing is test_report_shows_ablation_columns_...
 
-    monkeypatch.setattr(run_mod, "load_or_fail", lambda name, device, dtype: tiny_model("bert"))
+    monkeypatch.setattr(run_mod, "load_or_fail", lambda name, *placement: tiny_model("bert"))
     monkeypatch.setattr(run_mod, "models_or_fail", lambda *a, **kw: None)  # test model names are not real ones
     from headscope.analyses.relations import builtin_path
 
@@ -230,7 +230,7 @@ def test_the_old_causal_flags_still_work_one_release_with_a_warning(monkeypatch,
 
     draw_only()  # the old flags reach the record as the new ones do; nothing drawn depends on them
 
-    monkeypatch.setattr(run_mod, "load_or_fail", lambda name, device, dtype: tiny_model("bert"))
+    monkeypatch.setattr(run_mod, "load_or_fail", lambda name, *placement: tiny_model("bert"))
     monkeypatch.setattr(run_mod, "models_or_fail", lambda *a, **kw: None)  # test model names are not real ones
     base = ["run", "--model", "bert", "--limit", "4", "--permutations", "100", "--quiet", "--text", "The cat sat.",
             "--coref", str(builtin_path("agreement")), "--json"]

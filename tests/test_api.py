@@ -95,7 +95,7 @@ def test_explain_head_spellings_agree(monkeypatch):
     import headscope.commands.explain as cmd
     from headscope.probe.tiny import tiny_model
 
-    monkeypatch.setattr(cmd, "load_or_fail", lambda name, device, dtype: tiny_model("bert"))
+    monkeypatch.setattr(cmd, "load_or_fail", lambda name, *placement: tiny_model("bert"))
     outputs = [CliRunner().invoke(cli, ["explain", "The cat sat.", "--token", "cat", *args, "--json"])
                for args in (["--head", "L1H2"], ["--head", "1,2"], ["--layer", "1", "--head", "2"])]
     assert all(r.exit_code == 0 for r in outputs), [r.output for r in outputs]

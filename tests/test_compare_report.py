@@ -21,7 +21,7 @@ def two_checkpoints(monkeypatch, tmp_path):
     lm = tiny_model("bert")
     last = lm.config.num_hidden_layers - 1
     models = {"a": lm, "b": _perturbed(lm, f"encoder.layer.{last}.attention.self.query.weight", 100)}
-    monkeypatch.setattr(compare_cmd, "load_or_fail", lambda name, device, dtype: models[name])
+    monkeypatch.setattr(compare_cmd, "load_or_fail", lambda name, *placement: models[name])
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("\n".join(TINY_CORPUS), encoding="utf-8")
     return models, corpus, last

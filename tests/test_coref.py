@@ -369,7 +369,7 @@ def test_cli_json_keys(monkeypatch, tmp_path):
     from headscope.probe.tiny import tiny_model
 
     lm = tiny_model("gpt2")
-    monkeypatch.setattr(coref_cmd, "load_or_fail", lambda name, device, dtype: lm)
+    monkeypatch.setattr(coref_cmd, "load_or_fail", lambda name, *placement: lm)
     out = tmp_path / "heads.csv"
     res = CliRunner().invoke(cli, ["coref", "--model", "tiny", "--permutations", "200", "--limit", "16", "--json",
                                    "--out", str(out), "--head", "1,2"])
@@ -421,7 +421,7 @@ def test_cli_causal_check_on_a_tiny_decoder(monkeypatch):
     from headscope.probe.tiny import tiny_model
 
     lm = tiny_model("llama")
-    monkeypatch.setattr(coref_cmd, "load_or_fail", lambda name, device, dtype: lm)
+    monkeypatch.setattr(coref_cmd, "load_or_fail", lambda name, *placement: lm)
     res = CliRunner().invoke(cli, ["coref", "--model", "tiny", "--data", "agreement", "--limit", "20", "--permutations",
                                    "200", "--ablate", "--random-sets", "2", "--json"])
     assert res.exit_code == 0, res.output
@@ -432,7 +432,7 @@ def test_cli_causal_check_on_a_tiny_decoder(monkeypatch):
                                    "200", "--ablate", "--method", "uniform", "--random-sets", "2"])
     assert res.exit_code == 0, res.output
     assert "(uniform) flips " in res.output and "random 1-head ablations flip" in res.output
-    monkeypatch.setattr(coref_cmd, "load_or_fail", lambda name, device, dtype: tiny_model("bert"))
+    monkeypatch.setattr(coref_cmd, "load_or_fail", lambda name, *placement: tiny_model("bert"))
     res = CliRunner().invoke(cli, ["relations", "--model", "tiny", "--limit", "20", "--permutations", "200", "--ablate"])
     assert res.exit_code == 0, res.output
     assert "is an encoder: it does not predict a continuation" in res.output
@@ -458,7 +458,7 @@ def test_the_old_probe_command_still_works_one_release_with_a_warning(monkeypatc
     from headscope.cli import cli
     from headscope.probe.tiny import tiny_model
 
-    monkeypatch.setattr("headscope.commands.coref.load_or_fail", lambda name, device, dtype: tiny_model("bert"))
+    monkeypatch.setattr("headscope.commands.coref.load_or_fail", lambda name, *placement: tiny_model("bert"))
     new = CliRunner().invoke(cli, ["relations", "--limit", "20", "--permutations", "100", "--no-verify", "--json"])
     old = CliRunner().invoke(cli, ["probe", "--limit", "20", "--permutations", "100", "--no-verify", "--json"])
     assert new.exit_code == old.exit_code == 0, old.output

@@ -57,7 +57,7 @@ def test_cli(monkeypatch):
     from headscope.cli import cli
 
     models = {"tiny-gpt2": tiny_model("gpt2"), "tiny-bert": tiny_model("bert")}
-    monkeypatch.setattr(gen_cmd, "load_or_fail", lambda name, device, dtype: models[name])
+    monkeypatch.setattr(gen_cmd, "load_or_fail", lambda name, *placement: models[name])
     res = CliRunner().invoke(cli, ["generate", "--model", "tiny-gpt2", "--prompt", PROMPT, "--max-new-tokens", "3",
                                    "--json"])
     assert res.exit_code == 0, res.output

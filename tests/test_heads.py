@@ -705,7 +705,7 @@ def test_cli_matches_runner(tmp_path, monkeypatch):
     from headscope.probe.tiny import tiny_model
 
     lm = tiny_model("bert")
-    monkeypatch.setattr(cmd, "load_or_fail", lambda name, device, dtype: lm)
+    monkeypatch.setattr(cmd, "load_or_fail", lambda name, *placement: lm)
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("\n".join(json.dumps({"text": t}) if t else "" for t in ["The cat sat.", "", "Is it 42?", "No, no!"]))
     out = tmp_path / "t.csv"

@@ -105,7 +105,7 @@ def test_run_mechanisms_adds_the_section(tmp_path, monkeypatch, draw_only):
     draw_only(*MECHANISM_FIGURES)  # the section's own figures; test_run.py draws the rest of a run
 
     lm = _tiny("llama")
-    monkeypatch.setattr(run_mod, "load_or_fail", lambda name, device="cpu", dtype="float32": lm)
+    monkeypatch.setattr(run_mod, "load_or_fail", lambda name, *placement: lm)
     monkeypatch.setattr(run_mod, "models_or_fail", lambda *a, **kw: None)  # "llama" is a test name
     fast = ["--limit", "4", "--permutations", "100", "--induction-seqs", "0", "--quiet", "--text", "The cat sat."]
     out = tmp_path / "report"

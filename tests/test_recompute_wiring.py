@@ -166,7 +166,7 @@ def test_cli_attention_option_on_heads_coref_and_explain(monkeypatch):
 
     lm = tiny_model("llama")
     for mod in (heads_cmd, coref_cmd, explain_cmd):
-        monkeypatch.setattr(mod, "load_or_fail", lambda name, device, dtype: lm)
+        monkeypatch.setattr(mod, "load_or_fail", lambda name, *placement: lm)
     base = ["--quiet", "--no-verify", "--induction-seqs", "2", "--induction-length", "5", "--limit", "3"]
     res = CliRunner().invoke(heads_cmd.cli, base + ["--attention", "recompute"])
     assert res.exit_code == 0, res.output

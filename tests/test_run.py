@@ -38,7 +38,7 @@ def _tiny(family: str):
 @pytest.fixture
 def tiny_models(monkeypatch):
     """`--model bert` / `--model llama` load the tiny random models of those families."""
-    def load(name, device="cpu", dtype="float32"):
+    def load(name, *placement):
         if name not in ("bert", "llama"):
             run_mod.fail(f"unknown test model {name}")
         return _tiny(name)

@@ -241,7 +241,7 @@ def _cli(monkeypatch, lm, args):
     from headscope.cli import cli
     from headscope.commands import sinks as sinks_cmd
 
-    monkeypatch.setattr(sinks_cmd, "load_or_fail", lambda name, device, dtype: lm)
+    monkeypatch.setattr(sinks_cmd, "load_or_fail", lambda name, *placement: lm)
     return CliRunner().invoke(cli, ["sinks", *args])
 
 

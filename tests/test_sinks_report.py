@@ -73,7 +73,7 @@ def tiny_llama(monkeypatch):
     from conftest import _tiny
 
     lm = _tiny("llama")
-    monkeypatch.setattr(run_mod, "load_or_fail", lambda name, device="cpu", dtype="float32": lm)
+    monkeypatch.setattr(run_mod, "load_or_fail", lambda name, *placement: lm)
     monkeypatch.setattr(run_mod, "models_or_fail", lambda *a, **kw: None)  # "llama" is a test name, not a real one
     monkeypatch.setattr(sinks_mod, "SINK_LENGTH", 16)
     return lm

@@ -389,7 +389,7 @@ def test_cli_json_csv_and_bad_inputs(monkeypatch, tmp_path):
     from headscope.probe.tiny import tiny_model
 
     lm = tiny_model("bert")
-    monkeypatch.setattr(syntax_cmd, "load_or_fail", lambda name, device, dtype: lm)
+    monkeypatch.setattr(syntax_cmd, "load_or_fail", lambda name, *placement: lm)
     test, dev = _sentences_file(tmp_path, "test.conllu", 12), _sentences_file(tmp_path, "dev.conllu", 11)
     out = tmp_path / "heads.csv"
     res = CliRunner().invoke(cli, ["syntax", "--model", "tiny", "--conllu", str(test), "--select-on", str(dev),

@@ -97,7 +97,7 @@ def tiny_bert(monkeypatch):
     from headscope.probe.tiny import tiny_model
 
     lm = tiny_model("bert")
-    monkeypatch.setattr(run_mod, "load_or_fail", lambda name, device="cpu", dtype="float32": lm)
+    monkeypatch.setattr(run_mod, "load_or_fail", lambda name, *placement: lm)
     monkeypatch.setattr(run_mod, "models_or_fail", lambda *a, **kw: None)  # test model names are not real ones
     return lm
 
@@ -169,7 +169,7 @@ def tiny_syntax_models(monkeypatch):
 
     bert = tiny_model("bert")
     models = {"bert": bert, "bert-copy": dataclasses.replace(bert, name="bert-copy"), "gpt2": tiny_model("gpt2")}
-    monkeypatch.setattr(syntax_cmd, "load_or_fail", lambda name, device, dtype: models[name])
+    monkeypatch.setattr(syntax_cmd, "load_or_fail", lambda name, *placement: models[name])
     monkeypatch.setattr(syntax_cmd, "models_or_fail", lambda *a, **kw: None)  # test model names are not real ones
     return models
 

@@ -36,7 +36,7 @@ __all__ = ["cli"]
 @click.option("--force", is_flag=True, help="Replace an existing --report folder that headscope wrote.")
 @options("json", "quiet", "verify", "device")
 def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, batch_size, truncate, report_dir, force,
-        as_json, device, dtype, no_verify, quiet) -> None:
+        as_json, device, dtype, max_memory, offload_folder, no_verify, quiet) -> None:
     """Compare every head of MODEL_A and MODEL_B (names, folders, GGUF files or hub ids, NAME@REVISION)."""
     from headscope import compare_models
 
@@ -47,7 +47,8 @@ def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, bat
     if len(texts) < 2:
         fail(f"{source} holds {len(texts)} text; intervals over texts need at least 2")
 
-    lm_a, lm_b = load_or_fail(model_a, device, dtype), load_or_fail(model_b, device, dtype)
+    lm_a = load_or_fail(model_a, device, dtype, max_memory, offload_folder)
+    lm_b = load_or_fail(model_b, device, dtype, max_memory, offload_folder)
     verified: dict[str, list] = {"a": [], "b": []}  # the Verification of each model, for the report
     checks = {key: verify_step(lm, enabled=not no_verify, keep=verified[key]) for key, lm in (("a", lm_a), ("b", lm_b))}
     try:

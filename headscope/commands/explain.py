@@ -37,7 +37,7 @@ def _layer_head(layer: int | None, given: tuple[int, int] | int) -> tuple[int, i
               help="A vision transformer: explain this image instead of TEXT; --token is a unit such as [CLS] or r1c2.")
 @options("out", "json", "quiet", "attention", "device")
 def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, permutation, truncate, image, out_path, as_json,
-        device, dtype, attention, memory_budget, quiet) -> None:
+        device, dtype, max_memory, offload_folder, attention, memory_budget, quiet) -> None:
     """Explain how one head builds TOKEN's output in TEXT: scores, scaling, softmax, values.
 
     --out writes the per-key table.
@@ -54,7 +54,7 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
         fail("give TEXT or --image FILE (one of them)")
     if image is not None and (scale_effect or permutation):
         fail("--scale-effect and --permutation take a TEXT, not --image")
-    lm = load_or_fail(model_name, device, dtype)
+    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     with refusals(model_name, RuntimeError):
         if image is not None:
             e = explain(lm, image=image, token=token, layer=layer, head=head)

@@ -32,6 +32,7 @@ __all__ = ["cli"]
 @click.option("--system", default=None, callback=utf8_text("--system"), help="With --chat: a system message first.")
 @options(top(3, "Keys listed per step (attention averaged over layers and heads)."), "json", "quiet", "device")
 def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, system, k, as_json, device, dtype,
+        max_memory, offload_folder,
         quiet) -> None:
     """Continue each PROMPT and record the attention of every generated token."""
     from headscope import generate_attention
@@ -39,7 +40,7 @@ def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, sys
 
     if system is not None and not chat:
         fail("--system goes with --chat")
-    lm = load_or_fail(model_name, device, dtype)
+    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     results = []
     for prompt in prompts:
         try:

@@ -24,7 +24,8 @@ __all__ = ["cli"]
 @options(seed(help="Seed of the random sequences."), "out", "truncate", "image", "quiet", "json", "verify", "attention",
          "device")
 def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, induction_seqs, induction_length,
-        seed, out_path, truncate, images, quiet, as_json, device, dtype, no_verify, attention, memory_budget) -> None:
+        seed, out_path, truncate, images, quiet, as_json, device, dtype,
+        max_memory, offload_folder, no_verify, attention, memory_budget) -> None:
     """Score every head over a corpus: previous/next token, self, sinks, punctuation, entropy, induction.
 
     With --json: settings, top heads and roles; the full table goes to --out.
@@ -37,7 +38,7 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
     corpus = corpus_or_fail(corpus_path, limit, stream=True)
     texts, total, source = corpus.texts, corpus.total, corpus.source
     world = join_run(device)
-    lm = load_or_fail(model_name, device, dtype)
+    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     if images or getattr(lm, "is_image", False):  # a vision transformer scores its heads on the images (with the vision metrics)
         scores, source = _image_scores(lm, model_name, list(images), level, include_special, batch_size), "--image"
         verification = _image_verification(lm, images, no_verify)

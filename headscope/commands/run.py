@@ -147,7 +147,7 @@ def _parse_width(value: str) -> float:
 def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_dir, force, level, induction_seqs,
         permutations, seed, batch_size, truncate, conllu_path, select_path, ablation, ablation_texts, old_ablation,
         old_ablation_texts, sinks, mechanisms, formats, dpi, width, images,
-        quiet, as_json, device, dtype, attention, memory_budget) -> None:
+        quiet, as_json, device, dtype, max_memory, offload_folder, attention, memory_budget) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
     --json prints the run.json record. Exits 1 when a model's attention is not verified (the report
@@ -201,7 +201,7 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
         analyses = []
         for name in names:
             t0 = time.perf_counter()
-            lm = load_or_fail(name, device, dtype)
+            lm = load_or_fail(name, device, dtype, max_memory, offload_folder)
             load_seconds = time.perf_counter() - t0
             say(f"{lm.name}: loaded from {lm.source} ({load_seconds:.1f} s)", quiet=quiet)
             is_image = getattr(lm, "is_image", False)  # a LoadedModel's; a stand-in of the tests may lack it

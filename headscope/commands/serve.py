@@ -23,7 +23,7 @@ from ..common.options import options
               help="Requests one client may have in flight at once; more get 429.")
 @options("quiet", "attention", "device")
 def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, quiet, attention, memory_budget, device,
-        dtype) -> None:
+        dtype, max_memory, offload_folder) -> None:
     """Open the live explorer at http://HOST:PORT/: type a text, see any head's attention, zoom into long
     texts, click a cell for its explain terms, step through a generation. Ctrl-C stops it.
 
@@ -54,7 +54,7 @@ def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, quiet, att
     loaded = {}
     for name in names:
         say(f"loading {name} …", quiet=quiet)
-        loaded[name] = load_or_fail(name, device, dtype)
+        loaded[name] = load_or_fail(name, device, dtype, max_memory, offload_folder)
     try:
         explorer = Explorer(loaded, attention=attention, budget=memory_budget)
     except ValueError as exc:

@@ -19,14 +19,14 @@ from ..common.outputs import echo_json, write_table
               help="Encoder-decoder models: the decoder's text for each --text, in order; default: the texts shifted by one.")
 @options("truncate", "image", "out", "json", "quiet", "device")
 def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], truncate: bool, images: tuple[str, ...], out_path, as_json: bool, device: str,
-        dtype: str, quiet) -> None:
+        dtype: str, max_memory: dict | None, offload_folder, quiet) -> None:
     """Exit 0 only when every head of every layer matches the from-scratch attention.
 
     --out writes the per-layer table.
     """
     from headscope import verify
 
-    lm = load_or_fail(model_name, device, dtype)
+    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     with refusals(model_name):
         result = verify(lm, list(texts) or None, truncate=truncate, **({"target": list(targets)} if targets else {}),
                         **({"images": list(images)} if images else {}))

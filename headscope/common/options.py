@@ -3,7 +3,8 @@
     @click.command()
     @options("model", "corpus", "batching", top(3, "Heads listed per metric."), "heads", "out", "json", "quiet",
              "device")
-    def cli(model_name, corpus_path, limit, batch_size, k, heads, out_path, as_json, quiet, device, dtype): ...
+    def cli(model_name, corpus_path, limit, batch_size, k, heads, out_path, as_json, quiet, device, dtype,
+            max_memory, offload_folder): ...
 
 A group is a decorator that adds one or more options; `options` applies groups in the order given, which is
 the order `--help` lists them. A name takes the group's defaults; a call (`top(3, ...)`, `seed(help=...)`)
@@ -23,7 +24,7 @@ parameter name. The groups and the parameter each one gives the command:
     json        --json (as_json)                   quiet       --quiet (quiet)
     verify      --no-verify (no_verify)            image       --image FILE, repeatable (images)
     attention   --attention, --memory-budget (attention, memory_budget)
-    device      --device, --dtype (device, dtype)
+    device      --device, --dtype, --max-memory, --offload-folder (device, dtype, max_memory, offload_folder)
 
 Head names are read by `probe.types.parse_head` (the inverse of `head_name`), the parser the workflows use;
 a bad one is one line naming the option, exit 2, before any model loads.
@@ -36,15 +37,15 @@ from typing import Any, Callable
 
 import click
 
-from headscope.probe.names import (DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Device, DType,
-                                   Level, choices)
+from headscope.probe.names import (DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, DType, Level,
+                                   choices, device_spec)
 
 from .exits import fail
 from .outputs import check_table_path, new_figure_or_fail, remember_force
 
 __all__ = ["options", "GROUPS", "model", "models", "corpus", "limit", "level", "special", "batching", "seed", "top",
            "truncate", "head", "heads", "out", "figure", "json", "quiet", "verify", "image", "attention", "device",
-           "parsed", "utf8_text", "parse_size", "attention_options", "device_options", "quiet_option"]
+           "parsed", "utf8_text", "parse_size", "parse_max_memory", "attention_options", "device_options", "quiet_option"]
 
 Decorator = Callable[[Callable], Callable]
 
@@ -120,6 +121,27 @@ def parse_size(text: str) -> int:
     if not m or unit not in _SIZE_UNITS or int(float(m.group(1)) * _SIZE_UNITS[unit]) < 1:
         raise ValueError(f"{text!r} is not a size; give bytes such as 8GB, 512MiB or 1000000")
     return int(float(m.group(1)) * _SIZE_UNITS[unit])
+
+
+def parse_max_memory(text: str) -> dict[int | str, int]:
+    """accelerate's `max_memory` from `cpu=300MB` or `0=20GiB,1=20GiB,cpu=60GiB`: bytes per GPU number, `cpu`,
+    `mps` or `disk` (`cuda:N` is GPU N).
+
+    >>> parse_max_memory("0=1GB, cpu=300MB")
+    {0: 1000000000, 'cpu': 300000000}
+    """
+    budget: dict[int | str, int] = {}
+    for part in str(text).split(","):
+        where, eq, size = part.partition("=")
+        where = where.strip().lower().removeprefix("cuda:")
+        if not eq or not (where in ("cpu", "mps", "disk") or (where.isascii() and where.isdigit())):
+            raise ValueError(f"{part.strip()!r} is not DEVICE=SIZE; give e.g. cpu=300MB or 0=20GiB,1=20GiB,cpu=60GiB "
+                             "(a GPU by its number, or cpu, mps, disk)")
+        key: int | str = int(where) if where.isdigit() else where
+        if key in budget:
+            raise ValueError(f"names {where} twice; give each device once")
+        budget[key] = parse_size(size)
+    return budget
 
 
 def _head_name(text: str) -> tuple[int, int]:
@@ -272,12 +294,21 @@ def attention() -> Decorator:
 
 
 def device() -> Decorator:
-    """--device and --dtype, the way every command takes them."""
+    """--device, --dtype, --max-memory and --offload-folder: where a model's weights go, the way every command that
+    loads a model takes them (`probe.loading.load_model`)."""
     return _together(
-        click.option("--device", type=click.Choice(choices(Device)), default="cpu", show_default=True,
+        click.option("--device", default="cpu", show_default=True, metavar="auto|cpu|cuda|cuda:N|mps",
+                     callback=parsed(device_spec, "--device"),
                      help="Where to run; 'auto' spreads a model too large for one GPU via accelerate's device_map."),
         click.option("--dtype", type=click.Choice(choices(DType)), default="float32", show_default=True,
-                     help="Weights and compute dtype."))
+                     help="Weights and compute dtype."),
+        click.option("--max-memory", "max_memory", default=None, metavar="DEV=SIZE,...",
+                     callback=parsed(parse_max_memory, "--max-memory"),
+                     help="The most each device may hold (cpu=300MB, or 0=20GiB,1=20GiB,cpu=60GiB); accelerate "
+                          "places the layers that do not fit on the next device, then in --offload-folder."),
+        click.option("--offload-folder", "offload_folder", default=None, metavar="DIR",
+                     type=click.Path(path_type=Path),
+                     help="Folder for the layers that fit on no device: read from disk one layer at a time."))
 
 
 # Every group by name, with its defaults: what `options("corpus", ...)` looks up.

@@ -28,6 +28,7 @@ from typing import Any, Callable, Literal
 import torch
 
 from ..errors import UnsupportedArchitecture, UnsupportedFeature
+from ..placement import onloading
 from ..scratch import LayerSpec
 
 __all__ = [
@@ -83,6 +84,9 @@ class Stack:
     n_layers: Callable[[Any], int]  # config -> number of layers of this stack
     keys: Literal["self", "encoder"] = "self"  # keys and values from the layer's own input, or the encoder's output
 
+    def __post_init__(self) -> None:  # a layer's weights read in memory where accelerate offloaded them
+        object.__setattr__(self, "layer_spec", onloading(self.layer_spec, self.attention, self.out_proj))
+
 
 @dataclass(frozen=True)
 class Family:
@@ -105,6 +109,9 @@ class Family:
     prefix_tokens: Callable[[Any], tuple[str, ...]] = lambda cfg: ()
     tiny_processor: Callable[[Any], Any] | None = None  # image models: config -> the tiny model's image processor
     tiny_std: float = 0.2  # the spread of the tiny model's random weights (wider: attention far from uniform)
+
+    def __post_init__(self) -> None:  # a layer's weights read in memory where accelerate offloaded them
+        object.__setattr__(self, "layer_spec", onloading(self.layer_spec, self.attention, self.out_proj))
 
     def n_layers(self, config) -> int:
         return config.num_hidden_layers

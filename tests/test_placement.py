@@ -1,0 +1,193 @@
+"""A model placed by accelerate (`--max-memory`, `--offload-folder`): refused in one line where it cannot be
+placed, and, with some layers offloaded to disk (accelerate's hooks bring their weights in per layer), every
+workflow gives the in-memory run's numbers.
+
+The tiny models get a cpu budget smaller than themselves: accelerate keeps the embeddings (and for llama the
+first layer) in memory and offloads the rest to the folder, so both kinds of layer are exercised.
+"""
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+import headscope as hs
+from headscope.cli import cli
+from headscope.common.options import parse_max_memory
+from headscope.probe.errors import PlacementError
+from headscope.probe.loading import is_offloaded, load_model
+from headscope.probe.tiny import TINY_CORPUS
+from headscope.workflows.explore import Explorer
+
+TEXTS = list(TINY_CORPUS[:3])
+TOL = 1e-6
+
+
+def _size(lm) -> int:
+    return sum(p.numel() * p.element_size() for p in lm.model.parameters())
+
+
+@pytest.fixture(scope="module", params=["llama", "bert"])
+def pair(request, tmp_path_factory):
+    """(in memory, offloaded) copies of one tiny model, built once for the module."""
+    ref = load_model(f"tiny:{request.param}")
+    off = load_model(f"tiny:{request.param}", max_memory={"cpu": int(_size(ref) * 0.9)},
+                     offload_folder=tmp_path_factory.mktemp("offload"))
+    return ref, off
+
+
+def _frames_close(a, b):
+    num = a.select_dtypes("number").columns
+    assert list(a.columns) == list(b.columns) and len(a) == len(b)
+    np.testing.assert_allclose(a[num].to_numpy(float), b[num].to_numpy(float), atol=TOL, rtol=0, equal_nan=True)
+
+
+def test_offloaded_for_real(pair):
+    ref, off = pair
+    placed = off.model.hf_device_map
+    assert "disk" in placed.values() and "cpu" in placed.values() and is_offloaded(off.model)
+    assert not is_offloaded(ref.model) and off.device == torch.device("cpu")
+    assert any(p.device.type == "meta" for p in off.model.parameters())  # weights really left memory
+
+
+def test_extract_and_verify(pair):
+    ref, off = pair
+    for a, b in zip(hs.extract(ref, TEXTS), hs.extract(off, TEXTS)):
+        assert a.attention.shape == b.attention.shape
+        assert (a.attention - b.attention).abs().max() <= TOL
+    va, vb = hs.verify(ref, TEXTS), hs.verify(off, TEXTS)
+    assert va.passed and vb.passed
+
+
+@pytest.mark.parametrize("attention", ["eager", "recompute"])
+def test_heads(pair, attention):
+    ref, off = pair
+    _frames_close(hs.heads(ref, TEXTS, progress=False, attention=attention).table,
+                  hs.heads(off, TEXTS, progress=False, attention=attention).table)
+
+
+def test_ablation(pair):
+    ref, off = pair
+    a, b = (hs.ablate(lm, [(0, 0), (1, 1)], corpus=TEXTS, n_random=2) for lm in (ref, off))
+    assert abs(a.effect - b.effect) <= TOL and abs(a.baseline - b.baseline) <= TOL
+    np.testing.assert_allclose(a.random_effects, b.random_effects, atol=TOL, rtol=0)
+
+
+def test_dla_and_patching(pair):
+    ref, off = pair
+    if not ref.is_causal:
+        pytest.skip("direct logit attribution and patching read a decoder's next-token logits")
+    _frames_close(hs.dla(ref, "The cat sat on the", " mat").table, hs.dla(off, "The cat sat on the", " mat").table)
+    a, b = hs.patch(ref, "ioi", n_random=2), hs.patch(off, "ioi", n_random=2)
+    for field in ("values", "clean", "corrupt"):
+        np.testing.assert_allclose(getattr(a, field), getattr(b, field), atol=TOL, rtol=0)
+
+
+@pytest.mark.parametrize("attention", ["eager", "recompute"])
+def test_explorer(pair, attention):
+    ref, off = pair
+    a = Explorer({"m": ref}, attention=attention).attention("m", TEXTS[0], 1, 0)
+    b = Explorer({"m": off}, attention=attention).attention("m", TEXTS[0], 1, 0)
+    assert a.keys() == b.keys()
+    np.testing.assert_allclose(np.asarray(a["weights"], float), np.asarray(b["weights"], float), atol=TOL, rtol=0)
+
+
+def test_whole_model_on_disk(tmp_path):
+    """A budget that holds nothing: every weight on disk, still the in-memory numbers, and the offloaded
+    weights go with the model (the folder itself stays: headscope did not make it)."""
+    import gc
+
+    ref = load_model("tiny:llama")
+    off = load_model("tiny:llama", max_memory={"cpu": 1000}, offload_folder=tmp_path)
+    assert set(off.model.hf_device_map.values()) == {"disk"} and any(tmp_path.iterdir())
+    assert (hs.extract(ref, TEXTS[0])[0].attention - hs.extract(off, TEXTS[0])[0].attention).abs().max() <= TOL
+    del off
+    gc.collect()
+    assert tmp_path.is_dir() and not any(tmp_path.iterdir())
+
+
+def test_budget_without_folder_is_refused():
+    with pytest.raises(PlacementError, match="--offload-folder"):
+        load_model("tiny:llama", max_memory={"cpu": 1000})
+
+
+def test_parse_max_memory():
+    assert parse_max_memory("0=20GiB,1=20GiB,cpu=60GiB") == {0: 20 * 2**30, 1: 20 * 2**30, "cpu": 60 * 2**30}
+    assert parse_max_memory("cuda:1=1kb") == {1: 1000}
+    for bad in ("cpu", "gpu=1GB", "cpu=1GB,cpu=2GB", "cpu=lots"):
+        with pytest.raises(ValueError):
+            parse_max_memory(bad)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--device", "tpu"], "is not a device"),
+    (["--device", "cuda:0"], "no CUDA GPU"),
+    (["--max-memory", "gpu=3GB"], "is not DEVICE=SIZE"),
+    (["--max-memory", "3=1GB"], "GPU 3"),
+    (["--max-memory", "cpu=1kb"], "--offload-folder"),
+    (["--offload-folder", "FILE"], "is a file"),
+    (["--offload-folder", "FILE/sub"], "cannot be written"),
+    (["--device", "mps", "--offload-folder", "DIR"], None),
+])
+def test_cli_refuses_a_placement_in_one_line(tmp_path, args, says):
+    if torch.cuda.device_count() > 3 and "3=1GB" in args:
+        pytest.skip("this machine has that GPU")
+    (tmp_path / "FILE").write_text("mine")
+    args = [a.replace("FILE", str(tmp_path / "FILE")).replace("DIR", str(tmp_path / "d")) for a in args]
+    res = CliRunner().invoke(cli, ["verify", "--model", "tiny:llama", *args])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    lines = res.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("headscope: "), lines
+    assert says is None or says in lines[0]
+    assert (tmp_path / "FILE").read_text() == "mine"
+
+
+def test_cli_runs_offloaded(tmp_path):
+    res = CliRunner().invoke(cli, ["verify", "--model", "tiny:llama", "--max-memory", "cpu=150kB",
+                                   "--offload-folder", str(tmp_path / "off"), "--json", "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert '"passed": true' in res.stdout.replace(" ", "").replace('"passed":true', '"passed": true')
+
+
+def test_verify_streams_one_layer_at_a_time(pair, monkeypatch):
+    """Verification of an offloaded model brings in one layer's attention weights at a time, from the layer
+    inputs it caught, never the model: at most one layer's weights are in memory for it at once."""
+    from contextlib import contextmanager
+
+    from headscope.probe import placement
+
+    ref, off = pair
+    real, depth, loads = placement.onloaded, [0], []
+
+    @contextmanager
+    def counting(*modules):
+        depth[0] += 1
+        loads.append((depth[0], sum(p.numel() for m in modules for p in m.parameters() if p.device.type == "meta")))
+        try:
+            with real(*modules):
+                yield
+        finally:
+            depth[0] -= 1
+
+    monkeypatch.setattr(placement, "onloaded", counting)
+    assert hs.verify(off, TEXTS).passed
+    layer = max(sum(p.numel() for p in block.parameters()) for block in ref.model.modules()
+                if type(block).__name__ in off.model._no_split_modules and "Embeddings" not in type(block).__name__)
+    assert loads and max(d for d, _ in loads) == 1  # never two at once
+    assert 0 < max(n for _, n in loads) <= layer  # an offloaded layer's weights, no more
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_half_precision_is_checked_against_float32(dtype):
+    """A half-precision model is verified against a float32 recomputation of the same layer inputs, with a
+    tolerance of HALF_ROUNDOFFS unit roundoffs (stated in the result); the dtype is in the JSON."""
+    from headscope.probe.verify import HALF_ROUNDOFFS
+
+    u = torch.finfo(getattr(torch, dtype)).eps / 2
+    v = hs.verify(load_model("tiny:llama", dtype=dtype), TEXTS)
+    assert v.passed and v.dtype == dtype and v.tolerance == pytest.approx(HALF_ROUNDOFFS * u)
+    # recomputing in the model's own dtype left errors of a whole roundoff (the last bit of the probabilities);
+    # against float32 only the model's own rounding is left
+    assert max(c.max_abs_err for c in v.layers) < u
+    res = CliRunner().invoke(cli, ["verify", "--model", "tiny:llama", "--dtype", dtype, "--json", "--quiet"])
+    assert res.exit_code == 0 and f'"dtype": "{dtype}"' in res.stdout
