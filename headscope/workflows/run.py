@@ -249,8 +249,12 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
         if lm.is_causal and found_text is None:
             notes.append("the StreamingLLM test was not run: no UD English EWT text in the shared data")
         elif found_text is not None:
-            streamed = stage.run("streaming", streaming, lm, found_text[0], window=settings.streaming_window,
-                                 keep=4, max_tokens=settings.streaming_tokens, source=found_text[1])
+            # A model whose context is short (a tiny test model's 128 positions) gets a window of a quarter of it:
+            # a window reaching every key would only repeat dense attention (streaming refuses it).
+            tokens = min(settings.streaming_tokens, lm.max_length or settings.streaming_tokens)
+            streamed = stage.run("streaming", streaming, lm, found_text[0],
+                                 window=min(settings.streaming_window, max(1, tokens // 4)), keep=4,
+                                 max_tokens=settings.streaming_tokens, source=found_text[1])
             say(f"{lm.name}: StreamingLLM test, perplexity dense {streamed.dense_ppl:.2f}, window "
                 f"{streamed.window_ppl:.2f}, window + 4 sinks {streamed.sink_window_ppl:.2f} "
                 f"({stage.seconds['streaming']:.1f} s)")

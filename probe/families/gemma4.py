@@ -18,7 +18,6 @@ and shared-KV layers (its AltUp and Laurel blocks change the layer input, which 
 
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 

@@ -10,7 +10,6 @@ followed by the gate's hs dims, and the heads' concat is multiplied by sigmoid(g
 
 from __future__ import annotations
 
-import dataclasses
 
 from ..rotary import ROPE_INV_FREQ, rope, unsupported_rope
 from ..scratch import LayerSpec
