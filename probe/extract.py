@@ -17,10 +17,10 @@ import torch
 from .encoding import Encoded, check_texts, checked_stream, encode_many, encode_targets, text_source
 from .forward import forward_batch, forward_seq2seq, is_seq2seq, learned_sinks
 from .images import check_images, encode_images, require_modality
-from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers, whole_number
+from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
-from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight
+from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight, whole_number
 from .words import Segmenter, to_word_level
 
 __all__ = ["extract", "extract_ids", "iter_extract", "extract_encoded"]
@@ -273,4 +273,4 @@ def _token_ids(i: int, seq: object) -> tuple[int, ...]:
     if isinstance(seq, (str, bytes, bytearray)) or not isinstance(seq, Iterable):
         raise TypeError(f"sequence {i} is a {type(seq).__name__}; each sequence is a list of token ids (ints), "
                         "e.g. sequences=[[5, 17, 2]]")
-    return tuple(whole_number(t, f"sequence {i}: token id") for t in seq)
+    return tuple(whole_number(t, f"sequence {i}: token id", minimum=None) for t in seq)

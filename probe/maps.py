@@ -6,7 +6,6 @@ Eager extraction (`probe.extract`), recomputation in blocks (`probe.recompute`),
     select_layers(lm, layers)      the chosen layers (default: every layer with softmax attention)
     select_heads(lm, heads)        the chosen heads (default: all)
     select_indices(chosen, n, what)  a checked, sorted, de-duplicated list of indices 0..n-1
-    whole_number(value, what)      one index: an int, never a float or a bool
     kept_ids(lm, layers, heads)    what a map's `layers` / `heads` say about a selection (empty: all)
     MapFacts.of(lm)                what every map of a model carries besides its text and attention
     make_map(lm, enc, attention)   one encoded text and its [layer, head, query, key] tensor as an `AttentionMap`
@@ -14,17 +13,16 @@ Eager extraction (`probe.extract`), recomputation in blocks (`probe.recompute`),
 
 from __future__ import annotations
 
-import operator
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
 from .encoding import Encoded, text_units
 from .forward import attention_layers, learned_sinks, no_attention_layers, no_attention_reason
 from .model import LoadedModel
-from .types import AttentionMap
+from .types import AttentionMap, whole_number
 from .words import Segmenter
 
-__all__ = ["select_layers", "select_heads", "select_indices", "whole_number", "kept_ids", "MapFacts", "make_map"]
+__all__ = ["select_layers", "select_heads", "select_indices", "kept_ids", "MapFacts", "make_map"]
 
 
 def select_layers(lm: LoadedModel, layers: Sequence[int] | None) -> list[int]:
@@ -58,7 +56,7 @@ def select_indices(chosen: Sequence[int] | None, n: int, what: str) -> list[int]
         return list(range(n))
     if isinstance(chosen, (str, bytes)) or not isinstance(chosen, Iterable):
         raise TypeError(f"{what}s must be a list of {what} indices such as [0, 2] (or None for all), got {chosen!r}")
-    out = sorted({whole_number(c, what) for c in chosen})
+    out = sorted({whole_number(c, f"{what} index", minimum=None) for c in chosen})
     if not out:
         raise ValueError(f"{what}s is empty; pass None for all {what}s or a list such as [0, 2] "
                          f"(the model has {what}s 0..{n - 1})")
@@ -66,16 +64,6 @@ def select_indices(chosen: Sequence[int] | None, n: int, what: str) -> list[int]
     if bad:
         raise ValueError(f"{what}s {bad} out of range: the model has {what}s 0..{n - 1}")
     return out
-
-
-def whole_number(value: object, what: str) -> int:
-    """A whole-number index; a float (1.5 would silently mean 1) or a bool (True would mean 1) is an error."""
-    if not isinstance(value, bool):
-        try:
-            return operator.index(value)
-        except TypeError:
-            pass
-    raise TypeError(f"{what} index {value!r} is a {type(value).__name__}; {what}s are whole numbers such as 0 or 3")
 
 
 def kept_ids(lm: LoadedModel, layer_idx: Sequence[int], head_idx: Sequence[int]) -> tuple[tuple[int, ...],

@@ -72,7 +72,8 @@ def whole_number(value: object, name: str, *, minimum: int | None = 0) -> int:
             raise TypeError
         n = operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be a whole number such as {max(minimum or 0, 1)}, got {value!r}") from None
+        raise TypeError(f"{name} must be a whole number such as {max(minimum or 0, 1)}, got {value!r} "
+                        f"(a {type(value).__name__})") from None
     if minimum is not None and n < minimum:
         raise ValueError(f"{name} must be at least {minimum}, got {n}")
     return n

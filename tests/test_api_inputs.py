@@ -25,12 +25,12 @@ TEXT = "The animal didn't cross the street."
     ({"store_dtype": torch.int8}, TypeError, "floating-point torch.dtype"),  # was: all-zero attention
     ({"store_dtype": torch.bool}, TypeError, "floating-point torch.dtype"),
     ({"store_dtype": "float16"}, TypeError, r"store_dtype must be .* got 'float16'"),  # was: raw TypeError in .to()
-    ({"layers": [1.5]}, TypeError, "layer index 1.5 is a float"),  # was: silently layer 1
-    ({"layers": [True]}, TypeError, "layer index True is a bool"),  # was: silently layer 1
+    ({"layers": [1.5]}, TypeError, "layer index must be a whole number such as 1, got 1.5 \\(a float\\)"),  # was: silently layer 1
+    ({"layers": [True]}, TypeError, "layer index must be a whole number such as 1, got True \\(a bool\\)"),  # was: silently layer 1
     ({"layers": []}, ValueError, "layers is empty; pass None for all layers"),  # was: "[] out of range"
     ({"layers": 1}, TypeError, "layers must be a list of layer indices"),  # was: 'int' is not iterable
     ({"layers": "01"}, TypeError, "layers must be a list"),  # was: layers 0 and 1
-    ({"heads": [0.0]}, TypeError, "head index 0.0 is a float"),
+    ({"heads": [0.0]}, TypeError, "head index must be a whole number such as 1, got 0.0 \\(a float\\)"),
     ({"heads": [4]}, ValueError, r"heads \[4\] out of range: the model has heads 0..3"),
     ({"batch_size": 2.5}, TypeError, "batch_size must be a whole number"),
     ({"batch_size": 0}, ValueError, "batch_size must be at least 1"),
@@ -81,9 +81,9 @@ def test_over_long_text_is_named_by_its_position(lm):
     (42, TypeError, "sequences must be a list of token-id lists"),
     (b"\x05\x06", TypeError, "sequences must be a list"),  # was: "'int' object is not iterable"
     ([5, 6, 7], TypeError, r"sequence 0 is a int; each sequence is a list of token ids"),  # a flat list
-    ([[5, 6.5]], TypeError, "sequence 0: token id index 6.5 is a float"),  # was: silently id 6
-    ([[5, True]], TypeError, "is a bool"),
-    ([["5", "6"]], TypeError, "is a str"),
+    ([[5, 6.5]], TypeError, "sequence 0: token id must be a whole number such as 1, got 6.5 \\(a float\\)"),  # was: silently id 6
+    ([[5, True]], TypeError, r"\(a bool\)"),
+    ([["5", "6"]], TypeError, r"\(a str\)"),
     ([[]], ValueError, "sequence 0 is empty"),
 ])
 def test_extract_ids_bad_sequences(lm, sequences, err, match):
