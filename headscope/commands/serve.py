@@ -59,7 +59,12 @@ def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, quiet, att
         explorer = Explorer(loaded, attention=attention, budget=memory_budget)
     except ValueError as exc:
         fail(str(exc))
-    shown = f"[{host}]" if ":" in host else host
+    if host in ("0.0.0.0", "::"):  # every address of this machine: a browser opens it by this machine's name
+        import socket
+
+        shown = socket.gethostname()
+    else:
+        shown = f"[{host}]" if ":" in host else host
     token = f"?token={guard.token}" if guard.token else ""
     click.echo(f"headscope explorer: http://{shown}:{port}/{token} (Ctrl-C stops it)", err=True)
     server = serve(explorer, host=host, port=port, guard=guard)
