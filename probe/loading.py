@@ -440,7 +440,7 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, spec: Pla
         kwargs["gguf_file"] = gguf_file
     at = {"revision": revision} if revision else {}  # a hub checkpoint: config, tokenizer and weights alike
     kwargs.update(at)
-    scratch = None  # a fresh folder in the offload folder, removed with the model
+    scratch, loaded = None, False  # a fresh folder in the offload folder, removed with the model
     if spec.spread:
         kwargs.update(device_map="auto", max_memory=spec.budget())
         if spec.offload_folder is not None:
@@ -469,10 +469,11 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, spec: Pla
             tok = AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}), **at)
         with _quiet_dispatch():
             model = model_class(config, cls.__name__).from_pretrained(path, **kwargs)  # SigLIP's text towers: own class
+        loaded = True
     except (OSError, ValueError) as exc:
         raise ModelNotAvailable(not_available_message(name, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")) from exc
     finally:
-        if scratch is not None and "model" not in locals():  # the load failed: its offload folder goes
+        if scratch is not None and not loaded:  # the load failed: its offload folder goes
             import shutil
 
             shutil.rmtree(scratch, ignore_errors=True)

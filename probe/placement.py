@@ -20,16 +20,11 @@ from typing import Callable, Iterator
 
 import torch
 
-__all__ = ["onloaded", "onloading", "needs_onload", "execution_device"]
+__all__ = ["onloaded", "onloading"]
 
 
 def _meta(module: torch.nn.Module) -> bool:
     return any(p.device.type == "meta" for p in module.parameters())
-
-
-def needs_onload(module: torch.nn.Module) -> bool:
-    """Whether some of `module`'s parameters are offloaded right now (on `meta`)."""
-    return _meta(module)
 
 
 def _offloading_hook(module: torch.nn.Module):
@@ -71,13 +66,3 @@ def onloading(read: Callable, *modules_of: Callable) -> Callable:
             return read(base, i, *rest)
 
     return wrapper
-
-
-def execution_device(module: torch.nn.Module, fallback: torch.device | str = "cpu") -> torch.device:
-    """Where `module` computes: accelerate's execution device for a placed block, else its first parameter's."""
-    hook = getattr(module, "_hf_hook", None)
-    for h in getattr(hook, "hooks", (hook,)):
-        if getattr(h, "execution_device", None) is not None:
-            return torch.device(h.execution_device)
-    p = next(module.parameters(), None)
-    return p.device if p is not None and p.device.type != "meta" else torch.device(fallback)
