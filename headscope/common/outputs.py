@@ -68,9 +68,9 @@ def check_table_path(ctx, param, value: Path | None) -> Path | None:
     return value
 
 
-def new_file_or_fail(path: Path, option: str) -> None:
-    """Refuse, before any compute, an output file that exists (unless --force was given), cannot be written,
-    is a symbolic link, or is another output of the same command."""
+def new_file_or_fail(path: Path, option: str, *, replaceable: bool = True) -> None:
+    """Refuse, before any compute, an output file that exists (unless --force was given and the option's files
+    are `replaceable`), cannot be written, is a symbolic link, or is another output of the same command."""
     writable_or_fail(path, option)  # first: a name too long for the file system cannot even be looked at
     if path.is_symlink():
         fail(f"{option} {path} is a symbolic link (to {os.readlink(path)}); headscope does not write through links: "
@@ -78,6 +78,8 @@ def new_file_or_fail(path: Path, option: str) -> None:
     if path.is_dir():
         fail(f"{option} {path} is a folder; give a file name")
     claim_output(path, option, folder=False)
+    if path.exists() and not replaceable:
+        fail(f"{option} {path} exists; choose another file (headscope never replaces a file it did not write)")
     if path.exists() and not click.get_current_context().meta.get(_FORCE, False):
         fail(f"{option} {path} already exists; pass --force to replace it, or choose another file")
 
@@ -92,12 +94,7 @@ def new_figure_or_fail(ctx, param, value: str | None) -> str | None:
     path = Path(value)
     if path.suffix.lower().lstrip(".") not in FORMATS:  # was "unexpected ValueError" once the model had run
         fail(f"--figure {value}: give a file name ending in {', '.join('.' + f for f in FORMATS)}")
-    writable_or_fail(path, "--figure")
-    if path.is_symlink():
-        fail(f"--figure {value} is a symbolic link (to {os.readlink(path)}); headscope does not write through links")
-    if path.exists():
-        fail(f"--figure {value} exists; choose another file (headscope never replaces a file it did not write)")
-    claim_output(path, "--figure", folder=False)
+    new_file_or_fail(path, "--figure", replaceable=False)
     return value
 
 
