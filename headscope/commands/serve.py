@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import click
 
-from ..common import fail, load_or_fail, models_or_fail, say
+from ..common.exits import fail
+from ..common.loading import load_or_fail, models_or_fail
+from ..common.outputs import say
 from ..common.options import options
 
 

@@ -19,15 +19,15 @@ from .corpus import Corpus, corpus_or_fail, too_long_or_fail
 from .exits import fail, flag_spelling, refusals
 from .interrupts import Interrupts, committed
 from .loading import load_or_fail, models_or_fail
-from .options import attention_options, device_options, parse_size, parsed, quiet_option, utf8_text
+from .options import parse_size, parsed, utf8_text
 from .outputs import (TABLE_WRITERS, attention_note, check_out, echo_json, new_file_or_fail, say, writable_or_fail,
                       write_table)
 from .runs import join_run
 from .verification import finish, verify_step
 
 __all__ = [
-    "fail", "refusals", "flag_spelling", "parsed", "utf8_text", "parse_size", "attention_options",
-    "device_options", "quiet_option", "TABLE_WRITERS", "write_table", "writable_or_fail", "new_file_or_fail",
+    "fail", "refusals", "flag_spelling", "parsed", "utf8_text", "parse_size", "TABLE_WRITERS", "write_table",
+    "writable_or_fail", "new_file_or_fail",
     "check_out", "echo_json", "say", "attention_note", "Corpus", "corpus_or_fail", "too_long_or_fail",
     "load_or_fail", "models_or_fail", "join_run", "verify_step", "finish", "Interrupts", "committed",
 ]

@@ -45,7 +45,7 @@ from .outputs import check_table_path, new_figure_or_fail, remember_force
 
 __all__ = ["options", "GROUPS", "model", "models", "corpus", "limit", "level", "special", "batching", "seed", "top",
            "truncate", "head", "heads", "out", "figure", "json", "quiet", "verify", "image", "attention", "device",
-           "parsed", "utf8_text", "parse_size", "parse_max_memory", "attention_options", "device_options", "quiet_option"]
+           "parsed", "utf8_text", "parse_size", "parse_max_memory"]
 
 Decorator = Callable[[Callable], Callable]
 
@@ -318,6 +318,3 @@ GROUPS: dict[str, Callable[[], Decorator]] = {
     "figure": figure, "json": json, "quiet": quiet, "verify": verify, "image": image, "attention": attention,
     "device": device,
 }
-
-# The groups as the single decorators `headscope/commands/serve.py` takes.
-attention_options, device_options, quiet_option = attention(), device(), quiet()
