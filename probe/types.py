@@ -15,7 +15,7 @@ import torch
 
 from .names import Level, Weight
 
-__all__ = ["AttentionMap", "Units", "CrossAttentionMap", "Seq2SeqAttention", "Level", "Weight", "head_name", "parse_head",
+__all__ = ["AttentionMap", "ImagePatch", "Units", "CrossAttentionMap", "Seq2SeqAttention", "Level", "Weight", "head_name", "parse_head",
            "parse_heads", "json_safe", "whole_number", "seed_value", "SEED_MAX"]
 
 
@@ -133,6 +133,37 @@ class _HeadGrid:
         return self.heads or tuple(range(self.n_heads))
 
 
+@dataclass(frozen=True)
+class ImagePatch:
+    """Where one image token of a vision–language text sits: which picture, which cell of which view of it.
+
+    A decoder that reads images (LLaVA, Qwen2-VL, Gemma 3, ...) puts image tokens among the text tokens. Each
+    carries its picture (`image`, the 0-based index of the `<image>` slot it fills), the cell of its view's
+    grid (`row`, `col` of a `rows` × `cols` grid), the view (`"base"`; a tile `"tile 0,1"`; `"thumbnail"`)
+    and `box`, the cell's (top, left, bottom, right) in the picture as the model saw it, as fractions 0..1, so
+    any view can draw the cell over its picture whatever the tiling.
+
+    >>> p = ImagePatch(image=0, row=1, col=2, rows=2, cols=4)
+    >>> p.box
+    (0.5, 0.5, 1.0, 0.75)
+    """
+
+    image: int
+    row: int
+    col: int
+    rows: int
+    cols: int
+    view: str = "base"
+    box: tuple[float, float, float, float] | None = None  # None: the cell of a whole-picture grid, from row/col
+
+    def __post_init__(self) -> None:
+        if not (0 <= self.row < self.rows and 0 <= self.col < self.cols):
+            raise ValueError(f"cell ({self.row}, {self.col}) is outside a {self.rows} x {self.cols} grid")
+        if self.box is None:
+            object.__setattr__(self, "box", (self.row / self.rows, self.col / self.cols,
+                                             (self.row + 1) / self.rows, (self.col + 1) / self.cols))
+
+
 @dataclass(frozen=True, eq=False)
 class AttentionMap(_HeadGrid):
     """Attention of one text: `attention[layer, head, query, key]`, padding removed.
@@ -170,12 +201,19 @@ class AttentionMap(_HeadGrid):
     # the model saw it, a numpy [H, W, 3] in 0..1 (for the overlays), or None.
     grid: tuple[int, int] | None = None
     image: Any = None
+    # Vision–language decoders: one entry per unit, an `ImagePatch` for an image token and None for a text token
+    # (empty for a map without images); `pictures`: each image as the model saw it, numpy [H, W, 3] in 0..1.
+    patches: tuple[ImagePatch | None, ...] = ()
+    pictures: tuple[Any, ...] = ()
 
     def __post_init__(self) -> None:
         n = len(self.labels)
         if self.grid is not None and self.grid[0] * self.grid[1] != n - sum(self.special):
             raise ValueError(f"a {self.grid[0]} x {self.grid[1]} patch grid needs {self.grid[0] * self.grid[1]} "
                              f"non-special units, the map has {n - sum(self.special)}")
+        if self.patches and len(self.patches) != n:
+            raise ValueError(f"patches must have one entry per unit (an ImagePatch or None), got {len(self.patches)} "
+                             f"for {n} units")
         if self.attention.dim() != 4:
             raise ValueError(f"attention must be [layer, head, query, key], got shape {tuple(self.attention.shape)}")
         if self.attention.shape[-1] != n or self.attention.shape[-2] != n:
