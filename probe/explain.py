@@ -20,7 +20,7 @@ import torch
 from .encoding import Encoded, encode, token_labels
 from .families import Family, UnsupportedFeature, family_for
 from .forward import base_model, no_attention_reason
-from .images import check_images, encode_images, require_modality
+from .images import check_images, encode_images, for_input
 from .model import LoadedModel
 from .scratch import attention_from_scratch, project_qk, sink_share
 from .types import head_name
@@ -134,7 +134,7 @@ def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer
         raise ValueError(f"occurrence must be 0 (the first), 1 (the second), ...; got {occurrence!r}")
     if (text is None) == (image is None):
         raise ValueError("explain one text or one image (image=...): give exactly one of them")
-    require_modality(lm, images=image is not None)
+    lm = for_input(lm, images=image is not None)  # a two-tower model: the tower that reads this input
     source = source_for(lm, attention, budget=budget)
     if image is not None:  # a vision transformer: the query is a unit label, "[CLS]" or a patch "r1c2"
         images = check_images(image)

@@ -16,7 +16,7 @@ import torch
 
 from .encoding import Encoded, check_texts, checked_stream, encode_many, encode_targets, text_source
 from .forward import forward_batch, forward_seq2seq, is_seq2seq, learned_sinks
-from .images import check_images, encode_images, require_modality
+from .images import check_images, encode_images, for_input, require_modality
 from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
@@ -64,11 +64,11 @@ def iter_extract(
     if level not in ("token", "word"):
         raise ValueError(f"level must be 'token' or 'word', got {level!r}")
     if texts is not None and images is not None:
-        raise ValueError("pass texts or images, not both (CLIP's two towers are two models: extract each)")
+        raise ValueError("pass texts or images, not both (CLIP's two towers: hs.image_text for an image-caption pair)")
     if texts is None and images is None:
         raise TypeError("texts must be a str or an iterable of str (a list, a generator, ...), got NoneType; "
                         "an image model takes images=[...] instead")
-    require_modality(lm, images=images is not None)
+    lm = for_input(lm, images=images is not None)  # a two-tower model: the tower that reads this input
     if images is not None:
         if weight != "attention" or target is not None:
             raise ValueError("images are extracted with weight='attention' and no target")

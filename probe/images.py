@@ -10,7 +10,8 @@ image as the model saw it (un-normalised, `[H, W, 3]` in 0..1) for the views.
 from __future__ import annotations
 
 import os
-from typing import Iterable, Sequence
+from dataclasses import dataclass, replace
+from typing import Iterable, Literal, Sequence
 
 import numpy as np
 
@@ -19,15 +20,79 @@ from .families import family_of_type
 from .model import LoadedModel
 
 __all__ = ["check_images", "load_image", "encode_images", "patch_labels", "patchify", "unpatchify", "ImageInput", "require_modality",
-           "TWO_TOWER_TYPES"]
+           "TWO_TOWER_TYPES", "Towers", "TOWERS", "TOWER_NAMES", "is_two_tower", "tower", "for_input",
+           "models_for"]
 
-TWO_TOWER_TYPES = ("clip", "siglip", "siglip2")  # an image tower and a text tower, compared only by their pooled embeddings (probe.towers)
+
+@dataclass(frozen=True)
+class Towers:
+    """Where a two-tower (image, text) model keeps its towers, and what each tower is: the composite model's
+    attributes and the towers' own model types (each verified by its own family)."""
+
+    image_type: str  # the image tower's model type (its family: clip_vision)
+    text_type: str  # the text tower's model type (clip_text, siglip_text)
+    image: str = "vision_model"  # the composite model's attribute holding the image tower
+    text: str = "text_model"
+    tiny_tokenizer: str | None = None  # the tiny model's tokenizer kind, where not the text family's
+
+
+# Composite model types: an image tower and a text tower that never attend to each other, compared only by
+# their pooled embeddings (probe.towers). Every command reaches a tower through `for_input` / `tower`.
+TOWERS: dict[str, Towers] = {
+    "clip": Towers("clip_vision_model", "clip_text_model"),
+    "siglip": Towers("siglip_vision_model", "siglip_text_model"),
+    # a saved SigLIP 2 folder reloads as transformers' Siglip2Tokenizer whatever was saved, which needs an <unk>
+    "siglip2": Towers("siglip2_vision_model", "siglip2_text_model", tiny_tokenizer="sentencepiece"),
+}
+TWO_TOWER_TYPES = tuple(TOWERS)
+TOWER_NAMES = {"image": "image tower", "text": "text tower"}  # how results name each tower
+
+
+def is_two_tower(lm: LoadedModel) -> bool:
+    """Whether `lm` is a composite image-text model (`TOWERS`): a CLIP, SigLIP or SigLIP 2 checkpoint."""
+    return getattr(lm, "model_type", None) in TOWERS
+
+
+def tower(lm: LoadedModel, which: Literal["image", "text"]) -> LoadedModel:
+    """The image or text tower of a two-tower model as a `LoadedModel` of its own (the same weights, not a copy),
+    named `NAME (image tower)` / `NAME (text tower)`; each is extracted and verified like any image or text model."""
+    spec = TOWERS.get(getattr(lm, "model_type", None))
+    if spec is None:
+        raise ValueError(f"{lm.name} ({lm.model_type}) is not a two-tower image-text model; towers are read from "
+                         f"{', '.join(TOWERS)}")
+    if which == "image":
+        if lm.processor is None:
+            raise ValueError(f"{lm.name}: its image tower needs the checkpoint's image processor; save it beside the "
+                             "model (image_processor.save_pretrained(folder))")
+        return replace(lm, name=f"{lm.name} ({TOWER_NAMES['image']})", model=getattr(lm.model, spec.image), tokenizer=None)
+    if lm.tokenizer is None:
+        raise ValueError(f"{lm.name}: its text tower needs the checkpoint's tokenizer; save it beside the model")
+    return replace(lm, name=f"{lm.name} ({TOWER_NAMES['text']})", model=getattr(lm.model, spec.text), processor=None)
+
+
+def for_input(lm: LoadedModel, *, images: bool) -> LoadedModel:
+    """The model that reads this input: a two-tower model's image tower for images and its text tower for texts;
+    any other model itself, once `require_modality` has accepted the input."""
+    if is_two_tower(lm):
+        return tower(lm, "image" if images else "text")
+    require_modality(lm, images=images)
+    return lm
+
+
+def models_for(lm: LoadedModel, *, images: bool, texts: bool) -> list[LoadedModel]:
+    """The models a run analyses for what was given: a two-tower model's image tower when images are given and its
+    text tower when texts are given or no image is (each analysed and reported apart); any other model itself."""
+    if not is_two_tower(lm):
+        return [lm]
+    return [tower(lm, "image")] * images + [tower(lm, "text")] * (texts or not images)
 
 ImageInput = object  # a path (str or os.PathLike), a PIL.Image.Image, or a numpy array [H, W] / [H, W, 3 or 4]
 
 
 def require_modality(lm: LoadedModel, *, images: bool) -> None:
-    """A clear error for an image on a text model, or a text on an image model."""
+    """A clear error for an image on a text model, or a text on an image model (a two-tower model takes both)."""
+    if is_two_tower(lm):
+        return
     if images and not getattr(lm, "is_image", False):
         raise ValueError(f"{lm.name} is a text model ({lm.model_type}); it takes texts, not images. "
                          "Give it text, or load a vision transformer (e.g. tiny:vit)")

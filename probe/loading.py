@@ -38,7 +38,7 @@ from .images import TWO_TOWER_TYPES
 from .model import LoadedModel, encoder_only, model_class
 from .names import Device, DType, device_spec
 from .registry import KNOWN_MODELS, ModelNotAvailable, ModelSpec, locate, not_available_message
-from .tiny import tiny_model
+from .tiny import TINY_TYPES, tiny_model
 
 __all__ = ["load_model", "cache_dir", "Device", "DType", "Placement", "PlacementError", "is_offloaded"]
 
@@ -200,9 +200,9 @@ def _remove_with(owner, folder: Path) -> None:
 
 def _tiny(name: str, *, spec: Placement, dtype: str) -> LoadedModel:
     model_type = name[len(TINY_PREFIX):]
-    if model_type not in SUPPORTED_TYPES:
+    if model_type not in TINY_TYPES:
         raise ModelNotAvailable(f"no tiny model for {model_type!r}; tiny: takes a verified model type: "
-                                f"{', '.join(sorted(SUPPORTED_TYPES))} (see `headscope models --families`)")
+                                f"{', '.join(TINY_TYPES)} (see `headscope models --families`)")
     lm = tiny_model(model_type)
     model = lm.model.to(dtype=_DTYPES[dtype])
     if spec.spread:
@@ -374,9 +374,9 @@ def check_name(name: str) -> None:
                                 "has no revisions; give it without @REVISION (revisions are for hub ids, "
                                 "org/model@rev)")
     if base.startswith(TINY_PREFIX):
-        if base[len(TINY_PREFIX):] not in SUPPORTED_TYPES:
+        if base[len(TINY_PREFIX):] not in TINY_TYPES:
             raise ModelNotAvailable(f"no tiny model for {base[len(TINY_PREFIX):]!r}; tiny: takes a verified model "
-                                    f"type: {', '.join(sorted(SUPPORTED_TYPES))} (see `headscope models --families`)")
+                                    f"type: {', '.join(TINY_TYPES)} (see `headscope models --families`)")
         return
     _, _, source = _user_path(base)
     if revision is not None and not source.startswith("Hugging Face hub id"):

@@ -12,9 +12,10 @@ from __future__ import annotations
 import torch
 
 from .families import FAMILIES, SUPPORTED_TYPES, Family, TokenizerKind
+from .images import TOWERS
 from .model import LoadedModel, model_class
 
-__all__ = ["tiny_model", "tiny_tokenizer", "TINY_CORPUS"]
+__all__ = ["tiny_model", "tiny_tokenizer", "TINY_CORPUS", "TINY_TYPES"]
 
 TINY_CORPUS = (
     "The animal didn't cross the street because it was too tired.",
@@ -83,7 +84,38 @@ def _family(name: str) -> Family:
     if name in SUPPORTED_TYPES:
         return SUPPORTED_TYPES[name]
     raise ValueError(f"unknown family or model type {name!r}; choose a family ({', '.join(FAMILIES)}) "
-                     f"or a model type ({', '.join(sorted(SUPPORTED_TYPES))})")
+                     f"or a model type ({', '.join(TINY_TYPES)})")
+
+
+# every model type a tiny model is made of: the verified ones and the two-tower composites of verified towers
+TINY_TYPES = tuple(sorted({*SUPPORTED_TYPES, *TOWERS}))
+
+
+def _tiny_towers(model_type: str, *, seed: int, **config_overrides) -> LoadedModel:
+    """A two-tower model (`probe.images.TOWERS`) made of its towers' tiny configs, each tower's weights drawn
+    with its own family's spread, with a tiny tokenizer and the image tower's tiny processor."""
+    from transformers import AutoConfig, AutoModel
+
+    spec = TOWERS[model_type]
+    image, text = SUPPORTED_TYPES[spec.image_type], SUPPORTED_TYPES[spec.text_type]
+    tok = tiny_tokenizer(spec.tiny_tokenizer or text.tokenizer)
+    text_cfg = text.tiny_config(len(tok), spec.text_type)
+    text_cfg.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else 0
+    text_cfg.bos_token_id, text_cfg.eos_token_id = tok.bos_token_id, tok.eos_token_id
+    image_cfg = image.tiny_config(0, spec.image_type)
+    cfg = AutoConfig.for_model(model_type, text_config=text_cfg.to_dict(), vision_config=image_cfg.to_dict(),
+                               **({"projection_dim": 16} if model_type == "clip" else {}))
+    for key, value in config_overrides.items():
+        setattr(cfg, key, value)
+    torch.manual_seed(seed)
+    model = AutoModel.from_config(cfg, attn_implementation="eager")
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, image.tiny_std if name.startswith(spec.image + ".") else text.tiny_std)
+    model.eval()
+    return LoadedModel(name=f"tiny-{model_type}", model=model, tokenizer=tok, source="random init",
+                       dtype=torch.float32, device=torch.device("cpu"),
+                       processor=image.tiny_processor(model.config.vision_config))
 
 
 def tiny_model(name: str, *, seed: int = 0, std: float | None = None, **config_overrides) -> LoadedModel:
@@ -94,6 +126,10 @@ def tiny_model(name: str, *, seed: int = 0, std: float | None = None, **config_o
     (2, True)
     """
 
+    if name in TOWERS:
+        if std is not None:
+            raise ValueError(f"{name} is a two-tower model: each tower's weights have its own family's spread")
+        return _tiny_towers(name, seed=seed, **config_overrides)
     family = _family(name)
     std = family.tiny_std if std is None else std
     tok = None if family.tokenizer is None else tiny_tokenizer(family.tokenizer)  # an image model has none

@@ -8,11 +8,11 @@ weights), so each is extracted and verified like any image or text model; `image
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from .extract import extract
 from .forward import pixel_inputs
-from .images import TWO_TOWER_TYPES, check_images, encode_images
+from .images import check_images, encode_images, is_two_tower, tower
 from .model import LoadedModel
 from .types import AttentionMap
 
@@ -26,16 +26,11 @@ NO_CROSS_ATTENTION = ("CLIP and SigLIP have no cross-attention: the image tower 
 def towers(lm: LoadedModel) -> tuple[LoadedModel, LoadedModel]:
     """A CLIP or SigLIP model's image tower and text tower as two `LoadedModel`s (the same weights, not copies):
     each is extracted and verified like any image or text model (families `clip_vision`, `clip_text`,
-    `siglip_text`)."""
-    if lm.model_type not in TWO_TOWER_TYPES:
-        raise ValueError(f"{lm.name} ({lm.model_type}) is not a two-tower image-text model; towers() takes "
-                         f"{', '.join(TWO_TOWER_TYPES)}")
-    if lm.tokenizer is None or lm.processor is None:
-        raise ValueError(f"{lm.name}: a two-tower model needs its tokenizer and its image processor")
-    m = lm.model
-    vision = replace(lm, name=f"{lm.name} (image tower)", model=m.vision_model, tokenizer=None)
-    text = replace(lm, name=f"{lm.name} (text tower)", model=m.text_model, processor=None)
-    return vision, text
+    `siglip_text`). The composite types and where their towers live are `probe.images.TOWERS`; every command
+    reaches a tower the same way (`probe.images.for_input`: images go to the image tower, texts to the text one)."""
+    if not is_two_tower(lm):
+        tower(lm, "image")  # raises: not a two-tower model
+    return tower(lm, "image"), tower(lm, "text")
 
 
 @dataclass(frozen=True, eq=False)

@@ -17,7 +17,7 @@ as keys and values. Each row of the table names its kind.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Sequence
 
 import torch
@@ -25,7 +25,7 @@ import torch
 from .encoding import Encoded, check_texts, encode_many, encode_targets, pad_batch
 from .families import Family, Stack, family_for
 from .forward import base_model, forward_one_stream, seq2seq_inputs
-from .images import check_images, encode_images, require_modality
+from .images import TOWER_NAMES, check_images, encode_images, is_two_tower, require_modality, tower
 from .model import LoadedModel
 from .scratch import LayerSpec, attention_from_scratch
 
@@ -86,6 +86,9 @@ class Verification:
     seconds_forward: float
     seconds_recompute: float
     no_attention: tuple[int, ...] = ()  # hybrid stacks: the model's layers without softmax attention (none checked)
+    # a two-tower model (CLIP, SigLIP): each tower's own verification, by name ("image tower", "text tower");
+    # `layers` then holds both towers' rows, each row's kind naming its tower
+    towers: tuple[tuple[str, "Verification"], ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -117,6 +120,10 @@ class Verification:
         'attention verified: max |Δ| = 3.0e-07 over 1 layers × 12 heads (tolerance 1e-05, float32)'
         """
         verdict = "verified" if self.passed else "NOT verified"
+        if self.towers:
+            parts = "; ".join(f"{name} ({v.family}) max |Δ| = {v.max_abs_err:.1e} over {len(v.layers)} layers × "
+                              f"{v.n_heads} heads" for name, v in self.towers)
+            return f"attention {verdict}: {parts} (tolerance {self.tolerance:g}, {self.dtype})"
         hybrid = (f"; no softmax attention in layers {', '.join(map(str, self.no_attention))} (hybrid stack)"
                   if self.no_attention else "")
         return (
@@ -151,6 +158,7 @@ class Verification:
             "overhead": self.overhead,
             "summary": self.summary(),
             "layers": [c.row() for c in self.layers],
+            **({"towers": {name: v.to_dict() for name, v in self.towers}} if self.towers else {}),
         }
 
     def to_frame(self):
@@ -247,7 +255,16 @@ def verify(
     >>> from headscope.probe import load_model                                   # doctest: +SKIP
     >>> verify(load_model("minilm")).summary()                         # doctest: +SKIP
     'attention verified: max |Δ| = 2.4e-07 over 6 layers × 12 heads (tolerance 1e-05, float32)'
+
+    A two-tower model (CLIP, SigLIP: `probe.images.TOWERS`) is verified tower by tower, each with its own
+    family: the image tower on `images` (default: `default_images()`), the text tower on `texts` (default:
+    `DEFAULT_TEXTS`), whichever of them is given; `Verification.towers` holds each, named.
     """
+    if is_two_tower(lm):
+        if family is not None or target is not None:
+            raise ValueError(f"{lm.name} is a two-tower model: verify each tower (probe.towers.towers) with family= "
+                             "or target=")
+        return _verify_towers(lm, texts, images, batch_size=batch_size, truncate=truncate)
     family = family or family_for(lm.config)
     if images is not None and texts is not None:
         raise ValueError("pass texts or images, not both")
@@ -297,6 +314,21 @@ def _verify_one_stack(lm: LoadedModel, encoded: list[Encoded], family: Family, *
         seconds_recompute=t_re,
         no_attention=tuple(i for i in range(family.n_layers(lm.config)) if i not in have),
     )
+
+
+def _verify_towers(lm: LoadedModel, texts, images, *, batch_size: int, truncate: bool) -> Verification:
+    """Both towers of a two-tower model, each on its own input, as one `Verification` whose rows name their tower."""
+    parts = ((TOWER_NAMES["image"], verify(tower(lm, "image"), images=default_images() if images is None else images,
+                                           batch_size=batch_size)),
+             (TOWER_NAMES["text"], verify(tower(lm, "text"), texts, batch_size=batch_size, truncate=truncate)))
+    vs = [v for _, v in parts]
+    return Verification(
+        model=lm.name, family=" + ".join(v.family for v in vs), dtype=vs[0].dtype, tolerance=vs[0].tolerance,
+        tolerance_output=vs[0].tolerance_output, n_heads=max(v.n_heads for v in vs),
+        n_texts=sum(v.n_texts for v in vs), n_tokens=sum(v.n_tokens for v in vs),
+        layers=tuple(replace(c, kind=name) for name, v in parts for c in v.layers),
+        seconds_forward=sum(v.seconds_forward for v in vs), seconds_recompute=sum(v.seconds_recompute for v in vs),
+        towers=parts)
 
 
 @torch.inference_mode()

@@ -46,6 +46,7 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
 
     from headscope import explain, fit_context
     from headscope.probe.explain import permutation_check
+    from headscope.probe.images import for_input
     from headscope.probe.explain import scale_effect as scale_table
     from headscope.probe.types import head_name
 
@@ -56,6 +57,7 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
         fail("--scale-effect and --permutation take a TEXT, not --image")
     lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     with refusals(model_name, RuntimeError):
+        lm = for_input(lm, images=image is not None)  # a two-tower model (CLIP, SigLIP): the tower that reads it
         if image is not None:
             e = explain(lm, image=image, token=token, layer=layer, head=head)
             text, scales, perm = e.text, None, None

@@ -34,11 +34,14 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
 
     from headscope import heads
     from headscope.analyses.corpus import iter_corpus_lines
+    from headscope.probe.images import for_input
 
     corpus = corpus_or_fail(corpus_path, limit, stream=True)
     texts, total, source = corpus.texts, corpus.total, corpus.source
     world = join_run(device)
     lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    with refusals(model_name):  # a two-tower model (CLIP, SigLIP): the tower that reads the input, named by tower
+        lm = for_input(lm, images=bool(images))
     if images or getattr(lm, "is_image", False):  # a vision transformer scores its heads on the images (with the vision metrics)
         scores, source = _image_scores(lm, model_name, list(images), level, include_special, batch_size), "--image"
         verification = _image_verification(lm, images, no_verify)

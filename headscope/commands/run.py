@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import click
@@ -204,20 +204,25 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
             lm = load_or_fail(name, device, dtype, max_memory, offload_folder)
             load_seconds = time.perf_counter() - t0
             say(f"{lm.name}: loaded from {lm.source} ({load_seconds:.1f} s)", quiet=quiet)
-            is_image = getattr(lm, "is_image", False)  # a LoadedModel's; a stand-in of the tests may lack it
-            if is_image != bool(images):  # an image on a text model, or a text-only run of an image model
-                from headscope.probe.images import require_modality
+            from headscope.probe.images import models_for, require_modality
 
-                with refusals(name):
-                    require_modality(lm, images=bool(images))
-            if not is_image:
-                too_long_or_fail(lm, corpus_lines, truncate=truncate)
-            try:
-                analyses.append(analyse_model(lm, corpus, probe_sets, settings, load_seconds=load_seconds,
-                                              progress=not quiet, log=None if quiet else lambda line: click.echo(line, err=True),
-                                              world=world, **treebanks))
-            except (TypeError, ValueError, RuntimeError) as exc:
-                fail(f"{name}: {exc}")
+            # a two-tower model (CLIP, SigLIP): its image tower for --image, its text tower for --text (or no image)
+            for part in models_for(lm, images=bool(images), texts=bool(texts)):
+                is_image = getattr(part, "is_image", False)  # a LoadedModel's; a stand-in of the tests may lack it
+                if is_image != bool(images) and part is lm:  # an image on a text model, or a text-only image run
+                    with refusals(name):
+                        require_modality(lm, images=bool(images))
+                if not is_image:
+                    too_long_or_fail(part, corpus_lines, truncate=truncate)
+                try:
+                    analyses.append(analyse_model(part, corpus, probe_sets,
+                                                  settings if is_image or part is lm else replace(settings, images=()),
+                                                  load_seconds=load_seconds, progress=not quiet,
+                                                  log=None if quiet else lambda line: click.echo(line, err=True),
+                                                  world=world, **treebanks))
+                except (TypeError, ValueError, RuntimeError) as exc:
+                    fail(f"{name}: {exc}")
+                del part
             del lm  # one model in memory at a time
             interrupts.check()
         if not world.is_main:  # every process of a torchrun run holds the same analyses; rank 0 writes the report

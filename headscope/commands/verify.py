@@ -25,6 +25,7 @@ def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], trunc
     --out writes the per-layer table.
     """
     from headscope import verify
+    from headscope.probe.images import TOWER_NAMES
 
     lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     with refusals(model_name):
@@ -35,8 +36,10 @@ def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], trunc
     if as_json:
         echo_json(result.to_dict())
     else:
-        click.echo(f"{result.model} ({result.family}, {result.dtype}), {result.n_texts} {'images' if lm.is_image else 'texts'}, "
-                   f"{result.n_tokens} {'units' if lm.is_image else 'tokens'}")
+        for name, v in result.towers or (("", result),):  # a two-tower model: each tower's line, named
+            image = lm.is_image or name == TOWER_NAMES["image"]
+            click.echo(f"{v.model} ({v.family}, {v.dtype}), {v.n_texts} {'images' if image else 'texts'}, "
+                       f"{v.n_tokens} {'units' if image else 'tokens'}")
         width = max(len(_layer(c)) for c in result.layers) if result.layers else 5
         click.echo(f"{'layer':>{max(width, 5)}} {'max|Δ| probs':>13} {'rel':>9} {'max|Δ| out':>11} {'rel':>9}  ok")
         for c in result.layers:

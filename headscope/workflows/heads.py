@@ -20,6 +20,7 @@ from headscope.analyses.metrics import METRICS, Metric
 from headscope.distributed import World, merge_attention_record, merge_head_scores, shard, shard_length, together
 from headscope.probe.encoding import ordinary_token_ids, special_prefix
 from headscope.probe.forward import is_seq2seq, no_attention_layers
+from headscope.probe.images import for_input
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Level, Weight
 from headscope.probe.sources import TextBlocks, source_for
@@ -77,6 +78,7 @@ def heads(
     >>> s.n_texts, s.n_sequences, s.level
     (2, 2, 'word')
     """
+    lm = for_input(lm, images=False)  # a two-tower model (CLIP, SigLIP): its text tower reads the texts
     attend = source_for(lm, attention, budget=budget, batch_size=batch_size)
     world = world or World()
     texts = [texts] if isinstance(texts, str) else texts  # one text, as iter_extract takes it

@@ -31,7 +31,7 @@ from headscope.probe.extract import extract
 from headscope.probe.forward import hybrid_note, is_seq2seq
 from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
 from headscope.probe.generate import GenerationAttention, generate_attention
-from headscope.probe.images import require_modality
+from headscope.probe.images import for_input, is_two_tower
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, Attention
 from headscope.probe.sources import source_for
@@ -163,9 +163,10 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
     say = log or (lambda message: None)
     stage = _Stages()
     stage.seconds["load"] = round(load_seconds, 3)
-    if settings.images or getattr(lm, "is_image", False):
-        require_modality(lm, images=bool(settings.images))
-        return _analyse_images(lm, settings, stage, say)
+    if settings.images or getattr(lm, "is_image", False) or is_two_tower(lm):
+        lm = for_input(lm, images=bool(settings.images))  # a two-tower model: the tower that reads this input
+        if settings.images:
+            return _analyse_images(lm, settings, stage, say)
     notes: list[str] = [note for note in [hybrid_note(lm)] if note]
     verification: Verification | None
     try:
