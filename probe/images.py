@@ -26,11 +26,9 @@ __all__ = ["check_images", "load_image", "encode_images", "patch_labels", "patch
 
 @dataclass(frozen=True)
 class Towers:
-    """Where a two-tower (image, text) model keeps its towers, and what each tower is: the composite model's
-    attributes and the towers' own model types (each verified by its own family)."""
+    """Where a two-tower (image, text) model keeps its towers: the composite model's attributes. What each tower
+    is comes from its own config (`vision_config.model_type`, `text_config.model_type`), verified by its family."""
 
-    image_type: str  # the image tower's model type (its family: clip_vision)
-    text_type: str  # the text tower's model type (clip_text, siglip_text)
     image: str = "vision_model"  # the composite model's attribute holding the image tower
     text: str = "text_model"
     tiny_tokenizer: str | None = None  # the tiny model's tokenizer kind, where not the text family's
@@ -39,10 +37,10 @@ class Towers:
 # Composite model types: an image tower and a text tower that never attend to each other, compared only by
 # their pooled embeddings (probe.towers). Every command reaches a tower through `for_input` / `tower`.
 TOWERS: dict[str, Towers] = {
-    "clip": Towers("clip_vision_model", "clip_text_model"),
-    "siglip": Towers("siglip_vision_model", "siglip_text_model"),
+    "clip": Towers(),
+    "siglip": Towers(),
     # a saved SigLIP 2 folder reloads as transformers' Siglip2Tokenizer whatever was saved, which needs an <unk>
-    "siglip2": Towers("siglip2_vision_model", "siglip2_text_model", tiny_tokenizer="sentencepiece"),
+    "siglip2": Towers(tiny_tokenizer="sentencepiece"),
 }
 TWO_TOWER_TYPES = tuple(TOWERS)
 TOWER_NAMES = {"image": "image tower", "text": "text tower"}  # how results name each tower

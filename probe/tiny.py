@@ -96,13 +96,14 @@ def _tiny_towers(model_type: str, *, seed: int, **config_overrides) -> LoadedMod
     with its own family's spread, with a tiny tokenizer and the image tower's tiny processor."""
     from transformers import AutoConfig, AutoModel
 
-    spec = TOWERS[model_type]
-    image, text = SUPPORTED_TYPES[spec.image_type], SUPPORTED_TYPES[spec.text_type]
+    spec, default = TOWERS[model_type], AutoConfig.for_model(model_type)
+    image_type, text_type = default.vision_config.model_type, default.text_config.model_type
+    image, text = SUPPORTED_TYPES[image_type], SUPPORTED_TYPES[text_type]
     tok = tiny_tokenizer(spec.tiny_tokenizer or text.tokenizer)
-    text_cfg = text.tiny_config(len(tok), spec.text_type)
+    text_cfg = text.tiny_config(len(tok), text_type)
     text_cfg.pad_token_id = tok.pad_token_id if tok.pad_token_id is not None else 0
     text_cfg.bos_token_id, text_cfg.eos_token_id = tok.bos_token_id, tok.eos_token_id
-    image_cfg = image.tiny_config(0, spec.image_type)
+    image_cfg = image.tiny_config(0, image_type)
     cfg = AutoConfig.for_model(model_type, text_config=text_cfg.to_dict(), vision_config=image_cfg.to_dict(),
                                **({"projection_dim": 16} if model_type == "clip" else {}))
     for key, value in config_overrides.items():
