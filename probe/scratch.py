@@ -92,7 +92,8 @@ class LayerSpec:
     inv_freq: torch.Tensor | Callable[[int], torch.Tensor] | None = None
     # Rotary angles given per position instead of positions 0 .. T-1 times inv_freq: a function of T giving
     # (T, rotary_dim/2) angles (DINOv3: each patch's centre (y, x) in [-1, 1] times 2π·inv_freq, y's then x's;
-    # angle 0, no rotation, for [CLS] and registers). Overrides inv_freq for the rotation.
+    # angle 0, no rotation, for [CLS] and registers), or (B, T, rotary_dim/2), each batch row its own (Qwen-VL's
+    # 3-D positions, `probe.mrope.at_positions`). Overrides inv_freq for the rotation.
     rotary_angles: Callable[[int], torch.Tensor] | None = None
     rope_scaling: float = 1.0  # multiplies cos and sin (the attention factor of yarn and longrope)
     rotary_dim: int | None = None  # rotate only the first rotary_dim dims of a head (partial rotary); None = all
@@ -206,7 +207,9 @@ def _apply_rotary(t: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
     T = t.shape[-2]
     if spec.rotary_angles is not None:  # angles of each position's own (DINOv3: 2-D patch centres)
         cos, sin = angles_cos_sin(spec.rotary_angles(T).float().to(t.device), spec.rope_scaling,
-                                  interleaved=spec.rotary_interleaved)  # (T, d)
+                                  interleaved=spec.rotary_interleaved)  # (T, d), or (B, T, d): one row per text
+        if cos.dim() == 3:  # Qwen-VL's 3-D positions: each batch row its own angles, the same for every head
+            cos, sin = cos[:, None], sin[:, None]
     else:
         inv_freq = spec.inv_freq(T) if callable(spec.inv_freq) else spec.inv_freq
         positions = torch.arange(T, device=t.device)
