@@ -170,3 +170,56 @@ def test_mrope_angles_by_hand():
 def test_the_tiny_decoders_verify_on_text_alone(model_type):
     v = verify(_tiny(model_type))
     assert v.passed and v.max_abs_err <= 1e-5 and v.family == COMPOSITES[model_type.removesuffix("_text")]
+
+
+# --- the vision encoders ------------------------------------------------------------------------------------
+
+
+def vision_error(visual, pixels, grid_thw, *, angles_of=None, segments_of=None) -> float:
+    """The largest normwise |Δ| of every layer's attention output after `proj`, recomputed from its captured input
+    segment by segment (transformers' vision attention returns no weights to compare)."""
+    from headscope.probe.qwen_vision import vision_angles, vision_layer_spec, vision_positions, vision_segments
+
+    n = len(visual.blocks)
+    ins, outs, cus, handles = [None] * n, [None] * n, [None] * n, []
+    for i, block in enumerate(visual.blocks):
+        def grab(m, a, k, i=i):
+            ins[i], cus[i] = (a[0] if a else k["hidden_states"]).detach(), k["cu_seqlens"].tolist()
+        handles.append(block.attn.register_forward_pre_hook(grab, with_kwargs=True))
+        handles.append(block.attn.proj.register_forward_hook(lambda m, a, o, i=i: outs.__setitem__(i, o.detach())))
+    try:
+        with torch.inference_mode():
+            visual(pixels, grid_thw=grid_thw)
+    finally:
+        for h in handles:
+            h.remove()
+    positions = vision_positions(visual, grid_thw)
+    angles = (angles_of or vision_angles)(visual, positions)
+    worst = 0.0
+    for i in range(n):
+        segments = (segments_of or vision_segments)(visual, i, grid_thw)
+        assert segments_of or [0] + [b for _, b in segments] == list(dict.fromkeys(cus[i]))  # the model's own blocks
+        for a, b in segments:
+            spec = vision_layer_spec(visual, i, None if angles is None else angles[a:b])
+            res = attention_from_scratch(ins[i][a:b][None], spec, torch.ones(1, b - a))
+            ref = outs[i][a:b]
+            worst = max(worst, (res.output[0] - ref).abs().max().item() / ref.abs().max().item())
+    return worst
+
+
+VISION_GRIDS = [[1, 8, 12], [1, 4, 4]]  # Qwen2.5-VL: 8-pixel windows of 2 x 2 merged tokens -> 2 x 3 and 1 x 1
+
+
+@pytest.mark.parametrize("model_type", sorted(COMPOSITES))
+def test_the_vision_encoder_is_reproduced_with_its_2d_rotary_and_windows(model_type):
+    visual = composite(model_type).visual
+    _, _, pixels, grid_thw = inputs(composite(model_type), VISION_GRIDS + [[1, 2, 2]])
+    assert vision_error(visual, pixels, grid_thw) <= 1e-5
+    # break it: no rotary; rows and columns swapped
+    assert vision_error(visual, pixels, grid_thw, angles_of=lambda v, p: None) > 1e-3
+    from headscope.probe.qwen_vision import vision_angles
+
+    assert vision_error(visual, pixels, grid_thw, angles_of=lambda v, p: vision_angles(v, p.flip(-1))) > 1e-3
+    if model_type == "qwen2_5_vl":  # break it: each image whole in the window layer
+        whole = lambda v, i, g: [(a, b) for a, b in zip([0, 96], [96, 112])] + [(112, 116)]  # noqa: E731
+        assert vision_error(visual, pixels, grid_thw, segments_of=whole) > 1e-3
