@@ -261,9 +261,10 @@ def verify(
     `DEFAULT_TEXTS`), whichever of them is given; `Verification.towers` holds each, named.
     """
     if is_two_tower(lm):
-        if family is not None or target is not None:
-            raise ValueError(f"{lm.name} is a two-tower model: verify each tower (probe.towers.towers) with family= "
-                             "or target=")
+        if target is not None:
+            raise ValueError(f"target= is for encoder-decoder models; {lm.name} is a two-tower model (CLIP, SigLIP)")
+        if family is not None:
+            raise ValueError(f"{lm.name} is a two-tower model: give family= to one tower (hs.towers(lm))")
         return _verify_towers(lm, texts, images, batch_size=batch_size, truncate=truncate)
     family = family or family_for(lm.config)
     if images is not None and texts is not None:
