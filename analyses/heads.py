@@ -539,13 +539,16 @@ class _TextRows:
     @classmethod
     def of(cls, units: Units, plan: _Plan, *, causal: bool, include_special: bool) -> "_TextRows":
         labels, special = list(units.labels), list(units.special)
+        patches = list(units.patches) or [None] * len(labels)  # a vision–language text's image cells
         keep = None
         if not include_special and any(special):
             kept = [i for i, sp in enumerate(special) if not sp]
             keep, labels, special = torch.tensor(kept, dtype=torch.long), [labels[i] for i in kept], [False] * len(kept)
+            patches = [patches[i] for i in kept]
         t = len(special)
         # per-unit 0/1 columns, built in plain Python: one tensor per map, not one per unit
-        members = [[bool(x) for x in share.keys(labels, special)] for _, share in plan.key_shares]
+        members = [[bool(x) for x in (share.keys(labels, special, patches=patches) if share.patches
+                                      else share.keys(labels, special))] for _, share in plan.key_shares]
         for (name, _), member in zip(plan.key_shares, members):
             if len(member) != t:
                 raise ValueError(f"metric {name!r}: its keys() marked {len(member)} units of a text of {t}")
