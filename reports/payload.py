@@ -6,18 +6,24 @@ Weights are stored as integers 0..`scale` (`SCALE`: three decimals), one flat ro
 (`attention_ints`), so a page stays small. Past `POOL_ABOVE` query or key units a map is embedded pooled
 (`pooled_units`, from `analyses.pooled`): per head at most `POOL_TILES`² tile maxima and, per query row,
 its `POOL_TOP` keys; a page then grows with T, not T².
+
+A vision–language map (image tokens among its units) also carries `image_payload(amap)`: each unit's cell
+on its picture (image, panel, box) and each picture as a small PNG data URL (`PICTURE_SIDE` pixels on its
+longest side), so that the page draws a text token's row over the picture (`static/common.js`).
 """
 
 from __future__ import annotations
 
 from typing import Sequence
 
-__all__ = ["SCALE", "POOL_ABOVE", "POOL_TILES", "POOL_TOP", "attention_payload", "attention_ints", "pooled_units"]
+__all__ = ["SCALE", "POOL_ABOVE", "POOL_TILES", "POOL_TOP", "PICTURE_SIDE", "attention_payload", "attention_ints",
+           "pooled_units", "image_payload", "picture_uri"]
 
 SCALE = 1000  # attention stored as integers 0..1000 (three decimals)
 POOL_ABOVE = 256
 POOL_TILES = 64
 POOL_TOP = 3
+PICTURE_SIDE = 192  # pixels on the longest side of a picture a page embeds
 
 
 def attention_payload(att, queries: Sequence[str], keys: Sequence[str], *, scale: int = SCALE) -> dict:
@@ -74,3 +80,58 @@ def pooled_units(att, queries: Sequence[str], keys: Sequence[str], *, scale: int
             "pooled": {"n_queries": n_q, "n_keys": n_k, "query_edges": list(qe), "key_edges": list(ke),
                        "queries": [str(x) for x in queries], "keys": [str(x) for x in keys], "top_keys": top_idx,
                        "top_weights": top_w, "scale": scale}}
+
+
+def picture_uri(picture, *, side: int = PICTURE_SIDE) -> dict:
+    """A picture (numpy [H, W, 3] in 0..1, or [H, W]) as a page embeds it: a PNG data URL at most `side` pixels on
+    its longest side, with its `width` and `height` in pixels.
+
+    >>> import numpy as np
+    >>> p = picture_uri(np.ones((40, 100, 3)) * 0.5, side=50)
+    >>> p["width"], p["height"], p["src"][:22]
+    (50, 20, 'data:image/png;base64,')
+    """
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    a = np.asarray(picture, dtype=float)
+    if a.ndim == 2:
+        a = np.repeat(a[..., None], 3, axis=-1)
+    if a.ndim != 3 or a.shape[-1] not in (3, 4) or not np.isfinite(a).all():
+        raise ValueError(f"a picture must be a finite [H, W, 3] array in 0..1, got shape {a.shape}")
+    image = Image.fromarray((a[..., :3].clip(0, 1) * 255).round().astype(np.uint8))
+    image.thumbnail((side, side))  # keeps the aspect ratio, never enlarges
+    buf = io.BytesIO()
+    image.save(buf, format="PNG", optimize=True)
+    return {"src": "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii"),
+            "width": image.width, "height": image.height}
+
+
+def image_payload(amap, *, side: int = PICTURE_SIDE) -> dict | None:
+    """A vision–language map's pictures as a page draws them, or None for a map without image tokens:
+    `cells` (per unit `[image, panel, top, left, bottom, right]` for an image token, the box as fractions of
+    its picture, or None for a text token; views that overlap — a thumbnail and its tiles — are in different
+    panels, `reports.vision_language.panel_groups`) and `pictures` (`picture_uri` of each, None where the
+    map has no picture: the page draws a grey ground)."""
+    if not any(p is not None for p in amap.patches):
+        return None
+    from headscope.analyses.vision_language import view_grids
+
+    from .vision_language import panel_groups
+
+    panel_of: dict[tuple[int, str], int] = {}
+    seen: dict[int, int] = {}
+    for group in panel_groups(view_grids(amap, [0.0] * len(amap))):
+        image = group[0].image
+        for g in group:
+            panel_of[(image, g.view)] = seen.get(image, 0)
+        seen[image] = seen.get(image, 0) + 1
+    cells = [None if p is None else [p.image, panel_of[(p.image, p.view)], *(round(float(x), 5) for x in p.box)]
+             for p in amap.patches]
+    n_images = max(max(p.image for p in amap.patches if p is not None) + 1, len(amap.pictures))
+    pictures = [picture_uri(amap.pictures[i], side=side) if i < len(amap.pictures) and amap.pictures[i] is not None
+                else None for i in range(n_images)]
+    return {"cells": cells, "pictures": pictures, "panels": [seen.get(i, 0) for i in range(n_images)]}
