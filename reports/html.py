@@ -267,8 +267,8 @@ def _units(amap: AttentionMap | CrossAttentionMap, *, own: bool = False, scale: 
         out.update(queries=p["queries"], qspecial=[bool(x) for x in queries.special])
     if own:
         out.update(layer_ids=list(amap.layer_ids), head_ids=list(amap.head_ids), causal=bool(amap.causal))
-    images = image_payload(amap) if getattr(amap, "patches", ()) else None  # a cross map has none
-    if images is not None:  # a vision–language map: its pictures, drawn under the image units
+    images = image_payload(amap) if getattr(amap, "patches", ()) or getattr(amap, "is_image", False) else None
+    if images is not None:  # an image's or a vision–language map's pictures, drawn under its image units
         out["images"] = images
     return out
 

@@ -74,8 +74,6 @@
       }
     });
   }
-  // The unit a picture is first drawn from: the last text token (the one that predicts the next word).
-  function lastTextUnit(images, n) {
-    for (var k = n - 1; k >= 0; k--) { if (!images.cells[k]) { return k; } }
-    return n - 1;
-  }
+  // The unit a picture is first drawn from (`images.start`: a vision-language map's last text token, an image's
+  // [CLS]), within the n query units.
+  function startUnit(images, n) { return Math.min(images.start, n - 1); }

@@ -266,10 +266,10 @@
     var picked = q !== null;
     if (p) {
       var tileOf = function (edges, k) { var t = 0; while (t + 1 < edges.length - 1 && edges[t + 1] <= k) { t++; } return t; };
-      if (q === null) { q = tileOf(p.query_edges, lastTextUnit(images, p.n_queries)); }
+      if (q === null) { q = tileOf(p.query_edges, startUnit(images, p.n_queries)); }
       weightOf = function (k) { var t = tileOf(p.key_edges, k); return masked(u, q, t) ? 0 : w[q * n + t] / scale; };
     } else {
-      if (q === null) { q = lastTextUnit(images, rows.length); }
+      if (q === null) { q = startUnit(images, rows.length); }
       unit = q;
       weightOf = function (k) { return masked(u, q, k) ? 0 : w[q * n + k] / scale; };
     }

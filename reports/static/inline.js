@@ -128,10 +128,10 @@
     var p = m.pooled, unit = null, q = state.focus, weightOf;
     if (p) {
       var tileOf = function (edges, k) { var t = 0; while (t + 1 < edges.length - 1 && edges[t + 1] <= k) { t++; } return t; };
-      if (q === null) { q = tileOf(p.query_edges, lastTextUnit(images, p.n_queries)); }
+      if (q === null) { q = tileOf(p.query_edges, startUnit(images, p.n_queries)); }
       weightOf = function (k) { return masked(m, q, tileOf(p.key_edges, k)) ? 0 : w[q * nk + tileOf(p.key_edges, k)] / 1000; };
     } else {
-      if (q === null) { q = lastTextUnit(images, m.queries.length); }
+      if (q === null) { q = startUnit(images, m.queries.length); }
       unit = q;
       weightOf = function (k) { return masked(m, q, k) ? 0 : w[q * nk + k] / 1000; };
     }
