@@ -32,7 +32,7 @@ from .analysis import ModelAnalysis
 from .canvas import FORMATS, figure_bytes, to_png
 from .page import CSP, csp_hash, environment, script_json, static_script, static_text
 from .panels import FIGURES, STACKS, plotted_metrics, slug, start_head
-from .payload import SCALE, attention_ints, attention_payload, image_payload
+from .payload import SCALE, attention_ints, attention_payload, image_payload, with_keys
 from .sections import SECTIONS, Section, flat, report_tables
 
 if TYPE_CHECKING:
@@ -224,12 +224,15 @@ def _generation(gen: Any) -> dict:
     """A generation as the explorer steps through it: per new token its one query row over the prompt and
     the tokens generated so far (a causal row: it sees every key up to itself)."""
     prompt = gen.prompt
+    images = image_payload(prompt) if prompt.patches or prompt.is_image else None  # drawn under each step's row
     steps = []
     for t, (token, row) in enumerate(zip(gen.generated_tokens, gen.steps)):  # row: [layer, head, key]
         n_k = row.shape[-1]
         units = {"labels": list(gen.key_labels(t)), "special": [bool(x) for x in prompt.special] + [False] * (t + 1),
                  "att": attention_ints(row.float().unsqueeze(2)), "queries": [token], "qspecial": [False],
                  "causal": True, "offset": n_k - 1}  # one query row: never pooled
+        if images is not None:
+            units["images"] = with_keys(images, n_k)
         steps.append({"token": token, "views": {"self": {"attention": {"token": units}}}})
     return {"text": f"generated after \u201c{prompt.text}\u201d: {gen.text}", "steps": steps}
 

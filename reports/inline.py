@@ -36,7 +36,7 @@ from headscope.probe.generate import GenerationAttention
 from headscope.probe.types import AttentionMap
 
 from .page import script_json, static_script
-from .payload import attention_payload, image_payload
+from .payload import attention_payload, image_payload, with_keys
 
 __all__ = ["InlineView", "show", "view_data", "generation_data"]
 
@@ -98,7 +98,9 @@ def generation_data(gen: Any, *, layer: int | None = None, head: int | None = No
     """The view's data for a generation (`headscope.GenerationAttention`): one entry per generated token,
     its one query row over the prompt and the tokens generated so far, so the selector steps through them."""
     prompt = gen.prompt
-    steps = [_map_data(row.unsqueeze(2), [tok], gen.key_labels(t), causal=True, text=f"step {t + 1}: {tok!r}")
+    images = image_payload(prompt)  # a prompt with images: each step's row is drawn over its pictures too
+    steps = [_map_data(row.unsqueeze(2), [tok], gen.key_labels(t), causal=True, text=f"step {t + 1}: {tok!r}",
+                       images=with_keys(images, row.shape[-1]))
              for t, (tok, row) in enumerate(zip(gen.generated_tokens, gen.steps))]  # row: [layer, head, key]
     if not steps:
         raise ValueError("the generation has no generated tokens to show")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Sequence
 
 __all__ = ["SCALE", "POOL_ABOVE", "POOL_TILES", "POOL_TOP", "PICTURE_SIDE", "attention_payload", "attention_ints",
-           "pooled_units", "image_payload", "picture_uri"]
+           "pooled_units", "image_payload", "picture_uri", "with_keys"]
 
 SCALE = 1000  # attention stored as integers 0..1000 (three decimals)
 POOL_ABOVE = 256
@@ -146,3 +146,15 @@ def image_payload(amap, *, side: int = PICTURE_SIDE) -> dict | None:
                 else None for i in range(n_images)]
     start = max((i for i, p in enumerate(amap.patches) if p is None), default=0)
     return {"cells": cells, "pictures": pictures, "panels": [seen.get(i, 0) for i in range(n_images)], "start": start}
+
+
+def with_keys(images: dict | None, n_keys: int) -> dict | None:
+    """`image_payload` of a prompt for a row over `n_keys` keys (the prompt, then generated tokens: text units),
+    its row drawn first from the generated token (the only query).
+
+    >>> with_keys({"cells": [None, [0, 0, 0, 0, 1, 1]], "pictures": [None], "panels": [1], "start": 0}, 3)["cells"]
+    [None, [0, 0, 0, 0, 1, 1], None]
+    """
+    if images is None:
+        return None
+    return {**images, "cells": list(images["cells"]) + [None] * (n_keys - len(images["cells"])), "start": 0}

@@ -162,3 +162,33 @@ def test_an_image_encoders_patches_show_their_picture_with_cls_row_over_it(brows
     heat = ".hs-pictures canvas.hs-heat"
     assert _alpha(page, heat, 25, 75) > 0 and _alpha(page, heat, 75, 25) == 0 and _alpha(page, heat, 75, 75) == 0
     assert page.inner_text(".hs-picture-note").startswith("“[CLS]” over the picture")
+
+
+def _generation():
+    """After the hand-built prompt, one generated token " dog" whose every head looks at unit 8 (row 1, column 2)."""
+    from headscope.probe.generate import GenerationAttention
+
+    row = torch.zeros(2, 2, 12)  # [layer, head, key]: the 11 prompt units and " dog" itself
+    row[..., 8] = 1.0
+    return GenerationAttention(model="toy-vl", prompt=big_map(), generated_ids=(5,), generated_tokens=(" dog",),
+                               steps=(row,), stopped="max_new_tokens")
+
+
+def test_a_generation_over_an_image_carries_the_pictures_in_every_step():
+    from headscope.reports.inline import generation_data
+
+    [step] = generation_data(_generation())["maps"]
+    assert len(step["images"]["cells"]) == 12 and step["images"]["cells"][11] is None and step["images"]["start"] == 0
+    assert step["images"]["cells"][8][2:] == [0.5, pytest.approx(2 / 3, abs=1e-5), 1.0, 1.0]
+    explorer = explorer_data([ModelAnalysis(model="toy-vl", maps=(big_map(),), generations=(_generation(),))])
+    gen = explorer["models"][0]["sentences"][-1]
+    assert gen["steps"][0]["views"]["self"]["attention"]["token"]["images"]["cells"][11] is None
+
+
+@pytest.mark.browser
+def test_a_generated_tokens_row_is_drawn_over_the_picture(browser):
+    page = offline_page(browser, show(_generation()).html)
+    page.wait_for_selector(".hs-inline[data-ready='1']")
+    heat = ".hs-pictures canvas.hs-heat"
+    assert _alpha(page, heat, 150, 90) > 0 and _alpha(page, heat, 90, 90) == 0  # row 1, column 2 only
+    assert page.inner_text(".hs-picture-note").startswith("“ dog” over the picture")
