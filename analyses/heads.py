@@ -535,17 +535,21 @@ class _TextRows:
     counts: torch.Tensor
     plan: _Plan
     pairs: tuple[torch.Tensor | None, ...] = ()  # per pairwise metric: W[query, key] · counted[query]; None: no row
+    active: torch.Tensor | None = None  # the key sets with a counted query (None: all); the others' sums are 0
 
     @classmethod
     def of(cls, units: Units, plan: _Plan, *, causal: bool, include_special: bool) -> "_TextRows":
         labels, special = list(units.labels), list(units.special)
+        patches = list(units.patches) or [None] * len(labels)  # a vision–language text's image cells
         keep = None
         if not include_special and any(special):
             kept = [i for i, sp in enumerate(special) if not sp]
             keep, labels, special = torch.tensor(kept, dtype=torch.long), [labels[i] for i in kept], [False] * len(kept)
+            patches = [patches[i] for i in kept]
         t = len(special)
         # per-unit 0/1 columns, built in plain Python: one tensor per map, not one per unit
-        members = [[bool(x) for x in share.keys(labels, special)] for _, share in plan.key_shares]
+        members = [[bool(x) for x in (share.keys(labels, special, patches=patches) if share.patches
+                                      else share.keys(labels, special))] for _, share in plan.key_shares]
         for (name, _), member in zip(plan.key_shares, members):
             if len(member) != t:
                 raise ValueError(f"metric {name!r}: its keys() marked {len(member)} units of a text of {t}")
@@ -576,7 +580,9 @@ class _TextRows:
             else:  # RowStatistic: the rows that see enough keys
                 n = seeing(c.min_keys)
             counts.append(n)
-        return cls(keep, table, torch.tensor(counts, dtype=torch.float64), plan, tuple(pairs))
+        live = [i for i, q in enumerate(queries) if any(q)]  # a text scores no row of registers, image_share, ...
+        active = None if len(live) == len(queries) else torch.tensor(live, dtype=torch.long)
+        return cls(keep, table, torch.tensor(counts, dtype=torch.float64), plan, tuple(pairs), active)
 
     def sums(self, a: torch.Tensor, query_start: int, band: "_Band | None" = None) -> torch.Tensor:
         """Sums of each corpus metric over the query rows `a[..., row, key]` (units `query_start ..` of
@@ -587,7 +593,7 @@ class _TextRows:
             if band is not None:  # the kept keys are renumbered: every key, zeros included
                 a, band = band.block.probs.float(), None
             a, query_start = _drop_special(a, query_start, self.keep)
-        return _row_sums(a, query_start, self.table, self.plan, band, self.pairs)
+        return _row_sums(a, query_start, self.table, self.plan, band, self.pairs, self.active)
 
 
 @dataclass(frozen=True, eq=False)
@@ -613,7 +619,8 @@ def _drop_special(a: torch.Tensor, query_start: int, keep: torch.Tensor) -> tupl
 
 
 def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Plan,
-              band: _Band | None = None, pairs: tuple[torch.Tensor | None, ...] = ()) -> torch.Tensor:
+              band: _Band | None = None, pairs: tuple[torch.Tensor | None, ...] = (),
+              active: torch.Tensor | None = None) -> torch.Tensor:
     """Sums over the query rows `a[..., row, key]` (units `query_start ..`) of each corpus metric of the
     plan, `[..., metric]` in its `corpus` order. The one place the registry's corpus computations run,
     for a whole map (`query_start` 0, every row) and for blocks of rows alike: the sums of a map's
@@ -621,7 +628,8 @@ def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Pla
     key set, each row statistic once and one matmul for the metrics that share it.
     With `band`, `a` holds only the keys `band.start .. band.start + K - 1` of the rows, the others being
     exact zeros: the sums and the zero-free statistics read those keys only (a causal block: about half
-    its keys), and a statistic that is not zero-free gets the whole rows (`band.block.probs`).
+    its keys), and a statistic that is not zero-free gets the whole rows (`band.block.probs`). `active`:
+    the key sets that count a query of this text (None: every set); the others sum to exactly 0 unread.
     """
     r, k = a.shape[-2:]
     t = k if band is None else band.n_keys
@@ -639,7 +647,12 @@ def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Pla
     for name, offset in plan.diagonals:  # 0 where no row has that key (next_token under a causal mask)
         sums[name] = seen.diagonal(query_start + offset - lo, -2, -1).sum(-1)
     if s:
-        shares = (seen @ targets * queries).sum(-2)  # [..., set]: one matmul for every key set
+        if active is not None:  # sets no query of this text counts for (a text's registers): zeros, not read
+            shares = a.new_zeros(*a.shape[:-2], s)
+            if len(active):
+                shares[..., active] = (seen @ targets[:, active] * queries[:, active]).sum(-2)
+        else:
+            shares = (seen @ targets * queries).sum(-2)  # [..., set]: one matmul for every key set
         sums.update({name: shares[..., i] for i, (name, _) in enumerate(plan.key_shares)})
     for group in plan.statistics:  # a statistic that is not zero-free gets every key (the block assembles them)
         whole = seen if group.zeros_free or band is None else band.block.probs.to(a.dtype)

@@ -51,12 +51,13 @@ __all__ = [
     "is_punctuation", "first_unit", "leading_special", "trailing_special", "punctuation_units",
     "outside_and_seeing", "row_entropy", "row_max", "unscaled", "over_log",
     "register_units", "patch_positions", "patch_distance", "previous_patch", "neighbour_patches",
+    "image_tokens", "text_tokens",
 ]
 
 MetricName = Literal[
     "previous_token", "next_token", "self", "first_token", "cls", "sep", "punctuation",
     "entropy", "normalized_entropy", "max_weight", "duplicate_token", "induction",
-    "registers", "attention_distance", "previous_patch", "neighbour_patches",
+    "registers", "attention_distance", "previous_patch", "neighbour_patches", "image_share", "image_to_text",
 ]
 # corpus: a mean over the query rows of attention maps of ordinary texts;
 # pattern: TransformerLens's detection-pattern score on repeated random tokens (`analyses.induction`).
@@ -181,6 +182,30 @@ def neighbour_patches(labels: Sequence[str], special: Sequence[bool]) -> tuple[t
     return _pairs(labels, special, lambda dr, dc, r, c: float(max(abs(dr), abs(dc)) == 1))
 
 
+def image_tokens(labels: Sequence[str], special: Sequence[bool], *,
+                 patches: Sequence[object | None] = ()) -> list[bool]:
+    """A vision–language text's image tokens: the units that carry an `ImagePatch` (`AttentionMap.patches`).
+
+    >>> image_tokens(["<s>", "<image>", "cat"], [True, True, False], patches=[None, "cell", None])
+    [False, True, False]
+    """
+    return [p is not None for p in patches] if len(patches) else [False] * len(labels)
+
+
+def text_tokens(labels: Sequence[str], special: Sequence[bool], *,
+                patches: Sequence[object | None] = ()) -> list[bool]:
+    """The other units of a vision–language text (text tokens, special ones included); none for a text without
+    images, so that image-to-text attention counts no row there.
+
+    >>> text_tokens(["<s>", "<image>", "cat"], [True, True, False], patches=[None, "cell", None])
+    [True, False, True]
+    >>> text_tokens(["a", "b"], [False, False])
+    [False, False]
+    """
+    image = image_tokens(labels, special, patches=patches)
+    return [not x for x in image] if any(image) else [False] * len(labels)
+
+
 def outside_and_seeing(member: Sequence[bool], *, causal: bool) -> list[bool]:
     """The queries counted for a key set: outside it (a sink attending to itself is `self`) and able to
     see one of its keys (a causal query from the set's first key on). A set with no key counts none.
@@ -242,11 +267,14 @@ class KeyShare:
 
     `keys(labels, special)` marks the set's keys (one bool per unit) from the labels and special flags
     of the units a text is scored on (with `include_special=False` its special units are already
-    removed, so none is special); `queries(member, causal=...)` marks the queries counted for it.
+    removed, so none is special); with `patches=True` it is `keys(labels, special, patches=...)`, also
+    given each unit's `ImagePatch` or None (a vision–language text's image tokens; all None for a text
+    without images); `queries(member, causal=...)` marks the queries counted for it.
     """
 
-    keys: Callable[[Sequence[str], Sequence[bool]], Sequence[bool]]
+    keys: Callable[..., Sequence[bool]]
     queries: Callable[..., Sequence[bool]] = outside_and_seeing
+    patches: bool = False  # keys(labels, special, patches=...) also reads the units' image cells (`ImagePatch`)
     kind: ClassVar[MetricKind] = "corpus"
 
 
@@ -313,7 +341,7 @@ class Metric:
     unit: str = ""
     role: str | None = None
     threshold: float | None = None
-    applies_to: Literal["all", "encoders", "decoders", "images"] = "all"
+    applies_to: Literal["all", "encoders", "decoders", "images", "vision_language"] = "all"
 
     @property
     def kind(self) -> MetricKind:
@@ -365,6 +393,13 @@ _ALL = (
            role="previous-patch head", threshold=0.5, applies_to="images"),
     Metric("neighbour_patches", "attention to the (up to 8) patches around the query patch", Pairwise(neighbour_patches),
            role="local (neighbour-patch) head", threshold=0.5, applies_to="images"),
+    # Vision–language decoders: image tokens are the units with an ImagePatch; a map without one counts no row.
+    Metric("image_share", "share of the text queries' attention on image tokens (the queries that see one)",
+           KeyShare(image_tokens, patches=True), role="image-reading head", threshold=0.5,
+           applies_to="vision_language"),
+    Metric("image_to_text", "share of the image tokens' attention on text tokens (those they see: earlier text "
+           "under a causal mask, the whole prefix under a prefix-LM's)", KeyShare(text_tokens, patches=True),
+           applies_to="vision_language"),
 )
 
 

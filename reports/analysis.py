@@ -52,6 +52,10 @@ class ModelAnalysis:
     sinks: SinkReport | None = None  # the Sinks section (`run --sinks`)
     streaming: StreamingResult | None = None  # its StreamingLLM test (decoders)
     mechanisms: MechanismsReport | None = None  # the Mechanisms section (`run --mechanisms`)
+    # the Vision–language section: a vision–language decoder's maps over texts with images (image tokens carry
+    # `patches`), and optionally each map's value norms [layer, head, key] (`probe.sinks.head_internals`) or None
+    vision_language: tuple[AttentionMap, ...] = ()
+    vision_language_value_norms: tuple[Any, ...] = ()
     info: Mapping[str, Any] = field(default_factory=dict)  # family, layers, heads, dtype, source, timings
     notes: tuple[str, ...] = ()  # problems to show prominently (a stage that could not run, ...)
     seconds: Mapping[str, float] = field(default_factory=dict)  # wall time of each stage
@@ -62,6 +66,12 @@ class ModelAnalysis:
             if given and len(given) != len(self.maps):
                 raise ValueError(f"{len(given)} {name.replace('_', ' ')} for {len(self.maps)} sentences; give one per "
                                  "sentence, or none")
+        if self.vision_language_value_norms and len(self.vision_language_value_norms) != len(self.vision_language):
+            raise ValueError(f"{len(self.vision_language_value_norms)} value norms for {len(self.vision_language)} "
+                             "vision–language maps; give one per map (None where there are none), or none")
+        if any(not any(p is not None for p in m.patches) for m in self.vision_language):
+            raise ValueError("every vision_language map needs image tokens (AttentionMap.patches); give the maps of "
+                             "texts with images")
 
     # -- the levels the page draws (derived once: the report shows words and tokens) --------------
 
@@ -93,7 +103,8 @@ class ModelAnalysis:
         return self.verification is not None and self.verification.passed
 
     def to_dict(self) -> dict:
-        """The run.json entry of this model (with "syntax", "sinks" and "mechanisms" only when those analyses ran)."""
+        """The run.json entry of this model (with "syntax", "sinks", "mechanisms" and "vision_language" only when
+        those analyses ran)."""
         v = self.verification
         record = {
             "model": self.model, "info": dict(self.info),
@@ -113,6 +124,10 @@ class ModelAnalysis:
                                "streaming": None if self.streaming is None else self.streaming.to_dict()}
         if self.mechanisms is not None:
             record["mechanisms"] = self.mechanisms.to_dict()
+        if self.vision_language:
+            record["vision_language"] = [{"text": m.text, "images": len(m.pictures),
+                                          "image_tokens": sum(p is not None for p in m.patches)}
+                                         for m in self.vision_language]
         return record
 
 

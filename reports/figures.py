@@ -37,6 +37,7 @@ from .fonts import font_context
 from .heatmaps import (NO_ATTENTION, display_label, grid_figure, grid_heatmap, label_no_attention, outline_heads,
                        token_heatmap, with_no_attention_rows)
 from .vision import layer_overlays, patch_overlay, patch_rollout
+from .vision_language import image_mosaic, image_overlay, image_rollout_figure
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -478,13 +479,27 @@ def plot(result: Any, **kwargs: Any) -> Figure:
 
 
 @plot.register(AttentionMap)
-def _plot_attention(result: AttentionMap, *, layer: int, head: int | None = None, view: str | None = None,
-                    **kwargs: Any) -> Figure:
+def _plot_attention(result: AttentionMap, *, layer: int | None = None, head: int | None = None,
+                    view: str | None = None, **kwargs: Any) -> Figure:
     """An image's map is drawn over its patches: `head` from [CLS] (or `query=`), every head of `layer`
-    without a head, `view="rollout"`; `view="heatmap"` (a text's only view) draws the query × key heatmap."""
-    if result.is_image and view != "heatmap":
+    without a head, `view="rollout"`; `view="heatmap"` (a text's only view) draws the query × key heatmap.
+    A vision–language map (image tokens among its text) is drawn over its pictures: `head`'s attention from a
+    text token (`query=`: a unit index or a word; the last text token by default), every head of `layer`
+    without a head, `view="mosaic"` every layer × head, `view="rollout"` the rollout through the decoder."""
+    if any(p is not None for p in result.patches) and view != "heatmap":
         if view == "rollout":
-            return patch_rollout(result, **kwargs)
+            return image_rollout_figure(result, **kwargs)
+        if view == "mosaic":
+            return image_mosaic(result, **kwargs)
+        if layer is None:
+            raise TypeError("plot(amap, layer=, head=): give the layer to draw (or view='mosaic' / 'rollout')")
+        return image_mosaic(result, layers=[layer], **kwargs) if head is None else \
+            image_overlay(result, layer, head, **kwargs)
+    if result.is_image and view == "rollout":
+        return patch_rollout(result, **kwargs)
+    if layer is None:
+        raise TypeError("plot(amap, layer=, head=): give the layer and head to draw")
+    if result.is_image and view != "heatmap":
         return layer_overlays(result, layer, **kwargs) if head is None else patch_overlay(result, layer, head, **kwargs)
     if head is None:
         raise TypeError("plot(amap, layer=, head=): give the head to draw")

@@ -26,11 +26,13 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 import pandas as pd
 
+from headscope.probe.words import to_word_level
+
 from .analysis import ModelAnalysis
 from .canvas import FORMATS, figure_bytes, to_png
 from .page import CSP, csp_hash, environment, script_json, static_script, static_text
 from .panels import FIGURES, STACKS, plotted_metrics, slug, start_head
-from .payload import SCALE, attention_ints, attention_payload
+from .payload import SCALE, attention_ints, attention_payload, image_payload, with_keys
 from .sections import SECTIONS, Section, flat, report_tables
 
 if TYPE_CHECKING:
@@ -169,9 +171,9 @@ def explorer_data(sections: Sequence[ModelAnalysis]) -> dict:
     """
     models = []
     for s in sections:
-        if not s.maps:
+        if not s.maps and not s.vision_language:
             continue
-        first = s.maps[0]
+        first = (s.maps or s.vision_language)[0]
         layer_ids, head_ids = list(first.layer_ids), list(first.head_ids)
         grids = _grids(s, layer_ids, head_ids)
         layer, head = start_head(s)
@@ -207,19 +209,30 @@ def _sentences(s: ModelAnalysis) -> list[dict]:
         for kind in ("decoder", "cross"):  # their own layers, heads and masking (a decoder may differ in size)
             views[kind] = {"attention": _levels(getattr(pair, kind), getattr(word_pair, kind, None), own=True)}
         out.append({"text": f"{amap.text} \u2192 {pair.decoder.text}", "views": views})
-    return out + [_generation(g) for g in s.generations]
+    return out + [_generation(g) for g in s.generations] + [_vision_language_sentence(m) for m in s.vision_language]
+
+
+def _vision_language_sentence(amap: AttentionMap) -> dict:
+    """A text with images (`ModelAnalysis.vision_language`): its self-attention, and its pictures (each view
+    carries `images`, `reports.payload.image_payload`), at word level too where its tokens know their words."""
+    words = to_word_level(amap) if len(amap.word_index) == len(amap) else None
+    return {"text": f"{amap.text} (with {len(amap.pictures)} image{'s' if len(amap.pictures) != 1 else ''})",
+            "views": {"self": {"attention": _levels(amap, words)}}}
 
 
 def _generation(gen: Any) -> dict:
     """A generation as the explorer steps through it: per new token its one query row over the prompt and
     the tokens generated so far (a causal row: it sees every key up to itself)."""
     prompt = gen.prompt
+    images = image_payload(prompt) if prompt.patches or prompt.is_image else None  # drawn under each step's row
     steps = []
     for t, (token, row) in enumerate(zip(gen.generated_tokens, gen.steps)):  # row: [layer, head, key]
         n_k = row.shape[-1]
         units = {"labels": list(gen.key_labels(t)), "special": [bool(x) for x in prompt.special] + [False] * (t + 1),
                  "att": attention_ints(row.float().unsqueeze(2)), "queries": [token], "qspecial": [False],
                  "causal": True, "offset": n_k - 1}  # one query row: never pooled
+        if images is not None:
+            units["images"] = with_keys(images, n_k)
         steps.append({"token": token, "views": {"self": {"attention": {"token": units}}}})
     return {"text": f"generated after \u201c{prompt.text}\u201d: {gen.text}", "steps": steps}
 
@@ -257,6 +270,9 @@ def _units(amap: AttentionMap | CrossAttentionMap, *, own: bool = False, scale: 
         out.update(queries=p["queries"], qspecial=[bool(x) for x in queries.special])
     if own:
         out.update(layer_ids=list(amap.layer_ids), head_ids=list(amap.head_ids), causal=bool(amap.causal))
+    images = image_payload(amap) if getattr(amap, "patches", ()) or getattr(amap, "is_image", False) else None
+    if images is not None:  # an image's or a vision–language map's pictures, drawn under its image units
+        out["images"] = images
     return out
 
 
@@ -350,7 +366,7 @@ def _template_model(a: ModelAnalysis, figs: Sequence[FigureFile], sections: Sequ
     for f in figs:
         by_group.setdefault(f.group, []).append(f)
     model = {"name": a.model, "info": flat(a.info), "notes": list(a.notes), "sentences": [m.text for m in a.maps],
-             "figures": by_group}
+             "explorable": bool(a.maps or a.vision_language), "figures": by_group}
     for section in sections:
         model.update(section.view(a, by_group))
     return model

@@ -8,7 +8,9 @@ carries a fresh random suffix, so two outputs on one page never collide. It draw
 VS Code and Colab alike, with no network.
 
 The view: a model view (every layer × head as a thumbnail; click one to enlarge it) and the head
-view (the enlarged head as a heatmap; hover a query token to see where it attends). Query and key
+view (the enlarged head as a heatmap; hover or click a query token to see where it attends). A
+vision–language map (image tokens among its units) also draws its pictures, and over them the selected
+token's attention on the image tokens (the last text token's until one is picked). Query and key
 labels may differ (cross-attention, or generated tokens attending to the whole sequence).
 
 Attention is embedded as the report embeds it (`reports.payload.attention_payload`): past `POOL_ABOVE`
@@ -34,7 +36,7 @@ from headscope.probe.generate import GenerationAttention
 from headscope.probe.types import AttentionMap
 
 from .page import script_json, static_script
-from .payload import attention_payload
+from .payload import attention_payload, image_payload, with_keys
 
 __all__ = ["InlineView", "show", "view_data", "generation_data"]
 
@@ -50,7 +52,7 @@ class InlineView:
 
 
 def _map_data(attention: torch.Tensor, queries: Sequence[str], keys: Sequence[str], *, causal: bool,
-              text: str) -> dict:
+              text: str, images: dict | None = None) -> dict:
     if attention.device.type == "meta":
         raise ValueError("attention is a meta tensor (a shape without values): load or compute the weights first")
     att = attention.detach().float().cpu()  # [layer, head, query, key]
@@ -68,7 +70,7 @@ def _map_data(attention: torch.Tensor, queries: Sequence[str], keys: Sequence[st
     # the last tokens of a longer sequence (generation).
     out = {"text": text, "queries": p["queries"], "keys": p["keys"], "causal": bool(causal),
            "offset": len(p["keys"]) - len(p["queries"]), "att": p["att"]}
-    return out | ({"pooled": p["pooled"]} if "pooled" in p else {})
+    return out | ({"pooled": p["pooled"]} if "pooled" in p else {}) | ({"images": images} if images else {})
 
 
 def _labels(amap: Any) -> tuple[Sequence[str], Sequence[str]]:
@@ -87,7 +89,8 @@ def view_data(maps: Sequence[AttentionMap], *, layer: int | None = None, head: i
         if list(m.layer_ids) != layer_ids or list(m.head_ids) != head_ids:
             raise ValueError("the maps hold different layers or heads; show maps of one model, extracted alike")
     cross = any(_labels(m)[0] is not _labels(m)[1] for m in maps)
-    return _data([_map_data(m.attention, *_labels(m), causal=m.causal, text=m.text) for m in maps], layer_ids,
+    return _data([_map_data(m.attention, *_labels(m), causal=m.causal, text=m.text,
+                            images=image_payload(m) if isinstance(m, AttentionMap) else None) for m in maps], layer_ids,
                  head_ids, layer=layer, head=head, title=title or str(first.meta.get("model", "")), cross=cross)
 
 
@@ -95,7 +98,9 @@ def generation_data(gen: Any, *, layer: int | None = None, head: int | None = No
     """The view's data for a generation (`headscope.GenerationAttention`): one entry per generated token,
     its one query row over the prompt and the tokens generated so far, so the selector steps through them."""
     prompt = gen.prompt
-    steps = [_map_data(row.unsqueeze(2), [tok], gen.key_labels(t), causal=True, text=f"step {t + 1}: {tok!r}")
+    images = image_payload(prompt)  # a prompt with images: each step's row is drawn over its pictures too
+    steps = [_map_data(row.unsqueeze(2), [tok], gen.key_labels(t), causal=True, text=f"step {t + 1}: {tok!r}",
+                       images=with_keys(images, row.shape[-1]))
              for t, (tok, row) in enumerate(zip(gen.generated_tokens, gen.steps))]  # row: [layer, head, key]
     if not steps:
         raise ValueError("the generation has no generated tokens to show")
@@ -180,6 +185,7 @@ def _fragment(data: dict) -> str:
             '<p class="hs-caption"></p>'
             '<svg class="hs-head-view" xmlns="http://www.w3.org/2000/svg" role="img" '
             'aria-label="attention heatmap"></svg>'
-            '<div class="hs-strip"></div><p class="hs-strip-note"></p></div></div>'
+            '<div class="hs-strip"></div><p class="hs-strip-note"></p>'
+            '<div class="hs-pictures" hidden></div><p class="hs-picture-note"></p></div></div>'
             f'<script type="application/json" id="{uid}-data">{script_json(data)}</script>'
             f'<script>{_script()}("{uid}");</script></div>')

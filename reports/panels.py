@@ -23,12 +23,13 @@ from .figures import (attention_heatmap, attention_mosaic, composition_graph, di
 from .sinks import massive_figure, sink_share_grid, streaming_figure
 from .syntax import cluster_plot, relation_bars, relation_grid, tree_figure
 from .vision import layer_overlays, patch_overlay, patch_rollout
+from .vision_language import MOSAIC_MAX, image_mosaic, image_overlay, image_rollout_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["FigureSpec", "Panel", "FIGURES", "STACKS", "MECHANISMS_EDGES", "plotted_metrics", "start_head", "slug",
-           "SLUG_MAX"]
+           "SLUG_MAX", "vision_language_head"]
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ class FigureSpec:
     name: str
     source: str
     group: Literal["verification", "heads", "probe", "attention", "syntax", "syntax-grid", "comparison", "sinks",
-                   "mechanisms", "vision"]
+                   "mechanisms", "vision", "vision_language"]
     draw: Callable[..., Figure]
     panels: Callable[[Any], Iterable[Panel]]
     stem: str
@@ -147,6 +148,49 @@ def _layer_overlay_panels(section: Any) -> Iterable[Panel]:
 def _patch_rollout_panels(section: Any) -> Iterable[Panel]:
     for i, amap in enumerate(_image_maps(section)):
         yield Panel((amap,), {"i": i, "from": amap.labels[0], "text": amap.text}, amap)
+
+
+def vision_language_head(section: Any) -> tuple[int, int]:
+    """The head the Vision–language figures show: the one whose text queries put the largest share of their
+    attention on the image tokens, over the section's maps (the first head where no share is finite)."""
+    from headscope.analyses.vision_language import vision_language_heads
+
+    frame = vision_language_heads(section.vision_language)
+    shares = frame["image_share"]
+    if not shares.notna().any():
+        return int(frame["layer"].iloc[0]), int(frame["head"].iloc[0])
+    best = frame.loc[shares.idxmax()]
+    return int(best["layer"]), int(best["head"])
+
+
+def _vl_words(amap: Any, i: int) -> dict:
+    from headscope.analyses.vision_language import text_query
+
+    q = text_query(amap)
+    return {"i": i, "text": amap.text, "from": amap.labels[q], "images": len(amap.pictures)}
+
+
+def _vl_overlay_panels(section: Any) -> Iterable[Panel]:
+    maps = getattr(section, "vision_language", ())
+    if maps:
+        layer, head = vision_language_head(section)
+        for i, amap in enumerate(maps):
+            yield Panel((amap, layer, head), _vl_words(amap, i) | {"head": head_name(layer, head)}, amap)
+
+
+def _vl_mosaic_panels(section: Any) -> Iterable[Panel]:
+    maps = getattr(section, "vision_language", ())
+    if maps:
+        yield Panel((maps[0],), _vl_words(maps[0], 0) | {"most": MOSAIC_MAX}, maps[0])
+
+
+def _vl_rollout_panels(section: Any) -> Iterable[Panel]:
+    for i, amap in enumerate(getattr(section, "vision_language", ())):
+        yield Panel((amap,), _vl_words(amap, i), amap)
+
+
+def _vl_mosaic(amap: Any) -> Figure:
+    return image_mosaic(amap, most=MOSAIC_MAX)
 
 
 def _comparison_panels(section: Any) -> Iterable[Panel]:
@@ -277,6 +321,15 @@ FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
     FigureSpec("patch_rollout", "maps", "vision", patch_rollout, _patch_rollout_panels,
                "vision-rollout-{i}", "Attention rollout (Abnar & Zuidema 2020) from {from} onto the patches of "
                "“{text}”: heads averaged, the residual as 0.5·A + 0.5·I, through every layer."),
+    FigureSpec("image_overlay", "vision_language", "vision_language", image_overlay, _vl_overlay_panels,
+               "vision-language-{i}-{head}", "{head}, the head whose text queries look most at the image: its "
+               "attention from “{from}” onto the image tokens of “{text}”, over the picture(s) as the model saw them."),
+    FigureSpec("image_mosaic", "vision_language", "vision_language", _vl_mosaic, _vl_mosaic_panels,
+               "vision-language-mosaic", "Every head (at most {most} layers and {most} heads, evenly spaced) on "
+               "“{text}”: attention from “{from}” over the first picture, each cell on its own scale."),
+    FigureSpec("image_rollout", "vision_language", "vision_language", image_rollout_figure, _vl_rollout_panels,
+               "vision-language-rollout-{i}", "Attention rollout (Abnar & Zuidema 2020) through the decoder from "
+               "“{from}” onto the image tokens of “{text}”: heads averaged, the residual as 0.5·A + 0.5·I."),
     FigureSpec("sink_shares", "sinks", "sinks", sink_share_grid, _sink_panels,
                "sinks-shares", "Every head's attention on position 0; sink heads (share > {epsilon:g}) marked by what "
                                "ablating them shows: ○ dormant, ● active."),

@@ -21,9 +21,10 @@ from headscope.probe.types import head_name
 
 from .analysis import ModelAnalysis
 from .evidence import ablation_heads_table, evidence_view, probe_line, roles_table
-from .panels import plotted_metrics
+from .panels import plotted_metrics, vision_language_head
 from .sinks import sinks_tables
 from .syntax import relations_frame, syntax_tables, trees_frame
+from .vision_language import vision_language_tables
 
 __all__ = ["Section", "SECTIONS", "Table", "table_view", "flat", "report_tables"]
 
@@ -364,6 +365,33 @@ def _vision(a: ModelAnalysis, figures: Figures) -> dict:
                        "grid": list(images[0].grid) if images else None, "top": top}}
 
 
+def _vision_language(a: ModelAnalysis, figures: Figures) -> dict:
+    """The texts with images, the heads that read the image most, the visual sink patches, the figures."""
+    maps = a.vision_language
+    if not maps:
+        return {"vision_language": None}
+    tables = vision_language_tables(maps, a.vision_language_value_norms)
+    heads = tables["vision_language_heads"].sort_values("image_share", ascending=False, na_position="last")
+    sinks = tables["visual_sinks"]
+    sinks = sinks[sinks["sink"]].sort_values("image_share", ascending=False)
+    layer, head = vision_language_head(a)
+    return {"vision_language": {
+        "figures": list(figures.get("vision_language", [])),
+        "texts": [f"{m.text} ({len(m.pictures)} image(s), {sum(p is not None for p in m.patches)} image tokens)"
+                  for m in maps],
+        "head": head_name(layer, head),
+        "heads": table_view(heads[["head_name", "image_share", "image_to_text", "image_to_later_text"]], max_rows=10),
+        "n_sinks": len(sinks), "n_rows": len(tables["visual_sinks"]),
+        "sinks": table_view(sinks[["text", "head_name", "label", "image", "view", "row", "col", "image_share",
+                                   "received", "value_norm_ratio"]], max_rows=20) if len(sinks) else None,
+        "norms": bool(a.vision_language_value_norms) and any(v is not None for v in a.vision_language_value_norms),
+    }}
+
+
+def _vision_language_tables(a: ModelAnalysis) -> dict:
+    return vision_language_tables(a.vision_language, a.vision_language_value_norms)
+
+
 def _shows_images(analyses: Sequence[ModelAnalysis]) -> bool:
     return any(m.is_image for a in analyses for m in a.maps)
 
@@ -382,6 +410,8 @@ SECTIONS: Mapping[str, Section] = MappingProxyType({s.name: s for s in (
     Section("probe", "Coreference probe", _probes, _probe_tables),
     Section("attention", "Attention figures"),
     Section("vision", "Vision", _vision, shown=_shows_images),
+    Section("vision_language", "Vision–language", _vision_language, _vision_language_tables,
+            shown=lambda analyses: any(a.vision_language for a in analyses)),
     Section("syntax", "Syntax", _syntax, _syntax_tables, shown=_any("syntax", "syntax_clusters")),
     Section("comparison", "Comparison", _comparison, _comparison_tables, shown=_any("comparison")),
     Section("sinks", "Sinks", _sinks, _sinks_tables, shown=_any("sinks", "streaming")),

@@ -33,6 +33,7 @@ from headscope.probe.types import AttentionMap, Units
 # The corpus metrics the loop reference below defines; test_reference_covers_the_registry keeps it honest.
 # The metrics of images (patch positions): their loop reference is in tests/test_vision.py.
 IMAGE_METRICS = ("registers", "attention_distance", "previous_patch", "neighbour_patches")
+VISION_LANGUAGE_METRICS = ("image_share", "image_to_text")  # their hand-worked cases: tests/test_vision_language.py
 CORPUS_METRICS = ("previous_token", "next_token", "self", "first_token", "cls", "sep", "punctuation",
                   "entropy", "normalized_entropy", "max_weight")
 
@@ -457,7 +458,8 @@ def test_every_registry_metric_appears_once_per_head_in_registry_order():
 def test_reference_covers_the_registry():
     corpus = {m for m, spec in METRICS.items() if spec.kind == "corpus"}
     pattern = {m for m, spec in METRICS.items() if spec.kind == "pattern"}
-    assert corpus == set(CORPUS_METRICS) | set(IMAGE_METRICS) and corpus | pattern == set(METRICS)
+    assert corpus == set(CORPUS_METRICS) | set(IMAGE_METRICS) | set(VISION_LANGUAGE_METRICS)
+    assert corpus | pattern == set(METRICS)
     assert pattern <= set(PATTERNS)  # every pattern metric has a detection pattern of its name
     for name in pattern:  # ... and is scored with it: TransformerLens's pattern, held by the entry
         assert METRICS[name].computation.pattern is PATTERNS[name]

@@ -26,6 +26,8 @@
     caption: document.getElementById("hs-caption"),
     strip: document.getElementById("hs-strip"),
     stripNote: document.getElementById("hs-strip-note"),
+    pictures: document.getElementById("hs-pictures"),
+    pictureNote: document.getElementById("hs-picture-note"),
     levels: Array.prototype.slice.call(document.querySelectorAll("input[name='hs-level']")),
     kind: document.getElementById("hs-kind"),
     weights: Array.prototype.slice.call(document.querySelectorAll("input[name='hs-weight']")),
@@ -250,6 +252,33 @@
         return "\u201c" + label(u.labels[p[1]]) + "\u201d " + (p[0] / (u.scale || 1000)).toFixed(2);
       }).join(", ");
     }
+    drawImageRow();
+  }
+
+  // A text with images: its pictures, and over them the selected token's row on the image tokens (the last text
+  // token's until one is picked). A pooled view's row is its tile row's maxima, key tile by key tile.
+  function drawImageRow() {
+    if (!ui.pictures) { return; }
+    var u = unitData(), images = u.images, w = weights(), n = u.labels.length, rows = queries(u), scale = u.scale || 1000;
+    ui.pictureNote.textContent = "";
+    if (!images) { drawPictures(ui.pictures, null); return; }
+    var p = u.pooled, unit = null, q = state.focus === null || state.focus >= rows.length ? null : state.focus, weightOf;
+    var picked = q !== null;
+    if (p) {
+      var tileOf = function (edges, k) { var t = 0; while (t + 1 < edges.length - 1 && edges[t + 1] <= k) { t++; } return t; };
+      if (q === null) { q = tileOf(p.query_edges, startUnit(images, p.n_queries)); }
+      weightOf = function (k) { var t = tileOf(p.key_edges, k); return masked(u, q, t) ? 0 : w[q * n + t] / scale; };
+    } else {
+      if (q === null) { q = startUnit(images, rows.length); }
+      unit = q;
+      weightOf = function (k) { return masked(u, q, k) ? 0 : w[q * n + k] / scale; };
+    }
+    drawPictures(ui.pictures, images, weightOf, unit);
+    var share = images.cells.reduce(function (a, c, k) { return c ? a + weightOf(k) : a; }, 0);
+    ui.pictureNote.textContent = "\u201c" + label(rows[q]) + "\u201d over the picture \u00b7 layer " + layerIds()[state.layer] +
+      " head " + headIds()[state.head] + (p ? " \u00b7 pooled: each tile's largest weight" : " \u00b7 " + share.toFixed(2) +
+      " of its attention on the image") + "; orange: its attention on each image token, relative to the largest." +
+      (picked ? "" : " Hover or click a token to pick another.");
   }
 
   function render() {
@@ -274,6 +303,7 @@
     r.addEventListener("change", function () { if (r.checked) { state.level = r.value; redrawView(); } });
   });
   ui.heatmap.addEventListener("mouseover", onHover);
+  ui.heatmap.addEventListener("click", onHover);
   // Arrow keys step through heads (left/right) and layers (up/down) while the heatmap has focus
   // (click it or tab to it); elsewhere they scroll the page as usual.
   ui.heatmap.setAttribute("tabindex", "0");

@@ -116,6 +116,31 @@
         .sort(function (a, b) { return b[0] - a[0]; }).slice(0, 3)
         .map(function (p) { return "\u201c" + label(m.keys[p[1]]) + "\u201d " + (p[0] / 1000).toFixed(2); }).join(", ");
     if (m.pooled && q !== null) { note.appendChild(pooledRows(m.pooled, q)); }
+    drawImageRow(w);
+  }
+
+  // A vision-language map: its pictures, and over them the selected query's row on the image tokens (the last
+  // text token's until a query is picked). A pooled map's row is its tile row's maxima, key tile by key tile.
+  function drawImageRow(w) {
+    var m = current(), images = m.images, note = part("hs-picture-note"), nk = m.keys.length;
+    note.textContent = "";
+    if (!images) { drawPictures(part("hs-pictures"), null); return; }
+    var p = m.pooled, unit = null, q = state.focus, weightOf;
+    if (p) {
+      var tileOf = function (edges, k) { var t = 0; while (t + 1 < edges.length - 1 && edges[t + 1] <= k) { t++; } return t; };
+      if (q === null) { q = tileOf(p.query_edges, startUnit(images, p.n_queries)); }
+      weightOf = function (k) { return masked(m, q, tileOf(p.key_edges, k)) ? 0 : w[q * nk + tileOf(p.key_edges, k)] / 1000; };
+    } else {
+      if (q === null) { q = startUnit(images, m.queries.length); }
+      unit = q;
+      weightOf = function (k) { return masked(m, q, k) ? 0 : w[q * nk + k] / 1000; };
+    }
+    drawPictures(part("hs-pictures"), images, weightOf, unit);
+    var share = images.cells.reduce(function (a, c, k) { return c ? a + weightOf(k) : a; }, 0);
+    note.textContent = "\u201c" + label(m.queries[q]) + "\u201d over the picture \u00b7 layer " + data.layer_ids[state.layer] +
+      " head " + data.head_ids[state.head] + (p ? " \u00b7 pooled: each tile's largest weight" : " \u00b7 " + share.toFixed(2) +
+      " of its attention on the image") + "; orange: its attention on each image token, relative to the largest." +
+      (state.focus === null ? " Hover or click a row label to pick another token." : "");
   }
 
   // A pooled map (a long text): the rows of tile row q, each with its top keys over the whole text.
@@ -141,12 +166,14 @@
   } else {
     pick.hidden = true;
   }
-  part("hs-head-view").addEventListener("mouseover", function (ev) {
+  function onQuery(ev) {
     var q = ev.target && ev.target.getAttribute ? ev.target.getAttribute("data-q") : null;
     if (q === null || parseInt(q, 10) === state.focus) { return; }
     state.focus = parseInt(q, 10);
     drawHeadView();
-  });
+  }
+  part("hs-head-view").addEventListener("mouseover", onQuery);
+  part("hs-head-view").addEventListener("click", onQuery);
   render();
   root.setAttribute("data-ready", "1");
 })
