@@ -19,7 +19,7 @@ from .families import family_of_type
 from .model import LoadedModel
 
 __all__ = ["check_images", "load_image", "encode_images", "patch_labels", "patchify", "unpatchify", "ImageInput", "require_modality",
-           "TWO_TOWER_TYPES"]
+           "TWO_TOWER_TYPES", "as_seen"]
 
 TWO_TOWER_TYPES = ("clip", "siglip", "siglip2")  # an image tower and a text tower, compared only by their pooled embeddings (probe.towers)
 
@@ -27,7 +27,10 @@ ImageInput = object  # a path (str or os.PathLike), a PIL.Image.Image, or a nump
 
 
 def require_modality(lm: LoadedModel, *, images: bool) -> None:
-    """A clear error for an image on a text model, or a text on an image model."""
+    """A clear error for an image on a text model, or a text on an image model (a vision–language decoder
+    reads both: `probe.vision_language`)."""
+    if getattr(lm, "reads_images", False):
+        return
     if images and not getattr(lm, "is_image", False):
         raise ValueError(f"{lm.name} is a text model ({lm.model_type}); it takes texts, not images. "
                          "Give it text, or load a vision transformer (e.g. tiny:vit)")
@@ -127,7 +130,7 @@ def encode_images(lm: LoadedModel, images: Sequence[object], *, first_index: int
         special = (True,) * len(prefix) + (False,) * (rows * cols)
         encoded.append(Encoded(text=_name(first_index + i, item), ids=(0,) * len(labels), spans=((0, 0),) * len(labels),
                                special=special, pixels=pixels[i], grid=(rows, cols), labels=labels,
-                               picture=_as_seen(lm.processor, pixels[i][None])[0]))
+                               picture=as_seen(lm.processor, pixels[i][None])[0]))
     return encoded
 
 
@@ -157,7 +160,7 @@ def patchify(pixels, patch: int):
     return x.permute(0, 2, 4, 3, 5, 1).reshape(B, (H // patch) * (W // patch), patch * patch * C)
 
 
-def _as_seen(processor, pixels) -> np.ndarray:
+def as_seen(processor, pixels) -> np.ndarray:
     """The images as the model saw them, normalisation undone: [B, H, W, 3] in 0..1."""
     x = pixels.float().numpy().transpose(0, 2, 3, 1)  # (B, H, W, 3)
     if getattr(processor, "do_normalize", False):

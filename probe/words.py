@@ -221,7 +221,20 @@ def _map_to_words(amap: AttentionMap) -> AttentionMap:
         meta=dict(amap.meta),
         sinks=amap.sinks,  # a word's row sums what its tokens' rows (averaged) left to the sink
         no_attention=amap.no_attention,
+        patches=_word_patches(amap, len(labels)),  # an image token is a special unit: a word of its own
+        pictures=amap.pictures,
     )
+
+
+def _word_patches(amap: AttentionMap, n_words: int) -> tuple:
+    """Each word unit's `ImagePatch` (an image token's, a word of its own) or None; empty without images."""
+    if not amap.patches:
+        return ()
+    out = [None] * n_words
+    for t, u in enumerate(amap.word_index):
+        if amap.patches[t] is not None:
+            out[u] = amap.patches[t]
+    return tuple(out)
 
 
 def _units_to_words(units: Units) -> Units:
