@@ -20,7 +20,7 @@ from .images import check_images, encode_images, require_modality
 from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
-from .vision_language import encode_with_images
+from .vision_language import default_texts, encode_with_images
 from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight, whole_number
 from .words import Segmenter, to_word_level
 
@@ -72,9 +72,7 @@ def iter_extract(
         raise ValueError("pass texts or images, not both (CLIP's two towers are two models: extract each); "
                          "texts with images are for a vision–language decoder (e.g. tiny:llava)")
     if getattr(lm, "reads_images", False) and images is not None:
-        if texts is None:
-            raise TypeError(f"{lm.name} reads texts with images: pass texts too, with the image slot where each image "
-                            "goes (or one text, the images put before it)")
+        texts = default_texts(images) if texts is None else texts  # images alone: each with the default prompt
         if weight != "attention" or target is not None:
             raise ValueError("texts with images are extracted with weight='attention' and no target")
         _check_store_dtype(store_dtype)

@@ -158,7 +158,7 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
     return [att[row[layer]] for layer in wanted]
 
 
-def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict) -> list[torch.Tensor] | None:
+def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict | None = None) -> list[torch.Tensor] | None:
     """The wanted layers' weights caught from their attention modules; None where that cannot work."""
     try:
         family = family_for(lm.config)

@@ -343,12 +343,13 @@ class Units:
     word_index: tuple[int, ...] = ()
     word_spans: tuple[tuple[int, int], ...] = ()
     token_ids: tuple[int, ...] = ()
+    patches: tuple[ImagePatch | None, ...] = ()  # a vision–language text: its image tokens' cells (AttentionMap.patches)
 
     @classmethod
     def of(cls, amap: AttentionMap) -> "Units":
         """The units of a self-attention map (the source's from the encoder's, the target's from the decoder's)."""
         return cls(amap.text, amap.level, amap.labels, amap.spans, amap.special, amap.word_index, amap.word_spans,
-                   amap.token_ids)
+                   amap.token_ids, amap.patches)
 
     def __len__(self) -> int:
         return len(self.labels)

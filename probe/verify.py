@@ -253,6 +253,8 @@ def verify(
         if target is not None:
             raise ValueError(f"target= is for encoder-decoder models; {lm.name} is a vision–language decoder")
         return _verify_reading(lm, texts, images, family)
+    if images is not None:
+        require_modality(lm, images=True)  # an image on a text model: say that first
     if images is not None and texts is not None:
         raise ValueError("pass texts or images, not both")
     if images is not None or (texts is None and getattr(lm, "is_image", False)):
@@ -330,8 +332,10 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
     """Both stacks of a vision–language decoder, one text (and its images) at a time: the vision tower's layers
     on the pixels by its image-encoder family, the decoder's on the merged text and image embeddings with the
     model's own mask (`VisionLanguage.blocks`) by its text family."""
-    from .vision_language import encode_with_images
+    from .vision_language import default_texts, encode_with_images
 
+    if texts is None and images is not None:  # the images alone: each with the default prompt
+        texts = default_texts(images)
     texts = check_texts(DEFAULT_TEXTS[:2] if texts is None else texts)
     if images is None:  # each text its own picture, unless the texts place images themselves
         images = [default_images()[k % 2] for k in range(len(texts))]

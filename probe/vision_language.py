@@ -1,7 +1,8 @@
 """Texts with images for a vision–language decoder (LLaVA, Gemma 3, PaliGemma): which image fills which slot,
 the checkpoint's processor, and where each image token sits on its picture.
 
-A text names where each image goes with the processor's image slot (`<image>` for LLaVA and PaliGemma,
+Images given without texts are each read with the prompt `DEFAULT_PROMPT`. A text names where each image goes
+with the processor's image slot (`<image>` for LLaVA and PaliGemma,
 `<start_of_image>` for Gemma 3): the images fill the slots in order, across the texts in order. A text without
 a slot and images for it: the images go before the text, in a user turn of the checkpoint's chat template
 where the processor has one (what a chat model was trained on), else as slots put before the text. The
@@ -24,7 +25,16 @@ from .images import as_seen, check_images, load_image
 from .model import LoadedModel
 from .types import ImagePatch
 
-__all__ = ["image_slot", "assign_images", "encode_with_images", "patch_label", "prompt_with_slots", "sees_ahead"]
+__all__ = ["DEFAULT_PROMPT", "default_texts", "image_slot", "assign_images", "encode_with_images", "patch_label", "prompt_with_slots", "sees_ahead"]
+
+
+# The text each image is read with when only images are given (`extract(lm, images=[...])`, `--image` alone).
+DEFAULT_PROMPT = "What is in this picture?"
+
+
+def default_texts(images: object) -> list[str]:
+    """One `DEFAULT_PROMPT` per image: each image then goes before its own prompt."""
+    return [DEFAULT_PROMPT] * len(check_images(images))
 
 
 def sees_ahead(lm: LoadedModel, enc: Encoded) -> bool:
@@ -132,10 +142,16 @@ def _encode_one(lm: LoadedModel, text: str, pictures: list) -> Encoded:
         else:
             labels[t] = unit
     inputs = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask") and hasattr(v, "to")}
-    seen = tuple(as_seen(getattr(proc, "image_processor", proc), out["pixel_values"][k][None])[0]
+    seen = tuple(as_seen(getattr(proc, "image_processor", proc), _whole(out["pixel_values"][k])[None])[0]
                  for k in range(len(pictures)))
     return Encoded(text=text, ids=tuple(ids), spans=tuple(spans), special=tuple(special), inputs=inputs or None,
                    patches=tuple(patches) if pictures else (), pictures=seen, image_labels=tuple(labels))
+
+
+def _whole(pixels):
+    """An image's pixels (3, H, W) as the model saw the whole picture: the first tile of a tiled image (LLaVA-NeXT's
+    thumbnail, the picture resized)."""
+    return pixels[0] if pixels.dim() == 4 else pixels
 
 
 def _image_token_id(cfg) -> int:

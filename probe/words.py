@@ -221,20 +221,9 @@ def _map_to_words(amap: AttentionMap) -> AttentionMap:
         meta=dict(amap.meta),
         sinks=amap.sinks,  # a word's row sums what its tokens' rows (averaged) left to the sink
         no_attention=amap.no_attention,
-        patches=_word_patches(amap, len(labels)),  # an image token is a special unit: a word of its own
+        patches=_word_patches(amap),
         pictures=amap.pictures,
     )
-
-
-def _word_patches(amap: AttentionMap, n_words: int) -> tuple:
-    """Each word unit's `ImagePatch` (an image token's, a word of its own) or None; empty without images."""
-    if not amap.patches:
-        return ()
-    out = [None] * n_words
-    for t, u in enumerate(amap.word_index):
-        if amap.patches[t] is not None:
-            out[u] = amap.patches[t]
-    return tuple(out)
 
 
 def _units_to_words(units: Units) -> Units:
@@ -242,7 +231,24 @@ def _units_to_words(units: Units) -> Units:
         return units
     _check_word_index(units)
     labels, spans, special = _word_units(units)
-    return Units(units.text, "word", labels, spans, special, word_index=tuple(range(len(labels))))
+    return Units(units.text, "word", labels, spans, special, word_index=tuple(range(len(labels))),
+                 patches=_word_patches(units))
+
+
+def _word_patches(units) -> tuple:
+    """A vision–language text's `patches` at word level: a word made of one image token keeps its cell (image
+    tokens are units of their own at both levels); () for a text without images."""
+    if not units.patches:
+        return ()
+    n_units = max(units.word_index) + 1 if units.word_index else 0
+    sizes = [0] * n_units
+    for u in units.word_index:
+        sizes[u] += 1
+    out: list = [None] * n_units
+    for t, u in enumerate(units.word_index):
+        if units.patches[t] is not None and sizes[u] == 1:
+            out[u] = units.patches[t]
+    return tuple(out)
 
 
 def _cross_to_words(cmap: CrossAttentionMap) -> CrossAttentionMap:

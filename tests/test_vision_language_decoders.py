@@ -82,14 +82,16 @@ def test_image_tokens_carry_their_cell_and_pictures(reading):
     patches = [p for p in m.patches if p is not None]
     assert len(m.patches) == len(m) and len(m.pictures) == 2
     for k in (0, 1):
-        mine = [p for p in patches if p.image == k]
-        rows, cols = mine[0].rows, mine[0].cols
-        assert [(p.row, p.col) for p in mine] == [(r, c) for r in range(rows) for c in range(cols)]  # row by row
+        for view in {p.view for p in patches if p.image == k}:
+            mine = [p for p in patches if p.image == k and p.view == view]
+            rows, cols = mine[0].rows, mine[0].cols
+            assert [(p.row, p.col) for p in mine] == [(r, c) for r in range(rows) for c in range(cols)]  # row by row
         assert m.pictures[k].ndim == 3 and m.pictures[k].shape[-1] == 3
         assert 0.0 <= m.pictures[k].min() and m.pictures[k].max() <= 1.0
     for i, p in enumerate(m.patches):
         if p is not None:
-            assert m.special[i] and m.labels[i] == f"img{p.image}:r{p.row}c{p.col}"
+            view = "" if p.view == "base" else f"{p.view}:"
+            assert m.special[i] and m.labels[i] == f"img{p.image}:{view}r{p.row}c{p.col}"
     [w] = extract(reading, f"Look {slot} and {slot} now", images=[_picture(0), _picture(1, (30, 30, 3))], level="word")
     words = [w.labels[i] for i, p in enumerate(w.patches) if p is None and not w.special[i]]
     assert words == ["Look", "and", "now"]  # each text token keeps its span in the text
@@ -136,10 +138,12 @@ def _layer_input(lm, enc_text, images, family, layer):
 
 
 # Each family's grid of image tokens for one picture, by hand from its tiny config (not from headscope's layout).
+# (rows, columns, view) of the first grid of image tokens. LLaVA-NeXT's first grid is the thumbnail's.
 HAND_GRID = {
-    "llava": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2,
-    "gemma3": lambda cfg: (int(round(cfg.mm_tokens_per_image ** 0.5)),) * 2,
-    "paligemma": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2,
+    "llava": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
+    "llava_next": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("thumbnail",),
+    "gemma3": lambda cfg: (int(round(cfg.mm_tokens_per_image ** 0.5)),) * 2 + ("base",),
+    "paligemma": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
 }
 
 
@@ -154,7 +158,7 @@ def test_a_head_built_to_read_one_patch_lands_on_it(reading):
     slot = _slot(lm)
     text, images = f"Here {slot} is a cat", [_picture(3)]
     cfg = lm.model.config
-    rows, cols = HAND_GRID[lm.model_type](cfg)
+    rows, cols, view = HAND_GRID[lm.model_type](cfg)
     image_id = cfg.image_token_id if getattr(cfg, "image_token_id", None) is not None else cfg.image_token_index
     last = lm.config.num_hidden_layers - 1
     [before] = extract(lm, text, images=images, layers=[last])
@@ -182,7 +186,7 @@ def test_a_head_built_to_read_one_patch_lands_on_it(reading):
     [m] = extract(lm, text, images=images, layers=[last])
     got = int(m.attention[0, 0, query].argmax())
     assert got == target and m.attention[0, 0, query, target] > 0.9
-    assert m.patches[got] == ImagePatch(0, *cell, rows, cols)
+    assert m.patches[got] == ImagePatch(0, *cell, rows, cols, view=view)
 
 
 def test_folder_round_trip_loads_the_processor(reading, tmp_path):
@@ -214,3 +218,67 @@ def test_the_decoder_mask_of_each_family_in_the_maps():
 
     [pali] = extract(_tiny("paligemma"), "A cat", images=[_picture()])
     assert not pali.causal and (pali.attention[:, :, 0, -1] > 0).all()  # the first image token sees the last prompt token
+
+
+# --- the command line: --image on a vision–language decoder ---------------------------------------------------
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+
+    return CliRunner().invoke(cli, list(args))
+
+
+@pytest.fixture(scope="module")
+def picture_file(tmp_path_factory):
+    from PIL import Image
+
+    path = tmp_path_factory.mktemp("pictures") / "picture.png"
+    Image.fromarray((_picture(5) * 255).astype(np.uint8)).save(path)
+    return str(path)
+
+
+def test_cli_verify_reads_an_image_with_a_text_or_alone(picture_file):
+    import json
+
+    result = _cli("verify", "--model", "tiny:llava", "--image", picture_file, "--json")
+    record = json.loads(result.output)
+    assert result.exit_code == 0 and record["passed"] and {r["kind"] for r in record["layers"]} == {"vision", "decoder"}
+    result = _cli("verify", "--model", "tiny:gemma3", "--image", picture_file, "--text", "A <start_of_image> cat")
+    assert result.exit_code == 0 and "2 vision + 3 decoder layers" in result.output
+
+
+def test_cli_refuses_slots_without_images_and_images_on_a_text_model(picture_file):
+    from conftest import one_line
+
+    result = _cli("verify", "--model", "tiny:llava", "--image", picture_file, "--text", "a <image> b <image>")
+    assert result.exit_code == 2 and "2 <image> slot(s) but 1 image(s)" in one_line(result)
+    result = _cli("verify", "--model", "tiny:llama", "--image", picture_file, "--text", "hi")
+    assert result.exit_code == 2 and "text model" in one_line(result)
+
+
+def test_cli_run_with_an_image_passes_the_maps_to_the_report(picture_file, tmp_path):
+    import json
+
+    result = _cli("run", "--model", "tiny:llava", "--image", picture_file, "--out", str(tmp_path / "report"), "--quiet")
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "report" / "run.json").read_text())
+    model = record["models"][0] if "models" in record else record
+    assert "verified" in json.dumps(model) and (tmp_path / "report" / "index.html").exists()
+
+
+def test_llava_next_tiles_unpadded_with_a_newline_per_row():
+    """A 30 x 100 picture: the best of the tiny pinpoints is 32 x 64 (two 32 x 32 tiles side by side: 4 x 8
+    patches); fitted at 64 wide it is 19 high, so one padded patch row is removed above and below (4 - 2 * 1 = 2
+    rows), each followed by <image_newline>; the 4 x 4 thumbnail comes first."""
+    lm = _tiny("llava_next")
+    [m] = extract(lm, "A <image> wide one", images=[_picture(4, (30, 100, 3))])
+    views = [(p.view, p.rows, p.cols) for p in m.patches if p is not None]
+    assert views.count(("thumbnail", 4, 4)) == 16 and views.count(("tiles", 2, 8)) == 16 and len(views) == 32
+    newlines = [i for i, label in enumerate(m.labels) if label == "<image_newline>"]
+    assert len(newlines) == 2 and all(m.patches[i] is None and m.special[i] for i in newlines)
+    tiles = [i for i, p in enumerate(m.patches) if p is not None and p.view == "tiles"]
+    assert newlines == [tiles[7] + 1, tiles[15] + 1]  # after each row of 8
+    assert m.patches[tiles[8]].box == (0.5, 0.0, 1.0, 0.125)  # row 1, column 0 of 2 x 8 over the whole picture
