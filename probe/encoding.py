@@ -45,6 +45,13 @@ class Encoded:
     grid: tuple[int, int] | None = None  # an image's patch grid: (rows, columns)
     labels: tuple[str, ...] = ()  # an image's unit labels: [CLS], [REG0], ..., r0c0, r0c1, ...
     picture: Any = None  # an image as the model saw it: numpy [H, W, 3] in 0..1
+    # A text with images for a vision–language decoder (`probe.vision_language`): the processor's other inputs
+    # for this one text (pixel_values, token_type_ids, ...; batch of one), each unit's ImagePatch or None, the
+    # pictures as the model saw them, and the labels of the image units (None for a text token).
+    inputs: Any = None
+    patches: tuple = ()
+    pictures: tuple = ()
+    image_labels: tuple = ()
 
 
 def check_texts(texts: str | Iterable[str]) -> list[str]:

@@ -20,6 +20,7 @@ from .images import check_images, encode_images, for_input, require_modality
 from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
+from .vision_language import default_texts, encode_with_images
 from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight, whole_number
 from .words import Segmenter, to_word_level
 
@@ -63,12 +64,21 @@ def iter_extract(
     _check_count(window, "window")
     if level not in ("token", "word"):
         raise ValueError(f"level must be 'token' or 'word', got {level!r}")
-    if texts is not None and images is not None:
-        raise ValueError("pass texts or images, not both (CLIP's two towers: hs.image_text for an image-caption pair)")
     if texts is None and images is None:
         raise TypeError("texts must be a str or an iterable of str (a list, a generator, ...), got NoneType; "
                         "an image model takes images=[...] instead")
+    if texts is not None and images is not None and not getattr(lm, "reads_images", False):
+        raise ValueError("pass texts or images, not both (CLIP's two towers: hs.image_text for an image-caption "
+                         "pair); texts with images are for a vision–language decoder (e.g. tiny:llava)")
     lm = for_input(lm, images=images is not None)  # a two-tower model: the tower that reads this input
+    if getattr(lm, "reads_images", False) and images is not None:
+        texts = default_texts(images) if texts is None else texts  # images alone: each with the default prompt
+        if weight != "attention" or target is not None:
+            raise ValueError("texts with images are extracted with weight='attention' and no target")
+        _check_store_dtype(store_dtype)
+        encoded = encode_with_images(lm, check_texts(texts), images)
+        maps = _with_images(lm, encoded, select_layers(lm, layers), select_heads(lm, heads), store_dtype, segmenter)
+        return (to_word_level(m) for m in maps) if level == "word" else maps
     if images is not None:
         if weight != "attention" or target is not None:
             raise ValueError("images are extracted with weight='attention' and no target")
@@ -120,6 +130,11 @@ def _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dt
     if pending:
         yield from _run_window(lm, pending, batch_size, level, layer_idx, head_idx, store_dtype, truncate, segmenter,
                                done, weight)
+
+
+def _with_images(lm, encoded, layer_idx, head_idx, store_dtype, segmenter):
+    for enc in encoded:  # one text with its images at a time: its own image tokens, pixels and mask
+        yield from _run_encoded(lm, [enc], 1, "token", layer_idx, head_idx, store_dtype, segmenter)
 
 
 def _image_windows(lm, images, batch_size, layer_idx, head_idx, store_dtype):

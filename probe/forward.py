@@ -22,7 +22,7 @@ from .model import LoadedModel
 
 __all__ = ["base_model", "is_seq2seq", "learned_sinks", "attention_layers", "hybrid_note", "no_attention_layers",
            "no_attention_reason",
-           "NO_SOFTMAX_LAYER_TYPES", "forward_one_stream", "pixel_inputs", "forward_batch", "forward_seq2seq", "seq2seq_inputs"]
+           "NO_SOFTMAX_LAYER_TYPES", "forward_one_stream", "extra_inputs", "pixel_inputs", "forward_batch", "forward_seq2seq", "seq2seq_inputs"]
 
 
 def is_seq2seq(lm: LoadedModel) -> bool:
@@ -86,16 +86,31 @@ def base_model(lm: LoadedModel) -> torch.nn.Module:
     return m if base is None else base
 
 
-def forward_one_stream(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, *, output_attentions: bool):
+def extra_inputs(lm: LoadedModel, items: Sequence[Encoded]) -> dict:
+    """A vision–language text's other inputs (pixel values, token type ids, ...) on the model's device, pixels in
+    its dtype; {} for plain texts. A text with images runs in a batch of its own (its image tokens, grids and
+    masks are its own)."""
+    if not items or items[0].inputs is None:
+        return {}
+    if len(items) > 1:
+        raise ValueError("a text with images runs in a batch of its own; give batches of one")
+    return {k: v.to(lm.device, lm.dtype) if v.is_floating_point() else v.to(lm.device)
+            for k, v in items[0].inputs.items()}
+
+
+def forward_one_stream(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, *, output_attentions: bool,
+                       extra: dict | None = None):
     """One forward pass over a batch of single texts: the base model, or an encoder–decoder's encoder
     alone (its self-attention over the text is the model's one-text view: extract without a target).
-    An image model takes `ids` as its pixel values (B, 3, H, W) and no mask (every patch is real)."""
+    An image model takes `ids` as its pixel values (B, 3, H, W) and no mask (every patch is real).
+    A vision–language decoder takes its images' inputs in `extra` (`extra_inputs`)."""
     base = base_model(lm)
     if ids.is_floating_point():
         return base(**pixel_inputs(base, lm, ids.to(lm.dtype)), output_attentions=output_attentions)
     if is_seq2seq(lm):  # the encoder stack takes no use_cache (T5's refuses it)
         return base.get_encoder()(input_ids=ids, attention_mask=mask, output_attentions=output_attentions)
-    return base(input_ids=ids, attention_mask=mask, output_attentions=output_attentions, use_cache=False)
+    return base(input_ids=ids, attention_mask=mask, output_attentions=output_attentions, use_cache=False,
+                **(extra or {}))
 
 
 def pixel_inputs(base: torch.nn.Module, lm: LoadedModel, pixels: torch.Tensor) -> dict:
@@ -123,11 +138,12 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
         if layer not in have:
             raise ValueError(no_attention_reason(lm, layer))
     ids, mask = pad_batch(items, lm.device)
+    extra = extra_inputs(lm, items)
     if len(wanted) < lm.config.num_hidden_layers:
-        caught = _forward_hooked(lm, ids, mask, wanted)
+        caught = _forward_hooked(lm, ids, mask, wanted, extra)
         if caught is not None:
             return caught
-    out = forward_one_stream(lm, ids, mask, output_attentions=True)
+    out = forward_one_stream(lm, ids, mask, output_attentions=True, extra=extra)
     att = getattr(out, "attentions", None)
     if not att or any(a is None for a in att):
         raise RuntimeError(
@@ -142,7 +158,7 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
     return [att[row[layer]] for layer in wanted]
 
 
-def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int]) -> list[torch.Tensor] | None:
+def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict | None = None) -> list[torch.Tensor] | None:
     """The wanted layers' weights caught from their attention modules; None where that cannot work."""
     try:
         family = family_for(lm.config)
@@ -159,7 +175,7 @@ def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int]) -> list[torch
 
     handles = family.hook_layers(base, lm.config, wanted, grab, where="attention", pre=False)
     try:
-        forward_one_stream(lm, ids, mask, output_attentions=False)
+        forward_one_stream(lm, ids, mask, output_attentions=False, extra=extra)
     finally:
         for h in handles:
             h.remove()

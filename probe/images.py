@@ -21,7 +21,7 @@ from .model import LoadedModel
 
 __all__ = ["check_images", "load_image", "encode_images", "patch_labels", "patchify", "unpatchify", "ImageInput", "require_modality",
            "TWO_TOWER_TYPES", "Towers", "TOWERS", "TOWER_NAMES", "is_two_tower", "tower", "for_input",
-           "models_for"]
+           "models_for", "as_seen"]
 
 
 @dataclass(frozen=True)
@@ -88,8 +88,9 @@ ImageInput = object  # a path (str or os.PathLike), a PIL.Image.Image, or a nump
 
 
 def require_modality(lm: LoadedModel, *, images: bool) -> None:
-    """A clear error for an image on a text model, or a text on an image model (a two-tower model takes both)."""
-    if is_two_tower(lm):
+    """A clear error for an image on a text model, or a text on an image model (a two-tower model takes both,
+    each in its tower; a vision–language decoder reads both together: `probe.vision_language`)."""
+    if is_two_tower(lm) or getattr(lm, "reads_images", False):
         return
     if images and not getattr(lm, "is_image", False):
         raise ValueError(f"{lm.name} is a text model ({lm.model_type}); it takes texts, not images. "
@@ -190,7 +191,7 @@ def encode_images(lm: LoadedModel, images: Sequence[object], *, first_index: int
         special = (True,) * len(prefix) + (False,) * (rows * cols)
         encoded.append(Encoded(text=_name(first_index + i, item), ids=(0,) * len(labels), spans=((0, 0),) * len(labels),
                                special=special, pixels=pixels[i], grid=(rows, cols), labels=labels,
-                               picture=_as_seen(lm.processor, pixels[i][None])[0]))
+                               picture=as_seen(lm.processor, pixels[i][None])[0]))
     return encoded
 
 
@@ -220,7 +221,7 @@ def patchify(pixels, patch: int):
     return x.permute(0, 2, 4, 3, 5, 1).reshape(B, (H // patch) * (W // patch), patch * patch * C)
 
 
-def _as_seen(processor, pixels) -> np.ndarray:
+def as_seen(processor, pixels) -> np.ndarray:
     """The images as the model saw them, normalisation undone: [B, H, W, 3] in 0..1."""
     x = pixels.float().numpy().transpose(0, 2, 3, 1)  # (B, H, W, 3)
     if getattr(processor, "do_normalize", False):

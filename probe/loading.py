@@ -203,7 +203,7 @@ def _tiny(name: str, *, spec: Placement, dtype: str) -> LoadedModel:
     if model_type not in TINY_TYPES:
         raise ModelNotAvailable(f"no tiny model for {model_type!r}; tiny: takes a verified model type: "
                                 f"{', '.join(TINY_TYPES)} (see `headscope models --families`)")
-    lm = tiny_model(model_type)
+    lm = tiny_model(model_type, as_type=True)
     model = lm.model.to(dtype=_DTYPES[dtype])
     if spec.spread:
         model = _dispatch(model, spec, _DTYPES[dtype])
@@ -283,6 +283,9 @@ def load_model(
     processor = None
     if _is_image_config(model.config) or model.config.model_type in TWO_TOWER_TYPES:
         processor = _image_processor(str(path), {"revision": revision} if revision else {})
+    elif _reads_images(model.config):
+        processor = _processor(str(path), {"revision": revision} if revision else {})
+        tok = getattr(processor, "tokenizer", None) or tok
     return LoadedModel(
         name=packaged.name if packaged else name,
         model=model,
@@ -463,6 +466,8 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, spec: Pla
         # An encoder–decoder (T5, BART, Marian) is built whole: its decoder reads the encoder's output.
         cls = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else (
             AutoModelForCausalLM if causal and config.model_type not in TWO_TOWER_TYPES else AutoModel)
+        if _reads_images(config):  # a vision–language decoder: its generating class, vision tower and all
+            from transformers import AutoModelForImageTextToText as cls
         if _is_image_config(config):  # a vision transformer: its image processor (below), no tokenizer
             tok = None
         else:
@@ -497,6 +502,22 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, spec: Pla
 def _is_image_config(config) -> bool:
     family = SUPPORTED_TYPES.get(getattr(config, "model_type", None))
     return family is not None and family.modality == "image"
+
+
+def _reads_images(config) -> bool:
+    family = SUPPORTED_TYPES.get(getattr(config, "model_type", None))
+    return family is not None and family.vision_language is not None
+
+
+def _processor(path: str, at: dict):
+    """A vision–language checkpoint's processor (tokenizer, image processor on the PIL path, chat template)."""
+    from transformers import AutoProcessor
+
+    try:
+        return AutoProcessor.from_pretrained(path, backend="pil", **at)
+    except (OSError, ValueError, TypeError) as exc:
+        raise ModelNotAvailable(f"{path}: no processor could be loaded ({str(exc).splitlines()[0]}); save it beside "
+                                "the model (processor.save_pretrained(folder))") from exc
 
 
 def _image_processor(path: str, at: dict):

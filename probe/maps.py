@@ -20,6 +20,7 @@ from .encoding import Encoded, text_units
 from .forward import attention_layers, learned_sinks, no_attention_layers, no_attention_reason
 from .model import LoadedModel
 from .types import AttentionMap, whole_number
+from .vision_language import sees_ahead
 from .words import Segmenter
 
 __all__ = ["select_layers", "select_heads", "select_indices", "kept_ids", "MapFacts", "make_map"]
@@ -103,14 +104,17 @@ def make_map(lm: LoadedModel, enc: Encoded, attention, *, segmenter: Segmenter |
                             meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "image": enc.text})
     units = text_units(lm, enc, segmenter)
     facts = facts or MapFacts.of(lm)
+    labels = units.labels
+    if enc.image_labels:  # a text with images: image tokens labelled by their cell (img0:r1c2)
+        labels = tuple(own if own is not None else label for own, label in zip(enc.image_labels, labels))
     return AttentionMap(
         text=units.text,
         level="token",
-        labels=units.labels,
+        labels=labels,
         spans=units.spans,
         special=units.special,
         attention=attention,
-        causal=lm.is_causal if causal is None else causal,
+        causal=(lm.is_causal and not sees_ahead(lm, enc)) if causal is None else causal,
         word_index=units.word_index,
         word_spans=units.word_spans,
         token_ids=units.token_ids,
@@ -119,4 +123,6 @@ def make_map(lm: LoadedModel, enc: Encoded, attention, *, segmenter: Segmenter |
         meta=dict(facts.meta),
         sinks=facts.sinks,
         no_attention=facts.no_attention,
+        patches=enc.patches,
+        pictures=enc.pictures,
     )

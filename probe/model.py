@@ -14,7 +14,32 @@ import torch
 
 from .families import SUPPORTED_TYPES
 
-__all__ = ["LoadedModel", "encoder_only", "model_class"]
+__all__ = ["LoadedModel", "encoder_only", "model_class", "DecoderConfig"]
+
+
+class DecoderConfig:
+    """A vision–language model's config as its decoder's: what the composite config (LlavaConfig, Gemma3Config)
+    holds is read there (`model_type` "llava", the image token), everything else from its text config (layers,
+    heads, positions), so the code that reads a text decoder's config reads this one unchanged.
+
+    >>> from types import SimpleNamespace
+    >>> cfg = DecoderConfig(SimpleNamespace(model_type="llava", text_config=SimpleNamespace(num_hidden_layers=2)))
+    >>> cfg.model_type, cfg.num_hidden_layers
+    ('llava', 2)
+    """
+
+    def __init__(self, composite, text=None) -> None:
+        object.__setattr__(self, "composite", composite)
+        object.__setattr__(self, "text", composite.text_config if text is None else text)
+
+    def __getattr__(self, name: str):
+        try:
+            return getattr(object.__getattribute__(self, "composite"), name)
+        except AttributeError:
+            return getattr(object.__getattribute__(self, "text"), name)
+
+    def __setattr__(self, name: str, value) -> None:
+        raise AttributeError("a DecoderConfig is read-only; change the model's own config")
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,11 +65,21 @@ class LoadedModel:
 
     @property
     def config(self):
+        """The model's config; a vision–language model's as its decoder's (`DecoderConfig`)."""
+        family = SUPPORTED_TYPES.get(getattr(self.model.config, "model_type", None))
+        if family is not None and family.vision_language is not None:
+            return DecoderConfig(self.model.config, family.vision_language.text_config(self.model.config))
         return self.model.config
 
     @property
+    def reads_images(self) -> bool:
+        """True for a decoder that reads images among its text tokens (`extract(lm, texts, images=[...])`)."""
+        family = SUPPORTED_TYPES.get(getattr(self.model.config, "model_type", None))
+        return family is not None and family.vision_language is not None
+
+    @property
     def model_type(self) -> str:
-        return getattr(self.config, "model_type", "unknown")
+        return getattr(self.model.config, "model_type", "unknown")
 
     @property
     def is_causal(self) -> bool:

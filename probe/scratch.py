@@ -136,6 +136,10 @@ class LayerSpec:
     # THAT layer's attention input with its weights (wk, wv, bk, bv, k_norm, v_norm here are its own); the
     # caller passes that input as `kv=`. None: keys and values of the layer's own input.
     kv_layer: int | None = None
+    # Bidirectional blocks of a causal mask, (B, T) ids for the texts at hand (not a weight: set per input with
+    # dataclasses.replace): a query and a key of one block id >= 0 see each other both ways, whatever their order
+    # (Gemma 3's image tokens within one image, PaliGemma's image + prompt prefix); -1: causal only.
+    blocks: torch.Tensor | None = None
 
     def kv_input(self, inputs) -> torch.Tensor | None:
         """The input the keys and values come from, out of the layers' attention inputs `inputs` (indexed by
@@ -288,8 +292,11 @@ def visible_keys(
     rows: tuple[int, int] | None = None,
     key_start: int = 0,
     chunk_size: int | None = None,
+    blocks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B, 1, R, K) bool: True where query i may see key j — `build_mask` before it becomes 0 / -inf.
+    `blocks` (B, T): a query and a key of one block >= 0 see each other although the key comes later (causal
+    or a block; then the sliding window, as transformers composes them).
 
     >>> visible_keys(torch.tensor([[1, 1, 1]]), causal=True, sliding_window=2, rows=(2, 3))[0, 0]
     tensor([[False,  True,  True]])
@@ -300,7 +307,12 @@ def visible_keys(
     j = torch.arange(key_start, key_start + K, device=key_valid.device)[None, :]
     allowed = key_valid.bool()[:, None, None, :].expand(-1, 1, stop - start, K)  # (B, 1, R, K)
     if causal:
-        allowed = allowed & (j <= i)
+        order = j <= i
+        if blocks is not None:
+            b_q = blocks[:, start:stop].to(key_valid.device)[:, None, :, None]  # (B, 1, R, 1)
+            b_k = blocks[:, key_start:key_start + K].to(key_valid.device)[:, None, None, :]  # (B, 1, 1, K)
+            order = order | ((b_q == b_k) & (b_q >= 0))
+        allowed = allowed & order
     if sliding_window is not None:
         allowed = allowed & (i - j < sliding_window)
     if local_window is not None:
@@ -331,6 +343,7 @@ def build_mask(
     rows: tuple[int, int] | None = None,
     key_start: int = 0,
     chunk_size: int | None = None,
+    blocks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Additive mask (B, 1, R, K): 0 where query i may see key j, -inf elsewhere.
 
@@ -350,7 +363,7 @@ def build_mask(
             [-inf, 0., 0.]])
     """
     allowed = visible_keys(key_valid, causal=causal, sliding_window=sliding_window, local_window=local_window,
-                           rows=rows, key_start=key_start, chunk_size=chunk_size)
+                           rows=rows, key_start=key_start, chunk_size=chunk_size, blocks=blocks)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=key_valid.device)
     return mask.masked_fill(~allowed, float("-inf"))
 
@@ -549,7 +562,7 @@ def row_probs(
                         use_positions=use_positions, heads=heads)
     mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=q_rows.dtype,
                       local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start,
-                      chunk_size=spec.chunk_size)
+                      chunk_size=spec.chunk_size, blocks=spec.blocks)
     if spec.sinks is not None:
         return scores, softmax_with_sink(scores + mask, _sink_logits(spec, heads))  # (B, h, R, K), rows sum < 1
     return scores, stable_softmax(scores + mask)  # (B, h, R, K)

@@ -78,7 +78,9 @@ def _wordpiece_vocab() -> dict[str, int]:
     return {t: i for i, t in enumerate(tokens)}
 
 
-def _family(name: str) -> Family:
+def _family(name: str, *, as_type: bool = False) -> Family:
+    if as_type and name in SUPPORTED_TYPES:  # `tiny:gemma3` is the model type (Gemma 3 with vision), not the family
+        return SUPPORTED_TYPES[name]
     if name in FAMILIES:
         return FAMILIES[name]
     if name in SUPPORTED_TYPES:
@@ -119,7 +121,8 @@ def _tiny_towers(model_type: str, *, seed: int, **config_overrides) -> LoadedMod
                        processor=image.tiny_processor(model.config.vision_config))
 
 
-def tiny_model(name: str, *, seed: int = 0, std: float | None = None, **config_overrides) -> LoadedModel:
+def tiny_model(name: str, *, seed: int = 0, std: float | None = None, as_type: bool = False,
+               **config_overrides) -> LoadedModel:
     """A `LoadedModel` of a 2-3 layer random model of family (or model type) `name`, ready for extract() and verify().
 
     >>> lm = tiny_model("llama")
@@ -131,10 +134,13 @@ def tiny_model(name: str, *, seed: int = 0, std: float | None = None, **config_o
         if std is not None:
             raise ValueError(f"{name} is a two-tower model: each tower's weights have its own family's spread")
         return _tiny_towers(name, seed=seed, **config_overrides)
-    family = _family(name)
+    family = _family(name, as_type=as_type)  # as_type: `name` is a model type first (loading's `tiny:TYPE`)
     std = family.tiny_std if std is None else std
     tok = None if family.tokenizer is None else tiny_tokenizer(family.tokenizer)  # an image model has none
-    model_type = name if name in SUPPORTED_TYPES else family.model_types[0]
+    model_type = name if SUPPORTED_TYPES.get(name) is family else family.model_types[0]
+    reading = family.vision_language
+    if reading is not None:  # a decoder that reads images: its image tokens are the tokenizer's last ones
+        tok.add_special_tokens({"additional_special_tokens": list(reading.image_tokens(None))})
     cfg = family.tiny_config(0 if tok is None else len(tok), model_type)
     for key, value in config_overrides.items():
         setattr(cfg, key, value)
@@ -150,5 +156,7 @@ def tiny_model(name: str, *, seed: int = 0, std: float | None = None, **config_o
             p.normal_(0.0, std)
     model.eval()
     processor = None if family.tiny_processor is None else family.tiny_processor(cfg)
+    if reading is not None:
+        processor = reading.tiny_processor(cfg, tok)
     return LoadedModel(name=f"tiny-{family.name}", model=model, tokenizer=tok, source="random init",
                        dtype=torch.float32, device=torch.device("cpu"), processor=processor)

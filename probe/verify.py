@@ -267,6 +267,12 @@ def verify(
             raise ValueError(f"{lm.name} is a two-tower model: give family= to one tower (hs.towers(lm))")
         return _verify_towers(lm, texts, images, batch_size=batch_size, truncate=truncate)
     family = family or family_for(lm.config)
+    if family.vision_language is not None:
+        if target is not None:
+            raise ValueError(f"target= is for encoder-decoder models; {lm.name} is a vision–language decoder")
+        return _verify_reading(lm, texts, images, family)
+    if images is not None:
+        require_modality(lm, images=True)  # an image on a text model: say that first
     if images is not None and texts is not None:
         raise ValueError("pass texts or images, not both")
     if images is not None or (texts is None and getattr(lm, "is_image", False)):
@@ -350,6 +356,102 @@ def _compare_layer(spec: LayerSpec, cap: Captured, i: int, q_lengths: list[int],
         ref_p = max(ref_p, p_ref.abs().max().item())
         ref_o = max(ref_o, o_ref.abs().max().item())
     return [abs_p, abs_p / max(ref_p, 1e-30), abs_o, abs_o / max(ref_o, 1e-30)]
+
+
+# --- vision–language decoders ---------------------------------------------------------------
+
+
+def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verification:
+    """Both stacks of a vision–language decoder, one text (and its images) at a time: the vision tower's layers
+    on the pixels by its image-encoder family, the decoder's on the merged text and image embeddings with the
+    model's own mask (`VisionLanguage.blocks`) by its text family."""
+    from .vision_language import default_texts, encode_with_images
+
+    if texts is None and images is not None:  # the images alone: each with the default prompt
+        texts = default_texts(images)
+    texts = check_texts(DEFAULT_TEXTS[:2] if texts is None else texts)
+    if images is None:  # each text its own picture, unless the texts place images themselves
+        images = [default_images()[k % 2] for k in range(len(texts))]
+    encoded = encode_with_images(lm, texts, check_images(images))
+    reading = family.vision_language
+    stacks = (reading.vision, Stack(kind="decoder", layer_spec=family.layer_spec, attention=family.attention,
+                                    out_proj=family.out_proj, n_layers=family.n_layers))
+    base, cfg = base_model(lm), lm.config
+    worst = {s.kind: {i: [0.0] * 4 for i in range(s.n_layers(cfg))} for s in stacks}
+    t_fwd = t_re = 0.0
+    for enc in encoded:
+        caps, seconds = _capture_stacks(lm, enc, stacks)
+        t_fwd += seconds
+        t0 = time.perf_counter()
+        ids = torch.tensor([enc.ids])
+        types = None if enc.inputs is None else enc.inputs.get("token_type_ids")
+        for stack in stacks:
+            cap = caps[stack.kind]
+            for i in range(stack.n_layers(cfg)):
+                spec = stack.layer_spec(base, i, cfg)
+                if stack.kind == "decoder":
+                    spec = replace(spec, blocks=reading.blocks(cfg, types, ids, i))
+                lengths = [cap.inputs[i].shape[1]] * cap.inputs[i].shape[0]
+                errs = _compare_layer(spec, cap, i, lengths, lengths)
+                worst[stack.kind][i] = [max(a, b) for a, b in zip(worst[stack.kind][i], errs)]
+        t_re += time.perf_counter() - t0
+    tol_p, tol_o = tolerances(lm.dtype)
+    checks = tuple(LayerCheck(i, *w, passed=bool(w[0] <= tol_p and w[3] <= tol_o), kind=kind)
+                   for kind, layers in worst.items() for i, w in layers.items())
+    return Verification(model=lm.name, family=family.name, dtype=str(lm.dtype).replace("torch.", ""), tolerance=tol_p,
+                        tolerance_output=tol_o, n_heads=cfg.num_attention_heads, n_texts=len(encoded),
+                        n_tokens=sum(len(e.ids) for e in encoded), layers=checks, seconds_forward=t_fwd,
+                        seconds_recompute=t_re)
+
+
+@torch.inference_mode()
+def _capture_stacks(lm: LoadedModel, enc: Encoded, stacks) -> tuple[dict[str, Captured], float]:
+    """One forward pass of one text with its images, hooks on every attention block of every stack: each
+    layer's input, its probabilities (the attention module's weights) and its output after W_O."""
+    from .forward import extra_inputs
+
+    base, cfg = base_model(lm), lm.config
+    grabbed = {s.kind: [[None] * s.n_layers(cfg) for _ in range(3)] for s in stacks}  # inputs, probs, outputs
+    handles = []
+
+    def grab_input(kind, i):
+        def hook(module, args, kwargs):
+            grabbed[kind][0][i] = (args[0] if args else kwargs["hidden_states"]).detach()
+        return hook
+
+    def grab_probs(kind, i):
+        def hook(module, args, out):
+            grabbed[kind][1][i] = out[-1].detach() if isinstance(out, tuple) and out[-1] is not None else None
+        return hook
+
+    def grab_output(kind, i):
+        def hook(module, args, out):
+            grabbed[kind][2][i] = out.detach()
+        return hook
+
+    for stack in stacks:
+        for i in range(stack.n_layers(cfg)):
+            attn = stack.attention(base, i)
+            handles.append(attn.register_forward_pre_hook(grab_input(stack.kind, i), with_kwargs=True))
+            handles.append(attn.register_forward_hook(grab_probs(stack.kind, i)))
+            handles.append(stack.out_proj(base, i).register_forward_hook(grab_output(stack.kind, i)))
+    ids, mask = pad_batch([enc], lm.device)
+    try:
+        t0 = time.perf_counter()
+        forward_one_stream(lm, ids, mask, output_attentions=True, extra=extra_inputs(lm, [enc]))
+        seconds = time.perf_counter() - t0
+    finally:
+        for h in handles:
+            h.remove()
+    caps = {}
+    for stack in stacks:
+        ins, probs, outs = grabbed[stack.kind]
+        if any(x is None for x in ins + probs + outs):
+            raise RuntimeError(f"{lm.name}: the forward pass did not expose every {stack.kind} layer's attention "
+                               "(a text without images runs no vision tower)")
+        valid = torch.ones(ins[0].shape[:2], dtype=torch.long)  # every patch and every token of one text is real
+        caps[stack.kind] = Captured(tuple(ins), tuple(probs), tuple(outs), valid, seconds)
+    return caps, seconds
 
 
 # --- encoder-decoder models ------------------------------------------------------------------

@@ -18,6 +18,18 @@ def _tiny(family: str):
     return tiny_model(family)
 
 
+@functools.lru_cache(maxsize=None)
+def _tiny_type(model_type: str):
+    """The tiny model of a model type: `_tiny`'s, but for a type that is also another family's name ("gemma3":
+    Gemma 3 with vision, beside the `gemma3` text family), the type's own family's."""
+    from headscope.probe.families import SUPPORTED_TYPES
+    from headscope.probe.tiny import tiny_model
+
+    if FAMILIES.get(model_type, SUPPORTED_TYPES[model_type]) is SUPPORTED_TYPES[model_type]:
+        return _tiny(model_type)
+    return tiny_model(model_type, as_type=True)
+
+
 # Families with one stack of self-attention (encoders, decoders) and encoder–decoder families, whose
 # extract takes a target and returns three maps (tested in test_seq2seq.py).
 # Image families (vision transformers) take images, not texts: the text-parametrised tests leave them out

@@ -12,7 +12,7 @@ import tokenize
 import pytest
 import torch
 from click.testing import CliRunner
-from conftest import _tiny
+from conftest import _tiny_type
 
 import headscope.probe.families as families
 from headscope.cli import cli
@@ -69,11 +69,13 @@ def _string_literals(path: pathlib.Path):
             value = ast.literal_eval(tok.string)
         except ValueError:  # an f-string
             continue
-        yield value, k >= 2 and toks[k - 1].string == "=" and toks[k - 2].string == "family"
+        # `family="bert"` names a family, and so does a Family's own `name="gemma3"` (a family's name may be another
+        # family's model type: the gemma3 text family beside Gemma 3 with vision, model type "gemma3")
+        yield value, k >= 2 and toks[k - 1].string == "=" and toks[k - 2].string in ("family", "name")
 
 
 def test_each_model_type_is_named_in_one_file_only():
-    # A family name that is also a model type ("bert") may name the family elsewhere (`family="bert"`).
+    # A family name that is also a model type ("bert") may name the family elsewhere (`family="bert"`, `name="bert"`).
     where: dict[str, set[str]] = {t: set() for t in SUPPORTED_TYPES}
     for path in sorted((ROOT / "probe").rglob("*.py")):
         for value, names_family in _string_literals(path):
@@ -86,7 +88,7 @@ def test_each_model_type_is_named_in_one_file_only():
 @pytest.mark.parametrize("model_type", sorted(SUPPORTED_TYPES))
 def test_tiny_model_by_model_type_is_its_family_model(model_type):
     family = SUPPORTED_TYPES[model_type]
-    lm = _tiny(model_type)  # built once per session, shared with the other per-type tests
+    lm = _tiny_type(model_type)  # built once per session, shared with the other per-type tests
     assert lm.config.model_type == model_type
     assert lm.name == f"tiny-{family.name}"
     assert family_for(lm.config) is family

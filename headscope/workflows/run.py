@@ -32,6 +32,7 @@ from headscope.probe.forward import hybrid_note, is_seq2seq
 from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
 from headscope.probe.generate import GenerationAttention, generate_attention
 from headscope.probe.images import for_input, is_two_tower
+from headscope.probe.vision_language import DEFAULT_PROMPT
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, Attention
 from headscope.probe.sources import source_for
@@ -293,10 +294,18 @@ def _analyse_images(lm: LoadedModel, settings: RunSettings, stage: _Stages, say)
              "(there is no cross-attention between image and text)"]
     if lm.source == "random init":
         notes.append("random weights (a tiny test model): the vision figures show the method, not a trained model")
-    info = {**_model_info(lm, verification, stage.seconds), "images": [m.text for m in maps],
-            "patch_grid": list(maps[0].grid)}
+    info = {**_model_info(lm, verification, stage.seconds), "images": [m.text for m in maps]}
+    if maps[0].grid is not None:
+        info["patch_grid"] = list(maps[0].grid)
+    reading = {}
+    if getattr(lm, "reads_images", False):  # a vision–language decoder: each image read with a prompt
+        notes[0] = ("a vision–language decoder: each --image is read with the prompt "
+                    f"{DEFAULT_PROMPT!r} and the heads are scored on those texts; the corpus, the coreference probe, "
+                    "ablation and sinks were not run")
+        info["images"] = list(images)
+        reading = {"vision_language": tuple(maps)}  # the Vision–language section's maps
     return ModelAnalysis(model=lm.name, verification=verification, scores=scores, maps=tuple(maps), info=info,
-                         notes=tuple(notes), seconds=dict(stage.seconds))
+                         notes=tuple(notes), seconds=dict(stage.seconds), **reading)
 
 
 def corpus_stats(tokenizer, corpora: Sequence[tuple[str, str, Sequence[str]]]) -> pd.DataFrame:

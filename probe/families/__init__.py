@@ -13,6 +13,11 @@ An encoder–decoder family has three kinds of attention, each a `Stack` of laye
 the target) and "cross" (target queries over the encoder's output). Its top-level `layer_spec`,
 `attention` and `out_proj` are those of the encoder stack.
 
+A vision–language decoder (LLaVA, Gemma 3, PaliGemma) is a text decoder that reads image tokens among its
+text tokens; its `vision_language` (a `VisionLanguage`) holds its image encoder's layers as a "vision"
+`Stack`, where each image token sits on its picture (`image_units`) and the decoder mask's bidirectional
+blocks (`blocks`). Its top-level `layer_spec`, `attention` and `out_proj` are those of the decoder.
+
 >>> FAMILIES["llama"].kind, family_of_type("mistral").name
 ('decoder', 'llama')
 """
@@ -32,16 +37,16 @@ from ..placement import onloading
 from ..scratch import LayerSpec
 
 __all__ = [
-    "Family", "Refusal", "Kind", "Modality", "Stack", "StackKind", "TokenizerKind", "UnsupportedArchitecture",
+    "Family", "Refusal", "Kind", "Modality", "Stack", "StackKind", "VisionLanguage", "TokenizerKind", "UnsupportedArchitecture",
     "UnsupportedFeature", "FAMILIES", "SUPPORTED_TYPES", "NO_SOFTMAX_LAYER_TYPES", "softmax_layers", "family_for",
     "family_of_type", "family_table", "coverage_markdown",
 ]
 
 Kind = Literal["encoder", "decoder", "encoder-decoder"]
 TokenizerKind = Literal["wordpiece", "bytebpe", "sentencepiece"]
-AutoClass = Literal["AutoModel", "AutoModelForCausalLM", "AutoModelForSeq2SeqLM"]
-Modality = Literal["text", "image"]
-StackKind = Literal["encoder", "decoder", "cross"]
+AutoClass = Literal["AutoModel", "AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForImageTextToText"]
+Modality = Literal["text", "image", "vision-language"]
+StackKind = Literal["encoder", "decoder", "cross", "vision"]
 
 
 # Layer types of hybrid stacks (transformers' `config.layer_types`) whose layers have no softmax attention:
@@ -89,6 +94,28 @@ class Stack:
 
 
 @dataclass(frozen=True)
+class VisionLanguage:
+    """What a decoder that reads images adds to its text decoder: the image encoder and the image tokens' places.
+
+    `vision` addresses the image encoder's layers on the base model (kind "vision"); `vision_family` names the
+    image-encoder family that verifies them. `image_units(config, inputs, image)` gives image `image`'s units in
+    token order, from the processor's outputs `inputs` for one text: an `ImagePatch` for a token on the picture,
+    a label string for one that is not (`<image_newline>`, a CLS token). `blocks(config, token_type_ids, ids,
+    layer)` gives the decoder mask's bidirectional blocks of one layer, (B, T) ids where a query and a key of one
+    block >= 0 see each other both ways (Gemma 3's images, PaliGemma's prefix), or None (causal only).
+    `tiny_processor(config, tokenizer)` builds the tiny model's processor (image processor, tokenizer, chat
+    template); `text_config(config)` is the decoder's own config."""
+
+    vision: Stack
+    vision_family: str
+    image_units: Callable[[Any, dict, int], list]
+    tiny_processor: Callable[[Any, Any], Any]
+    image_tokens: Callable[[Any], tuple[str, ...]]  # config -> the special tokens the tiny tokenizer must hold
+    blocks: Callable[[Any, Any, Any, int], torch.Tensor | None] = lambda cfg, types, ids, layer: None
+    text_config: Callable[[Any], Any] = lambda cfg: cfg.text_config
+
+
+@dataclass(frozen=True)
 class Family:
     name: str
     model_types: tuple[str, ...]  # transformers' `config.model_type` values this family covers
@@ -109,6 +136,7 @@ class Family:
     prefix_tokens: Callable[[Any], tuple[str, ...]] = lambda cfg: ()
     tiny_processor: Callable[[Any], Any] | None = None  # image models: config -> the tiny model's image processor
     tiny_std: float = 0.2  # the spread of the tiny model's random weights (wider: attention far from uniform)
+    vision_language: VisionLanguage | None = None  # a decoder that reads images too (LLaVA, Gemma 3, PaliGemma)
 
     def __post_init__(self) -> None:  # a layer's weights read in memory where accelerate offloaded them
         object.__setattr__(self, "layer_spec", onloading(self.layer_spec, self.attention, self.out_proj))

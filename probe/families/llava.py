@@ -1,0 +1,73 @@
+"""LLaVA: a CLIP (or SigLIP) vision tower, a two-layer projector, and a text decoder (Llama, Mistral, Qwen2) that
+reads the projected patches where the text's `<image>` tokens stand.
+
+The processor turns each `<image>` slot into one image token per patch of the resized picture (row by row; with
+`vision_feature_select_strategy="full"` the tower's CLS token first). The decoder's mask stays causal over text
+and image tokens alike, so the decoder is verified by its text family on the merged input embeddings, and the
+vision tower by `clip_vision` on the pixels.
+"""
+
+from __future__ import annotations
+
+from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec,
+                       grid_units, tiny_chat_template, tiny_pil_processor, tiny_parts, vision_stack)
+from . import Family, VisionLanguage
+
+IMAGE_TOKEN = "<image>"
+
+
+def _language_model(base):
+    return base.language_model
+
+
+def _tower(base):
+    tower = base.vision_tower  # CLIPVisionModel holds its layers itself; an older layout under .vision_model
+    return getattr(tower, "vision_model", tower)
+
+
+def _image_units(cfg, inputs: dict, image: int) -> list:
+    """Image `image`'s units: its patches row by row (after the CLS token where the strategy keeps it)."""
+    vision = cfg.vision_config
+    patch = vision.patch_size
+    height, width = inputs["pixel_values"][image].shape[-2:]
+    before = ("<image_cls>",) if cfg.vision_feature_select_strategy == "full" and vision.model_type.startswith("clip") else ()
+    return grid_units(image, height // patch, width // patch, before=before)
+
+
+def _tiny_config(vocab: int, model_type: str):
+    from transformers import AutoConfig
+
+    # the tokenizer's last token is <image> (added by tiny_model before the config is made)
+    return AutoConfig.for_model(model_type, **tiny_parts(model_type, vocab), image_token_id=vocab - 1,
+                                projector_hidden_act="gelu", vision_feature_layer=-1,
+                                vision_feature_select_strategy="default")
+
+
+def _tiny_processor(cfg, tokenizer):
+    from transformers import LlavaProcessor
+
+    vision = cfg.vision_config
+    return LlavaProcessor(image_processor=tiny_pil_processor(vision.image_size, "CLIPImageProcessorPil",
+                                                             crop_size={"height": vision.image_size,
+                                                                        "width": vision.image_size}),
+                          tokenizer=tokenizer, patch_size=vision.patch_size, vision_feature_select_strategy="default",
+                          num_additional_image_tokens=1, chat_template=tiny_chat_template(IMAGE_TOKEN), image_token=IMAGE_TOKEN)
+
+
+FAMILY = Family(
+    name="llava",
+    model_types=("llava",),
+    kind="decoder",
+    features=("decoder: its text family's attention (Llama, Mistral, Qwen2), causal over text and image tokens",
+              "vision tower: clip_vision (CLIP, SigLIP)", "one image token per patch, row by row"),
+    layer_spec=decoder_spec(_language_model),
+    attention=decoder_attention(_language_model),
+    out_proj=decoder_out_proj(_language_model),
+    refuses=both_refusals(),
+    tiny_config=_tiny_config,
+    tokenizer="bytebpe",
+    auto_class="AutoModelForImageTextToText",
+    modality="vision-language",
+    vision_language=VisionLanguage(vision=vision_stack(_tower), vision_family="clip_vision", image_units=_image_units,
+                                   tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE_TOKEN,)),
+)

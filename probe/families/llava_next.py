@@ -1,0 +1,101 @@
+"""LLaVA-NeXT (LLaVA 1.6): LLaVA with "any resolution" images. The processor picks the best of
+`image_grid_pinpoints` for each picture, cuts the picture at that resolution into tiles of the tower's size and
+adds the whole picture resized (the thumbnail) as one more tile; the tower reads every tile.
+
+An image's tokens, in order: the thumbnail's patches row by row (view "thumbnail"), then the tiles' patches as
+one grid over the picture (view "tiles": the tiles side by side, the rows and columns of padding the processor
+added to keep the aspect ratio removed), each row of that grid followed by an `<image_newline>` token (a learned
+embedding, no cell). Both grids span the whole picture, so each cell's box is its place on it. The decoder is
+causal, verified by its text family; the tower by `clip_vision` on every tile.
+"""
+
+from __future__ import annotations
+
+from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec, tiny_chat_template,
+                       tiny_parts, tiny_pil_processor, vision_stack)
+from .llava import IMAGE_TOKEN
+from . import Family, VisionLanguage
+from ..types import ImagePatch
+
+PINPOINTS = [[32, 64], [64, 32], [64, 64]]  # the tiny model's resolutions: one to four 32 x 32 tiles
+
+
+def _language_model(base):
+    return base.language_model
+
+
+def _tower(base):
+    tower = base.vision_tower
+    return getattr(tower, "vision_model", tower)
+
+
+def _best_resolution(size: tuple[int, int], pinpoints) -> tuple[int, int]:
+    """The processor's choice (transformers' `select_best_resolution`): the resolution that keeps the most of the
+    picture's pixels after an aspect-preserving fit, then the least wasted area."""
+    from transformers.image_processing_utils import select_best_resolution
+
+    return tuple(int(x) for x in select_best_resolution(list(size), [list(p) for p in pinpoints]))
+
+
+def _image_units(cfg, inputs: dict, image: int) -> list:
+    vision = cfg.vision_config
+    tile_h, tile_w = inputs["pixel_values"][image].shape[-2:]
+    ph, pw = tile_h // vision.patch_size, tile_w // vision.patch_size
+    height, width = (int(x) for x in inputs["image_sizes"][image])
+    best_h, best_w = _best_resolution((height, width), cfg.image_grid_pinpoints)
+    rows, cols = ph * (best_h // tile_h), pw * (best_w // tile_w)  # the tiles side by side, in patches
+    if width / height > cols / rows:  # a wide picture: rows of padding above and below
+        pad = (rows - int(round(height * (cols / width), 7))) // 2
+        rows -= 2 * pad
+    else:
+        pad = (cols - int(round(width * (rows / height), 7))) // 2
+        cols -= 2 * pad
+    units: list = [ImagePatch(image, r, c, ph, pw, view="thumbnail") for r in range(ph) for c in range(pw)]
+    for r in range(rows):
+        units += [ImagePatch(image, r, c, rows, cols, view="tiles") for c in range(cols)]
+        units.append("<image_newline>")
+    return units
+
+
+def _tiny_config(vocab: int, model_type: str):
+    from transformers import AutoConfig
+
+    # the tokenizer's last token is <image> (added by tiny_model before the config is made)
+    parts = tiny_parts(model_type, vocab)
+    parts["text_config"]["max_position_embeddings"] = 512  # two tiled pictures and a text: ~160 tokens
+    return AutoConfig.for_model(model_type, **parts, image_token_id=vocab - 1,
+                                projector_hidden_act="gelu", vision_feature_layer=-1,
+                                vision_feature_select_strategy="default", image_grid_pinpoints=PINPOINTS)
+
+
+def _tiny_processor(cfg, tokenizer):
+    from transformers import LlavaNextProcessor
+
+    vision = cfg.vision_config
+    size = vision.image_size
+    images = tiny_pil_processor(size, "LlavaNextImageProcessorPil", crop_size={"height": size, "width": size},
+                                image_grid_pinpoints=PINPOINTS)
+    images.size = {"shortest_edge": size}
+    return LlavaNextProcessor(image_processor=images, tokenizer=tokenizer, patch_size=vision.patch_size,
+                              vision_feature_select_strategy="default", num_additional_image_tokens=1,
+                              chat_template=tiny_chat_template(IMAGE_TOKEN), image_token=IMAGE_TOKEN)
+
+
+FAMILY = Family(
+    name="llava_next",
+    model_types=("llava_next",),
+    kind="decoder",
+    features=("decoder: its text family (Llama, Mistral, Qwen2), causal", "vision tower: clip_vision on every tile",
+              "any-resolution images: a thumbnail grid, then the tiles as one unpadded grid with an <image_newline> "
+              "per row"),
+    layer_spec=decoder_spec(_language_model),
+    attention=decoder_attention(_language_model),
+    out_proj=decoder_out_proj(_language_model),
+    refuses=both_refusals(),
+    tiny_config=_tiny_config,
+    tokenizer="bytebpe",
+    auto_class="AutoModelForImageTextToText",
+    modality="vision-language",
+    vision_language=VisionLanguage(vision=vision_stack(_tower), vision_family="clip_vision", image_units=_image_units,
+                                   tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE_TOKEN,)),
+)

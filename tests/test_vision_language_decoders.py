@@ -1,0 +1,284 @@
+"""Vision–language decoders (issue 36): texts with images, image tokens on their pictures, both stacks verified."""
+
+import copy
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import _tiny
+from headscope.probe.extract import extract
+from headscope.probe.families import FAMILIES, Stack
+from headscope.probe.forward import base_model
+from headscope.probe.types import ImagePatch
+from headscope.probe.verify import verify
+
+READING = sorted(name for name, f in FAMILIES.items() if f.vision_language is not None)
+
+
+def _picture(seed: int = 0, shape=(40, 52, 3)) -> np.ndarray:
+    return np.random.default_rng(seed).random(shape)
+
+
+@pytest.fixture(params=READING)
+def reading(request):
+    """A tiny random vision–language model of each family (built once per session)."""
+    return _tiny(request.param)
+
+
+def _slot(lm) -> str:
+    return lm.processor.image_token
+
+
+def test_every_family_verifies_both_stacks_and_names_them(reading):
+    v = verify(reading)
+    assert v.passed, v.to_frame()
+    kinds = [c.kind for c in v.layers]
+    assert set(kinds) == {"vision", "decoder"}
+    assert kinds.count("vision") == reading.model.config.vision_config.num_hidden_layers
+    assert kinds.count("decoder") == reading.config.num_hidden_layers
+    assert "vision" in v.summary() and "decoder" in v.summary()
+
+
+def test_two_images_in_one_text_and_a_text_of_its_own(reading):
+    slot = _slot(reading)
+    texts = [f"First {slot} then {slot} compared.", f"Only {slot} here."]
+    v = verify(reading, texts, images=[_picture(0), _picture(1), _picture(2)])
+    assert v.passed and v.n_texts == 2
+
+
+@pytest.mark.parametrize("part", ["decoder weight", "vision weight", "mask"])
+def test_break_it_a_perturbed_weight_or_mask_fails(reading, part):
+    family = FAMILIES[reading.model_type] if reading.model_type in FAMILIES else None
+    from headscope.probe.families import family_for
+
+    family = family_for(reading.config)
+    vl = family.vision_language
+
+    def bent(spec_fn):
+        def spec(base, i, cfg):
+            s = spec_fn(base, i, cfg)
+            return dataclasses.replace(s, wk=s.wk.flip(0)) if i == 0 else s  # (a QK norm undoes a plain scale)
+        return spec
+
+    if part == "decoder weight":
+        broken = dataclasses.replace(family, layer_spec=bent(family.layer_spec))
+    elif part == "vision weight":
+        broken = dataclasses.replace(family, vision_language=dataclasses.replace(
+            vl, vision=dataclasses.replace(vl.vision, layer_spec=bent(vl.vision.layer_spec))))
+    else:  # a causal model's mask made bidirectional, a model's own bidirectional blocks dropped
+        broken = dataclasses.replace(family, vision_language=dataclasses.replace(
+            vl, blocks=lambda cfg, types, ids, layer: torch.zeros_like(ids) if types is None else None))
+    v = verify(reading, family=broken)
+    assert not v.passed
+    kind = "vision" if part == "vision weight" else "decoder"
+    assert any(not c.passed for c in v.layers if c.kind == kind)
+
+
+def test_image_tokens_carry_their_cell_and_pictures(reading):
+    slot = _slot(reading)
+    [m] = extract(reading, f"Look {slot} and {slot} now", images=[_picture(0), _picture(1, (30, 30, 3))])
+    patches = [p for p in m.patches if p is not None]
+    assert len(m.patches) == len(m) and len(m.pictures) == 2
+    for k in (0, 1):
+        for view in {p.view for p in patches if p.image == k}:
+            mine = [p for p in patches if p.image == k and p.view == view]
+            rows, cols = mine[0].rows, mine[0].cols
+            assert [(p.row, p.col) for p in mine] == [(r, c) for r in range(rows) for c in range(cols)]  # row by row
+        assert m.pictures[k].ndim == 3 and m.pictures[k].shape[-1] == 3
+        assert 0.0 <= m.pictures[k].min() and m.pictures[k].max() <= 1.0
+    for i, p in enumerate(m.patches):
+        if p is not None:
+            view = "" if p.view == "base" else f"{p.view}:"
+            assert m.special[i] and m.labels[i] == f"img{p.image}:{view}r{p.row}c{p.col}"
+    [w] = extract(reading, f"Look {slot} and {slot} now", images=[_picture(0), _picture(1, (30, 30, 3))], level="word")
+    words = [w.labels[i] for i, p in enumerate(w.patches) if p is None and not w.special[i]]
+    assert words == ["Look", "and", "now"]  # each text token keeps its span in the text
+    assert sorted((p.image, p.row, p.col) for p in w.patches if p) == sorted((p.image, p.row, p.col) for p in patches)
+
+
+def test_a_text_without_a_slot_takes_its_image_first(reading):
+    [m] = extract(reading, "What is this?", images=[_picture()], level="word")
+    assert "What" in m.labels and m.text.count(_slot(reading)) == 1 and sum(p is not None for p in m.patches) > 1
+    assert m.text.index(_slot(reading)) < m.text.index("What is this?")
+
+
+def test_mismatched_images_and_slots_are_one_clear_error(reading):
+    slot = _slot(reading)
+    with pytest.raises(ValueError, match="slot"):
+        extract(reading, f"a {slot} b {slot}", images=[_picture()])
+    with pytest.raises(ValueError, match="one image per text"):
+        extract(reading, ["a", "b"], images=[_picture()] * 3)
+
+
+def test_an_image_on_a_text_model_is_refused():
+    with pytest.raises(ValueError, match="text model"):
+        extract(_tiny("llama"), "a", images=[_picture()])
+
+
+def test_texts_alone_still_extract(reading):
+    [m] = extract(reading, "no picture at all")
+    assert not m.patches and m.attention.shape[-1] == len(m)
+
+
+def _layer_input(lm, enc_text, images, family, layer):
+    """The normed input of the decoder's layer `layer` (the attention module's input) for this text."""
+    caught = {}
+
+    def grab(module, args, kwargs):
+        caught["x"] = (args[0] if args else kwargs["hidden_states"]).detach()
+
+    h = family.attention(base_model(lm), layer).register_forward_pre_hook(grab, with_kwargs=True)
+    try:
+        extract(lm, enc_text, images=images, layers=[layer])
+    finally:
+        h.remove()
+    return caught["x"][0]  # (T, D)
+
+
+# Each family's grid of image tokens for one picture, by hand from its tiny config (not from headscope's layout).
+# (rows, columns, view) of the first grid of image tokens. LLaVA-NeXT's first grid is the thumbnail's.
+HAND_GRID = {
+    "llava": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
+    "llava_next": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("thumbnail",),
+    "gemma3": lambda cfg: (int(round(cfg.mm_tokens_per_image ** 0.5)),) * 2 + ("base",),
+    "paligemma": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
+}
+
+
+def test_a_head_built_to_read_one_patch_lands_on_it(reading):
+    """Head 0 of the last layer (full attention: no sliding window hides the image) is set so that the last token's query matches one image token's key alone: the image
+    token of cell (1, 2) (or (1, 1) of a 2 x 2 grid), found by hand: the first image token id in the processor's
+    ids, plus rows and columns of the family's grid. Its row's argmax must land there and carry that ImagePatch."""
+    from headscope.probe.families import family_for
+
+    lm = dataclasses.replace(reading, model=copy.deepcopy(reading.model))
+    family = family_for(lm.config)
+    slot = _slot(lm)
+    text, images = f"Here {slot} is a cat", [_picture(3)]
+    cfg = lm.model.config
+    rows, cols, view = HAND_GRID[lm.model_type](cfg)
+    image_id = cfg.image_token_id if getattr(cfg, "image_token_id", None) is not None else cfg.image_token_index
+    last = lm.config.num_hidden_layers - 1
+    [before] = extract(lm, text, images=images, layers=[last])
+    cell = (1, min(2, cols - 1))
+    target = list(before.token_ids).index(image_id) + cell[0] * cols + cell[1]
+    x = _layer_input(lm, text, images, family, last).double()  # a layer's input does not depend on its attention
+    one_hot = torch.zeros(x.shape[0], dtype=torch.float64)
+    one_hot[target] = 1.0
+    w = torch.linalg.lstsq(x, one_hot[:, None]).solution[:, 0]  # x_j · w = 1 at the patch, 0 elsewhere
+    attn = family.attention(base_model(lm), last)
+    hs = attn.head_dim
+    row = hs // 2 - 1  # the slowest rotary pair: positions barely turn it over a few dozen tokens
+    query = len(before) - 1
+    with torch.no_grad():
+        attn.q_proj.weight[:hs] = 0.0
+        attn.k_proj.weight[:hs] = 0.0
+        attn.q_proj.weight[row] = (x[query] / x[query].square().sum() * 400.0).float()  # q[row] = 400
+        attn.k_proj.weight[row] = w.float()
+        for proj in (attn.q_proj, attn.k_proj):
+            if proj.bias is not None:
+                proj.bias[:hs] = 0.0
+        for norm in (getattr(attn, "q_norm", None), getattr(attn, "k_norm", None)):  # Gemma 3: q, k normed
+            if norm is not None:
+                norm.weight[row] = 30.0  # the norm keeps the direction only: its weight gives the size back
+    [m] = extract(lm, text, images=images, layers=[last])
+    got = int(m.attention[0, 0, query].argmax())
+    assert got == target and m.attention[0, 0, query, target] > 0.9
+    assert m.patches[got] == ImagePatch(0, *cell, rows, cols, view=view)
+
+
+def test_folder_round_trip_loads_the_processor(reading, tmp_path):
+    from headscope.probe.loading import load_model
+
+    reading.model.save_pretrained(tmp_path)
+    reading.processor.save_pretrained(tmp_path)
+    lm = load_model(str(tmp_path))
+    assert lm.reads_images and lm.processor is not None
+    assert verify(lm).passed
+
+
+def test_the_decoder_mask_of_each_family_in_the_maps():
+    """LLaVA: causal over text and image tokens. Gemma 3: the tokens of one image see each other both ways, text
+    stays causal. PaliGemma: the image and prompt prefix sees itself both ways."""
+    slot = "<image>"
+    [llava] = extract(_tiny("llava"), f"A {slot} cat", images=[_picture()])
+    upper = torch.triu(torch.ones(len(llava), len(llava), dtype=torch.bool), diagonal=1)
+    assert llava.causal and llava.attention[..., upper].abs().max() == 0
+
+    [gemma] = extract(_tiny("gemma3_vl"), "A <start_of_image> cat", images=[_picture()])
+    assert not gemma.causal
+    image = [i for i, p in enumerate(gemma.patches) if p is not None]
+    first, last = image[0], image[-1]
+    full = gemma.attention[-1]  # the last layer is a full-attention layer
+    assert (full[:, first, last] > 0).all()  # an image token sees a later token of its image
+    assert full[:, first, last + 1:].abs().max() == 0  # but no later text
+    assert full[:, : first, first:].abs().max() == 0  # and text before the image does not see it
+
+    [pali] = extract(_tiny("paligemma"), "A cat", images=[_picture()])
+    assert not pali.causal and (pali.attention[:, :, 0, -1] > 0).all()  # the first image token sees the last prompt token
+
+
+# --- the command line: --image on a vision–language decoder ---------------------------------------------------
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+
+    return CliRunner().invoke(cli, list(args))
+
+
+@pytest.fixture(scope="module")
+def picture_file(tmp_path_factory):
+    from PIL import Image
+
+    path = tmp_path_factory.mktemp("pictures") / "picture.png"
+    Image.fromarray((_picture(5) * 255).astype(np.uint8)).save(path)
+    return str(path)
+
+
+def test_cli_verify_reads_an_image_with_a_text_or_alone(picture_file):
+    import json
+
+    result = _cli("verify", "--model", "tiny:llava", "--image", picture_file, "--json")
+    record = json.loads(result.output)
+    assert result.exit_code == 0 and record["passed"] and {r["kind"] for r in record["layers"]} == {"vision", "decoder"}
+    result = _cli("verify", "--model", "tiny:gemma3", "--image", picture_file, "--text", "A <start_of_image> cat")
+    assert result.exit_code == 0 and "2 vision + 3 decoder layers" in result.output
+
+
+def test_cli_refuses_slots_without_images_and_images_on_a_text_model(picture_file):
+    from conftest import one_line
+
+    result = _cli("verify", "--model", "tiny:llava", "--image", picture_file, "--text", "a <image> b <image>")
+    assert result.exit_code == 2 and "2 <image> slot(s) but 1 image(s)" in one_line(result)
+    result = _cli("verify", "--model", "tiny:llama", "--image", picture_file, "--text", "hi")
+    assert result.exit_code == 2 and "text model" in one_line(result)
+
+
+def test_cli_run_with_an_image_passes_the_maps_to_the_report(picture_file, tmp_path):
+    import json
+
+    result = _cli("run", "--model", "tiny:llava", "--image", picture_file, "--out", str(tmp_path / "report"), "--quiet")
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "report" / "run.json").read_text())
+    model = record["models"][0] if "models" in record else record
+    assert "verified" in json.dumps(model) and (tmp_path / "report" / "index.html").exists()
+
+
+def test_llava_next_tiles_unpadded_with_a_newline_per_row():
+    """A 30 x 100 picture: the best of the tiny pinpoints is 32 x 64 (two 32 x 32 tiles side by side: 4 x 8
+    patches); fitted at 64 wide it is 19 high, so one padded patch row is removed above and below (4 - 2 * 1 = 2
+    rows), each followed by <image_newline>; the 4 x 4 thumbnail comes first."""
+    lm = _tiny("llava_next")
+    [m] = extract(lm, "A <image> wide one", images=[_picture(4, (30, 100, 3))])
+    views = [(p.view, p.rows, p.cols) for p in m.patches if p is not None]
+    assert views.count(("thumbnail", 4, 4)) == 16 and views.count(("tiles", 2, 8)) == 16 and len(views) == 32
+    newlines = [i for i, label in enumerate(m.labels) if label == "<image_newline>"]
+    assert len(newlines) == 2 and all(m.patches[i] is None and m.special[i] for i in newlines)
+    tiles = [i for i, p in enumerate(m.patches) if p is not None and p.view == "tiles"]
+    assert newlines == [tiles[7] + 1, tiles[15] + 1]  # after each row of 8
+    assert m.patches[tiles[8]].box == (0.5, 0.0, 1.0, 0.125)  # row 1, column 0 of 2 x 8 over the whole picture
