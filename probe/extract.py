@@ -67,10 +67,10 @@ def iter_extract(
     if texts is None and images is None:
         raise TypeError("texts must be a str or an iterable of str (a list, a generator, ...), got NoneType; "
                         "an image model takes images=[...] instead")
+    lm = for_input(lm, images=images is not None)  # a two-tower model: the tower that reads this input
     if texts is not None and images is not None and not getattr(lm, "reads_images", False):
         raise ValueError("pass texts or images, not both (CLIP's two towers: hs.image_text for an image-caption "
                          "pair); texts with images are for a vision–language decoder (e.g. tiny:llava)")
-    lm = for_input(lm, images=images is not None)  # a two-tower model: the tower that reads this input
     if getattr(lm, "reads_images", False) and images is not None:
         texts = default_texts(images) if texts is None else texts  # images alone: each with the default prompt
         if weight != "attention" or target is not None:
