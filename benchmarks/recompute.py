@@ -196,7 +196,7 @@ def _explorer(lm, text: str, layer: int, head: int) -> dict:
 
     first, cpu, wall = timed(lambda: explorer.overview(lm.name, text, layer, head, tiles=64))
     peak, n = _process_peak(), first["n_tokens"]
-    _, zoom, _ = timed(lambda: explorer.attention(lm.name, text, layer, head, rows=[n - 64, n], keys=[0, n]))
+    _, zoom, _ = timed(lambda: explorer.attention(lm.name, text, layer, head, rows=[max(0, n - 64), n], keys=[0, n]))
     last = lm.config.num_hidden_layers - 1
     _, later, _ = timed(lambda: explorer.overview(lm.name, text, last, head, tiles=64))
     return {"mode": "explorer", "model": lm.name, "tokens": n, "seconds": cpu, "wall_seconds": wall,
@@ -320,7 +320,7 @@ def render(runs: Sequence[dict], *, long_model: str, scaling_model: str, skipped
                 "|---|---|---|---|---|",
                 f"| {_cell(sdpa, 'seconds', '{:.1f} s')} | {_cell(rec, 'seconds', '{:.1f} s')} | {ratio} | "
                 f"{_cell(rec, 'peak_rss', '{:.0f} MB')} | {_cell(sdpa, 'peak_rss', '{:.0f} MB')} |", ""]
-    lengths = sorted({r["tokens"] for r in runs if r["model"] == scaling_model and r["mode"] != "corpus"})
+    lengths = sorted({r["tokens"] for r in runs if r["model"] == scaling_model and r["mode"] in ("recompute", "eager")})
     if lengths:
         out += [f"### {scaling_model}: time and peak RSS against T", "",
                 "| T | SDPA CPU s | recompute CPU s | recompute / SDPA | eager CPU s | recompute peak RSS | eager peak RSS |",
