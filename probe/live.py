@@ -192,16 +192,18 @@ class _Caught:
             self._end()
             self.stream = streamed_inputs(self.lm, self.family, [self.enc], self.layers)
         n = len(self.enc.ids)
-        # the pass runs only in here, with fast attention; while it waits, the model is as it was loaded
-        with fast_attention(self.lm.model):
-            for i, x in self.stream:
-                self.at = i
-                x = x[0, :n]
-                self._write(i, x)
-                if i == layer:
-                    return x
-        self._end()
-        raise RuntimeError(f"the forward pass of {self.lm.name} ended before layer {layer}")
+        try:  # the pass runs only in here, with fast attention; while it waits, the model is as it was loaded
+            with fast_attention(self.lm.model):
+                for i, x in self.stream:
+                    self.at = i
+                    x = x[0, :n]
+                    self._write(i, x)
+                    if i == layer:
+                        return x
+            raise RuntimeError(f"the forward pass of {self.lm.name} ended before layer {layer}")
+        except BaseException:  # a failed or interrupted pass is not resumed: the next read starts a new one
+            self._end()
+            raise
 
     def _write(self, layer: int, x: torch.Tensor) -> None:
         if not self.spill or layer in self.files:

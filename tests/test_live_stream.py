@@ -138,3 +138,26 @@ def test_streamed_rows_equal_the_eager_map(family):
         assert live.rows(layers[0], 1, 0, n).shape == (n, n)
     finally:
         live.close()
+
+
+def test_a_pass_that_fails_is_started_again_by_the_next_request(deep, monkeypatch):
+    [m] = extract(deep, TEXT)
+    live = _live(deep)
+    real, failing = live_mod.streamed_inputs, [True]
+
+    def flaky(*a, **kw):
+        for i, x in real(*a, **kw):
+            if i == 2 and failing:
+                failing.clear()
+                raise KeyboardInterrupt  # the user stopped the server mid-pass
+            yield i, x
+
+    monkeypatch.setattr(live_mod, "streamed_inputs", flaky)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            live.rows(3, 0, 0, 3)
+        assert live._caught.stream is None  # the failed pass was ended, its worker gone
+        assert not any(t.name == "headscope-layer-inputs" for t in threading.enumerate())
+        torch.testing.assert_close(live.rows(3, 0, 0, 3), m.attention[3, 0, :3], atol=1e-6, rtol=0)
+    finally:
+        live.close()
