@@ -15,6 +15,11 @@ tables to `.bench/recompute/results.md` (every child's line also to `runs.jsonl`
   `headscope heads --attention recompute` runs.
 - `eager`: `probe.extract` (eager, `output_attentions=True`), only where its estimated need, layers ×
   heads × T² × 4 B kept twice (the model's output and the extracted map), fits in `--eager-limit-gb`.
+- `explorer`: the live explorer's first view of that text (`headscope serve`'s logic, `Explorer` with
+  `attention="recompute"` and the server's default memory budget): the overview of head `--head` of layer
+  `--layer` in 64 × 64 tiles, the prefix check and the forward pass up to that layer included — timed
+  against the `sdpa` child of the same text (`--explorer-tokens`); peak RSS is read right after it.
+  Then, outside the figures, a zoom (the last 64 rows) and the overview of the last layer.
 - `relations`: `hs.coref` (built-in agreement + winograd) and `hs.syntax` (N UD EWT dev sentences) with
   `attention="eager"` and `"recompute"`: the other product paths that have the option.
 - `corpus`: `hs.heads` over N short sentences (the built-in corpus cycled) / a bare batched eager loop
@@ -22,6 +27,7 @@ tables to `.bench/recompute/results.md` (every child's line also to `runs.jsonl`
 
     python benchmarks/recompute.py       # smollm2 at 6,000; gemma3-270m at 1k .. 16k; minilm, smollm2 on 2,000 texts
     python benchmarks/recompute.py --long-model "" --lengths 1024 2048 --corpus-models
+    python benchmarks/recompute.py --long-model "" --lengths --corpus-models --relations-models --explorer-tokens 4096
 
 Time is the child's CPU time (`time.process_time`, one torch thread): on cores shared with other
 busy processes wall time measures the others' load; wall seconds are kept beside it in runs.jsonl.
@@ -52,6 +58,7 @@ _ENV = {"MALLOC_MMAP_THRESHOLD_": "131072",  # freed tensors go back to the syst
         "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 GEMMA_LENGTHS = (1024, 2048, 4096, 8192, 16384)
 SMOLLM2_TOKENS = 6000
+EXPLORER_HEAD = (12, 2)  # issue 38: the explorer's first overview of gemma3-270m's L12H2
 
 
 def fitted_exponent(lengths, seconds) -> float:
@@ -65,7 +72,8 @@ def fitted_exponent(lengths, seconds) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
 
 
-def _child(mode: str, model: str, n_tokens: int, budget: int, n_texts: int = 0, repeats: int = 1) -> dict:
+def _child(mode: str, model: str, n_tokens: int, budget: int, n_texts: int = 0, repeats: int = 1,
+           layer: int = EXPLORER_HEAD[0], head: int = EXPLORER_HEAD[1]) -> dict:
     import torch
 
     from headscope.probe.encoding import encode, pad_batch
@@ -80,6 +88,8 @@ def _child(mode: str, model: str, n_tokens: int, budget: int, n_texts: int = 0, 
     enc = encode(lm, text)
     if mode == "recompute":
         from headscope.workflows import heads  # noqa: F401  (imported before the clock starts)
+    if mode == "explorer":
+        return _explorer(lm, text, layer, head)
     t0, c0 = time.perf_counter(), time.process_time()
     if mode == "sdpa":
         from headscope.probe.recompute import fast_attention
@@ -172,6 +182,30 @@ def _recompute(lm, text: str, budget: int) -> str:
             f"mean self {float(s.grid('self').to_numpy().mean()):.4f}")
 
 
+def _explorer(lm, text: str, layer: int, head: int) -> dict:
+    """The explorer's first overview of `layer`.`head` (what a browser asks for first), CPU s and the peak
+    RSS right after it; then a zoom into the same layer and the overview of the last layer, timed apart."""
+    from headscope.workflows.explore import Explorer
+
+    explorer = Explorer({lm.name: lm}, attention="recompute")  # the server's default budget (a quarter of RAM)
+
+    def timed(fn):
+        t0, c0 = time.perf_counter(), time.process_time()
+        out = fn()
+        return out, time.process_time() - c0, time.perf_counter() - t0
+
+    first, cpu, wall = timed(lambda: explorer.overview(lm.name, text, layer, head, tiles=64))
+    peak, n = _process_peak(), first["n_tokens"]
+    _, zoom, _ = timed(lambda: explorer.attention(lm.name, text, layer, head, rows=[max(0, n - 64), n], keys=[0, n]))
+    last = lm.config.num_hidden_layers - 1
+    _, later, _ = timed(lambda: explorer.overview(lm.name, text, last, head, tiles=64))
+    return {"mode": "explorer", "model": lm.name, "tokens": n, "seconds": cpu, "wall_seconds": wall,
+            "peak_rss": peak, "peak_rss_after": _process_peak(), "zoom_seconds": zoom, "later_seconds": later,
+            "note": f"overview of L{layer}H{head} in 64 x 64 tiles, prefix check {first['check']['summary']}; "
+                    f"then a zoom (last 64 rows) {zoom:.1f} s, overview of L{last}H{head} {later:.1f} s",
+            "layers": lm.config.num_hidden_layers, "heads": lm.config.num_attention_heads}
+
+
 def _process_peak() -> int:
     """This process's own peak RSS (VmHWM, the model included); `ru_maxrss` would keep a parent's
     high-water mark across exec."""
@@ -224,9 +258,9 @@ def run_capped(argv: Sequence[str], *, cap: int, timeout: float, env: dict | Non
 
 
 def _run(mode: str, model: str, log, *, cap: int, timeout: float, tokens: int = 0, budget: int = 256 * MB,
-         texts: int = 0, repeats: int = 1) -> dict:
+         texts: int = 0, repeats: int = 1, layer: int = EXPLORER_HEAD[0], head: int = EXPLORER_HEAD[1]) -> dict:
     argv = [sys.executable, Path(__file__).resolve(), "--child", mode, "--model", model, "--tokens", tokens,
-            "--budget", budget, "--texts", texts, "--repeats", repeats]
+            "--budget", budget, "--texts", texts, "--repeats", repeats, "--layer", layer, "--head", head]
     t0 = time.perf_counter()
     r = {"mode": mode, "model": model, "tokens": tokens, **run_capped(argv, cap=cap, timeout=timeout)}
     r["wall"] = time.perf_counter() - t0
@@ -286,7 +320,7 @@ def render(runs: Sequence[dict], *, long_model: str, scaling_model: str, skipped
                 "|---|---|---|---|---|",
                 f"| {_cell(sdpa, 'seconds', '{:.1f} s')} | {_cell(rec, 'seconds', '{:.1f} s')} | {ratio} | "
                 f"{_cell(rec, 'peak_rss', '{:.0f} MB')} | {_cell(sdpa, 'peak_rss', '{:.0f} MB')} |", ""]
-    lengths = sorted({r["tokens"] for r in runs if r["model"] == scaling_model and r["mode"] != "corpus"})
+    lengths = sorted({r["tokens"] for r in runs if r["model"] == scaling_model and r["mode"] in ("recompute", "eager")})
     if lengths:
         out += [f"### {scaling_model}: time and peak RSS against T", "",
                 "| T | SDPA CPU s | recompute CPU s | recompute / SDPA | eager CPU s | recompute peak RSS | eager peak RSS |",
@@ -307,6 +341,20 @@ def render(runs: Sequence[dict], *, long_model: str, scaling_model: str, skipped
                 out.append(f"- {mode}: time ~ T^{fitted_exponent(ts, [r['seconds'] for r in ok]):.2f}, "
                            f"peak RSS ~ T^{fitted_exponent(ts, [r['peak_rss'] for r in ok]):.2f} "
                            f"(T = {', '.join(map(str, ts))})")
+        out.append("")
+    explorer = [r for r in runs if r["mode"] == "explorer"]
+    if explorer:
+        out += ["### The explorer's first view of a long text: first overview / SDPA forward (target ≤ 1.5x, peak ≤ 1.5x)",
+                "", "| model | T | SDPA CPU s | first overview CPU s | ratio | peak RSS overview | peak RSS SDPA | ratio | detail |",
+                "|---|---|---|---|---|---|---|---|---|"]
+        for r in explorer:
+            sdpa = by.get(("sdpa", r["model"], r.get("tokens")))
+            ok = sdpa is not None and "error" not in sdpa and "error" not in r
+            t_ratio = f"{r['seconds'] / sdpa['seconds']:.2f}x" if ok else "—"
+            m_ratio = f"{r['peak_rss'] / sdpa['peak_rss']:.2f}x" if ok else "—"
+            out.append(f"| {r['model']} | {r['tokens']:,} | {_cell(sdpa, 'seconds', '{:.1f}')} | "
+                       f"{_cell(r, 'seconds', '{:.1f}')} | {t_ratio} | {_cell(r, 'peak_rss', '{:.0f} MB')} | "
+                       f"{_cell(sdpa, 'peak_rss', '{:.0f} MB')} | {m_ratio} | {r.get('note', '')} |")
         out.append("")
     rel = [r for r in runs if r["mode"] == "relations"]
     if rel:
@@ -334,7 +382,7 @@ def render(runs: Sequence[dict], *, long_model: str, scaling_model: str, skipped
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--child", choices=("sdpa", "eager", "recompute", "corpus", "relations"))
+    p.add_argument("--child", choices=("sdpa", "eager", "recompute", "explorer", "corpus", "relations"))
     p.add_argument("--model", default="smollm2")
     p.add_argument("--tokens", type=int, default=SMOLLM2_TOKENS)
     p.add_argument("--texts", type=int, default=0)
@@ -347,6 +395,11 @@ def main(argv=None) -> int:
     p.add_argument("--corpus-models", nargs="*", default=["minilm", "smollm2"])
     p.add_argument("--corpus-texts", type=int, default=2000)
     p.add_argument("--corpus-repeats", type=int, default=1)
+    p.add_argument("--layer", type=int, default=EXPLORER_HEAD[0], help="the explorer child's head: its layer")
+    p.add_argument("--head", type=int, default=EXPLORER_HEAD[1])
+    p.add_argument("--explorer-model", default="gemma3-270m")
+    p.add_argument("--explorer-tokens", type=int, nargs="*", default=[16384],
+                   help="the explorer's first overview against an SDPA forward at these lengths ('' skips)")
     p.add_argument("--relations-models", nargs="*", default=["smollm2"], help="coref and syntax, eager vs recompute")
     p.add_argument("--relations-sentences", type=int, default=200, help="UD EWT dev sentences for syntax")
     p.add_argument("--eager-limit-gb", type=float, default=6.0, help="eager runs only where its estimated need fits")
@@ -356,7 +409,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=str(REPO / ".bench" / "recompute"))
     a = p.parse_args(argv)
     if a.child:
-        child_output(_child(a.child, a.model, a.tokens, a.budget, a.texts, a.repeats))
+        child_output(_child(a.child, a.model, a.tokens, a.budget, a.texts, a.repeats, a.layer, a.head))
         return 0
 
     out = Path(a.out)
@@ -387,6 +440,14 @@ def main(argv=None) -> int:
             elif need is not None:
                 skipped[t] = f"not run: needs {need / 2**30:.1f} GB"
             table()
+        for t in a.explorer_tokens:  # the explorer's first view, beside an SDPA forward of the same text
+            for mode in ("sdpa", "explorer"):
+                if mode == "sdpa" and _ok(runs, "sdpa", a.explorer_model) and any(
+                        r["tokens"] == t for r in _ok(runs, "sdpa", a.explorer_model)):
+                    continue  # measured above, in the scaling table
+                runs.append(_run(mode, a.explorer_model, log, cap=cap, timeout=timeout, tokens=t,
+                                 layer=a.layer, head=a.head))
+                table()
         for m in a.relations_models:
             runs.append(_run("relations", m, log, cap=cap, timeout=timeout, texts=a.relations_sentences))
             table()

@@ -7,27 +7,35 @@ its own way:
 
 - `EagerLive`: the text's whole `[layer, head, query, key]` map, extracted once (at the level and weight
   asked for), and rows sliced from it;
-- `RecomputedLive`: the wanted layer's input `x` (T, D) caught once under fast attention and kept (the
-  last `keep_layers` layers), then only the asked rows recomputed from scratch (`probe.recompute`): no
-  T × T tensor exists for a long text. The source's first recomputed text is checked against the
-  model's eager attention on its prefix, as everywhere else.
+- `RecomputedLive`: the wanted layer's input `x` (T, D) caught under fast attention, then only the asked
+  rows recomputed from scratch (`probe.recompute`): no T × T tensor exists for a long text. The forward
+  pass runs only as far as the layer asked for and waits there (`probe.recompute.streamed_inputs`): the
+  first view of layer L costs the layers up to L, a later layer continues the same pass. Every input it
+  passes is written to a temporary folder of the text's own (removed with the text) and the last
+  `keep_layers` stay in memory, so a zoom into any layer already passed is seconds, and memory holds a
+  few layers, not all of them. The source's first recomputed text is checked against the model's eager
+  attention on its prefix, as everywhere else.
 
 Both check what they are asked for (layer, head, rows) the same way, here.
 """
 
 from __future__ import annotations
 
-from typing import Iterator, Protocol
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Iterable, Iterator, Protocol
 
 import torch
 
 from .encoding import Encoded
-from .families import family_for
+from .families import Family, family_for
 from .forward import attention_layers, base_model, no_attention_reason
 from .lru import LRU
 from .model import LoadedModel
 from .names import Mode
-from .recompute import Block, PrefixCheck, layer_blocks, layer_inputs
+from .recompute import Block, PrefixCheck, fast_attention, layer_blocks, streamed_inputs
 from .types import AttentionMap, Units
 
 __all__ = ["LiveText", "EagerLive", "RecomputedLive"]
@@ -133,6 +141,14 @@ class RecomputedLive(LiveText):
         super().__init__(lm, source, units)
         self.enc, self.family = enc, family_for(lm.config)
         self._inputs: LRU[int, torch.Tensor] = LRU(keep_layers)
+        self._caught = _Caught(lm, self.family, enc, self.attention_layers)
+        weakref.finalize(self, _Caught.close, self._caught)  # the waiting pass and the folder go with the text
+
+    def close(self) -> None:
+        """End the waiting forward pass and remove the layer inputs' folder now, not when the text is dropped
+        (the text still answers afterwards: it catches what it needs again)."""
+        self._inputs = LRU(self._inputs.size)
+        self._caught.close()
 
     def _rows(self, layer: int, head: int, start: int, stop: int) -> torch.Tensor:
         return torch.cat([b.probs[0].float() for b in self._recomputed(layer, head, (start, stop))], dim=0)
@@ -149,19 +165,66 @@ class RecomputedLive(LiveText):
             yield from layer_blocks(x, spec, layer, [head], self.source.block_budget, kv=kv, rows=rows)
 
     def _input(self, layer: int) -> torch.Tensor:
-        """The layer's input (T, D). The first forward pass catches every layer's input when they all fit in
-        a quarter of the source's budget (a zoom into another layer is then seconds, not another forward
-        pass over a long text), else only this layer's; the last `keep_layers` asked for stay."""
-        if layer in self._inputs:
-            return self._inputs[layer]
-        T, D = len(self.enc.ids), self.lm.config.hidden_size
-        itemsize = torch.empty((), dtype=self.lm.dtype).element_size()
-        have = self.attention_layers
-        every = not self._inputs and len(have) * T * D * itemsize <= self.source.budget // 4
-        wanted = list(have) if every else [layer]
-        caught = layer_inputs(self.lm, self.family, [self.enc], wanted)
-        if every:
-            self._inputs.size = max(self._inputs.size, len(have))
-        for i in wanted:
-            self._inputs[i] = caught[i][0]
+        """The layer's input (T, D): from memory (the last `keep_layers` asked for), else read back from the
+        text's folder, else caught by the forward pass, which runs on to this layer and waits there."""
+        if layer not in self._inputs:
+            self._inputs[layer] = self._caught.read(layer)
         return self._inputs[layer]
+
+
+class _Caught:
+    """One text's layer inputs: the forward pass that catches them, paused in the last layer it reached, and
+    the inputs it passed on the way, each in a file of a temporary folder of its own. Holds no reference to
+    its live text, so that the text's finalizer can close it."""
+
+    def __init__(self, lm: LoadedModel, family: Family, enc: Encoded, layers: Iterable[int]) -> None:
+        self.lm, self.family, self.enc, self.layers = lm, family, enc, sorted(layers)
+        self.stream: Iterator[tuple[int, torch.Tensor]] | None = None
+        self.at = -1  # the layer the paused pass waits in
+        self.folder: Path | None = None
+        self.files: dict[int, Path] = {}
+        self.spill = True  # False once the folder cannot be written: a layer passed is then caught again
+
+    def read(self, layer: int) -> torch.Tensor:
+        if layer in self.files:
+            return torch.load(self.files[layer], weights_only=True)
+        if self.stream is None or layer <= self.at:  # a layer passed and not kept: the pass starts again
+            self._end()
+            self.stream = streamed_inputs(self.lm, self.family, [self.enc], self.layers)
+        n = len(self.enc.ids)
+        try:  # the pass runs only in here, with fast attention; while it waits, the model is as it was loaded
+            with fast_attention(self.lm.model):
+                for i, x in self.stream:
+                    self.at = i
+                    x = x[0, :n]
+                    self._write(i, x)
+                    if i == layer:
+                        return x
+            raise RuntimeError(f"the forward pass of {self.lm.name} ended before layer {layer}")
+        except BaseException:  # a failed or interrupted pass is not resumed: the next read starts a new one
+            self._end()
+            raise
+
+    def _write(self, layer: int, x: torch.Tensor) -> None:
+        if not self.spill or layer in self.files:
+            return
+        try:
+            if self.folder is None:
+                self.folder = Path(tempfile.mkdtemp(prefix="headscope-layers-"))
+            path = self.folder / f"layer{layer}.pt"
+            torch.save(x.clone(), path)
+        except OSError:  # no room on disk: keep nothing there; a later layer passed is caught again
+            self.spill = False
+            return
+        self.files[layer] = path
+
+    def _end(self) -> None:
+        stream, self.stream, self.at = self.stream, None, -1
+        if stream is not None:
+            stream.close()  # the waiting pass ends where it is
+
+    def close(self) -> None:
+        self._end()
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+            self.folder, self.files = None, {}

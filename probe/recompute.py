@@ -40,7 +40,7 @@ from .verify import tolerances
 __all__ = [
     "Block", "PrefixCheck", "DEFAULT_BUDGET", "PREFIX_TOKENS",
     "block_rows", "fast_attention", "iter_blocks", "iter_blocks_encoded", "check_prefix", "layer_inputs",
-    "layer_blocks", "Buffers",
+    "streamed_inputs", "layer_blocks", "Buffers",
 ]
 
 DEFAULT_BUDGET = 256 * 2**20  # bytes for one block and its working copies
@@ -190,6 +190,14 @@ def layer_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], laye
     """Each wanted layer's attention input (B, T, D), from one forward pass with fast attention (all of them
     kept at once: a caller that reads layer after layer streams them with `_streamed_inputs`)."""
     return dict(_streamed_inputs(lm, family, items, layers, implementation))
+
+
+def streamed_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], layers: Sequence[int],
+                    implementation: str = "sdpa") -> Iterator[tuple[int, torch.Tensor]]:
+    """Each wanted layer's attention input (B, T, D) in forward order, one layer at a time: the forward pass
+    waits in the hook of the layer it handed out until the next is asked for, and stops after the last
+    wanted layer; closing the iterator ends it there (the layers after it never run)."""
+    return _streamed_inputs(lm, family, items, layers, implementation)
 
 
 class Buffers:

@@ -180,6 +180,17 @@ def test_recompute_children_measure_a_tiny_model():
     assert abs(float(words.split("mean self ")[1]) - float(eager.grid("self").to_numpy().mean())) <= 1e-4
 
 
+def test_the_explorer_child_times_the_first_overview_of_its_head():
+    r = bench_recompute._child("explorer", "tiny-llama", 40, 2_000, layer=1, head=3)
+    assert (r["mode"], r["tokens"]) == ("explorer", 40) and r["seconds"] > 0 and r["peak_rss_after"] >= r["peak_rss"] > 0
+    assert r["note"].startswith("overview of L1H3 in 64 x 64 tiles") and "checked against eager" in r["note"]
+    runs = [{"mode": "sdpa", "model": "g", "tokens": 100, "seconds": 10.0, "peak_rss": 200 * MB},
+            {**r, "model": "g", "tokens": 100, "seconds": 8.0, "peak_rss": 300 * MB}]
+    md = bench_recompute.render(runs, long_model="", scaling_model="g", skipped={})
+    assert "| g | 100 | 10.0 | 8.0 | 0.80x | 300 MB | 200 MB | 1.50x |" in md
+    assert "time and peak RSS against T" not in md  # an SDPA run beside the explorer is no scaling point
+
+
 def test_recompute_tables_fit_the_exponents_and_mark_eager_not_run():
     runs = [{"mode": m, "model": "g", "tokens": t, "seconds": c * t**2, "peak_rss": 100 * MB * t}
             for t in (1024, 2048, 4096) for m, c in (("sdpa", 1e-6), ("recompute", 2e-6))]

@@ -149,13 +149,13 @@ def test_one_forward_pass_serves_every_layer_of_a_recomputed_text(monkeypatch):
 
     lm = _tiny("llama")
     calls = []
-    real = live_mod.layer_inputs
-    monkeypatch.setattr(live_mod, "layer_inputs", lambda *a, **kw: calls.append(a[3]) or real(*a, **kw))
-    live = source_for(lm, "recompute").live(TEXT)
+    real = live_mod.streamed_inputs
+    monkeypatch.setattr(live_mod, "streamed_inputs", lambda *a, **kw: calls.append(a[3]) or real(*a, **kw))
+    live = source_for(lm, "recompute").live(TEXT, keep_layers=1)  # one layer in memory, the other on disk
     [m] = extract(lm, TEXT)
     for layer in (1, 0, 1):
         torch.testing.assert_close(live.rows(layer, 2, 0, 3), m.attention[layer, 2, :3], atol=1e-6, rtol=0)
-    assert calls == [[0, 1]]  # every layer's input caught at once, then reused
+    assert calls == [[0, 1]]  # one pass caught both layers' inputs on its way to layer 1, then reused
 
 
 def test_an_eager_live_text_over_the_budget_is_refused_before_the_forward_pass():
