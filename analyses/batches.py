@@ -27,7 +27,7 @@ from headscope.probe.words import to_word_level
 
 from .metrics import Diagonal, KeyShare, Pairwise
 
-__all__ = ["UnitColumns", "unit_columns", "BatchRows", "batch_sums"]
+__all__ = ["UnitColumns", "unit_columns", "BatchRows", "batch_sums", "pattern_batch_sums"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -205,3 +205,15 @@ def batch_sums(u: torch.Tensor, rows: BatchRows, plan: Any) -> torch.Tensor:
     for (name, _), w in zip(plan.pairwise, rows.pairs):  # Σ_q Σ_k A[q, k] W[q, k]
         sums[name] = u.new_zeros(u.shape[:-2]) if w is None else (u * w.view(*grid, n, n)).sum((-2, -1))
     return torch.stack([sums[m] for m in plan.corpus], -1).double().sum(0)
+
+
+def pattern_batch_sums(a: torch.Tensor, patterns: Sequence[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(Σ A⊙P, Σ A)` in float64 of each sequence and head of one layer's padded batch `a[text, head, query,
+    key]` (zeros past each sequence), for each `[text, query, key]` float64 pattern (`analyses.induction`'s
+    `pattern_sums` of each sequence's map): `[pattern, text, head]` and `[text, head]`, one batched matmul
+    per pattern."""
+    b, h, n, _ = a.shape
+    flat = a.double().reshape(b, h, n * n)
+    matched = torch.stack([torch.bmm(flat, p.to(flat.device).reshape(b, n * n, 1))[..., 0] for p in patterns]) \
+        if patterns else flat.new_zeros(0, b, h)
+    return matched, flat.sum(-1)

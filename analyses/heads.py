@@ -69,7 +69,7 @@ from headscope.probe.recompute import Block
 from headscope.probe.types import AttentionBatch, AttentionMap, Units, head_name
 from headscope.probe.words import to_word_level
 
-from .batches import BatchRows, batch_sums, unit_columns
+from .batches import BatchRows, batch_sums, pattern_batch_sums, unit_columns
 from .blocks import word_blocks
 from .induction import pattern_sums
 from .metrics import (METRICS, ROLE_LABELS, THRESHOLDS, Diagonal, KeyShare, Metric, Pairwise, Pattern, RowStatistic,
@@ -288,6 +288,30 @@ class HeadScoreAccumulator:
             self._sums[..., column] += matched / total
             self._counts[column] += len(amap)
         self._n_sequences += 1
+
+    def update_repeated_batch(self, batch: AttentionBatch) -> None:
+        """`update_repeated` of every sequence of a padded batch (`probe.AttentionBatch`, token-level units with
+        their token ids) at once: per layer, `Σ A⊙P` and `Σ A` of each sequence in float64 by one batched
+        matmul per pattern (`analyses.batches.pattern_batch_sums`), then divided, as each map would give them."""
+        _check_causal(batch.causal)
+        if self.model is None:
+            self.model = str(batch.meta.get("model", ""))
+        self._start(tuple(batch.layers), tuple(batch.heads))
+        plan = self._plan
+        n = batch.attention[0].shape[-1]
+        patterns = [torch.zeros(len(batch), n, n, dtype=torch.float64) for _ in plan.pattern]
+        for i, u in enumerate(batch.units):
+            t = len(u.token_ids)
+            if u.level != "token" or t != len(u.special):
+                raise ValueError("induction scores need token-level units with their token_ids")
+            for j, pattern in enumerate(plan.patterns(u.token_ids)):
+                patterns[j][i, :t, :t] = pattern
+        columns = plan.pattern_columns.tolist()
+        for layer, a in enumerate(batch.attention):
+            matched, total = pattern_batch_sums(a, patterns)  # [pattern, text, head], [text, head]
+            self._sums[layer, :, columns] += (matched / total).sum(1).T.cpu()
+        self._counts[plan.pattern_columns] += float(sum(len(u.token_ids) for u in batch.units))
+        self._n_sequences += len(batch)
 
     def update_repeated_blocks(self, token_ids: Sequence[int], blocks: Iterable[Block], *, causal: bool,
                                layers: Sequence[int], heads: Sequence[int]) -> None:

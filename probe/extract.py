@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
@@ -109,14 +109,17 @@ def extract_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: 
 
 
 def batches_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: int = 8,
-                    facts: MapFacts | None = None) -> Iterator[AttentionBatch]:
+                    facts: MapFacts | None = None, units: Callable[[Encoded], Units] | None = None,
+                    by_length: bool = True) -> Iterator[AttentionBatch]:
     """`extract_encoded`'s batches as they come out of the forward pass, not cut into maps: the texts sorted by
-    length, `batch_size` at a time, each an `AttentionBatch` (every layer and head, padding zeroed in place),
-    for a consumer that scores a whole batch at once (`analyses.heads.HeadScoreAccumulator.update_batch`)."""
+    length (`by_length`), `batch_size` at a time, each an `AttentionBatch` (every layer and head, padding zeroed
+    in place), for a consumer that scores a whole batch at once (`analyses.heads.HeadScoreAccumulator`).
+    `units`: each item's token units (`encoding.text_units` of a text by default)."""
     require_modality(lm, images=False)
     facts = facts or MapFacts.of(lm)
+    units = units or (lambda e: text_units(lm, e))
     layer_idx, head_idx = select_layers(lm, None), select_heads(lm, None)
-    order = sorted(encoded, key=lambda e: len(e.ids))
+    order = sorted(encoded, key=lambda e: len(e.ids)) if by_length else list(encoded)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
         att = forward_batch(lm, chunk, layer_idx)  # L × (B, nh, T, T), this batch's own tensors
@@ -125,7 +128,7 @@ def batches_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: 
         padding = ~(real[:, :, None] & real[:, None, :])[:, None]  # (B, 1, query, key)
         with torch.inference_mode():  # the forward's own (inference) tensors, zeroed where they are padding
             att = tuple(a.masked_fill_(padding.to(a.device), 0) for a in att)
-        yield AttentionBatch(units=tuple(text_units(lm, e) for e in chunk), attention=att,
+        yield AttentionBatch(units=tuple(units(e) for e in chunk), attention=att,
                              causal=lm.is_causal, layers=tuple(layer_idx), heads=tuple(head_idx),
                              meta=dict(facts.meta), no_attention=facts.no_attention)
         del att

@@ -150,20 +150,24 @@ class AttentionSource:
                                      self.all_heads)
             done += len(chunk)
 
-    def sequences(self, sequences: Sequence[Sequence[int]]) -> Iterator[AttentionMap | TextBlocks]:
+    def sequences(self, sequences: Sequence[Sequence[int]], *,
+                  batched: bool = False) -> Iterator[AttentionMap | AttentionBatch | TextBlocks]:
         """Token-id sequences (repeated random tokens), `batch_size` at a time: eager maps of a batch
-        that fits, else each sequence's recomputed blocks (its units: the ids as they are)."""
+        that fits (`batched`: the whole padded `AttentionBatch`, in input order), else each sequence's
+        recomputed blocks (its units: the ids as they are)."""
         bs = self.batch_size
         for start in range(0, len(sequences), bs):  # one batch of maps alive at a time
             chunk = sequences[start : start + bs]
             if self.mode(max(map(len, chunk)), len(chunk)) == "eager":
-                yield from extract_ids(self.lm, chunk, batch_size=bs)
+                if batched:
+                    yield from batches_encoded(self.lm, [_id_item(self.lm, s) for s in chunk], batch_size=bs,
+                                               units=_id_units, by_length=False)
+                else:
+                    yield from extract_ids(self.lm, chunk, batch_size=bs)
                 continue
             for seq in chunk:
                 enc = _id_item(self.lm, seq)
-                units = Units(text="", level="token", labels=(), spans=enc.spans, special=enc.special,
-                              token_ids=enc.ids)
-                yield TextBlocks(units, self.blocks(enc), self.lm.is_causal, self.all_layers, self.all_heads)
+                yield TextBlocks(_id_units(enc), self.blocks(enc), self.lm.is_causal, self.all_layers, self.all_heads)
 
     def blocks(self, enc: Encoded, *, layers: Sequence[int] | None = None,
                heads: Sequence[int] | None = None) -> Iterator[Block]:
@@ -410,6 +414,11 @@ def source_for(lm: LoadedModel, attention: Attention, *, budget: int | None = No
     except (KeyError, TypeError):
         raise ValueError(f"attention must be {', '.join(map(repr, SOURCES))}; got {attention!r}") from None
     return cls(lm, budget=budget, batch_size=batch_size)
+
+
+def _id_units(enc: Encoded) -> Units:
+    """The units of a token-id sequence: its ids as they are, no text."""
+    return Units(text="", level="token", labels=(), spans=enc.spans, special=enc.special, token_ids=enc.ids)
 
 
 def _id_item(lm: LoadedModel, seq: Sequence[int]) -> Encoded:

@@ -12,7 +12,7 @@ import torch
 import headscope as hs
 from headscope.analyses.heads import HeadScoreAccumulator, score_corpus
 from headscope.analyses.metrics import METRICS, Metric, RowStatistic, is_punctuation
-from headscope.probe.extract import batches_encoded, extract
+from headscope.probe.extract import batches_encoded, extract, extract_ids
 from headscope.probe.encoding import encode_many
 from headscope.probe.tiny import tiny_model
 from headscope.probe.types import AttentionBatch, AttentionMap, Units
@@ -199,3 +199,28 @@ def test_batches_leave_no_map_and_say_what_they_cover():
     assert len(batch) == 2 and batch.causal and batch.layers == tuple(range(lm.config.num_hidden_layers))
     assert [u.text for u in batch.units] == ["three", "one two"]  # sorted by length
     assert all(a.shape[:2] == (2, lm.config.num_attention_heads) for a in batch.attention)
+
+
+def test_repeated_sequences_batched_score_as_each_sequence():
+    """Duplicate-token and induction of a padded batch of token-id sequences (uneven lengths): per sequence
+    `Σ A⊙P / Σ A` by plain loops over its own map, averaged over the sequences."""
+    from headscope.probe.sources import source_for
+
+    lm = tiny_model("llama")
+    seqs, _ = hs.induction_inputs(lm, n_sequences=5, length=6, seed=2)
+    seqs[1], seqs[3] = seqs[1][:8], seqs[3][:1]  # shorter ones: padding inside the batch, a one-token sequence
+    acc = HeadScoreAccumulator(model=lm.name)
+    for batch in source_for(lm, "eager", batch_size=4).sequences(seqs, batched=True):
+        acc.update_repeated_batch(batch)
+    s = acc.result()
+    maps = {tuple(m.token_ids): m.attention.double() for m in extract_ids(lm, seqs)}
+    for r in s.table[s.table.metric.isin(["duplicate_token", "induction"])].itertuples():
+        scores = []
+        for seq in seqs:
+            a, t = maps[tuple(seq)][r.layer, r.head].tolist(), len(seq)
+            if r.metric == "duplicate_token":  # an earlier copy of the query's token
+                hits = [(q, k) for q in range(t) for k in range(q) if seq[k] == seq[q]]
+            else:  # the token after an earlier copy
+                hits = [(q, k) for q in range(t) for k in range(1, q + 1) if seq[k - 1] == seq[q]]
+            scores.append(sum(a[q][k] for q, k in hits) / sum(map(sum, a)))
+        assert r.n == sum(map(len, seqs)) and r.value == pytest.approx(sum(scores) / len(seqs), abs=1e-9), r

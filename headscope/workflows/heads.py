@@ -104,10 +104,12 @@ def heads(
     if lm.is_causal and induction_sequences > 0 and weight == "attention":
         sequences, prefix = induction_inputs(lm, n_sequences=induction_sequences, length=induction_length, seed=seed)
         with together(world):
-            for item in attend.sequences(shard(sequences, world)):
+            for item in attend.sequences(shard(sequences, world), batched=True):
                 if isinstance(item, TextBlocks):
                     acc.update_repeated_blocks(item.units.token_ids, item.blocks, causal=item.causal,
                                                layers=item.layers, heads=item.heads)
+                elif isinstance(item, AttentionBatch):
+                    acc.update_repeated_batch(item)
                 else:
                     acc.update_repeated(item)
         meta["induction"] = {
