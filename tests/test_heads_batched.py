@@ -15,6 +15,7 @@ from headscope.analyses.metrics import METRICS, Metric, RowStatistic, is_punctua
 from headscope.probe.extract import batches_encoded, extract, extract_ids
 from headscope.probe.encoding import encode_many
 from headscope.probe.tiny import tiny_model
+from conftest import in_turn
 from headscope.probe.types import AttentionBatch, AttentionMap, Units
 from headscope.probe.words import to_word_level
 
@@ -170,27 +171,26 @@ def test_batched_and_per_map_scores_agree_on_any_registry():
     assert a[a.metric == "width"].value.iloc[0] == pytest.approx((2 * 2 + 6 * 6 + 4 * 4) / (2 + 6 + 4))  # each row: its own keys
 
 
-@pytest.mark.parametrize("family", ["bert", "llama"])
-def test_a_tiny_model_batch_is_its_texts_maps(family):
-    """`probe.batches_encoded`: each text's block of the padded batch is its own map, the padding exact zeros;
-    and `hs.heads` (batched) scores as the per-map path on the same texts, every setting."""
-    lm = tiny_model(family)
+@pytest.mark.parametrize("tiny, setting", in_turn(("word", True), ("token", False), ("word", False), ("token", True)),
+                         indirect=["tiny"])
+def test_a_tiny_model_batch_is_its_texts_maps(tiny, setting):
+    """Every one-stack family (hybrids, sinks, windows, ALiBi ...), each with one setting in turn:
+    `probe.batches_encoded` gives each text's own map in its block of the padded batch, the padding exact
+    zeros; and `hs.heads` (batched) scores as the per-map path on the same texts."""
+    level, include_special = setting
     texts = ["The cat sat.", "A", "Dogs, cats and birds!", "It didn't rain today, sadly.", "x y"]
-    encoded = encode_many(lm, texts)
-    maps = {m.text: m for m in extract(lm, texts)}
-    for batch in batches_encoded(lm, encoded, batch_size=3):
+    maps = {m.text: m for m in extract(tiny, texts)}
+    for batch in batches_encoded(tiny, encode_many(tiny, texts), batch_size=3):
         for i, u in enumerate(batch.units):
             n = len(u)
             for layer, a in enumerate(batch.attention):
                 torch.testing.assert_close(a[i, :, :n, :n], maps[u.text].attention[layer], atol=1e-6, rtol=0)
                 assert not a[i, :, n:].any() and not a[i, :, :, n:].any()
-    for level in ("word", "token"):
-        for include_special in (True, False):
-            new = hs.heads(lm, texts, level=level, include_special=include_special, induction_sequences=0,
-                           batch_size=2, window=2).table
-            old = score_corpus(extract(lm, texts), level=level, include_special=include_special).table
-            assert (new.n == old.n).all() and (new.value.isna() == old.value.isna()).all()
-            assert float((new.value - old.value).abs().max()) <= 1e-6, (level, include_special)
+    new = hs.heads(tiny, texts, level=level, include_special=include_special, induction_sequences=0, batch_size=2,
+                   window=2).table
+    old = score_corpus(list(maps.values()), level=level, include_special=include_special).table
+    assert (new.n == old.n).all() and (new.value.isna() == old.value.isna()).all()
+    assert float((new.value - old.value).abs().max()) <= 1e-6
 
 
 def test_batches_leave_no_map_and_say_what_they_cover():
