@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from .encoding import Encoded, check_texts, checked_stream, encode_many, encode_targets, text_source
+from .encoding import Encoded, check_texts, checked_stream, encode_many, encode_targets, text_source, text_units
 from .forward import forward_batch, forward_seq2seq, is_seq2seq, learned_sinks
 from .images import check_images, encode_images, for_input, require_modality
 from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
 from .vision_language import default_texts, encode_with_images
-from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight, whole_number
+from .types import AttentionBatch, AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight, whole_number
 from .words import Segmenter, to_word_level
 
-__all__ = ["extract", "extract_ids", "iter_extract", "extract_encoded"]
+__all__ = ["extract", "extract_ids", "iter_extract", "extract_encoded", "batches_encoded"]
 
 
 def iter_extract(
@@ -116,6 +116,32 @@ def extract_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: 
     require_modality(lm, images=False)
     return _run_encoded(lm, list(encoded), batch_size, level, select_layers(lm, None), select_heads(lm, None),
                         torch.float32, None, "attention", truncate, facts)
+
+
+def batches_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: int = 8,
+                    facts: MapFacts | None = None, units: Callable[[Encoded], Units] | None = None,
+                    by_length: bool = True) -> Iterator[AttentionBatch]:
+    """`extract_encoded`'s batches as they come out of the forward pass, not cut into maps: the texts sorted by
+    length (`by_length`), `batch_size` at a time, each an `AttentionBatch` (every layer and head, padding zeroed
+    in place), for a consumer that scores a whole batch at once (`analyses.heads.HeadScoreAccumulator`).
+    `units`: each item's token units (`encoding.text_units` of a text by default)."""
+    require_modality(lm, images=False)
+    facts = facts or MapFacts.of(lm)
+    units = units or (lambda e: text_units(lm, e))
+    layer_idx, head_idx = select_layers(lm, None), select_heads(lm, None)
+    order = sorted(encoded, key=lambda e: len(e.ids)) if by_length else list(encoded)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        att = forward_batch(lm, chunk, layer_idx)  # L × (B, nh, T, T), this batch's own tensors
+        lengths = torch.tensor([len(e.ids) for e in chunk])
+        real = torch.arange(att[0].shape[-1]) < lengths[:, None]  # (B, T): the texts' own units
+        padding = ~(real[:, :, None] & real[:, None, :])[:, None]  # (B, 1, query, key)
+        with torch.inference_mode():  # the forward's own (inference) tensors, zeroed where they are padding
+            att = tuple(a.masked_fill_(padding.to(a.device), 0) for a in att)
+        yield AttentionBatch(units=tuple(units(e) for e in chunk), attention=att,
+                             causal=lm.is_causal, layers=tuple(layer_idx), heads=tuple(head_idx),
+                             meta=dict(facts.meta), no_attention=facts.no_attention)
+        del att
 
 
 def _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dtype, truncate, segmenter, weight):
