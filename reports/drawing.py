@@ -1,20 +1,21 @@
 """Drawing the report's figures: each one's files from its spec and panel, on every core.
 
-`draw(name, args)` draws one figure of `reports.panels.FIGURES` in this process and returns its files
+`draw(fn, args)` draws one figure of `reports.panels.FIGURES` (its spec's draw function) in this process and returns its files
 (`Drawn`): the PNG, the page's 256-colour copy of it, and the other formats asked for. `draw_all(jobs)`
 draws many: with several cores, worker processes (spawned: nothing of this process is shared, and it
 works wherever Python runs) take figures from the front of the list while this process draws from the
 back, so a pool that starts slowly never makes a report wait for it. A figure
 is the same bytes whichever process draws it (each is drawn from its own arguments under matplotlib's
 defaults, `reports.fonts.font_context`); a worker that fails to start or dies leaves its figures to this
-process, and an error while drawing is raised here as in a serial run.
+process (as do figures whose function or arguments cannot be sent to another process), and an error while
+drawing is raised here as in a serial run.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 __all__ = ["Drawn", "draw", "draw_all", "drawing_workers", "compact_png", "PARALLEL_FROM"]
 
@@ -43,14 +44,13 @@ def compact_png(png: bytes) -> bytes:
     return buf.getvalue() if buf.tell() < len(png) else png
 
 
-def draw(name: str, args: tuple, *, dpi: int = 100, formats: Sequence[str] = ("png",),
+def draw(fn: Callable[..., Any], args: tuple, *, dpi: int = 100, formats: Sequence[str] = ("png",),
          width: float | None = None) -> Drawn:
-    """Figure `name` of `FIGURES` drawn from `args`: its PNG at `dpi`, the page's copy, and the `formats` files
-    (scaled to `width` inches) when more than the PNG is asked for."""
+    """The figure `fn(*args)` (a `FigureSpec.draw` of `reports.panels.FIGURES`): its PNG at `dpi`, the page's
+    copy, and the `formats` files (scaled to `width` inches) when more than the PNG is asked for."""
     from .canvas import figure_bytes, to_png
-    from .panels import FIGURES
 
-    fig = FIGURES[name].draw(*args)
+    fig = fn(*args)
     png = to_png(fig, dpi=dpi)
     files = {} if tuple(formats) == ("png",) and width is None else {  # the PNG drawn once when unscaled
         fmt: png if fmt == "png" and width is None else figure_bytes(fig, fmt, dpi=dpi, width=width)
@@ -66,9 +66,9 @@ def drawing_workers() -> int:
         return os.cpu_count() or 1
 
 
-def draw_all(jobs: Sequence[tuple[str, tuple]], *, dpi: int = 100, formats: Sequence[str] = ("png",),
+def draw_all(jobs: Sequence[tuple[Callable[..., Any], tuple]], *, dpi: int = 100, formats: Sequence[str] = ("png",),
              width: float | None = None, workers: int | None = None) -> list[Drawn]:
-    """`draw(name, args)` for each `(name, args)` of `jobs`, in order, on `workers` processes (this one
+    """`draw(fn, args)` for each `(fn, args)` of `jobs`, in order, on `workers` processes (this one
     included; default `drawing_workers()`; 1, or fewer than `PARALLEL_FROM` jobs: all here).
 
     Workers take jobs from the front, one at a time as each finishes the last; this process draws from the
@@ -78,7 +78,7 @@ def draw_all(jobs: Sequence[tuple[str, tuple]], *, dpi: int = 100, formats: Sequ
     workers = drawing_workers() if workers is None else workers
     options = {"dpi": dpi, "formats": tuple(formats), "width": width}
     if workers <= 1 or len(jobs) < PARALLEL_FROM:
-        return [draw(name, args, **options) for name, args in jobs]
+        return [draw(fn, args, **options) for fn, args in jobs]
     import multiprocessing
     import threading
     from collections import deque

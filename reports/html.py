@@ -300,7 +300,7 @@ def build_report(
         raise ValueError(f"figure formats {list(formats)}: choose one or more of {', '.join(FORMATS)}")
     jobs = [_figure_jobs(s) for s in analyses]
     # The page always shows the PNG at the figure's own size; `formats` and `width` shape only the files.
-    drawn = iter(draw_all([(spec.name, panel.args) for model in jobs for spec, panel in model], dpi=dpi,
+    drawn = iter(draw_all([(spec.draw, panel.args) for model in jobs for spec, panel in model], dpi=dpi,
                           formats=tuple(dict.fromkeys(formats)), width=width, workers=workers))
     per_model = [_figure_files(s, name, model, [next(drawn) for _ in model])
                  for s, name, model in zip(analyses, _file_names(analyses), jobs)]
