@@ -502,7 +502,8 @@ def row_scores(
     R, K = q_rows.shape[-2], k.shape[-2]
     scale = spec.scale if use_scale else 1.0
     scores = torch.matmul(q_rows, k.transpose(-2, -1), out=out)  # (B, h, R, K): the product is ours
-    scores.mul_(scale)  # scaled in place
+    if scale != 1.0:  # scaled in place (a caller that scaled q already passes scale 1: no pass for nothing)
+        scores.mul_(scale)
     if spec.score_bias is not None and use_positions:
         if query_start or key_start:
             bias = spec.score_bias(query_start + R, key_start + K, query_start=query_start, key_start=key_start)
