@@ -664,12 +664,14 @@ def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Pla
     for name, offset in plan.diagonals:  # 0 where no row has that key (next_token under a causal mask)
         sums[name] = seen.diagonal(query_start + offset - lo, -2, -1).sum(-1)
     if s:
+        # [..., set]: one matmul for every key set, rows first ([set, row] @ [..., row, key]: the block is read
+        # once, row after row, where [..., row, key] @ [key, set] is a skinny product at half the speed)
         if active is not None:  # sets no query of this text counts for (a text's registers): zeros, not read
             shares = a.new_zeros(*a.shape[:-2], s)
             if len(active):
-                shares[..., active] = (seen @ targets[:, active] * queries[:, active]).sum(-2)
+                shares[..., active] = (queries[:, active].T @ seen * targets[:, active].T).sum(-1)
         else:
-            shares = (seen @ targets * queries).sum(-2)  # [..., set]: one matmul for every key set
+            shares = (queries.T @ seen * targets.T).sum(-1)
         sums.update({name: shares[..., i] for i, (name, _) in enumerate(plan.key_shares)})
     for group in plan.statistics:  # a statistic that is not zero-free gets every key (the block assembles them)
         whole = seen if group.zeros_free or band is None else band.block.probs.to(a.dtype)
