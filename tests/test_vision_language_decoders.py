@@ -1,6 +1,7 @@
 """Vision–language decoders (issue 36): texts with images, image tokens on their pictures, both stacks verified."""
 
 import copy
+import importlib.util
 import dataclasses
 
 import numpy as np
@@ -142,6 +143,7 @@ def _layer_input(lm, enc_text, images, family, layer):
 HAND_GRID = {
     "llava": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
     "llava_next": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("thumbnail",),
+    "llava_onevision": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("thumbnail",),
     "gemma3": lambda cfg: (int(round(cfg.mm_tokens_per_image ** 0.5)),) * 2 + ("base",),
     "paligemma": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
 }
@@ -194,6 +196,13 @@ def test_folder_round_trip_loads_the_processor(reading, tmp_path):
 
     reading.model.save_pretrained(tmp_path)
     reading.processor.save_pretrained(tmp_path)
+    if reading.model_type == "llava_onevision" and importlib.util.find_spec("torchvision") is None:
+        # transformers 5.25 loads LlavaOnevisionProcessor only with its video processor, which needs torchvision
+        from headscope.probe.registry import ModelNotAvailable
+
+        with pytest.raises(ModelNotAvailable, match="video processor"):
+            load_model(str(tmp_path))
+        return
     lm = load_model(str(tmp_path))
     assert lm.reads_images and lm.processor is not None
     assert verify(lm).passed
@@ -282,3 +291,23 @@ def test_llava_next_tiles_unpadded_with_a_newline_per_row():
     tiles = [i for i, p in enumerate(m.patches) if p is not None and p.view == "tiles"]
     assert newlines == [tiles[7] + 1, tiles[15] + 1]  # after each row of 8
     assert m.patches[tiles[8]].box == (0.5, 0.0, 1.0, 0.125)  # row 1, column 0 of 2 x 8 over the whole picture
+
+
+def test_llava_onevision_base_view_then_unpadded_tiles_shrunk_past_its_limit():
+    """The tiny model reads at most two tiles' worth of patches (`anyres_max_2`, 2 x 16) before it shrinks the tiles'
+    grid. A 30 x 100 picture: two 32 x 32 tiles side by side (4 x 8 patches), one padded row removed above and
+    below: 2 x 8 = 16 <= 32, kept. A 40 x 52 picture: the 64 x 64 pinpoint, four tiles (8 x 8); fitted at 8 columns
+    it is round(40 * 8 / 52) = 6 rows high, so 6 x 8 = 48 > 1.1^2 x 32: ratio sqrt(48 / 32) = 1.2247, the grid
+    shrinks to 6 // 1.2247 = 4 rows and 8 // 1.2247 = 6 columns. Each grid after the base view's 4 x 4, each
+    tiles row followed by <image_newline>."""
+    lm = _tiny("llava_onevision")
+    for shape, (rows, cols) in (((30, 100, 3), (2, 8)), ((40, 52, 3), (4, 6))):
+        [m] = extract(lm, "A <image> one", images=[_picture(4, shape)])
+        image = [i for i, t in enumerate(m.token_ids) if t == lm.model.config.image_token_id]
+        assert len(image) == 16 + rows * (cols + 1)  # the processor's count, which the forward pass also checked
+        views = [(m.patches[i].view, m.patches[i].rows, m.patches[i].cols) if m.patches[i] else m.labels[i]
+                 for i in image]
+        assert views[:16] == [("thumbnail", 4, 4)] * 16
+        assert views[16:] == ([("tiles", rows, cols)] * cols + ["<image_newline>"]) * rows
+        last = m.patches[image[-2]]
+        assert (last.row, last.col) == (rows - 1, cols - 1) and last.box[2:] == (1.0, 1.0)
