@@ -145,6 +145,11 @@ HAND_GRID = {
     "llava_next": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("thumbnail",),
     "llava_onevision": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("thumbnail",),
     "gemma3": lambda cfg: (int(round(cfg.mm_tokens_per_image ** 0.5)),) * 2 + ("base",),
+    # Idefics3 / SmolVLM: the 40 x 52 picture is resized to 49 x 64 (longest edge 64), then to whole 32-pixel
+    # tiles, 64 x 64: 2 x 2 tiles; the first grid is tile (0, 0), its 4 x 4 patches shuffled 2 x 2 into 2 x 2
+    # tokens, each cell a quarter of the tile's quarter of the picture
+    "idefics3": lambda cfg: (2, 2, "tile 0,0", lambda i, j: (i / 4, j / 4, (i + 1) / 4, (j + 1) / 4)),
+    "smolvlm": lambda cfg: (2, 2, "tile 0,0", lambda i, j: (i / 4, j / 4, (i + 1) / 4, (j + 1) / 4)),
     "paligemma": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
 }
 
@@ -160,7 +165,7 @@ def test_a_head_built_to_read_one_patch_lands_on_it(reading):
     slot = _slot(lm)
     text, images = f"Here {slot} is a cat", [_picture(3)]
     cfg = lm.model.config
-    rows, cols, view = HAND_GRID[lm.model_type](cfg)
+    rows, cols, view, *box = HAND_GRID[lm.model_type](cfg)
     image_id = cfg.image_token_id if getattr(cfg, "image_token_id", None) is not None else cfg.image_token_index
     last = lm.config.num_hidden_layers - 1
     [before] = extract(lm, text, images=images, layers=[last])
@@ -188,7 +193,7 @@ def test_a_head_built_to_read_one_patch_lands_on_it(reading):
     [m] = extract(lm, text, images=images, layers=[last])
     got = int(m.attention[0, 0, query].argmax())
     assert got == target and m.attention[0, 0, query, target] > 0.9
-    assert m.patches[got] == ImagePatch(0, *cell, rows, cols, view=view)
+    assert m.patches[got] == ImagePatch(0, *cell, rows, cols, view=view, box=box[0](*cell) if box else None)
 
 
 def test_folder_round_trip_loads_the_processor(reading, tmp_path):
@@ -311,3 +316,33 @@ def test_llava_onevision_base_view_then_unpadded_tiles_shrunk_past_its_limit():
         assert views[16:] == ([("tiles", rows, cols)] * cols + ["<image_newline>"]) * rows
         last = m.patches[image[-2]]
         assert (last.row, last.col) == (rows - 1, cols - 1) and last.box[2:] == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("name", ["idefics3", "smolvlm"])
+def test_pixel_shuffle_tiles_with_markers_then_the_global_image(name):
+    """A 30 x 100 picture: resized to 19 x 64 (longest edge 64), then to whole 32-pixel tiles: 32 x 64, one row of
+    two tiles. Each frame's 4 x 4 patches are shuffled 2 x 2 into 2 x 2 tokens. In order: <fake><row_1_col_1>
+    and tile (0, 0)'s 4 tokens, <fake><row_1_col_2> and tile (0, 1)'s, a newline, then a newline, <fake>,
+    <global-img>, the global image's 4 tokens (view thumbnail) and <fake>."""
+    lm = _tiny(name)
+    [m] = extract(lm, "A <image> wide one", images=[_picture(4, (30, 100, 3))])
+    first = m.labels.index("<row_1_col_1>")
+    f, t0, t1, g = "<fake_token_around_image>", "img0:tile 0,0:", "img0:tile 0,1:", "img0:thumbnail:"
+    cells = ("r0c0", "r0c1", "r1c0", "r1c1")
+    assert m.labels[first - 1 : first + 20] == (f, "<row_1_col_1>", *(t0 + c for c in cells), f, "<row_1_col_2>",
+                                                 *(t1 + c for c in cells), "Ċ", "Ċ", f, "<global-img>",
+                                                 *(g + c for c in cells), f)
+    p = m.patches[first + 1 + 4 + 2 + 3]  # tile (0, 1), cell (1, 1): the right half's bottom-right quarter
+    assert (p.view, p.row, p.col, p.rows, p.cols, p.box) == ("tile 0,1", 1, 1, 2, 2, (0.5, 0.75, 1.0, 1.0))
+    assert m.pictures[0].shape == (32, 32, 3)  # the global image: the whole picture as one tile
+
+
+def test_smolvlm_prompt_for_an_image_is_idefics3s():
+    """tiny:smolvlm reads pictures with Idefics3's processor: its prompt for an image of rows x cols tiles is the
+    string transformers' SmolVLM processor builds."""
+    from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+    proc = _tiny("smolvlm").processor
+    for rows, cols in ((0, 0), (1, 2), (2, 3)):
+        assert (proc.replace_image_token({"rows": [[rows]], "cols": [[cols]]}, 0)
+                == get_image_prompt_string(rows, cols, 4, "<fake_token_around_image>", "<image>", "<global-img>"))

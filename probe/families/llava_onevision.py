@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import math
 
-from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec, tiny_chat_template,
-                       tiny_parts, tiny_pil_processor, vision_stack)
+from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec, images_only,
+                       tiny_chat_template, tiny_parts, tiny_pil_processor, vision_stack)
 from .llava import IMAGE_TOKEN
 from .llava_next import PINPOINTS, tile_units, unpadded_grid
 from . import Family, VisionLanguage
@@ -70,24 +70,13 @@ def _tiny_config(vocab: int, model_type: str):
                                 image_grid_pinpoints=PINPOINTS, vision_aspect_ratio=TINY_ASPECT)
 
 
-def _images_only(cls):
-    """`cls` (transformers' LlavaOnevisionProcessor) without its video processor: in transformers 5.25 a video
-    processor needs torchvision, which a CPU install may lack, and images never use it. Saved with
-    `save_pretrained` it writes a LlavaOnevisionProcessor's files (no video processor's)."""
-    def __init__(self, image_processor=None, tokenizer=None, **kwargs):
-        cls.__init__(self, image_processor, tokenizer, None, **kwargs)
-        self.video_processor = None
-
-    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
-
-
 def _tiny_processor(cfg, tokenizer):
     from transformers import LlavaOnevisionProcessor
 
     vision = cfg.vision_config
     size = vision.image_size
     images = tiny_pil_processor(size, "LlavaOnevisionImageProcessorPil", image_grid_pinpoints=PINPOINTS)
-    return _images_only(LlavaOnevisionProcessor)(
+    return images_only(LlavaOnevisionProcessor)(
         image_processor=images, tokenizer=tokenizer, num_image_tokens=(size // vision.patch_size) ** 2,
         vision_feature_select_strategy="full", vision_aspect_ratio=TINY_ASPECT,
         chat_template=tiny_chat_template(IMAGE_TOKEN), image_token=IMAGE_TOKEN)
