@@ -346,3 +346,39 @@ def test_smolvlm_prompt_for_an_image_is_idefics3s():
     for rows, cols in ((0, 0), (1, 2), (2, 3)):
         assert (proc.replace_image_token({"rows": [[rows]], "cols": [[cols]]}, 0)
                 == get_image_prompt_string(rows, cols, 4, "<fake_token_around_image>", "<image>", "<global-img>"))
+
+
+@pytest.mark.parametrize("name, overrides", [("llava_onevision", {"vision_aspect_ratio": "anyres_max_9"}),
+                                             ("idefics3", {"scale_factor": 4}), ("smolvlm", {"scale_factor": 4})])
+def test_other_configs_and_seeds_verify_with_their_layout(name, overrides):
+    """Checkpoints built with another seed and config: LLaVA-OneVision allowed 9 tiles' worth of patches (the
+    40 x 52 picture's 6 x 8 tiles grid is kept: 16 + 6 x 9 image tokens); Idefics3 / SmolVLM shuffling 4 x 4
+    patches into one token (each 32 x 32 frame one token: 2 x 2 tiles and the global image, 5 tokens)."""
+    from headscope.probe.tiny import tiny_model
+
+    lm = tiny_model(name, seed=7, **overrides)
+    [m] = extract(lm, "A <image> one", images=[_picture(4)])
+    patches = [p for p in m.patches if p is not None]
+    if name == "llava_onevision":
+        assert m.labels.count("<image_newline>") == 6 and len(patches) == 16 + 6 * 8
+        assert {(p.view, p.rows, p.cols) for p in patches} == {("thumbnail", 4, 4), ("tiles", 6, 8)}
+    else:
+        assert [(p.view, p.box) for p in patches] == [("tile 0,0", (0, 0, 0.5, 0.5)), ("tile 0,1", (0, 0.5, 0.5, 1)),
+                                                      ("tile 1,0", (0.5, 0, 1, 0.5)), ("tile 1,1", (0.5, 0.5, 1, 1)),
+                                                      ("thumbnail", (0, 0, 1, 1))]
+    assert verify(lm, ["A <image> one"], images=[_picture(4)]).passed
+
+
+@pytest.mark.parametrize("name", ["idefics3", "smolvlm"])
+def test_a_picture_read_whole_is_one_base_grid(name):
+    """Without image splitting the processor reads each picture as its global image alone: one 2 x 2 grid over
+    the whole picture (view base), after <global-img>."""
+    lm = _tiny(name)
+    proc = copy.deepcopy(lm.processor)
+    proc.image_processor.do_image_splitting = False
+    whole = dataclasses.replace(lm, processor=proc)
+    [m] = extract(whole, "A <image> one", images=[_picture(4, (30, 100, 3))])
+    patches = [p for p in m.patches if p is not None]
+    assert patches == [ImagePatch(0, i, j, 2, 2) for i in range(2) for j in range(2)]
+    assert "<row_1_col_1>" not in m.labels and m.labels[m.labels.index("<global-img>") + 1] == "img0:r0c0"
+    assert verify(whole, ["A <image> one"], images=[_picture(4, (30, 100, 3))]).passed

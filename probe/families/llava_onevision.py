@@ -78,7 +78,7 @@ def _tiny_processor(cfg, tokenizer):
     images = tiny_pil_processor(size, "LlavaOnevisionImageProcessorPil", image_grid_pinpoints=PINPOINTS)
     return images_only(LlavaOnevisionProcessor)(
         image_processor=images, tokenizer=tokenizer, num_image_tokens=(size // vision.patch_size) ** 2,
-        vision_feature_select_strategy="full", vision_aspect_ratio=TINY_ASPECT,
+        vision_feature_select_strategy="full", vision_aspect_ratio=cfg.vision_aspect_ratio,
         chat_template=tiny_chat_template(IMAGE_TOKEN), image_token=IMAGE_TOKEN)
 
 
