@@ -104,7 +104,8 @@ class VisionLanguage:
     layer)` gives the decoder mask's bidirectional blocks of one layer, (B, T) ids where a query and a key of one
     block >= 0 see each other both ways (Gemma 3's images, PaliGemma's prefix), or None (causal only).
     `tiny_processor(config, tokenizer)` builds the tiny model's processor (image processor, tokenizer, chat
-    template); `text_config(config)` is the decoder's own config."""
+    template); `text_config(config)` is the decoder's own config; `picture` the pixels of one picture where the
+    processor's `pixel_values` are not one entry per picture (Idefics3's frames of a whole text)."""
 
     vision: Stack
     vision_family: str
@@ -113,6 +114,9 @@ class VisionLanguage:
     image_tokens: Callable[[Any], tuple[str, ...]]  # config -> the special tokens the tiny tokenizer must hold
     blocks: Callable[[Any, Any, Any, int], torch.Tensor | None] = lambda cfg, types, ids, layer: None
     text_config: Callable[[Any], Any] = lambda cfg: cfg.text_config
+    # (config, inputs, image) -> image `image`'s pixels (3, H, W) as the model saw the whole picture; None: its
+    # own `pixel_values[image]`, the first tile of a tiled one (LLaVA-NeXT's thumbnail)
+    picture: Callable[[Any, dict, int], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
