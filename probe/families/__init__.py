@@ -88,6 +88,19 @@ class Stack:
     out_proj: Callable[[torch.nn.Module, int], torch.nn.Module]  # (base_model, i) -> W_O
     n_layers: Callable[[Any], int]  # config -> number of layers of this stack
     keys: Literal["self", "encoder"] = "self"  # keys and values from the layer's own input, or the encoder's output
+    # The model's own numbers of this stack's layers where they are not 0 .. n_layers-1 (Mllama's decoder: its
+    # self-attention layers skip the cross-attention ones, which are a stack of their own).
+    layers: Callable[[Any], tuple[int, ...]] | None = None
+    # Which keys each query sees where that depends on the input: (config, inputs, T, S) -> (B, T, S) bool, from
+    # the processor's outputs `inputs` (`LayerSpec.visible`); None: the stack's own mask only.
+    visible: Callable[[Any, dict, int, int], torch.Tensor] | None = None
+    # A cross stack hooked inside a one-pass forward: the keys' source out of the attention module's call,
+    # (args, kwargs) -> (B, S, D) (Mllama's `cross_attention_states`).
+    memory: Callable[[tuple, dict], torch.Tensor] | None = None
+
+    def layer_numbers(self, config) -> tuple[int, ...]:
+        """This stack's layers by the model's own numbers."""
+        return tuple(self.layers(config)) if self.layers is not None else tuple(range(self.n_layers(config)))
 
     def __post_init__(self) -> None:  # a layer's weights read in memory where accelerate offloaded them
         object.__setattr__(self, "layer_spec", onloading(self.layer_spec, self.attention, self.out_proj))
@@ -113,6 +126,13 @@ class VisionLanguage:
     image_tokens: Callable[[Any], tuple[str, ...]]  # config -> the special tokens the tiny tokenizer must hold
     blocks: Callable[[Any, Any, Any, int], torch.Tensor | None] = lambda cfg, types, ids, layer: None
     text_config: Callable[[Any], Any] = lambda cfg: cfg.text_config
+    # A decoder whose layers are not all its text family's self-attention (Mllama): its own "decoder" stack and
+    # the "cross" stack of text queries over the image's vision tokens; None: the family's layers, no cross.
+    decoder: Stack | None = None
+    cross: Stack | None = None
+    # The whole picture image `image` was seen as, (3, H, W), out of the processor's outputs; None: the pixels'
+    # own (the first tile of a tiled image).
+    picture: Callable[[dict, int], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,134 @@
+"""Mllama (Llama 3.2 Vision): the tiled vision encoder, the decoder's self-attention and its cross-attention layers
+to the image, each verified from scratch; a cross-attention head built to read one patch lands on it."""
+
+import copy
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import _tiny
+from headscope.probe.families import FAMILIES
+from headscope.probe.families.mllama import CROSS, VISION, gates, key_patches
+from headscope.probe.forward import base_model
+from headscope.probe.types import ImagePatch
+from headscope.probe.verify import verify
+from headscope.probe.vision_language import encode_with_images
+
+IMAGE = "<|image|>"
+
+
+def _picture(seed: int = 0, shape=(16, 30, 3)) -> np.ndarray:
+    """A wide picture: two tiles side by side in the tiny model (16-pixel tiles, at most 2)."""
+    return np.random.default_rng(seed).random(shape)
+
+
+@pytest.fixture(scope="session")
+def mllama():
+    return _tiny("mllama")
+
+
+TEXTS = [f"before the picture {IMAGE} after it", f"{IMAGE} a cat"]
+
+
+def test_every_stack_verifies_and_is_named(mllama):
+    """The vision encoder (2 local + 1 global layers), the decoder's self-attention layers (0, 2) and its cross
+    layer (1), on a wide picture (two real tiles) and a square one (one real tile, one padding tile), with text
+    before the marker (tokens that may see no image) and after it."""
+    v = verify(mllama, TEXTS, images=[_picture(1), _picture(2, (16, 16, 3))])
+    assert v.passed, v.summary()
+    kinds = [(c.kind, c.layer) for c in v.layers]
+    assert kinds == [("vision", 0), ("vision", 1), ("vision", 2), ("decoder", 0), ("decoder", 2), ("cross", 1)]
+    assert max(c.max_abs_err for c in v.layers) <= 1e-5
+
+
+def _bent_family(family, stack_name, **changes):
+    reading = family.vision_language
+    stack = dataclasses.replace(getattr(reading, stack_name), **changes)
+    return dataclasses.replace(family, vision_language=dataclasses.replace(reading, **{stack_name: stack}))
+
+
+def _scaled(spec_fn, field, factor):
+    def spec(base, i, cfg):
+        s = spec_fn(base, i, cfg)
+        return dataclasses.replace(s, **{field: getattr(s, field) * factor})
+    return spec
+
+
+@pytest.mark.parametrize("stack_name,changes,failing", [
+    ("cross", {"visible": None}, "cross"),  # the cross_attention_mask ignored: tokens see the padding tile
+    ("cross", {"visible": lambda cfg, inputs, T, S: torch.ones(1, T, S, dtype=torch.bool).tril()}, "cross"),
+    ("cross", {"layer_spec": _scaled(CROSS.layer_spec, "k_norm", 1.01)}, "cross"),
+    ("cross", {"layer_spec": _scaled(CROSS.layer_spec, "wo", 1.01)}, "cross"),
+    ("vision", {"visible": None}, "vision"),  # padding hidden from padding: the vision mask matters
+    ("vision", {"layer_spec": _scaled(VISION.layer_spec, "wq", 1.01)}, "vision"),
+])
+def test_break_it_a_wrong_mask_or_weight_fails(mllama, stack_name, changes, failing):
+    family = _bent_family(FAMILIES["mllama"], stack_name, **changes)
+    v = verify(mllama, TEXTS, images=[_picture(1), _picture(2, (16, 16, 3))], family=family)
+    assert not v.passed
+    assert {c.kind for c in v.layers if not c.passed} == {failing}
+
+
+def test_gates_are_reported_by_layer(mllama):
+    base = base_model(mllama)
+    g = gates(mllama)
+    text = base.language_model
+    assert set(g["cross_attn"]) == {1} and g["cross_attn"][1] == pytest.approx(
+        float(torch.tanh(text.layers[1].cross_attn_attn_gate)))
+    assert set(g["vision_attn"]) == {2}  # the global layer after the 2 local ones
+    assert g["vision_ffn"][2] == pytest.approx(float(torch.tanh(base.vision_model.global_transformer.layers[0].gate_ffn)))
+
+
+def test_key_patches_by_hand(mllama):
+    """Keys: image, tile, then CLS and a 4 x 4 grid per tile; a wide picture's tiles side by side (a 4 x 8 grid)."""
+    [enc] = encode_with_images(mllama, [f"{IMAGE} a cat"], [_picture(1)])
+    keys = key_patches(mllama.config, enc.inputs)
+    assert len(keys) == 2 * 17
+    assert keys[0] is None and keys[17] is None  # each tile's CLS token
+    assert keys[1] == ImagePatch(0, 0, 0, 4, 8, view="tile 0,0")
+    assert keys[17 + 1 + 4 + 2] == ImagePatch(0, 1, 6, 4, 8, view="tile 0,1")
+    [square] = encode_with_images(mllama, [f"{IMAGE} a cat"], [_picture(2, (16, 16, 3))])
+    keys = key_patches(mllama.config, square.inputs)
+    assert keys[1] == ImagePatch(0, 0, 0, 4, 4, view="tile 0,0") and all(k is None for k in keys[17:])
+    assert enc.pictures[0].shape[:2] == (16, 32)  # the two tiles put back side by side
+
+
+def test_a_cross_head_built_to_read_one_patch_lands_on_it(mllama):
+    """Head 0 of the cross layer is set so that the last text token's query matches one key alone: tile (0, 1),
+    cell (1, 2) of its 4 x 4 grid — key (0 · 2 + 1) · 17 + 1 + 1 · 4 + 2 = 24 by hand (image, tile, CLS first).
+    q and k are RMS-normed per head, so the key's direction, not its size, singles it out: two rows of the
+    head, one 1 at the target and 0 elsewhere, the other the reverse (least squares over the vision tokens)."""
+    lm = dataclasses.replace(mllama, model=copy.deepcopy(mllama.model))
+    [enc] = encode_with_images(lm, [f"{IMAGE} a cat sits"], [_picture(5)])
+    inputs = {"input_ids": torch.tensor([enc.ids]), **enc.inputs}
+    attn = base_model(lm).language_model.layers[1].cross_attn
+    caught = {}
+
+    def grab(module, args, kwargs):
+        caught["x"] = (args[0] if args else kwargs["hidden_states"])[0].detach().double()
+        caught["m"] = kwargs["cross_attention_states"].reshape(-1, 32).detach().double()
+
+    h = attn.register_forward_pre_hook(grab, with_kwargs=True)
+    with torch.no_grad():
+        lm.model(**inputs)
+    h.remove()
+    x, m = caught["x"], caught["m"]
+    target = (0 * 2 + 1) * 17 + 1 + 1 * 4 + 2
+    one_hot = torch.zeros(m.shape[0], dtype=torch.float64)
+    one_hot[target] = 1.0
+    wa = torch.linalg.lstsq(m, one_hot[:, None]).solution[:, 0]
+    wb = torch.linalg.lstsq(m, (1 - one_hot)[:, None]).solution[:, 0]
+    hs, query = attn.head_dim, x.shape[0] - 1
+    with torch.no_grad():
+        attn.q_proj.weight[:hs] = 0.0
+        attn.k_proj.weight[:hs] = 0.0
+        attn.q_proj.weight[0] = (x[query] / x[query].square().sum() * 400.0).float()
+        attn.k_proj.weight[0], attn.k_proj.weight[1] = wa.float(), wb.float()
+        attn.q_norm.weight[0] = attn.k_norm.weight[0] = 30.0
+        out = lm.model(**inputs, output_attentions=True)
+    probs = out.attentions[1][0, 0, query]  # the cross layer's weights: (heads, text, keys)
+    assert int(probs.argmax()) == target and probs[target] > 0.9
+    assert key_patches(lm.config, enc.inputs)[target] == ImagePatch(0, 1, 6, 4, 8, view="tile 0,1")
+    assert verify(lm, [f"{IMAGE} a cat sits"], images=[_picture(5)]).passed  # the built head still verifies
