@@ -76,9 +76,9 @@ def test_gates_are_reported_by_layer(mllama):
     g = gates(mllama)
     text = base.language_model
     assert set(g["cross_attn"]) == {1} and g["cross_attn"][1] == pytest.approx(
-        float(torch.tanh(text.layers[1].cross_attn_attn_gate)))
+        float(torch.tanh(text.layers[1].cross_attn_attn_gate.detach())))
     assert set(g["vision_attn"]) == {2}  # the global layer after the 2 local ones
-    assert g["vision_ffn"][2] == pytest.approx(float(torch.tanh(base.vision_model.global_transformer.layers[0].gate_ffn)))
+    assert g["vision_ffn"][2] == pytest.approx(float(torch.tanh(base.vision_model.global_transformer.layers[0].gate_ffn.detach())))
 
 
 def test_key_patches_by_hand(mllama):
@@ -130,5 +130,50 @@ def test_a_cross_head_built_to_read_one_patch_lands_on_it(mllama):
         out = lm.model(**inputs, output_attentions=True)
     probs = out.attentions[1][0, 0, query]  # the cross layer's weights: (heads, text, keys)
     assert int(probs.argmax()) == target and probs[target] > 0.9
-    assert key_patches(lm.config, enc.inputs)[target] == ImagePatch(0, 1, 6, 4, 8, view="tile 0,1")
+    from headscope.probe.image_cross import image_cross_attention
+
+    [r] = image_cross_attention(lm, f"{IMAGE} a cat sits", images=[_picture(5)])  # the same in the cross map
+    got = int(r.cross.attention[0, 0, query].argmax())
+    assert got == target and r.cross.keys.patches[got] == ImagePatch(0, 1, 6, 4, 8, view="tile 0,1")
+    assert r.cross.keys.labels[got] == "img0:tile 0,1:r1c6"
     assert verify(lm, [f"{IMAGE} a cat sits"], images=[_picture(5)]).passed  # the built head still verifies
+
+
+def test_maps_of_the_self_and_cross_layers(mllama):
+    """The self-attention layers' map over the text (the marker a special unit, layers 0 and 2) and the cross
+    layer's map: a row per text token over every vision key, each key on its cell; a token before the marker sees
+    no image, so its cross row is the softmax over every key (the model's own rule), one after it sees only the
+    real tiles."""
+    from headscope.probe.image_cross import image_cross_attention
+
+    [r] = image_cross_attention(mllama, f"before {IMAGE} after", images=[_picture(2, (16, 16, 3))])
+    assert r.decoder.layers == (0, 2) and r.cross.layers == (1,)
+    assert r.decoder.attention.shape[-1] == len(r.decoder) and r.decoder.causal
+    marker = r.decoder.labels.index(IMAGE)
+    assert r.decoder.special[marker]
+    assert r.cross.attention.shape[-2:] == (len(r.decoder), 34)
+    assert r.cross.keys.patches[1] == ImagePatch(0, 0, 0, 4, 4, view="tile 0,0")
+    rows = r.cross.attention[0, :, :, :].sum(-1)
+    assert torch.allclose(rows, torch.ones_like(rows), atol=1e-5)
+    after = r.cross.attention[0, :, marker + 1]
+    assert float(after[:, 17:].sum()) < 1e-6  # the padding tile is hidden once the image may be seen
+    before = r.cross.attention[0, :, 0]
+    assert float(before[:, 17:].sum()) > 0.1  # no image allowed: every key, padding tile included
+    assert set(r.gates["cross_attn"]) == {1}
+
+
+def test_folder_round_trip_loads_the_processor(mllama, tmp_path):
+    from headscope.probe.loading import load_model
+
+    mllama.model.save_pretrained(tmp_path)
+    mllama.processor.save_pretrained(tmp_path)
+    lm = load_model(str(tmp_path))
+    assert lm.reads_images and lm.processor is not None
+    assert verify(lm, [f"{IMAGE} a cat"], images=[_picture(1)]).passed
+
+
+def test_a_model_whose_image_tokens_stand_in_the_text_is_told_to_use_extract():
+    from headscope.probe.image_cross import image_cross_attention
+
+    with pytest.raises(ValueError, match="reads no image through cross-attention"):
+        image_cross_attention(_tiny("llava"), "a <image> b", images=[_picture(1)])

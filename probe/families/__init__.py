@@ -133,6 +133,10 @@ class VisionLanguage:
     # The whole picture image `image` was seen as, (3, H, W), out of the processor's outputs; None: the pixels'
     # own (the first tile of a tiled image).
     picture: Callable[[dict, int], torch.Tensor] | None = None
+    # A cross reader: each cross-attention key's ImagePatch (or None) from (config, inputs), and the tanh of its
+    # gates by layer from (base_model, config) — what scales each block's output before the residual stream.
+    key_patches: Callable[[Any, dict], tuple] | None = None
+    gates: Callable[[torch.nn.Module, Any], dict] | None = None
 
 
 @dataclass(frozen=True)

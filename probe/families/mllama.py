@@ -183,8 +183,11 @@ def _picture(inputs: dict, image: int) -> torch.Tensor:
 def gates(lm) -> dict[str, dict[int, float]]:
     """The tanh of every gate, by the model's own layer numbers: the cross-attention layers' attention and MLP
     gates (what multiplies the block's output before the residual stream) and the vision global layers'."""
-    base = lm.model.model if hasattr(lm.model, "model") else lm.model
-    text, vision, cfg = _text(base), _vision(base), lm.config
+    return _gates(lm.model.model if hasattr(lm.model, "model") else lm.model, lm.config)
+
+
+def _gates(base, cfg) -> dict[str, dict[int, float]]:
+    text, vision = _text(base), _vision(base)
     local = len(vision.transformer.layers)
     return {
         "cross_attn": {i: math.tanh(float(text.layers[i].cross_attn_attn_gate.detach())) for i in _cross_layers(cfg)},
@@ -248,5 +251,6 @@ FAMILY = Family(
     modality="vision-language",
     vision_language=VisionLanguage(vision=VISION, vision_family="mllama", image_units=lambda cfg, inputs, k: [IMAGE_TOKEN],
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE_TOKEN,),
-                                   decoder=DECODER, cross=CROSS, picture=_picture),
+                                   decoder=DECODER, cross=CROSS, picture=_picture,
+                                   key_patches=key_patches, gates=_gates),
 )
