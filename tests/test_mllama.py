@@ -196,3 +196,33 @@ def test_extract_and_the_commands_say_where_mllama_maps_come_from(mllama, tmp_pa
     assert result.exit_code == 2 and "cross-attention layers" in result.output
     result = CliRunner().invoke(cli, ["verify", "--model", "tiny:mllama", "--image", str(path)])
     assert result.exit_code == 0, result.output
+
+
+def _other_config(vocab: int, model_type: str):
+    """Another tiny Mllama: cross layers 0 and 3 of 4, as many KV heads as query heads, up to 4 tiles (a 2 x 2
+    picture), 8-pixel tiles of 2-pixel patches (17 tokens a tile: padded to 24), 2 global vision layers."""
+    from transformers import AutoConfig
+
+    vision = dict(hidden_size=16, attention_heads=2, num_hidden_layers=1, num_global_layers=2, intermediate_size=32,
+                  image_size=8, patch_size=2, max_num_tiles=4, intermediate_layers_indices=[0],
+                  vision_output_dim=16 * 2, supported_aspect_ratios=[[1, 1], [1, 2], [1, 3], [1, 4], [2, 1], [2, 2],
+                                                                     [3, 1], [4, 1]])
+    text = dict(vocab_size=vocab, hidden_size=32, num_attention_heads=2, num_key_value_heads=2, num_hidden_layers=4,
+                cross_attention_layers=[0, 3], intermediate_size=48, max_position_embeddings=256,
+                rope_parameters={"rope_type": "default", "rope_theta": 500.0}, rms_norm_eps=1e-5, pad_token_id=0,
+                bos_token_id=1, eos_token_id=2)
+    return AutoConfig.for_model(model_type, vision_config=vision, text_config=text, image_token_index=vocab - 1)
+
+
+def test_another_config_and_seed_verifies(monkeypatch):
+    from headscope.probe.tiny import tiny_model
+
+    family = FAMILIES["mllama"]
+    monkeypatch.setitem(FAMILIES, "mllama", dataclasses.replace(family, tiny_config=_other_config))
+    lm = tiny_model("mllama", seed=7, std=0.3)
+    v = verify(lm, [f"a {IMAGE} tall picture", f"{IMAGE} and {IMAGE} two"],
+               images=[_picture(3, (20, 9, 3)), _picture(4, (9, 9, 3)), _picture(5, (18, 18, 3))])
+    assert v.passed, v.summary()
+    assert [(c.kind, c.layer) for c in v.layers if c.kind != "vision"] == [("decoder", 1), ("decoder", 2),
+                                                                             ("cross", 0), ("cross", 3)]
+    assert sum(c.kind == "vision" for c in v.layers) == 3
