@@ -226,3 +226,26 @@ def test_another_config_and_seed_verifies(monkeypatch):
     assert [(c.kind, c.layer) for c in v.layers if c.kind != "vision"] == [("decoder", 1), ("decoder", 2),
                                                                              ("cross", 0), ("cross", 3)]
     assert sum(c.kind == "vision" for c in v.layers) == 3
+
+
+def test_the_reported_gate_is_what_scales_the_cross_block(mllama):
+    """What the cross block adds to the residual stream (the input of its post-attention norm minus the layer's
+    input) is the reported tanh(gate) times the block's W_O output; a gate off by 0.05 is caught."""
+    [enc] = encode_with_images(mllama, [f"{IMAGE} a cat"], [_picture(1)])
+    layer = base_model(mllama).language_model.layers[1]
+    caught = {}
+    hooks = [layer.register_forward_pre_hook(lambda m, a, k: caught.__setitem__("x", (a[0] if a else k["hidden_states"]).clone()),
+                                             with_kwargs=True),
+             layer.cross_attn.o_proj.register_forward_hook(lambda m, a, o: caught.__setitem__("a", o.clone())),
+             layer.post_attention_layernorm.register_forward_pre_hook(lambda m, a: caught.__setitem__("h", a[0].clone()))]
+    try:
+        with torch.no_grad():
+            mllama.model(input_ids=torch.tensor([enc.ids]), **enc.inputs)
+    finally:
+        for h in hooks:
+            h.remove()
+    added, out = caught["h"] - caught["x"], caught["a"]
+    g = gates(mllama)["cross_attn"][1]
+    assert abs(g) > 0.01  # a random gate, not the zero transformers starts from
+    assert (added - g * out).abs().max() <= 1e-5 * out.abs().max()
+    assert (added - (g + 0.05) * out).abs().max() > 1e-3 * out.abs().max()
