@@ -66,7 +66,8 @@ def _scaled(spec_fn, field, factor):
 ])
 def test_break_it_a_wrong_mask_or_weight_fails(mllama, stack_name, changes, failing):
     family = _bent_family(FAMILIES["mllama"], stack_name, **changes)
-    v = verify(mllama, TEXTS, images=[_picture(1), _picture(2, (16, 16, 3))], family=family)
+    # one text: tokens before the marker (no image) and after it; a square picture (one real tile, one padding)
+    v = verify(mllama, [f"before the picture {IMAGE} after it"], images=[_picture(2, (16, 16, 3))], family=family)
     assert not v.passed
     assert {c.kind for c in v.layers if not c.passed} == {failing}
 
@@ -249,3 +250,18 @@ def test_the_reported_gate_is_what_scales_the_cross_block(mllama):
     assert abs(g) > 0.01  # a random gate, not the zero transformers starts from
     assert (added - g * out).abs().max() <= 1e-5 * out.abs().max()
     assert (added - (g + 0.05) * out).abs().max() > 1e-3 * out.abs().max()
+
+
+@pytest.mark.parametrize("shape,axis", [((16, 32, 3), 1), ((32, 16, 3), 0)])
+def test_the_picture_is_the_tiles_put_back(mllama, shape, axis):
+    """A picture dark in its first half and light in its second (left/right, or top/bottom): two tiles, and the
+    picture drawn under the keys is dark then light along the same axis (the tiles in their places)."""
+    img = np.zeros(shape)
+    half = [slice(None)] * 2
+    half[axis] = slice(16, None)
+    img[tuple(half)] = 1.0
+    [enc] = encode_with_images(mllama, [f"{IMAGE} x"], [img])
+    seen = enc.pictures[0]
+    assert seen.shape[:2] == shape[:2]
+    first, second = np.split(seen[..., 0], 2, axis=axis)
+    assert first.max() < 0.05 and second.min() > 0.95
