@@ -47,6 +47,8 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "towers": "headscope.probe.towers",
     "image_text": "headscope.probe.towers",
     "ImageText": "headscope.probe.towers",
+    "image_cross_attention": "headscope.probe.image_cross",
+    "ImageCrossAttention": "headscope.probe.image_cross",
     # the workflows
     "heads": "headscope.workflows.heads",
     "induction_inputs": "headscope.workflows.heads",

@@ -132,6 +132,7 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
     When only some layers are wanted, hooks on those layers' attention modules catch their weights
     and the model is asked for none, so the other layers' O(T²) tensors are never kept alive.
     """
+    _refuse_cross_reader(lm)
     have = attention_layers(lm)
     wanted = list(have) if layers is None else list(layers)
     for layer in wanted:
@@ -156,6 +157,16 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
                            f"map is which layer's")
     row = {layer: k for k, layer in enumerate(have)}  # the model returns attention layers only, in order
     return [att[row[layer]] for layer in wanted]
+
+
+def _refuse_cross_reader(lm: LoadedModel) -> None:
+    """A clear error for a decoder that reads its images through cross-attention layers (Mllama): its layers are
+    not one map over the text each, so the per-layer maps of `forward_batch` would mix them."""
+    family = SUPPORTED_TYPES.get(getattr(lm.config, "model_type", None))
+    if family is not None and family.vision_language is not None and family.vision_language.cross is not None:
+        raise ValueError(f"{lm.name} reads its images through cross-attention layers; its maps come from "
+                         "probe.image_cross.image_cross_attention (self-attention and cross-attention apart); "
+                         "extract, heads, explain and run do not take it yet (verify does)")
 
 
 def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict | None = None) -> list[torch.Tensor] | None:

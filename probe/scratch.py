@@ -140,6 +140,10 @@ class LayerSpec:
     # dataclasses.replace): a query and a key of one block id >= 0 see each other both ways, whatever their order
     # (Gemma 3's image tokens within one image, PaliGemma's image + prompt prefix); -1: causal only.
     blocks: torch.Tensor | None = None
+    # Which keys each query may see where that depends on the input (not a weight: set per input with
+    # dataclasses.replace), (B, T, S) bool ANDed into the mask: Mllama's cross-attention (a text token sees the
+    # tiles of the images its `cross_attention_mask` allows) and its vision mask (only padding sees no padding).
+    visible: torch.Tensor | None = None
 
     def kv_input(self, inputs) -> torch.Tensor | None:
         """The input the keys and values come from, out of the layers' attention inputs `inputs` (indexed by
@@ -293,6 +297,7 @@ def visible_keys(
     key_start: int = 0,
     chunk_size: int | None = None,
     blocks: torch.Tensor | None = None,
+    visible: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B, 1, R, K) bool: True where query i may see key j — `build_mask` before it becomes 0 / -inf.
     `blocks` (B, T): a query and a key of one block >= 0 see each other although the key comes later (causal
@@ -313,6 +318,8 @@ def visible_keys(
             b_k = blocks[:, key_start:key_start + K].to(key_valid.device)[:, None, None, :]  # (B, 1, 1, K)
             order = order | ((b_q == b_k) & (b_q >= 0))
         allowed = allowed & order
+    if visible is not None:  # (B, T, S): an input-dependent mask, ANDed in
+        allowed = allowed & visible[:, None, start:stop, key_start:key_start + K].to(key_valid.device)
     if sliding_window is not None:
         allowed = allowed & (i - j < sliding_window)
     if local_window is not None:
@@ -344,6 +351,7 @@ def build_mask(
     key_start: int = 0,
     chunk_size: int | None = None,
     blocks: torch.Tensor | None = None,
+    visible: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Additive mask (B, 1, R, K): 0 where query i may see key j, -inf elsewhere.
 
@@ -363,7 +371,7 @@ def build_mask(
             [-inf, 0., 0.]])
     """
     allowed = visible_keys(key_valid, causal=causal, sliding_window=sliding_window, local_window=local_window,
-                           rows=rows, key_start=key_start, chunk_size=chunk_size, blocks=blocks)
+                           rows=rows, key_start=key_start, chunk_size=chunk_size, blocks=blocks, visible=visible)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=key_valid.device)
     return mask.masked_fill(~allowed, float("-inf"))
 
@@ -563,7 +571,8 @@ def row_probs(
                         use_positions=use_positions, heads=heads)
     mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=q_rows.dtype,
                       local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start,
-                      chunk_size=spec.chunk_size, blocks=spec.blocks)
+                      chunk_size=spec.chunk_size, blocks=spec.blocks,
+                      visible=spec.visible)
     if spec.sinks is not None:
         return scores, softmax_with_sink(scores + mask, _sink_logits(spec, heads))  # (B, h, R, K), rows sum < 1
     return scores, stable_softmax(scores + mask)  # (B, h, R, K)

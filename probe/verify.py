@@ -374,10 +374,11 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
         images = [default_images()[k % 2] for k in range(len(texts))]
     encoded = encode_with_images(lm, texts, check_images(images))
     reading = family.vision_language
-    stacks = (reading.vision, Stack(kind="decoder", layer_spec=family.layer_spec, attention=family.attention,
-                                    out_proj=family.out_proj, n_layers=family.n_layers))
+    decoder = reading.decoder or Stack(kind="decoder", layer_spec=family.layer_spec, attention=family.attention,
+                                       out_proj=family.out_proj, n_layers=family.n_layers)
+    stacks = (reading.vision, decoder, *((reading.cross,) if reading.cross is not None else ()))
     base, cfg = base_model(lm), lm.config
-    worst = {s.kind: {i: [0.0] * 4 for i in range(s.n_layers(cfg))} for s in stacks}
+    worst = {s.kind: {i: [0.0] * 4 for i in s.layer_numbers(cfg)} for s in stacks}
     t_fwd = t_re = 0.0
     for enc in encoded:
         caps, seconds = _capture_stacks(lm, enc, stacks)
@@ -387,12 +388,15 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
         types = None if enc.inputs is None else enc.inputs.get("token_type_ids")
         for stack in stacks:
             cap = caps[stack.kind]
-            for i in range(stack.n_layers(cfg)):
+            for i in stack.layer_numbers(cfg):
                 spec = stack.layer_spec(base, i, cfg)
                 if stack.kind == "decoder":
                     spec = replace(spec, blocks=reading.blocks(cfg, types, ids, i))
+                keys = cap.inputs[i] if cap.memory is None else cap.memory
+                if stack.visible is not None:
+                    spec = replace(spec, visible=stack.visible(cfg, enc.inputs, cap.inputs[i].shape[1], keys.shape[1]))
                 lengths = [cap.inputs[i].shape[1]] * cap.inputs[i].shape[0]
-                errs = _compare_layer(spec, cap, i, lengths, lengths)
+                errs = _compare_layer(spec, cap, i, lengths, [keys.shape[1]] * keys.shape[0])
                 worst[stack.kind][i] = [max(a, b) for a, b in zip(worst[stack.kind][i], errs)]
         t_re += time.perf_counter() - t0
     tol_p, tol_o = tolerances(lm.dtype)
@@ -411,12 +415,15 @@ def _capture_stacks(lm: LoadedModel, enc: Encoded, stacks) -> tuple[dict[str, Ca
     from .forward import extra_inputs
 
     base, cfg = base_model(lm), lm.config
-    grabbed = {s.kind: [[None] * s.n_layers(cfg) for _ in range(3)] for s in stacks}  # inputs, probs, outputs
+    size = {s.kind: max(s.layer_numbers(cfg)) + 1 for s in stacks}
+    grabbed = {s.kind: [[None] * size[s.kind] for _ in range(4)] for s in stacks}  # inputs, probs, outputs, memory
     handles = []
 
-    def grab_input(kind, i):
+    def grab_input(stack, i):
         def hook(module, args, kwargs):
-            grabbed[kind][0][i] = (args[0] if args else kwargs["hidden_states"]).detach()
+            grabbed[stack.kind][0][i] = (args[0] if args else kwargs["hidden_states"]).detach()
+            if stack.memory is not None:
+                grabbed[stack.kind][3][i] = stack.memory(args, kwargs).detach()
         return hook
 
     def grab_probs(kind, i):
@@ -430,9 +437,9 @@ def _capture_stacks(lm: LoadedModel, enc: Encoded, stacks) -> tuple[dict[str, Ca
         return hook
 
     for stack in stacks:
-        for i in range(stack.n_layers(cfg)):
+        for i in stack.layer_numbers(cfg):
             attn = stack.attention(base, i)
-            handles.append(attn.register_forward_pre_hook(grab_input(stack.kind, i), with_kwargs=True))
+            handles.append(attn.register_forward_pre_hook(grab_input(stack, i), with_kwargs=True))
             handles.append(attn.register_forward_hook(grab_probs(stack.kind, i)))
             handles.append(stack.out_proj(base, i).register_forward_hook(grab_output(stack.kind, i)))
     ids, mask = pad_batch([enc], lm.device)
@@ -445,12 +452,15 @@ def _capture_stacks(lm: LoadedModel, enc: Encoded, stacks) -> tuple[dict[str, Ca
             h.remove()
     caps = {}
     for stack in stacks:
-        ins, probs, outs = grabbed[stack.kind]
-        if any(x is None for x in ins + probs + outs):
+        ins, probs, outs, memory = grabbed[stack.kind]
+        have = stack.layer_numbers(cfg)
+        if any(x[i] is None for x in (ins, probs, outs) for i in have):
             raise RuntimeError(f"{lm.name}: the forward pass did not expose every {stack.kind} layer's attention "
                                "(a text without images runs no vision tower)")
-        valid = torch.ones(ins[0].shape[:2], dtype=torch.long)  # every patch and every token of one text is real
-        caps[stack.kind] = Captured(tuple(ins), tuple(probs), tuple(outs), valid, seconds)
+        keys = ins[have[0]] if stack.memory is None else memory[have[0]]
+        valid = torch.ones(keys.shape[:2], dtype=torch.long)  # every patch and every token of one text is real
+        caps[stack.kind] = Captured(tuple(ins), tuple(probs), tuple(outs), valid, seconds,
+                                    memory=None if stack.memory is None else memory[have[0]])
     return caps, seconds
 
 

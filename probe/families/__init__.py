@@ -88,6 +88,19 @@ class Stack:
     out_proj: Callable[[torch.nn.Module, int], torch.nn.Module]  # (base_model, i) -> W_O
     n_layers: Callable[[Any], int]  # config -> number of layers of this stack
     keys: Literal["self", "encoder"] = "self"  # keys and values from the layer's own input, or the encoder's output
+    # The model's own numbers of this stack's layers where they are not 0 .. n_layers-1 (Mllama's decoder: its
+    # self-attention layers skip the cross-attention ones, which are a stack of their own).
+    layers: Callable[[Any], tuple[int, ...]] | None = None
+    # Which keys each query sees where that depends on the input: (config, inputs, T, S) -> (B, T, S) bool, from
+    # the processor's outputs `inputs` (`LayerSpec.visible`); None: the stack's own mask only.
+    visible: Callable[[Any, dict, int, int], torch.Tensor] | None = None
+    # A cross stack hooked inside a one-pass forward: the keys' source out of the attention module's call,
+    # (args, kwargs) -> (B, S, D) (Mllama's `cross_attention_states`).
+    memory: Callable[[tuple, dict], torch.Tensor] | None = None
+
+    def layer_numbers(self, config) -> tuple[int, ...]:
+        """This stack's layers by the model's own numbers."""
+        return tuple(self.layers(config)) if self.layers is not None else tuple(range(self.n_layers(config)))
 
     def __post_init__(self) -> None:  # a layer's weights read in memory where accelerate offloaded them
         object.__setattr__(self, "layer_spec", onloading(self.layer_spec, self.attention, self.out_proj))
@@ -117,6 +130,14 @@ class VisionLanguage:
     # (config, inputs, image) -> image `image`'s pixels (3, H, W) as the model saw the whole picture; None: its
     # own `pixel_values[image]`, the first tile of a tiled one (LLaVA-NeXT's thumbnail)
     picture: Callable[[Any, dict, int], torch.Tensor] | None = None
+    # A decoder whose layers are not all its text family's self-attention (Mllama): its own "decoder" stack and
+    # the "cross" stack of text queries over the image's vision tokens; None: the family's layers, no cross.
+    decoder: Stack | None = None
+    cross: Stack | None = None
+    # A cross reader: each cross-attention key's ImagePatch (or None) from (config, inputs), and the tanh of its
+    # gates by layer from (base_model, config) — what scales each block's output before the residual stream.
+    key_patches: Callable[[Any, dict], tuple] | None = None
+    gates: Callable[[torch.nn.Module, Any], dict] | None = None
 
 
 @dataclass(frozen=True)
