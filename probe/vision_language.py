@@ -42,7 +42,9 @@ def sees_ahead(lm: LoadedModel, enc: Encoded) -> bool:
     tokens in the decoder's mask (Gemma 3's images, PaliGemma's prefix); then its map is not causal."""
     if enc.inputs is None:
         return False
-    ids = __import__("torch").tensor([enc.ids])
+    import torch
+
+    ids = torch.tensor([enc.ids])
     blocks = family_of_type(lm.model_type).vision_language.blocks(lm.config, enc.inputs.get("token_type_ids"), ids, 0)
     if blocks is None:
         return False
