@@ -160,7 +160,9 @@ class Verification:
             "seconds_recompute": self.seconds_recompute,
             "overhead": self.overhead,
             "summary": self.summary(),
-            "layers": [c.row() for c in self.layers],
+            # a row with no probability to compare (Qwen-VL's vision layers, checked on outputs): null, not NaN
+            "layers": [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in c.row().items()}
+                       for c in self.layers],
             **({"towers": {name: v.to_dict() for name, v in self.towers}} if self.towers else {}),
         }
 
