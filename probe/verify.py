@@ -129,9 +129,12 @@ class Verification:
             return f"attention {verdict}: {parts} (tolerance {self.tolerance:g}, {self.dtype})"
         hybrid = (f"; no softmax attention in layers {', '.join(map(str, self.no_attention))} (hybrid stack)"
                   if self.no_attention else "")
+        blind = list(dict.fromkeys(c.kind or "all" for c in self.layers if math.isnan(c.max_abs_err)))
+        outputs = (f"; {' and '.join(blind)} layers checked on their outputs only (their attention returns no weights)"
+                   if blind else "")
         return (
             f"attention {verdict}: max |Δ| = {self.max_abs_err:.1e} over {self._layer_count()} layers × {self.n_heads} heads"
-            f" (tolerance {self.tolerance:g}, {self.dtype}){hybrid}"
+            f" (tolerance {self.tolerance:g}, {self.dtype}){hybrid}{outputs}"
         )
 
     def _layer_count(self) -> str:

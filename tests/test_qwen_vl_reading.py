@@ -46,6 +46,7 @@ def test_both_towers_verify_and_the_vision_rows_say_they_are_outputs_only(model_
     assert len(vision) == lm.model.config.vision_config.depth and len(decoder) == lm.config.num_hidden_layers
     assert all(np.isnan(c.max_abs_err) and c.max_rel_err_output <= 1e-5 for c in vision)
     assert all(c.max_abs_err <= 1e-5 for c in decoder) and v.max_abs_err == max(c.max_abs_err for c in decoder)
+    assert "vision layers checked on their outputs only" in v.summary()
     record = json.loads(json.dumps(v.to_dict(), allow_nan=False))  # strict JSON: no NaN
     assert all(r["max_abs_err"] is None for r in record["layers"] if r["kind"] == "vision")
 
@@ -93,4 +94,6 @@ def test_cli_verify_reads_an_image(tmp_path):
     Image.fromarray((_picture(5) * 255).astype(np.uint8)).save(path)
     result = CliRunner().invoke(cli, ["verify", "--model", "tiny:qwen2_vl", "--image", str(path)])
     assert result.exit_code == 0, result.output
-    assert "2 vision + 2 decoder layers" in result.output
+    assert "2 vision + 2 decoder layers" in result.output and "outputs only" in result.output
+    vision_rows = [line for line in result.output.splitlines() if line.strip().startswith("vision ")]
+    assert len(vision_rows) == 2 and all("—" in line and "nan" not in line for line in vision_rows)
