@@ -97,3 +97,15 @@ def test_cli_verify_reads_an_image(tmp_path):
     assert "2 vision + 2 decoder layers" in result.output and "outputs only" in result.output
     vision_rows = [line for line in result.output.splitlines() if line.strip().startswith("vision ")]
     assert len(vision_rows) == 2 and all("—" in line and "nan" not in line for line in vision_rows)
+
+
+def test_break_it_qwen2_5_vl_windows_read_as_whole_images(monkeypatch):
+    from headscope.probe import qwen_vision
+
+    lm = _tiny_type("qwen2_5_vl")
+    whole = lambda visual, i, grid: [(0, int(grid.prod(-1).sum()))]  # noqa: E731  (one picture: one segment)
+    monkeypatch.setattr(qwen_vision, "vision_segments", whole)
+    v = verify(lm, images=[_picture(3)])
+    window_layers = [c for c in v.layers if c.kind == "vision" and c.layer not in lm.model.config.vision_config.fullatt_block_indexes]
+    assert window_layers and not any(c.passed for c in window_layers)
+    assert all(c.passed for c in v.layers if c.kind == "decoder")

@@ -67,10 +67,14 @@ def _vision_outputs(stack: Stack, base, cfg, inputs) -> list[float]:
     visual = _visual(base)
     pixels, grid = inputs["pixel_values"], inputs["image_grid_thw"]
     n = len(visual.blocks)
-    ins, outs, handles = [None] * n, [None] * n, []
+    ins, outs, cus, handles = [None] * n, [None] * n, [None] * n, []
+
+    def grab(module, args, kwargs, i):
+        ins[i] = (args[0] if args else kwargs["hidden_states"]).detach()
+        cus[i] = kwargs.get("cu_seqlens")
+
     for i, block in enumerate(visual.blocks):
-        handles.append(block.attn.register_forward_pre_hook(
-            lambda m, a, k, i=i: ins.__setitem__(i, (a[0] if a else k["hidden_states"]).detach()), with_kwargs=True))
+        handles.append(block.attn.register_forward_pre_hook(lambda m, a, k, i=i: grab(m, a, k, i), with_kwargs=True))
         handles.append(block.attn.proj.register_forward_hook(lambda m, a, o, i=i: outs.__setitem__(i, o.detach())))
     try:
         with torch.inference_mode():
@@ -81,8 +85,11 @@ def _vision_outputs(stack: Stack, base, cfg, inputs) -> list[float]:
     angles = vision_angles(visual, vision_positions(visual, grid))
     errors = []
     for i in range(n):
-        worst = 0.0
-        for a, b in vision_segments(visual, i, grid):
+        worst, segments = 0.0, vision_segments(visual, i, grid)
+        if cus[i] is not None and [0, *(b for _, b in segments)] != list(dict.fromkeys(cus[i].tolist())):
+            errors.append(float("inf"))  # the model's own segments (images, windows) are not ours
+            continue
+        for a, b in segments:
             turned = angles[a:b]
             spec = dataclasses.replace(stack.layer_spec(base, i, cfg), rotary_angles=lambda T, turned=turned: turned[:T])
             res = attention_from_scratch(ins[i][a:b][None].float(), spec, torch.ones(1, b - a))
