@@ -109,3 +109,18 @@ def test_break_it_qwen2_5_vl_windows_read_as_whole_images(monkeypatch):
     window_layers = [c for c in v.layers if c.kind == "vision" and c.layer not in lm.model.config.vision_config.fullatt_block_indexes]
     assert window_layers and not any(c.passed for c in window_layers)
     assert all(c.passed for c in v.layers if c.kind == "decoder")
+
+
+def test_a_qwen3_vl_folder_loads_its_own_processor_class_without_a_video_processor(tmp_path):
+    from headscope.probe.loading import load_model
+
+    lm = _tiny_type("qwen3_vl")
+    lm.model.save_pretrained(tmp_path)
+    lm.processor.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path))
+    assert type(loaded.processor).__name__ == "Qwen3VLProcessor" and loaded.processor.chat_template
+    slot = loaded.processor.image_token
+    [a] = extract(lm, f"See {slot} here", images=[_picture(4)])
+    [b] = extract(loaded, f"See {slot} here", images=[_picture(4)])
+    assert a.token_ids == b.token_ids and a.patches == b.patches
+    torch.testing.assert_close(a.attention, b.attention)
