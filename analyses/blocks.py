@@ -99,7 +99,9 @@ def word_blocks(blocks: Iterable[Block], word_index: Sequence[int]) -> Iterator[
             start = min(start, p_lo)
         width = max(reach - start, 0)
         if scratch.numel() < H * R * width or scratch.dtype != band.dtype or scratch.device != band.device:
-            scratch = band.new_empty(H * R * width)
+            # room for every word at once: a causal band widens block after block, and a buffer grown each
+            # time would cost its fresh pages each time
+            scratch = band.new_empty(H * R * max(width, n_units))
         # keys of one word summed in token order; scatter_add_ is one vectorised pass where index_add_
         # (or a gather) over the last axis loops over the keys
         keys = scratch[: H * R * width].view(H, R, width).zero_().scatter_add_(
@@ -130,22 +132,12 @@ def _fold_rows(pending: torch.Tensor | None, p_lo: int, keys: torch.Tensor, star
     first = int(units[0]) if R else done
     if ordered and R and first == done and have <= 1 and p_stop <= width:
         # words in order, one after another: only the last word of a block can be unfinished, and the next
-        # block's first row goes on with it. Each word's first row is copied, later rows added rank by rank.
-        new = torch.ones(R, dtype=torch.bool)
-        new[1:] = units[1:] != units[:-1]
-        starts = new.nonzero().flatten()  # the first row of each word of this block
-        out = torch.index_select(keys, 1, starts, out=buffers.take((H, len(starts), width), keys,
-                                                                   at_least=H * R * n_units))  # (H, words, keys)
-        rank = torch.arange(R) - starts.repeat_interleave(torch.diff(starts, append=torch.tensor([R])))
-        for r in range(1, int(rank.max()) + 1):
-            rows = (rank == r).nonzero().flatten()
-            out.index_add_(1, units[rows] - first, keys.index_select(1, rows))
+        # block's first row goes on with it. Every row is added to its word's zeroed sum in row order (one
+        # pass; a word's first row lands on 0 exactly), after the pending word's earlier rows.
+        out = buffers.take((H, int(units[-1]) - first + 1, width), keys, at_least=H * R * n_units).zero_()
         if have:  # the word left pending goes on here: its earlier rows come first
-            carried = keys.new_zeros(H, width)
-            carried[:, p_lo - start : p_stop] = pending[:, 0]
-            for row in range(int(starts[1]) if len(starts) > 1 else R):
-                carried.add_(keys[:, row])
-            out[:, 0] = carried
+            out[:, 0, p_lo - start : p_stop] = pending[:, 0]
+        out.index_add_(1, units - first, keys)  # (H, words, keys)
         return out
     # any order (a special token given the last unit): the general fold, every row over the same keys
     top = int(units.max()) + 1 if R else done

@@ -66,9 +66,10 @@ import torch
 
 from headscope.probe.names import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Level
 from headscope.probe.recompute import Block
-from headscope.probe.types import AttentionMap, Units, head_name
+from headscope.probe.types import AttentionBatch, AttentionMap, Units, head_name
 from headscope.probe.words import to_word_level
 
+from .batches import BatchRows, batch_sums, pattern_batch_sums, unit_columns
 from .blocks import word_blocks
 from .induction import pattern_sums
 from .metrics import (METRICS, ROLE_LABELS, THRESHOLDS, Diagonal, KeyShare, Metric, Pairwise, Pattern, RowStatistic,
@@ -90,6 +91,7 @@ __all__ = [
 
 # Clark et al. 2019 aggregate to words and keep [CLS]/[SEP]: `probe.names.DEFAULT_LEVEL`, `DEFAULT_INCLUDE_SPECIAL`.
 
+_BATCH_BYTES = 32 * 2**20  # `update_batch` stacks a batch's layers up to this size at a time (at least one layer)
 _TABLE_COLUMNS = ["model", "layer", "head", "metric", "value", "n"]
 _ROLE_COLUMNS = ["model", "layer", "head", "role", "metric", "value", "threshold"]
 
@@ -231,6 +233,27 @@ class HeadScoreAccumulator:
         self._counts[plan.corpus_columns] += rows.counts
         self._n_texts += 1
 
+    def update_batch(self, batch: AttentionBatch) -> None:
+        """Fold in a whole padded batch of texts' eager attention at once (`probe.AttentionBatch`): the sums
+        `update` gives each text's map, taken over the batch with masked reductions (`analyses.batches`),
+        equal up to the order of float32 additions. Word pooling and special units as `update`."""
+        if self.model is None:
+            self.model = str(batch.meta.get("model", ""))
+        self.no_attention = self.no_attention or batch.no_attention
+        self._start(tuple(batch.layers), tuple(batch.heads))
+        plan = self._plan
+        rows = BatchRows.of(batch.units, plan, causal=batch.causal, level=self.level,
+                            include_special=self.include_special,
+                            n_tokens=batch.attention[0].shape[-1]).to(batch.attention[0].device)
+        att = batch.attention
+        b, h, t = att[0].shape[:3]
+        step = max(1, _BATCH_BYTES // (b * h * t * t * 4))  # layers scored at once: their stacked copy is bounded
+        for start in range(0, len(att), step):
+            u = rows.scored(att[start : start + step])  # [text, layer, head, unit, unit]
+            self._sums[start : start + step, :, plan.corpus_columns] += batch_sums(u, rows, plan).cpu()
+        self._counts[plan.corpus_columns] += rows.counts
+        self._n_texts += len(batch)
+
     def update_blocks(self, units: Units, blocks: Iterable[Block], *, causal: bool, layers: Sequence[int],
                       heads: Sequence[int]) -> None:
         """Fold in one text given as token-level blocks of query rows (`probe.recompute.iter_blocks`).
@@ -265,6 +288,30 @@ class HeadScoreAccumulator:
             self._sums[..., column] += matched / total
             self._counts[column] += len(amap)
         self._n_sequences += 1
+
+    def update_repeated_batch(self, batch: AttentionBatch) -> None:
+        """`update_repeated` of every sequence of a padded batch (`probe.AttentionBatch`, token-level units with
+        their token ids) at once: per layer, `Σ A⊙P` and `Σ A` of each sequence in float64 by one batched
+        matmul per pattern (`analyses.batches.pattern_batch_sums`), then divided, as each map would give them."""
+        _check_causal(batch.causal)
+        if self.model is None:
+            self.model = str(batch.meta.get("model", ""))
+        self._start(tuple(batch.layers), tuple(batch.heads))
+        plan = self._plan
+        n = batch.attention[0].shape[-1]
+        patterns = [torch.zeros(len(batch), n, n, dtype=torch.float64) for _ in plan.pattern]
+        for i, u in enumerate(batch.units):
+            t = len(u.token_ids)
+            if u.level != "token" or t != len(u.special):
+                raise ValueError("induction scores need token-level units with their token_ids")
+            for j, pattern in enumerate(plan.patterns(u.token_ids)):
+                patterns[j][i, :t, :t] = pattern
+        columns = plan.pattern_columns.tolist()
+        for layer, a in enumerate(batch.attention):
+            matched, total = pattern_batch_sums(a, patterns)  # [pattern, text, head], [text, head]
+            self._sums[layer, :, columns] += (matched / total).sum(1).T.cpu()
+        self._counts[plan.pattern_columns] += float(sum(len(u.token_ids) for u in batch.units))
+        self._n_sequences += len(batch)
 
     def update_repeated_blocks(self, token_ids: Sequence[int], blocks: Iterable[Block], *, causal: bool,
                                layers: Sequence[int], heads: Sequence[int]) -> None:
@@ -546,43 +593,13 @@ class _TextRows:
             kept = [i for i, sp in enumerate(special) if not sp]
             keep, labels, special = torch.tensor(kept, dtype=torch.long), [labels[i] for i in kept], [False] * len(kept)
             patches = [patches[i] for i in kept]
-        t = len(special)
-        # per-unit 0/1 columns, built in plain Python: one tensor per map, not one per unit
-        members = [[bool(x) for x in (share.keys(labels, special, patches=patches) if share.patches
-                                      else share.keys(labels, special))] for _, share in plan.key_shares]
-        for (name, _), member in zip(plan.key_shares, members):
-            if len(member) != t:
-                raise ValueError(f"metric {name!r}: its keys() marked {len(member)} units of a text of {t}")
-        queries = [[bool(x) for x in share.queries(member, causal=causal)]
-                   for (_, share), member in zip(plan.key_shares, members)]
-        weights, seeing = plan.row_weights(t, causal)  # [unit, weight]; rows that see >= min_keys keys
-        sets = torch.tensor([*members, *queries], dtype=torch.float32).reshape(2 * len(members), t)  # 0/1 [column, unit]
-        table = torch.cat([sets.T, weights], 1)  # [unit, 2·set + weight]
-        counted = dict(zip((n for n, _ in plan.key_shares), queries))
-        pairs = []
-        for name, pw in plan.pairwise:
-            w, rows = pw.weights(labels, special)
-            rows = [bool(x) for x in rows]
-            if len(rows) != t or (w is not None and tuple(w.shape) != (t, t)):
-                raise ValueError(f"metric {name!r}: its weights() gave {len(rows)} rows for a text of {t} units")
-            counted[name] = rows
-            pairs.append(None if w is None or not any(rows) else w.float() * torch.tensor(rows, dtype=torch.float32)[:, None])
-        counts = []
-        for name in plan.corpus:
-            spec = plan.metrics[name]
-            c = spec.computation
-            if causal and spec.applies_to == "encoders":  # a metric for encoders counts no row of a decoder
-                n = 0
-            elif isinstance(c, Diagonal):  # the queries that have the key at that offset
-                n = max(t - abs(c.offset), 0)
-            elif isinstance(c, (KeyShare, Pairwise)):
-                n = sum(counted[name])
-            else:  # RowStatistic: the rows that see enough keys
-                n = seeing(c.min_keys)
-            counts.append(n)
-        live = [i for i, q in enumerate(queries) if any(q)]  # a text scores no row of registers, image_share, ...
-        active = None if len(live) == len(queries) else torch.tensor(live, dtype=torch.long)
-        return cls(keep, table, torch.tensor(counts, dtype=torch.float64), plan, tuple(pairs), active)
+        c = unit_columns(labels, special, plan, causal=causal, patches=patches)
+        t, s = len(special), len(c.members)
+        sets = torch.tensor([*c.members, *c.queries], dtype=torch.float32).reshape(2 * s, t)  # 0/1 [column, unit]
+        table = torch.cat([sets.T, c.weights], 1)  # [unit, 2·set + weight]
+        live = [i for i, q in enumerate(c.queries) if any(q)]  # a text scores no row of registers, image_share, ...
+        active = None if len(live) == len(c.queries) else torch.tensor(live, dtype=torch.long)
+        return cls(keep, table, torch.tensor(c.counts, dtype=torch.float64), plan, c.pairs, active)
 
     def sums(self, a: torch.Tensor, query_start: int, band: "_Band | None" = None) -> torch.Tensor:
         """Sums of each corpus metric over the query rows `a[..., row, key]` (units `query_start ..` of
@@ -647,12 +664,14 @@ def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Pla
     for name, offset in plan.diagonals:  # 0 where no row has that key (next_token under a causal mask)
         sums[name] = seen.diagonal(query_start + offset - lo, -2, -1).sum(-1)
     if s:
+        # [..., set]: one matmul for every key set, rows first ([set, row] @ [..., row, key]: the block is read
+        # once, row after row, where [..., row, key] @ [key, set] is a skinny product at half the speed)
         if active is not None:  # sets no query of this text counts for (a text's registers): zeros, not read
             shares = a.new_zeros(*a.shape[:-2], s)
             if len(active):
-                shares[..., active] = (seen @ targets[:, active] * queries[:, active]).sum(-2)
+                shares[..., active] = (queries[:, active].T @ seen * targets[:, active].T).sum(-1)
         else:
-            shares = (seen @ targets * queries).sum(-2)  # [..., set]: one matmul for every key set
+            shares = (queries.T @ seen * targets.T).sum(-1)
         sums.update({name: shares[..., i] for i, (name, _) in enumerate(plan.key_shares)})
     for group in plan.statistics:  # a statistic that is not zero-free gets every key (the block assembles them)
         whole = seen if group.zeros_free or band is None else band.block.probs.to(a.dtype)

@@ -9,7 +9,11 @@ Four measurements, each on `device="cuda"`, written to `--out` (JSON: every row,
    batches (`speed.same_batches`, `speed.bare_loop`), median of 3, CUDA synchronised;
 3. the long-text table on gemma3-270m: one text of T tokens (1,024 … 32,768), a plain SDPA forward
    against `hs.heads(attention="recompute")` (the product path), seconds and peak CUDA memory;
-4. patching throughput: `hs.patch(lm, "ioi")` (every head's output, denoising) on smollm2, pairs/s.
+4. patching throughput: `hs.patch(lm, "ioi")` (every head's output, denoising) on smollm2, pairs/s;
+5. one model split over 2 GPUs (issue 37): smollm2 placed by accelerate with `max_memory={0: ..., 1: ...}` so
+   that its layers sit on both, against the same model on `cuda:0` alone: the blocks on each GPU, max |Δ| of
+   the attention (`hs.extract`) and of the `hs.heads` table over 32 texts, verification passed. On a machine
+   with fewer than 2 GPUs the row says so and why (skipped, not an error).
 
 A measurement that fails (out of memory, a model that will not load) is a row with its error; the
 others still run.
@@ -128,6 +132,32 @@ def patching(rows: list) -> None:
                  "pairs_per_s": n / seconds})
 
 
+def two_gpus(rows: list) -> None:
+    import headscope as hs
+    import torch
+
+    if torch.cuda.device_count() < 2:
+        rows.append({"what": "two gpus", "model": "smollm2",
+                     "skipped": f"this machine has {torch.cuda.device_count()} GPU(s); splitting one model needs 2"})
+        return
+    texts = corpus(32)
+    one = hs.load("smollm2", device="cuda:0")
+    size = sum(p.numel() * p.element_size() for p in one.model.parameters())
+    # GPU 0 takes about half of the weights, GPU 1 the rest: accelerate fills 0 first, then 1
+    split = hs.load("smollm2", device="auto", max_memory={0: size // 2, 1: 4 * size})
+    on = {}
+    for where in split.model.hf_device_map.values():
+        on[str(where)] = on.get(str(where), 0) + 1
+    attention = max((a.attention - b.attention).abs().max().item()
+                    for a, b in zip(hs.extract(one, texts), hs.extract(split, texts)))
+    a, b = (hs.heads(lm, texts).table for lm in (one, split))
+    heads = (a["value"] - b["value"]).abs().max()
+    v = hs.verify(split, texts)
+    rows.append({"what": "two gpus", "model": "smollm2", "blocks": on, "attention_max_abs_diff": attention,
+                 "heads_max_abs_diff": float(heads), "passed": bool(v.passed and set(on) >= {"0", "1"}),
+                 "summary": v.summary()})
+
+
 def render(rows: list, machine: dict) -> str:
     out = [f"GPU benchmark (`bash benchmarks/gpu.sh`) — {machine.get('gpu')}; torch {machine.get('torch')}", "",
            "| what | model | setting | figure | detail |", "|---|---|---|---|---|"]
@@ -143,6 +173,12 @@ def render(rows: list, machine: dict) -> str:
         elif r["what"] == "long text":
             out.append(f"| long text | {r['model']} | T={r['tokens']:,} {r['mode']} | {r['seconds']:.2f} s | "
                        f"peak CUDA {r['peak_cuda_bytes'] / 2**20:.0f} MiB |")
+        elif "skipped" in r:
+            out.append(f"| {r['what']} | {r.get('model', '')} | | skipped | {r['skipped']} |")
+        elif r["what"] == "two gpus":
+            out.append(f"| one model over 2 GPUs vs cuda:0 | {r['model']} | blocks {r['blocks']} | attention max "
+                       f"abs diff {r['attention_max_abs_diff']:.1e}, heads {r['heads_max_abs_diff']:.1e} | "
+                       f"{'passed' if r['passed'] else 'FAILED'} |")
         elif r["what"] == "patching":
             out.append(f"| patching (head_out, ioi) | {r['model']} | {r['pairs']} pairs × {r['sites']} heads | "
                        f"{r['pairs_per_s']:.1f} pairs/s | {r['seconds']:.2f} s |")
@@ -164,7 +200,8 @@ def main(argv=None) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     machine, rows = machine_info(), []
     steps = (("verification", lambda: verification(rows)), ("corpus ratio", lambda: corpus_ratio(rows, a.corpus_texts)),
-             ("long text", lambda: long_texts(rows, a.lengths)), ("patching", lambda: patching(rows)))
+             ("long text", lambda: long_texts(rows, a.lengths)), ("patching", lambda: patching(rows)),
+             ("two gpus", lambda: two_gpus(rows)))
     for what, step in steps:
         try:
             step()

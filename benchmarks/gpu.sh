@@ -3,6 +3,7 @@
 #   bash benchmarks/gpu.sh [OUT.json]       # default .bench/gpu/results.json (+ results.md beside it)
 # Verification at fp32 and bf16, the corpus ratio (hs.heads / bare eager loop), the long-text table on
 # gemma3-270m up to 32,768 tokens (SDPA forward vs hs.heads(attention="recompute")), patching throughput.
+# Issue 37: smollm2 split over 2 GPUs against cuda:0 alone (same numbers); skipped, saying why, with fewer GPUs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-.venv/bin/python}"

@@ -10,21 +10,21 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from .encoding import Encoded, check_texts, checked_stream, encode_many, encode_targets, text_source
+from .encoding import Encoded, check_texts, checked_stream, encode_many, encode_targets, text_source, text_units
 from .forward import forward_batch, forward_seq2seq, is_seq2seq, learned_sinks
 from .images import check_images, encode_images, for_input, require_modality
 from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
 from .vision_language import default_texts, encode_with_images
-from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight, whole_number
+from .types import AttentionBatch, AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight, whole_number
 from .words import Segmenter, to_word_level
 
-__all__ = ["extract", "extract_ids", "iter_extract", "extract_encoded"]
+__all__ = ["extract", "extract_ids", "iter_extract", "extract_encoded", "batches_encoded"]
 
 
 def iter_extract(
@@ -118,6 +118,32 @@ def extract_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: 
                         torch.float32, None, "attention", truncate, facts)
 
 
+def batches_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: int = 8,
+                    facts: MapFacts | None = None, units: Callable[[Encoded], Units] | None = None,
+                    by_length: bool = True) -> Iterator[AttentionBatch]:
+    """`extract_encoded`'s batches as they come out of the forward pass, not cut into maps: the texts sorted by
+    length (`by_length`), `batch_size` at a time, each an `AttentionBatch` (every layer and head, padding zeroed
+    in place), for a consumer that scores a whole batch at once (`analyses.heads.HeadScoreAccumulator`).
+    `units`: each item's token units (`encoding.text_units` of a text by default)."""
+    require_modality(lm, images=False)
+    facts = facts or MapFacts.of(lm)
+    units = units or (lambda e: text_units(lm, e))
+    layer_idx, head_idx = select_layers(lm, None), select_heads(lm, None)
+    order = sorted(encoded, key=lambda e: len(e.ids)) if by_length else list(encoded)
+    for start in range(0, len(order), batch_size):
+        chunk = order[start : start + batch_size]
+        att = forward_batch(lm, chunk, layer_idx)  # L × (B, nh, T, T), this batch's own tensors
+        lengths = torch.tensor([len(e.ids) for e in chunk])
+        real = torch.arange(att[0].shape[-1]) < lengths[:, None]  # (B, T): the texts' own units
+        padding = ~(real[:, :, None] & real[:, None, :])[:, None]  # (B, 1, query, key)
+        with torch.inference_mode():  # the forward's own (inference) tensors, zeroed where they are padding
+            att = tuple(a.masked_fill_(padding.to(a.device), 0) for a in att)
+        yield AttentionBatch(units=tuple(units(e) for e in chunk), attention=att,
+                             causal=lm.is_causal, layers=tuple(layer_idx), heads=tuple(head_idx),
+                             meta=dict(facts.meta), no_attention=facts.no_attention)
+        del att
+
+
 def _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dtype, truncate, segmenter, weight):
     pending: list[str] = []
     done = 0  # texts already yielded, so errors can name a text by its position in the whole stream
@@ -190,17 +216,33 @@ def _run_encoded(lm, encoded, batch_size, level, layer_idx, head_idx, store_dtyp
         chunk = order[start : start + batch_size]
         att = forward_batch(lm, [encoded[i] for i in chunk], layer_idx)  # L × (B, nh, T, T)
         norms = _norms(lm, [encoded[i].text for i in chunk], truncate) if weight == "norm" else None  # texts only
+        per_text = split_batch(att, [len(encoded[i].ids) for i in chunk], heads_at, store_dtype)
         for b, i in enumerate(chunk):
-            n = len(encoded[i].ids)
-            # one copy per text, padding cut: [layer, head, query, key] (no (B, L, nh, T, T) stack of the batch first)
-            a = torch.stack([x[b, heads_at, :n, :n] for x in att]).to("cpu", store_dtype)
+            a = per_text[b]
             amap = make_map(lm, encoded[i], a, segmenter=segmenter, layers=layers, heads=heads, facts=facts)
             if norms is not None:
                 amap = norm_weighted(amap, norms[b])
             results[i] = to_word_level(amap) if level == "word" else amap
-        del att
+        del att, per_text
     for i in range(len(encoded)):
         yield results.pop(i)
+
+
+def split_batch(att: list[torch.Tensor], lengths: Sequence[int], heads_at, store_dtype: torch.dtype) -> list[torch.Tensor]:
+    """One batch's attention, `att` (per layer, (B, nh, T, T); the list is emptied), as one cpu tensor per text
+    `[layer, head, query, key]`, padding cut. Each layer's batch tensor is released as soon as it is copied, so
+    the batch and its copies are not both whole in memory at once (one layer of it at most, not the model's).
+    """
+    n_layers = len(att)
+    n_heads = (att[0].shape[1] if isinstance(heads_at, slice) else len(heads_at)) if n_layers else 0
+    out = [torch.empty((n_layers, n_heads, n, n), dtype=store_dtype) for n in lengths]
+    for layer in range(n_layers):
+        x, att[layer] = att[layer], None
+        for b, n in enumerate(lengths):
+            out[b][layer].copy_(x[b, heads_at, :n, :n])
+        del x
+    att.clear()
+    return out
 
 
 def _norms(lm, texts: list[str], truncate: bool) -> list:
@@ -266,16 +308,15 @@ def extract_ids(
     sinks = learned_sinks(lm)
     for start in range(0, len(encoded), batch_size):
         chunk = encoded[start : start + batch_size]
-        att = forward_batch(lm, chunk, layer_idx)
-        picked = torch.stack(att, dim=1)  # (B, L, nh, T, T)
-        if len(head_idx) < lm.config.num_attention_heads:
-            picked = picked[:, :, head_idx]  # (B, L, H, T, T)
+        heads_at = torch.tensor(head_idx) if len(head_idx) < lm.config.num_attention_heads else slice(None)
+        per_text = split_batch(forward_batch(lm, chunk, layer_idx), [len(enc.ids) for enc in chunk], heads_at,
+                               store_dtype)
         for b, enc in enumerate(chunk):
             n = len(enc.ids)
             out.append(AttentionMap(
                 text="", level="token", labels=tuple(lm.tokenizer.convert_ids_to_tokens(list(enc.ids))),
                 spans=enc.spans, special=enc.special,
-                attention=picked[b, :, :, :n, :n].to("cpu", store_dtype, copy=True),  # [layer, head, query, key]
+                attention=per_text[b],  # [layer, head, query, key]
                 causal=lm.is_causal, word_index=tuple(range(n)), token_ids=enc.ids,
                 layers=() if len(layer_idx) == lm.config.num_hidden_layers else tuple(layer_idx),  # model numbers
                 heads=() if heads is None else tuple(head_idx),

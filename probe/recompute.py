@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import queue
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 import torch
@@ -252,6 +252,8 @@ def layer_blocks(x: torch.Tensor, spec, layer: int, heads: Sequence[int], budget
     group = spec.n_heads // spec.n_kv_heads  # grouped-query attention: query head h reads KV head h // group
     idx = torch.tensor(list(heads), device=x.device)
     q, k = q[:, idx], k[:, idx // group]  # (1, H, T, hs) each
+    if spec.position_scores is None and spec.scale != 1.0:  # scaled once here, not once per block of scores
+        q, spec = q * spec.scale, replace(spec, scale=1.0)  # the same bits where the scale is 2^-n
     valid = torch.ones(1, T, dtype=torch.long, device=x.device)
     step = block_rows(T, len(heads), budget, x.element_size())
     for start in range(first, last, step):

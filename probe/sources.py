@@ -17,7 +17,8 @@ sentences) asks its source, never an if-chain of its own:
 
     source.mode(n_tokens, batch)     "eager" | "recompute" for a text of that length in a batch that size
     source.need(n_tokens, batch)     bytes eager attention would keep: batch × layers × heads × T² × itemsize
-    source.texts(texts, ...)         per text an `AttentionMap` (eager) or a `TextBlocks` (recomputed rows)
+    source.texts(texts, ...)         per text an `AttentionMap` (eager) or a `TextBlocks` (recomputed rows);
+                                     `batched=True`: the eager texts as whole padded `AttentionBatch`es
     source.sequences(ids)            the same for token-id sequences (repeated random tokens)
     source.blocks(enc)               one encoded text as `Block`s of query rows, layer by layer
     source.iter_maps(texts, ...)     whole `AttentionMap`s, in order: eager, or assembled from blocks
@@ -44,14 +45,14 @@ import torch
 
 from .encoding import Encoded, check_texts, checked_stream, encode, encode_many, text_units, token_count
 from .extract import extract as extract_eager
-from .extract import extract_encoded, extract_ids, iter_extract
+from .extract import batches_encoded, extract_encoded, extract_ids, iter_extract
 from .forward import attention_layers, is_seq2seq
 from .live import EagerLive, LiveText, RecomputedLive
 from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from .model import LoadedModel
 from .names import Attention, Level, Mode, Weight
 from .recompute import DEFAULT_BUDGET, Block, PrefixCheck, check_prefix, iter_blocks_encoded
-from .types import AttentionMap, Units
+from .types import AttentionBatch, AttentionMap, Units
 from .words import Segmenter, to_word_level
 
 __all__ = ["AttentionSource", "EagerSource", "RecomputeSource", "AutoSource", "SOURCES", "TextBlocks", "source_for",
@@ -118,11 +119,13 @@ class AttentionSource:
     # -- attention, one text at a time -------------------------------------------------------------
 
     def texts(self, texts: Iterable[str], *, level: Level = "token", truncate: bool = False, window: int = 4,
-              weight: Weight = "attention") -> Iterator[AttentionMap | TextBlocks]:
+              weight: Weight = "attention", batched: bool = False) -> Iterator[AttentionMap | AttentionBatch | TextBlocks]:
         """Per text, its eager `AttentionMap` (at `level`) or its recomputed `TextBlocks` (token level).
 
         Texts stream in chunks of `batch_size × window`; within a chunk the eager texts come first, in
-        order, then the recomputed ones.
+        order, then the recomputed ones. `batched`: the eager texts come as whole padded batches instead
+        (`AttentionBatch`, token level, sorted by length within the chunk), for a consumer that scores a
+        batch at once (`level` is then the consumer's to apply).
         """
         if weight != "attention":
             raise ValueError(f"weight={weight!r} comes from the eager forward pass; use attention='eager' with it")
@@ -136,28 +139,35 @@ class AttentionSource:
             encoded = encode_many(self.lm, chunk, truncate=truncate, first_index=done)
             modes = self._modes(encoded)
             eager = [e for e, m in zip(encoded, modes) if m == "eager"]  # one window, tokenised once
-            yield from extract_encoded(self.lm, eager, batch_size=self.batch_size, level=level, truncate=truncate,
-                                       facts=facts)
+            if batched:
+                yield from batches_encoded(self.lm, eager, batch_size=self.batch_size, facts=facts)
+            else:
+                yield from extract_encoded(self.lm, eager, batch_size=self.batch_size, level=level, truncate=truncate,
+                                           facts=facts)
             for enc, m in zip(encoded, modes):
                 if m == "recompute":
                     yield TextBlocks(text_units(self.lm, enc), self.blocks(enc), self.lm.is_causal, self.all_layers,
                                      self.all_heads)
             done += len(chunk)
 
-    def sequences(self, sequences: Sequence[Sequence[int]]) -> Iterator[AttentionMap | TextBlocks]:
+    def sequences(self, sequences: Sequence[Sequence[int]], *,
+                  batched: bool = False) -> Iterator[AttentionMap | AttentionBatch | TextBlocks]:
         """Token-id sequences (repeated random tokens), `batch_size` at a time: eager maps of a batch
-        that fits, else each sequence's recomputed blocks (its units: the ids as they are)."""
+        that fits (`batched`: the whole padded `AttentionBatch`, in input order), else each sequence's
+        recomputed blocks (its units: the ids as they are)."""
         bs = self.batch_size
         for start in range(0, len(sequences), bs):  # one batch of maps alive at a time
             chunk = sequences[start : start + bs]
             if self.mode(max(map(len, chunk)), len(chunk)) == "eager":
-                yield from extract_ids(self.lm, chunk, batch_size=bs)
+                if batched:
+                    yield from batches_encoded(self.lm, [_id_item(self.lm, s) for s in chunk], batch_size=bs,
+                                               units=_id_units, by_length=False)
+                else:
+                    yield from extract_ids(self.lm, chunk, batch_size=bs)
                 continue
             for seq in chunk:
                 enc = _id_item(self.lm, seq)
-                units = Units(text="", level="token", labels=(), spans=enc.spans, special=enc.special,
-                              token_ids=enc.ids)
-                yield TextBlocks(units, self.blocks(enc), self.lm.is_causal, self.all_layers, self.all_heads)
+                yield TextBlocks(_id_units(enc), self.blocks(enc), self.lm.is_causal, self.all_layers, self.all_heads)
 
     def blocks(self, enc: Encoded, *, layers: Sequence[int] | None = None,
                heads: Sequence[int] | None = None) -> Iterator[Block]:
@@ -290,8 +300,12 @@ class EagerSource(AttentionSource):
         return "eager"
 
     def texts(self, texts: Iterable[str], *, level: Level = "token", truncate: bool = False, window: int = 4,
-              weight: Weight = "attention") -> Iterator[AttentionMap]:
-        """Every text eager, streamed through `probe.iter_extract` as they come (no decision to make)."""
+              weight: Weight = "attention", batched: bool = False) -> Iterator[AttentionMap | AttentionBatch]:
+        """Every text eager, streamed through `probe.iter_extract` as they come (no decision to make);
+        `batched` (attention weights only): whole padded batches, as `AttentionSource.texts` gives them."""
+        if batched and weight == "attention":
+            return super().texts(self._within_budget(texts, truncate=truncate), truncate=truncate, window=window,
+                                 batched=True)
         return iter_extract(self.lm, self._within_budget(texts, truncate=truncate), batch_size=self.batch_size,
                             level=level, truncate=truncate, window=window, weight=weight)
 
@@ -367,11 +381,11 @@ class AutoSource(AttentionSource):
         return "recompute" if self.need(n_tokens, batch) > self.budget else "eager"
 
     def texts(self, texts: Iterable[str], *, level: Level = "token", truncate: bool = False, window: int = 4,
-              weight: Weight = "attention") -> Iterator[AttentionMap | TextBlocks]:
+              weight: Weight = "attention", batched: bool = False) -> Iterator[AttentionMap | AttentionBatch | TextBlocks]:
         """As `AttentionSource.texts`; norm-based weights come from the eager forward pass only, so with
-        them every text is eager, each checked against the budget first (`EagerSource`)."""
+        them every text is eager, each checked against the budget first (`EagerSource`), one map per text."""
         if weight == "attention":
-            return super().texts(texts, level=level, truncate=truncate, window=window, weight=weight)
+            return super().texts(texts, level=level, truncate=truncate, window=window, weight=weight, batched=batched)
         return self._eager_weights(texts, level=level, truncate=truncate, window=window, weight=weight)
 
     def _eager_weights(self, texts: Iterable[str], **options) -> Iterator[AttentionMap]:
@@ -400,6 +414,11 @@ def source_for(lm: LoadedModel, attention: Attention, *, budget: int | None = No
     except (KeyError, TypeError):
         raise ValueError(f"attention must be {', '.join(map(repr, SOURCES))}; got {attention!r}") from None
     return cls(lm, budget=budget, batch_size=batch_size)
+
+
+def _id_units(enc: Encoded) -> Units:
+    """The units of a token-id sequence: its ids as they are, no text."""
+    return Units(text="", level="token", labels=(), spans=enc.spans, special=enc.special, token_ids=enc.ids)
 
 
 def _id_item(lm: LoadedModel, seq: Sequence[int]) -> Encoded:

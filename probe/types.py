@@ -15,7 +15,7 @@ import torch
 
 from .names import Level, Weight
 
-__all__ = ["AttentionMap", "ImagePatch", "Units", "CrossAttentionMap", "Seq2SeqAttention", "Level", "Weight", "head_name", "parse_head",
+__all__ = ["AttentionMap", "AttentionBatch", "ImagePatch", "Units", "CrossAttentionMap", "Seq2SeqAttention", "Level", "Weight", "head_name", "parse_head",
            "parse_heads", "json_safe", "whole_number", "seed_value", "SEED_MAX"]
 
 
@@ -353,6 +353,26 @@ class Units:
 
     def __len__(self) -> int:
         return len(self.labels)
+
+
+@dataclass(frozen=True, eq=False)
+class AttentionBatch:
+    """A batch of texts' eager attention as one forward pass gave it, padding kept: `attention[i]` is the
+    `(text, head, query, key)` tensor of model layer `layers[i]`, right-padded to the longest text, every
+    padded query row and key an exact zero; text b's own map is `attention[i][b, :, :n, :n]` with n =
+    `len(units[b])` (token-level units). For scoring a batch at once (`analyses.heads`), where cutting
+    each text out of it would copy every map."""
+
+    units: tuple[Units, ...]
+    attention: tuple[torch.Tensor, ...]
+    causal: bool
+    layers: tuple[int, ...]  # model layer ids, one per tensor of `attention`
+    heads: tuple[int, ...]  # model head ids, one per head of each tensor
+    meta: dict = field(default_factory=dict)  # as each text's `AttentionMap.meta` (model name, dtype)
+    no_attention: tuple[int, ...] = ()  # a hybrid stack's layers without softmax attention
+
+    def __len__(self) -> int:
+        return len(self.units)
 
 
 @dataclass(frozen=True, eq=False)

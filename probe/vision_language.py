@@ -142,8 +142,8 @@ def _encode_one(lm: LoadedModel, text: str, pictures: list) -> Encoded:
         else:
             labels[t] = unit
     inputs = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask") and hasattr(v, "to")}
-    picture = reading.picture or (lambda cfg, out, k: _whole(out["pixel_values"][k]))
-    seen = tuple(as_seen(getattr(proc, "image_processor", proc), picture(cfg, out, k)[None])[0]
+    whole = reading.picture or (lambda cfg, inputs, k: _whole(inputs["pixel_values"][k]))
+    seen = tuple(as_seen(getattr(proc, "image_processor", proc), whole(cfg, out, k)[None])[0]
                  for k in range(len(pictures)))
     return Encoded(text=text, ids=tuple(ids), spans=tuple(spans), special=tuple(special), inputs=inputs or None,
                    patches=tuple(patches) if pictures else (), pictures=seen, image_labels=tuple(labels))

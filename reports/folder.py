@@ -125,12 +125,13 @@ def report(analyses: Sequence[ModelAnalysis], out: str | Path, *, force: bool = 
            settings: Mapping[str, Any] | None = None, record: Mapping[str, Any] | None = None,
            formats: Sequence[str] = ("png",), dpi: int = 100, width: float | None = None,
            check: Callable[[], None] = lambda: None, committed: Callable[[], None] = lambda: None,
-           started: float | None = None) -> ReportFolder:
+           started: float | None = None, workers: int | None = None) -> ReportFolder:
     """Write the report of `analyses` (one `ModelAnalysis` per model, side by side) into the folder `out`.
 
     `settings` are shown on the page and recorded in run.json; `record` adds (or overrides) run.json
     keys (`headscope run` records its sentences there, `compare` its comparison). `formats`, `dpi`
-    and `width` (inches) shape the figure files. `check()` runs before anything is moved (an
+    and `width` (inches) shape the figure files, drawn on `workers` processes (default: one per core;
+    `reports.drawing.draw_all`). `check()` runs before anything is moved (an
     interrupt check), `committed()` the moment the new folder is in place (`write_folder`); `started` (a `time.perf_counter()` value) dates `seconds.total` in run.json.
     `ReportFolderError` when `out` must not be replaced; an interrupted or failed write leaves `out`
     as it was.
@@ -147,7 +148,7 @@ def report(analyses: Sequence[ModelAnalysis], out: str | Path, *, force: bool = 
     t0 = time.perf_counter()
     the_versions = versions()
     page = build_report(analyses, title=title, settings=settings, versions=the_versions, dpi=dpi, formats=formats,
-                        width=width)
+                        width=width, workers=workers)
     check()
     seconds_report = time.perf_counter() - t0
     figures = tuple(f"figures/{n}" for f in page.figures for n in f.written)

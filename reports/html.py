@@ -29,9 +29,10 @@ import pandas as pd
 from headscope.probe.words import to_word_level
 
 from .analysis import ModelAnalysis
-from .canvas import FORMATS, figure_bytes, to_png
+from .canvas import FORMATS
+from .drawing import Drawn, compact_png, draw_all
 from .page import CSP, csp_hash, environment, script_json, static_script, static_text
-from .panels import FIGURES, STACKS, plotted_metrics, slug, start_head
+from .panels import FIGURES, STACKS, FigureSpec, Panel, plotted_metrics, slug, start_head
 from .payload import SCALE, attention_ints, attention_payload, image_payload, with_keys
 from .sections import SECTIONS, Section, flat, report_tables
 
@@ -75,19 +76,6 @@ class FigureFile:
         return "data:image/png;base64," + base64.b64encode(self.inline or self.png).decode("ascii")
 
 
-def compact_png(png: bytes) -> bytes:
-    """`png` with a 256-colour palette (no dithering), or `png` itself when that is not smaller."""
-    import io
-
-    from PIL import Image
-
-    image = Image.open(io.BytesIO(png)).convert("RGB")
-    buf = io.BytesIO()
-    image.quantize(colors=256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
-        buf, format="PNG", optimize=True)
-    return buf.getvalue() if buf.tell() < len(png) else png
-
-
 @dataclass(frozen=True, eq=False)
 class Report:
     html: str
@@ -115,26 +103,22 @@ class Report:
 # ---------------------------------------------------------------- figures
 
 
-def _figures_for(section: ModelAnalysis, name: str, *, dpi: int, formats: Sequence[str] = ("png",),
-                 width: float | None = None) -> list[FigureFile]:
-    """Every figure of one model, files named `<name>-<stem>.png` (and `.svg`, `.pdf` when asked).
+def _figure_jobs(section: ModelAnalysis) -> list[tuple[FigureSpec, Panel]]:
+    """Every figure of one model to draw: its spec and panel, in `FIGURES` order."""
+    return [(spec, panel) for spec in FIGURES.values() for panel in spec.panels(section)]
 
-    The page always shows the PNG at the figure's own size; `formats` and `width` (inches) shape
-    only the files written for papers.
+
+def _figure_files(section: ModelAnalysis, name: str, jobs: Sequence[tuple[FigureSpec, Panel]],
+                  drawn: Sequence[Drawn]) -> list[FigureFile]:
+    """One model's figures (`jobs`, drawn as `drawn`), files named `<name>-<stem>.png` (and `.svg`, `.pdf` when
+    asked).
 
     Ordered by report section (in `FIGURES` order), and within one the figures of one result stay
     together (a probe's grid, then its drill-down), results in the order they first appear.
     """
-    out: list[FigureFile] = []
-    for spec in FIGURES.values():
-        for panel in spec.panels(section):
-            fig = spec.draw(*panel.args)
-            png = to_png(fig, dpi=dpi)
-            files = {} if tuple(formats) == ("png",) and width is None else {  # the PNG drawn once when unscaled
-                fmt: png if fmt == "png" and width is None else figure_bytes(fig, fmt, dpi=dpi, width=width)
-                for fmt in formats}
-            out.append(FigureFile(f"{name}-{spec.stem.format(**panel.words)}.png", spec.caption.format(**panel.words),
-                                  png, spec.group, section.model, compact_png(png), panel.result, files))
+    out = [FigureFile(f"{name}-{spec.stem.format(**panel.words)}.png", spec.caption.format(**panel.words), d.png,
+                      spec.group, section.model, d.inline, panel.result, d.files)
+           for (spec, panel), d in zip(jobs, drawn)]
     groups = list(dict.fromkeys(spec.group for spec in FIGURES.values()))
     results: list[Any] = []  # each result once, by identity (results need not be hashable)
     for f in out:
@@ -315,11 +299,13 @@ def build_report(
     dpi: int = 100,
     formats: Sequence[str] = ("png",),
     width: float | None = None,
+    workers: int | None = None,
 ) -> Report:
     """Figures, tables and the HTML page for one or more models (side by side).
 
     `formats` (of `reports.canvas.FORMATS`), `dpi` and `width` (inches, a paper's column) shape the
-    figure files; the page inlines the PNG at `dpi` and the figures' own size.
+    figure files; the page inlines the PNG at `dpi` and the figures' own size. The figures are drawn on
+    `workers` processes (`reports.drawing.draw_all`; default: one per core, 1: all in this one).
     """
     from markupsafe import Markup
 
@@ -328,8 +314,12 @@ def build_report(
     unknown = [f for f in formats if f not in FORMATS]
     if unknown or not formats:
         raise ValueError(f"figure formats {list(formats)}: choose one or more of {', '.join(FORMATS)}")
-    per_model = [_figures_for(s, name, dpi=dpi, formats=tuple(dict.fromkeys(formats)), width=width)
-                 for s, name in zip(analyses, _file_names(analyses))]
+    jobs = [_figure_jobs(s) for s in analyses]
+    # The page always shows the PNG at the figure's own size; `formats` and `width` shape only the files.
+    drawn = iter(draw_all([(spec.draw, panel.args) for model in jobs for spec, panel in model], dpi=dpi,
+                          formats=tuple(dict.fromkeys(formats)), width=width, workers=workers))
+    per_model = [_figure_files(s, name, model, [next(drawn) for _ in model])
+                 for s, name, model in zip(analyses, _file_names(analyses), jobs)]
     figures = [f for figs in per_model for f in figs]
     tables = report_tables(analyses)
     shown = [section for section in SECTIONS.values() if section.shown(analyses)]

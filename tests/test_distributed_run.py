@@ -33,6 +33,10 @@ def _commands(model: str, out: Path) -> dict[str, list[str]]:
     return {
         "heads": ["heads", "--model", model, "--corpus", str(out.parent / "corpus.txt"), "--induction-seqs", "3",
                   "--induction-length", "5", "--quiet", "--out", str(out / "heads.csv")],
+        # both at once: each process places its own copy, its layers on disk in the shared offload folder
+        "offloaded": ["heads", "--model", model, "--corpus", str(out.parent / "corpus.txt"), "--induction-seqs", "3",
+                      "--induction-length", "5", "--max-memory", "cpu=150kB", "--offload-folder",
+                      str(out.parent / "offload"), "--quiet", "--out", str(out / "offloaded.csv")],
         "probe": ["relations", "--model", model, "--data", "verb-subject", "--limit", "25", "--permutations", "200",
                   "--quiet", "--out", str(out / "probe.csv")],
     }
@@ -88,7 +92,7 @@ def runs(tmp_path_factory):
     tiny.model.save_pretrained(model)
     tiny.tokenizer.save_pretrained(model)
     (root / "corpus.txt").write_text("\n".join(CORPUS) + "\n")
-    ports = {name: _free_port() for name in ("heads", "probe")}
+    ports = {name: _free_port() for name in ("heads", "offloaded", "probe")}
     ctx = mp.start_processes(_worker, args=(str(model), str(root), ports), nprocs=RANKS, join=False,
                              start_method="spawn")
     deadline = time.monotonic() + 300
@@ -113,6 +117,15 @@ def test_two_processes_give_the_heads_table_of_one(runs):
     assert one.loc[one["metric"] == "induction", "n"].iloc[0] > 0  # the induction sequences were sharded too
     lines = [(root / d / "heads.stdout").read_text().splitlines()[:-1] for d in ("one", "rank0")]  # last: the path
     assert lines[0] == lines[1]
+
+
+def test_two_processes_with_offloaded_layers_give_the_heads_table_of_one_in_memory(runs):
+    """torchrun and accelerate placement at once: every process offloads its copy's layers to disk."""
+    root, codes, api = runs
+    assert codes["offloaded"] == api[0]["codes"]["offloaded"] == api[1]["codes"]["offloaded"] == 0
+    one, two = (pd.read_csv(root / d / f) for d, f in (("one", "heads.csv"), ("rank0", "offloaded.csv")))
+    pd.testing.assert_frame_equal(one.drop(columns="value"), two.drop(columns="value"))
+    assert (one["value"] - two["value"]).abs().max() <= 1e-6
 
 
 def test_two_processes_give_the_probe_table_of_one(runs):

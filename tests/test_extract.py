@@ -309,3 +309,22 @@ def test_heads_reads_the_model_once_and_tokenises_each_text_once(monkeypatch):
     assert scores.n_texts == len(texts) and scores.meta["attention"]["eager"] == len(texts)
     assert len(sinks) == 1
     assert sorted(encoded) == sorted(texts)  # every text tokenised exactly once
+
+
+@pytest.mark.parametrize("heads_at", [slice(None), torch.tensor([2, 0])])
+def test_split_batch_gives_each_text_its_maps_and_lets_the_batch_go(heads_at):
+    """One batch's per-layer attention split into per-text `[layer, head, query, key]` copies, padding cut, as
+    the reference stack of slices gives them; each layer's batch tensor leaves the list as it is copied."""
+    from headscope.probe.extract import split_batch
+
+    g = torch.Generator().manual_seed(0)
+    att = [torch.rand(2, 3, 5, 5, generator=g) for _ in range(4)]  # 4 layers × (B=2, nh=3, T=5, T=5)
+    want = [torch.stack([x[b, heads_at, :n, :n] for x in att]).to(torch.float16) for b, n in enumerate((5, 3))]
+    before = [x.clone() for x in att]
+    kept = list(att)
+    got = split_batch(att, [5, 3], heads_at, torch.float16)
+    assert att == []  # the batch's tensors were let go
+    assert [tuple(t.shape) for t in got] == [(4, len(want[0][0]), 5, 5), (4, len(want[1][0]), 3, 3)]
+    for g_, w in zip(got, want):
+        assert g_.dtype == torch.float16 and torch.equal(g_, w)
+    assert all(torch.equal(a, b) for a, b in zip(kept, before))  # the tensors themselves untouched

@@ -191,3 +191,22 @@ def test_half_precision_is_checked_against_float32(dtype):
     assert max(c.max_abs_err for c in v.layers) < u
     res = CliRunner().invoke(cli, ["verify", "--model", "tiny:llama", "--dtype", dtype, "--json", "--quiet"])
     assert res.exit_code == 0 and f'"dtype": "{dtype}"' in res.stdout
+
+
+def test_run_records_the_placement_and_dtype(pair, tmp_path):
+    """run.json and the page say where the weights were (blocks per device) and which dtype ran; the settings
+    name --max-memory / --offload-folder only when given (a run without them records what it always did)."""
+    from dataclasses import replace
+
+    from headscope.commands.run import shown_settings
+    from headscope.workflows.run import RunSettings, _model_info
+
+    ref, off = pair
+    plain = RunSettings(corpus="c", coref="p", texts=("The cat sat.",))
+    assert not {"max_memory", "offload_folder"} & set(shown_settings(plain))
+    placed = shown_settings(replace(plain, max_memory={"cpu": 150_000_000}, offload_folder=str(tmp_path)))
+    assert placed["max_memory"] == {"cpu": 150_000_000} and placed["offload_folder"] == str(tmp_path)
+    info, ref_info = _model_info(off, None, {}), _model_info(ref, None, {})
+    where = list(off.model.hf_device_map.values())
+    assert info["placement"] == {"cpu": where.count("cpu"), "disk": where.count("disk")} and info["dtype"] == "float32"
+    assert "placement" not in ref_info and ref_info["dtype"] == "float32"

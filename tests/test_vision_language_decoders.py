@@ -1,6 +1,7 @@
 """Vision–language decoders (issue 36): texts with images, image tokens on their pictures, both stacks verified."""
 
 import copy
+import importlib.util
 import dataclasses
 
 import numpy as np
@@ -149,7 +150,13 @@ def _qwen_grid(lm, images):
 HAND_GRID = {
     "llava": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
     "llava_next": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("thumbnail",),
+    "llava_onevision": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("thumbnail",),
     "gemma3": lambda cfg: (int(round(cfg.mm_tokens_per_image ** 0.5)),) * 2 + ("base",),
+    # Idefics3 / SmolVLM: the 40 x 52 picture is resized to 49 x 64 (longest edge 64), then to whole 32-pixel
+    # tiles, 64 x 64: 2 x 2 tiles; the first grid is tile (0, 0), its 4 x 4 patches shuffled 2 x 2 into 2 x 2
+    # tokens, each cell a quarter of the tile's quarter of the picture
+    "idefics3": lambda cfg: (2, 2, "tile 0,0", lambda i, j: (i / 4, j / 4, (i + 1) / 4, (j + 1) / 4)),
+    "smolvlm": lambda cfg: (2, 2, "tile 0,0", lambda i, j: (i / 4, j / 4, (i + 1) / 4, (j + 1) / 4)),
     "paligemma": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
 }
 HAND_GRID_OF_INPUT = {"qwen2_vl": _qwen_grid, "qwen2_5_vl": _qwen_grid, "qwen3_vl": _qwen_grid}
@@ -176,9 +183,9 @@ def _one_patch(reading):
     text, images = f"Here {slot} is a cat", [_picture(3)]
     cfg = lm.model.config
     if lm.model_type in HAND_GRID_OF_INPUT:
-        rows, cols, view = HAND_GRID_OF_INPUT[lm.model_type](lm, images)
+        rows, cols, view, *box = HAND_GRID_OF_INPUT[lm.model_type](lm, images)
     else:
-        rows, cols, view = HAND_GRID[lm.model_type](cfg)
+        rows, cols, view, *box = HAND_GRID[lm.model_type](cfg)
     image_id = cfg.image_token_id if getattr(cfg, "image_token_id", None) is not None else cfg.image_token_index
     last = lm.config.num_hidden_layers - 1
     [before] = extract(lm, text, images=images, layers=[last])
@@ -206,7 +213,7 @@ def _one_patch(reading):
     [m] = extract(lm, text, images=images, layers=[last])
     got = int(m.attention[0, 0, query].argmax())
     assert got == target and m.attention[0, 0, query, target] > 0.9
-    assert m.patches[got] == ImagePatch(0, *cell, rows, cols, view=view)
+    assert m.patches[got] == ImagePatch(0, *cell, rows, cols, view=view, box=box[0](*cell) if box else None)
 
 
 def test_folder_round_trip_loads_the_processor(reading, tmp_path):
@@ -214,6 +221,13 @@ def test_folder_round_trip_loads_the_processor(reading, tmp_path):
 
     reading.model.save_pretrained(tmp_path)
     reading.processor.save_pretrained(tmp_path)
+    if reading.model_type == "llava_onevision" and importlib.util.find_spec("torchvision") is None:
+        # transformers 5.25 loads LlavaOnevisionProcessor only with its video processor, which needs torchvision
+        from headscope.probe.registry import ModelNotAvailable
+
+        with pytest.raises(ModelNotAvailable, match="video processor"):
+            load_model(str(tmp_path))
+        return
     lm = load_model(str(tmp_path))
     assert lm.reads_images and lm.processor is not None
     assert verify(lm).passed
@@ -302,3 +316,89 @@ def test_llava_next_tiles_unpadded_with_a_newline_per_row():
     tiles = [i for i, p in enumerate(m.patches) if p is not None and p.view == "tiles"]
     assert newlines == [tiles[7] + 1, tiles[15] + 1]  # after each row of 8
     assert m.patches[tiles[8]].box == (0.5, 0.0, 1.0, 0.125)  # row 1, column 0 of 2 x 8 over the whole picture
+
+
+def test_llava_onevision_base_view_then_unpadded_tiles_shrunk_past_its_limit():
+    """The tiny model reads at most two tiles' worth of patches (`anyres_max_2`, 2 x 16) before it shrinks the tiles'
+    grid. A 30 x 100 picture: two 32 x 32 tiles side by side (4 x 8 patches), one padded row removed above and
+    below: 2 x 8 = 16 <= 32, kept. A 40 x 52 picture: the 64 x 64 pinpoint, four tiles (8 x 8); fitted at 8 columns
+    it is round(40 * 8 / 52) = 6 rows high, so 6 x 8 = 48 > 1.1^2 x 32: ratio sqrt(48 / 32) = 1.2247, the grid
+    shrinks to 6 // 1.2247 = 4 rows and 8 // 1.2247 = 6 columns. Each grid after the base view's 4 x 4, each
+    tiles row followed by <image_newline>."""
+    lm = _tiny("llava_onevision")
+    for shape, (rows, cols) in (((30, 100, 3), (2, 8)), ((40, 52, 3), (4, 6))):
+        [m] = extract(lm, "A <image> one", images=[_picture(4, shape)])
+        image = [i for i, t in enumerate(m.token_ids) if t == lm.model.config.image_token_id]
+        assert len(image) == 16 + rows * (cols + 1)  # the processor's count, which the forward pass also checked
+        views = [(m.patches[i].view, m.patches[i].rows, m.patches[i].cols) if m.patches[i] else m.labels[i]
+                 for i in image]
+        assert views[:16] == [("thumbnail", 4, 4)] * 16
+        assert views[16:] == ([("tiles", rows, cols)] * cols + ["<image_newline>"]) * rows
+        last = m.patches[image[-2]]
+        assert (last.row, last.col) == (rows - 1, cols - 1) and last.box[2:] == (1.0, 1.0)
+
+
+@pytest.mark.parametrize("name", ["idefics3", "smolvlm"])
+def test_pixel_shuffle_tiles_with_markers_then_the_global_image(name):
+    """A 30 x 100 picture: resized to 19 x 64 (longest edge 64), then to whole 32-pixel tiles: 32 x 64, one row of
+    two tiles. Each frame's 4 x 4 patches are shuffled 2 x 2 into 2 x 2 tokens. In order: <fake><row_1_col_1>
+    and tile (0, 0)'s 4 tokens, <fake><row_1_col_2> and tile (0, 1)'s, a newline, then a newline, <fake>,
+    <global-img>, the global image's 4 tokens (view thumbnail) and <fake>."""
+    lm = _tiny(name)
+    [m] = extract(lm, "A <image> wide one", images=[_picture(4, (30, 100, 3))])
+    first = m.labels.index("<row_1_col_1>")
+    f, t0, t1, g = "<fake_token_around_image>", "img0:tile 0,0:", "img0:tile 0,1:", "img0:thumbnail:"
+    cells = ("r0c0", "r0c1", "r1c0", "r1c1")
+    assert m.labels[first - 1 : first + 20] == (f, "<row_1_col_1>", *(t0 + c for c in cells), f, "<row_1_col_2>",
+                                                 *(t1 + c for c in cells), "Ċ", "Ċ", f, "<global-img>",
+                                                 *(g + c for c in cells), f)
+    p = m.patches[first + 1 + 4 + 2 + 3]  # tile (0, 1), cell (1, 1): the right half's bottom-right quarter
+    assert (p.view, p.row, p.col, p.rows, p.cols, p.box) == ("tile 0,1", 1, 1, 2, 2, (0.5, 0.75, 1.0, 1.0))
+    assert m.pictures[0].shape == (32, 32, 3)  # the global image: the whole picture as one tile
+
+
+def test_smolvlm_prompt_for_an_image_is_idefics3s():
+    """tiny:smolvlm reads pictures with Idefics3's processor: its prompt for an image of rows x cols tiles is the
+    string transformers' SmolVLM processor builds."""
+    from transformers.models.smolvlm.processing_smolvlm import get_image_prompt_string
+
+    proc = _tiny("smolvlm").processor
+    for rows, cols in ((0, 0), (1, 2), (2, 3)):
+        assert (proc.replace_image_token({"rows": [[rows]], "cols": [[cols]]}, 0)
+                == get_image_prompt_string(rows, cols, 4, "<fake_token_around_image>", "<image>", "<global-img>"))
+
+
+@pytest.mark.parametrize("name, overrides", [("llava_onevision", {"vision_aspect_ratio": "anyres_max_9"}),
+                                             ("idefics3", {"scale_factor": 4}), ("smolvlm", {"scale_factor": 4})])
+def test_other_configs_and_seeds_verify_with_their_layout(name, overrides):
+    """Checkpoints built with another seed and config: LLaVA-OneVision allowed 9 tiles' worth of patches (the
+    40 x 52 picture's 6 x 8 tiles grid is kept: 16 + 6 x 9 image tokens); Idefics3 / SmolVLM shuffling 4 x 4
+    patches into one token (each 32 x 32 frame one token: 2 x 2 tiles and the global image, 5 tokens)."""
+    from headscope.probe.tiny import tiny_model
+
+    lm = tiny_model(name, seed=7, **overrides)
+    [m] = extract(lm, "A <image> one", images=[_picture(4)])
+    patches = [p for p in m.patches if p is not None]
+    if name == "llava_onevision":
+        assert m.labels.count("<image_newline>") == 6 and len(patches) == 16 + 6 * 8
+        assert {(p.view, p.rows, p.cols) for p in patches} == {("thumbnail", 4, 4), ("tiles", 6, 8)}
+    else:
+        assert [(p.view, p.box) for p in patches] == [("tile 0,0", (0, 0, 0.5, 0.5)), ("tile 0,1", (0, 0.5, 0.5, 1)),
+                                                      ("tile 1,0", (0.5, 0, 1, 0.5)), ("tile 1,1", (0.5, 0.5, 1, 1)),
+                                                      ("thumbnail", (0, 0, 1, 1))]
+    assert verify(lm, ["A <image> one"], images=[_picture(4)]).passed
+
+
+@pytest.mark.parametrize("name", ["idefics3", "smolvlm"])
+def test_a_picture_read_whole_is_one_base_grid(name):
+    """Without image splitting the processor reads each picture as its global image alone: one 2 x 2 grid over
+    the whole picture (view base), after <global-img>."""
+    lm = _tiny(name)
+    proc = copy.deepcopy(lm.processor)
+    proc.image_processor.do_image_splitting = False
+    whole = dataclasses.replace(lm, processor=proc)
+    [m] = extract(whole, "A <image> one", images=[_picture(4, (30, 100, 3))])
+    patches = [p for p in m.patches if p is not None]
+    assert patches == [ImagePatch(0, i, j, 2, 2) for i in range(2) for j in range(2)]
+    assert "<row_1_col_1>" not in m.labels and m.labels[m.labels.index("<global-img>") + 1] == "img0:r0c0"
+    assert verify(whole, ["A <image> one"], images=[_picture(4, (30, 100, 3))]).passed

@@ -31,15 +31,16 @@ _COREF_SETS = ("agreement", "winograd")
 _SYNTAX_SETTINGS = ("conllu", "select_on")  # recorded only when given
 _SINKS_SETTINGS = ("sinks", "streaming_tokens", "streaming_window")  # recorded only with --sinks
 _MECHANISMS_SETTINGS = ("mechanisms", "mechanisms_pairs")  # recorded only with --mechanisms
+_PLACEMENT_SETTINGS = ("max_memory", "offload_folder")  # recorded only when given
 
 
 def shown_settings(settings) -> dict:
     """The settings the page shows and run.json records. Texts and targets are listed in run.json only;
-    generate, conllu, select_on, the sinks and the mechanisms settings only when given: a run without them records what it
-    always did."""
+    generate, conllu, select_on, the sinks, the mechanisms and the placement (--max-memory, --offload-folder) settings
+    only when given: a run without them records what it always did."""
     return {k: v for k, v in asdict(settings).items()
             if k not in ("texts", "targets") and not (k == "generate" and not v)
-            and not (k in _SYNTAX_SETTINGS and v is None) and not (k in _SINKS_SETTINGS and not settings.sinks)
+            and not (k in _SYNTAX_SETTINGS + _PLACEMENT_SETTINGS and v is None) and not (k in _SINKS_SETTINGS and not settings.sinks)
             and not (k in _MECHANISMS_SETTINGS and not settings.mechanisms)}
 
 
@@ -189,7 +190,8 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
         corpus="built-in" if corpus_path is None else str(corpus_path),
         coref=f"built-in ({', '.join(_COREF_SETS)})" if coref_path is None else str(coref_path),
         texts=tuple(texts) or REPORT_SENTENCES, level=level, limit=limit, induction_sequences=induction_seqs,
-        permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, truncate=truncate,
+        permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, max_memory=max_memory,
+        offload_folder=None if offload_folder is None else str(offload_folder), truncate=truncate,
         attention=attention, memory_budget=memory_budget, targets=tuple(targets), generate=generate,
         conllu=conllu_path, select_on=select_path, ablation=old_ablation if ablation is None else ablation,
         ablation_texts=old_ablation_texts if old_ablation_texts is not None else ablation_texts, sinks=sinks,

@@ -38,6 +38,7 @@ from headscope.probe.effects import (EffectTask, logit_diff, next_token_loss, op
 from headscope.probe.importance import gradient_importance
 from headscope.probe.interventions import AblationMethod, ablate as ablate_heads, check_heads, head_means, refuse_seq2seq
 from headscope.probe.model import LoadedModel
+from headscope.probe.replay import CleanPrefix
 
 from .heads import induction_inputs
 
@@ -176,11 +177,13 @@ def _checked(lm: LoadedModel, heads, n_random: int) -> tuple[tuple[int, int], ..
 
 def _readouts(lm: LoadedModel, heads, measure: EffectTask, *, method: AblationMethod, means, n_random: int, seed: int):
     """(clean readout, readout with `heads` ablated, the random sets, their readouts)."""
-    clean = measure.read(lm)
+    prefix = CleanPrefix(lm)  # layers below an ablated set's first are the clean pass's: replayed, not rerun
+    with prefix.recording():
+        clean = measure.read(lm)
 
     def read_with(chosen) -> torch.Tensor:
         with ablate_heads(lm, chosen, method=method, means=means):
-            return measure.read(lm)
+            return prefix.read(lambda: measure.read(lm), min(l for l, _ in chosen))
 
     sets = random_head_sets(lm.config.num_hidden_layers, lm.config.num_attention_heads, heads, len(heads), n_random,
                             seed=seed)
@@ -194,7 +197,9 @@ def ablate_each(lm: LoadedModel, *, method: AblationMethod = "zero", corpus: Seq
     """The effect of ablating every head alone: a tidy frame `(model, layer, head, effect_metric, effect)`."""
     measure, _ = effect_task(lm, corpus=corpus, task=task, word=word, batch_size=batch_size)
     means = _means(lm, method, corpus, reference, batch_size)
-    clean = measure.read(lm)
+    prefix = CleanPrefix(lm)  # the layers below each ablated head are the clean pass's: replayed, not rerun
+    with prefix.recording():
+        clean = measure.read(lm)
     heads = [(l, h) for l in range(lm.config.num_hidden_layers) for h in range(lm.config.num_attention_heads)]
     if progress:
         heads = tqdm(heads, desc=f"{lm.name} single-head ablations", unit="head")
@@ -202,7 +207,7 @@ def ablate_each(lm: LoadedModel, *, method: AblationMethod = "zero", corpus: Seq
     for l, h in heads:
         with ablate_heads(lm, [(l, h)], method=method, means=means):
             rows.append({"model": lm.name, "layer": l, "head": h, "effect_metric": measure.metric,
-                         "effect": measure.change(clean, measure.read(lm))})
+                         "effect": measure.change(clean, prefix.read(lambda: measure.read(lm), l))})
     return pd.DataFrame(rows)
 
 

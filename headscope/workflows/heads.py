@@ -1,6 +1,6 @@
 """What every head does over a corpus: `heads(lm, texts)` -> `analyses.heads.HeadScores`.
 
-    texts ──source.texts──> AttentionMap | TextBlocks ──HeadScoreAccumulator──> sums per (layer, head)
+    texts ──source.texts──> AttentionBatch | TextBlocks ──HeadScoreAccumulator──> sums per (layer, head)
     decoders: repeated random token sequences ──source.sequences──> duplicate-token and induction sums
 
 The attention source (`probe.sources`: eager, recompute, auto) is chosen once, by `source_for`;
@@ -24,6 +24,7 @@ from headscope.probe.images import for_input
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Level, Weight
 from headscope.probe.sources import TextBlocks, source_for
+from headscope.probe.types import AttentionBatch
 
 __all__ = ["heads", "induction_inputs"]
 
@@ -57,7 +58,8 @@ def heads(
     scores read attention) and `meta["weight"]` says "norm".
 
     Texts stream through the attention source into `analyses.heads.HeadScoreAccumulator`; only
-    `window` batches of attention are alive at once (sorted by length together: less padding).
+    `window` batches of attention are alive at once (sorted by length together: less padding), each
+    eager batch scored whole, padding masked (`update_batch`), never cut into per-text maps.
     For decoders, repeated random token sequences (`induction_inputs`) give the duplicate-token
     and induction scores; `induction_sequences=0` skips them. `total` sizes the progress bar
     (stderr); `source` names the corpus in `meta`. An encoder–decoder model's texts are sources:
@@ -89,9 +91,11 @@ def heads(
         total = None if total is None else shard_length(total, world)
         texts = tqdm(texts, total=total, desc=f"{lm.name} heads", unit="text")
     with together(world):
-        for item in attend.texts(texts, level=level, truncate=truncate, window=window, weight=weight):
+        for item in attend.texts(texts, level=level, truncate=truncate, window=window, weight=weight, batched=True):
             if isinstance(item, TextBlocks):
                 acc.update_blocks(item.units, item.blocks, causal=item.causal, layers=item.layers, heads=item.heads)
+            elif isinstance(item, AttentionBatch):
+                acc.update_batch(item)
             else:
                 acc.update(item)
     meta: dict = {"corpus": source, "batch_size": batch_size, "causal": lm.is_causal}
@@ -102,10 +106,12 @@ def heads(
     if lm.is_causal and induction_sequences > 0 and weight == "attention":
         sequences, prefix = induction_inputs(lm, n_sequences=induction_sequences, length=induction_length, seed=seed)
         with together(world):
-            for item in attend.sequences(shard(sequences, world)):
+            for item in attend.sequences(shard(sequences, world), batched=True):
                 if isinstance(item, TextBlocks):
                     acc.update_repeated_blocks(item.units.token_ids, item.blocks, causal=item.causal,
                                                layers=item.layers, heads=item.heads)
+                elif isinstance(item, AttentionBatch):
+                    acc.update_repeated_batch(item)
                 else:
                     acc.update_repeated(item)
         meta["induction"] = {

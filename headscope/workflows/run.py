@@ -79,6 +79,8 @@ class RunSettings:
     batch_size: int = 8
     device: str = "cpu"
     dtype: str = "float32"
+    max_memory: dict | None = None  # accelerate's budget, bytes per GPU number / "cpu" (`--max-memory`)
+    offload_folder: str | None = None  # where the layers that fit nowhere went (`--offload-folder`)
     truncate: bool = False
     attention: Attention = DEFAULT_ATTENTION
     memory_budget: int | None = None  # bytes; None: a quarter of RAM (`probe.sources.memory_budget`)
@@ -371,5 +373,17 @@ def _model_info(lm: LoadedModel, verification: Verification | None, seconds: dic
         "layers": getattr(cfg, "num_hidden_layers", None), "heads": getattr(cfg, "num_attention_heads", None),
         "kv_heads": getattr(cfg, "num_key_value_heads", None) or getattr(cfg, "num_attention_heads", None),
         "parameters": sum(p.numel() for p in lm.model.parameters()), "context": lm.max_length,
-        "dtype": str(lm.dtype).replace("torch.", ""), "device": str(lm.device), "seconds": dict(seconds),
+        "dtype": str(lm.dtype).replace("torch.", ""), "device": str(lm.device), **_placed(lm), "seconds": dict(seconds),
     }
+
+
+def _placed(lm: LoadedModel) -> dict:
+    """Where accelerate put a placed model's blocks, `{"placement": {"cpu": 3, "disk": 28}}` (blocks per device,
+    GPUs by number as text); nothing for a model on one device."""
+    placed = getattr(lm.model, "hf_device_map", None)
+    if not placed:
+        return {}
+    counts: dict[str, int] = {}
+    for where in placed.values():
+        counts[str(where)] = counts.get(str(where), 0) + 1
+    return {"placement": counts}

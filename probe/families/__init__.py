@@ -104,14 +104,14 @@ class VisionLanguage:
     layer)` gives the decoder mask's bidirectional blocks of one layer, (B, T) ids where a query and a key of one
     block >= 0 see each other both ways (Gemma 3's images, PaliGemma's prefix), or None (causal only).
     `tiny_processor(config, tokenizer)` builds the tiny model's processor (image processor, tokenizer, chat
-    template); `text_config(config)` is the decoder's own config.
+    template); `text_config(config)` is the decoder's own config; `picture` the pixels of one picture where the
+    processor's `pixel_values` are not one entry per picture (Idefics3's frames of a whole text,
+    Qwen-VL's flattened patches).
     `decoder_at(model, config, ids, inputs)` gives a function that puts a decoder layer's `LayerSpec` at this
     input's own positions (Qwen-VL's 3-D rotary), or None (the spec's own positions are right).
     `vision_outputs(vision, base, config, inputs)`: a vision encoder whose attention returns no weights (Qwen-VL)
     is verified by this instead of hooks, on its block outputs recomputed with `vision`'s layers: each layer's
     relative |Δ| of the output after W_O.
-    `picture(config, inputs, image)` gives image `image`'s pixels (3, H, W) as the model saw them, where the
-    processor's `pixel_values` are not images (Qwen-VL's flattened patches); None: `pixel_values[image]`.
     `load_processor(path, at)` loads the processor from a folder where AutoProcessor cannot build it (Qwen-VL's
     wants a video processor, which needs torchvision)."""
 
@@ -122,9 +122,11 @@ class VisionLanguage:
     image_tokens: Callable[[Any], tuple[str, ...]]  # config -> the special tokens the tiny tokenizer must hold
     blocks: Callable[[Any, Any, Any, int], torch.Tensor | None] = lambda cfg, types, ids, layer: None
     text_config: Callable[[Any], Any] = lambda cfg: cfg.text_config
+    # (config, inputs, image) -> image `image`'s pixels (3, H, W) as the model saw the whole picture; None: its
+    # own `pixel_values[image]`, the first tile of a tiled one (LLaVA-NeXT's thumbnail)
+    picture: Callable[[Any, dict, int], torch.Tensor] | None = None
     decoder_at: Callable[[Any, Any, Any, Any], Callable[[LayerSpec], LayerSpec]] | None = None
     vision_outputs: Callable[[Stack, Any, Any, dict], list[float]] | None = None
-    picture: Callable[[Any, dict, int], torch.Tensor] | None = None
     load_processor: Callable[[str, dict], Any] | None = None
 
 

@@ -140,3 +140,14 @@ def tiny_pil_processor(size: int, kind: str = "ViTImageProcessorPil", **extra) -
 
     return getattr(transformers, kind)(size={"height": size, "width": size}, image_mean=[0.5, 0.5, 0.5],
                                        image_std=[0.5, 0.5, 0.5], **extra)
+
+
+def images_only(cls):
+    """Processor class `cls` without its video processor (LlavaOnevisionProcessor, SmolVLMProcessor): in
+    transformers 5.25 a video processor needs torchvision, which a CPU install may lack, and images never use it.
+    Saved with `save_pretrained` it writes `cls`'s files (no video processor's)."""
+    def __init__(self, image_processor=None, tokenizer=None, **kwargs):
+        cls.__init__(self, image_processor, tokenizer, None, **kwargs)
+        self.video_processor = None
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})

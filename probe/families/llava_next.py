@@ -37,24 +37,40 @@ def _best_resolution(size: tuple[int, int], pinpoints) -> tuple[int, int]:
     return tuple(int(x) for x in select_best_resolution(list(size), [list(p) for p in pinpoints]))
 
 
-def _image_units(cfg, inputs: dict, image: int) -> list:
-    vision = cfg.vision_config
-    tile_h, tile_w = inputs["pixel_values"][image].shape[-2:]
-    ph, pw = tile_h // vision.patch_size, tile_w // vision.patch_size
-    height, width = (int(x) for x in inputs["image_sizes"][image])
+def unpadded_grid(cfg, size: tuple[int, int], tile: tuple[int, int]) -> tuple[int, int]:
+    """The rows and columns of patches of the tiles side by side over a picture of `size` (H, W) read in tiles of
+    `tile` pixels, less the rows or columns of padding the processor added to keep the aspect ratio
+    (transformers' `unpad_image`)."""
+    height, width = size
+    ph, pw = tile[0] // cfg.vision_config.patch_size, tile[1] // cfg.vision_config.patch_size
     best_h, best_w = _best_resolution((height, width), cfg.image_grid_pinpoints)
-    rows, cols = ph * (best_h // tile_h), pw * (best_w // tile_w)  # the tiles side by side, in patches
+    rows, cols = ph * (best_h // tile[0]), pw * (best_w // tile[1])  # the tiles side by side, in patches
     if width / height > cols / rows:  # a wide picture: rows of padding above and below
         pad = (rows - int(round(height * (cols / width), 7))) // 2
         rows -= 2 * pad
     else:
         pad = (cols - int(round(width * (rows / height), 7))) // 2
         cols -= 2 * pad
-    units: list = [ImagePatch(image, r, c, ph, pw, view="thumbnail") for r in range(ph) for c in range(pw)]
+    return rows, cols
+
+
+def tile_units(image: int, rows: int, cols: int) -> list:
+    """The tiles' grid (view "tiles") row by row, each row followed by `<image_newline>`."""
+    units: list = []
     for r in range(rows):
         units += [ImagePatch(image, r, c, rows, cols, view="tiles") for c in range(cols)]
         units.append("<image_newline>")
     return units
+
+
+def _image_units(cfg, inputs: dict, image: int) -> list:
+    vision = cfg.vision_config
+    tile_h, tile_w = inputs["pixel_values"][image].shape[-2:]
+    ph, pw = tile_h // vision.patch_size, tile_w // vision.patch_size
+    size = tuple(int(x) for x in inputs["image_sizes"][image])
+    rows, cols = unpadded_grid(cfg, size, (tile_h, tile_w))
+    thumbnail = [ImagePatch(image, r, c, ph, pw, view="thumbnail") for r in range(ph) for c in range(pw)]
+    return thumbnail + tile_units(image, rows, cols)
 
 
 def _tiny_config(vocab: int, model_type: str):

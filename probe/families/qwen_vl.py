@@ -17,7 +17,7 @@ import dataclasses
 import torch
 
 from ..scratch import attention_from_scratch
-from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec, grid_units,
+from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec, grid_units, images_only,
                        text_config, tiny_chat_template)
 from . import Family, Stack, VisionLanguage
 
@@ -131,7 +131,7 @@ def _tiny_processor(cfg, tokenizer):
     images = transformers.Qwen2VLImageProcessorPil(
         size={"shortest_edge": pixels, "longest_edge": pixels}, patch_size=PATCH, merge_size=MERGE,
         temporal_patch_size=TEMPORAL, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
-    return without_video(getattr(transformers, kind))(image_processor=images, tokenizer=tokenizer,
+    return images_only(getattr(transformers, kind))(image_processor=images, tokenizer=tokenizer,
                                                       chat_template=tiny_chat_template(START + IMAGE + END))
 
 
@@ -151,19 +151,8 @@ def _load_processor(path: str, at: dict):
                   else "Qwen2VLProcessor")
     template = Path(path) / "chat_template.jinja"
     chat = template.read_text() if template.is_file() else getattr(tokenizer, "chat_template", None)
-    return without_video(cls)(image_processor=images, tokenizer=tokenizer, chat_template=chat)
+    return images_only(cls)(image_processor=images, tokenizer=tokenizer, chat_template=chat)
 
-
-def without_video(cls):
-    """The Qwen-VL processor class taking no video processor (transformers' video processors need torchvision,
-    and a tiny model reads images only)."""
-    class Images(cls):
-        def __init__(self, image_processor=None, tokenizer=None, chat_template=None, **kwargs):
-            # the parent hands a third sub-processor (the video one, None) that this signature's attributes drop
-            super().__init__(image_processor, tokenizer, None, chat_template=chat_template, **kwargs)
-
-    Images.__name__ = Images.__qualname__ = cls.__name__
-    return Images
 
 
 def _picture(cfg, inputs: dict, image: int) -> torch.Tensor:

@@ -1,0 +1,205 @@
+"""Replay the clean layers below an intervention: what an ablation of layer L cannot change is not run again.
+
+Ablating a head of layer L leaves layers 0 .. L-1 as they were: on the same inputs their outputs are the
+clean pass's, bit for bit. `CleanPrefix(lm)` records, during one clean read (`recording()`), the output of
+every layer block in every forward call of the model's base; within `from_layer(L)` a call on the same
+token ids gets each block below L's recorded output (a copy) instead of running it, so an ablated read
+costs the embedding and the layers from L on. `read(fn, L)` does that, and the first time it replays
+anything it also runs `fn` whole and compares: a model whose layers pass something besides their output
+on to later layers (which the check would show as a difference) gets whole passes from then on.
+
+No weight, buffer or hook of the model is changed: within `from_layer` each replayed block's `forward` is
+an attribute of the block instance, deleted again on exit (also after an error), as `ablate`'s hooks are
+removed. Nothing is replayed for a model whose layers share modules (ALBERT), whose later layers read an
+earlier layer's keys and values (shared KV, Gemma 4), whose blocks cannot be found, or whose recording
+would exceed `budget` bytes; then every read runs whole, as without a `CleanPrefix`.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .families import family_for
+from .forward import base_model
+from .model import LoadedModel
+
+__all__ = ["CleanPrefix", "layer_blocks", "REPLAY_BUDGET"]
+
+REPLAY_BUDGET = 1 << 30  # bytes of recorded block outputs; past it nothing is replayed
+
+
+def layer_blocks(lm: LoadedModel) -> list[torch.nn.Module] | None:
+    """The model's layer blocks in forward order (the `ModuleList` holding each layer's attention), or None
+    where blocks cannot be replayed one by one: layers that share modules, shared keys and values, no such list."""
+    family = family_for(lm.config)
+    base = base_model(lm)
+    config = lm.config
+    if family.shares_modules(base, config):
+        return None
+    layers = family.attention_layers(config)
+    if any(family.layer_spec(base, layer, config).kv_layer is not None for layer in layers):
+        return None
+    attention = {layer: family.attention(base, layer) for layer in layers}
+    n = family.n_layers(config)
+    for module in base.modules():
+        if isinstance(module, torch.nn.ModuleList) and len(module) == n and all(
+                any(sub is attn for sub in module[layer].modules()) for layer, attn in attention.items()):
+            return list(module)
+    return None
+
+
+def _copy(out: Any) -> Any:
+    if isinstance(out, torch.Tensor):
+        return out.detach().clone()
+    if type(out) is tuple:
+        return tuple(_copy(o) for o in out)
+    return out
+
+
+def _replayable(out: Any) -> bool:
+    """A block output that can be handed back as recorded: a tensor, or a plain tuple of tensors and None."""
+    if isinstance(out, torch.Tensor):
+        return True
+    return type(out) is tuple and all(o is None or isinstance(o, torch.Tensor) for o in out)
+
+
+def _bytes(out: Any) -> int:
+    if isinstance(out, torch.Tensor):
+        return out.numel() * out.element_size()
+    return sum(_bytes(o) for o in out) if type(out) is tuple else 0
+
+
+class _Call:
+    """One recorded forward call of the base: its token ids and mask, and each block's output."""
+
+    def __init__(self, ids: torch.Tensor | None, mask: torch.Tensor | None) -> None:
+        self.ids, self.mask = ids, mask
+        self.outputs: dict[int, Any] = {}
+
+    def same_inputs(self, ids: torch.Tensor | None, mask: torch.Tensor | None) -> bool:
+        def same(a, b):
+            return (a is None) == (b is None) and (a is None or (a.shape == b.shape and torch.equal(a, b.to(a.device))))
+        return self.ids is not None and same(self.ids, ids) and same(self.mask, mask)
+
+
+def _inputs(args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    ids = kwargs.get("input_ids", args[0] if args else None)
+    mask = kwargs.get("attention_mask")
+    return (ids if isinstance(ids, torch.Tensor) else None), (mask if isinstance(mask, torch.Tensor) else None)
+
+
+class CleanPrefix:
+    """The clean outputs of every layer block, recorded once, replayed below an ablated layer (see the module).
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> from headscope.probe.interventions import ablate
+    >>> lm = tiny_model("bert"); ids = lm.tokenizer(["The cat sat."], return_tensors="pt")["input_ids"]
+    >>> run = lambda: lm.model(input_ids=ids).last_hidden_state
+    >>> prefix = CleanPrefix(lm)
+    >>> with torch.no_grad(), prefix.recording():
+    ...     clean = run()
+    >>> with torch.no_grad(), ablate(lm, [(1, 0)]):
+    ...     whole, replayed = run(), prefix.read(run, 1)
+    >>> torch.equal(whole, replayed), prefix.trusted
+    (True, True)
+    """
+
+    def __init__(self, lm: LoadedModel, *, budget: int = REPLAY_BUDGET) -> None:
+        self.lm, self.budget = lm, budget
+        self.blocks = layer_blocks(lm)
+        self.calls: list[_Call] = []
+        self.trusted: bool | None = None  # None: not checked yet; False: replay differed, reads run whole
+        self._size = 0
+
+    @property
+    def active(self) -> bool:
+        """Whether reads may replay: blocks found, a recording within the budget, and no failed check."""
+        return self.blocks is not None and bool(self.calls) and self.trusted is not False
+
+    @contextmanager
+    def recording(self) -> Iterator[None]:
+        """Within the block, every forward call of the base is recorded (the clean read)."""
+        self.calls, self._size = [], 0
+        if self.blocks is None:
+            yield
+            return
+        base = base_model(self.lm)
+
+        def start(module, args, kwargs):
+            if self.blocks is not None:  # not given up (over the budget)
+                self.calls.append(_Call(*(None if t is None else t.detach().clone() for t in _inputs(args, kwargs))))
+
+        def keep(layer):
+            def hook(module, args, out):
+                if not self.calls or self.blocks is None:
+                    return
+                if not _replayable(out) or self._size + _bytes(out) > self.budget:
+                    self.blocks, self.calls = None, []  # nothing will be replayed
+                    return
+                self._size += _bytes(out)
+                self.calls[-1].outputs[layer] = _copy(out)
+            return hook
+
+        handles = [base.register_forward_pre_hook(start, with_kwargs=True)]
+        try:
+            handles += [block.register_forward_hook(keep(layer)) for layer, block in enumerate(self.blocks)]
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
+
+    @contextmanager
+    def from_layer(self, layer: int) -> Iterator[None]:
+        """Within the block, a forward call on recorded inputs replays the blocks below `layer` (in call order)."""
+        if not self.active or layer <= 0:
+            yield
+            return
+        base = base_model(self.lm)
+        state: dict[str, Any] = {"n": 0, "call": None}
+
+        def start(module, args, kwargs):
+            k = state["n"]
+            state["n"] += 1
+            call = self.calls[k] if k < len(self.calls) else None
+            state["call"] = call if call is not None and call.same_inputs(*_inputs(args, kwargs)) else None
+
+        def replay(i: int, block: torch.nn.Module):
+            run = block.forward
+
+            def forward(*args, **kwargs):
+                call = state["call"]
+                if call is None or i not in call.outputs:
+                    return run(*args, **kwargs)
+                return _copy(call.outputs[i])
+            return forward
+
+        handle = base.register_forward_pre_hook(start, with_kwargs=True)
+        replaced: list[torch.nn.Module] = []
+        try:
+            below = self.blocks[:layer]
+            if not any("forward" in vars(block) for block in below):  # a wrapper on the instance (accelerate): run whole
+                for i, block in enumerate(below):
+                    block.forward = replay(i, block)
+                    replaced.append(block)
+            yield
+        finally:
+            handle.remove()
+            for block in replaced:
+                del block.forward  # the instance attribute: the class's forward shows through again
+
+    def read(self, fn: Callable[[], torch.Tensor], layer: int) -> torch.Tensor:
+        """`fn()` (a readout, under an intervention of `layer` and later layers) with the blocks below `layer`
+        replayed; the first read that replays anything is checked against a whole one."""
+        if not self.active or layer <= 0:
+            return fn()
+        with self.from_layer(layer):
+            fast = fn()
+        if self.trusted is None:
+            whole = fn()
+            self.trusted = bool(fast.shape == whole.shape and torch.allclose(fast, whole, rtol=1e-6, atol=1e-6))
+            return whole
+        return fast
+

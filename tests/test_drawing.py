@@ -1,0 +1,65 @@
+"""The report's figures drawn on several processes (`reports.drawing`): the same bytes as drawn here, in order."""
+
+from __future__ import annotations
+
+import functools
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
+import pytest
+
+from headscope import RunSettings, analyse_model, builtin_set
+from headscope.probe.tiny import TINY_CORPUS, tiny_model
+from headscope.reports import drawing
+from headscope.reports.figures import verification_plot
+from headscope.reports.html import _figure_jobs, build_report
+
+
+@functools.lru_cache(maxsize=None)
+def _analysis():
+    settings = RunSettings(corpus="c", coref="p", texts=("The cat sat on the mat.", "我爱北京天安门"), permutations=50,
+                           induction_sequences=0, ablation=False)
+    return analyse_model(tiny_model("bert"), list(TINY_CORPUS[:6]), [("t", builtin_set("agreement")[:12])], settings)
+
+
+def _jobs():
+    return [(spec.draw, panel.args) for spec, panel in _figure_jobs(_analysis())]
+
+
+def test_a_figure_drawn_in_a_spawned_process_is_the_same_bytes():
+    jobs = _jobs()
+    assert len(jobs) >= drawing.PARALLEL_FROM and len({fn for fn, _ in jobs}) >= 5  # grids, maps, probes ...
+    here = [drawing.draw(fn, args) for fn, args in jobs]
+    with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        there = list(pool.map(drawing.draw, *zip(*jobs)))
+    assert [d.png for d in there] == [d.png for d in here]
+    assert [d.inline for d in there] == [d.inline for d in here]
+
+
+def test_a_report_drawn_on_several_processes_is_the_serial_one():
+    serial = build_report([_analysis()], workers=1)
+    parallel = build_report([_analysis()], workers=3)
+    assert [f.name for f in parallel.figures] == [f.name for f in serial.figures]
+    assert [f.png for f in parallel.figures] == [f.png for f in serial.figures]
+    assert [f.inline for f in parallel.figures] == [f.inline for f in serial.figures]
+
+
+def test_draw_all_keeps_the_order_and_raises_a_drawing_error(monkeypatch):
+    jobs = _jobs()[:5]
+    assert [d.png for d in drawing.draw_all(jobs, workers=2)] == [drawing.draw(f, a).png for f, a in jobs]
+    bad = [*jobs, (verification_plot, ("not a verification",))]  # drawn in a worker or here: the error reaches the caller
+    with pytest.raises(AttributeError):
+        drawing.draw_all(bad, workers=2)
+    [args] = [a for f, a in jobs if f is verification_plot]
+    local = lambda v: verification_plot(v)  # noqa: E731 — a function that cannot be sent to another process
+    assert [d.png for d in drawing.draw_all([(local, args)] * 4, workers=2)] == [drawing.draw(verification_plot, args).png] * 4
+
+
+def test_one_core_or_few_figures_start_no_process(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("no pool expected")
+
+    monkeypatch.setattr("concurrent.futures.ProcessPoolExecutor", refuse)
+    jobs = _jobs()
+    assert len(drawing.draw_all(jobs, workers=1)) == len(jobs)
+    assert len(drawing.draw_all(jobs[: drawing.PARALLEL_FROM - 1], workers=8)) == drawing.PARALLEL_FROM - 1
