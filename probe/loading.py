@@ -284,7 +284,8 @@ def load_model(
     if _is_image_config(model.config) or model.config.model_type in TWO_TOWER_TYPES:
         processor = _image_processor(str(path), {"revision": revision} if revision else {})
     elif _reads_images(model.config):
-        processor = _processor(str(path), {"revision": revision} if revision else {})
+        processor = _processor(str(path), {"revision": revision} if revision else {},
+                               SUPPORTED_TYPES[model.config.model_type].vision_language.load_processor)
         tok = getattr(processor, "tokenizer", None) or tok
     return LoadedModel(
         name=packaged.name if packaged else name,
@@ -509,13 +510,17 @@ def _reads_images(config) -> bool:
     return family is not None and family.vision_language is not None
 
 
-def _processor(path: str, at: dict):
-    """A vision–language checkpoint's processor (tokenizer, image processor on the PIL path, chat template)."""
+def _processor(path: str, at: dict, own=None):
+    """A vision–language checkpoint's processor (tokenizer, image processor on the PIL path, chat template); `own`:
+    the family's own way to load it where AutoProcessor cannot (`VisionLanguage.load_processor`)."""
     from transformers import AutoProcessor
 
     try:
         return AutoProcessor.from_pretrained(path, backend="pil", **at)
     except (OSError, ValueError, TypeError) as exc:
+        if own is not None:
+            with suppress(OSError, ValueError, TypeError):
+                return own(path, at)
         raise ModelNotAvailable(f"{path}: no processor could be loaded ({str(exc).splitlines()[0]}); save it beside "
                                 "the model (processor.save_pretrained(folder))") from exc
 

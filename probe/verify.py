@@ -16,6 +16,7 @@ as keys and values. Each row of the table names its kind.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import asdict, dataclass, replace
 from typing import Sequence
@@ -96,7 +97,9 @@ class Verification:
 
     @property
     def max_abs_err(self) -> float:
-        return max(c.max_abs_err for c in self.layers)
+        """The largest probability |Δ| over the rows that have probabilities (a vision encoder whose attention
+        returns no weights, Qwen-VL's, is checked on outputs alone: its rows hold nan)."""
+        return max((c.max_abs_err for c in self.layers if not math.isnan(c.max_abs_err)), default=math.nan)
 
     @property
     def max_abs_err_output(self) -> float:
@@ -126,9 +129,12 @@ class Verification:
             return f"attention {verdict}: {parts} (tolerance {self.tolerance:g}, {self.dtype})"
         hybrid = (f"; no softmax attention in layers {', '.join(map(str, self.no_attention))} (hybrid stack)"
                   if self.no_attention else "")
+        blind = list(dict.fromkeys(c.kind or "all" for c in self.layers if math.isnan(c.max_abs_err)))
+        outputs = (f"; {' and '.join(blind)} layers checked on their outputs only (their attention returns no weights)"
+                   if blind else "")
         return (
             f"attention {verdict}: max |Δ| = {self.max_abs_err:.1e} over {self._layer_count()} layers × {self.n_heads} heads"
-            f" (tolerance {self.tolerance:g}, {self.dtype}){hybrid}"
+            f" (tolerance {self.tolerance:g}, {self.dtype}){hybrid}{outputs}"
         )
 
     def _layer_count(self) -> str:
@@ -157,7 +163,9 @@ class Verification:
             "seconds_recompute": self.seconds_recompute,
             "overhead": self.overhead,
             "summary": self.summary(),
-            "layers": [c.row() for c in self.layers],
+            # a row with no probability to compare (Qwen-VL's vision layers, checked on outputs): null, not NaN
+            "layers": [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in c.row().items()}
+                       for c in self.layers],
             **({"towers": {name: v.to_dict() for name, v in self.towers}} if self.towers else {}),
         }
 
@@ -376,9 +384,10 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
     reading = family.vision_language
     decoder = reading.decoder or Stack(kind="decoder", layer_spec=family.layer_spec, attention=family.attention,
                                        out_proj=family.out_proj, n_layers=family.n_layers)
-    stacks = (reading.vision, decoder, *((reading.cross,) if reading.cross is not None else ()))
+    hooked = () if reading.vision_outputs is not None else (reading.vision,)  # no weights: checked on outputs
+    stacks = (*hooked, decoder, *((reading.cross,) if reading.cross is not None else ()))
     base, cfg = base_model(lm), lm.config
-    worst = {s.kind: {i: [0.0] * 4 for i in s.layer_numbers(cfg)} for s in stacks}
+    worst = {s.kind: {i: [0.0] * 4 for i in s.layer_numbers(cfg)} for s in (reading.vision, *stacks[len(hooked):])}
     t_fwd = t_re = 0.0
     for enc in encoded:
         caps, seconds = _capture_stacks(lm, enc, stacks)
@@ -386,12 +395,17 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
         t0 = time.perf_counter()
         ids = torch.tensor([enc.ids])
         types = None if enc.inputs is None else enc.inputs.get("token_type_ids")
+        at = (lambda spec: spec) if reading.decoder_at is None else reading.decoder_at(base, cfg, ids, enc.inputs)
+        if reading.vision_outputs is not None:  # each row: no probability to compare (nan), the output's |Δ|
+            for i, rel in enumerate(reading.vision_outputs(reading.vision, base, cfg, enc.inputs)):
+                w = worst["vision"][i]
+                w[:] = [math.nan, math.nan, max(w[2], rel), max(w[3], rel)]
         for stack in stacks:
             cap = caps[stack.kind]
             for i in stack.layer_numbers(cfg):
                 spec = stack.layer_spec(base, i, cfg)
                 if stack.kind == "decoder":
-                    spec = replace(spec, blocks=reading.blocks(cfg, types, ids, i))
+                    spec = at(replace(spec, blocks=reading.blocks(cfg, types, ids, i)))
                 keys = cap.inputs[i] if cap.memory is None else cap.memory
                 if stack.visible is not None:
                     spec = replace(spec, visible=stack.visible(cfg, enc.inputs, cap.inputs[i].shape[1], keys.shape[1]))
@@ -400,7 +414,7 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
                 worst[stack.kind][i] = [max(a, b) for a, b in zip(worst[stack.kind][i], errs)]
         t_re += time.perf_counter() - t0
     tol_p, tol_o = tolerances(lm.dtype)
-    checks = tuple(LayerCheck(i, *w, passed=bool(w[0] <= tol_p and w[3] <= tol_o), kind=kind)
+    checks = tuple(LayerCheck(i, *w, passed=bool((math.isnan(w[0]) or w[0] <= tol_p) and w[3] <= tol_o), kind=kind)
                    for kind, layers in worst.items() for i, w in layers.items())
     return Verification(model=lm.name, family=family.name, dtype=str(lm.dtype).replace("torch.", ""), tolerance=tol_p,
                         tolerance_output=tol_o, n_heads=cfg.num_attention_heads, n_texts=len(encoded),

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import _tiny
+from conftest import _tiny, _tiny_type
 from headscope.probe.extract import extract
 from headscope.probe.families import FAMILIES, Stack
 from headscope.probe.forward import base_model
@@ -141,6 +141,13 @@ def _layer_input(lm, enc_text, images, family, layer):
 
 # Each family's grid of image tokens for one picture, by hand from its tiny config (not from headscope's layout).
 # (rows, columns, view) of the first grid of image tokens. LLaVA-NeXT's first grid is the thumbnail's.
+def _qwen_grid(lm, images):
+    """Qwen-VL: the processor's patch grid (t, h, w) of the picture, 2 x 2 patches merged into one token."""
+    _, h, w = lm.processor.image_processor(images, return_tensors="pt")["image_grid_thw"][0].tolist()
+    merge = lm.model.config.vision_config.spatial_merge_size
+    return h // merge, w // merge, "base"
+
+
 HAND_GRID = {
     "llava": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
     "llava_next": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("thumbnail",),
@@ -153,9 +160,19 @@ HAND_GRID = {
     "smolvlm": lambda cfg: (2, 2, "tile 0,0", lambda i, j: (i / 4, j / 4, (i + 1) / 4, (j + 1) / 4)),
     "paligemma": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
 }
+HAND_GRID_OF_INPUT = {"qwen2_vl": _qwen_grid, "qwen2_5_vl": _qwen_grid, "qwen3_vl": _qwen_grid}
 
 
 def test_a_head_built_to_read_one_patch_lands_on_it(reading):
+    _one_patch(reading)
+
+
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl"])  # qwen2_vl is READING's qwen_vl
+def test_a_head_built_to_read_one_patch_lands_on_it_in_every_qwen_vl(model_type):
+    _one_patch(_tiny_type(model_type))
+
+
+def _one_patch(reading):
     """Head 0 of the last layer (full attention: no sliding window hides the image) is set so that the last token's query matches one image token's key alone: the image
     token of cell (1, 2) (or (1, 1) of a 2 x 2 grid), found by hand: the first image token id in the processor's
     ids, plus rows and columns of the family's grid. Its row's argmax must land there and carry that ImagePatch."""
@@ -166,7 +183,10 @@ def test_a_head_built_to_read_one_patch_lands_on_it(reading):
     slot = _slot(lm)
     text, images = f"Here {slot} is a cat", [_picture(3)]
     cfg = lm.model.config
-    rows, cols, view, *box = HAND_GRID[lm.model_type](cfg)
+    if lm.model_type in HAND_GRID_OF_INPUT:
+        rows, cols, view, *box = HAND_GRID_OF_INPUT[lm.model_type](lm, images)
+    else:
+        rows, cols, view, *box = HAND_GRID[lm.model_type](cfg)
     image_id = cfg.image_token_id if getattr(cfg, "image_token_id", None) is not None else cfg.image_token_index
     last = lm.config.num_hidden_layers - 1
     [before] = extract(lm, text, images=images, layers=[last])

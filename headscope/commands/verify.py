@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sys
 
 import click
@@ -43,7 +44,9 @@ def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], trunc
         width = max(len(_layer(c)) for c in result.layers) if result.layers else 5
         click.echo(f"{'layer':>{max(width, 5)}} {'max|Δ| probs':>13} {'rel':>9} {'max|Δ| out':>11} {'rel':>9}  ok")
         for c in result.layers:
-            click.echo(f"{_layer(c):>{max(width, 5)}} {c.max_abs_err:>13.2e} {c.max_rel_err:>9.1e} {c.max_abs_err_output:>11.2e} "
+            probs = (f"{'—':>13} {'—':>9}" if math.isnan(c.max_abs_err)  # outputs only: no weights to compare
+                     else f"{c.max_abs_err:>13.2e} {c.max_rel_err:>9.1e}")
+            click.echo(f"{_layer(c):>{max(width, 5)}} {probs} {c.max_abs_err_output:>11.2e} "
                        f"{c.max_rel_err_output:>9.1e}  {'yes' if c.passed else 'NO'}")
         click.echo(result.summary())
         click.echo(f"tolerances: probabilities |Δ| <= {result.tolerance:g}, output max|Δ|/max|ref| <= "

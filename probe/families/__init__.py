@@ -118,7 +118,15 @@ class VisionLanguage:
     block >= 0 see each other both ways (Gemma 3's images, PaliGemma's prefix), or None (causal only).
     `tiny_processor(config, tokenizer)` builds the tiny model's processor (image processor, tokenizer, chat
     template); `text_config(config)` is the decoder's own config; `picture` the pixels of one picture where the
-    processor's `pixel_values` are not one entry per picture (Idefics3's frames of a whole text)."""
+    processor's `pixel_values` are not one entry per picture (Idefics3's frames of a whole text,
+    Qwen-VL's flattened patches).
+    `decoder_at(model, config, ids, inputs)` gives a function that puts a decoder layer's `LayerSpec` at this
+    input's own positions (Qwen-VL's 3-D rotary), or None (the spec's own positions are right).
+    `vision_outputs(vision, base, config, inputs)`: a vision encoder whose attention returns no weights (Qwen-VL)
+    is verified by this instead of hooks, on its block outputs recomputed with `vision`'s layers: each layer's
+    relative |Δ| of the output after W_O.
+    `load_processor(path, at)` loads the processor from a folder where AutoProcessor cannot build it (Qwen-VL's
+    wants a video processor, which needs torchvision)."""
 
     vision: Stack
     vision_family: str
@@ -138,6 +146,9 @@ class VisionLanguage:
     # gates by layer from (base_model, config) — what scales each block's output before the residual stream.
     key_patches: Callable[[Any, dict], tuple] | None = None
     gates: Callable[[torch.nn.Module, Any], dict] | None = None
+    decoder_at: Callable[[Any, Any, Any, Any], Callable[[LayerSpec], LayerSpec]] | None = None
+    vision_outputs: Callable[[Stack, Any, Any, dict], list[float]] | None = None
+    load_processor: Callable[[str, dict], Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,190 @@
+"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL (Qwen2VLForConditionalGeneration, ...): a vision encoder over flattened
+patches with a 2-D rotary (Qwen2.5-VL: windows; Qwen3-VL: learned positions and deepstack features), a merger
+of 2 × 2 patches into one token, and a decoder with multimodal 3-D rotary positions (time, row, column).
+
+The processor expands each `<|image_pad|>` slot (between `<|vision_start|>` and `<|vision_end|>`) into one
+token per merged cell of the resized picture, row by row (`probe.mrope.qwen_vl_positions`). The decoder stays
+causal; its layers are verified by the `qwen2_vl` / `qwen3_vl` text family at the model's own 3-D positions
+(`probe.mrope.at_positions`). transformers' Qwen-VL vision attention returns its output, not its weights, so
+the vision encoder's layers are verified on their block outputs after `proj`, segment by segment
+(`probe.qwen_vision`): their rows have no probability error to show.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from ..scratch import attention_from_scratch
+from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec, grid_units, images_only,
+                       text_config, tiny_chat_template)
+from . import Family, Stack, VisionLanguage
+
+START, IMAGE, END, VIDEO = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
+MERGE, PATCH, TEMPORAL = 2, 2, 2  # tiny models: 2 × 2 pixel patches, 2 × 2 merge, 2 frames per temporal patch
+TINY_SIDE = 16  # tiny models read a 16 × 16 picture: 8 × 8 patches, 4 × 4 merged tokens
+VISION = {  # tiny vision encoders (as tests/test_qwen_vl.py builds them)
+    "qwen2_vl": dict(depth=2, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2),
+    "qwen2_5_vl": dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                       window_size=8, fullatt_block_indexes=[1]),
+    "qwen3_vl": dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                     num_position_embeddings=16, deepstack_visual_indexes=[0]),
+}
+
+
+def _language_model(base):
+    return base.language_model
+
+
+def _visual(base):
+    return base.visual
+
+
+def _image_units(cfg, inputs: dict, image: int) -> list:
+    """Image `image`'s merged cells, row by row: its (t, h, w) patches make (h / m) × (w / m) tokens."""
+    _, h, w = (int(x) for x in inputs["image_grid_thw"][image])
+    merge = cfg.vision_config.spatial_merge_size
+    return grid_units(image, h // merge, w // merge)
+
+
+def _decoder_at(model, cfg, ids, inputs):
+    """The decoder's layers at this input's own 3-D positions (the model's `get_rope_index`)."""
+    from ..mrope import at_positions, qwen_vl_positions
+
+    grid = None if inputs is None else inputs.get("image_grid_thw")
+    position_ids = qwen_vl_positions(model, ids, image_grid_thw=grid).position_ids
+    text = text_config(cfg)
+    return lambda spec: at_positions(spec, text, position_ids)
+
+
+def _vision_outputs(stack: Stack, base, cfg, inputs) -> list[float]:
+    """Each vision layer's relative |Δ| of its block output after `proj`, recomputed from its captured input
+    segment by segment (`stack`'s layer, turned by the 2-D rotary of the segment's patches): the vision
+    attention returns no weights to compare."""
+    from ..qwen_vision import vision_angles, vision_positions, vision_segments
+
+    visual = _visual(base)
+    pixels, grid = inputs["pixel_values"], inputs["image_grid_thw"]
+    n = len(visual.blocks)
+    ins, outs, cus, handles = [None] * n, [None] * n, [None] * n, []
+
+    def grab(module, args, kwargs, i):
+        ins[i] = (args[0] if args else kwargs["hidden_states"]).detach()
+        cus[i] = kwargs.get("cu_seqlens")
+
+    for i, block in enumerate(visual.blocks):
+        handles.append(block.attn.register_forward_pre_hook(lambda m, a, k, i=i: grab(m, a, k, i), with_kwargs=True))
+        handles.append(block.attn.proj.register_forward_hook(lambda m, a, o, i=i: outs.__setitem__(i, o.detach())))
+    try:
+        with torch.inference_mode():
+            visual(pixels.to(next(visual.parameters()).dtype), grid_thw=grid)
+    finally:
+        for h in handles:
+            h.remove()
+    angles = vision_angles(visual, vision_positions(visual, grid))
+    errors = []
+    for i in range(n):
+        worst, segments = 0.0, vision_segments(visual, i, grid)
+        if cus[i] is not None and [0, *(b for _, b in segments)] != list(dict.fromkeys(cus[i].tolist())):
+            errors.append(float("inf"))  # the model's own segments (images, windows) are not ours
+            continue
+        for a, b in segments:
+            turned = angles[a:b]
+            spec = dataclasses.replace(stack.layer_spec(base, i, cfg), rotary_angles=lambda T, turned=turned: turned[:T])
+            res = attention_from_scratch(ins[i][a:b][None].float(), spec, torch.ones(1, b - a))
+            ref = outs[i][a:b].float()
+            worst = max(worst, (res.output[0] - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30))
+        errors.append(worst)
+    return errors
+
+
+def _vision_stack() -> Stack:
+    from ..qwen_vision import vision_layer_spec
+
+    return Stack(kind="vision", layer_spec=lambda base, i, cfg: vision_layer_spec(_visual(base), i),
+                 attention=lambda base, i: _visual(base).blocks[i].attn,
+                 out_proj=lambda base, i: _visual(base).blocks[i].attn.proj,
+                 n_layers=lambda cfg: getattr(cfg, "composite", cfg).vision_config.depth)
+
+
+def _tiny_config(vocab: int, model_type: str):
+    from transformers import AutoConfig
+
+    from . import family_of_type
+
+    # the tokenizer's last four tokens are <|vision_start|>, <|image_pad|>, <|vision_end|>, <|video_pad|>
+    text = family_of_type(f"{model_type}_text").tiny_config(vocab, f"{model_type}_text")
+    vision = dict(VISION[model_type], patch_size=PATCH, spatial_merge_size=MERGE, temporal_patch_size=TEMPORAL)
+    return AutoConfig.for_model(model_type, text_config=text.to_dict(), vision_config=vision,
+                                vision_start_token_id=vocab - 4, image_token_id=vocab - 3, vision_end_token_id=vocab - 2,
+                                video_token_id=vocab - 1)
+
+
+def _tiny_processor(cfg, tokenizer):
+    import transformers
+
+    from ._reading import composite
+
+    kind = "Qwen3VLProcessor" if composite(cfg).model_type == "qwen3_vl" else "Qwen2VLProcessor"
+    pixels = TINY_SIDE * TINY_SIDE
+    images = transformers.Qwen2VLImageProcessorPil(
+        size={"shortest_edge": pixels, "longest_edge": pixels}, patch_size=PATCH, merge_size=MERGE,
+        temporal_patch_size=TEMPORAL, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    return images_only(getattr(transformers, kind))(image_processor=images, tokenizer=tokenizer,
+                                                      chat_template=tiny_chat_template(START + IMAGE + END))
+
+
+def _load_processor(path: str, at: dict):
+    """The checkpoint's processor without its video processor: its tokenizer, its image processor on the PIL path
+    and its chat template, in the processor class its `processor_config.json` names (Qwen2-VL's by default)."""
+    import json
+    from pathlib import Path
+
+    import transformers
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path, **at)
+    images = transformers.AutoImageProcessor.from_pretrained(path, backend="pil", **at)
+    named = Path(path) / "processor_config.json"
+    kind = json.loads(named.read_text()).get("processor_class") if named.is_file() else None
+    cls = getattr(transformers, kind if kind in ("Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor")
+                  else "Qwen2VLProcessor")
+    template = Path(path) / "chat_template.jinja"
+    chat = template.read_text() if template.is_file() else getattr(tokenizer, "chat_template", None)
+    return images_only(cls)(image_processor=images, tokenizer=tokenizer, chat_template=chat)
+
+
+
+def _picture(cfg, inputs: dict, image: int) -> torch.Tensor:
+    """Image `image` (3, H, W) as the model saw it (normalised), from the processor's flattened patches: each row
+    holds (channel, frame, p, p) of one patch, the patches block-major over the m × m merge blocks."""
+    grid = inputs["image_grid_thw"]
+    t, h, w = (int(x) for x in grid[image])
+    first = int(grid[:image].prod(-1).sum())
+    rows = inputs["pixel_values"][first : first + t * h * w]
+    vision = cfg.vision_config
+    m, p, frames = vision.spatial_merge_size, vision.patch_size, vision.temporal_patch_size
+    x = rows.reshape(t, h // m, w // m, m, m, -1, frames, p, p)[0, :, :, :, :, :, 0]  # (h/m, w/m, m, m, C, p, p)
+    return x.permute(4, 0, 2, 5, 1, 3, 6).reshape(-1, h * p, w * p)
+
+
+FAMILY = Family(
+    name="qwen_vl",
+    model_types=("qwen2_vl", "qwen2_5_vl", "qwen3_vl"),
+    kind="decoder",
+    features=("decoder: the qwen2_vl / qwen3_vl text family at the model's own 3-D positions (time, row, column)",
+              "vision encoder: 2-D rotary, per image (Qwen2.5-VL: windows), verified on block outputs (its attention "
+              "returns no weights)", "one image token per 2 × 2 merged cell, row by row"),
+    layer_spec=decoder_spec(_language_model),
+    attention=decoder_attention(_language_model),
+    out_proj=decoder_out_proj(_language_model),
+    refuses=both_refusals()[:1],
+    tiny_config=_tiny_config,
+    tokenizer="bytebpe",
+    auto_class="AutoModelForImageTextToText",
+    modality="vision-language",
+    vision_language=VisionLanguage(vision=_vision_stack(), vision_family="qwen_vision", image_units=_image_units,
+                                   tiny_processor=_tiny_processor, image_tokens=lambda cfg: (START, IMAGE, END, VIDEO),
+                                   decoder_at=_decoder_at, vision_outputs=_vision_outputs, picture=_picture,
+                                   load_processor=_load_processor),
+)
