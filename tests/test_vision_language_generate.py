@@ -1,0 +1,97 @@
+"""Issue 36: generation over an image (`generate_attention(..., images=)`, `headscope generate --image`) and
+`explain --image` on a vision–language decoder."""
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import _tiny
+from headscope.probe.families import FAMILIES
+from headscope.probe.forward import extra_inputs
+from headscope.probe.generate import generate_attention
+from headscope.probe.vision_language import encode_with_images
+
+READING = sorted(name for name, f in FAMILIES.items() if f.vision_language is not None)
+
+
+def _picture(seed: int = 0, shape=(40, 52, 3)) -> np.ndarray:
+    return np.random.default_rng(seed).random(shape)
+
+
+@pytest.mark.parametrize("family", READING)
+def test_greedy_steps_are_the_models_own_generate_and_the_prompt_knows_its_picture(family):
+    lm = _tiny(family)
+    result = generate_attention(lm, "Describe it.", images=[_picture()], max_new_tokens=4)
+    [enc] = encode_with_images(lm, ["Describe it."], [_picture()])
+    ids = torch.tensor([enc.ids])
+    own = lm.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **extra_inputs(lm, [enc]),
+                            max_new_tokens=4, do_sample=False)[0, len(enc.ids):].tolist()
+    stop = lm.model.generation_config.eos_token_id
+    stop = set(stop) if isinstance(stop, (list, tuple)) else {stop}
+    ends = [t for t, i in enumerate(own) if i in stop]  # generate stops at an end-of-sequence token (kept) too
+    assert list(result.generated_ids) == own[: ends[0] + 1 if ends else len(own)]
+    image_keys = [p for p in result.prompt.patches if p is not None]
+    assert len(result.prompt) == len(enc.ids) and image_keys and len(result.prompt.pictures) == 1
+    assert all(row.shape[-1] == len(enc.ids) + t + 1 for t, row in enumerate(result.steps))
+
+
+def test_each_step_is_the_last_row_of_a_full_forward_over_the_picture():
+    lm = _tiny("llava")
+    pic = _picture(3)
+    result = generate_attention(lm, "What is it?", images=[pic], max_new_tokens=3)
+    [enc] = encode_with_images(lm, ["What is it?"], [pic])
+    for t, row in enumerate(result.steps):
+        ids = torch.tensor([list(enc.ids) + list(result.generated_ids[: t + 1])])
+        with torch.inference_mode():
+            out = lm.model(input_ids=ids, attention_mask=torch.ones_like(ids), output_attentions=True,
+                           **extra_inputs(lm, [enc]))
+        full = torch.stack([a[0, :, -1] for a in out.attentions])  # [layer, head, key]: the last query's row
+        assert torch.allclose(row, full.float(), atol=1e-6)
+
+
+def test_images_on_a_text_model_and_slot_mismatches_are_one_clear_error():
+    with pytest.raises(ValueError, match="text model"):
+        generate_attention(_tiny("llama"), "hi", images=[_picture()], max_new_tokens=1)
+    with pytest.raises(ValueError, match=r"2 <image> slot\(s\) but 1 image"):
+        generate_attention(_tiny("llava"), "a <image> b <image>", images=[_picture()], max_new_tokens=1)
+
+
+# --- the command line -------------------------------------------------------------------------------------------
+
+
+def _cli(*args):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+
+    return CliRunner().invoke(cli, list(args))
+
+
+@pytest.fixture(scope="module")
+def picture_file(tmp_path_factory):
+    from PIL import Image
+
+    path = tmp_path_factory.mktemp("pictures") / "picture.png"
+    Image.fromarray((_picture(5) * 255).astype(np.uint8)).save(path)
+    return str(path)
+
+
+def test_cli_generate_over_an_image(picture_file):
+    import json
+
+    result = _cli("generate", "--model", "tiny:llava", "--image", picture_file, "--prompt", "What is it?",
+                  "--max-new-tokens", "2")
+    assert result.exit_code == 0, result.output
+    assert "attention on the 16 image tokens, per step" in result.output
+    record = json.loads(_cli("generate", "--model", "tiny:llava", "--image", picture_file, "--prompt", "What is it?",
+                             "--max-new-tokens", "2", "--json").output)
+    assert sum(t.startswith("img0:") for t in record["prompt_tokens"]) == 16 and len(record["steps"]) == 2
+
+
+def test_cli_generate_refuses_an_image_on_a_text_model_and_a_mismatch(picture_file):
+    from conftest import one_line
+
+    result = _cli("generate", "--model", "tiny:llama", "--image", picture_file, "--prompt", "hi")
+    assert result.exit_code == 2 and "text model" in one_line(result)
+    result = _cli("generate", "--model", "tiny:llava", "--image", picture_file, "--prompt", "a <image> b <image>")
+    assert result.exit_code == 2 and "2 <image> slot(s) but 1 image(s)" in one_line(result)
