@@ -95,3 +95,49 @@ def test_cli_generate_refuses_an_image_on_a_text_model_and_a_mismatch(picture_fi
     assert result.exit_code == 2 and "text model" in one_line(result)
     result = _cli("generate", "--model", "tiny:llava", "--image", picture_file, "--prompt", "a <image> b <image>")
     assert result.exit_code == 2 and "2 <image> slot(s) but 1 image(s)" in one_line(result)
+
+
+# --- explain: a decoder head's row for a word or an image token ------------------------------------------------
+
+
+@pytest.mark.parametrize("family", READING)
+def test_explain_an_image_token_and_a_word_match_the_extracted_rows(family):
+    from headscope.probe.explain import explain
+    from headscope.probe.extract import extract
+
+    lm = _tiny(family)
+    text = f"Look {lm.processor.image_token} at the cat"
+    [m] = extract(lm, text, images=[_picture(2)])
+    cell = next(label for label, p in zip(m.labels, m.patches) if p is not None and (p.row, p.col) == (1, 1))
+    for token in (cell, "cat"):
+        e = explain(lm, text, image=[_picture(2)], token=token, layer=1, head=0)
+        q = m.labels.index(token)
+        assert e.query == token and e.query_index == q and e.text == m.text
+        # the extracted map is the model's own eager weights: the from-scratch row (with the model's mask) is it
+        assert np.allclose(e.table["weight"].to_numpy(), m.attention[1, 0, q].float().numpy(), atol=1e-6)
+    if not m.causal:  # Gemma 3's image / PaliGemma's prefix: the first image token sees the later ones
+        first = next(label for label, p in zip(m.labels, m.patches) if p is not None)
+        e = explain(lm, text, image=[_picture(2)], token=first, layer=1, head=0)
+        q = m.labels.index(first)
+        assert e.table["weight"].to_numpy()[q + 1:].sum() > 0
+        assert np.allclose(e.table["weight"].to_numpy(), m.attention[1, 0, q].float().numpy(), atol=1e-6)
+
+
+def test_cli_explain_a_decoders_image_token_and_its_refusals(picture_file):
+    import json
+
+    from conftest import one_line
+
+    result = _cli("explain", "--model", "tiny:llava", "--image", picture_file, "--token", "img0:r1c2", "--head", "L1H0",
+                  "--json")
+    assert result.exit_code == 0, result.output
+    record = json.loads(result.output)
+    assert record["query"] == "img0:r1c2" and abs(sum(k["weight"] for k in record["keys"]) - 1) < 1e-5
+    result = _cli("explain", "Look <image> at the cat", "--model", "tiny:llava", "--image", picture_file, "--token",
+                  "cat", "--head", "L1H0")
+    assert result.exit_code == 0 and "query 'cat'" in result.output
+    for args, says in ((["hi", "--model", "tiny:llama"], "text model"),
+                       (["a <image> b <image>", "--model", "tiny:llava"], "2 <image> slot(s) but 1 image(s)"),
+                       (["a cat", "--model", "tiny:vit"], "not both")):
+        result = _cli("explain", *args, "--image", picture_file, "--token", "a", "--head", "L0H0")
+        assert result.exit_code == 2 and says in one_line(result), result.output
