@@ -75,3 +75,30 @@ def test_serve_refuses_a_missing_image_file_in_one_line(tmp_path):
 
     result = CliRunner().invoke(cli, ["serve", "--model", "tiny:llava", "--image", str(tmp_path / "no.png"), "--quiet"])
     assert result.exit_code == 2 and "no file" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+@pytest.mark.browser
+def test_the_page_ticks_a_startup_image_and_draws_the_row_over_the_picture(browser, picture_file):
+    from conftest import served
+
+    pytest.importorskip("uvicorn")
+    explorer = Explorer({"m": _tiny("llava")}, images=[picture_file])
+    with served(app(explorer)) as (base, _):
+        page = browser.new_page(viewport={"width": 1600, "height": 1200})
+        errors, requests = [], []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(base + "/")
+        page.wait_for_selector("body[data-ready='1']", timeout=10_000)
+        assert page.inner_text("#image-picks").strip() == "picture.png"
+        page.check("#image-picks input[data-index='0']")
+        page.fill("#text", TEXT)
+        page.click("#show")
+        page.wait_for_selector("#pictures canvas.hs-heat", timeout=20_000)
+        assert page.inner_text("#picture-note").endswith("over the picture")
+        page.click("#generate")
+        page.wait_for_selector("#generation .tok", timeout=20_000)
+        assert page.inner_text("#picture-note").endswith("over the picture") and page.is_visible("#pictures canvas")
+        page.close()
+    assert errors == [] and all(u.startswith(base + "/") for u in requests)
