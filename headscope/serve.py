@@ -38,7 +38,7 @@ _FIELDS = {  # route → (required fields, optional fields)
     "attention": (("model", "text", "layer", "head"), ("level", "weight", "rows", "keys", "top_k", "images")),
     "overview": (("model", "text", "layer", "head"), ("tiles", "level", "weight", "images")),
     "explain": (("model", "text", "layer", "head", "query"), ("level", "weight", "images")),
-    "heads": (("model", "text"), ("layer", "head", "level", "weight")),
+    "heads": (("model", "text"), ("layer", "head", "level", "weight", "images")),
     "generate": (("model", "prompt", "layer", "head"), ("max_new_tokens", "chat", "temperature", "top_p", "seed",
                                                         "images")),
 }

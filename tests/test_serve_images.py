@@ -64,6 +64,8 @@ def test_a_request_never_names_a_file_and_picks_only_startup_images(picture_file
                          ("0", "never names a file")):
         r = client.post("/api/attention", json={**body, "images": images})
         assert r.status_code == 400 and says in r.json()["error"], r.json()
+    r = client.post("/api/heads", json={"model": "m", "text": TEXT, "images": [0]})
+    assert r.status_code == 400 and "headscope heads" in r.json()["error"]
     r = _client().post("/api/overview", json={**body, "images": [0]})
     assert r.status_code == 400 and "started without images" in r.json()["error"]
 

@@ -178,10 +178,13 @@ class Explorer:
             return {"model": model, "query": e.query, "query_index": e.query_index, "layer": layer, "head": head,
                     "scale": e.scale, "summary": e.summary(), "keys": table.to_dict(orient="records")}
 
-    def heads(self, model: str, text: str, *, level: Level = "token") -> dict:
+    def heads(self, model: str, text: str, *, level: Level = "token", images: list | None = None) -> dict:
         from headscope.workflows.heads import heads
 
         m = self._model(model)
+        if self._picked(images):  # not the text alone's metrics under the pictures' name
+            raise ExplorerError("head metrics here are a text's alone; for a text with images run "
+                                "headscope heads --model M --image FILE --text TEXT, or untick the images")
         with m.lock:
             live = self._live(model, m, text, "token", "attention")
             self._short(live, "head metrics")
