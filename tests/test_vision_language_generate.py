@@ -141,3 +141,16 @@ def test_cli_explain_a_decoders_image_token_and_its_refusals(picture_file):
                        (["a cat", "--model", "tiny:vit"], "not both")):
         result = _cli("explain", *args, "--image", picture_file, "--token", "a", "--head", "L0H0")
         assert result.exit_code == 2 and says in one_line(result), result.output
+
+
+def test_cli_run_generates_over_each_image_into_the_report(picture_file, tmp_path):
+    import json
+
+    result = _cli("run", "--model", "tiny:llava", "--image", picture_file, "--generate", "2", "--out",
+                  str(tmp_path / "report"), "--quiet")
+    assert result.exit_code == 0, result.output
+    record = json.loads((tmp_path / "report" / "run.json").read_text())
+    [generated] = (record["models"][0] if "models" in record else record)["generated"]
+    own = generate_attention(_tiny("llava"), "What is in this picture?", images=[picture_file], max_new_tokens=2)
+    assert generated["prompt"] == own.prompt.text and generated["text"] == own.text
+    assert "<image>" in generated["prompt"]  # the image went in through the chat template's slot

@@ -304,6 +304,12 @@ def _analyse_images(lm: LoadedModel, settings: RunSettings, stage: _Stages, say)
                     "ablation and sinks were not run")
         info["images"] = list(images)
         reading = {"vision_language": tuple(maps)}  # the Vision–language section's maps
+        if settings.generate:  # each image's prompt continued: every new token's row over the picture
+            reading["generations"] = stage.run("generate", lambda: tuple(
+                generate_attention(lm, DEFAULT_PROMPT, images=[image], max_new_tokens=settings.generate)
+                for image in images))
+            say(f"{lm.name}: {settings.generate} tokens generated after each image's prompt "
+                f"({stage.seconds['generate']:.1f} s)")
     return ModelAnalysis(model=lm.name, verification=verification, scores=scores, maps=tuple(maps), info=info,
                          notes=tuple(notes), seconds=dict(stage.seconds), **reading)
 
