@@ -154,3 +154,10 @@ def test_cli_run_generates_over_each_image_into_the_report(picture_file, tmp_pat
     own = generate_attention(_tiny("llava"), "What is in this picture?", images=[picture_file], max_new_tokens=2)
     assert generated["prompt"] == own.prompt.text and generated["text"] == own.text
     assert "<image>" in generated["prompt"]  # the image went in through the chat template's slot
+
+
+def test_run_on_an_image_encoder_says_it_did_not_generate(picture_file, tmp_path):
+    result = _cli("run", "--model", "tiny:vit", "--image", picture_file, "--generate", "2", "--out",
+                  str(tmp_path / "report"), "--quiet")
+    assert result.exit_code == 0, result.output
+    assert "generation was not run (2 tokens asked for)" in (tmp_path / "report" / "run.json").read_text()
