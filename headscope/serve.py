@@ -35,11 +35,12 @@ __all__ = ["app", "MAX_BODY"]
 MAX_BODY = 1 << 20  # bytes of one request body (the explorer's max_chars of UTF-8, and the JSON around it)
 
 _FIELDS = {  # route → (required fields, optional fields)
-    "attention": (("model", "text", "layer", "head"), ("level", "weight", "rows", "keys", "top_k")),
-    "overview": (("model", "text", "layer", "head"), ("tiles", "level", "weight")),
-    "explain": (("model", "text", "layer", "head", "query"), ("level", "weight")),
-    "heads": (("model", "text"), ("layer", "head", "level", "weight")),
-    "generate": (("model", "prompt", "layer", "head"), ("max_new_tokens", "chat", "temperature", "top_p", "seed")),
+    "attention": (("model", "text", "layer", "head"), ("level", "weight", "rows", "keys", "top_k", "images")),
+    "overview": (("model", "text", "layer", "head"), ("tiles", "level", "weight", "images")),
+    "explain": (("model", "text", "layer", "head", "query"), ("level", "weight", "images")),
+    "heads": (("model", "text"), ("layer", "head", "level", "weight", "images")),
+    "generate": (("model", "prompt", "layer", "head"), ("max_new_tokens", "chat", "temperature", "top_p", "seed",
+                                                        "images")),
 }
 _IGNORED = {"explain": ("level", "weight"), "heads": ("layer", "head", "level", "weight")}  # the page sends them
 

@@ -216,8 +216,11 @@ def token_labels(lm: LoadedModel, enc: Encoded) -> tuple[str, ...]:
 def tokenizer_labels(tokenizer, enc: Encoded) -> tuple[str, ...]:
     """`token_labels` from the tokenizer alone (for attention computed outside headscope)."""
     raw = tokenizer.convert_ids_to_tokens(list(enc.ids))
-    return tuple(r if sp or not enc.text[a:b].strip() else enc.text[a:b].strip()
-                 for r, (a, b), sp in zip(raw, enc.spans, enc.special))
+    labels = tuple(r if sp or not enc.text[a:b].strip() else enc.text[a:b].strip()
+                   for r, (a, b), sp in zip(raw, enc.spans, enc.special))
+    if enc.image_labels:  # a text with images: image tokens labelled by their cell (img0:r1c2)
+        labels = tuple(own if own is not None else label for own, label in zip(enc.image_labels, labels))
+    return labels
 
 
 def text_units(lm: LoadedModel, enc: Encoded, segmenter: Segmenter | None = None) -> Units:

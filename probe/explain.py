@@ -28,6 +28,7 @@ from .verify import capture, tolerances
 from .names import DEFAULT_ATTENTION, Attention
 from .recompute import layer_inputs
 from .sources import source_for
+from .vision_language import DEFAULT_PROMPT, encode_with_images
 
 __all__ = ["Explanation", "explain", "find_token", "scale_effect", "PermutationCheck", "permutation_check"]
 
@@ -119,6 +120,11 @@ def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer
     the model with fast attention and recomputes only this layer; the model's own weights of the layer
     are then compared on the text's prefix (`probe.recompute.check_prefix`), recorded in `check`.
 
+    `image`: a vision transformer's one image (no text; `token` a unit such as "[CLS]" or "r1c2"), or a
+    vision–language decoder's images for `text` (`probe.vision_language` places them; no text: the default
+    prompt; `token` a word or an image token "img0:r1c2"); the decoder's layer is recomputed with the model's
+    own mask, from its eager weights.
+
     >>> from headscope.probe.tiny import tiny_model
     >>> e = explain(tiny_model("bert"), "The cat sat.", token="cat", layer=1, head=2)
     >>> e.query, round(float(e.table["weight"].sum()), 6)
@@ -132,11 +138,15 @@ def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer
     """
     if isinstance(occurrence, bool) or not isinstance(occurrence, int) or occurrence < 0:
         raise ValueError(f"occurrence must be 0 (the first), 1 (the second), ...; got {occurrence!r}")
-    if (text is None) == (image is None):
+    reads = getattr(lm, "reads_images", False) and image is not None  # a text with its images (LLaVA, Gemma 3)
+    if (text is None) == (image is None) and not reads:
         raise ValueError("explain one text or one image (image=...): give exactly one of them")
     lm = for_input(lm, images=image is not None)  # a two-tower model: the tower that reads this input
     source = source_for(lm, attention, budget=budget)
-    if image is not None:  # a vision transformer: the query is a unit label, "[CLS]" or a patch "r1c2"
+    if reads:  # the decoder's head over the text and its image tokens: the query a word or an image token "img0:r1c2"
+        enc = encode_with_images(lm, [DEFAULT_PROMPT if text is None else text], check_images(image))[0]
+        text, source = enc.text, source_for(lm, "eager")  # a text with images runs with the model's own weights
+    elif image is not None:  # a vision transformer: the query is a unit label, "[CLS]" or a patch "r1c2"
         images = check_images(image)
         if len(images) != 1:
             raise ValueError(f"explain takes one image, got {len(images)}")
@@ -144,6 +154,7 @@ def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer
         text = enc.text
         source = source_for(lm, "eager")  # images are short: their eager weights are always kept
     family, enc = family_for(lm.config), enc if image is not None else encode(lm, text)
+    image = None if reads else image  # from here on, `image` means a vision transformer's one image
     n_layers, n_heads = family.n_layers(lm.config), lm.config.num_attention_heads
     if not (0 <= layer < n_layers and 0 <= head < n_heads):
         raise ValueError(f"layer {layer}, head {head} out of range: {lm.name} has {n_layers} layers x {n_heads} heads")
@@ -152,6 +163,10 @@ def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer
     labels = list(enc.labels) if image is not None else list(token_labels(lm, enc))
     q_idx = _find_unit(labels, token) if image is not None else find_token(labels, enc, token, occurrence)
     spec = family.layer_spec(base_model(lm), layer, lm.config)
+    if reads:  # the model's own mask: Gemma 3's images and PaliGemma's prefix see each other both ways
+        types = enc.inputs.get("token_type_ids") if enc.inputs else None
+        spec = dataclasses.replace(spec, blocks=family.vision_language.blocks(lm.config, types, torch.tensor([enc.ids]),
+                                                                              layer))
     if source.mode(len(enc.ids)) == "recompute":
         # only this layer's input, caught under fast attention: no layer's T × T weights are kept by the model
         inputs = layer_inputs(lm, family, [enc], sorted({layer, spec.kv_layer} - {None}))  # shared KV: the producer's

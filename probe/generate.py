@@ -16,6 +16,12 @@ chat template (and the generation prompt); `generate_attention(..., turns=...)` 
 token with the role of the turn it sits in (system / user / assistant; the template's own markup of a
 turn belongs to it), and every generated token "assistant".
 
+Images: a vision–language decoder (`lm.reads_images`: LLaVA, Gemma 3, PaliGemma) takes `images=[...]`, placed
+in the prompt as `extract` places them (`probe.vision_language`: one per image slot, or before a prompt without
+one, in a chat turn where the processor has a template). The prompt's map then carries each image token's
+`ImagePatch` and the pictures, so each new token's row over the image tokens draws over the picture; the pixels
+enter the first forward pass only (the image tokens' keys and values are in the cache from then on).
+
 Layers with a sliding window (Gemma 3) keep only the window's keys in the cache; their rows are
 placed at the end of the full-length row, the keys before the window getting weight 0, exactly as
 the full forward pass masks them.
@@ -31,9 +37,11 @@ import torch
 
 from .encoding import encode
 from .extract import extract
-from .forward import is_seq2seq
+from .forward import extra_inputs, is_seq2seq
+from .images import require_modality
 from .model import LoadedModel
 from .types import AttentionMap, seed_value, whole_number
+from .vision_language import encode_with_images
 
 __all__ = ["GenerationAttention", "generate_attention", "chat_prompt", "Turn"]
 
@@ -100,10 +108,12 @@ class GenerationAttention:
 @torch.inference_mode()
 def generate_attention(lm: LoadedModel, prompt: str, *, max_new_tokens: int = 20, temperature: float = 0.0,
                        top_p: float = 1.0, seed: int | None = None,
-                       turns: Sequence[tuple[int, int, str]] | None = None) -> GenerationAttention:
+                       turns: Sequence[tuple[int, int, str]] | None = None,
+                       images: object = None) -> GenerationAttention:
     """Generation from `prompt` with the KV cache, keeping every new token's attention row: greedy, or
     sampled at `temperature` > 0 with nucleus `top_p` and a `seed`. `turns`: (start, stop, role) character
-    ranges of `prompt` (`chat_prompt` gives them) that label its tokens by turn."""
+    ranges of `prompt` (`chat_prompt` gives them) that label its tokens by turn. `images`: a vision–language
+    decoder's pictures for the prompt's image slots (paths, PIL images or arrays)."""
     if not isinstance(prompt, str):  # a list reached the tokenizer: "TextEncodeInput must be Union[...]"
         raise TypeError(f"prompt must be one str, got {type(prompt).__name__}; call generate_attention once per prompt")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < float("inf"):
@@ -125,12 +135,23 @@ def generate_attention(lm: LoadedModel, prompt: str, *, max_new_tokens: int = 20
                          "pick a decoder such as smollm2 or gemma3-270m")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
-    enc = encode(lm, prompt)
+    if images is not None:
+        require_modality(lm, images=True)  # an image on a text model: one clear line
+        if not getattr(lm, "reads_images", False):
+            raise ValueError(f"{lm.name} does not generate text over an image; pick a vision–language decoder "
+                             "such as tiny:llava")
+        if turns:
+            raise ValueError("turns= label a text prompt's chat turns; a prompt with images takes the processor's "
+                             "chat template already (give the user's message as the prompt)")
+        [enc] = encode_with_images(lm, [prompt], images)
+    else:
+        enc = encode(lm, prompt)
     if len(enc.ids) + max_new_tokens > lm.max_length:
         raise ValueError(f"the prompt has {len(enc.ids)} tokens; with {max_new_tokens} new ones that passes "
                          f"{lm.name}'s limit of {lm.max_length}")
-    [prompt_map] = extract(lm, prompt)  # the prompt's own attention, labels and words, as everywhere else
-    out = lm.model(input_ids=torch.tensor([enc.ids], device=lm.device), use_cache=True)
+    # the prompt's own attention, labels and words (image tokens: their patches and pictures), as everywhere else
+    [prompt_map] = extract(lm, prompt) if images is None else extract(lm, [prompt], images=images)
+    out = lm.model(input_ids=torch.tensor([enc.ids], device=lm.device), use_cache=True, **extra_inputs(lm, [enc]))
     if getattr(out, "logits", None) is None:
         raise ValueError(f"{lm.name} was loaded without a language-model head, so it cannot pick next tokens")
     eos = _eos_ids(lm)

@@ -104,9 +104,7 @@ def make_map(lm: LoadedModel, enc: Encoded, attention, *, segmenter: Segmenter |
                             meta={"model": lm.name, "dtype": str(lm.dtype).replace("torch.", ""), "image": enc.text})
     units = text_units(lm, enc, segmenter)
     facts = facts or MapFacts.of(lm)
-    labels = units.labels
-    if enc.image_labels:  # a text with images: image tokens labelled by their cell (img0:r1c2)
-        labels = tuple(own if own is not None else label for own, label in zip(enc.image_labels, labels))
+    labels = units.labels  # a text with images: image tokens labelled by their cell (img0:r1c2), `token_labels`
     return AttentionMap(
         text=units.text,
         level="token",

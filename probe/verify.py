@@ -25,7 +25,7 @@ import torch
 
 from .encoding import Encoded, check_texts, encode_many, encode_targets, pad_batch
 from .families import Family, Stack, family_for
-from .forward import base_model, forward_one_stream, seq2seq_inputs
+from .forward import base_model, extra_inputs, forward_one_stream, seq2seq_inputs
 from .images import TOWER_NAMES, check_images, encode_images, is_two_tower, require_modality, tower
 from .model import LoadedModel
 from .scratch import LayerSpec, attention_from_scratch
@@ -220,7 +220,7 @@ def capture(lm: LoadedModel, items: Sequence[Encoded], family: Family) -> Captur
     ids, mask = pad_batch(items, lm.device)
     try:
         t0 = time.perf_counter()
-        out = forward_one_stream(lm, ids, mask, output_attentions=True)
+        out = forward_one_stream(lm, ids, mask, output_attentions=True, extra=extra_inputs(lm, items))  # images' pixels
         seconds = time.perf_counter() - t0
     finally:
         for h in handles:
@@ -426,7 +426,6 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
 def _capture_stacks(lm: LoadedModel, enc: Encoded, stacks) -> tuple[dict[str, Captured], float]:
     """One forward pass of one text with its images, hooks on every attention block of every stack: each
     layer's input, its probabilities (the attention module's weights) and its output after W_O."""
-    from .forward import extra_inputs
 
     base, cfg = base_model(lm), lm.config
     size = {s.kind: max(s.layer_numbers(cfg)) + 1 for s in stacks}

@@ -33,14 +33,14 @@ def _layer_head(layer: int | None, given: tuple[int, int] | int) -> tuple[int, i
 @click.option("--scale-effect", is_flag=True, help="Also show every head of the layer with and without the 1/√d scale.")
 @click.option("--permutation", is_flag=True, help="Also show that attention without positions is permutation-equivariant.")
 @truncate(help="Cut TEXT to the model's context instead of failing.")
-@click.option("--image", "image", type=click.Path(dir_okay=False, path_type=str), default=None,
-              help="A vision transformer: explain this image instead of TEXT; --token is a unit such as [CLS] or r1c2.")
-@options("out", "json", "quiet", "attention", "device")
-def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, permutation, truncate, image, out_path, as_json,
-        device, dtype, max_memory, offload_folder, attention, memory_budget, quiet) -> None:
+@options("image", "out", "json", "quiet", "attention", "device")
+def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, permutation, truncate, images, out_path,
+        as_json, device, dtype, max_memory, offload_folder, attention, memory_budget, quiet) -> None:
     """Explain how one head builds TOKEN's output in TEXT: scores, scaling, softmax, values.
 
-    --out writes the per-key table.
+    A vision transformer explains one --image instead of TEXT (--token a unit such as [CLS] or r1c2); a
+    vision–language decoder reads TEXT with its --image files, one per image slot (or the default prompt),
+    and --token is a word or an image token such as img0:r1c2. --out writes the per-key table.
     """
     import pandas as pd
 
@@ -51,15 +51,18 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
     from headscope.probe.types import head_name
 
     layer, head = _layer_head(layer, head_spec)
-    if (text is None) == (image is None):
-        fail("give TEXT or --image FILE (one of them)")
+    image = list(images) if images else None
+    if text is None and image is None:
+        fail("give TEXT or --image FILE (a vision–language decoder: TEXT with --image)")
     if image is not None and (scale_effect or permutation):
         fail("--scale-effect and --permutation take a TEXT, not --image")
     lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     with refusals(model_name, RuntimeError):
         lm = for_input(lm, images=image is not None)  # a two-tower model (CLIP, SigLIP): the tower that reads it
+        if image is not None and text is not None and not getattr(lm, "reads_images", False):
+            fail(f"give TEXT or --image FILE, not both: {lm.name} is not a vision–language decoder")
         if image is not None:
-            e = explain(lm, image=image, token=token, layer=layer, head=head)
+            e = explain(lm, text, image=image, token=token, layer=layer, head=head, occurrence=occurrence)
             text, scales, perm = e.text, None, None
         elif truncate:
             text = fit_context(lm, text)

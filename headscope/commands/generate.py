@@ -30,8 +30,8 @@ __all__ = ["cli"]
 @click.option("--chat", is_flag=True, help="Apply the tokenizer's chat template: each --prompt is a user message; "
                                           "every token is labelled by its turn (system / user / assistant).")
 @click.option("--system", default=None, callback=utf8_text("--system"), help="With --chat: a system message first.")
-@options(top(3, "Keys listed per step (attention averaged over layers and heads)."), "json", "quiet", "device")
-def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, system, k, as_json, device, dtype,
+@options(top(3, "Keys listed per step (attention averaged over layers and heads)."), "image", "json", "quiet", "device")
+def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, system, k, images, as_json, device, dtype,
         max_memory, offload_folder,
         quiet) -> None:
     """Continue each PROMPT and record the attention of every generated token."""
@@ -40,6 +40,8 @@ def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, sys
 
     if system is not None and not chat:
         fail("--system goes with --chat")
+    if images and chat:
+        fail("--image puts the prompt in the processor's chat template already; leave out --chat")
     lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     results = []
     for prompt in prompts:
@@ -50,7 +52,8 @@ def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, sys
                     [{"role": "user", "content": prompt}]
                 prompt, turns = chat_prompt(lm, messages)
             results.append((prompt, generate_attention(lm, prompt, max_new_tokens=max_new_tokens,
-                                                       temperature=temperature, top_p=top_p, seed=seed, turns=turns)))
+                                                       temperature=temperature, top_p=top_p, seed=seed, turns=turns,
+                                                       **({"images": list(images)} if images else {}))))
         except (TypeError, ValueError) as exc:
             fail(str(exc))
     if as_json:
@@ -62,6 +65,8 @@ def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, sys
         click.echo(f"{result.model}: {len(result.prompt)} prompt tokens, {len(result)} generated "
                    f"({how}, stopped at {result.stopped})")
         click.echo(f"{prompt}\u2192{result.text}")
+        if result.prompt.patches:
+            click.echo(_image_share(result))
         if result.prompt_turns:
             spans, last = [], None
             for label, turn in zip(result.prompt.labels, result.prompt_turns):
@@ -79,3 +84,17 @@ def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, sys
             cells = "   ".join(f"{labels[i]!r}@{i}{'/' + turns[i] if turns else ''} {w:.3f}"
                                for w, i in zip(top.values.tolist(), top.indices.tolist()))
             click.echo(f"{t:>4}  {result.generated_tokens[t]!r:<16} {cells}")
+
+
+def _image_share(result) -> str:
+    """Each step's share of attention (mean over layers and heads) on the prompt's image tokens, and where in the
+    picture the most of it lands."""
+    from headscope.probe.vision_language import patch_label
+
+    on_image = [i for i, p in enumerate(result.prompt.patches) if p is not None]
+    cells = []
+    for t, row in enumerate(result.steps):
+        mean = row.mean(dim=(0, 1))[on_image]  # [image key]
+        best = result.prompt.patches[on_image[int(mean.argmax())]]
+        cells.append(f"{result.generated_tokens[t]!r} {float(mean.sum()):.3f} (most at {patch_label(best)})")
+    return f"attention on the {len(on_image)} image tokens, per step: " + ", ".join(cells)

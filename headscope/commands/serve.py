@@ -23,11 +23,14 @@ from ..common.options import options
                    "Loopback names and the --host address are always answered, any other name gets 403.")
 @click.option("--max-in-flight", type=click.IntRange(1, 1000), default=8, show_default=True,
               help="Requests one client may have in flight at once; more get 429.")
-@options("quiet", "attention", "device")
-def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, quiet, attention, memory_budget, device,
+@options("image", "quiet", "attention", "device")
+def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, images, quiet, attention, memory_budget, device,
         dtype, max_memory, offload_folder) -> None:
     """Open the live explorer at http://HOST:PORT/: type a text, see any head's attention, zoom into long
     texts, click a cell for its explain terms, step through a generation. Ctrl-C stops it.
+
+    --image FILE (repeatable): pictures a vision–language decoder reads with a text; a request picks them by
+    index and never names a file.
 
     It answers only its own page: requests with another Host or Origin get 403, POST bodies other than
     JSON 415, so a web page you visit cannot use it."""
@@ -58,7 +61,8 @@ def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, quiet, att
         say(f"loading {name} …", quiet=quiet)
         loaded[name] = load_or_fail(name, device, dtype, max_memory, offload_folder)
     try:
-        explorer = Explorer(loaded, attention=attention, budget=memory_budget)
+        # --image: read once here; the page picks them by index, and no request can name another file
+        explorer = Explorer(loaded, attention=attention, budget=memory_budget, images=list(images))
     except ValueError as exc:
         fail(str(exc))
     if host in ("0.0.0.0", "::"):  # every address of this machine: a browser opens it by this machine's name

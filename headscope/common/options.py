@@ -274,10 +274,12 @@ def verify() -> Decorator:
 
 
 def image() -> Decorator:
-    """`--image FILE` (repeatable): the images a vision transformer reads instead of texts."""
+    """`--image FILE` (repeatable): the images a vision transformer reads instead of texts, or a vision–language
+    decoder reads with them (one per image slot)."""
     return click.option("--image", "images", multiple=True, type=click.Path(dir_okay=False, path_type=str),
                         help="Image file (PNG, JPEG) for a vision transformer (ViT, DeiT, DINOv2, CLIP/SigLIP "
-                             "vision tower), repeatable; its image processor resizes and normalises it.")
+                             "vision tower), or for a vision–language decoder (LLaVA, Gemma 3, PaliGemma) one per "
+                             "image slot of the text; repeatable; its image processor resizes and normalises it.")
 
 
 def attention() -> Decorator:

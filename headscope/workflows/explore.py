@@ -17,6 +17,13 @@ Each method takes plain JSON values and returns a JSON-ready dict:
     generate(model, prompt, max_new_tokens, layer, head, chat, temperature, top_p, seed)
                                                 each generated token's row (chat: each token's turn)
 
+A vision–language decoder (LLaVA, Gemma 3, PaliGemma) reads a text with images: the server is started with
+`images` (`headscope serve --image FILE`, read once at start), and attention, overview, explain and generate
+take `images`, a list of indices into that startup list (one per image slot of the text, or placed before a
+text without a slot). A request never names a path: the server reads no file the user did not name at start.
+Their answers carry `images` (`reports.payload.image_payload`: each unit's cell on its picture, the pictures),
+so the page draws the picture under the image units.
+
 Every request is bounded (`Limits`): text length, rows per request, cells per response, tiles, so one
 request cannot exhaust memory. A bad request raises `ExplorerError` with its HTTP status and one line.
 """
@@ -25,12 +32,13 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from headscope.analyses.pooled import Pooler, top_keys
 from headscope.probe.lru import LRU
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, Attention, Level, Weight
+from headscope.reports.payload import image_payload
 
 __all__ = ["Explorer", "ExplorerError", "Limits"]
 
@@ -61,7 +69,7 @@ class Limits:
 class _Model:
     lm: LoadedModel
     source: Any
-    texts: LRU  # (text, level, weight) -> LiveText
+    texts: LRU  # (text, level, weight, images) -> LiveText
     generations: LRU  # (prompt, max_new_tokens, chat, temperature, top_p, seed) -> GenerationAttention
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -76,15 +84,34 @@ def _verified(lm: LoadedModel) -> tuple[bool, str]:
     return True, f"model type {lm.config.model_type!r} (family {family.name}) is verified from scratch"
 
 
+def _image_name(k: int, item: Any) -> str:
+    """What the page calls startup image `k`: its file's name (never its folder), else `image k`."""
+    import os
+
+    return os.path.basename(os.fspath(item)) if isinstance(item, (str, os.PathLike)) else f"image {k}"
+
+
+def _pictures(live) -> dict:
+    """`images` for a live text read with images (its map's cells and pictures); {} otherwise."""
+    amap = getattr(live, "map", None)
+    return {"images": image_payload(amap)} if amap is not None and amap.patches else {}
+
+
 class Explorer:
     """The loaded `models` (name → LoadedModel) behind the explorer, each with its `attention` source."""
 
     def __init__(self, models: Mapping[str, LoadedModel], *, attention: Attention = DEFAULT_ATTENTION,
-                 budget: int | None = None, limits: Limits = Limits()) -> None:
+                 budget: int | None = None, limits: Limits = Limits(), images: Sequence[Any] = ()) -> None:
+        from headscope.probe.images import check_images, load_image
+
         from headscope.probe.sources import source_for
 
         if not models:
             raise ValueError("give at least one model")
+        # the user's images, read once here: a request picks them by index and never names a file
+        images = check_images(list(images)) if len(images) else []
+        self._images = tuple(load_image(k, item) for k, item in enumerate(images))
+        self._image_names = tuple(_image_name(k, item) for k, item in enumerate(images))
         self.limits, self.attention_name, self.budget = limits, attention, budget
         self._models = {name: _Model(lm, source_for(lm, attention, budget=budget), LRU(limits.keep_texts),
                                      LRU(limits.keep_texts)) for name, lm in models.items()}
@@ -99,14 +126,15 @@ class Explorer:
             out.append({"name": name, "model": m.lm.name, "type": getattr(c, "model_type", None),
                         "layers": c.num_hidden_layers, "heads": c.num_attention_heads, "causal": bool(m.lm.is_causal),
                         "verified": ok, "verification": why, "max_tokens": m.lm.max_length})
-        return {"models": out, "attention": self.attention_name, "limits": vars(self.limits)}
+        return {"models": out, "attention": self.attention_name, "limits": vars(self.limits),
+                "images": list(self._image_names)}
 
     def attention(self, model: str, text: str, layer: int, head: int, *, level: Level = "token",
                   weight: Weight = "attention", rows: list | None = None, keys: list | None = None,
-                  top_k: int = 5) -> dict:
+                  top_k: int = 5, images: list | None = None) -> dict:
         m = self._model(model)
         with m.lock:
-            live = self._live(model, m, text, level, weight)
+            live = self._live(model, m, text, level, weight, images)
             n = len(live)
             # the live text checks the rows against the text; the keys are the explorer's to slice
             start, stop = self._range(rows, n, "rows", whole=n <= self.limits.exact_tokens, bounded=False)
@@ -121,38 +149,42 @@ class Explorer:
             top = top_keys(weights, self._int(top_k, "top_k", 1, 100), query_start=start)
             return {"model": model, "labels": list(live.labels), "n_tokens": n, "rows": [start, stop],
                     "keys": [k0, k1], "weights": weights[:, k0:k1].tolist(), "top": top.to_dict(),
-                    "verified": _verified(m.lm)[0], **self._how(live)}
+                    "verified": _verified(m.lm)[0], **self._how(live), **_pictures(live)}
 
     def overview(self, model: str, text: str, layer: int, head: int, *, tiles: int = 64, level: Level = "token",
-                 weight: Weight = "attention") -> dict:
+                 weight: Weight = "attention", images: list | None = None) -> dict:
         m = self._model(model)
         tiles = self._int(tiles, "tiles", 1, self.limits.max_tiles)
         with m.lock:
-            live = self._live(model, m, text, level, weight)
+            live = self._live(model, m, text, level, weight, images)
             n = len(live)
             pooler = Pooler(n_queries=n, n_keys=n, tiles=tiles, layer=layer, head=head)
             self._call(lambda: [pooler.consume(block) for block in live.blocks(layer, head)])
             return {"model": model, "labels": list(live.labels), "n_tokens": n, "tiles": pooler.result().to_dict(6),
-                    "verified": _verified(m.lm)[0], **self._how(live)}
+                    "verified": _verified(m.lm)[0], **self._how(live), **_pictures(live)}
 
-    def explain(self, model: str, text: str, layer: int, head: int, query: int) -> dict:
+    def explain(self, model: str, text: str, layer: int, head: int, query: int, images: list | None = None) -> dict:
         from headscope.probe.explain import explain
 
         m = self._model(model)
         with m.lock:
-            live = self._live(model, m, text, "token", "attention")
+            live = self._live(model, m, text, "token", "attention", images)
             self._short(live, "explain")
             q = self._int(query, "query", 0, len(live) - 1)
+            pictures = {"image": list(self._picked(images))} if images else {}
             e = self._call(explain, m.lm, text, token=q, layer=layer, head=head, attention=self.attention_name,
-                           budget=self.budget)
+                           budget=self.budget, **pictures)
             table = e.table.astype(object).where(e.table.notna(), None)
             return {"model": model, "query": e.query, "query_index": e.query_index, "layer": layer, "head": head,
                     "scale": e.scale, "summary": e.summary(), "keys": table.to_dict(orient="records")}
 
-    def heads(self, model: str, text: str, *, level: Level = "token") -> dict:
+    def heads(self, model: str, text: str, *, level: Level = "token", images: list | None = None) -> dict:
         from headscope.workflows.heads import heads
 
         m = self._model(model)
+        if self._picked(images):  # not the text alone's metrics under the pictures' name
+            raise ExplorerError("head metrics here are a text's alone; for a text with images run "
+                                "headscope heads --model M --image FILE --text TEXT, or untick the images")
         with m.lock:
             live = self._live(model, m, text, "token", "attention")
             self._short(live, "head metrics")
@@ -166,7 +198,8 @@ class Explorer:
             return {"model": model, "layers": scores.n_layers, "heads": scores.n_heads, "metrics": grid}
 
     def generate(self, model: str, prompt: str, *, layer: int, head: int, max_new_tokens: int = 10,
-                 chat: bool = False, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0) -> dict:
+                 chat: bool = False, temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
+                 images: list | None = None) -> dict:
         from headscope.probe.generate import chat_prompt, generate_attention
 
         m = self._model(model)
@@ -174,17 +207,22 @@ class Explorer:
         n = self._int(max_new_tokens, "max_new_tokens", 1, self.limits.max_new_tokens)
         if not isinstance(chat, bool):
             raise ExplorerError(f"chat must be true or false, got {chat!r}")
+        picked = self._picked(images)
+        if picked and chat:
+            raise ExplorerError("a prompt with images takes the processor's chat template already; leave chat off")
         with m.lock:
             def generated():
                 text, turns = chat_prompt(m.lm, [{"role": "user", "content": prompt}]) if chat else (prompt, None)
                 return generate_attention(m.lm, text, max_new_tokens=n, temperature=temperature, top_p=top_p,
-                                          seed=seed, turns=turns)
+                                          seed=seed, turns=turns, **({"images": list(picked)} if picked else {}))
 
-            gen = self._call(m.generations.get, (prompt, n, chat, temperature, top_p, seed), generated)
+            key = (prompt, n, chat, temperature, top_p, seed, tuple(images) if picked else ())
+            gen = self._call(m.generations.get, key, generated)
             rows = self._call(gen.head_rows, layer, head)
             return {"model": model, "prompt_labels": list(gen.prompt.labels), "tokens": list(gen.generated_tokens),
                     "turns": list(gen.prompt_turns), "sampling": gen.sampling, "stopped": gen.stopped,
-                    "rows": [row.tolist() for row in rows]}
+                    "rows": [row.tolist() for row in rows],
+                    **({"images": image_payload(gen.prompt)} if gen.prompt.patches else {})}
 
     # -- helpers -----------------------------------------------------------------------------------
 
@@ -200,9 +238,39 @@ class Explorer:
             raise ExplorerError(f"the text has {len(text):,} characters; at most {self.limits.max_chars:,}", 413)
         return text
 
-    def _live(self, name: str, m: _Model, text: Any, level: Any, weight: Any):
+    def _live(self, name: str, m: _Model, text: Any, level: Any, weight: Any, images: Any = None):
         text = self._text(text)
-        return self._call(m.texts.get, (text, level, weight), lambda: m.source.live(text, level=level, weight=weight))
+        picked = self._picked(images)
+        if not picked:
+            return self._call(m.texts.get, (text, level, weight, ()),
+                              lambda: m.source.live(text, level=level, weight=weight))
+        if (level, weight) != ("token", "attention"):
+            raise ExplorerError("a text with images is read at level token, weight attention")
+
+        def read():  # the text with its images: its whole map, eager (the image tokens carry their cells)
+            from headscope.probe.extract import extract
+            from headscope.probe.live import EagerLive
+
+            [amap] = extract(m.lm, [text], images=list(picked))
+            return EagerLive(m.lm, m.source, amap)
+
+        return self._call(m.texts.get, (text, level, weight, tuple(images)), read)
+
+    def _picked(self, images: Any) -> tuple:
+        """The startup images a request picks by index (a list of whole numbers); () for none."""
+        if images is None or images == []:
+            return ()
+        if not isinstance(images, list) or any(isinstance(i, bool) or not isinstance(i, int) for i in images):
+            raise ExplorerError("images must be a list of indices into the --image files the server was started "
+                                f"with; a request never names a file, got {images!r}")
+        if not self._images:
+            raise ExplorerError("this server was started without images; start it with --image FILE (repeatable) "
+                                "and pick them here by index")
+        bad = [i for i in images if not 0 <= i < len(self._images)]
+        if bad:
+            raise ExplorerError(f"images {bad} are not among the {len(self._images)} image(s) the server was started "
+                                f"with (indices 0..{len(self._images) - 1})")
+        return tuple(self._images[i] for i in images)
 
     def _short(self, live, what: str) -> None:
         if len(live) > self.limits.explain_tokens:

@@ -306,6 +306,15 @@ def _analyse_images(lm: LoadedModel, settings: RunSettings, stage: _Stages, say)
                     "ablation and sinks were not run")
         info["images"] = list(images)
         reading = {"vision_language": tuple(maps)}  # the Vision–language section's maps
+        if settings.generate:  # each image's prompt continued: every new token's row over the picture
+            reading["generations"] = stage.run("generate", lambda: tuple(
+                generate_attention(lm, DEFAULT_PROMPT, images=[image], max_new_tokens=settings.generate)
+                for image in images))
+            say(f"{lm.name}: {settings.generate} tokens generated after each image's prompt "
+                f"({stage.seconds['generate']:.1f} s)")
+    if settings.generate and not getattr(lm, "reads_images", False):
+        notes.append(f"generation was not run ({settings.generate} tokens asked for): {lm.name} is an image encoder, "
+                     "and only decoders continue a text")
     return ModelAnalysis(model=lm.name, verification=verification, scores=scores, maps=tuple(maps), info=info,
                          notes=tuple(notes), seconds=dict(stage.seconds), **reading)
 

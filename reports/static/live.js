@@ -7,7 +7,7 @@
   // @include common.js
   var $ = function (id) { return document.getElementById(id); };
   var EXACT = 64, ZOOM = 64, TILES = 64, CELL = 12;
-  var state = { models: [], labels: [], gen: null, step: 0 };
+  var state = { models: [], labels: [], gen: null, step: 0, images: null, rows: null };
 
   function fail(message) { $("error").textContent = message || ""; }
   function post(path, body) {
@@ -19,8 +19,23 @@
   function req(extra) {
     var body = { model: $("model").value, text: $("text").value, layer: parseInt($("layer").value, 10) || 0,
       head: parseInt($("head").value, 10) || 0, level: $("level").value, weight: $("weight").value };
+    var images = picked();
+    if (images.length) { body.images = images; }
     Object.keys(extra || {}).forEach(function (k) { body[k] = extra[k]; });
     return body;
+  }
+  // The startup images (`headscope serve --image`) ticked for this text, by index: the server reads no other file.
+  function picked() {
+    var out = [];
+    Array.prototype.forEach.call(document.querySelectorAll("#image-picks input"), function (box) {
+      if (box.checked) { out.push(parseInt(box.getAttribute("data-index"), 10)); }
+    });
+    return out;
+  }
+  // A text with images: query row q's weights drawn over the pictures (the image tokens' cells).
+  function pictures(images, weights, q, labels) {
+    drawPictures($("pictures"), images, function (k) { return weights[k] || 0; }, q);
+    $("picture-note").textContent = images ? label(labels[q]) + " over the picture" : "";
   }
   function banner() {
     var m = state.models.filter(function (x) { return x.name === $("model").value; })[0];
@@ -83,9 +98,18 @@
       var n = o.n_tokens;
       $("status").textContent = n + " " + $("level").value + "s; attention " + o.mode +
         (o.check ? " (" + o.check.summary + ")" : "");
+      state.images = o.images || null;
+      pictures(null);
       if (n <= EXACT) {
         return post("/api/attention", req({ rows: null })).then(function (a) {
-          heatmap($("heatmap"), a.weights, a.labels, a.labels, function (r) { explainCell(r); }, "cell");
+          heatmap($("heatmap"), a.weights, a.labels, a.labels, function (r) {
+            explainCell(r);
+            if (state.images) { pictures(state.images, a.weights[r], r, a.labels); }
+          }, "cell");
+          if (state.images) {
+            var q = startUnit(state.images, n);
+            pictures(state.images, a.weights[q], q, a.labels);
+          }
         });
       }
       var t = o.tiles, qe = t.query_edges, ke = t.key_edges;
@@ -104,8 +128,10 @@
       box.appendChild(el("p", null, "rows " + s + "–" + (stop - 1) + ", keys " + k0 + "–" + (k1 - 1) + " of " + n));
       var svg = el("svg:svg", { id: "zoom-map", role: "img", "aria-label": "zoomed rows" });
       box.appendChild(svg);
-      heatmap(svg, a.weights, a.labels.slice(s, stop), a.labels.slice(k0, k1),
-        function (r) { explainCell(s + r); }, "cell");
+      heatmap(svg, a.weights, a.labels.slice(s, stop), a.labels.slice(k0, k1), function (r) {
+        explainCell(s + r);
+        if (a.images && k0 === 0) { pictures(a.images, a.weights[r], s + r, a.labels); }
+      }, "cell");
       var list = el("ol", { start: s, "class": "topk" });
       a.top.keys.forEach(function (keys, r) {
         list.appendChild(el("li", null, label(a.labels[s + r]) + " → " + keys.map(function (k, j) {
@@ -163,13 +189,15 @@
       s.style.background = blue(row[i] / max);
       box.appendChild(s);
     });
+    if (g.images) { drawPictures($("pictures"), g.images, function (k) { return row[k] || 0; }, -1); }
+    $("picture-note").textContent = g.images ? label(g.tokens[t]) + " over the picture" : "";
   }
   function generate() {
     fail("");
     post("/api/generate", { model: $("model").value, prompt: $("text").value,
       max_new_tokens: parseInt($("new-tokens").value, 10) || 1, chat: $("chat").checked,
       temperature: parseFloat($("temperature").value) || 0, seed: parseInt($("seed").value, 10) || 0, layer: parseInt($("layer").value, 10) || 0,
-      head: parseInt($("head").value, 10) || 0 })
+      head: parseInt($("head").value, 10) || 0, images: picked().length ? picked() : null })
       .then(function (g) { state.gen = g; state.step = 0; drawStep(); }).catch(function (e) { fail(e.message); });
   }
   function stepBy(d) {
@@ -180,6 +208,12 @@
     state.models = j.models;
     j.models.forEach(function (m) { $("model").appendChild(el("option", { value: m.name }, m.name)); });
     banner();
+    (j.images || []).forEach(function (name, i) {  // the startup images, by index and file name
+      var pick = el("label"), box = el("input", { type: "checkbox", "data-index": i });
+      pick.appendChild(box);
+      pick.appendChild(document.createTextNode(" " + name));  // the file's name as text, never markup
+      $("image-picks").appendChild(pick);
+    });
     document.body.setAttribute("data-ready", "1");
   }).catch(function (e) { fail("the server did not answer: " + e.message); });
   $("model").addEventListener("change", banner);
