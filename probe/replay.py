@@ -85,8 +85,23 @@ class _Call:
         return self.ids is not None and same(self.ids, ids) and same(self.mask, mask)
 
 
+def _owner(base: torch.nn.Module, blocks: list[torch.nn.Module] | None) -> torch.nn.Module | None:
+    """The module whose forward runs the blocks (it holds their `ModuleList`): every call into the layers passes
+    it, also where a model's head calls an inner module directly (OPT's `model.decoder`, not `model`)."""
+    if blocks is None:
+        return None
+    for module in base.modules():
+        for child in module.children():
+            if isinstance(child, torch.nn.ModuleList) and list(child) == blocks:
+                return module
+    return None
+
+
 def _inputs(args: tuple, kwargs: dict) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    ids = kwargs.get("input_ids", args[0] if args else None)
+    """What a call into the blocks' owner is keyed by: its token ids, or the hidden states it is given (an
+    encoder stack's input), and its mask."""
+    ids = next((kwargs[k] for k in ("input_ids", "hidden_states", "inputs_embeds") if kwargs.get(k) is not None),
+               args[0] if args else None)
     mask = kwargs.get("attention_mask")
     return (ids if isinstance(ids, torch.Tensor) else None), (mask if isinstance(mask, torch.Tensor) else None)
 
@@ -110,6 +125,9 @@ class CleanPrefix:
     def __init__(self, lm: LoadedModel, *, budget: int = REPLAY_BUDGET) -> None:
         self.lm, self.budget = lm, budget
         self.blocks = layer_blocks(lm)
+        self.owner = _owner(base_model(lm), self.blocks)  # where each call into the blocks is seen
+        if self.owner is None:
+            self.blocks = None
         self.calls: list[_Call] = []
         self.trusted: bool | None = None  # None: not checked yet; False: replay differed, reads run whole
         self._size = 0
@@ -126,7 +144,7 @@ class CleanPrefix:
         if self.blocks is None:
             yield
             return
-        base = base_model(self.lm)
+        base = self.owner
 
         def start(module, args, kwargs):
             if self.blocks is not None:  # not given up (over the budget)
@@ -157,7 +175,7 @@ class CleanPrefix:
         if not self.active or layer <= 0:
             yield
             return
-        base = base_model(self.lm)
+        base = self.owner
         state: dict[str, Any] = {"n": 0, "call": None}
 
         def start(module, args, kwargs):
