@@ -19,7 +19,7 @@ import torch
 
 from .encoding import Encoded, encode, token_labels
 from .families import Family, UnsupportedFeature, family_for
-from .forward import base_model, no_attention_reason
+from .forward import base_model, no_attention_reason, refuse_cross_reader
 from .images import check_images, encode_images, for_input
 from .model import LoadedModel
 from .scratch import attention_from_scratch, project_qk, sink_share
@@ -138,6 +138,7 @@ def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer
     """
     if isinstance(occurrence, bool) or not isinstance(occurrence, int) or occurrence < 0:
         raise ValueError(f"occurrence must be 0 (the first), 1 (the second), ...; got {occurrence!r}")
+    refuse_cross_reader(lm)  # Mllama's layers are not one map over the text each
     reads = getattr(lm, "reads_images", False) and image is not None  # a text with its images (LLaVA, Gemma 3)
     if (text is None) == (image is None) and not reads:
         raise ValueError("explain one text or one image (image=...): give exactly one of them")
@@ -165,8 +166,10 @@ def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer
     spec = family.layer_spec(base_model(lm), layer, lm.config)
     if reads:  # the model's own mask: Gemma 3's images and PaliGemma's prefix see each other both ways
         types = enc.inputs.get("token_type_ids") if enc.inputs else None
-        spec = dataclasses.replace(spec, blocks=family.vision_language.blocks(lm.config, types, torch.tensor([enc.ids]),
-                                                                              layer))
+        reading, ids = family.vision_language, torch.tensor([enc.ids])
+        spec = dataclasses.replace(spec, blocks=reading.blocks(lm.config, types, ids, layer))
+        if reading.decoder_at is not None:  # Qwen-VL: the decoder's rotary at the model's own 3-D positions
+            spec = reading.decoder_at(base_model(lm), lm.config, ids, enc.inputs)(spec)
     if source.mode(len(enc.ids)) == "recompute":
         # only this layer's input, caught under fast attention: no layer's T × T weights are kept by the model
         inputs = layer_inputs(lm, family, [enc], sorted({layer, spec.kv_layer} - {None}))  # shared KV: the producer's

@@ -20,7 +20,7 @@ from .families import (NO_SOFTMAX_LAYER_TYPES, SUPPORTED_TYPES, UnsupportedArchi
                        family_for, softmax_layers)
 from .model import LoadedModel
 
-__all__ = ["base_model", "is_seq2seq", "learned_sinks", "attention_layers", "hybrid_note", "no_attention_layers",
+__all__ = ["refuse_cross_reader", "base_model", "is_seq2seq", "learned_sinks", "attention_layers", "hybrid_note", "no_attention_layers",
            "no_attention_reason",
            "NO_SOFTMAX_LAYER_TYPES", "forward_one_stream", "extra_inputs", "pixel_inputs", "forward_batch", "forward_seq2seq", "seq2seq_inputs"]
 
@@ -132,7 +132,7 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
     When only some layers are wanted, hooks on those layers' attention modules catch their weights
     and the model is asked for none, so the other layers' O(T²) tensors are never kept alive.
     """
-    _refuse_cross_reader(lm)
+    refuse_cross_reader(lm)
     have = attention_layers(lm)
     wanted = list(have) if layers is None else list(layers)
     for layer in wanted:
@@ -159,7 +159,7 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
     return [att[row[layer]] for layer in wanted]
 
 
-def _refuse_cross_reader(lm: LoadedModel) -> None:
+def refuse_cross_reader(lm: LoadedModel) -> None:
     """A clear error for a decoder that reads its images through cross-attention layers (Mllama): its layers are
     not one map over the text each, so the per-layer maps of `forward_batch` would mix them."""
     family = SUPPORTED_TYPES.get(getattr(lm.config, "model_type", None))

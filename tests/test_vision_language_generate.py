@@ -11,7 +11,9 @@ from headscope.probe.forward import extra_inputs
 from headscope.probe.generate import generate_attention
 from headscope.probe.vision_language import encode_with_images
 
-READING = sorted(name for name, f in FAMILIES.items() if f.vision_language is not None)
+# the families whose images are tokens of the text; a cross reader (Mllama) is refused in one line (below)
+READING = sorted(name for name, f in FAMILIES.items() if f.vision_language is not None and f.vision_language.cross is None)
+CROSS = sorted(name for name, f in FAMILIES.items() if f.vision_language is not None and f.vision_language.cross is not None)
 
 
 def _picture(seed: int = 0, shape=(40, 52, 3)) -> np.ndarray:
@@ -161,3 +163,16 @@ def test_run_on_an_image_encoder_says_it_did_not_generate(picture_file, tmp_path
                   str(tmp_path / "report"), "--quiet")
     assert result.exit_code == 0, result.output
     assert "generation was not run (2 tokens asked for)" in (tmp_path / "report" / "run.json").read_text()
+
+
+@pytest.mark.parametrize("family", CROSS)
+def test_generation_and_explain_refuse_a_cross_reader_in_words(family):
+    """Mllama reads its images through cross-attention layers: generating or explaining over an image is refused,
+    naming where its maps come from, before any step is taken."""
+    from headscope.probe.explain import explain
+
+    lm = _tiny(family)
+    with pytest.raises(ValueError, match="cross-attention"):
+        generate_attention(lm, "a cat", images=[_picture()], max_new_tokens=2)
+    with pytest.raises(ValueError, match="cross-attention"):
+        explain(lm, "a cat", token="cat", layer=0, head=0, image=[_picture()])
