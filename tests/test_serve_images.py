@@ -68,6 +68,8 @@ def test_a_request_never_names_a_file_and_picks_only_startup_images(picture_file
     assert r.status_code == 400 and "headscope heads" in r.json()["error"]
     r = _client().post("/api/overview", json={**body, "images": [0]})
     assert r.status_code == 400 and "started without images" in r.json()["error"]
+    r = client.post("/api/attention", json={**body, "images": [0] * 17})  # the vision tower 17 times: refused first
+    assert r.status_code == 413 and "at most 16 images" in r.json()["error"], r.json()
 
 
 def test_serve_refuses_a_missing_image_file_in_one_line(tmp_path):

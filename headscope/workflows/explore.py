@@ -63,6 +63,7 @@ class Limits:
     explain_tokens: int = 2048  # explain and head metrics: texts up to this many tokens
     max_new_tokens: int = 64
     keep_texts: int = 2  # texts kept per model
+    max_images: int = 16  # images picked by one request (each is encoded and read by the vision tower)
 
 
 @dataclass
@@ -266,6 +267,8 @@ class Explorer:
         if not self._images:
             raise ExplorerError("this server was started without images; start it with --image FILE (repeatable) "
                                 "and pick them here by index")
+        if len(images) > self.limits.max_images:
+            raise ExplorerError(f"a request picks at most {self.limits.max_images} images, got {len(images):,}", 413)
         bad = [i for i in images if not 0 <= i < len(self._images)]
         if bad:
             raise ExplorerError(f"images {bad} are not among the {len(self._images)} image(s) the server was started "
