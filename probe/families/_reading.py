@@ -17,6 +17,18 @@ from typing import Any
 from ..types import ImagePatch
 from . import Family, Refusal, Stack
 
+def language_model(base):
+    """The decoder of a LLaVA-layout composite (LLaVA, LLaVA-NeXT, OneVision, Gemma 3, PaliGemma, Qwen-VL)."""
+    return base.language_model
+
+
+def vision_tower(base):
+    """Its vision tower's transformer: CLIPVisionModel and SigLIP hold their layers themselves, an older layout
+    under `.vision_model`."""
+    tower = base.vision_tower
+    return getattr(tower, "vision_model", tower)
+
+
 def tiny_chat_template(slot: str) -> str:
     """A tiny model's chat template: `role: ` turns, each image as `slot` and a newline, then `assistant:`."""
     return ("{% for message in messages %}{{ message['role'] }}: {% for part in message['content'] %}"

@@ -13,20 +13,13 @@ from __future__ import annotations
 
 import torch
 
-from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec, grid_units,
+from ._reading import (language_model, vision_tower, both_refusals, decoder_attention, decoder_out_proj, decoder_spec, grid_units,
                        tiny_chat_template, tiny_pil_processor, tiny_parts, vision_stack)
 from . import Family, VisionLanguage
 
 BOI, IMAGE, EOI = "<start_of_image>", "<image_soft_token>", "<end_of_image>"
 
 
-def _language_model(base):
-    return base.language_model
-
-
-def _tower(base):
-    tower = base.vision_tower
-    return getattr(tower, "vision_model", tower)
 
 
 def _image_units(cfg, inputs: dict, image: int) -> list:
@@ -72,15 +65,15 @@ FAMILY = Family(
     features=("decoder: the gemma3 text family", "each image's tokens attend to each other both ways, text causal "
               "(token_type_ids blocks, then the sliding window)", "vision tower: clip_vision (SigLIP)",
               "image tokens on the pooled square grid (mm_tokens_per_image)"),
-    layer_spec=decoder_spec(_language_model),
-    attention=decoder_attention(_language_model),
-    out_proj=decoder_out_proj(_language_model),
+    layer_spec=decoder_spec(language_model),
+    attention=decoder_attention(language_model),
+    out_proj=decoder_out_proj(language_model),
     refuses=both_refusals(),
     tiny_config=_tiny_config,
     tokenizer="sentencepiece",
     auto_class="AutoModelForImageTextToText",
     modality="vision-language",
-    vision_language=VisionLanguage(vision=vision_stack(_tower), vision_family="clip_vision", image_units=_image_units,
+    vision_language=VisionLanguage(vision=vision_stack(vision_tower), vision_family="clip_vision", image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (BOI, IMAGE, EOI),
                                    blocks=_blocks),
 )

@@ -9,20 +9,13 @@ vision tower by `clip_vision` on the pixels.
 
 from __future__ import annotations
 
-from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec,
+from ._reading import (language_model, vision_tower, both_refusals, decoder_attention, decoder_out_proj, decoder_spec,
                        grid_units, tiny_chat_template, tiny_pil_processor, tiny_parts, vision_stack)
 from . import Family, VisionLanguage
 
 IMAGE_TOKEN = "<image>"
 
 
-def _language_model(base):
-    return base.language_model
-
-
-def _tower(base):
-    tower = base.vision_tower  # CLIPVisionModel holds its layers itself; an older layout under .vision_model
-    return getattr(tower, "vision_model", tower)
 
 
 def _image_units(cfg, inputs: dict, image: int) -> list:
@@ -60,14 +53,14 @@ FAMILY = Family(
     kind="decoder",
     features=("decoder: its text family's attention (Llama, Mistral, Qwen2), causal over text and image tokens",
               "vision tower: clip_vision (CLIP, SigLIP)", "one image token per patch, row by row"),
-    layer_spec=decoder_spec(_language_model),
-    attention=decoder_attention(_language_model),
-    out_proj=decoder_out_proj(_language_model),
+    layer_spec=decoder_spec(language_model),
+    attention=decoder_attention(language_model),
+    out_proj=decoder_out_proj(language_model),
     refuses=both_refusals(),
     tiny_config=_tiny_config,
     tokenizer="bytebpe",
     auto_class="AutoModelForImageTextToText",
     modality="vision-language",
-    vision_language=VisionLanguage(vision=vision_stack(_tower), vision_family="clip_vision", image_units=_image_units,
+    vision_language=VisionLanguage(vision=vision_stack(vision_tower), vision_family="clip_vision", image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE_TOKEN,)),
 )

@@ -11,7 +11,7 @@ causal, verified by its text family; the tower by `clip_vision` on every tile.
 
 from __future__ import annotations
 
-from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec, tiny_chat_template,
+from ._reading import (language_model, vision_tower, both_refusals, decoder_attention, decoder_out_proj, decoder_spec, tiny_chat_template,
                        tiny_parts, tiny_pil_processor, vision_stack)
 from .llava import IMAGE_TOKEN
 from . import Family, VisionLanguage
@@ -20,13 +20,6 @@ from ..types import ImagePatch
 PINPOINTS = [[32, 64], [64, 32], [64, 64]]  # the tiny model's resolutions: one to four 32 x 32 tiles
 
 
-def _language_model(base):
-    return base.language_model
-
-
-def _tower(base):
-    tower = base.vision_tower
-    return getattr(tower, "vision_model", tower)
 
 
 def _best_resolution(size: tuple[int, int], pinpoints) -> tuple[int, int]:
@@ -104,14 +97,14 @@ FAMILY = Family(
     features=("decoder: its text family (Llama, Mistral, Qwen2), causal", "vision tower: clip_vision on every tile",
               "any-resolution images: a thumbnail grid, then the tiles as one unpadded grid with an <image_newline> "
               "per row"),
-    layer_spec=decoder_spec(_language_model),
-    attention=decoder_attention(_language_model),
-    out_proj=decoder_out_proj(_language_model),
+    layer_spec=decoder_spec(language_model),
+    attention=decoder_attention(language_model),
+    out_proj=decoder_out_proj(language_model),
     refuses=both_refusals(),
     tiny_config=_tiny_config,
     tokenizer="bytebpe",
     auto_class="AutoModelForImageTextToText",
     modality="vision-language",
-    vision_language=VisionLanguage(vision=vision_stack(_tower), vision_family="clip_vision", image_units=_image_units,
+    vision_language=VisionLanguage(vision=vision_stack(vision_tower), vision_family="clip_vision", image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE_TOKEN,)),
 )

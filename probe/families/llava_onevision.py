@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec, images_only,
+from ._reading import (language_model, vision_tower, both_refusals, decoder_attention, decoder_out_proj, decoder_spec, images_only,
                        tiny_chat_template, tiny_parts, tiny_pil_processor, vision_stack)
 from .llava import IMAGE_TOKEN
 from .llava_next import PINPOINTS, tile_units, unpadded_grid
@@ -29,13 +29,6 @@ from ..types import ImagePatch
 TINY_ASPECT = "anyres_max_2"
 
 
-def _language_model(base):
-    return base.language_model
-
-
-def _tower(base):
-    tower = base.vision_tower
-    return getattr(tower, "vision_model", tower)
 
 
 def shrunk(cfg, rows: int, cols: int) -> tuple[int, int]:
@@ -89,14 +82,14 @@ FAMILY = Family(
     features=("decoder: its text family (Qwen2), causal", "vision tower: clip_vision (SigLIP) on every tile",
               "any-resolution images: the base view's grid, then the tiles as one unpadded grid (shrunk past "
               "anyres_max_N) with an <image_newline> per row"),
-    layer_spec=decoder_spec(_language_model),
-    attention=decoder_attention(_language_model),
-    out_proj=decoder_out_proj(_language_model),
+    layer_spec=decoder_spec(language_model),
+    attention=decoder_attention(language_model),
+    out_proj=decoder_out_proj(language_model),
     refuses=both_refusals(),
     tiny_config=_tiny_config,
     tokenizer="bytebpe",
     auto_class="AutoModelForImageTextToText",
     modality="vision-language",
-    vision_language=VisionLanguage(vision=vision_stack(_tower), vision_family="clip_vision", image_units=_image_units,
+    vision_language=VisionLanguage(vision=vision_stack(vision_tower), vision_family="clip_vision", image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE_TOKEN,)),
 )

@@ -14,20 +14,13 @@ from __future__ import annotations
 
 import torch
 
-from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec, grid_units,
+from ._reading import (language_model, vision_tower, both_refusals, decoder_attention, decoder_out_proj, decoder_spec, grid_units,
                        tiny_parts, tiny_pil_processor, vision_stack)
 from . import Family, VisionLanguage
 
 IMAGE_TOKEN = "<image>"
 
 
-def _language_model(base):
-    return base.language_model
-
-
-def _tower(base):
-    tower = base.vision_tower
-    return getattr(tower, "vision_model", tower)
 
 
 def _image_units(cfg, inputs: dict, image: int) -> list:
@@ -68,15 +61,15 @@ FAMILY = Family(
     features=("decoder: its text family (Gemma: llama; Gemma 2: gemma2)", "prefix-LM mask: image and prompt attend "
               "both ways, the suffix causal (token_type_ids)", "vision tower: clip_vision (SigLIP)",
               "image tokens first, one per patch, row by row"),
-    layer_spec=decoder_spec(_language_model),
-    attention=decoder_attention(_language_model),
-    out_proj=decoder_out_proj(_language_model),
+    layer_spec=decoder_spec(language_model),
+    attention=decoder_attention(language_model),
+    out_proj=decoder_out_proj(language_model),
     refuses=both_refusals(mask_from_model=True),
     tiny_config=_tiny_config,
     tokenizer="sentencepiece",
     auto_class="AutoModelForImageTextToText",
     modality="vision-language",
-    vision_language=VisionLanguage(vision=vision_stack(_tower), vision_family="clip_vision", image_units=_image_units,
+    vision_language=VisionLanguage(vision=vision_stack(vision_tower), vision_family="clip_vision", image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE_TOKEN,),
                                    blocks=_blocks),
 )

@@ -17,7 +17,7 @@ import dataclasses
 import torch
 
 from ..scratch import attention_from_scratch
-from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec, grid_units, images_only,
+from ._reading import (language_model, both_refusals, decoder_attention, decoder_out_proj, decoder_spec, grid_units, images_only,
                        text_config, tiny_chat_template)
 from . import Family, Stack, VisionLanguage
 
@@ -32,9 +32,6 @@ VISION = {  # tiny vision encoders (as tests/test_qwen_vl.py builds them)
                      num_position_embeddings=16, deepstack_visual_indexes=[0]),
 }
 
-
-def _language_model(base):
-    return base.language_model
 
 
 def _visual(base):
@@ -175,9 +172,9 @@ FAMILY = Family(
     features=("decoder: the qwen2_vl / qwen3_vl text family at the model's own 3-D positions (time, row, column)",
               "vision encoder: 2-D rotary, per image (Qwen2.5-VL: windows), verified on block outputs (its attention "
               "returns no weights)", "one image token per 2 × 2 merged cell, row by row"),
-    layer_spec=decoder_spec(_language_model),
-    attention=decoder_attention(_language_model),
-    out_proj=decoder_out_proj(_language_model),
+    layer_spec=decoder_spec(language_model),
+    attention=decoder_attention(language_model),
+    out_proj=decoder_out_proj(language_model),
     refuses=both_refusals()[:1],
     tiny_config=_tiny_config,
     tokenizer="bytebpe",
