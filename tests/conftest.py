@@ -161,3 +161,14 @@ def served(asgi_app):
     finally:
         srv.should_exit = True
         thread.join(timeout=10)
+
+
+@pytest.fixture(scope="session")
+def picture_file(tmp_path_factory):
+    """A 40 × 52 random picture saved as a PNG, for the vision–language decoders' `--image` tests."""
+    import numpy as np
+    from PIL import Image
+
+    path = tmp_path_factory.mktemp("pictures") / "picture.png"
+    Image.fromarray((np.random.default_rng(5).random((40, 52, 3)) * 255).astype(np.uint8)).save(path)
+    return str(path)

@@ -1,7 +1,6 @@
 """Issue 36: the live explorer reads a text with images on a vision–language decoder; a request picks the images the
 server was started with by index and never names a file."""
 
-import numpy as np
 import pytest
 import torch
 
@@ -18,14 +17,6 @@ from headscope.serve import app  # noqa: E402
 
 TEXT = "Where is the cat?"
 
-
-@pytest.fixture(scope="module")
-def picture_file(tmp_path_factory):
-    from PIL import Image
-
-    path = tmp_path_factory.mktemp("pictures") / "picture.png"
-    Image.fromarray((np.random.default_rng(5).random((40, 52, 3)) * 255).astype(np.uint8)).save(path)
-    return str(path)
 
 
 def _client(picture_file=None) -> TestClient:

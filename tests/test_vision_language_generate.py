@@ -69,14 +69,6 @@ def _cli(*args):
     return CliRunner().invoke(cli, list(args))
 
 
-@pytest.fixture(scope="module")
-def picture_file(tmp_path_factory):
-    from PIL import Image
-
-    path = tmp_path_factory.mktemp("pictures") / "picture.png"
-    Image.fromarray((_picture(5) * 255).astype(np.uint8)).save(path)
-    return str(path)
-
 
 def test_cli_generate_over_an_image(picture_file):
     import json
