@@ -34,6 +34,7 @@ from filelock import FileLock, Timeout
 from .errors import PlacementError
 from .families import SUPPORTED_TYPES
 from .folders import reclaim_stale, write_folder
+from .heap import trim_after_offloaded
 from .images import TWO_TOWER_TYPES
 from .model import LoadedModel, encoder_only, model_class
 from .names import Device, DType, device_spec
@@ -170,6 +171,7 @@ def _dispatch(model, spec: Placement, dtype: torch.dtype):
     with _quiet_dispatch():
         model = dispatch_model(model, device_map, offload_dir=None if folder is None else str(folder))
     model.hf_device_map = device_map
+    trim_after_offloaded(model)
     return model
 
 
@@ -488,6 +490,7 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, spec: Pla
             hf_logging.enable_progress_bar()
     if scratch is not None:
         _remove_with(model, scratch)
+    trim_after_offloaded(model)
     if not spec.spread and spec.device != "cpu":
         model = model.to(spec.device)
     if _is_image_config(model.config):

@@ -210,3 +210,32 @@ def test_run_records_the_placement_and_dtype(pair, tmp_path):
     where = list(off.model.hf_device_map.values())
     assert info["placement"] == {"cpu": where.count("cpu"), "disk": where.count("disk")} and info["dtype"] == "float32"
     assert "placement" not in ref_info and ref_info["dtype"] == "float32"
+
+
+def test_offloaded_layers_hand_freed_memory_back(pair):
+    """Each layer accelerate brings in from disk gives the allocator's free pages back once it has run
+    (`probe.heap`): one trim per disk module call, none for a model held in memory, numbers unchanged."""
+    from headscope.probe.heap import malloc_trim, trim_after_offloaded
+
+    ref, off = pair
+    on_disk = [name for name, where in off.model.hf_device_map.items() if where == "disk"]
+    assert trim_after_offloaded(ref.model, trim=lambda: 0) == []  # nothing on disk: nothing hooked
+    calls = []
+    before = hs.extract(off, TEXTS[:1])[0].attention
+    hooked = trim_after_offloaded(off.model, trim=lambda: calls.append(1) or 0)
+    modules = dict(off.model.named_modules())
+    try:
+        assert hooked and set(hooked) <= set(on_disk)
+        ran = []
+        handles = [modules[name].register_forward_hook(lambda *_: ran.append(1)) for name in hooked]
+        after = hs.extract(off, TEXTS[:1])[0].attention
+        for h in handles:
+            h.remove()
+        assert len(calls) == len(ran) > 0  # one trim per offloaded module call
+        assert torch.equal(before, after)
+    finally:  # the extra counting hooks go: the shared fixture keeps only the loader's own
+        for name in hooked:
+            hooks = modules[name]._forward_hooks
+            del hooks[next(reversed(hooks))]
+    if malloc_trim() is not None:  # glibc: the loader hooked every offloaded module itself
+        assert sum(len(modules[name]._forward_hooks) > 0 for name in hooked) == len(hooked)
