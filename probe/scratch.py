@@ -480,17 +480,25 @@ def _project_qk_latent(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool,
 
 
 def project_qk(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool = True,
-               kv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               kv: torch.Tensor | None = None,
+               projected: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries (B, nh, T, hs) of `x` and keys (B, nkv, S, hs) of `kv` (default `x`): projected, normed, rotated.
 
     Positions are 0 .. T-1, so `x` must start at the text's first token (right padding is fine).
+    `projected`: `x`'s linear projections (B, T, nh*hs) and (B, S, nkv*hs), bias included, already made (the
+    model's own, caught in its forward): only the norms and rotary are applied to them.
     """
     if spec.latent is not None:
+        if projected is not None:
+            raise ValueError("projected q/k are for plain projections, not latent attention")
         return _project_qk_latent(x, spec, use_positions=use_positions, kv=kv)
     _check_kv_source(spec, kv)
     source = x if kv is None else kv
-    q = _add_bias(x @ spec.wq.T.to(x.dtype), spec.bq)  # (B, T, nh*hs)
-    k = _add_bias(source @ spec.wk.T.to(x.dtype), spec.bk)  # (B, S, nkv*hs)
+    if projected is not None:
+        q, k = projected
+    else:
+        q = _add_bias(x @ spec.wq.T.to(x.dtype), spec.bq)  # (B, T, nh*hs)
+        k = _add_bias(source @ spec.wk.T.to(x.dtype), spec.bk)  # (B, S, nkv*hs)
     if spec.q_norm is not None and spec.norm_scope == "projection":
         q, k = _norm_qk(q, k, spec)
     q, k = _heads(q, spec.n_heads, spec.head_dim), _heads(k, spec.n_kv_heads, spec.head_dim)
