@@ -3,10 +3,12 @@
 Eager attention with `output_attentions=True` keeps `heads × T²` floats for every layer (a
 6,000-token text on SmolLM2 asks for about 39 GB). Here the model runs with its fast attention
 (SDPA, which never materialises the probabilities), forward pre-hooks catch each chosen layer's
-input `x`, and the verified from-scratch attention (`probe.scratch`) recomputes that layer's
-probabilities — only the requested heads, in blocks of query rows:
+input `x` (and forward hooks the outputs of its q and k projections, where those are the plain
+`nn.Linear` modules the layer spec reads: the model has made them, they are not made again), and the
+verified from-scratch attention (`probe.scratch`) recomputes that layer's probabilities — only the
+requested heads, in blocks of query rows:
 
-    x (T, D) ──project_qk──> q (H, T, hs), k (H, T, hs)        requested heads only
+    x (T, D) ──project_qk──> q (H, T, hs), k (H, T, hs)        requested heads only (norms, rotary)
     for each block of R rows:  probs = softmax(q[rows] kᵀ · scale + mask)   (H, R, T)
                                yield Block(layer, heads, query_start, probs)
 
