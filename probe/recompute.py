@@ -3,10 +3,12 @@
 Eager attention with `output_attentions=True` keeps `heads × T²` floats for every layer (a
 6,000-token text on SmolLM2 asks for about 39 GB). Here the model runs with its fast attention
 (SDPA, which never materialises the probabilities), forward pre-hooks catch each chosen layer's
-input `x`, and the verified from-scratch attention (`probe.scratch`) recomputes that layer's
-probabilities — only the requested heads, in blocks of query rows:
+input `x` (and forward hooks the outputs of its q and k projections, where those are the plain
+`nn.Linear` modules the layer spec reads: the model has made them, they are not made again), and the
+verified from-scratch attention (`probe.scratch`) recomputes that layer's probabilities — only the
+requested heads, in blocks of query rows:
 
-    x (T, D) ──project_qk──> q (H, T, hs), k (H, T, hs)        requested heads only
+    x (T, D) ──project_qk──> q (H, T, hs), k (H, T, hs)        requested heads only (norms, rotary)
     for each block of R rows:  probs = softmax(q[rows] kᵀ · scale + mask)   (H, R, T)
                                yield Block(layer, heads, query_start, probs)
 
@@ -200,6 +202,13 @@ def streamed_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], l
     return _streamed_inputs(lm, family, items, layers, implementation)
 
 
+def _streamed_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], layers: Sequence[int],
+                     implementation: str) -> Iterator[tuple[int, torch.Tensor]]:
+    """`(layer, its attention input (B, T, D))` in forward order, one layer at a time (`_streamed`)."""
+    for layer, x, _ in _streamed(lm, family, items, layers, implementation, {}):
+        yield layer, x
+
+
 class Buffers:
     """Two flat buffers handed out in turn, for blocks that a consumer reads and drops one at a time.
 
@@ -242,13 +251,16 @@ def _unshared(flat: torch.Tensor) -> bool:
 
 def layer_blocks(x: torch.Tensor, spec, layer: int, heads: Sequence[int], budget: int,
                   kv: torch.Tensor | None = None, rows: tuple[int, int] | None = None,
-                  buffers: Buffers | None = None) -> Iterator[Block]:
+                  buffers: Buffers | None = None,
+                  projected: tuple[torch.Tensor, torch.Tensor] | None = None) -> Iterator[Block]:
     """Blocks of one layer for one text's input `x` (T, D), real tokens only; `kv` (T, D) the input the keys
     come from where it is another layer's (shared KV); `rows`: only queries start .. stop - 1 (a viewer's
-    zoom), every query by default; `buffers`: where the blocks' probabilities are written."""
+    zoom), every query by default; `buffers`: where the blocks' probabilities are written; `projected`: `x`'s
+    q and k projections (T, nh*hs), (T, nkv*hs) as the model made them in its forward (not made again)."""
     T = x.shape[0]
     first, last = (0, T) if rows is None else rows
-    q, k = project_qk(x[None], spec, kv=None if kv is None else kv[None])  # (1, nh, T, hs), (1, nkv, T, hs)
+    q, k = project_qk(x[None], spec, kv=None if kv is None else kv[None],
+                      projected=None if projected is None else (projected[0][None], projected[1][None]))
     group = spec.n_heads // spec.n_kv_heads  # grouped-query attention: query head h reads KV head h // group
     idx = torch.tensor(list(heads), device=x.device)
     q, k = q[:, idx], k[:, idx // group]  # (1, H, T, hs) each
@@ -309,7 +321,8 @@ def iter_blocks_encoded(
     wanted = set(layer_idx)
     inputs: dict[int, torch.Tensor] = {}  # the shared-KV producers' inputs, kept for their consumers
     buffers = Buffers()  # every layer's blocks written into the same two buffers while consumers let go of them
-    for layer, x in _streamed_inputs(lm, family, items, sorted(wanted | producers), implementation):
+    catch = {layer: m for layer in layer_idx if (m := _projections(family, base, layer, specs[layer])) is not None}
+    for layer, x, qk in _streamed(lm, family, items, sorted(wanted | producers), implementation, catch):
         if layer in producers:
             inputs[layer] = x
         if layer not in wanted:
@@ -319,19 +332,48 @@ def iter_blocks_encoded(
         for b, enc in enumerate(items):
             n = len(enc.ids)
             for block in layer_blocks(x[b, :n], spec, layer, head_idx, budget,
-                                       kv=None if kv is None else kv[b, :n], buffers=buffers):
+                                       kv=None if kv is None else kv[b, :n], buffers=buffers,
+                                       projected=None if qk is None else (qk[0][b, :n], qk[1][b, :n])):
                 yield b, block
-        del x
+        del x, qk
 
 
-def _streamed_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], layers: Sequence[int],
-                     implementation: str) -> Iterator[tuple[int, torch.Tensor]]:
-    """`(layer, its attention input (B, T, D))` in forward order, one layer at a time, from one forward pass.
+def _projections(family: Family, base, layer: int, spec) -> tuple[torch.nn.Module, torch.nn.Module] | None:
+    """The `nn.Linear` modules inside `layer`'s attention whose weights and biases are `spec`'s q and k
+    projections (the same storage), whose outputs can be caught in the model's forward instead of projected
+    again; None where there are none (a fused qkv, latent attention, shared KV, a module run by several layers)."""
+    if spec.latent is not None or spec.kv_layer is not None:
+        return None
+    attention = family.attention(base, layer)
+    if sum(family.attention(base, other) is attention for other in family.attention_layers(base.config)) > 1:
+        return None  # ALBERT: one module for every layer
+
+    def same(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
+        if a is None or b is None:
+            return a is None and b is None
+        return (a.data_ptr() == b.data_ptr() and a.shape == b.shape and a.stride() == b.stride()
+                and a.dtype == b.dtype)
+
+    def find(w, bias):
+        found = [m for m in attention.modules() if type(m) is torch.nn.Linear and not m._forward_hooks
+                 and not m._forward_pre_hooks and same(m.weight, w) and same(m.bias, bias)]
+        return found[0] if len(found) == 1 else None
+
+    q, k = find(spec.wq, spec.bq), find(spec.wk, spec.bk)
+    return None if q is None or k is None or q is k else (q, k)
+
+
+def _streamed(lm: LoadedModel, family: Family, items: Sequence[Encoded], layers: Sequence[int],
+              implementation: str, catch: dict[int, tuple[torch.nn.Module, torch.nn.Module]],
+              ) -> Iterator[tuple[int, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None]]:
+    """`(layer, its attention input (B, T, D), its q and k projections or None)` in forward order, one layer at
+    a time, from one forward pass. `catch`: the layers whose q and k projection modules' outputs are caught
+    (`_projections`); the layer is handed over once both have run (or, failing that, once its attention has).
 
     `layer_inputs` keeps every layer's input until the pass ends (layers × T × D floats: 755 MB for
     gemma3-270m at 16,384 tokens, on top of the forward's own peak). Here the pass runs in a worker thread
-    that stops in each wanted layer's pre-hook until the caller has taken that layer's blocks, so one
-    layer's input is held at a time. The two threads take turns, never run at once. The worker only
+    that stops in each wanted layer's pre-hook (or its k projection's hook) until the caller has taken that
+    layer's blocks, so one layer's input is held at a time. The two threads take turns, never run at once. The worker only
     stops in its own calls: the caller may use the model meanwhile (hooks of other threads pass through).
     """
     handoff: queue.Queue = queue.Queue(maxsize=1)
@@ -339,14 +381,42 @@ def _streamed_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], 
     state = {"stop": False, "worker": None}
     last = max(layers)
 
+    caught: dict[int, dict] = {}  # layer -> its input and projections, until it is handed over
+
+    def hand(i, x, qk):
+        handoff.put(("layer", i, (x, qk)))
+        resume.acquire()  # the caller has taken this layer's blocks
+        if state["stop"] or i == last:
+            raise _Enough
+
     def grab(i):
         def hook(module, args, kwargs):
             if threading.get_ident() != state["worker"]:
                 return None
-            handoff.put(("layer", i, (args[0] if args else kwargs["hidden_states"]).detach()))
-            resume.acquire()  # the caller has taken this layer's blocks
-            if state["stop"] or i == last:
-                raise _Enough
+            x = (args[0] if args else kwargs["hidden_states"]).detach()
+            if i in catch:  # handed over once its projections have run
+                caught[i] = {"x": x}
+            else:
+                hand(i, x, None)
+            return None
+        return hook
+
+    def projection(i, which):
+        def hook(module, args, output):
+            slot = caught.get(i) if threading.get_ident() == state["worker"] else None
+            if slot is None or which in slot:
+                return None
+            slot[which] = output.detach()
+            if "q" in slot and "k" in slot:
+                del caught[i]
+                hand(i, slot["x"], (slot["q"], slot["k"]))
+            return None
+        return hook
+
+    def after(i):  # the projections were not both seen (never, for the modules `_projections` finds): x alone
+        def hook(module, args, output):
+            if threading.get_ident() == state["worker"] and i in caught:
+                hand(i, caught.pop(i)["x"], None)
             return None
         return hook
 
@@ -364,20 +434,25 @@ def _streamed_inputs(lm: LoadedModel, family: Family, items: Sequence[Encoded], 
 
     base = base_model(lm)
     ids, mask = pad_batch(items, lm.device)
+    catch = {i: m for i, m in catch.items() if i in set(layers)}
     handles = family.hook_layers(base, lm.config, layers, grab, where="attention", pre=True, with_kwargs=True)
     worker = threading.Thread(target=work, name="headscope-layer-inputs", daemon=True)
     try:
+        handles += family.hook_layers(base, lm.config, list(catch), after, where="attention", pre=False)
+        for i, (q_module, k_module) in catch.items():
+            handles += [q_module.register_forward_hook(projection(i, "q")),
+                        k_module.register_forward_hook(projection(i, "k"))]
         worker.start()
         while True:
-            kind, layer, x = handoff.get()
+            kind, layer, got = handoff.get()
             if kind == "error":
-                raise x
+                raise got
             if kind == "done":
                 return
             try:
-                yield layer, x
+                yield layer, *got
             finally:
-                del x
+                del got
                 resume.release()
     finally:
         state["stop"] = True

@@ -204,30 +204,46 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, *, interleaved
     if interleaved:
         pairs = x.unflatten(-1, (-1, 2))  # (B, n, T, d/2, 2)
         rotated = torch.stack([-pairs[..., 1], pairs[..., 0]], dim=-1).flatten(-2)
-    else:
-        half = x.shape[-1] // 2
-        rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return x * cos + rotated * sin
+        return x * cos + rotated * sin
+    # x·cos + (-x₂, x₁)·sin, each half written in place: the same products and sums bit for bit (-(a·b) is
+    # (-a)·b exactly), with two half-size temporaries where the rotated copy, its negated half and the two
+    # products were four fresh tensors (their pages cost a pass each)
+    half = x.shape[-1] // 2
+    out = x * cos
+    out[..., :half] -= x[..., half:] * sin[..., :half]
+    out[..., half:] += x[..., :half] * sin[..., half:]
+    return out
 
 
-def _apply_rotary(t: torch.Tensor, spec: LayerSpec) -> torch.Tensor:
-    """`t` (B, n, T, hs) at positions 0 .. T-1 with rotary on its first `rotary_dim` dims; the rest pass unchanged."""
-    T = t.shape[-2]
+def _apply_rotary(t: torch.Tensor, spec: LayerSpec, angles: tuple[torch.Tensor, torch.Tensor] | None = None
+                  ) -> torch.Tensor:
+    """`t` (B, n, T, hs) at positions 0 .. T-1 with rotary on its first `rotary_dim` dims; the rest pass unchanged.
+    `angles`: `_rotary_angles(spec, T, ...)`, where the caller has them already (q and k of one text)."""
+    cos, sin = angles if angles is not None else _rotary_angles(spec, t.shape[-2], t.device, t.dtype)
+    d = spec.rotary_dim or t.shape[-1]
+    if d == t.shape[-1]:
+        if cos.dim() == 2 and t.dim() == 4 and t.transpose(1, 2).is_contiguous():
+            # heads of a (B, T, n·hs) projection: turned in that layout (cos (T, 1, d)), one pass over memory
+            # in order instead of a strided one; the same products and sums, bit for bit
+            return rotate(t.transpose(1, 2), cos[:, None], sin[:, None], interleaved=spec.rotary_interleaved
+                          ).transpose(1, 2)
+        return rotate(t, cos, sin, interleaved=spec.rotary_interleaved)
+    return torch.cat([rotate(t[..., :d], cos, sin, interleaved=spec.rotary_interleaved), t[..., d:]], dim=-1)
+
+
+def _rotary_angles(spec: LayerSpec, T: int, device, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of positions 0 .. T-1: (T, d), or (B, 1, T, d) with one row per text."""
     if spec.rotary_angles is not None:  # angles of each position's own (DINOv3: 2-D patch centres)
-        cos, sin = angles_cos_sin(spec.rotary_angles(T).float().to(t.device), spec.rope_scaling,
+        cos, sin = angles_cos_sin(spec.rotary_angles(T).float().to(device), spec.rope_scaling,
                                   interleaved=spec.rotary_interleaved)  # (T, d), or (B, T, d): one row per text
         if cos.dim() == 3:  # Qwen-VL's 3-D positions: each batch row its own angles, the same for every head
             cos, sin = cos[:, None], sin[:, None]
     else:
         inv_freq = spec.inv_freq(T) if callable(spec.inv_freq) else spec.inv_freq
-        positions = torch.arange(T, device=t.device)
-        cos, sin = rotary_cos_sin(inv_freq.float().to(t.device), positions, spec.rope_scaling,
+        positions = torch.arange(T, device=device)
+        cos, sin = rotary_cos_sin(inv_freq.float().to(device), positions, spec.rope_scaling,
                                   interleaved=spec.rotary_interleaved)
-    cos, sin = cos.to(t.dtype), sin.to(t.dtype)
-    d = spec.rotary_dim or t.shape[-1]
-    if d == t.shape[-1]:
-        return rotate(t, cos, sin, interleaved=spec.rotary_interleaved)
-    return torch.cat([rotate(t[..., :d], cos, sin, interleaved=spec.rotary_interleaved), t[..., d:]], dim=-1)
+    return cos.to(dtype), sin.to(dtype)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float, offset: float = 1.0,
@@ -480,24 +496,33 @@ def _project_qk_latent(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool,
 
 
 def project_qk(x: torch.Tensor, spec: LayerSpec, *, use_positions: bool = True,
-               kv: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+               kv: torch.Tensor | None = None,
+               projected: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Queries (B, nh, T, hs) of `x` and keys (B, nkv, S, hs) of `kv` (default `x`): projected, normed, rotated.
 
     Positions are 0 .. T-1, so `x` must start at the text's first token (right padding is fine).
+    `projected`: `x`'s linear projections (B, T, nh*hs) and (B, S, nkv*hs), bias included, already made (the
+    model's own, caught in its forward): only the norms and rotary are applied to them.
     """
     if spec.latent is not None:
+        if projected is not None:
+            raise ValueError("projected q/k are for plain projections, not latent attention")
         return _project_qk_latent(x, spec, use_positions=use_positions, kv=kv)
     _check_kv_source(spec, kv)
     source = x if kv is None else kv
-    q = _add_bias(x @ spec.wq.T.to(x.dtype), spec.bq)  # (B, T, nh*hs)
-    k = _add_bias(source @ spec.wk.T.to(x.dtype), spec.bk)  # (B, S, nkv*hs)
+    if projected is not None:
+        q, k = projected
+    else:
+        q = _add_bias(x @ spec.wq.T.to(x.dtype), spec.bq)  # (B, T, nh*hs)
+        k = _add_bias(source @ spec.wk.T.to(x.dtype), spec.bk)  # (B, S, nkv*hs)
     if spec.q_norm is not None and spec.norm_scope == "projection":
         q, k = _norm_qk(q, k, spec)
     q, k = _heads(q, spec.n_heads, spec.head_dim), _heads(k, spec.n_kv_heads, spec.head_dim)
     if spec.q_norm is not None and spec.norm_scope == "head" and not spec.norm_after_rotary:
         q, k = _norm_qk(q, k, spec)
     if (spec.inv_freq is not None or spec.rotary_angles is not None) and use_positions:
-        q, k = _apply_rotary(q, spec), _apply_rotary(k, spec)
+        angles = _rotary_angles(spec, q.shape[-2], q.device, q.dtype) if q.shape[-2] == k.shape[-2] else None
+        q, k = _apply_rotary(q, spec, angles), _apply_rotary(k, spec, angles)  # the angles worked out once
     if spec.q_norm is not None and spec.norm_after_rotary:
         q, k = _norm_qk(q, k, spec)
     if spec.temperature is not None and use_positions:

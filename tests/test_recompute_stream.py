@@ -96,3 +96,35 @@ def test_word_blocks_of_a_sliding_band_start_at_its_first_word(family):
         starts.append(b.key_start)
     torch.testing.assert_close(got, words, atol=1e-6, rtol=0)
     assert max(starts) > 0  # some word block left the words before its band out
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma3", "qwen2", "gpt2", "bert"])
+def test_caught_projections_give_the_blocks_of_projections_made_again(family, monkeypatch):
+    # Issue 38: where q and k are plain nn.Linear modules of the attention, their outputs are caught in the
+    # model's forward, not projected again; the blocks are those of q and k projected from the caught input
+    # (within float32 rounding), and no hook is left on the model
+    lm = _tiny(family)
+    hooks, given = _hooks(lm), []
+    real = recompute.project_qk
+    monkeypatch.setattr(recompute, "project_qk", lambda *a, **kw: given.append(kw["projected"] is not None)
+                        or real(*a, **kw))
+    caught = [b.band.clone() for b in iter_blocks(lm, TEXT, budget=2000)]
+    assert _hooks(lm) == hooks
+    assert given == [family != "gpt2"] * len(recompute.attention_layers(lm))  # every layer's own q and k
+    base, fam = recompute.base_model(lm), recompute.family_for(lm.config)
+    found = [recompute._projections(fam, base, layer, fam.layer_spec(base, layer, lm.config))
+             for layer in recompute.attention_layers(lm)]
+    assert all(f is not None for f in found) == (family != "gpt2")  # GPT-2's fused c_attn: nothing to catch
+    monkeypatch.setattr(recompute, "_projections", lambda *a: None)
+    again = [b.band for b in iter_blocks(lm, TEXT, budget=2000)]
+    assert len(caught) == len(again)
+    assert max((a - b).abs().max().item() for a, b in zip(caught, again)) <= 1e-6
+
+
+def test_a_stream_stopped_between_a_layers_projections_leaves_no_hook():
+    lm = _tiny("llama")
+    threads, hooks = threading.active_count(), _hooks(lm)
+    blocks = iter_blocks(lm, TEXT, layers=[0, 1], budget=2000)
+    assert next(blocks).layer == 0
+    blocks.close()
+    assert threading.active_count() == threads and _hooks(lm) == hooks
