@@ -64,7 +64,7 @@ def _copy_bytes(lm: LoadedModel, items: Sequence[Encoded], batch_size: int, *, l
     head's attention row per token, and the logits where the readout needs them."""
     config = lm.config
     width = 8 * getattr(config, "hidden_size", 1024) + (getattr(config, "vocab_size", 0) if logits else 0)
-    largest = max((len(c) * max(len(e.ids) for e in c) for c in _batches(items, batch_size)), default=0)
+    largest = max((len(c) * max(len(items[i].ids) for i in c) for c in _by_length(items, batch_size)), default=0)
     length = max((len(e.ids) for e in items), default=0)
     return 4 * largest * (width + 2 * getattr(config, "num_attention_heads", 1) * length)
 
@@ -89,6 +89,13 @@ def _batches(items: Sequence[Encoded], batch_size: int):
         yield items[start : start + batch_size]
 
 
+def _by_length(items: Sequence[Encoded], batch_size: int) -> list[list[int]]:
+    """The items' indices in batches of texts of about one length (sorted by length, ties in order): each
+    batch pads to its own longest text, so fewer padded tokens run through every layer."""
+    order = sorted(range(len(items)), key=lambda i: len(items[i].ids))
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
 def _stack(t: torch.Tensor, copies: int) -> torch.Tensor:
     """`copies` copies of a batch stacked along the rows (copy c is rows c·B … (c+1)·B − 1)."""
     return t if copies == 1 else t.repeat(copies, *([1] * (t.dim() - 1)))
@@ -98,16 +105,16 @@ def _token_losses(lm: LoadedModel, items: Sequence[Encoded], starts: Sequence[in
                   copies: int = 1) -> torch.Tensor:
     """Per item: mean cross-entropy of the tokens at positions >= max(start, 1), each predicted from its prefix
     -> (copies, N), every batch run as `copies` stacked copies."""
-    out: list[list[torch.Tensor]] = [[] for _ in range(copies)]
+    out = torch.zeros(copies, len(items), dtype=torch.float64)
     with torch.inference_mode():
-        for chunk, first in zip(_batches(items, batch_size), _batches(list(starts), batch_size)):
-            ids, mask = (_stack(t, copies) for t in pad_batch(chunk, lm.device))
+        for batch in _by_length(items, batch_size):
+            ids, mask = (_stack(t, copies) for t in pad_batch([items[i] for i in batch], lm.device))
             logits = lm.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (cB, T, V)
             nll = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")  # (cB, T-1)
             for c in range(copies):
-                for b, (e, s) in enumerate(zip(chunk, first)):
-                    out[c].append(nll[c * len(chunk) + b, max(s, 1) - 1 : len(e.ids) - 1].double().mean().cpu())
-    return torch.stack([torch.stack(o) for o in out])
+                for b, i in enumerate(batch):
+                    out[c, i] = nll[c * len(batch) + b, max(starts[i], 1) - 1 : len(items[i].ids) - 1].double().mean()
+    return out
 
 
 def next_token_loss(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False) -> EffectTask:
@@ -152,16 +159,16 @@ def logit_diff(lm: LoadedModel, prompts: Sequence[str], right: Sequence[str], wr
     pairs = [(_first_token(lm, r), _first_token(lm, w)) for r, w in zip(right, wrong)]
 
     def stacked(m: LoadedModel, copies: int) -> torch.Tensor:
-        out: list[list[torch.Tensor]] = [[] for _ in range(copies)]
+        out = torch.zeros(copies, len(items), dtype=torch.float64)
         with torch.inference_mode():
-            for chunk, pair in zip(_batches(items, batch_size), _batches(pairs, batch_size)):
-                ids, mask = (_stack(t, copies) for t in pad_batch(chunk, m.device))
+            for batch in _by_length(items, batch_size):
+                ids, mask = (_stack(t, copies) for t in pad_batch([items[i] for i in batch], m.device))
                 logits = m.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
                 for c in range(copies):
-                    for b, (e, (r, w)) in enumerate(zip(chunk, pair)):
-                        last = logits[c * len(chunk) + b, len(e.ids) - 1].double()
-                        out[c].append((last[r] - last[w]).cpu())
-        return torch.stack([torch.stack(o) for o in out])
+                    for b, i in enumerate(batch):
+                        (r, w), last = pairs[i], logits[c * len(batch) + b, len(items[i].ids) - 1].double()
+                        out[c, i] = last[r] - last[w]
+        return out
 
     return EffectTask("logit_diff", lambda m: stacked(m, 1)[0], _mean_difference, "lower",
                       "change in logit(right) − logit(wrong) of the next token", len(items), stacked,
@@ -260,14 +267,14 @@ def _first_token(lm: LoadedModel, option: str) -> int:
 
 
 def _final_states(m: LoadedModel, items: Sequence[Encoded], batch_size: int, pick, copies: int = 1) -> torch.Tensor:
-    out: list[list[torch.Tensor]] = [[] for _ in range(copies)]
+    out: list[list[torch.Tensor | None]] = [[None] * len(items) for _ in range(copies)]
     with torch.inference_mode():
-        for chunk in _batches(items, batch_size):
-            ids, mask = (_stack(t, copies) for t in pad_batch(chunk, m.device))
+        for batch in _by_length(items, batch_size):
+            ids, mask = (_stack(t, copies) for t in pad_batch([items[i] for i in batch], m.device))
             h = base_model(m)(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state  # (cB, T, D)
             for c in range(copies):
-                for b, e in enumerate(chunk):  # (D,) for text number len(out[c])
-                    out[c].append(pick(h[c * len(chunk) + b, : len(e.ids)], len(out[c])).double().cpu())
+                for b, i in enumerate(batch):  # (D,) for text number i
+                    out[c][i] = pick(h[c * len(batch) + b, : len(items[i].ids)], i).double().cpu()
     return torch.stack([torch.stack(o) for o in out])  # (copies, N, D)
 
 
