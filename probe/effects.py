@@ -1,8 +1,11 @@
 """What an ablation changes: one readout of the model per example, and how to compare two readouts.
 
 An `EffectTask` holds prepared inputs and runs the model over them once per call of `read(lm)`;
-`change(clean, ablated)` turns the clean and the ablated readouts into one number. Tasks are built
-by name from `EFFECT_TASKS`:
+`change(clean, ablated)` turns the clean and the ablated readouts into one number. Where a task has
+`stacked(lm, copies)`, it runs every batch as `copies` stacked copies (rows c·B … (c+1)·B − 1 are copy
+c) in one call and returns each copy's readouts: an intervention that differs per copy (one head
+ablated in each, `probe.interventions.ablate_copies`) gets `copies` readouts from one pass, each what
+`read` gives under that copy's intervention alone. Tasks are built by name from `EFFECT_TASKS`:
 
     next_token_loss   decoders: mean next-token cross-entropy of each text (nats); effect = mean
                       change, ablated − clean (higher = the heads mattered more)
@@ -52,6 +55,18 @@ class EffectTask:
     stronger: Stronger  # which direction of `change` means the ablation hurt more
     description: str  # what the effect is, in words, with its unit
     n: int  # examples
+    stacked: Callable[[LoadedModel, int], torch.Tensor] | None = None  # (copies, ...read's shape): see the module
+    copy_bytes: int = 0  # about the memory one copy of the largest batch takes in a stacked read
+
+
+def _copy_bytes(lm: LoadedModel, items: Sequence[Encoded], batch_size: int, *, logits: bool) -> int:
+    """A rough size of one copy of the largest batch's activations (float32): hidden states and MLP, each
+    head's attention row per token, and the logits where the readout needs them."""
+    config = lm.config
+    width = 8 * getattr(config, "hidden_size", 1024) + (getattr(config, "vocab_size", 0) if logits else 0)
+    largest = max((len(c) * max(len(items[i].ids) for i in c) for c in _by_length(items, batch_size)), default=0)
+    length = max((len(e.ids) for e in items), default=0)
+    return 4 * largest * (width + 2 * getattr(config, "num_attention_heads", 1) * length)
 
 
 def _mean_difference(clean: torch.Tensor, ablated: torch.Tensor) -> float:
@@ -74,17 +89,32 @@ def _batches(items: Sequence[Encoded], batch_size: int):
         yield items[start : start + batch_size]
 
 
-def _token_losses(lm: LoadedModel, items: Sequence[Encoded], starts: Sequence[int], batch_size: int) -> torch.Tensor:
-    """Per item: mean cross-entropy of the tokens at positions >= max(start, 1), each predicted from its prefix."""
-    out = []
+def _by_length(items: Sequence[Encoded], batch_size: int) -> list[list[int]]:
+    """The items' indices in batches of texts of about one length (sorted by length, ties in order): each
+    batch pads to its own longest text, so fewer padded tokens run through every layer."""
+    order = sorted(range(len(items)), key=lambda i: len(items[i].ids))
+    return [order[start : start + batch_size] for start in range(0, len(order), batch_size)]
+
+
+def _stack(t: torch.Tensor, copies: int) -> torch.Tensor:
+    """`copies` copies of a batch stacked along the rows (copy c is rows c·B … (c+1)·B − 1)."""
+    return t if copies == 1 else t.repeat(copies, *([1] * (t.dim() - 1)))
+
+
+def _token_losses(lm: LoadedModel, items: Sequence[Encoded], starts: Sequence[int], batch_size: int,
+                  copies: int = 1) -> torch.Tensor:
+    """Per item: mean cross-entropy of the tokens at positions >= max(start, 1), each predicted from its prefix
+    -> (copies, N), every batch run as `copies` stacked copies."""
+    out = torch.zeros(copies, len(items), dtype=torch.float64)
     with torch.inference_mode():
-        for chunk, first in zip(_batches(items, batch_size), _batches(list(starts), batch_size)):
-            ids, mask = pad_batch(chunk, lm.device)
-            logits = lm.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (B, T, V)
-            nll = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")  # (B, T-1)
-            for b, (e, s) in enumerate(zip(chunk, first)):
-                out.append(nll[b, max(s, 1) - 1 : len(e.ids) - 1].double().mean().cpu())
-    return torch.stack(out)
+        for batch in _by_length(items, batch_size):
+            ids, mask = (_stack(t, copies) for t in pad_batch([items[i] for i in batch], lm.device))
+            logits = lm.model(input_ids=ids, attention_mask=mask, use_cache=False).logits  # (cB, T, V)
+            nll = F.cross_entropy(logits[:, :-1].float().transpose(1, 2), ids[:, 1:], reduction="none")  # (cB, T-1)
+            for c in range(copies):
+                for b, i in enumerate(batch):
+                    out[c, i] = nll[c * len(batch) + b, max(starts[i], 1) - 1 : len(items[i].ids) - 1].double().mean()
+    return out
 
 
 def next_token_loss(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False) -> EffectTask:
@@ -94,8 +124,11 @@ def next_token_loss(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 
     short = [i for i, e in enumerate(items) if len(e.ids) < 2]
     if short:
         raise ValueError(f"text {short[0]} has fewer than 2 tokens: there is no next token to predict")
-    return EffectTask("next_token_loss", lambda m: _token_losses(m, items, [1] * len(items), batch_size),
-                      _mean_difference, "higher", "change in mean next-token loss (nats)", len(items))
+    starts = [1] * len(items)
+    return EffectTask("next_token_loss", lambda m: _token_losses(m, items, starts, batch_size)[0],
+                      _mean_difference, "higher", "change in mean next-token loss (nats)", len(items),
+                      lambda m, copies: _token_losses(m, items, starts, batch_size, copies),
+                      _copy_bytes(lm, items, batch_size, logits=True))
 
 
 def sequence_loss(lm: LoadedModel, sequences: Sequence[Sequence[int]], *, start: int, batch_size: int = 8,
@@ -106,8 +139,11 @@ def sequence_loss(lm: LoadedModel, sequences: Sequence[Sequence[int]], *, start:
              for s in sequences]
     if not items or any(len(e.ids) <= start for e in items):
         raise ValueError(f"every sequence needs more than {start} tokens")
-    return EffectTask("sequence_loss", lambda m: _token_losses(m, items, [start] * len(items), batch_size),
-                      _mean_difference, "higher", f"{description} (nats)", len(items))
+    starts = [start] * len(items)
+    return EffectTask("sequence_loss", lambda m: _token_losses(m, items, starts, batch_size)[0],
+                      _mean_difference, "higher", f"{description} (nats)", len(items),
+                      lambda m, copies: _token_losses(m, items, starts, batch_size, copies),
+                      _copy_bytes(lm, items, batch_size, logits=True))
 
 
 def logit_diff(lm: LoadedModel, prompts: Sequence[str], right: Sequence[str], wrong: Sequence[str], *,
@@ -122,19 +158,21 @@ def logit_diff(lm: LoadedModel, prompts: Sequence[str], right: Sequence[str], wr
     items = [_drop_trailing_special(e, special) for e in items]
     pairs = [(_first_token(lm, r), _first_token(lm, w)) for r, w in zip(right, wrong)]
 
-    def read(m: LoadedModel) -> torch.Tensor:
-        out = []
+    def stacked(m: LoadedModel, copies: int) -> torch.Tensor:
+        out = torch.zeros(copies, len(items), dtype=torch.float64)
         with torch.inference_mode():
-            for chunk, pair in zip(_batches(items, batch_size), _batches(pairs, batch_size)):
-                ids, mask = pad_batch(chunk, m.device)
+            for batch in _by_length(items, batch_size):
+                ids, mask = (_stack(t, copies) for t in pad_batch([items[i] for i in batch], m.device))
                 logits = m.model(input_ids=ids, attention_mask=mask, use_cache=False).logits
-                for b, (e, (r, w)) in enumerate(zip(chunk, pair)):
-                    last = logits[b, len(e.ids) - 1].double()
-                    out.append((last[r] - last[w]).cpu())
-        return torch.stack(out)
+                for c in range(copies):
+                    for b, i in enumerate(batch):
+                        (r, w), last = pairs[i], logits[c * len(batch) + b, len(items[i].ids) - 1].double()
+                        out[c, i] = last[r] - last[w]
+        return out
 
-    return EffectTask("logit_diff", read, _mean_difference, "lower",
-                      "change in logit(right) − logit(wrong) of the next token", len(items))
+    return EffectTask("logit_diff", lambda m: stacked(m, 1)[0], _mean_difference, "lower",
+                      "change in logit(right) − logit(wrong) of the next token", len(items), stacked,
+                      _copy_bytes(lm, items, batch_size, logits=True))
 
 
 def option_logprobs(lm: LoadedModel, prompts: Sequence[str], options: Sequence[Sequence[str]], *,
@@ -228,22 +266,28 @@ def _first_token(lm: LoadedModel, option: str) -> int:
     return int(ids[0])
 
 
-def _final_states(m: LoadedModel, items: Sequence[Encoded], batch_size: int, pick) -> torch.Tensor:
-    out = []
+def _final_states(m: LoadedModel, items: Sequence[Encoded], batch_size: int, pick, copies: int = 1) -> torch.Tensor:
+    out: list[list[torch.Tensor | None]] = [[None] * len(items) for _ in range(copies)]
     with torch.inference_mode():
-        for chunk in _batches(items, batch_size):
-            ids, mask = pad_batch(chunk, m.device)
-            h = base_model(m)(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state  # (B, T, D)
-            for b, e in enumerate(chunk):
-                out.append(pick(h[b, : len(e.ids)], len(out)).double().cpu())  # (D,) for text number len(out)
-    return torch.stack(out)  # (N, D)
+        for batch in _by_length(items, batch_size):
+            ids, mask = (_stack(t, copies) for t in pad_batch([items[i] for i in batch], m.device))
+            h = base_model(m)(input_ids=ids, attention_mask=mask, use_cache=False).last_hidden_state  # (cB, T, D)
+            for c in range(copies):
+                for b, i in enumerate(batch):  # (D,) for text number i
+                    out[c][i] = pick(h[c * len(batch) + b, : len(items[i].ids)], i).double().cpu()
+    return torch.stack([torch.stack(o) for o in out])  # (copies, N, D)
 
 
 def sentence_cosine(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False) -> EffectTask:
     """The sentence embedding (mean of the final hidden states over the text's tokens, specials included)."""
     items = encode_many(lm, check_texts(texts), truncate=truncate)
-    return EffectTask("sentence_cosine", lambda m: _final_states(m, items, batch_size, lambda h, k: h.mean(0)),
-                      _mean_cosine, "lower", "cosine of the ablated sentence embedding to the clean one", len(items))
+    def pick(h, k):
+        return h.mean(0)
+
+    return EffectTask("sentence_cosine", lambda m: _final_states(m, items, batch_size, pick)[0],
+                      _mean_cosine, "lower", "cosine of the ablated sentence embedding to the clean one", len(items),
+                      lambda m, copies: _final_states(m, items, batch_size, pick, copies),
+                      _copy_bytes(lm, items, batch_size, logits=False))
 
 
 def word_cosine(lm: LoadedModel, texts: Sequence[str], word: str, *, batch_size: int = 8,
@@ -252,10 +296,13 @@ def word_cosine(lm: LoadedModel, texts: Sequence[str], word: str, *, batch_size:
     texts = check_texts(texts)
     items = encode_many(lm, texts, truncate=truncate)
     tokens = [_word_tokens(e, word, i) for i, e in enumerate(items)]
-    return EffectTask("word_cosine",
-                      lambda m: _final_states(m, items, batch_size, lambda h, k: h[tokens[k]].mean(0)),
+    def pick(h, k):
+        return h[tokens[k]].mean(0)
+
+    return EffectTask("word_cosine", lambda m: _final_states(m, items, batch_size, pick)[0],
                       _mean_cosine, "lower", f"cosine of the ablated final representation of {word!r} to the clean one",
-                      len(items))
+                      len(items), lambda m, copies: _final_states(m, items, batch_size, pick, copies),
+                      _copy_bytes(lm, items, batch_size, logits=False))
 
 
 def _word_tokens(e: Encoded, word: str, index: int) -> list[int]:

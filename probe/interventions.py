@@ -30,7 +30,7 @@ from .model import LoadedModel
 from .names import AblationMethod
 from .scratch import LayerSpec, build_mask, output_gate, project_v
 
-__all__ = ["AblationMethod", "ABLATION_METHODS", "ablate", "check_heads", "head_dim", "head_means", "head_mask",
+__all__ = ["AblationMethod", "ABLATION_METHODS", "ablate", "ablate_copies", "check_heads", "head_dim", "head_means", "head_mask",
            "refuse_seq2seq"]
 
 Head = tuple[int, int]
@@ -163,6 +163,55 @@ def ablate(lm: LoadedModel, heads: Iterable[Head], *, method: AblationMethod = "
             return hook
 
         for handle in family.hook_layers(base, lm.config, list(replacers), make_hook, where="out_proj", pre=True):
+            stack.callback(handle.remove)
+        yield
+
+
+@contextmanager
+def ablate_copies(lm: LoadedModel, layer: int, heads: Sequence[int], *, method: AblationMethod = "zero",
+                  means: torch.Tensor | None = None) -> Iterator[None]:
+    """Within the block, a forward call on `len(heads)` stacked copies of a batch (copy c: rows c·B … (c+1)·B − 1)
+    has head `heads[c]` of `layer` ablated by `method` in copy c only: one pass for that many single-head ablations.
+
+    Rows of a batch do not mix, so copy c reads what a pass under `ablate(lm, [(layer, heads[c])])` reads.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> lm = tiny_model("llama"); ids = lm.tokenizer("The cat sat.", return_tensors="pt")["input_ids"]
+    >>> with torch.no_grad():
+    ...     with ablate(lm, [(1, 2)]):
+    ...         alone = lm.model(ids).logits
+    ...     with ablate_copies(lm, 1, [0, 2]):
+    ...         both = lm.model(ids.repeat(2, 1)).logits
+    >>> torch.allclose(both[1], alone[0], atol=1e-6), bool((both[0] != alone[0]).any())
+    (True, True)
+    """
+    if method not in ABLATION_METHODS:
+        raise ValueError(f"method must be one of {', '.join(ABLATION_METHODS)}, got {method!r}")
+    refuse_seq2seq(lm, "head ablation")
+    check_heads(lm, [(layer, h) for h in heads])
+    if not heads:
+        raise ValueError("ablate_copies needs at least one head")
+    family = family_for(lm.config)
+    base = base_model(lm)
+    replacers = [ABLATION_METHODS[method](lm, family, layer, [int(h)], means) for h in heads]
+    with ExitStack() as stack:
+        caught = {layer, family.layer_spec(base, layer, lm.config).kv_layer} - {None}
+        state = _LayerInputs(lm, family, base, sorted(caught) if method == "uniform" else [], stack)
+
+        def make_hook(_layer):
+            def hook(module, args):
+                y = args[0].clone()
+                rows, k = y.shape[0] // len(replacers), len(replacers)
+                if rows * k != y.shape[0]:
+                    raise ValueError(f"a batch of {y.shape[0]} rows is not {k} stacked copies")
+                valid = state.key_valid(y)
+                for c, replace in enumerate(replacers):
+                    part = slice(c * rows, (c + 1) * rows)
+                    y[part] = replace(y[part], {l: x[part] for l, x in state.inputs.items()}, valid[part])
+                return (y, *args[1:])
+            return hook
+
+        for handle in family.hook_layers(base, lm.config, [layer], make_hook, where="out_proj", pre=True):
             stack.callback(handle.remove)
         yield
 

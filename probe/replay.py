@@ -59,6 +59,19 @@ def _copy(out: Any) -> Any:
     return out
 
 
+def _stacked(out: Any, rows: int, copies: int) -> Any:
+    """A recorded block output for `copies` stacked copies of its batch (copy c in rows c·B … (c+1)·B − 1), or
+    None where an output tensor's first dimension is not the batch's `rows` (then the block runs)."""
+    if copies == 1:
+        return _copy(out)
+    if isinstance(out, torch.Tensor):
+        return out.repeat(copies, *([1] * (out.dim() - 1))) if out.dim() and out.shape[0] == rows else None
+    if type(out) is tuple:
+        parts = tuple(_stacked(o, rows, copies) for o in out)
+        return None if any(p is None and o is not None for p, o in zip(parts, out)) else parts
+    return None
+
+
 def _replayable(out: Any) -> bool:
     """A block output that can be handed back as recorded: a tensor, or a plain tuple of tensors and None."""
     if isinstance(out, torch.Tensor):
@@ -79,9 +92,16 @@ class _Call:
         self.ids, self.mask = ids, mask
         self.outputs: dict[int, Any] = {}
 
-    def same_inputs(self, ids: torch.Tensor | None, mask: torch.Tensor | None) -> bool:
+    def same_inputs(self, ids: torch.Tensor | None, mask: torch.Tensor | None, copies: int = 1) -> bool:
+        """Whether a call is on this call's inputs (`copies` stacked copies of them, copy c in rows c·B … (c+1)·B − 1)."""
         def same(a, b):
-            return (a is None) == (b is None) and (a is None or (a.shape == b.shape and torch.equal(a, b.to(a.device))))
+            if (a is None) != (b is None):
+                return False
+            if a is None:
+                return True
+            if b.dim() == 0 or b.shape[0] != copies * a.shape[0] or b.shape[1:] != a.shape[1:]:
+                return False
+            return torch.equal(b.to(a.device).reshape(copies, *a.shape), a.expand(copies, *a.shape))
         return self.ids is not None and same(self.ids, ids) and same(self.mask, mask)
 
 
@@ -170,8 +190,9 @@ class CleanPrefix:
                 handle.remove()
 
     @contextmanager
-    def from_layer(self, layer: int) -> Iterator[None]:
-        """Within the block, a forward call on recorded inputs replays the blocks below `layer` (in call order)."""
+    def from_layer(self, layer: int, copies: int = 1) -> Iterator[None]:
+        """Within the block, a forward call on recorded inputs replays the blocks below `layer` (in call order);
+        with `copies`, a call on that many stacked copies of the recorded inputs gets as many copies of the outputs."""
         if not self.active or layer <= 0:
             yield
             return
@@ -182,16 +203,15 @@ class CleanPrefix:
             k = state["n"]
             state["n"] += 1
             call = self.calls[k] if k < len(self.calls) else None
-            state["call"] = call if call is not None and call.same_inputs(*_inputs(args, kwargs)) else None
+            state["call"] = call if call is not None and call.same_inputs(*_inputs(args, kwargs), copies) else None
 
         def replay(i: int, block: torch.nn.Module):
             run = block.forward
 
             def forward(*args, **kwargs):
                 call = state["call"]
-                if call is None or i not in call.outputs:
-                    return run(*args, **kwargs)
-                return _copy(call.outputs[i])
+                out = None if call is None or i not in call.outputs else _stacked(call.outputs[i], len(call.ids), copies)
+                return run(*args, **kwargs) if out is None else out
             return forward
 
         handle = base.register_forward_pre_hook(start, with_kwargs=True)
@@ -208,12 +228,13 @@ class CleanPrefix:
             for block in replaced:
                 del block.forward  # the instance attribute: the class's forward shows through again
 
-    def read(self, fn: Callable[[], torch.Tensor], layer: int) -> torch.Tensor:
-        """`fn()` (a readout, under an intervention of `layer` and later layers) with the blocks below `layer`
-        replayed; the first read that replays anything is checked against a whole one."""
+    def read(self, fn: Callable[[], torch.Tensor], layer: int, copies: int = 1) -> torch.Tensor:
+        """`fn()` (a readout, under an intervention of `layer` and later layers, its calls on `copies` stacked
+        copies of the recorded inputs) with the blocks below `layer` replayed; the first read that replays
+        anything is checked against a whole one."""
         if not self.active or layer <= 0:
             return fn()
-        with self.from_layer(layer):
+        with self.from_layer(layer, copies):
             fast = fn()
         if self.trusted is None:
             whole = fn()

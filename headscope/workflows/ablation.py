@@ -36,7 +36,8 @@ from headscope.analyses.relations import COREF_TEMPLATE, continuation
 from headscope.probe.effects import (EffectTask, logit_diff, next_token_loss, option_preference, sentence_cosine,
                                      sequence_loss, word_cosine)
 from headscope.probe.importance import gradient_importance
-from headscope.probe.interventions import AblationMethod, ablate as ablate_heads, check_heads, head_means, refuse_seq2seq
+from headscope.probe.interventions import (AblationMethod, ablate as ablate_heads, ablate_copies, check_heads, head_means,
+                                          refuse_seq2seq)
 from headscope.probe.model import LoadedModel
 from headscope.probe.replay import CleanPrefix
 
@@ -46,6 +47,7 @@ __all__ = ["Choice", "Cloze", "InductionTask", "ablate", "ablation_evidence", "c
            "ablate_chosen_head", "DEFAULT_REFERENCE_TEXTS"]
 
 DEFAULT_REFERENCE_TEXTS = 64  # built-in corpus texts behind method="mean" when no corpus is given
+STACK_BYTES = 1 << 28  # about the activations of one stacked read in `ablate_each` (copies of a batch, a head each)
 
 
 @dataclass(frozen=True)
@@ -194,21 +196,48 @@ def _readouts(lm: LoadedModel, heads, measure: EffectTask, *, method: AblationMe
 def ablate_each(lm: LoadedModel, *, method: AblationMethod = "zero", corpus: Sequence[str] | None = None,
                 task: Task | None = None, word: str | None = None,
                 reference: Sequence[str] | None = None, batch_size: int = 8, progress: bool = False):
-    """The effect of ablating every head alone: a tidy frame `(model, layer, head, effect_metric, effect)`."""
+    """The effect of ablating every head alone: a tidy frame `(model, layer, head, effect_metric, effect)`.
+
+    The heads of one layer are read together where the task can (`EffectTask.stacked`): each batch runs as
+    stacked copies, one head ablated in each (`probe.interventions.ablate_copies`), as many copies as fit in
+    `STACK_BYTES`; the first such read is checked against the head's own pass, and reads go head by head
+    from then on if it differs. Below the ablated layer the clean pass's layers are replayed, not rerun."""
     measure, _ = effect_task(lm, corpus=corpus, task=task, word=word, batch_size=batch_size)
     means = _means(lm, method, corpus, reference, batch_size)
     prefix = CleanPrefix(lm)  # the layers below each ablated head are the clean pass's: replayed, not rerun
     with prefix.recording():
         clean = measure.read(lm)
-    heads = [(l, h) for l in range(lm.config.num_hidden_layers) for h in range(lm.config.num_attention_heads)]
-    if progress:
-        heads = tqdm(heads, desc=f"{lm.name} single-head ablations", unit="head")
-    rows = []
-    for l, h in heads:
-        with ablate_heads(lm, [(l, h)], method=method, means=means):
-            rows.append({"model": lm.name, "layer": l, "head": h, "effect_metric": measure.metric,
-                         "effect": measure.change(clean, prefix.read(lambda: measure.read(lm), l))})
-    return pd.DataFrame(rows)
+    n_heads = lm.config.num_attention_heads
+    heads = [(l, h) for l in range(lm.config.num_hidden_layers) for h in range(n_heads)]
+    bar = tqdm(total=len(heads), desc=f"{lm.name} single-head ablations", unit="head", disable=not progress)
+    width = max(1, min(n_heads, STACK_BYTES // max(measure.copy_bytes, 1))) if measure.stacked is not None else 1
+    readouts: dict[tuple[int, int], torch.Tensor] = {}
+    checked = False
+    layers = list(range(lm.config.num_hidden_layers))
+    layers = layers[1:2] + layers[:1] + layers[2:]  # the check below on a replayed layer: the replay's own is one head's
+    for layer in layers:
+        for start in range(0, n_heads, width):
+            group = list(range(start, min(start + width, n_heads)))
+            if len(group) > 1 and width > 1:
+                if not checked:  # the first stacked read is checked against its first head's own pass
+                    with ablate_heads(lm, [(layer, group[0])], method=method, means=means):
+                        alone = prefix.read(lambda: measure.read(lm), layer)
+                with ablate_copies(lm, layer, group, method=method, means=means):
+                    stacked = prefix.read(lambda: measure.stacked(lm, len(group)), layer, copies=len(group))
+                if not checked:
+                    checked = True
+                    if not torch.allclose(stacked[0], alone, rtol=1e-6, atol=1e-6):
+                        width, stacked = 1, alone[None]  # rows of a batch do not stay apart: head by head from now on
+                readouts.update({(layer, h): r for h, r in zip(group, stacked)})
+                bar.update(len(stacked))
+            for h in group:
+                if (layer, h) not in readouts:
+                    with ablate_heads(lm, [(layer, h)], method=method, means=means):
+                        readouts[(layer, h)] = prefix.read(lambda: measure.read(lm), layer)
+                    bar.update(1)
+    bar.close()
+    return pd.DataFrame([{"model": lm.name, "layer": l, "head": h, "effect_metric": measure.metric,
+                          "effect": measure.change(clean, readouts[(l, h)])} for l, h in heads])
 
 
 def importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False):
