@@ -9,6 +9,7 @@ unusable cache folder) print as one line too.
 from __future__ import annotations
 
 import copy
+import gc
 import os
 import signal
 import sys
@@ -133,3 +134,6 @@ def main(args: list[str] | None = None) -> None:
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGINT, signal.SIG_IGN)  # first, so that no moment is left to the default
         interrupts.__exit__()  # its hook; the handler it leaves, being no longer its own
+        # The objects alive now live until the exit, whose last collections would walk every one of them (torch's
+        # and a model's: about a second): frozen, they are skipped. Only the process's own command gets here.
+        gc.freeze()
