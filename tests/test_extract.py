@@ -310,6 +310,22 @@ def test_all_layers_stop_after_the_last_attention_and_match(tiny):
         assert torch.equal(g, w)
 
 
+def test_an_encoder_decoders_encoder_stops_after_its_last_attention_and_matches(tiny_seq2seq):
+    """Without a target the encoder runs alone: its weights, caught and stopped early, are its own output's."""
+    from headscope.probe.encoding import encode, pad_batch
+    from headscope.probe.forward import _forward_until, attention_layers, base_model, forward_batch
+
+    lm = tiny_seq2seq
+    enc = [encode(lm, TEXTS[0]), encode(lm, TEXTS[2])]
+    ids, mask = pad_batch(enc, lm.device)
+    with torch.inference_mode():
+        early, _ = _forward_until(lm, ids, mask, list(attention_layers(lm)))
+        whole = base_model(lm).get_encoder()(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+        got = forward_batch(lm, enc)
+    assert early is not None and len(got) == len(whole)
+    assert all(torch.equal(g, w) for g, w in zip(got, whole))
+
+
 def test_heads_reads_the_model_once_and_tokenises_each_text_once(monkeypatch):
     """The corpus path's per-text costs that are not per text: `learned_sinks` (a walk over every parameter
     name) is read once per stream of texts, not once per map or window, and under attention='auto' (the default) a chunk's
