@@ -89,15 +89,20 @@ def unit_columns(labels: Sequence[str], special: Sequence[bool], plan: Any, *, c
 class BatchRows:
     """What scoring a padded batch needs besides its attention, built once per batch from its texts' units.
 
-    `pool_q` `[text, unit, token]` / `pool_k` `[text, token, unit]`: the units as rows of the tokens (a word's
-    pieces averaged as queries, summed as keys; a kept token itself), zero for padding and removed special
-    units; both None where the units are the tokens themselves. `renormalise`: rows are divided by their sum
-    (special units removed). `targets` / `queries` `[text, unit, set]`, `weights` `[text, unit, weight]` and
-    `pairs` (per pairwise metric `[text, unit, unit]` or None) as `UnitColumns`, zero past each text's last
-    unit; `lengths`: each text's units; `counts`: the batch's rows behind each corpus metric (float64)."""
+    `index` `(text · token)`: each token's row among the batch's scored units, `text · (units + 1) + unit`,
+    a text's last row `units` for padding and removed special units (dropped); None where the units are the
+    tokens themselves. `pool_k` `[text, token, column]`: the key columns of a scored unit row: first each
+    unit (the sum of its key pieces, a 0/1 one-hot), then `extra` columns: each key set of the plan (its
+    keys' sum) and, with `renormalise` (special units removed), every kept key (the row's sum).
+    `inverse` `[text, unit]`: 1 / the unit's query pieces (queries are averaged). `targets` / `queries`
+    `[text, unit, set]`, `weights` `[text, unit, weight]` and `pairs` (per pairwise metric `[text, unit,
+    unit]` or None) as `UnitColumns`, zero past each text's last unit; `lengths`: each text's units; `counts`:
+    the batch's rows behind each corpus metric (float64)."""
 
-    pool_q: torch.Tensor | None
+    index: torch.Tensor | None
     pool_k: torch.Tensor | None
+    inverse: torch.Tensor | None
+    extra: int
     renormalise: bool
     targets: torch.Tensor
     queries: torch.Tensor
@@ -105,6 +110,11 @@ class BatchRows:
     pairs: tuple[torch.Tensor | None, ...]
     lengths: tuple[int, ...]
     counts: torch.Tensor
+
+    @property
+    def n_units(self) -> int:
+        """The batch's units per text (the longest text's), the scored tables' width."""
+        return self.targets.shape[1]
 
     @classmethod
     def of(cls, units: Sequence[Units], plan: Any, *, causal: bool, level: Level, include_special: bool,
@@ -128,20 +138,29 @@ class BatchRows:
             columns.append(unit_columns(labels, special, plan, causal=causal, patches=patches))
         lengths = tuple(len(c.weights) for c in columns)
         n_units, b = max(lengths), len(units)
-        identity = all(s == list(range(len(s))) and len(s) == n for s, n in zip(scored, lengths))
-        pool_q = pool_k = None
-        if not identity:
-            index = torch.tensor([s + [n_units] * (n_tokens - len(s)) for s in scored])  # (B, T); n_units: dropped
-            index[index < 0] = n_units
-            pool_k = torch.nn.functional.one_hot(index, n_units + 1)[..., :n_units].float()  # [text, token, unit]
-            pool_q = (pool_k / pool_k.sum(1, keepdim=True).clamp_min(1)).transpose(1, 2)  # [text, unit, token]
         n_sets = len(plan.key_shares)
-        sets = torch.tensor([[[*(m[i] for m in c.members), *(q[i] for q in c.queries)] if i < n else [False] * (2 * n_sets)
-                              for i in range(n_units)] for c, n in zip(columns, lengths)],
-                            dtype=torch.float32).reshape(b, n_units, 2 * n_sets)
+        sets = torch.zeros(b, n_units, 2 * n_sets)
         weights = torch.zeros(b, n_units, len(plan.weights))
         for i, (c, n) in enumerate(zip(columns, lengths)):
+            if n and n_sets:
+                sets[i, :n] = torch.tensor([*c.members, *c.queries], dtype=torch.float32).reshape(2 * n_sets, n).T
             weights[i, :n] = c.weights
+        targets = sets[..., :n_sets]
+        identity = all(s == list(range(len(s))) and len(s) == n for s, n in zip(scored, lengths))
+        index = pool_k = inverse = None
+        extra = 0
+        if not identity:
+            unit = torch.tensor([s + [-1] * (n_tokens - len(s)) for s in scored])  # (B, T); -1: dropped
+            unit[unit < 0] = n_units
+            one_hot = torch.nn.functional.one_hot(unit, n_units + 1).float()  # [text, token, unit + dropped]
+            pieces = one_hot[..., :n_units]
+            blocks = [pieces, pieces @ targets]  # each unit; each key set's keys
+            if not include_special:
+                blocks.append(pieces.sum(-1, keepdim=True))  # every kept key: the row's sum
+            pool_k = torch.cat(blocks, -1)
+            extra = pool_k.shape[-1] - n_units
+            index = (unit + torch.arange(b)[:, None] * (n_units + 1)).reshape(-1)
+            inverse = 1 / pieces.sum(1).clamp_min(1)  # [text, unit]
         pairs = []
         for j in range(len(plan.pairwise)):
             if all(c.pairs[j] is None for c in columns):
@@ -154,62 +173,70 @@ class BatchRows:
             pairs.append(w)
         counts = torch.tensor([sum(col) for col in zip(*(c.counts for c in columns))] or [0] * len(plan.corpus),
                               dtype=torch.float64)
-        return cls(pool_q, pool_k, not include_special, sets[..., :n_sets], sets[..., n_sets:], weights, tuple(pairs),
-                   lengths, counts)
+        return cls(index, pool_k, inverse, extra, not include_special, targets, sets[..., n_sets:], weights,
+                   tuple(pairs), lengths, counts)
 
     def to(self, device: torch.device) -> "BatchRows":
         """These rows on `device` (where the batch's attention is)."""
         def move(x):
             return None if x is None else x.to(device)
-        return replace(self, pool_q=move(self.pool_q), pool_k=move(self.pool_k), targets=move(self.targets),
-                       queries=move(self.queries), weights=move(self.weights), pairs=tuple(map(move, self.pairs)))
+        return replace(self, index=move(self.index), pool_k=move(self.pool_k), inverse=move(self.inverse),
+                       targets=move(self.targets), queries=move(self.queries), weights=move(self.weights),
+                       pairs=tuple(map(move, self.pairs)))
 
     def scored(self, attention: Sequence[torch.Tensor]) -> torch.Tensor:
-        """The batch's scored units, `[text, layer, head, unit, unit]` float32, from some of its layers' token
-        tensors `(text, head, token, token)`: the tokens stacked (one copy, as cutting each text out would
-        make), pooled where the units are not the tokens (`pool_q @ A @ pool_k`, two batched matmuls), rows
-        renormalised where special units were removed."""
-        a = torch.stack(attention, 1).float()  # [text, layer, head, token, token]
-        if self.pool_q is None:
-            return a
-        b, n_layers, h, t, _ = a.shape
-        n = self.pool_q.shape[1]
-        keys = torch.bmm(a.view(b, n_layers * h * t, t), self.pool_k)  # keys pooled: [text, (layer, head, token), unit]
-        keys = keys.view(b, n_layers * h, t, n).transpose(1, 2).reshape(b, t, n_layers * h * n)
-        u = torch.bmm(self.pool_q, keys).view(b, n, n_layers, h, n).permute(0, 2, 3, 1, 4).contiguous()
-        if self.renormalise:  # as `HeadScoreAccumulator.update`: each row over the kept keys
-            u.div_(u.sum(-1, keepdim=True).clamp_min_(torch.finfo(u.dtype).tiny))
-        return u
+        """The batch's scored unit rows, `[text, query unit, layer, head, column]` float32 (the key units, then
+        `extra` columns, as `pool_k`), from some of its layers' token tensors `(text, head, token, token)`
+        (padding exact zeros). The tokens are copied once, query-major (each row stays whole); where the units
+        are not the tokens, a word's query rows are summed (`index_add_`, one pass), every key column of those
+        rows is one batched matmul (`pool_k`), then the rows are averaged, or renormalised over the kept keys
+        where special units were removed (as `HeadScoreAccumulator.update`)."""
+        b, h, t, _ = attention[0].shape
+        x = attention[0].new_empty(b, t, len(attention), h, t, dtype=torch.float32)  # [text, query, layer, head, key]
+        for layer, a in enumerate(attention):
+            x[:, :, layer].copy_(a.transpose(1, 2))
+        if self.index is None:
+            return x
+        n, width = self.n_units, x[0, 0].numel()
+        rows = x.new_zeros(b * (n + 1), width).index_add_(0, self.index, x.view(b * t, width))
+        rows = rows.view(b, n + 1, width)[:, :n].reshape(b, n * width // t, t)  # [text, (unit, layer, head), key]
+        u = torch.bmm(rows, self.pool_k).view(b, n, len(attention), h, -1)
+        if self.renormalise:  # each row over the kept keys (the last column): the mean's factor cancels
+            return u.div_(u[..., -1:].clamp_min(torch.finfo(u.dtype).tiny))
+        return u.mul_(self.inverse.view(b, n, 1, 1, 1))
 
 
-def batch_sums(u: torch.Tensor, rows: BatchRows, plan: Any) -> torch.Tensor:
+def batch_sums(scored: torch.Tensor, rows: BatchRows, plan: Any) -> torch.Tensor:
     """Sums of each corpus metric of `plan` over every query row of a batch's texts, `[layer, head, metric]`
-    float64 in the plan's `corpus` order, from their scored units `u[text, layer, head, query, key]`
-    (`BatchRows.scored`: exact zeros past each text's units): the batch's counterpart of `analyses.heads`'
-    `_row_sums` of each text's map, added over the texts. Each text's sums are taken in float32, then
-    added in float64. A few batched matmuls and reductions per batch, none per text."""
-    b, n = u.shape[0], u.shape[-1]
+    float64 in the plan's `corpus` order, from their scored unit rows `scored[text, query, layer, head,
+    column]` (`BatchRows.scored`: exact zeros past each text's units): the batch's counterpart of
+    `analyses.heads`' `_row_sums` of each text's map, added over the texts. Each text's sums are taken in
+    float32, then added in float64. A few reductions and small matmuls per batch, none per text."""
+    b, n = scored.shape[0], rows.n_units
     if not plan.corpus:
-        return u.new_zeros(*u.shape[1:-2], 0, dtype=torch.float64)
-    grid = (b, *[1] * (u.dim() - 3))  # a per-text table broadcast over the layers and heads
+        return scored.new_zeros(*scored.shape[2:4], 0, dtype=torch.float64)
+    u = scored[..., :n]  # [text, query, layer, head, key]: each row's keys contiguous
     sums: dict[str, torch.Tensor] = {}
     for name, offset in plan.diagonals:  # a padded row or key is zero: the diagonal adds the text's own only
-        sums[name] = u.diagonal(offset, -2, -1).sum(-1)
-    if plan.key_shares:  # one batched matmul for every key set: [text, (layer, head, query), set]
-        shares = torch.bmm(u.view(b, -1, n), rows.targets).view(*u.shape[:-1], -1)
-        shares = (shares * rows.queries.view(*grid, n, -1)).sum(-2)  # [text, layer, head, set]
+        sums[name] = u.diagonal(offset, 1, 4).sum(-1)
+    if plan.key_shares:  # [text, query, layer, head, set]: pooled with the keys (`pool_k`), else one matmul
+        s = len(plan.key_shares)
+        shares = scored[..., n : n + s] if rows.extra else torch.bmm(u.reshape(b, -1, n), rows.targets).view(
+            *u.shape[:-1], s)
+        shares = (shares * rows.queries.view(b, n, 1, 1, s)).sum(1)  # [text, layer, head, set]
         sums.update({name: shares[..., i] for i, (name, _) in enumerate(plan.key_shares)})
     for group in plan.statistics:
         weights = rows.weights[..., group.columns]  # [text, unit, metric]
         if group.zeros_free:  # a zero row weighs 0 and zero keys do not change a row's statistic
-            stat = group.statistic(u)  # [text, layer, head, unit]
-            weighted = torch.bmm(stat.reshape(b, -1, n), weights).view(*u.shape[:-2], -1)
+            stat = group.statistic(u)  # [text, query, layer, head]
+            weighted = torch.einsum("bqlh,bqm->blhm", stat, weights)
         else:  # a statistic that reads every key gets each text's own keys only
-            weighted = torch.stack([group.statistic(u[i, ..., :k, :k]) @ weights[i, :k]
+            weighted = torch.stack([group.statistic(u[i, :k, ..., :k].permute(1, 2, 0, 3)) @ weights[i, :k]
                                     for i, k in enumerate(rows.lengths)])
         sums.update({name: weighted[..., i] for i, name in enumerate(group.names)})
     for (name, _), w in zip(plan.pairwise, rows.pairs):  # Σ_q Σ_k A[q, k] W[q, k]
-        sums[name] = u.new_zeros(u.shape[:-2]) if w is None else (u * w.view(*grid, n, n)).sum((-2, -1))
+        sums[name] = (u.new_zeros(b, *u.shape[2:4]) if w is None
+                      else (u * w.view(b, n, 1, 1, n)).sum((1, -1)))
     return torch.stack([sums[m] for m in plan.corpus], -1).double().sum(0)
 
 

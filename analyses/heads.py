@@ -249,7 +249,7 @@ class HeadScoreAccumulator:
         b, h, t = att[0].shape[:3]
         step = max(1, _BATCH_BYTES // (b * h * t * t * 4))  # layers scored at once: their stacked copy is bounded
         for start in range(0, len(att), step):
-            u = rows.scored(att[start : start + step])  # [text, layer, head, unit, unit]
+            u = rows.scored(att[start : start + step])  # [text, unit, layer, head, column]
             self._sums[start : start + step, :, plan.corpus_columns] += batch_sums(u, rows, plan).cpu()
         self._counts[plan.corpus_columns] += rows.counts
         self._n_texts += len(batch)

@@ -67,6 +67,7 @@ MetricKind = Literal["corpus", "pattern"]
 # --- the pieces the built-in entries are made of ----------------------------------------------------
 
 
+@functools.lru_cache(maxsize=1 << 16)  # a corpus repeats its words: each label's characters are read once
 def is_punctuation(label: str) -> bool:
     """True when `label` (stripped) is non-empty and only Unicode punctuation (category P*).
 
@@ -213,9 +214,13 @@ def outside_and_seeing(member: Sequence[bool], *, causal: bool) -> list[bool]:
     >>> outside_and_seeing([False, True, False, True], causal=True)
     [False, False, True, False]
     """
+    member = list(member)
     t = len(member)
-    start = list(member).index(True) if any(member) else t  # the set's first key
-    return [not member[i] and start < t and (not causal or i >= start) for i in range(t)]
+    start = member.index(True) if True in member else t  # the set's first key
+    if start == t:
+        return [False] * t
+    first = start if causal else 0  # a causal query sees the set from its first key on
+    return [False] * first + [not m for m in member[first:]]
 
 
 _ENTROPY_CHUNK = 1 << 18  # elements of `a` per step of `row_entropy` (1 MB of float32: stays in cache)

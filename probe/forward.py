@@ -3,7 +3,7 @@
 The base model runs without its task head (no LM head: the logits over a 262k vocabulary would cost
 more than the attention) and with eager attention, asked for its weights. When only some layers are
 wanted, hooks on those layers' attention modules catch their weights instead, so the other layers'
-O(T²) tensors are never kept. An encoder–decoder runs its encoder alone over single texts, or the
+O(T²) tensors are never kept; when all are, the pass stops once the last layer's weights are caught. An encoder–decoder runs its encoder alone over single texts, or the
 whole model over (source, target) pairs, giving encoder self, decoder self and cross attention.
 """
 
@@ -130,7 +130,9 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
     """Attention of the chosen layers (all by default) for one batch: a list of (B, nh, T, T).
 
     When only some layers are wanted, hooks on those layers' attention modules catch their weights
-    and the model is asked for none, so the other layers' O(T²) tensors are never kept alive.
+    and the model is asked for none, so the other layers' O(T²) tensors are never kept alive. When all
+    are, hooks catch them too and the pass stops after the last layer's attention (`_forward_until`):
+    the last layer's output projection and feed-forward, and a pooler, feed no attention weight.
     """
     refuse_cross_reader(lm)
     have = attention_layers(lm)
@@ -144,7 +146,9 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
         caught = _forward_hooked(lm, ids, mask, wanted, extra)
         if caught is not None:
             return caught
-    out = forward_one_stream(lm, ids, mask, output_attentions=True, extra=extra)
+    early, out = _forward_until(lm, ids, mask, wanted, extra)
+    if early is not None:
+        return early
     att = getattr(out, "attentions", None)
     if not att or any(a is None for a in att):
         raise RuntimeError(
@@ -193,6 +197,46 @@ def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict |
     if any(caught.get(layer) is None for layer in wanted):
         return None
     return [caught[layer] for layer in wanted]
+
+
+class _AllCaught(Exception):
+    """Raised by `_forward_until`'s hook once the last wanted layer's weights are caught: the rest of the
+    forward pass (that layer's output projection and feed-forward, the layers after it, a pooler) is not run."""
+
+
+def _forward_until(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict | None = None):
+    """`(weights, None)`: the wanted layers' weights, caught from their attention modules, the forward pass
+    stopped right after the last of them (nothing after it feeds any attention weight); `(None, out)`: the
+    model's whole output, asked for its weights, where that cannot work (a family without hooks, a model
+    whose attention modules do not hand back their weights, a model that accelerate places or offloads, whose
+    own hooks must run to their end)."""
+    family = None
+    if not getattr(lm.model, "hf_device_map", None):
+        try:
+            family = family_for(lm.config)
+        except (UnsupportedArchitecture, UnsupportedFeature):
+            family = None
+    if family is None:
+        return None, forward_one_stream(lm, ids, mask, output_attentions=True, extra=extra)
+    caught: dict[int, torch.Tensor] = {}
+
+    def grab(layer):
+        def hook(module, args, out):
+            weights = out[-1] if isinstance(out, tuple) and len(out) > 1 else None
+            if isinstance(weights, torch.Tensor):
+                caught[layer] = weights
+                if len(caught) == len(wanted):
+                    raise _AllCaught
+        return hook
+
+    handles = family.hook_layers(base_model(lm), lm.config, wanted, grab, where="attention", pre=False)
+    try:
+        return None, forward_one_stream(lm, ids, mask, output_attentions=True, extra=extra)
+    except _AllCaught:
+        return [caught[layer] for layer in wanted], None
+    finally:
+        for h in handles:
+            h.remove()
 
 
 def seq2seq_inputs(sources: Sequence[Encoded], targets: Sequence[Encoded], device: torch.device) -> dict:

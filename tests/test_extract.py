@@ -289,6 +289,43 @@ def test_chosen_layers_are_caught_by_hooks_and_match(tiny):
         torch.testing.assert_close(p.attention, f.attention[row : row + 1], atol=1e-6, rtol=0)
 
 
+def test_all_layers_stop_after_the_last_attention_and_match(tiny):
+    """`forward_batch` of every layer catches the weights from the attention modules and stops the forward pass
+    after the last one: the same tensors, bit for bit, as the whole forward pass asked for its attention."""
+    from headscope.probe.encoding import encode, pad_batch
+    from headscope.probe.forward import _forward_until, attention_layers, base_model, forward_batch
+
+    enc = [encode(tiny, TEXTS[0]), encode(tiny, TEXTS[2])]
+    ids, mask = pad_batch(enc, tiny.device)
+    wanted = list(attention_layers(tiny))
+    with torch.inference_mode():
+        early, out = _forward_until(tiny, ids, mask, wanted)
+        whole = base_model(tiny)(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False).attentions
+        got = forward_batch(tiny, enc)
+    assert (early is None) != (out is None)
+    if early is not None:  # stopped: the model returned nothing, the hooks caught every layer
+        assert len(early) == len(wanted)
+    assert len(got) == len(whole) == len(wanted)
+    for g, w in zip(got, whole):
+        assert torch.equal(g, w)
+
+
+def test_an_encoder_decoders_encoder_stops_after_its_last_attention_and_matches(tiny_seq2seq):
+    """Without a target the encoder runs alone: its weights, caught and stopped early, are its own output's."""
+    from headscope.probe.encoding import encode, pad_batch
+    from headscope.probe.forward import _forward_until, attention_layers, base_model, forward_batch
+
+    lm = tiny_seq2seq
+    enc = [encode(lm, TEXTS[0]), encode(lm, TEXTS[2])]
+    ids, mask = pad_batch(enc, lm.device)
+    with torch.inference_mode():
+        early, _ = _forward_until(lm, ids, mask, list(attention_layers(lm)))
+        whole = base_model(lm).get_encoder()(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+        got = forward_batch(lm, enc)
+    assert early is not None and len(got) == len(whole)
+    assert all(torch.equal(g, w) for g, w in zip(got, whole))
+
+
 def test_heads_reads_the_model_once_and_tokenises_each_text_once(monkeypatch):
     """The corpus path's per-text costs that are not per text: `learned_sinks` (a walk over every parameter
     name) is read once per stream of texts, not once per map or window, and under attention='auto' (the default) a chunk's

@@ -224,3 +224,37 @@ def test_repeated_sequences_batched_score_as_each_sequence():
                 hits = [(q, k) for q in range(t) for k in range(1, q + 1) if seq[k - 1] == seq[q]]
             scores.append(sum(a[q][k] for q, k in hits) / sum(map(sum, a)))
         assert r.n == sum(map(len, seqs)) and r.value == pytest.approx(sum(scores) / len(seqs), abs=1e-9), r
+
+
+@pytest.mark.parametrize("include_special", [True, False])
+def test_scored_rows_are_each_texts_own_pooled_map(include_special):
+    """`BatchRows.scored` (query pieces summed by `index_add_`, keys and key sets by one matmul) against a
+    per-text loop: text i's block is its own word map (mean over query pieces, sum over key pieces, special
+    words removed and rows renormalised), its extra columns each key set's share, zeros past its words."""
+    from headscope.analyses.batches import BatchRows
+
+    gen = torch.Generator().manual_seed(5)
+    plan = HeadScoreAccumulator(model="toy")._plan
+    batch, own = _padded_batch(gen, [6, 1, 9, 4], causal=False, with_special=True)
+    rows = BatchRows.of(batch.units, plan, causal=False, level="word", include_special=include_special,
+                        n_tokens=batch.attention[0].shape[-1])
+    u = rows.scored(batch.attention)  # [text, query, layer, head, column]
+    n, s = rows.n_units, len(plan.key_shares)
+    assert u.shape[-1] == n + rows.extra and rows.extra == s + (not include_special)
+    for i, (units, a) in enumerate(own):
+        a = a.double()
+        words = to_word_level(units)
+        keep = [w for w, sp in enumerate(words.special) if include_special or not sp]
+        pieces = [[t for t, w in enumerate(units.word_index) if w == v] for v in keep]
+        m = torch.zeros(*a.shape[:2], len(keep), len(keep), dtype=torch.float64)
+        for x, qs in enumerate(pieces):
+            for y, ks in enumerate(pieces):
+                m[:, :, x, y] = a[:, :, qs][:, :, :, ks].sum(-1).mean(-1)
+        if not include_special:
+            m = m / m.sum(-1, keepdim=True)
+        k = len(keep)
+        got = u[i, :k, :, :, :k].permute(1, 2, 0, 3).double()  # [layer, head, query, key]
+        torch.testing.assert_close(got, m, atol=1e-6, rtol=0)
+        assert not u[i, k:].any() and not u[i, :, :, :, k:n].any()
+        members = rows.targets[i, :k].double()  # [word, set]
+        torch.testing.assert_close(u[i, :k, :, :, n : n + s].permute(1, 2, 0, 3).double(), m @ members, atol=1e-6, rtol=0)
