@@ -10,6 +10,7 @@ whole model over (source, target) pairs, giving encoder self, decoder self and c
 from __future__ import annotations
 
 import inspect
+import threading
 from typing import Sequence
 
 import torch
@@ -181,9 +182,12 @@ def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict |
         return None
     base = base_model(lm)
     caught: dict[int, torch.Tensor | None] = {}
+    mine = threading.get_ident()  # another thread's pass through the same model (a server's) is not caught
 
     def grab(layer):
         def hook(module, args, out):
+            if threading.get_ident() != mine:
+                return
             # the weights come last: (output, weights), or (output, position_bias, weights) in T5
             caught[layer] = out[-1] if isinstance(out, tuple) and len(out) > 1 else None
         return hook
@@ -219,9 +223,12 @@ def _forward_until(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict | 
     if family is None:
         return None, forward_one_stream(lm, ids, mask, output_attentions=True, extra=extra)
     caught: dict[int, torch.Tensor] = {}
+    mine = threading.get_ident()  # another thread's pass through the same model is neither caught nor stopped
 
     def grab(layer):
         def hook(module, args, out):
+            if threading.get_ident() != mine:
+                return
             weights = out[-1] if isinstance(out, tuple) and len(out) > 1 else None
             if isinstance(weights, torch.Tensor):
                 caught[layer] = weights

@@ -365,3 +365,34 @@ def test_split_batch_gives_each_text_its_maps_and_lets_the_batch_go(heads_at):
     for g_, w in zip(got, want):
         assert g_.dtype == torch.float16 and torch.equal(g_, w)
     assert all(torch.equal(a, b) for a, b in zip(kept, before))  # the tensors themselves untouched
+
+
+@pytest.mark.parametrize("layers", [None, [0]])
+def test_another_threads_pass_through_the_same_model_is_not_caught(layers):
+    """A server runs requests for two names of one model in two threads: a pass that starts while another
+    thread's hooked pass is inside the model must neither feed that pass's weights nor be stopped by it."""
+    import threading
+
+    lm = tiny_model("llama")
+    a_text, b_text = "The cat sat on the mat.", "A dog ran far away from home, then came back."
+    want = {t: extract(lm, t, layers=layers)[0].attention for t in (a_text, b_text)}
+    got = {}
+    first = base_model(lm).layers[0]
+    done = []
+
+    def other_thread(module, args):
+        if done:
+            return
+        done.append(1)  # once: B's whole pass runs while A's pass waits inside layer 0
+        t = threading.Thread(target=lambda: got.__setitem__(b_text, extract(lm, b_text, layers=layers)[0].attention))
+        t.start()
+        t.join()
+
+    h = first.register_forward_pre_hook(other_thread)
+    try:
+        got[a_text] = extract(lm, a_text, layers=layers)[0].attention
+    finally:
+        h.remove()
+    assert done and set(got) == {a_text, b_text}
+    for t in got:
+        assert torch.equal(got[t], want[t])
