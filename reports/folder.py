@@ -29,6 +29,7 @@ from headscope.probe.types import json_safe
 
 from .analysis import ModelAnalysis
 from .canvas import check_width
+from .drawing import DrawingPool
 from .html import build_report
 
 __all__ = ["report", "ReportFolder", "ReportFolderError", "check_report_folder", "not_a_report", "versions"]
@@ -125,13 +126,13 @@ def report(analyses: Sequence[ModelAnalysis], out: str | Path, *, force: bool = 
            settings: Mapping[str, Any] | None = None, record: Mapping[str, Any] | None = None,
            formats: Sequence[str] = ("png",), dpi: int = 100, width: float | None = None,
            check: Callable[[], None] = lambda: None, committed: Callable[[], None] = lambda: None,
-           started: float | None = None, workers: int | None = None) -> ReportFolder:
+           started: float | None = None, workers: int | None = None, pool: DrawingPool | None = None) -> ReportFolder:
     """Write the report of `analyses` (one `ModelAnalysis` per model, side by side) into the folder `out`.
 
     `settings` are shown on the page and recorded in run.json; `record` adds (or overrides) run.json
     keys (`headscope run` records its sentences there, `compare` its comparison). `formats`, `dpi`
     and `width` (inches) shape the figure files, drawn on `workers` processes (default: one per core;
-    `reports.drawing.draw_all`). `check()` runs before anything is moved (an
+    `reports.drawing.draw_all`), or on a `reports.drawing.DrawingPool` already started and this process. `check()` runs before anything is moved (an
     interrupt check), `committed()` the moment the new folder is in place (`write_folder`); `started` (a `time.perf_counter()` value) dates `seconds.total` in run.json.
     `ReportFolderError` when `out` must not be replaced; an interrupted or failed write leaves `out`
     as it was.
@@ -148,7 +149,7 @@ def report(analyses: Sequence[ModelAnalysis], out: str | Path, *, force: bool = 
     t0 = time.perf_counter()
     the_versions = versions()
     page = build_report(analyses, title=title, settings=settings, versions=the_versions, dpi=dpi, formats=formats,
-                        width=width, workers=workers)
+                        width=width, workers=workers, pool=pool)
     check()
     seconds_report = time.perf_counter() - t0
     figures = tuple(f"figures/{n}" for f in page.figures for n in f.written)

@@ -30,7 +30,7 @@ from headscope.probe.words import to_word_level
 
 from .analysis import ModelAnalysis
 from .canvas import FORMATS
-from .drawing import Drawn, compact_png, draw_all
+from .drawing import Drawn, DrawingPool, compact_png, draw_all
 from .page import CSP, csp_hash, environment, script_json, static_script, static_text
 from .panels import FIGURES, STACKS, FigureSpec, Panel, plotted_metrics, slug, start_head
 from .payload import SCALE, attention_ints, attention_payload, image_payload, with_keys
@@ -300,12 +300,14 @@ def build_report(
     formats: Sequence[str] = ("png",),
     width: float | None = None,
     workers: int | None = None,
+    pool: DrawingPool | None = None,
 ) -> Report:
     """Figures, tables and the HTML page for one or more models (side by side).
 
     `formats` (of `reports.canvas.FORMATS`), `dpi` and `width` (inches, a paper's column) shape the
     figure files; the page inlines the PNG at `dpi` and the figures' own size. The figures are drawn on
-    `workers` processes (`reports.drawing.draw_all`; default: one per core, 1: all in this one).
+    `workers` processes (`reports.drawing.draw_all`; default: one per core, 1: all in this one), or on the
+    started `pool`'s and this one.
     """
     from markupsafe import Markup
 
@@ -317,7 +319,7 @@ def build_report(
     jobs = [_figure_jobs(s) for s in analyses]
     # The page always shows the PNG at the figure's own size; `formats` and `width` shape only the files.
     drawn = iter(draw_all([(spec.draw, panel.args) for model in jobs for spec, panel in model], dpi=dpi,
-                          formats=tuple(dict.fromkeys(formats)), width=width, workers=workers))
+                          formats=tuple(dict.fromkeys(formats)), width=width, workers=workers, pool=pool))
     per_model = [_figure_files(s, name, model, [next(drawn) for _ in model])
                  for s, name, model in zip(analyses, _file_names(analyses), jobs)]
     figures = [f for figs in per_model for f in figs]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import multiprocessing
+import time
 from concurrent.futures import ProcessPoolExecutor
 
 import pytest
@@ -63,3 +64,76 @@ def test_one_core_or_few_figures_start_no_process(monkeypatch):
     jobs = _jobs()
     assert len(drawing.draw_all(jobs, workers=1)) == len(jobs)
     assert len(drawing.draw_all(jobs[: drawing.PARALLEL_FROM - 1], workers=8)) == drawing.PARALLEL_FROM - 1
+
+
+def test_the_pages_copy_is_made_from_the_drawn_pixels():
+    for fn, args in _jobs()[:3]:
+        d = drawing.draw(fn, args)
+        assert d.inline == drawing.compact_png(d.png)  # the same as decoding the PNG again
+
+
+def test_a_started_pool_draws_a_report_like_the_serial_one_and_stays_open(monkeypatch):
+    serial = build_report([_analysis()], workers=1)
+    from headscope.reports import canvas
+
+    here = []
+    real = canvas.to_png
+    monkeypatch.setattr(canvas, "to_png", lambda *a, **k: here.append(1) or real(*a, **k))  # this process's draws
+    with drawing.DrawingPool(2) as pool:
+        for _ in range(2):  # a second report uses the same workers
+            for _ in range(600):
+                if pool.warm:
+                    break
+                time.sleep(0.1)
+            assert pool.warm
+            here.clear()
+            pooled = build_report([_analysis()], pool=pool)
+            assert [f.png for f in pooled.figures] == [f.png for f in serial.figures]
+            assert [f.inline for f in pooled.figures] == [f.inline for f in serial.figures]
+            assert 0 < len(here) < len(serial.figures)  # the worker drew the rest
+
+
+def test_a_pool_of_one_starts_no_process(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise AssertionError("no pool expected")
+
+    monkeypatch.setattr("concurrent.futures.ProcessPoolExecutor", refuse)
+    with drawing.DrawingPool(1) as pool:
+        assert pool.executor is None and pool.warm
+        assert len(drawing.draw_all(_jobs()[:5], pool=pool)) == 5
+
+
+def test_a_pools_worker_ends_when_the_process_that_started_it_is_killed(tmp_path):
+    # Killed outright, the starter closes nothing: its worker must notice on its own, or it would live on holding
+    # the run's output pipes (a caller reading them to their end would wait forever).
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    script = ("import os, time\n"
+              "from headscope.reports.drawing import DrawingPool\n"
+              "pool = DrawingPool(2)\n"
+              "while not pool.warm:\n"
+              "    time.sleep(0.05)\n"
+              "print(*[p.pid for p in pool.executor._processes.values()], flush=True)\n"
+              "time.sleep(600)\n")
+    starter = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    try:
+        [worker] = map(int, starter.stdout.readline().split())
+        os.kill(starter.pid, signal.SIGKILL)
+        starter.wait()
+        for _ in range(600):  # a liveness check, not a timing: at most a minute
+            try:
+                os.kill(worker, 0)
+            except ProcessLookupError:
+                break
+            with open(f"/proc/{worker}/stat") as stat:  # a zombie has ended (its parent, killed, cannot reap it)
+                if stat.read().split(") ")[1].startswith("Z"):
+                    break
+            time.sleep(0.1)
+        else:
+            os.kill(worker, signal.SIGKILL)
+            raise AssertionError("the drawing worker outlived the process that started it")
+    finally:
+        starter.kill()

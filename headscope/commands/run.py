@@ -157,6 +157,7 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
     import matplotlib
 
     from headscope import REPORT_SENTENCES, RunSettings, analyse_model, report
+    from headscope.reports.drawing import DrawingPool
     from headscope.reports.folder import ReportFolderError
 
     matplotlib.use("Agg")  # the CLI never shows a window; notebooks keep their own backend
@@ -198,8 +199,10 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
         mechanisms=mechanisms, images=tuple(images))
     world = join_run(device)
 
-    # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser.
-    with Interrupts() as interrupts:
+    # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser. The
+    # figures' worker processes start now (on the process that writes the report), their imports beside the
+    # model's loading and the analyses, so that the report draws on every core at once.
+    with Interrupts() as interrupts, DrawingPool(None if world.is_main else 1) as pool:
         analyses = []
         for name in names:
             t0 = time.perf_counter()
@@ -235,7 +238,7 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
         try:
             written = report(analyses, out_dir, force=force, settings=shown, record={"settings": recorded},
                              formats=formats, dpi=dpi, width=width, check=interrupts.check,
-                             committed=lambda: interrupts.commit(str(out_dir)), started=t_start)
+                             committed=lambda: interrupts.commit(str(out_dir)), started=t_start, pool=pool)
         except ReportFolderError as exc:
             fail(str(exc))
         except OSError as exc:
