@@ -92,7 +92,6 @@ __all__ = [
 
 # Clark et al. 2019 aggregate to words and keep [CLS]/[SEP]: `probe.names.DEFAULT_LEVEL`, `DEFAULT_INCLUDE_SPECIAL`.
 
-_BATCH_BYTES = 32 * 2**20  # `update_batch` stacks a batch's layers up to this size at a time (at least one layer)
 _TABLE_COLUMNS = ["model", "layer", "head", "metric", "value", "n"]
 _ROLE_COLUMNS = ["model", "layer", "head", "role", "metric", "value", "threshold"]
 
@@ -237,13 +236,11 @@ class HeadScoreAccumulator:
     def update_batch(self, batch: AttentionBatch) -> None:
         """Fold in a whole padded batch of texts' eager attention at once (`probe.AttentionBatch`): the sums
         `update` gives each text's map, taken over the batch with masked reductions (`analyses.batches`),
-        equal up to the order of float32 additions. Word pooling and special units as `update`."""
+        equal up to the order of float32 additions, one layer at a time (`batch_fold`, as `hs.heads` scores
+        each layer as its forward pass gives it). Word pooling and special units as `update`."""
         fold = self.batch_fold(batch)
-        att = batch.attention
-        b, h, t = att[0].shape[:3]
-        step = max(1, _BATCH_BYTES // (b * h * t * t * 4))  # layers scored at once: their stacked copy is bounded
-        for start in range(0, len(att), step):
-            fold.layers(start, att[start : start + step])
+        for i, a in enumerate(batch.attention):
+            fold(i, a)
         fold.commit()
 
     def update_blocks(self, units: Units, blocks: Iterable[Block], *, causal: bool, layers: Sequence[int],
@@ -294,8 +291,8 @@ class HeadScoreAccumulator:
         """A padded batch folded in one layer at a time: call the fold with each layer's place in `batch.layers`
         and its `(text, head, query, key)` weights, padding zero (`LayerwiseBatch.run(fold)` does, as the forward
         pass gives them, so one layer of the batch is alive at a time), then `fold.commit()`, which adds the
-        batch to the sums (a fold never committed adds nothing). The sums are those of `update_batch`
-        (`repeated`: of `update_repeated_batch`) of the whole batch, layer for layer."""
+        batch to the sums (a fold never committed adds nothing). `update_batch` (`repeated`:
+        `update_repeated_batch`) of the whole batch is this fold fed every layer in turn."""
         if repeated:
             _check_causal(batch.causal)
         if self.model is None:
@@ -430,23 +427,16 @@ class BatchFold:
 
     def __call__(self, i: int, a: torch.Tensor) -> None:
         """Score layer `i` (its place in the batch's layers): `a` its `(text, head, query, key)` weights."""
-        self.layers(i, (a,))
-
-    def layers(self, start: int, att: Sequence[torch.Tensor]) -> None:
-        """Score layers `start`, `start + 1`, ... at once (texts: their rows stacked; sequences: one by one)."""
         plan = self._acc._plan
         if self._repeated:
-            columns = plan.pattern_columns.tolist()
-            for layer, a in enumerate(att, start):
-                matched, total = pattern_batch_sums(a, self._patterns)  # [pattern, text, head], [text, head]
-                self._sums[layer, :, columns] = (matched / total).sum(1).T.cpu()
+            matched, total = pattern_batch_sums(a, self._patterns)  # [pattern, text, head], [text, head]
+            self._sums[i, :, plan.pattern_columns.tolist()] = (matched / total).sum(1).T.cpu()
             return
-        device = att[0].device
-        if device not in self._rows:
-            self._rows[device] = next(iter(self._rows.values())).to(device)
-        rows = self._rows[device]
-        u = rows.scored(att)  # [text, unit, layer, head, column]
-        self._sums[start : start + len(att), :, plan.corpus_columns] = batch_sums(u, rows, plan).cpu()
+        if a.device not in self._rows:  # a model placed over devices: each layer where it ran
+            self._rows[a.device] = next(iter(self._rows.values())).to(a.device)
+        rows = self._rows[a.device]
+        u = rows.scored((a,))  # [text, unit, layer, head, column]
+        self._sums[i : i + 1, :, plan.corpus_columns] = batch_sums(u, rows, plan).cpu()
 
     def commit(self) -> None:
         """Add the batch's sums, rows and texts (or sequences) to the accumulator's."""

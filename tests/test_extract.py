@@ -346,6 +346,14 @@ def test_an_encoder_decoders_encoder_stops_after_its_last_attention_and_matches(
 
 
 def test_each_layer_is_handed_over_alone_in_layer_order(tiny):
+    _each_layer_alone(tiny)
+
+
+def test_an_encoders_layers_are_handed_over_alone_in_layer_order(tiny_seq2seq):
+    _each_layer_alone(tiny_seq2seq)
+
+
+def _each_layer_alone(tiny):
     """`forward_each_layer` hands every layer's weights over as the pass gives them, in layer order, the same
     tensors as `forward_batch`'s; the model keeps none of them, so a layer handed over and let go is gone
     once the next but one comes (where the modules give weights unasked; a model's loop may still hold the

@@ -265,9 +265,10 @@ def test_scored_rows_are_each_texts_own_pooled_map(include_special):
 
 def test_layer_by_layer_folds_score_as_the_whole_batch():
     """`hs.heads` scores each batch's layers as its forward pass gives them (`LayerwiseBatch.run` into
-    `HeadScoreAccumulator.batch_fold`): the scores of the whole-batch path (`update_batch` of every layer at
-    once, `update_repeated_batch`) within float32 reordering (texts) and bit for bit (sequences), with
-    the caller's batch tensors and the model untouched; a fold that is not committed adds nothing."""
+    `HeadScoreAccumulator.batch_fold`): the scores of the whole-batch path (`update_batch`,
+    `update_repeated_batch` of the batch with every layer at once), bit for bit, with the caller's batch
+    tensors and the model untouched, and within 1e-6 of each text's and sequence's own map scored alone; a
+    fold that is not committed adds nothing."""
     from headscope.probe.sources import source_for
 
     lm = tiny_model("llama")
@@ -290,10 +291,15 @@ def test_layer_by_layer_folds_score_as_the_whole_batch():
             batch.run(fold)
             fold.commit()
     a, b = whole.result().table, layerwise.result().table
-    assert (a.n == b.n).all() and (a.value.isna() == b.value.isna()).all()
-    assert float((a.value - b.value).abs().max()) <= 1e-6
-    pattern = a.metric.isin(["duplicate_token", "induction"])
-    assert pattern.any() and a[pattern].value.equals(b[pattern].value)
+    assert a.equals(b) and a.metric.isin(["duplicate_token", "induction"]).any() and a.value.notna().any()
+    per_map = HeadScoreAccumulator(model=lm.name)  # each text's and sequence's own map, no batch at all
+    for m in extract(lm, texts):
+        per_map.update(m)
+    for m in extract_ids(lm, seqs):
+        per_map.update_repeated(m)
+    c = per_map.result().table
+    assert (c.n == b.n).all() and (c.value.isna() == b.value.isna()).all()
+    assert float((c.value - b.value).abs().max()) <= 1e-6
     workflow = hs.heads(lm, texts, induction_sequences=5, induction_length=6, seed=2, batch_size=2).table
     assert workflow.value.equals(b.value)  # the workflow is this layer-by-layer path
     assert all(torch.equal(v, weights[k]) for k, v in lm.model.state_dict().items())
