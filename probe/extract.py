@@ -21,7 +21,7 @@ from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
 from .vision_language import default_texts, encode_with_images
-from .types import AttentionMap, LayerwiseBatch, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight, whole_number
+from .types import AttentionMap, CrossAttentionMap, LayerwiseBatch, Level, Seq2SeqAttention, Units, Weight, whole_number
 from .words import Segmenter, to_word_level
 
 __all__ = ["extract", "extract_ids", "iter_extract", "extract_encoded", "batches_encoded"]

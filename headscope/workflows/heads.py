@@ -58,9 +58,11 @@ def heads(
     scores read attention) and `meta["weight"]` says "norm".
 
     Texts stream through the attention source into `analyses.heads.HeadScoreAccumulator`; only
-    one layer of one batch's attention is alive at once (each window of `window` batches sorted by length
-    together: less padding), each eager batch's layers scored as its forward pass gives them, padding masked
-    (`HeadScoreAccumulator.batch_fold`, the sums of `update_batch`), never cut into per-text maps.
+    the layer being scored of one batch is alive, not the batch's every layer (each window of `window`
+    batches sorted by length together: less padding): each eager batch's layers are scored as its forward
+    pass gives them, padding masked (`HeadScoreAccumulator.batch_fold`, the sums of `update_batch`), never
+    cut into per-text maps (a model whose attention gives its weights only when asked, DeBERTa v2 or MPNet,
+    keeps a batch's layers until its pass ends).
     For decoders, repeated random token sequences (`induction_inputs`) give the duplicate-token
     and induction scores; `induction_sequences=0` skips them. `total` sizes the progress bar
     (stderr); `source` names the corpus in `meta`. An encoder–decoder model's texts are sources:
