@@ -66,7 +66,7 @@ import torch
 
 from headscope.probe.names import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Level
 from headscope.probe.recompute import Block
-from headscope.probe.types import AttentionBatch, AttentionMap, Units, head_name
+from headscope.probe.types import AttentionBatch, AttentionMap, LayerwiseBatch, Units, head_name
 from headscope.probe.words import to_word_level
 
 from .batches import BatchRows, batch_sums, pattern_batch_sums, unit_columns
@@ -83,6 +83,7 @@ __all__ = [
     "DEFAULT_INCLUDE_SPECIAL",
     "HeadScores",
     "HeadScoreAccumulator",
+    "BatchFold",
     "score_corpus",
     "assign_roles",
     "is_punctuation",
@@ -91,7 +92,6 @@ __all__ = [
 
 # Clark et al. 2019 aggregate to words and keep [CLS]/[SEP]: `probe.names.DEFAULT_LEVEL`, `DEFAULT_INCLUDE_SPECIAL`.
 
-_BATCH_BYTES = 32 * 2**20  # `update_batch` stacks a batch's layers up to this size at a time (at least one layer)
 _TABLE_COLUMNS = ["model", "layer", "head", "metric", "value", "n"]
 _ROLE_COLUMNS = ["model", "layer", "head", "role", "metric", "value", "threshold"]
 
@@ -236,23 +236,12 @@ class HeadScoreAccumulator:
     def update_batch(self, batch: AttentionBatch) -> None:
         """Fold in a whole padded batch of texts' eager attention at once (`probe.AttentionBatch`): the sums
         `update` gives each text's map, taken over the batch with masked reductions (`analyses.batches`),
-        equal up to the order of float32 additions. Word pooling and special units as `update`."""
-        if self.model is None:
-            self.model = str(batch.meta.get("model", ""))
-        self.no_attention = self.no_attention or batch.no_attention
-        self._start(tuple(batch.layers), tuple(batch.heads))
-        plan = self._plan
-        rows = BatchRows.of(batch.units, plan, causal=batch.causal, level=self.level,
-                            include_special=self.include_special,
-                            n_tokens=batch.attention[0].shape[-1]).to(batch.attention[0].device)
-        att = batch.attention
-        b, h, t = att[0].shape[:3]
-        step = max(1, _BATCH_BYTES // (b * h * t * t * 4))  # layers scored at once: their stacked copy is bounded
-        for start in range(0, len(att), step):
-            u = rows.scored(att[start : start + step])  # [text, unit, layer, head, column]
-            self._sums[start : start + step, :, plan.corpus_columns] += batch_sums(u, rows, plan).cpu()
-        self._counts[plan.corpus_columns] += rows.counts
-        self._n_texts += len(batch)
+        equal up to the order of float32 additions, one layer at a time (`batch_fold`, as `hs.heads` scores
+        each layer as its forward pass gives it). Word pooling and special units as `update`."""
+        fold = self.batch_fold(batch)
+        for i, a in enumerate(batch.attention):
+            fold(i, a)
+        fold.commit()
 
     def update_blocks(self, units: Units, blocks: Iterable[Block], *, causal: bool, layers: Sequence[int],
                       heads: Sequence[int]) -> None:
@@ -293,25 +282,24 @@ class HeadScoreAccumulator:
         """`update_repeated` of every sequence of a padded batch (`probe.AttentionBatch`, token-level units with
         their token ids) at once: per layer, `Σ A⊙P` and `Σ A` of each sequence in float64 by one batched
         matmul per pattern (`analyses.batches.pattern_batch_sums`), then divided, as each map would give them."""
-        _check_causal(batch.causal)
+        fold = self.batch_fold(batch, repeated=True)
+        for i, a in enumerate(batch.attention):
+            fold(i, a)
+        fold.commit()
+
+    def batch_fold(self, batch: AttentionBatch | LayerwiseBatch, *, repeated: bool = False) -> "BatchFold":
+        """A padded batch folded in one layer at a time: call the fold with each layer's place in `batch.layers`
+        and its `(text, head, query, key)` weights, padding zero (`LayerwiseBatch.run(fold)` does, as the forward
+        pass gives them, so one layer of the batch is alive at a time), then `fold.commit()`, which adds the
+        batch to the sums (a fold never committed adds nothing). `update_batch` (`repeated`:
+        `update_repeated_batch`) of the whole batch is this fold fed every layer in turn."""
+        if repeated:
+            _check_causal(batch.causal)
         if self.model is None:
             self.model = str(batch.meta.get("model", ""))
+        self.no_attention = self.no_attention or batch.no_attention
         self._start(tuple(batch.layers), tuple(batch.heads))
-        plan = self._plan
-        n = batch.attention[0].shape[-1]
-        patterns = [torch.zeros(len(batch), n, n, dtype=torch.float64) for _ in plan.pattern]
-        for i, u in enumerate(batch.units):
-            t = len(u.token_ids)
-            if u.level != "token" or t != len(u.special):
-                raise ValueError("induction scores need token-level units with their token_ids")
-            for j, pattern in enumerate(plan.patterns(u.token_ids)):
-                patterns[j][i, :t, :t] = pattern
-        columns = plan.pattern_columns.tolist()
-        for layer, a in enumerate(batch.attention):
-            matched, total = pattern_batch_sums(a, patterns)  # [pattern, text, head], [text, head]
-            self._sums[layer, :, columns] += (matched / total).sum(1).T.cpu()
-        self._counts[plan.pattern_columns] += float(sum(len(u.token_ids) for u in batch.units))
-        self._n_sequences += len(batch)
+        return BatchFold(self, batch, repeated=repeated)
 
     def update_repeated_blocks(self, token_ids: Sequence[int], blocks: Iterable[Block], *, causal: bool,
                                layers: Sequence[int], heads: Sequence[int]) -> None:
@@ -410,6 +398,56 @@ class HeadScoreAccumulator:
         except ValueError:
             raise ValueError(f"a block of layer {block.layer}, heads {block.heads} is outside the layers "
                              f"{self._layers} and heads {self._heads} being scored") from None
+
+
+class BatchFold:
+    """One padded batch's sums, layer by layer (`HeadScoreAccumulator.batch_fold`): `[layer, head, metric]`
+    float64 of its own, added to the accumulator's by `commit()`."""
+
+    def __init__(self, acc: HeadScoreAccumulator, batch: AttentionBatch | LayerwiseBatch, *, repeated: bool) -> None:
+        self._acc, self._repeated, self._n = acc, repeated, len(batch)
+        plan = acc._plan
+        self._sums = torch.zeros_like(acc._sums)
+        self._rows: dict[torch.device, BatchRows] = {}  # the batch's rows where its layers are (texts)
+        if repeated:
+            n = batch.n_tokens
+            self._patterns = [torch.zeros(len(batch), n, n, dtype=torch.float64) for _ in plan.pattern]
+            for i, u in enumerate(batch.units):
+                t = len(u.token_ids)
+                if u.level != "token" or t != len(u.special):
+                    raise ValueError("induction scores need token-level units with their token_ids")
+                for j, pattern in enumerate(plan.patterns(u.token_ids)):
+                    self._patterns[j][i, :t, :t] = pattern
+            self._counts = float(sum(len(u.token_ids) for u in batch.units))
+        else:
+            rows = BatchRows.of(batch.units, plan, causal=batch.causal, level=acc.level,
+                                include_special=acc.include_special, n_tokens=batch.n_tokens)
+            self._rows[rows.counts.device] = rows
+            self._counts = rows.counts
+
+    def __call__(self, i: int, a: torch.Tensor) -> None:
+        """Score layer `i` (its place in the batch's layers): `a` its `(text, head, query, key)` weights."""
+        plan = self._acc._plan
+        if self._repeated:
+            matched, total = pattern_batch_sums(a, self._patterns)  # [pattern, text, head], [text, head]
+            self._sums[i, :, plan.pattern_columns.tolist()] = (matched / total).sum(1).T.cpu()
+            return
+        if a.device not in self._rows:  # a model placed over devices: each layer where it ran
+            self._rows[a.device] = next(iter(self._rows.values())).to(a.device)
+        rows = self._rows[a.device]
+        u = rows.scored((a,))  # [text, unit, layer, head, column]
+        self._sums[i : i + 1, :, plan.corpus_columns] = batch_sums(u, rows, plan).cpu()
+
+    def commit(self) -> None:
+        """Add the batch's sums, rows and texts (or sequences) to the accumulator's."""
+        acc, plan = self._acc, self._acc._plan
+        acc._sums += self._sums
+        if self._repeated:
+            acc._counts[plan.pattern_columns] += self._counts
+            acc._n_sequences += self._n
+        else:
+            acc._counts[plan.corpus_columns] += self._counts
+            acc._n_texts += self._n
 
 
 def _check_causal(causal: bool) -> None:

@@ -2,8 +2,8 @@
 verification vs the plain forward pass. All in this process, same inputs, interleaved repeats.
 
 - `heads_vs_bare`: `headscope.heads` (what `headscope heads` and the notebook API
-  run: texts stream through the attention source, each padded batch scored whole by
-  `analyses.heads.HeadScoreAccumulator.update_batch`, plus the repeated random sequences for decoders) against a loop of `base(input_ids, attention_mask,
+  run: texts stream through the attention source, each padded batch scored layer by layer as
+  its forward pass gives them (`analyses.heads.HeadScoreAccumulator.batch_fold`), plus the repeated random sequences for decoders) against a loop of `base(input_ids, attention_mask,
   output_attentions=True)` over the very same padded batches, tokenised beforehand. The bare loop
   gets no tokenisation, no LM head and no scoring, so the ratio is everything ours adds.
 - `heads_vs_naive`: the way peer scripts do it — one text at a time through the model, every full

@@ -15,13 +15,13 @@ from typing import Callable, Iterable, Iterator, Sequence
 import torch
 
 from .encoding import Encoded, check_texts, checked_stream, encode_many, encode_targets, text_source, text_units
-from .forward import forward_batch, forward_seq2seq, is_seq2seq, learned_sinks
+from .forward import forward_batch, forward_each_layer, forward_seq2seq, is_seq2seq, learned_sinks
 from .images import check_images, encode_images, for_input, require_modality
 from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
 from .vision_language import default_texts, encode_with_images
-from .types import AttentionBatch, AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight, whole_number
+from .types import AttentionMap, CrossAttentionMap, LayerwiseBatch, Level, Seq2SeqAttention, Units, Weight, whole_number
 from .words import Segmenter, to_word_level
 
 __all__ = ["extract", "extract_ids", "iter_extract", "extract_encoded", "batches_encoded"]
@@ -120,10 +120,12 @@ def extract_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: 
 
 def batches_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: int = 8,
                     facts: MapFacts | None = None, units: Callable[[Encoded], Units] | None = None,
-                    by_length: bool = True) -> Iterator[AttentionBatch]:
-    """`extract_encoded`'s batches as they come out of the forward pass, not cut into maps: the texts sorted by
-    length (`by_length`), `batch_size` at a time, each an `AttentionBatch` (every layer and head, padding zeroed
-    in place), for a consumer that scores a whole batch at once (`analyses.heads.HeadScoreAccumulator`).
+                    by_length: bool = True) -> Iterator[LayerwiseBatch]:
+    """`extract_encoded`'s batches, not cut into maps: the texts sorted by length (`by_length`), `batch_size`
+    at a time, each a `LayerwiseBatch` (every layer and head) whose `run(each)` runs its forward pass and hands
+    each layer's `(text, head, query, key)` weights, padding zeroed in place, to `each` as the pass gives them
+    (`forward.forward_each_layer`), for a consumer that scores a whole batch one layer at a time
+    (`analyses.heads.HeadScoreAccumulator.batch_fold`): one layer of the batch alive, never all of them.
     `units`: each item's token units (`encoding.text_units` of a text by default)."""
     require_modality(lm, images=False)
     facts = facts or MapFacts.of(lm)
@@ -132,16 +134,27 @@ def batches_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: 
     order = sorted(encoded, key=lambda e: len(e.ids)) if by_length else list(encoded)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        att = forward_batch(lm, chunk, layer_idx)  # L × (B, nh, T, T), this batch's own tensors
-        lengths = torch.tensor([len(e.ids) for e in chunk])
-        real = torch.arange(att[0].shape[-1]) < lengths[:, None]  # (B, T): the texts' own units
-        padding = ~(real[:, :, None] & real[:, None, :])[:, None]  # (B, 1, query, key)
-        with torch.inference_mode():  # the forward's own (inference) tensors, zeroed where they are padding
-            att = tuple(a.masked_fill_(padding.to(a.device), 0) for a in att)
-        yield AttentionBatch(units=tuple(units(e) for e in chunk), attention=att,
-                             causal=lm.is_causal, layers=tuple(layer_idx), heads=tuple(head_idx),
-                             meta=dict(facts.meta), no_attention=facts.no_attention)
-        del att
+        yield LayerwiseBatch(units=tuple(units(e) for e in chunk), causal=lm.is_causal, layers=tuple(layer_idx),
+                             heads=tuple(head_idx), n_tokens=max(len(e.ids) for e in chunk),
+                             run=_layerwise_run(lm, chunk, layer_idx), meta=dict(facts.meta),
+                             no_attention=facts.no_attention)
+
+
+def _layerwise_run(lm: LoadedModel, chunk: list[Encoded], layer_idx: list[int]):
+    """`LayerwiseBatch.run` of one batch: its forward pass, each layer's weights zeroed where they are padding and
+    handed to `each(i, weights)` (i: the layer's place in `layer_idx`)."""
+    lengths = torch.tensor([len(e.ids) for e in chunk])
+    real = torch.arange(int(lengths.max())) < lengths[:, None]  # (B, T): the texts' own units
+    padding = ~(real[:, :, None] & real[:, None, :])[:, None]  # (B, 1, query, key)
+    place = {layer: i for i, layer in enumerate(layer_idx)}
+
+    def run(each: Callable[[int, torch.Tensor], None]) -> None:
+        def zeroed(layer: int, a: torch.Tensor) -> None:  # the forward's own (inference) tensor, in inference mode
+            each(place[layer], a.masked_fill_(padding.to(a.device), 0))
+
+        forward_each_layer(lm, chunk, zeroed, layer_idx)
+
+    return run
 
 
 def _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dtype, truncate, segmenter, weight):

@@ -1,9 +1,10 @@
 """Run the model, get its attention: one forward pass of the model's base over one padded batch.
 
 The base model runs without its task head (no LM head: the logits over a 262k vocabulary would cost
-more than the attention) and with eager attention, asked for its weights. When only some layers are
-wanted, hooks on those layers' attention modules catch their weights instead, so the other layers'
-O(T²) tensors are never kept; when all are, the pass stops once the last layer's weights are caught. An encoder–decoder runs its encoder alone over single texts, or the
+more than the attention) and with eager attention. Hooks on the wanted layers' attention modules catch
+their weights and the pass stops once the last of them is caught; when only some layers are wanted (or
+the layers are handed over one at a time, `forward_each_layer`) the model is asked for none, so the other
+layers' O(T²) tensors are never kept. An encoder–decoder runs its encoder alone over single texts, or the
 whole model over (source, target) pairs, giving encoder self, decoder self and cross attention.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import inspect
 import threading
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -23,7 +24,7 @@ from .model import LoadedModel
 
 __all__ = ["refuse_cross_reader", "base_model", "is_seq2seq", "learned_sinks", "attention_layers", "hybrid_note", "no_attention_layers",
            "no_attention_reason",
-           "NO_SOFTMAX_LAYER_TYPES", "forward_one_stream", "extra_inputs", "pixel_inputs", "forward_batch", "forward_seq2seq", "seq2seq_inputs"]
+           "NO_SOFTMAX_LAYER_TYPES", "forward_one_stream", "extra_inputs", "pixel_inputs", "forward_batch", "forward_each_layer", "forward_seq2seq", "seq2seq_inputs"]
 
 
 def is_seq2seq(lm: LoadedModel) -> bool:
@@ -130,38 +131,30 @@ def pixel_inputs(base: torch.nn.Module, lm: LoadedModel, pixels: torch.Tensor) -
 def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[int] | None = None) -> list[torch.Tensor]:
     """Attention of the chosen layers (all by default) for one batch: a list of (B, nh, T, T).
 
-    When only some layers are wanted, hooks on those layers' attention modules catch their weights
-    and the model is asked for none, so the other layers' O(T²) tensors are never kept alive. When all
-    are, hooks catch them too and the pass stops after the last layer's attention (`_forward_until`):
-    the last layer's output projection and feed-forward, and a pooler, feed no attention weight.
+    Hooks on the wanted layers' attention modules catch their weights and the pass stops after the last of
+    them (`_catch`): the last layer's output projection and feed-forward, and a pooler, feed no attention
+    weight. When only some layers are wanted the model is asked for none, so the other layers' O(T²)
+    tensors are never kept alive.
     """
-    refuse_cross_reader(lm)
-    have = attention_layers(lm)
-    wanted = list(have) if layers is None else list(layers)
-    for layer in wanted:
-        if layer not in have:
-            raise ValueError(no_attention_reason(lm, layer))
-    ids, mask = pad_batch(items, lm.device)
-    extra = extra_inputs(lm, items)
-    if len(wanted) < lm.config.num_hidden_layers:
-        caught = _forward_hooked(lm, ids, mask, wanted, extra)
-        if caught is not None:
-            return caught
-    early, out = _forward_until(lm, ids, mask, wanted, extra)
-    if early is not None:
-        return early
-    att = getattr(out, "attentions", None)
-    if not att or any(a is None for a in att):
-        raise RuntimeError(
-            f"{lm.name} returned no attention weights although it runs eager attention "
-            f"(implementation {lm.config._attn_implementation!r}); this model class does not expose them."
-        )
-    if len(att) != len(have):
-        raise RuntimeError(f"{lm.name} returned attention for {len(att)} layers, but its config names {len(have)} "
-                           f"layers with softmax attention ({', '.join(map(str, have))}); headscope cannot tell which "
-                           f"map is which layer's")
-    row = {layer: k for k, layer in enumerate(have)}  # the model returns attention layers only, in order
-    return [att[row[layer]] for layer in wanted]
+    wanted, ids, mask, extra = _inputs(lm, items, layers)
+    caught: dict[int, torch.Tensor] = {}
+    subset = len(wanted) < lm.config.num_hidden_layers
+    _weights(lm, ids, mask, wanted, extra, caught.__setitem__, asks=(False, True) if subset else (True,))
+    return [caught[layer] for layer in wanted]
+
+
+@torch.inference_mode()
+def forward_each_layer(lm: LoadedModel, items: Sequence[Encoded], each: Callable[[int, torch.Tensor], None],
+                       layers: Sequence[int] | None = None) -> None:
+    """`forward_batch`'s weights handed over one layer at a time, as the pass gives them: `each(layer,
+    weights)` with the model's own layer number and the layer's (B, nh, T, T), in layer order, called from
+    the hook on that layer's attention module. The model is asked for no attention, so once `each` returns,
+    nothing holds the layer's weights but `each` itself: a consumer that scores them as they come keeps one
+    layer alive, never the batch's every layer. Where the attention modules give their weights only when
+    asked (DeBERTa v2, MPNet) the pass asks for them (the model then keeps them until it returns); a family
+    without hooks gives the model's whole output, handed over layer by layer."""
+    wanted, ids, mask, extra = _inputs(lm, items, layers)
+    _weights(lm, ids, mask, wanted, extra, each, asks=(False, True))
 
 
 def refuse_cross_reader(lm: LoadedModel) -> None:
@@ -174,76 +167,101 @@ def refuse_cross_reader(lm: LoadedModel) -> None:
                          "extract, heads, explain and run do not take it yet (verify does)")
 
 
-def _forward_hooked(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict | None = None) -> list[torch.Tensor] | None:
-    """The wanted layers' weights caught from their attention modules; None where that cannot work."""
-    try:
-        family = family_for(lm.config)
-    except (UnsupportedArchitecture, UnsupportedFeature):
-        return None
-    base = base_model(lm)
-    caught: dict[int, torch.Tensor | None] = {}
-    mine = threading.get_ident()  # another thread's pass through the same model (a server's) is not caught
+def _inputs(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[int] | None) -> tuple:
+    """(wanted layers, ids, mask, extra inputs) of one batch, the layers checked."""
+    refuse_cross_reader(lm)
+    have = attention_layers(lm)
+    wanted = list(have) if layers is None else list(layers)
+    for layer in wanted:
+        if layer not in have:
+            raise ValueError(no_attention_reason(lm, layer))
+    ids, mask = pad_batch(items, lm.device)
+    return wanted, ids, mask, extra_inputs(lm, items)
 
-    def grab(layer):
-        def hook(module, args, out):
-            if threading.get_ident() != mine:
-                return
-            # the weights come last: (output, weights), or (output, position_bias, weights) in T5
-            caught[layer] = out[-1] if isinstance(out, tuple) and len(out) > 1 else None
-        return hook
 
-    handles = family.hook_layers(base, lm.config, wanted, grab, where="attention", pre=False)
-    try:
-        forward_one_stream(lm, ids, mask, output_attentions=False, extra=extra)
-    finally:
-        for h in handles:
-            h.remove()
-    if any(caught.get(layer) is None for layer in wanted):
-        return None
-    return [caught[layer] for layer in wanted]
+def _weights(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict, keep: Callable[[int, torch.Tensor], None], *,
+             asks: tuple[bool, ...]) -> None:
+    """Every wanted layer's weights to `keep(layer, weights)`, in layer order: caught by hooks (`_catch`),
+    asking the model for its attention as each of `asks` says in turn, else from its whole output."""
+    for ask in asks:
+        handed = _catch(lm, ids, mask, wanted, extra, keep, output_attentions=ask)
+        if len(handed) == len(wanted):
+            return
+        if handed:  # `keep` has seen some layers: handing them again would count them twice
+            raise RuntimeError(f"{lm.name}'s attention modules gave the weights of layers {handed} but not of "
+                               f"layers {[layer for layer in wanted if layer not in handed]}; headscope cannot "
+                               "tell which map is which layer's")
+    for layer, weights in zip(wanted, _whole(lm, ids, mask, wanted, extra)):
+        keep(layer, weights)
 
 
 class _AllCaught(Exception):
-    """Raised by `_forward_until`'s hook once the last wanted layer's weights are caught: the rest of the
-    forward pass (that layer's output projection and feed-forward, the layers after it, a pooler) is not run."""
+    """Raised by `_catch`'s hook once the last wanted layer's weights are handed over (or once a layer gives
+    none): the rest of the forward pass (that layer's output projection and feed-forward, the layers after it,
+    a pooler) is not run."""
 
 
-def _forward_until(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict | None = None):
-    """`(weights, None)`: the wanted layers' weights, caught from their attention modules, the forward pass
-    stopped right after the last of them (nothing after it feeds any attention weight); `(None, out)`: the
-    model's whole output, asked for its weights, where that cannot work (a family without hooks, a model
-    whose attention modules do not hand back their weights, a model that accelerate places or offloads, whose
-    own hooks must run to their end)."""
-    family = None
-    if not getattr(lm.model, "hf_device_map", None):
-        try:
-            family = family_for(lm.config)
-        except (UnsupportedArchitecture, UnsupportedFeature):
-            family = None
-    if family is None:
-        return None, forward_one_stream(lm, ids, mask, output_attentions=True, extra=extra)
-    caught: dict[int, torch.Tensor] = {}
-    mine = threading.get_ident()  # another thread's pass through the same model is neither caught nor stopped
+def _catch(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict, keep: Callable[[int, torch.Tensor], None], *,
+           output_attentions: bool) -> list[int]:
+    """One forward pass with hooks on the wanted layers' attention modules: each layer's weights to
+    `keep(layer, weights)` as the module returns them; the layers handed over, in order (all of `wanted`,
+    or fewer where that cannot work: a family without hooks, hands none; a module that returns no weights,
+    DeBERTa v2's and MPNet's unless asked, stops the hand-over there). The pass stops after the last wanted
+    layer, or at the first layer without weights, except in a model that accelerate places or offloads
+    (`hf_device_map`): its own hooks must run to their end. `output_attentions`: whether the model is asked
+    for its attention (a subset of the layers asks for none, so the other layers' T² tensors are never
+    kept). Another thread's pass through the same model (a server's) is neither caught nor stopped."""
+    try:
+        family = family_for(lm.config)
+    except (UnsupportedArchitecture, UnsupportedFeature):
+        return []
+    placed = bool(getattr(lm.model, "hf_device_map", None))
+    handed: list[int] = []
+    missing: list[int] = []
+    mine = threading.get_ident()
 
     def grab(layer):
         def hook(module, args, out):
-            if threading.get_ident() != mine:
+            if threading.get_ident() != mine or missing:
                 return
+            # the weights come last: (output, weights), or (output, position_bias, weights) in T5
             weights = out[-1] if isinstance(out, tuple) and len(out) > 1 else None
             if isinstance(weights, torch.Tensor):
-                caught[layer] = weights
-                if len(caught) == len(wanted):
-                    raise _AllCaught
+                keep(layer, weights)
+                handed.append(layer)
+            else:
+                missing.append(layer)
+            if not placed and (missing or len(handed) == len(wanted)):
+                raise _AllCaught
         return hook
 
     handles = family.hook_layers(base_model(lm), lm.config, wanted, grab, where="attention", pre=False)
     try:
-        return None, forward_one_stream(lm, ids, mask, output_attentions=True, extra=extra)
+        forward_one_stream(lm, ids, mask, output_attentions=output_attentions, extra=extra)
     except _AllCaught:
-        return [caught[layer] for layer in wanted], None
+        pass
     finally:
         for h in handles:
             h.remove()
+    return handed
+
+
+def _whole(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict) -> list[torch.Tensor]:
+    """The wanted layers' weights from the model's whole output, asked for its attention."""
+    out = forward_one_stream(lm, ids, mask, output_attentions=True, extra=extra)
+    att = getattr(out, "attentions", None)
+    if not att or any(a is None for a in att):
+        raise RuntimeError(
+            f"{lm.name} returned no attention weights although it runs eager attention "
+            f"(implementation {lm.config._attn_implementation!r}); this model class does not expose them."
+        )
+    have = attention_layers(lm)
+    if len(att) != len(have):
+        raise RuntimeError(f"{lm.name} returned attention for {len(att)} layers, but its config names {len(have)} "
+                           f"layers with softmax attention ({', '.join(map(str, have))}); headscope cannot tell which "
+                           f"map is which layer's")
+    row = {layer: k for k, layer in enumerate(have)}  # the model returns attention layers only, in order
+    return [att[row[layer]] for layer in wanted]
 
 
 def seq2seq_inputs(sources: Sequence[Encoded], targets: Sequence[Encoded], device: torch.device) -> dict:

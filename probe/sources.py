@@ -18,7 +18,7 @@ sentences) asks its source, never an if-chain of its own:
     source.mode(n_tokens, batch)     "eager" | "recompute" for a text of that length in a batch that size
     source.need(n_tokens, batch)     bytes eager attention would keep: batch × layers × heads × T² × itemsize
     source.texts(texts, ...)         per text an `AttentionMap` (eager) or a `TextBlocks` (recomputed rows);
-                                     `batched=True`: the eager texts as whole padded `AttentionBatch`es
+                                     `batched=True`: the eager texts as padded `LayerwiseBatch`es
     source.sequences(ids)            the same for token-id sequences (repeated random tokens)
     source.blocks(enc)               one encoded text as `Block`s of query rows, layer by layer
     source.iter_maps(texts, ...)     whole `AttentionMap`s, in order: eager, or assembled from blocks
@@ -52,7 +52,7 @@ from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from .model import LoadedModel
 from .names import Attention, Level, Mode, Weight
 from .recompute import DEFAULT_BUDGET, Block, PrefixCheck, check_prefix, iter_blocks_encoded
-from .types import AttentionBatch, AttentionMap, Units
+from .types import AttentionMap, LayerwiseBatch, Units
 from .words import Segmenter, to_word_level
 
 __all__ = ["AttentionSource", "EagerSource", "RecomputeSource", "AutoSource", "SOURCES", "TextBlocks", "source_for",
@@ -119,13 +119,14 @@ class AttentionSource:
     # -- attention, one text at a time -------------------------------------------------------------
 
     def texts(self, texts: Iterable[str], *, level: Level = "token", truncate: bool = False, window: int = 4,
-              weight: Weight = "attention", batched: bool = False) -> Iterator[AttentionMap | AttentionBatch | TextBlocks]:
+              weight: Weight = "attention", batched: bool = False) -> Iterator[AttentionMap | LayerwiseBatch | TextBlocks]:
         """Per text, its eager `AttentionMap` (at `level`) or its recomputed `TextBlocks` (token level).
 
         Texts stream in chunks of `batch_size × window`; within a chunk the eager texts come first, in
-        order, then the recomputed ones. `batched`: the eager texts come as whole padded batches instead
-        (`AttentionBatch`, token level, sorted by length within the chunk), for a consumer that scores a
-        batch at once (`level` is then the consumer's to apply).
+        order, then the recomputed ones. `batched`: the eager texts come as padded batches instead
+        (`LayerwiseBatch`, token level, sorted by length within the chunk, each layer handed over as its
+        forward pass gives it), for a consumer that scores a batch at once, one layer at a time (`level` is
+        then the consumer's to apply).
         """
         if weight != "attention":
             raise ValueError(f"weight={weight!r} comes from the eager forward pass; use attention='eager' with it")
@@ -151,9 +152,9 @@ class AttentionSource:
             done += len(chunk)
 
     def sequences(self, sequences: Sequence[Sequence[int]], *,
-                  batched: bool = False) -> Iterator[AttentionMap | AttentionBatch | TextBlocks]:
+                  batched: bool = False) -> Iterator[AttentionMap | LayerwiseBatch | TextBlocks]:
         """Token-id sequences (repeated random tokens), `batch_size` at a time: eager maps of a batch
-        that fits (`batched`: the whole padded `AttentionBatch`, in input order), else each sequence's
+        that fits (`batched`: the padded `LayerwiseBatch`, in input order), else each sequence's
         recomputed blocks (its units: the ids as they are)."""
         bs = self.batch_size
         for start in range(0, len(sequences), bs):  # one batch of maps alive at a time
@@ -300,9 +301,9 @@ class EagerSource(AttentionSource):
         return "eager"
 
     def texts(self, texts: Iterable[str], *, level: Level = "token", truncate: bool = False, window: int = 4,
-              weight: Weight = "attention", batched: bool = False) -> Iterator[AttentionMap | AttentionBatch]:
+              weight: Weight = "attention", batched: bool = False) -> Iterator[AttentionMap | LayerwiseBatch]:
         """Every text eager, streamed through `probe.iter_extract` as they come (no decision to make);
-        `batched` (attention weights only): whole padded batches, as `AttentionSource.texts` gives them."""
+        `batched` (attention weights only): padded batches, layer by layer, as `AttentionSource.texts` gives them."""
         if batched and weight == "attention":
             return super().texts(self._within_budget(texts, truncate=truncate), truncate=truncate, window=window,
                                  batched=True)
@@ -381,7 +382,7 @@ class AutoSource(AttentionSource):
         return "recompute" if self.need(n_tokens, batch) > self.budget else "eager"
 
     def texts(self, texts: Iterable[str], *, level: Level = "token", truncate: bool = False, window: int = 4,
-              weight: Weight = "attention", batched: bool = False) -> Iterator[AttentionMap | AttentionBatch | TextBlocks]:
+              weight: Weight = "attention", batched: bool = False) -> Iterator[AttentionMap | LayerwiseBatch | TextBlocks]:
         """As `AttentionSource.texts`; norm-based weights come from the eager forward pass only, so with
         them every text is eager, each checked against the budget first (`EagerSource`), one map per text."""
         if weight == "attention":

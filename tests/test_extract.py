@@ -272,16 +272,17 @@ def test_permutation_verdict_follows_the_number():
 
 def test_chosen_layers_are_caught_by_hooks_and_match(tiny):
     from headscope.probe.encoding import encode, pad_batch
-    from headscope.probe.forward import _forward_hooked
+    from headscope.probe.forward import _catch
 
     enc = [encode(tiny, TEXTS[0]), encode(tiny, TEXTS[2])]
     ids, mask = pad_batch(enc, tiny.device)
+    caught = {}
     with torch.inference_mode():
-        caught = _forward_hooked(tiny, ids, mask, [1])
+        handed = _catch(tiny, ids, mask, [1], {}, caught.__setitem__, output_attentions=False)
     if tiny.model_type in ("deberta-v2", "mpnet"):  # their attention returns weights only when asked: extract asks for all
-        assert caught is None
+        assert handed == [] and caught == {}
     else:
-        assert caught is not None  # only layer 1 was kept: the model was asked for no attention at all
+        assert handed == [1] and list(caught) == [1]  # only layer 1 was kept: the model was asked for no attention at all
     full = extract(tiny, [TEXTS[0], TEXTS[2]], batch_size=2)
     part = extract(tiny, [TEXTS[0], TEXTS[2]], batch_size=2, layers=[1])
     for f, p in zip(full, part):
@@ -289,22 +290,34 @@ def test_chosen_layers_are_caught_by_hooks_and_match(tiny):
         torch.testing.assert_close(p.attention, f.attention[row : row + 1], atol=1e-6, rtol=0)
 
 
+def _finished(module):
+    """A list that gets an entry each time `module`'s forward pass runs to its end, and the hook's handle."""
+    ends = []
+    return ends, module.register_forward_hook(lambda *args: ends.append(1))
+
+
 def test_all_layers_stop_after_the_last_attention_and_match(tiny):
     """`forward_batch` of every layer catches the weights from the attention modules and stops the forward pass
     after the last one: the same tensors, bit for bit, as the whole forward pass asked for its attention."""
     from headscope.probe.encoding import encode, pad_batch
-    from headscope.probe.forward import _forward_until, attention_layers, base_model, forward_batch
+    from headscope.probe.forward import _catch, attention_layers, base_model, forward_batch
 
     enc = [encode(tiny, TEXTS[0]), encode(tiny, TEXTS[2])]
     ids, mask = pad_batch(enc, tiny.device)
     wanted = list(attention_layers(tiny))
+    caught = {}
+    ends, handle = _finished(base_model(tiny))
+    try:
+        with torch.inference_mode():
+            handed = _catch(tiny, ids, mask, wanted, {}, caught.__setitem__, output_attentions=True)
+    finally:
+        handle.remove()
     with torch.inference_mode():
-        early, out = _forward_until(tiny, ids, mask, wanted)
         whole = base_model(tiny)(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False).attentions
         got = forward_batch(tiny, enc)
-    assert (early is None) != (out is None)
-    if early is not None:  # stopped: the model returned nothing, the hooks caught every layer
-        assert len(early) == len(wanted)
+    assert handed in ([], wanted)
+    if handed:  # stopped: the model's pass never reached its end, the hooks caught every layer
+        assert ends == [] and list(caught) == wanted
     assert len(got) == len(whole) == len(wanted)
     for g, w in zip(got, whole):
         assert torch.equal(g, w)
@@ -313,17 +326,59 @@ def test_all_layers_stop_after_the_last_attention_and_match(tiny):
 def test_an_encoder_decoders_encoder_stops_after_its_last_attention_and_matches(tiny_seq2seq):
     """Without a target the encoder runs alone: its weights, caught and stopped early, are its own output's."""
     from headscope.probe.encoding import encode, pad_batch
-    from headscope.probe.forward import _forward_until, attention_layers, base_model, forward_batch
+    from headscope.probe.forward import _catch, attention_layers, base_model, forward_batch
 
     lm = tiny_seq2seq
     enc = [encode(lm, TEXTS[0]), encode(lm, TEXTS[2])]
     ids, mask = pad_batch(enc, lm.device)
+    wanted = list(attention_layers(lm))
+    ends, handle = _finished(base_model(lm).get_encoder())
+    try:
+        with torch.inference_mode():
+            handed = _catch(lm, ids, mask, wanted, {}, {}.__setitem__, output_attentions=True)
+    finally:
+        handle.remove()
     with torch.inference_mode():
-        early, _ = _forward_until(lm, ids, mask, list(attention_layers(lm)))
         whole = base_model(lm).get_encoder()(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
         got = forward_batch(lm, enc)
-    assert early is not None and len(got) == len(whole)
+    assert handed == wanted and ends == [] and len(got) == len(whole)
     assert all(torch.equal(g, w) for g, w in zip(got, whole))
+
+
+def test_each_layer_is_handed_over_alone_in_layer_order(tiny):
+    _each_layer_alone(tiny)
+
+
+def test_an_encoders_layers_are_handed_over_alone_in_layer_order(tiny_seq2seq):
+    _each_layer_alone(tiny_seq2seq)
+
+
+def _each_layer_alone(tiny):
+    """`forward_each_layer` hands every layer's weights over as the pass gives them, in layer order, the same
+    tensors as `forward_batch`'s; the model keeps none of them, so a layer handed over and let go is gone
+    once the next but one comes (where the modules give weights unasked; a model's loop may still hold the
+    layer just before, as Bloom's `outputs` does, never the batch's every layer); no hook is left behind."""
+    import weakref
+
+    from headscope.probe.encoding import encode
+    from headscope.probe.forward import base_model, forward_batch, forward_each_layer
+
+    enc = [encode(tiny, TEXTS[0]), encode(tiny, TEXTS[2])]
+    want = forward_batch(tiny, enc)
+    hooks = [dict(m._forward_hooks) for m in base_model(tiny).modules()]  # the model's own (transformers' recorders)
+    order, alive, gone = [], [], []
+
+    def each(layer, a):
+        gone.append(all(ref() is None for ref in alive[:-1]))
+        alive.append(weakref.ref(a))
+        order.append(layer)
+        assert torch.equal(a, want[len(order) - 1])
+
+    forward_each_layer(tiny, enc, each)
+    assert order == list(attention_layers(tiny))
+    if tiny.model_type not in ("deberta-v2", "mpnet"):  # these give weights only when asked, and the model keeps them
+        assert all(gone)
+    assert [dict(m._forward_hooks) for m in base_model(tiny).modules()] == hooks
 
 
 def test_heads_reads_the_model_once_and_tokenises_each_text_once(monkeypatch):

@@ -180,7 +180,9 @@ def test_a_tiny_model_batch_is_its_texts_maps(tiny, setting):
     level, include_special = setting
     texts = ["The cat sat.", "A", "Dogs, cats and birds!", "It didn't rain today, sadly.", "x y"]
     maps = {m.text: m for m in extract(tiny, texts)}
-    for batch in batches_encoded(tiny, encode_many(tiny, texts), batch_size=3):
+    for streamed in batches_encoded(tiny, encode_many(tiny, texts), batch_size=3):
+        batch = streamed.collect()
+        assert batch.n_tokens == streamed.n_tokens and batch.units == streamed.units
         for i, u in enumerate(batch.units):
             n = len(u)
             for layer, a in enumerate(batch.attention):
@@ -195,7 +197,8 @@ def test_a_tiny_model_batch_is_its_texts_maps(tiny, setting):
 
 def test_batches_leave_no_map_and_say_what_they_cover():
     lm = tiny_model("llama")
-    [batch] = batches_encoded(lm, encode_many(lm, ["one two", "three"]), batch_size=8)
+    [streamed] = batches_encoded(lm, encode_many(lm, ["one two", "three"]), batch_size=8)
+    batch = streamed.collect()
     assert len(batch) == 2 and batch.causal and batch.layers == tuple(range(lm.config.num_hidden_layers))
     assert [u.text for u in batch.units] == ["three", "one two"]  # sorted by length
     assert all(a.shape[:2] == (2, lm.config.num_attention_heads) for a in batch.attention)
@@ -211,7 +214,7 @@ def test_repeated_sequences_batched_score_as_each_sequence():
     seqs[1], seqs[3] = seqs[1][:8], seqs[3][:1]  # shorter ones: padding inside the batch, a one-token sequence
     acc = HeadScoreAccumulator(model=lm.name)
     for batch in source_for(lm, "eager", batch_size=4).sequences(seqs, batched=True):
-        acc.update_repeated_batch(batch)
+        acc.update_repeated_batch(batch.collect())
     s = acc.result()
     maps = {tuple(m.token_ids): m.attention.double() for m in extract_ids(lm, seqs)}
     for r in s.table[s.table.metric.isin(["duplicate_token", "induction"])].itertuples():
@@ -258,3 +261,45 @@ def test_scored_rows_are_each_texts_own_pooled_map(include_special):
         assert not u[i, k:].any() and not u[i, :, :, :, k:n].any()
         members = rows.targets[i, :k].double()  # [word, set]
         torch.testing.assert_close(u[i, :k, :, :, n : n + s].permute(1, 2, 0, 3).double(), m @ members, atol=1e-6, rtol=0)
+
+
+def test_layer_by_layer_folds_score_as_the_whole_batch():
+    """`hs.heads` scores each batch's layers as its forward pass gives them (`LayerwiseBatch.run` into
+    `HeadScoreAccumulator.batch_fold`): the scores of the whole-batch path (`update_batch`,
+    `update_repeated_batch` of the batch with every layer at once), bit for bit, with the caller's batch
+    tensors and the model untouched, and within 1e-6 of each text's and sequence's own map scored alone; a
+    fold that is not committed adds nothing."""
+    from headscope.probe.sources import source_for
+
+    lm = tiny_model("llama")
+    texts = ["The cat sat.", "A", "Dogs, cats and birds!", "It didn't rain today, sadly.", "x y"]
+    seqs, _ = hs.induction_inputs(lm, n_sequences=5, length=6, seed=2)
+    weights = {k: v.clone() for k, v in lm.model.state_dict().items()}
+    source = source_for(lm, "eager", batch_size=2)
+    whole, layerwise = HeadScoreAccumulator(model=lm.name), HeadScoreAccumulator(model=lm.name)
+    for repeated, batches in ((False, source.texts(texts, batched=True)), (True, source.sequences(seqs, batched=True))):
+        for batch in batches:
+            collected = batch.collect()
+            kept = [a.clone() for a in collected.attention]
+            (whole.update_repeated_batch if repeated else whole.update_batch)(collected)
+            assert all(torch.equal(a, k) for a, k in zip(collected.attention, kept))
+            before = layerwise.result().table if layerwise.units else None
+            batch.run(layerwise.batch_fold(batch, repeated=repeated))  # run, never committed: nothing added
+            if before is not None:
+                assert layerwise.result().table.equals(before)
+            fold = layerwise.batch_fold(batch, repeated=repeated)
+            batch.run(fold)
+            fold.commit()
+    a, b = whole.result().table, layerwise.result().table
+    assert a.equals(b) and a.metric.isin(["duplicate_token", "induction"]).any() and a.value.notna().any()
+    per_map = HeadScoreAccumulator(model=lm.name)  # each text's and sequence's own map, no batch at all
+    for m in extract(lm, texts):
+        per_map.update(m)
+    for m in extract_ids(lm, seqs):
+        per_map.update_repeated(m)
+    c = per_map.result().table
+    assert (c.n == b.n).all() and (c.value.isna() == b.value.isna()).all()
+    assert float((c.value - b.value).abs().max()) <= 1e-6
+    workflow = hs.heads(lm, texts, induction_sequences=5, induction_length=6, seed=2, batch_size=2).table
+    assert workflow.value.equals(b.value)  # the workflow is this layer-by-layer path
+    assert all(torch.equal(v, weights[k]) for k, v in lm.model.state_dict().items())

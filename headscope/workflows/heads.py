@@ -1,6 +1,6 @@
 """What every head does over a corpus: `heads(lm, texts)` -> `analyses.heads.HeadScores`.
 
-    texts ──source.texts──> AttentionBatch | TextBlocks ──HeadScoreAccumulator──> sums per (layer, head)
+    texts ──source.texts──> LayerwiseBatch | TextBlocks ──HeadScoreAccumulator──> sums per (layer, head)
     decoders: repeated random token sequences ──source.sequences──> duplicate-token and induction sums
 
 The attention source (`probe.sources`: eager, recompute, auto) is chosen once, by `source_for`;
@@ -24,7 +24,7 @@ from headscope.probe.images import for_input
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Level, Weight
 from headscope.probe.sources import TextBlocks, source_for
-from headscope.probe.types import AttentionBatch
+from headscope.probe.types import LayerwiseBatch
 
 __all__ = ["heads", "induction_inputs"]
 
@@ -58,8 +58,11 @@ def heads(
     scores read attention) and `meta["weight"]` says "norm".
 
     Texts stream through the attention source into `analyses.heads.HeadScoreAccumulator`; only
-    `window` batches of attention are alive at once (sorted by length together: less padding), each
-    eager batch scored whole, padding masked (`update_batch`), never cut into per-text maps.
+    the layer being scored of one batch is alive, not the batch's every layer (each window of `window`
+    batches sorted by length together: less padding): each eager batch's layers are scored as its forward
+    pass gives them, padding masked (`HeadScoreAccumulator.batch_fold`, the sums of `update_batch`), never
+    cut into per-text maps (a model whose attention gives its weights only when asked, DeBERTa v2 or MPNet,
+    keeps a batch's layers until its pass ends).
     For decoders, repeated random token sequences (`induction_inputs`) give the duplicate-token
     and induction scores; `induction_sequences=0` skips them. `total` sizes the progress bar
     (stderr); `source` names the corpus in `meta`. An encoder–decoder model's texts are sources:
@@ -94,8 +97,8 @@ def heads(
         for item in attend.texts(texts, level=level, truncate=truncate, window=window, weight=weight, batched=True):
             if isinstance(item, TextBlocks):
                 acc.update_blocks(item.units, item.blocks, causal=item.causal, layers=item.layers, heads=item.heads)
-            elif isinstance(item, AttentionBatch):
-                acc.update_batch(item)
+            elif isinstance(item, LayerwiseBatch):
+                _fold(acc, item, repeated=False)
             else:
                 acc.update(item)
     meta: dict = {"corpus": source, "batch_size": batch_size, "causal": lm.is_causal}
@@ -110,8 +113,8 @@ def heads(
                 if isinstance(item, TextBlocks):
                     acc.update_repeated_blocks(item.units.token_ids, item.blocks, causal=item.causal,
                                                layers=item.layers, heads=item.heads)
-                elif isinstance(item, AttentionBatch):
-                    acc.update_repeated_batch(item)
+                elif isinstance(item, LayerwiseBatch):
+                    _fold(acc, item, repeated=True)
                 else:
                     acc.update_repeated(item)
         meta["induction"] = {
@@ -123,6 +126,13 @@ def heads(
     if attention != "eager":  # an eager run's output stays as it was
         meta.update(merge_attention_record(attend.record()))
     return merge_head_scores(acc).result(thresholds=thresholds, meta=meta)
+
+
+def _fold(acc: HeadScoreAccumulator, batch: LayerwiseBatch, *, repeated: bool) -> None:
+    """Run one padded batch's forward pass, each layer scored as it comes out (one layer alive at a time)."""
+    fold = acc.batch_fold(batch, repeated=repeated)
+    batch.run(fold)
+    fold.commit()
 
 
 def induction_inputs(lm: LoadedModel, *, n_sequences: int = 20, length: int = 50,
