@@ -92,6 +92,10 @@ __all__ = [
 
 # Clark et al. 2019 aggregate to words and keep [CLS]/[SEP]: `probe.names.DEFAULT_LEVEL`, `DEFAULT_INCLUDE_SPECIAL`.
 
+# A batch's small layers are scored together (one set of reductions for several, float32 sums in another order:
+# within 1e-6): up to this many bytes of them are held, a larger layer alone, so a fold holds at most a few MB
+# more than the one layer the forward pass gives it.
+_FOLD_BYTES = 4 * 2**20
 _TABLE_COLUMNS = ["model", "layer", "head", "metric", "value", "n"]
 _ROLE_COLUMNS = ["model", "layer", "head", "role", "metric", "value", "threshold"]
 
@@ -409,6 +413,8 @@ class BatchFold:
         plan = acc._plan
         self._sums = torch.zeros_like(acc._sums)
         self._rows: dict[torch.device, BatchRows] = {}  # the batch's rows where its layers are (texts)
+        self._pending: list[tuple[int, torch.Tensor]] = []  # layers caught, not yet scored (texts)
+        self._pending_bytes = 0
         if repeated:
             n = batch.n_tokens
             self._patterns = [torch.zeros(len(batch), n, n, dtype=torch.float64) for _ in plan.pattern]
@@ -432,14 +438,27 @@ class BatchFold:
             matched, total = pattern_batch_sums(a, self._patterns)  # [pattern, text, head], [text, head]
             self._sums[i, :, plan.pattern_columns.tolist()] = (matched / total).sum(1).T.cpu()
             return
-        if a.device not in self._rows:  # a model placed over devices: each layer where it ran
-            self._rows[a.device] = next(iter(self._rows.values())).to(a.device)
-        rows = self._rows[a.device]
-        u = rows.scored((a,))  # [text, unit, layer, head, column]
-        self._sums[i : i + 1, :, plan.corpus_columns] = batch_sums(u, rows, plan).cpu()
+        if self._pending and (a.device != self._pending[0][1].device
+                              or self._pending_bytes + a.numel() * 4 > _FOLD_BYTES):
+            self._score()
+        self._pending.append((i, a))  # held until scored: layers come in order, so the held ones are consecutive
+        self._pending_bytes += a.numel() * 4
+
+    def _score(self) -> None:
+        """Score the layers held, stacked (one set of reductions for several small layers)."""
+        if not self._pending:
+            return
+        plan, first, device = self._acc._plan, self._pending[0][0], self._pending[0][1].device
+        if device not in self._rows:  # a model placed over devices: each layer where it ran
+            self._rows[device] = next(iter(self._rows.values())).to(device)
+        rows = self._rows[device]
+        u = rows.scored([a for _, a in self._pending])  # [text, unit, layer, head, column]
+        self._sums[first : first + len(self._pending), :, plan.corpus_columns] = batch_sums(u, rows, plan).cpu()
+        self._pending, self._pending_bytes = [], 0
 
     def commit(self) -> None:
         """Add the batch's sums, rows and texts (or sequences) to the accumulator's."""
+        self._score()
         acc, plan = self._acc, self._acc._plan
         acc._sums += self._sums
         if self._repeated:

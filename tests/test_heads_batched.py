@@ -303,3 +303,18 @@ def test_layer_by_layer_folds_score_as_the_whole_batch():
     workflow = hs.heads(lm, texts, induction_sequences=5, induction_length=6, seed=2, batch_size=2).table
     assert workflow.value.equals(b.value)  # the workflow is this layer-by-layer path
     assert all(torch.equal(v, weights[k]) for k, v in lm.model.state_dict().items())
+
+
+def test_small_layers_held_and_scored_together_score_as_each_layer_alone(monkeypatch):
+    """A fold holds a batch's small layers up to `_FOLD_BYTES` and scores them stacked; one byte makes it
+    score every layer alone as it comes: the same scores up to the order of float32 additions (the stacked
+    matmuls sum in another order)."""
+    from headscope.analyses import heads as heads_module
+
+    lm = tiny_model("bert")
+    texts = ["The cat sat.", "A", "Dogs, cats and birds!", "It didn't rain today, sadly.", "x y"]
+    stacked = hs.heads(lm, texts, batch_size=2).table
+    monkeypatch.setattr(heads_module, "_FOLD_BYTES", 1)
+    alone = hs.heads(lm, texts, batch_size=2).table
+    assert stacked.value.notna().any() and (stacked.value.isna() == alone.value.isna()).all()
+    assert float((stacked.value - alone.value).abs().max()) <= 1e-6
