@@ -422,17 +422,21 @@ def test_split_batch_gives_each_text_its_maps_and_lets_the_batch_go(heads_at):
     assert all(torch.equal(a, b) for a, b in zip(kept, before))  # the tensors themselves untouched
 
 
+@pytest.mark.parametrize("family", ["llama", "albert"])
 @pytest.mark.parametrize("layers", [None, [0]])
-def test_another_threads_pass_through_the_same_model_is_not_caught(layers):
+def test_another_threads_pass_through_the_same_model_is_not_caught(layers, family):
     """A server runs requests for two names of one model in two threads: a pass that starts while another
-    thread's hooked pass is inside the model must neither feed that pass's weights nor be stopped by it."""
+    thread's hooked pass is inside the model must neither feed that pass's weights nor be stopped by it.
+    ALBERT runs one shared layer module for every layer, its hooks told apart by call order: the other
+    thread's calls (a pass stopped after layer 0) must not shift this one's count."""
     import threading
 
-    lm = tiny_model("llama")
+    lm = tiny_model(family)
     a_text, b_text = "The cat sat on the mat.", "A dog ran far away from home, then came back."
     want = {t: extract(lm, t, layers=layers)[0].attention for t in (a_text, b_text)}
     got = {}
-    first = base_model(lm).layers[0]
+    base = base_model(lm)
+    first = base.layers[0] if family == "llama" else base.encoder.albert_layer_groups[0].albert_layers[0]
     done = []
 
     def other_thread(module, args):

@@ -25,8 +25,8 @@ blocks (`blocks`). Its top-level `layer_spec`, `attention` and `out_proj` are th
 from __future__ import annotations
 
 import importlib
-import itertools
 import pkgutil
+import threading
 from dataclasses import dataclass
 from typing import Any, Callable, Literal
 
@@ -245,11 +245,15 @@ class Family:
 
 
 def _by_call_order(order: list[int], hooks: dict):
-    """One hook for a module that layers `order` share: call k runs the hook of layer order[k mod len(order)]."""
-    calls = itertools.count()
+    """One hook for a module that layers `order` share: a thread's call k runs the hook of layer
+    order[k mod len(order)]. Calls are counted per thread: another thread's pass through the same model (a
+    server's, perhaps stopped after its first layer) must not shift this one's count."""
+    calls: dict[int, int] = {}
 
     def dispatch(*args):
-        hook = hooks.get(order[next(calls) % len(order)])
+        me = threading.get_ident()
+        k = calls[me] = calls.get(me, -1) + 1
+        hook = hooks.get(order[k % len(order)])
         return None if hook is None else hook(*args)
 
     return dispatch
