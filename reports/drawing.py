@@ -112,6 +112,8 @@ def _worker_start() -> None:
 def _warm() -> None:
     """What a worker needs before its first figure: the drawing modules (torch, for the maps they take), the
     colour maps and the fonts."""
+    import gc
+
     import seaborn  # noqa: F401  (the rocket / mako / vlag colour maps)
     from PIL import PngImagePlugin  # noqa: F401
 
@@ -119,8 +121,6 @@ def _warm() -> None:
     from .fonts import font_families
 
     font_families()
-    import gc
-
     gc.freeze()  # what is alive now lives to the end: the worker's exit, which the run waits for, skips it
 
 
