@@ -32,6 +32,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from .errors import PlacementError
+from .sizes import parse_max_memory
 from .families import SUPPORTED_TYPES
 from .folders import reclaim_stale, write_folder
 from .heap import trim_after_offloaded
@@ -74,58 +75,57 @@ class Placement:
         return self.max_memory
 
 
-def placement(device: str, max_memory: dict | None, offload_folder: str | os.PathLike | None) -> Placement:
-    """The checked `Placement`; `PlacementError` (one line: what to change) for one that cannot be had here."""
+def placement(device: str, max_memory: dict | str | None, offload_folder: str | os.PathLike | None) -> Placement:
+    """The checked `Placement`; `PlacementError` (one line: what to change) for one that cannot be had here. Its
+    lines name the arguments (`max_memory`); the CLI writes them as its flags (`common.exits.flag_spelling`)."""
     try:
         device = device_spec(device)
     except ValueError:
         raise PlacementError(f"device must be auto, cpu, cuda, cuda:N (GPU number N) or mps, got {device!r}") from None
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise PlacementError(f"--device {device} was asked for but torch sees no CUDA GPU here; use --device cpu.")
+        raise PlacementError(f"device='{device}' was asked for but torch sees no CUDA GPU here; use device='cpu'.")
     if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
-        raise PlacementError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s), numbered from 0")
+        raise PlacementError(f"device='{device}': this machine has {torch.cuda.device_count()} GPU(s), numbered from 0")
     if device == "mps" and not torch.backends.mps.is_available():
-        raise PlacementError("--device mps was asked for but this torch build has no MPS backend; use --device cpu.")
+        raise PlacementError("device='mps' was asked for but this torch build has no MPS backend; use device='cpu'.")
     if max_memory is not None:
         max_memory = _checked_budget(max_memory)
     folder = None if offload_folder is None else _offload_folder(Path(offload_folder).expanduser())
     spec = Placement(device, max_memory, folder)
     if spec.spread and device not in ("auto", "cpu"):
-        raise PlacementError(f"--device {device} puts the whole model on one device; with --max-memory or "
-                             "--offload-folder accelerate places it: give --device auto (or cpu) and name the "
-                             "devices in --max-memory (0=20GiB,cpu=60GiB)")
+        raise PlacementError(f"device='{device}' puts the whole model on one device; with max_memory or "
+                             "offload_folder accelerate places it: give device='auto' (or cpu) and name the "
+                             "devices in max_memory (0=20GiB,cpu=60GiB)")
     return spec
 
 
-def _checked_budget(max_memory: dict) -> dict:
-    if not isinstance(max_memory, dict) or not max_memory:
-        raise PlacementError(f"max_memory must be a dict of bytes per device, e.g. {{'cpu': 300_000_000}}, "
-                             f"got {max_memory!r}")
+def _checked_budget(max_memory: dict | str) -> dict:
+    """`max_memory` read by `probe.sizes.parse_max_memory` (what `--max-memory` takes, or a dict of sizes), each
+    device one this machine has."""
+    try:
+        budget = parse_max_memory(max_memory)
+    except ValueError as exc:
+        raise PlacementError(f"max_memory {exc}") from None
     gpus = torch.cuda.device_count()
-    for where, size in max_memory.items():
-        if not (where in ("cpu", "mps", "disk") or (isinstance(where, int) and where >= 0)):
-            raise PlacementError(f"--max-memory names {where!r}; name a GPU by its number (0, 1, ...), or cpu, "
-                                 "mps, disk")
+    for where in budget:
         if isinstance(where, int) and where >= gpus:
-            raise PlacementError(f"--max-memory gives GPU {where} a budget, but this machine has {gpus} GPU(s)"
+            raise PlacementError(f"max_memory gives GPU {where} a budget, but this machine has {gpus} GPU(s)"
                                  + (", numbered from 0" if gpus else "; give cpu=SIZE"))
         if where == "mps" and not torch.backends.mps.is_available():
-            raise PlacementError("--max-memory names mps, but this torch build has no MPS backend")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise PlacementError(f"--max-memory {where}: give a size in bytes (300MB, 20GiB), got {size!r}")
-    return dict(max_memory)
+            raise PlacementError("max_memory names mps, but this torch build has no MPS backend")
+    return budget
 
 
 def _offload_folder(folder: Path) -> Path:
     """`folder`, made if missing, once a file can be written in it; `PlacementError` otherwise."""
     if folder.exists() and not folder.is_dir():
-        raise PlacementError(f"--offload-folder {folder} is a file; give a folder (it is made if missing)")
+        raise PlacementError(f"offload_folder {folder} is a file; give a folder (it is made if missing)")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as exc:
-        raise PlacementError(f"--offload-folder {folder} cannot be written ({exc.strerror or exc}); give a "
+        raise PlacementError(f"offload_folder {folder} cannot be written ({exc.strerror or exc}); give a "
                              "writable folder") from None
     return folder
 
@@ -160,7 +160,7 @@ def _dispatch(model, spec: Placement, dtype: torch.dtype):
     folder = None
     if disk:
         if spec.offload_folder is None:
-            raise PlacementError("the model does not fit in --max-memory; give --offload-folder DIR for the rest, "
+            raise PlacementError("the model does not fit in max_memory; give offload_folder DIR for the rest, "
                                  "or a larger budget")
         folder = _scratch_folder(spec.offload_folder)
         _remove_with(model, folder)
@@ -227,7 +227,7 @@ def load_model(
     *,
     device: Device = "cpu",
     dtype: DType = "float32",
-    max_memory: dict | None = None,
+    max_memory: dict | str | None = None,
     offload_folder: str | os.PathLike | None = None,
     use_cache: bool = True,
 ) -> LoadedModel:
@@ -241,7 +241,8 @@ def load_model(
 
     `device` is `cpu`, `cuda`, `cuda:N` (GPU number N), `mps`, or `auto`, which hands placement to
     accelerate's `device_map="auto"`: it spreads a model that is larger than one GPU over the GPUs (and CPU)
-    it finds. `max_memory` (bytes per GPU number, `"cpu"`, `"mps"`: `{0: 20 * 2**30, "cpu": 60 * 2**30}`) and
+    it finds. `max_memory` (per GPU number, `"cpu"`, `"mps"`: `{0: "20GiB", "cpu": 60 * 2**30}`, or the CLI's
+    `"0=20GiB,cpu=60GiB"`; sizes in bytes or as `probe.sizes.parse_size` reads them) and
     `offload_folder` (a folder for the layers that fit nowhere, read from disk one layer at a time) imply
     accelerate's placement too. A placement that cannot be had here is a `PlacementError`, before any load.
 
