@@ -42,7 +42,8 @@ from .names import Device, DType, device_spec
 from .registry import KNOWN_MODELS, ModelNotAvailable, ModelSpec, locate, not_available_message
 from .tiny import TINY_TYPES, tiny_model
 
-__all__ = ["load_model", "cache_dir", "Device", "DType", "Placement", "PlacementError", "is_offloaded"]
+__all__ = ["load_model", "cache_dir", "Device", "DType", "Placement", "PlacementError", "is_offloaded",
+           "model_type_of"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _CACHE_FORMAT = 1
@@ -388,6 +389,42 @@ def check_name(name: str) -> None:
     _, _, source = _user_path(base)
     if revision is not None and not source.startswith("Hugging Face hub id"):
         raise ModelNotAvailable(f"{name}: @REVISION applies to hub ids (org/model@rev) only; {base} is a {source}")
+
+
+def model_type_of(name: str) -> str | None:
+    """The model type `name` loads as, read without loading it: a tiny model's, a packaged model's family's, a
+    folder's `config.json`, a hub id's config where the local hub cache holds it; None where only loading tells
+    (a GGUF file, a hub id not cached, a name `check_name` refuses). For checks before any model loads.
+
+    >>> model_type_of("tiny:llava"), model_type_of("minilm")
+    ('llava', 'bert')
+    """
+    import json
+
+    from .families import FAMILIES
+
+    try:
+        base, revision = split_revision(name)
+        if name in KNOWN_MODELS:
+            return FAMILIES[KNOWN_MODELS[name].family].model_types[0]
+        if base.startswith(TINY_PREFIX):
+            return base[len(TINY_PREFIX):] if base[len(TINY_PREFIX):] in TINY_TYPES else None
+        path, gguf_file, source = _user_path(base)
+        if gguf_file is not None:
+            return None
+        if source.startswith("Hugging Face hub id"):
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(base, "config.json", revision=revision)
+            config = Path(found) if isinstance(found, str) else None
+        else:
+            config = Path(path) / "config.json"
+        if config is None or not config.is_file():
+            return None
+        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (ModelNotAvailable, OSError, ValueError, AttributeError):
+        return None
+    return model_type if isinstance(model_type, str) else None
 
 
 def split_revision(name: str) -> tuple[str, str | None]:
