@@ -63,8 +63,8 @@ def host_name(host: str) -> str:
 
 
 def local_location(path: str) -> str:
-    """A `Location` on this server for a request's (decoded) `path`: percent-encoded, starting with exactly one
-    `/`. A browser reads `//host`, `/\\host` (and `/<tab>/host`, dropping the tab) as another server's address.
+    r"""A `Location` on this server for a request's (decoded) `path`: percent-encoded, starting with exactly one
+    `/`. A browser reads `//host`, `/\host` (and `/<tab>/host`, dropping the tab) as another server's address.
 
     >>> local_location("//evil.com"), local_location("/\\evil.com"), local_location("/\t/x"), local_location("/")
     ('/evil.com', '/evil.com', '/%09/x', '/')
