@@ -152,8 +152,11 @@ def _main_device(model) -> torch.device:
 def _dispatch(model, spec: Placement, dtype: torch.dtype):
     """`model` (built in memory) placed by accelerate as `from_pretrained(device_map="auto")` places a checkpoint:
     what fits nowhere goes to a fresh folder inside the offload folder, removed with the model."""
+    import shutil
+
     from accelerate import dispatch_model, infer_auto_device_map
-    from accelerate.utils import offload_state_dict
+
+    from .offload import write_offloaded
 
     device_map = infer_auto_device_map(model, max_memory=spec.budget(), dtype=dtype,
                                        no_split_module_classes=sorted(getattr(model, "_no_split_modules", None) or []))
@@ -163,12 +166,20 @@ def _dispatch(model, spec: Placement, dtype: torch.dtype):
         if spec.offload_folder is None:
             raise PlacementError("the model does not fit in max_memory; give offload_folder DIR for the rest, "
                                  "or a larger budget")
+        state = {key: value for key, value in model.state_dict().items()
+                 if any(not m or key == m or key.startswith(m + ".") for m in disk)}
         folder = _scratch_folder(spec.offload_folder)
-        _remove_with(model, folder)
         # written here, not by dispatch_model, which skips a module named "" (the whole model) and would
-        # reuse an index.json it finds
-        offload_state_dict(str(folder), {key: value for key, value in model.state_dict().items()
-                                         if any(not m or key == m or key.startswith(m + ".") for m in disk)})
+        # reuse an index.json it finds; with plain writes, not accelerate's memory maps (`probe.offload`)
+        try:
+            write_offloaded(folder, state)
+        except (PlacementError, OSError) as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            if isinstance(exc, PlacementError):
+                raise
+            raise PlacementError(f"offload_folder {spec.offload_folder}: writing the offloaded weights failed "
+                                 f"({exc.strerror or exc}); free some space or give another folder") from None
+        _remove_with(model, folder)
     with _quiet_dispatch():
         model = dispatch_model(model, device_map, offload_dir=None if folder is None else str(folder))
     model.hf_device_map = device_map
@@ -476,6 +487,9 @@ def _hub_unreachable() -> str | None:
 
 def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, spec: Placement, name: str, *,
                  revision: str | None = None):
+    import errno
+
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -516,7 +530,13 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, spec: Pla
         with _quiet_dispatch():
             model = model_class(config, cls.__name__).from_pretrained(path, **kwargs)  # SigLIP's text towers: own class
         loaded = True
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:
+        if "No space left on device" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC:
+            raise PlacementError(f"offload_folder {spec.offload_folder}: its disk filled up while the offloaded "
+                                 "weights were written; free some space, give a folder on a larger disk, or a "
+                                 "larger max_memory") from None
+        if isinstance(exc, SafetensorError):
+            raise
         raise ModelNotAvailable(not_available_message(name, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")) from exc
     finally:
         if scratch is not None and not loaded:  # the load failed: its offload folder goes
