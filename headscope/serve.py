@@ -58,8 +58,8 @@ def parse_body(raw: bytes) -> dict:
     """
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ExplorerError("the request body must be a JSON object") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # a number of over 4,300 digits included
+        raise ExplorerError(f"the request body must be a JSON object ({' '.join(str(exc).split())[:200]})") from None
     except RecursionError:
         raise ExplorerError("the request body is nested too deeply; send a flat JSON object") from None
     if not isinstance(body, dict):
@@ -114,8 +114,9 @@ def app(explorer: Explorer, *, title: str = "headscope explorer", guard: Guard |
 
     routes = [Route("/", index), Route("/api/models", models)]
     routes += [Route(f"/api/{name}", handler(name), methods=["POST"]) for name in _FIELDS]
-    return guarded(Starlette(routes=routes, exception_handlers={HTTPException: not_found}),
-                   Guard() if guard is None else guard)
+    served = Starlette(routes=routes, exception_handlers={HTTPException: not_found})
+    served.router.redirect_slashes = False  # no redirect but the guard's (`guard.local_location`): /api/x/ is 404
+    return guarded(served, Guard() if guard is None else guard)
 
 
 def listen(host: str = "127.0.0.1", port: int = 8765):

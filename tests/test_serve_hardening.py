@@ -189,3 +189,32 @@ def test_clients_trickling_their_bodies_hold_no_slot_and_are_timed_out(lm):
                 s.close()
         with httpx.Client(base_url=base, timeout=30) as c:
             assert c.post("/api/attention", json=BODY).status_code == 200
+
+
+# ---------------------------------------------------------------- found by a hostile pass
+
+@pytest.mark.parametrize("route, field, value", [
+    ("attention", "weight", ["norm"]), ("attention", "level", {"a": 1}), ("overview", "weight", [1]),
+    ("generate", "temperature", [1.0]), ("generate", "top_p", {"p": 1}), ("generate", "seed", [0]),
+])
+def test_a_value_of_the_wrong_json_type_is_refused_by_name_not_as_a_cache_key(lm, route, field, value):
+    """A list where a choice or a number belongs reached the explorer's cache key first: "unhashable type"."""
+    c = TestClient(app(Explorer({"m": lm})), base_url="http://127.0.0.1:8765")
+    body = {"model": "m", "layer": 0, "head": 0, **({"prompt": "The cat"} if route == "generate" else
+                                                    {"text": "The cat sat."}), field: value}
+    r = c.post(f"/api/{route}", json=body)
+    assert r.status_code == 400 and field in r.json()["error"] and "unhashable" not in r.json()["error"], r.json()
+
+
+def test_a_number_too_long_for_python_is_a_400_that_says_so(lm):
+    c = TestClient(app(Explorer({"m": lm})), base_url="http://127.0.0.1:8765")
+    r = c.post("/api/attention", content=b'{"model": "m", "text": "x", "layer": ' + b"9" * 5000 + b', "head": 0}',
+               headers={"content-type": "application/json"})
+    assert r.status_code == 400 and "digits" in r.json()["error"]
+
+
+def test_no_redirect_but_the_guard_s(lm):
+    """Starlette's own redirect of /api/x/ to /api/x is off: the guard's token redirect is the only one."""
+    c = TestClient(app(Explorer({"m": lm})), base_url="http://127.0.0.1:8765")
+    r = c.post("/api/attention/", json=BODY, follow_redirects=False)
+    assert r.status_code == 404 and set(r.json()) == {"error"} and "location" not in r.headers

@@ -70,8 +70,8 @@ class Limits:
 class _Model:
     lm: LoadedModel
     source: Any
-    texts: LRU  # (text, level, weight, images) -> LiveText
-    generations: LRU  # (prompt, max_new_tokens, chat, temperature, top_p, seed) -> GenerationAttention
+    texts: LRU  # _key(text, level, weight, images) -> LiveText
+    generations: LRU  # _key(prompt, max_new_tokens, chat, temperature, top_p, seed, images) -> GenerationAttention
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -116,6 +116,14 @@ def no_image_reader(names) -> str:
     """The refusal of images given to models none of which reads them."""
     return (f"images were given, but no model served here reads images ({', '.join(names)}); serve a vision–language "
             "decoder (e.g. tiny:llava) with them, or leave out --image")
+
+
+def _key(*values: Any) -> str:
+    """A cache key of a request's JSON values, whatever they are: a value the model's code will refuse (a list
+    where a number belongs) must reach that refusal, not fail as a key ("unhashable type: 'list'")."""
+    import json
+
+    return json.dumps(values)
 
 
 def _image_name(k: int, item: Any) -> str:
@@ -256,7 +264,7 @@ class Explorer:
                 return generate_attention(m.lm, text, max_new_tokens=n, temperature=temperature, top_p=top_p,
                                           seed=seed, turns=turns, **({"images": list(picked)} if picked else {}))
 
-            key = (prompt, n, chat, temperature, top_p, seed, tuple(images) if picked else ())
+            key = _key(prompt, n, chat, temperature, top_p, seed, images if picked else [])
             gen = self._call(m.generations.get, key, generated)
             rows = self._call(gen.head_rows, layer, head)
             return {"model": model, "prompt_labels": list(gen.prompt.labels), "tokens": list(gen.generated_tokens),
@@ -282,7 +290,7 @@ class Explorer:
         text = self._text(text)
         picked = self._picked(images)
         if not picked:
-            return self._call(m.texts.get, (text, level, weight, ()),
+            return self._call(m.texts.get, _key(text, level, weight, []),
                               lambda: m.source.live(text, level=level, weight=weight))
         if (level, weight) != ("token", "attention"):
             raise ExplorerError("a text with images is read at level token, weight attention")
@@ -294,7 +302,7 @@ class Explorer:
             [amap] = extract(m.lm, [text], images=list(picked))
             return EagerLive(m.lm, m.source, amap)
 
-        return self._call(m.texts.get, (text, level, weight, tuple(images)), read)
+        return self._call(m.texts.get, _key(text, level, weight, images), read)
 
     def _picked(self, images: Any) -> tuple:
         """The startup images a request picks by index (a list of whole numbers); () for none."""
