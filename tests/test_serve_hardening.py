@@ -218,3 +218,9 @@ def test_no_redirect_but_the_guard_s(lm):
     c = TestClient(app(Explorer({"m": lm})), base_url="http://127.0.0.1:8765")
     r = c.post("/api/attention/", json=BODY, follow_redirects=False)
     assert r.status_code == 404 and set(r.json()) == {"error"} and "location" not in r.headers
+
+
+@pytest.mark.parametrize("host", ["", " ", "local host", "a/b", "user@127.0.0.1"])
+def test_a_host_that_is_no_address_is_named_as_given(host, monkeypatch):
+    line = _one_line(_serve(["--model", "tiny:llama", "--host", host], monkeypatch))
+    assert line.startswith(f"headscope: --host {host!r}: give an address")

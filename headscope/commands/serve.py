@@ -44,6 +44,8 @@ def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, images, qu
     for name in allow_hosts:
         if not name.strip() or any(c in name for c in "/ @?#"):
             fail(f"--allow-host {name!r}: give a host name or address, such as explorer.lab.example")
+    if not host.strip() or any(c.isspace() or c in "/@?#" for c in host):
+        fail(f"--host {host!r}: give an address of this machine (127.0.0.1 by default, 0.0.0.0 for all) or its name")
     if not loopback(host_name(host)):
         if not allow_remote:
             fail(f"--host {host} is not a loopback address: the explorer runs models for anyone who reaches it; "
