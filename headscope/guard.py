@@ -134,6 +134,13 @@ class Guard:
     def host_allowed(self, host: str | None) -> bool:
         if not host:
             return False
+        try:  # a Host no browser sends (`[::1`, `localhost:abc`, a port past 65535): refused, not read generously
+            parts = urlsplit(f"//{host.strip()}")
+            parts.port
+        except ValueError:
+            return False
+        if parts.path or parts.query or parts.fragment or parts.username is not None:
+            return False
         name = host_name(host)
         return loopback(name) or name in self.hosts
 

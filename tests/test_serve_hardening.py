@@ -224,3 +224,11 @@ def test_no_redirect_but_the_guard_s(lm):
 def test_a_host_that_is_no_address_is_named_as_given(host, monkeypatch):
     line = _one_line(_serve(["--model", "tiny:llama", "--host", host], monkeypatch))
     assert line.startswith(f"headscope: --host {host!r}: give an address")
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1:99999", "[::1", "localhost:abc", "localhost:-1", "127.0.0.1/x",
+                                  "127.0.0.1?x", "u@localhost"])
+def test_a_host_header_no_browser_sends_is_refused(host):
+    """A malformed Host whose name part is loopback was read generously and served."""
+    assert Guard().refusal(method="GET", path="/", headers={"host": host}).status == 403
+    assert Guard().refusal(method="GET", path="/", headers={"host": "localhost.:8765"}) is None
