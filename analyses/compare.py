@@ -158,7 +158,9 @@ def _paired_t(d: np.ndarray, n: np.ndarray):
         df = np.maximum(n - 1, 1)
         half = stats.t.ppf(0.975, df) * se
         p = 2 * stats.t.sf(np.abs(mean) / se, df)
-    exact = (n >= 2) & (sd == 0)  # every text moved by the same amount: the test is exact
+    spread = np.zeros(d.shape[1])
+    spread[tested] = np.nanmax(d[:, tested], 0) - np.nanmin(d[:, tested], 0)
+    exact = tested & (spread == 0)  # every text moved by the same amount: the test is exact (sd is 0 but for rounding)
     p = np.where(exact, np.where(mean == 0, 1.0, 0.0), p)
     half = np.where(exact, 0.0, half)
     p = np.where(n >= 2, p, np.nan)  # one text: no interval, not tested

@@ -9,7 +9,7 @@ import statistics
 import pandas as pd
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from headscope.analyses.compare import compare_scores, per_text_scores
@@ -99,7 +99,8 @@ def test_a_model_against_itself_warns_nothing_and_tests_only_what_has_a_spread()
     assert "across all 2 (head, metric) pairs" in c.rule and c.changed_heads() == []
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
+@example([(3, 0), (3, 0), (3, 0)])  # the same shift of -0.003 thrice: its float sd was 1e-19, not 0
 @given(st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 1000)), min_size=2, max_size=12))
 def test_the_paired_t_test_is_scipy_s(pairs):
     """The p-value and interval of each pair are scipy's paired t-test's (a reference computed apart)."""

@@ -3,6 +3,7 @@ texts on an image model) is refused before any model loads, the second of two as
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -56,12 +57,17 @@ def test_an_image_for_a_text_model_is_refused_before_it_loads(command, extra, pi
     _refused(r, "tiny:llama is a text model")
 
 
+@functools.lru_cache(maxsize=None)
+def _loaded(model_type: str):
+    return loading.load_model(f"tiny:{model_type}")
+
+
 @pytest.mark.parametrize("model_type", ["llama", "vit", "llava", "clip", "t5", "mllama"])
 @pytest.mark.parametrize("images", [True, False])
 def test_the_check_before_loading_is_the_check_after(model_type, images):
     """`modality_refusal` on the type (before loading) refuses exactly what `require_modality` refuses of the
     loaded model, with the same line."""
-    lm = loading.load_model(f"tiny:{model_type}")
+    lm = _loaded(model_type)
     assert loading.model_type_of(f"tiny:{model_type}") == lm.model_type == model_type
     before = image_inputs.modality_refusal(lm.name, model_type, images=images)
     try:
