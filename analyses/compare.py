@@ -148,13 +148,19 @@ def _paired_t(d: np.ndarray, n: np.ndarray):
     """Mean of the paired differences `d` ([text, pair], NaN = missing), its 95% t interval and p-value."""
     from scipy import stats
 
-    mean = np.nanmean(d, 0)
-    sd = np.nanstd(d, 0, ddof=1) if d.shape[0] > 1 else np.full(d.shape[1], np.nan)
-    se = sd / np.sqrt(n)
-    df = np.maximum(n - 1, 1)
-    half = stats.t.ppf(0.975, df) * se
-    p = 2 * stats.t.sf(np.abs(mean) / se, df)
-    exact = (n >= 2) & (sd == 0)  # every text moved by the same amount: the test is exact
+    tested = n >= 2  # a pair seen in one text (a metric that applies to one text only) has no spread to test
+    mean, sd = np.full(d.shape[1], np.nan), np.full(d.shape[1], np.nan)
+    seen = n >= 1
+    mean[seen] = np.nanmean(d[:, seen], 0)
+    sd[tested] = np.nanstd(d[:, tested], 0, ddof=1)  # only where n - 1 >= 1: no "degrees of freedom <= 0"
+    with np.errstate(invalid="ignore", divide="ignore"):  # sd = 0: the exact case, set below
+        se = sd / np.sqrt(np.maximum(n, 1))
+        df = np.maximum(n - 1, 1)
+        half = stats.t.ppf(0.975, df) * se
+        p = 2 * stats.t.sf(np.abs(mean) / se, df)
+    spread = np.zeros(d.shape[1])
+    spread[tested] = np.nanmax(d[:, tested], 0) - np.nanmin(d[:, tested], 0)
+    exact = tested & (spread == 0)  # every text moved by the same amount: the test is exact (sd is 0 but for rounding)
     p = np.where(exact, np.where(mean == 0, 1.0, 0.0), p)
     half = np.where(exact, 0.0, half)
     p = np.where(n >= 2, p, np.nan)  # one text: no interval, not tested

@@ -13,8 +13,13 @@ answers. So, as Jupyter does, the server answers only
              `?token=` sets, an `Authorization: token ...` header, or `?token=` (403 otherwise)
     JSON     POST bodies only as `application/json` (415 otherwise), which a page can send cross-site
              only after a CORS preflight that this server never grants
+    body     a POST body of at most `max_body` bytes (413 otherwise), read whole within `body_seconds`
+             (408 otherwise, and the connection closed): a client trickling its body holds no slot
     limit    at most `max_in_flight` POST requests in flight per client address (429 otherwise), so
-             one page cannot queue a thousand 16k-token texts
+             one page cannot queue a thousand 16k-token texts; a request takes its slot once its body
+             is in, so only requests being computed count
+    redirect the one redirect (a first visit with `?token=`) goes to a path of this server
+             (`local_location`), never to `//other.host`
 
 `Guard.refusal` decides on plain values (no server needed, so the rules are tested one by one);
 `guarded(app, guard)` wraps an ASGI app with it. Every refusal is a 4xx with one line of JSON.
@@ -29,9 +34,11 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 from urllib.parse import parse_qs, urlsplit
 
-__all__ = ["Guard", "Refusal", "guarded", "host_name", "loopback", "new_token", "TOKEN_COOKIE"]
+__all__ = ["Guard", "Refusal", "guarded", "host_name", "local_location", "loopback", "new_token", "TOKEN_COOKIE",
+           "MAX_BODY"]
 
 TOKEN_COOKIE = "headscope_token"
+MAX_BODY = 1 << 20  # bytes of one request body (the explorer's max_chars of UTF-8, and the JSON around it)
 _LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
 _WILDCARDS = frozenset({"0.0.0.0", "::", ""})
 
@@ -53,6 +60,18 @@ def host_name(host: str) -> str:
     elif host.count(":") == 1:  # name:port (a bare v6 address has several colons)
         host = host.split(":", 1)[0]
     return host.rstrip(".")
+
+
+def local_location(path: str) -> str:
+    r"""A `Location` on this server for a request's (decoded) `path`: percent-encoded, starting with exactly one
+    `/`. A browser reads `//host`, `/\host` (and `/<tab>/host`, dropping the tab) as another server's address.
+
+    >>> local_location("//evil.com"), local_location("/\\evil.com"), local_location("/\t/x"), local_location("/")
+    ('/evil.com', '/evil.com', '/%09/x', '/')
+    """
+    from urllib.parse import quote
+
+    return "/" + quote(path.lstrip("/\\"), safe="/")
 
 
 def loopback(host: str) -> bool:
@@ -90,24 +109,37 @@ class Guard:
     """The rules of the module docstring for a server bound to `bound` (its `--host`).
 
     `allow_hosts` adds names a client may use in Host (a reverse proxy's, say); `token` (None: none
-    needed) is what `--allow-remote` requires; `max_in_flight` bounds one client's POSTs at once.
+    needed) is what `--allow-remote` requires; `max_in_flight` bounds one client's POSTs at once; `max_body`
+    bounds a POST body's bytes and `body_seconds` the time its client may take to send it.
     """
 
     bound: str = "127.0.0.1"
     allow_hosts: frozenset[str] = frozenset()
     token: str | None = None
     max_in_flight: int = 8
+    max_body: int = MAX_BODY
+    body_seconds: float = 30.0
     hosts: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
-        if self.max_in_flight < 1:
-            raise ValueError(f"max_in_flight must be at least 1, got {self.max_in_flight}")
+        if self.max_in_flight < 1 or self.max_body < 1:
+            raise ValueError(f"max_in_flight and max_body must be at least 1, got {self.max_in_flight}, "
+                             f"{self.max_body}")
+        if not self.body_seconds > 0:
+            raise ValueError(f"body_seconds must be more than 0, got {self.body_seconds}")
         bound = host_name(self.bound)
         own = _own_addresses() if bound in _WILDCARDS else frozenset({bound})
         object.__setattr__(self, "hosts", frozenset(host_name(h) for h in self.allow_hosts) | own)
 
     def host_allowed(self, host: str | None) -> bool:
         if not host:
+            return False
+        try:  # a Host no browser sends (`[::1`, `localhost:abc`, a port past 65535): refused, not read generously
+            parts = urlsplit(f"//{host.strip()}")
+            parts.port
+        except ValueError:
+            return False
+        if parts.path or parts.query or parts.fragment or parts.username is not None:
             return False
         name = host_name(host)
         return loopback(name) or name in self.hosts
@@ -170,9 +202,33 @@ def _cookies(header: str) -> dict[str, list[str]]:
     return out
 
 
+async def _read_body(receive, guard: Guard) -> bytes | Refusal | None:
+    """The whole body of a request, read within `guard.body_seconds`; a `Refusal` for one too large or too slow,
+    None when the client went away."""
+    import asyncio
+
+    chunks, size = [], 0
+    try:
+        async with asyncio.timeout(guard.body_seconds):
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    return None
+                chunk = message.get("body", b"")
+                size += len(chunk)
+                if size > guard.max_body:
+                    return Refusal(413, f"the request body is larger than {guard.max_body:,} bytes")
+                chunks.append(chunk)
+                if not message.get("more_body", False):
+                    return b"".join(chunks)
+    except TimeoutError:
+        return Refusal(408, f"the request body did not arrive within {guard.body_seconds:g} s; send it at once")
+
+
 def guarded(app: Any, guard: Guard) -> Any:
     """`app` (ASGI) behind `guard`: refusals answered as one-line JSON, a first visit with `?token=` given
-    its cookie (and sent on without the token in the address), in-flight POSTs counted per client."""
+    its cookie (and sent on to `local_location` without the token in the address), a POST's body read whole
+    (bounded in size and time) before the request counts against its client's POSTs in flight."""
     in_flight: dict[str, int] = {}  # client address → POSTs being served; this app's, not global
 
     async def answer(send, status: int, body: dict, extra: tuple = ()) -> None:
@@ -199,18 +255,37 @@ def guarded(app: Any, guard: Guard) -> Any:
             return await answer(send, refusal.status, {"error": refusal.message})
         if guard.token is not None and method == "GET" and not path.startswith("/api/") and "token" in parse_qs(query):
             cookie = f"{TOKEN_COOKIE}={guard.token}; Path=/; HttpOnly; SameSite=Strict"
-            return await answer(send, 303, {"location": path}, ((b"location", path.encode()),
-                                                                 (b"set-cookie", cookie.encode())))
+            location = local_location(path)
+            return await answer(send, 303, {"location": location}, ((b"location", location.encode("ascii")),
+                                                                    (b"set-cookie", cookie.encode())))
         if method != "POST":
             return await app(scope, receive, send)
+        size = headers.get("content-length")
+        if size is not None and (not size.isdigit() or int(size) > guard.max_body):
+            return await answer(send, 413, {"error": f"the request body is larger than {guard.max_body:,} bytes"},
+                                ((b"connection", b"close"),))
+        body = await _read_body(receive, guard)
+        if body is None:  # the client went away
+            return None
+        if isinstance(body, Refusal):
+            return await answer(send, body.status, {"error": body.message}, ((b"connection", b"close"),))
         client = (scope.get("client") or ("?", 0))[0]
         if in_flight.get(client, 0) >= guard.max_in_flight:
             return await answer(send, 429, {"error": f"{guard.max_in_flight} requests of this client are already "
                                                      "being served; wait for their answers"},
                                 ((b"retry-after", b"1"),))
+        delivered = False
+
+        async def replay():  # the body read above, then the client's own messages (its disconnect)
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
         in_flight[client] = in_flight.get(client, 0) + 1
         try:
-            await app(scope, receive, send)
+            await app(scope, replay, send)
         finally:
             in_flight[client] -= 1
             if not in_flight[client]:

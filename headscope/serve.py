@@ -27,12 +27,10 @@ import signal
 import threading
 from typing import Any
 
-from headscope.guard import Guard, guarded
+from headscope.guard import MAX_BODY, Guard, guarded
 from headscope.workflows.explore import Explorer, ExplorerError
 
-__all__ = ["app", "MAX_BODY"]
-
-MAX_BODY = 1 << 20  # bytes of one request body (the explorer's max_chars of UTF-8, and the JSON around it)
+__all__ = ["app", "listen", "parse_body", "serve", "MAX_BODY"]
 
 _FIELDS = {  # route → (required fields, optional fields)
     "attention": (("model", "text", "layer", "head"), ("level", "weight", "rows", "keys", "top_k", "images")),
@@ -51,19 +49,19 @@ def _error(message: str, status: int):
     return JSONResponse({"error": " ".join(str(message).split())[:500]}, status_code=status)
 
 
-async def _body(request) -> dict:
-    size = request.headers.get("content-length")
-    if size is not None and (not size.isdigit() or int(size) > MAX_BODY):
-        raise ExplorerError(f"the request body is larger than {MAX_BODY:,} bytes", 413)
-    raw = b""
-    async for chunk in request.stream():
-        raw += chunk
-        if len(raw) > MAX_BODY:
-            raise ExplorerError(f"the request body is larger than {MAX_BODY:,} bytes", 413)
+def parse_body(raw: bytes) -> dict:
+    """A request's JSON object: every body is parsed here. Anything else, a body nested too deeply for the parser
+    included, is an `ExplorerError` (400) with one line.
+
+    >>> parse_body(b'{"model": "m"}')
+    {'model': 'm'}
+    """
     try:
         body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise ExplorerError("the request body must be a JSON object") from None
+    except (ValueError, UnicodeDecodeError) as exc:  # a number of over 4,300 digits included
+        raise ExplorerError(f"the request body must be a JSON object ({' '.join(str(exc).split())[:200]})") from None
+    except RecursionError:
+        raise ExplorerError("the request body is nested too deeply; send a flat JSON object") from None
     if not isinstance(body, dict):
         raise ExplorerError("the request body must be a JSON object")
     return body
@@ -94,7 +92,7 @@ def app(explorer: Explorer, *, title: str = "headscope explorer", guard: Guard |
 
         async def handle(request):
             try:
-                body = await _body(request)
+                body = parse_body(await request.body())  # read whole by the guard: bounded in size and time
                 missing = [f for f in required if f not in body]
                 unknown = sorted(set(body) - set(required) - set(optional))
                 if missing or unknown:
@@ -116,14 +114,32 @@ def app(explorer: Explorer, *, title: str = "headscope explorer", guard: Guard |
 
     routes = [Route("/", index), Route("/api/models", models)]
     routes += [Route(f"/api/{name}", handler(name), methods=["POST"]) for name in _FIELDS]
-    return guarded(Starlette(routes=routes, exception_handlers={HTTPException: not_found}),
-                   Guard() if guard is None else guard)
+    served = Starlette(routes=routes, exception_handlers={HTTPException: not_found})
+    served.router.redirect_slashes = False  # no redirect but the guard's (`guard.local_location`): /api/x/ is 404
+    return guarded(served, Guard() if guard is None else guard)
+
+
+def listen(host: str = "127.0.0.1", port: int = 8765):
+    """A socket bound to `host`:`port` (0: a free port), bound as uvicorn binds one, for `serve` to answer on:
+    taken before any model loads, so a port in use is an `OSError` at once, and no other server can take it
+    between the check and the start."""
+    import socket
+
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.set_inheritable(True)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 def serve(explorer: Explorer, *, host: str = "127.0.0.1", port: int = 8765, guard: Guard | None = None,
-          log_level: str = "warning") -> Any:
+          log_level: str = "warning", sock=None) -> Any:
     """Run the app with uvicorn until Ctrl-C (uvicorn shuts down cleanly, then the interrupt is raised again).
-    `guard` defaults to one for `host`."""
+    `guard` defaults to one for `host`; `sock` (`listen`'s) is answered on instead of binding `host`:`port`."""
     import uvicorn
 
     guard = Guard(bound=host) if guard is None else guard
@@ -137,7 +153,7 @@ def serve(explorer: Explorer, *, host: str = "127.0.0.1", port: int = 8765, guar
     main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, lambda signum, frame: setattr(server, "stopped_by", "SIGTERM")) if main else None
     try:
-        server.run()
+        server.run(sockets=None if sock is None else [sock])
     finally:
         if main:
             signal.signal(signal.SIGTERM, previous)

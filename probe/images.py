@@ -16,10 +16,11 @@ from typing import Iterable, Literal, Sequence
 import numpy as np
 
 from .encoding import Encoded
-from .families import family_of_type
+from .families import SUPPORTED_TYPES, family_of_type
 from .model import LoadedModel
 
 __all__ = ["check_images", "load_image", "encode_images", "patch_labels", "patchify", "unpatchify", "ImageInput", "require_modality",
+           "modality_refusal",
            "TWO_TOWER_TYPES", "Towers", "TOWERS", "TOWER_NAMES", "is_two_tower", "tower", "for_input",
            "models_for", "as_seen"]
 
@@ -92,12 +93,28 @@ def require_modality(lm: LoadedModel, *, images: bool) -> None:
     each in its tower; a vision–language decoder reads both together: `probe.vision_language`)."""
     if is_two_tower(lm) or getattr(lm, "reads_images", False):
         return
-    if images and not getattr(lm, "is_image", False):
-        raise ValueError(f"{lm.name} is a text model ({lm.model_type}); it takes texts, not images. "
-                         "Give it text, or load a vision transformer (e.g. tiny:vit)")
-    if not images and getattr(lm, "is_image", False):
-        raise ValueError(f"{lm.name} is an image model ({lm.model_type}); it takes images, not texts. "
-                         "Pass images=[...] (CLI: --image FILE)")
+    why = _wrong_input(lm.name, lm.model_type, is_image=bool(getattr(lm, "is_image", False)), images=images)
+    if why is not None:
+        raise ValueError(why)
+
+
+def modality_refusal(name: str, model_type: str | None, *, images: bool) -> str | None:
+    """`require_modality`'s refusal for a model of `model_type`, known before it loads (`probe.loading.model_type_of`),
+    or None: the input fits, or the type is not one of headscope's (loading tells)."""
+    family = SUPPORTED_TYPES.get(model_type)
+    if model_type in TOWERS or family is None or family.vision_language is not None:
+        return None
+    return _wrong_input(name, model_type, is_image=family.modality == "image", images=images)
+
+
+def _wrong_input(name: str, model_type: str | None, *, is_image: bool, images: bool) -> str | None:
+    if images and not is_image:
+        return (f"{name} is a text model ({model_type}); it takes texts, not images. "
+                "Give it text, or load a vision transformer (e.g. tiny:vit)")
+    if not images and is_image:
+        return (f"{name} is an image model ({model_type}); it takes images, not texts. "
+                "Pass images=[...] (CLI: --image FILE)")
+    return None
 
 
 def check_images(images: object) -> list:

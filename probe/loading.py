@@ -32,6 +32,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from .errors import PlacementError
+from .sizes import parse_max_memory
 from .families import SUPPORTED_TYPES
 from .folders import reclaim_stale, write_folder
 from .heap import trim_after_offloaded
@@ -41,7 +42,8 @@ from .names import Device, DType, device_spec
 from .registry import KNOWN_MODELS, ModelNotAvailable, ModelSpec, locate, not_available_message
 from .tiny import TINY_TYPES, tiny_model
 
-__all__ = ["load_model", "cache_dir", "Device", "DType", "Placement", "PlacementError", "is_offloaded"]
+__all__ = ["load_model", "cache_dir", "Device", "DType", "Placement", "PlacementError", "is_offloaded",
+           "model_type_of"]
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 _CACHE_FORMAT = 1
@@ -74,58 +76,57 @@ class Placement:
         return self.max_memory
 
 
-def placement(device: str, max_memory: dict | None, offload_folder: str | os.PathLike | None) -> Placement:
-    """The checked `Placement`; `PlacementError` (one line: what to change) for one that cannot be had here."""
+def placement(device: str, max_memory: dict | str | None, offload_folder: str | os.PathLike | None) -> Placement:
+    """The checked `Placement`; `PlacementError` (one line: what to change) for one that cannot be had here. Its
+    lines name the arguments (`max_memory`); the CLI writes them as its flags (`common.exits.flag_spelling`)."""
     try:
         device = device_spec(device)
     except ValueError:
         raise PlacementError(f"device must be auto, cpu, cuda, cuda:N (GPU number N) or mps, got {device!r}") from None
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise PlacementError(f"--device {device} was asked for but torch sees no CUDA GPU here; use --device cpu.")
+        raise PlacementError(f"device='{device}' was asked for but torch sees no CUDA GPU here; use device='cpu'.")
     if device.startswith("cuda:") and int(device[5:]) >= torch.cuda.device_count():
-        raise PlacementError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s), numbered from 0")
+        raise PlacementError(f"device='{device}': this machine has {torch.cuda.device_count()} GPU(s), numbered from 0")
     if device == "mps" and not torch.backends.mps.is_available():
-        raise PlacementError("--device mps was asked for but this torch build has no MPS backend; use --device cpu.")
+        raise PlacementError("device='mps' was asked for but this torch build has no MPS backend; use device='cpu'.")
     if max_memory is not None:
         max_memory = _checked_budget(max_memory)
     folder = None if offload_folder is None else _offload_folder(Path(offload_folder).expanduser())
     spec = Placement(device, max_memory, folder)
     if spec.spread and device not in ("auto", "cpu"):
-        raise PlacementError(f"--device {device} puts the whole model on one device; with --max-memory or "
-                             "--offload-folder accelerate places it: give --device auto (or cpu) and name the "
-                             "devices in --max-memory (0=20GiB,cpu=60GiB)")
+        raise PlacementError(f"device='{device}' puts the whole model on one device; with max_memory or "
+                             "offload_folder accelerate places it: give device='auto' (or cpu) and name the "
+                             "devices in max_memory (0=20GiB,cpu=60GiB)")
     return spec
 
 
-def _checked_budget(max_memory: dict) -> dict:
-    if not isinstance(max_memory, dict) or not max_memory:
-        raise PlacementError(f"max_memory must be a dict of bytes per device, e.g. {{'cpu': 300_000_000}}, "
-                             f"got {max_memory!r}")
+def _checked_budget(max_memory: dict | str) -> dict:
+    """`max_memory` read by `probe.sizes.parse_max_memory` (what `--max-memory` takes, or a dict of sizes), each
+    device one this machine has."""
+    try:
+        budget = parse_max_memory(max_memory)
+    except ValueError as exc:
+        raise PlacementError(f"max_memory {exc}") from None
     gpus = torch.cuda.device_count()
-    for where, size in max_memory.items():
-        if not (where in ("cpu", "mps", "disk") or (isinstance(where, int) and where >= 0)):
-            raise PlacementError(f"--max-memory names {where!r}; name a GPU by its number (0, 1, ...), or cpu, "
-                                 "mps, disk")
+    for where in budget:
         if isinstance(where, int) and where >= gpus:
-            raise PlacementError(f"--max-memory gives GPU {where} a budget, but this machine has {gpus} GPU(s)"
+            raise PlacementError(f"max_memory gives GPU {where} a budget, but this machine has {gpus} GPU(s)"
                                  + (", numbered from 0" if gpus else "; give cpu=SIZE"))
         if where == "mps" and not torch.backends.mps.is_available():
-            raise PlacementError("--max-memory names mps, but this torch build has no MPS backend")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-            raise PlacementError(f"--max-memory {where}: give a size in bytes (300MB, 20GiB), got {size!r}")
-    return dict(max_memory)
+            raise PlacementError("max_memory names mps, but this torch build has no MPS backend")
+    return budget
 
 
 def _offload_folder(folder: Path) -> Path:
     """`folder`, made if missing, once a file can be written in it; `PlacementError` otherwise."""
     if folder.exists() and not folder.is_dir():
-        raise PlacementError(f"--offload-folder {folder} is a file; give a folder (it is made if missing)")
+        raise PlacementError(f"offload_folder {folder} is a file; give a folder (it is made if missing)")
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as exc:
-        raise PlacementError(f"--offload-folder {folder} cannot be written ({exc.strerror or exc}); give a "
+        raise PlacementError(f"offload_folder {folder} cannot be written ({exc.strerror or exc}); give a "
                              "writable folder") from None
     return folder
 
@@ -151,8 +152,11 @@ def _main_device(model) -> torch.device:
 def _dispatch(model, spec: Placement, dtype: torch.dtype):
     """`model` (built in memory) placed by accelerate as `from_pretrained(device_map="auto")` places a checkpoint:
     what fits nowhere goes to a fresh folder inside the offload folder, removed with the model."""
+    import shutil
+
     from accelerate import dispatch_model, infer_auto_device_map
-    from accelerate.utils import offload_state_dict
+
+    from .offload import write_offloaded
 
     device_map = infer_auto_device_map(model, max_memory=spec.budget(), dtype=dtype,
                                        no_split_module_classes=sorted(getattr(model, "_no_split_modules", None) or []))
@@ -160,14 +164,22 @@ def _dispatch(model, spec: Placement, dtype: torch.dtype):
     folder = None
     if disk:
         if spec.offload_folder is None:
-            raise PlacementError("the model does not fit in --max-memory; give --offload-folder DIR for the rest, "
+            raise PlacementError("the model does not fit in max_memory; give offload_folder DIR for the rest, "
                                  "or a larger budget")
+        state = {key: value for key, value in model.state_dict().items()
+                 if any(not m or key == m or key.startswith(m + ".") for m in disk)}
         folder = _scratch_folder(spec.offload_folder)
-        _remove_with(model, folder)
         # written here, not by dispatch_model, which skips a module named "" (the whole model) and would
-        # reuse an index.json it finds
-        offload_state_dict(str(folder), {key: value for key, value in model.state_dict().items()
-                                         if any(not m or key == m or key.startswith(m + ".") for m in disk)})
+        # reuse an index.json it finds; with plain writes, not accelerate's memory maps (`probe.offload`)
+        try:
+            write_offloaded(folder, state)
+        except (PlacementError, OSError) as exc:
+            shutil.rmtree(folder, ignore_errors=True)
+            if isinstance(exc, PlacementError):
+                raise
+            raise PlacementError(f"offload_folder {spec.offload_folder}: writing the offloaded weights failed "
+                                 f"({exc.strerror or exc}); free some space or give another folder") from None
+        _remove_with(model, folder)
     with _quiet_dispatch():
         model = dispatch_model(model, device_map, offload_dir=None if folder is None else str(folder))
     model.hf_device_map = device_map
@@ -227,7 +239,7 @@ def load_model(
     *,
     device: Device = "cpu",
     dtype: DType = "float32",
-    max_memory: dict | None = None,
+    max_memory: dict | str | None = None,
     offload_folder: str | os.PathLike | None = None,
     use_cache: bool = True,
 ) -> LoadedModel:
@@ -241,7 +253,8 @@ def load_model(
 
     `device` is `cpu`, `cuda`, `cuda:N` (GPU number N), `mps`, or `auto`, which hands placement to
     accelerate's `device_map="auto"`: it spreads a model that is larger than one GPU over the GPUs (and CPU)
-    it finds. `max_memory` (bytes per GPU number, `"cpu"`, `"mps"`: `{0: 20 * 2**30, "cpu": 60 * 2**30}`) and
+    it finds. `max_memory` (per GPU number, `"cpu"`, `"mps"`: `{0: "20GiB", "cpu": 60 * 2**30}`, or the CLI's
+    `"0=20GiB,cpu=60GiB"`; sizes in bytes or as `probe.sizes.parse_size` reads them) and
     `offload_folder` (a folder for the layers that fit nowhere, read from disk one layer at a time) imply
     accelerate's placement too. A placement that cannot be had here is a `PlacementError`, before any load.
 
@@ -389,6 +402,42 @@ def check_name(name: str) -> None:
         raise ModelNotAvailable(f"{name}: @REVISION applies to hub ids (org/model@rev) only; {base} is a {source}")
 
 
+def model_type_of(name: str) -> str | None:
+    """The model type `name` loads as, read without loading it: a tiny model's, a packaged model's family's, a
+    folder's `config.json`, a hub id's config where the local hub cache holds it; None where only loading tells
+    (a GGUF file, a hub id not cached, a name `check_name` refuses). For checks before any model loads.
+
+    >>> model_type_of("tiny:llava"), model_type_of("minilm")
+    ('llava', 'bert')
+    """
+    import json
+
+    from .families import FAMILIES
+
+    try:
+        base, revision = split_revision(name)
+        if name in KNOWN_MODELS:
+            return FAMILIES[KNOWN_MODELS[name].family].model_types[0]
+        if base.startswith(TINY_PREFIX):
+            return base[len(TINY_PREFIX):] if base[len(TINY_PREFIX):] in TINY_TYPES else None
+        path, gguf_file, source = _user_path(base)
+        if gguf_file is not None:
+            return None
+        if source.startswith("Hugging Face hub id"):
+            from huggingface_hub import try_to_load_from_cache
+
+            found = try_to_load_from_cache(base, "config.json", revision=revision)
+            config = Path(found) if isinstance(found, str) else None
+        else:
+            config = Path(path) / "config.json"
+        if config is None or not config.is_file():
+            return None
+        model_type = json.loads(config.read_text(encoding="utf-8")).get("model_type")
+    except (ModelNotAvailable, OSError, ValueError, AttributeError):
+        return None
+    return model_type if isinstance(model_type, str) else None
+
+
 def split_revision(name: str) -> tuple[str, str | None]:
     """`("org/model", "rev")` from `org/model@rev`; a name without `@`, or an existing path, as it is.
 
@@ -438,6 +487,9 @@ def _hub_unreachable() -> str | None:
 
 def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, spec: Placement, name: str, *,
                  revision: str | None = None):
+    import errno
+
+    from safetensors import SafetensorError
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
@@ -478,7 +530,13 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, spec: Pla
         with _quiet_dispatch():
             model = model_class(config, cls.__name__).from_pretrained(path, **kwargs)  # SigLIP's text towers: own class
         loaded = True
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SafetensorError) as exc:
+        if "No space left on device" in str(exc) or getattr(exc, "errno", None) == errno.ENOSPC:
+            raise PlacementError(f"offload_folder {spec.offload_folder}: its disk filled up while the offloaded "
+                                 "weights were written; free some space, give a folder on a larger disk, or a "
+                                 "larger max_memory") from None
+        if isinstance(exc, SafetensorError):
+            raise
         raise ModelNotAvailable(not_available_message(name, f"{type(exc).__name__}: {str(exc).splitlines()[0]}")) from exc
     finally:
         if scratch is not None and not loaded:  # the load failed: its offload folder goes

@@ -53,7 +53,7 @@ def onloaded(*modules: torch.nn.Module | None) -> Iterator[None]:
                 stack.callback(hook.post_forward, leaf, None)
         if any(_meta(m) for m in wanted):
             raise RuntimeError("some weights of this model are offloaded where headscope cannot bring them in; "
-                               "load it without --max-memory / --offload-folder")
+                               "load it without max_memory / offload_folder")
         yield
 
 

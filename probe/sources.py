@@ -59,8 +59,9 @@ __all__ = ["AttentionSource", "EagerSource", "RecomputeSource", "AutoSource", "S
            "memory_budget", "eager_bytes"]
 
 
-def memory_budget(value: int | None = None) -> int:
-    """Bytes that eager attention may take before `attention="auto"` recomputes: `value`, or a quarter of RAM.
+def memory_budget(value: int | str | None = None) -> int:
+    """Bytes that eager attention may take before `attention="auto"` recomputes: `value` (bytes, or a size such
+    as "1GiB": `probe.sizes.parse_size`), or a quarter of RAM.
 
     >>> memory_budget(2**30)
     1073741824
@@ -69,9 +70,12 @@ def memory_budget(value: int | None = None) -> int:
         import psutil
 
         return psutil.virtual_memory().total // 4
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"memory_budget must be a positive number of bytes, got {value!r}")
-    return value
+    from .sizes import parse_size
+
+    try:
+        return parse_size(value)  # what --memory-budget takes: 2**30, "1GiB"
+    except ValueError as exc:
+        raise ValueError(f"memory_budget {exc}") from None
 
 
 def eager_bytes(lm: LoadedModel, n_tokens: int, *, n_layers: int | None = None, batch: int = 1) -> int:

@@ -9,6 +9,8 @@ import statistics
 import pandas as pd
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from headscope.analyses.compare import compare_scores, per_text_scores
 from headscope.workflows.compare import IncompatibleModels, compare_models
@@ -77,6 +79,45 @@ def test_paired_t_interval_and_rule_by_hand():
     assert small.p_holm < 0.05 and not small.changed
     assert c.changed_heads() == [(0, 0)]
     assert c.grid("self").loc[0, 0] == pytest.approx(0.2) and c.grid("self").loc[0, 1] == 0
+
+
+def test_a_model_against_itself_warns_nothing_and_tests_only_what_has_a_spread():
+    """Issue 45: `compare A A` printed numpy's "Degrees of freedom <= 0" for a metric that applied to one text only.
+    Such a pair is not tested (no interval, no p); every other pair moved by exactly 0: p = 1, interval [0, 0]."""
+    import warnings
+
+    nan = float("nan")
+    a = _table({(0, 0, "self"): [0.4, nan, nan], (0, 1, "self"): [0.2, 0.3, 0.5], (1, 0, "entropy"): [1.0, 2.0, nan]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        c = compare_scores(a, a.copy())
+    row = {(r.layer, r.head, r.metric): r for r in c.table.itertuples()}
+    one = row[(0, 0, "self")]
+    assert one.n_texts == 1 and one.diff == 0 and math.isnan(one.p) and math.isnan(one.ci_low) and not one.changed
+    for key in [(0, 1, "self"), (1, 0, "entropy")]:
+        assert (row[key].diff, row[key].ci_low, row[key].ci_high, row[key].p, row[key].changed) == (0, 0, 0, 1, False)
+    assert "across all 2 (head, metric) pairs" in c.rule and c.changed_heads() == []
+
+
+@settings(max_examples=25, deadline=None)
+@example([(3, 0), (3, 0), (3, 0)])  # the same shift of -0.003 thrice: its float sd was 1e-19, not 0
+@given(st.lists(st.tuples(st.integers(0, 1000), st.integers(0, 1000)), min_size=2, max_size=12))
+def test_the_paired_t_test_is_scipy_s(pairs):
+    """The p-value and interval of each pair are scipy's paired t-test's (a reference computed apart)."""
+    import numpy as np
+    from scipy import stats
+
+    va, vb = [p[0] / 1000 for p in pairs], [p[1] / 1000 for p in pairs]
+    c = compare_scores(_table({(0, 0, "self"): va}), _table({(0, 0, "self"): vb}))
+    r = c.table.iloc[0]
+    d = np.array(vb) - np.array(va)
+    if np.ptp(d) == 0:  # every text moved alike: the exact case
+        assert r.p == (1.0 if d[0] == 0 else 0.0)
+        return
+    ref = stats.ttest_rel(vb, va)
+    assert r.p == pytest.approx(ref.pvalue, rel=1e-6, abs=1e-12)
+    low, high = ref.confidence_interval(0.95)
+    assert (r.ci_low, r.ci_high) == (pytest.approx(low, abs=1e-9), pytest.approx(high, abs=1e-9))
 
 
 def test_holm_corrects_over_all_pairs():

@@ -107,7 +107,7 @@ def test_whole_model_on_disk(tmp_path):
 
 
 def test_budget_without_folder_is_refused():
-    with pytest.raises(PlacementError, match="--offload-folder"):
+    with pytest.raises(PlacementError, match="give offload_folder"):  # the API names its argument, the CLI its flag
         load_model("tiny:llama", max_memory={"cpu": 1000})
 
 

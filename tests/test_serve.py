@@ -89,7 +89,7 @@ def test_malformed_bodies_unknown_routes_and_large_bodies():
     json_type = {"content-type": "application/json"}
     for raw in (b"{nope", b"[1, 2]", b"\xff\xfe"):
         r = c.post("/api/overview", content=raw, headers=json_type)
-        assert r.status_code == 400 and r.json()["error"] == "the request body must be a JSON object"
+        assert r.status_code == 400 and r.json()["error"].startswith("the request body must be a JSON object")
     assert c.get("/api/nothing").status_code == 404 and "error" in c.get("/api/nothing").json()
     assert c.get("/api/attention").status_code == 405
     r = c.post("/api/attention", content=b" " * (2 << 20), headers=json_type)

@@ -48,7 +48,8 @@ def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, bat
         fail(f"{source} holds {len(texts)} text; intervals over texts need at least 2")
 
     lm_a = load_or_fail(model_a, device, dtype, max_memory, offload_folder)
-    lm_b = load_or_fail(model_b, device, dtype, max_memory, offload_folder)
+    # the same name twice: one model, loaded once (its scores against themselves: every difference exactly 0)
+    lm_b = lm_a if model_b == model_a else load_or_fail(model_b, device, dtype, max_memory, offload_folder)
     verified: dict[str, list] = {"a": [], "b": []}  # the Verification of each model, for the report
     checks = {key: verify_step(lm, enabled=not no_verify, keep=verified[key]) for key, lm in (("a", lm_a), ("b", lm_b))}
     try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..common.exits import fail, refusals
-from ..common.loading import load_or_fail
+from ..common.loading import inputs_or_fail, load_or_fail
 from ..common.options import head, options, truncate, utf8_text
 from ..common.outputs import echo_json, write_table
 
@@ -56,6 +56,8 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
         fail("give TEXT or --image FILE (a vision–language decoder: TEXT with --image)")
     if image is not None and (scale_effect or permutation):
         fail("--scale-effect and --permutation take a TEXT, not --image")
+    if images:
+        inputs_or_fail([model_name], images=True)
     lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     with refusals(model_name, RuntimeError):
         lm = for_input(lm, images=image is not None)  # a two-tower model (CLIP, SigLIP): the tower that reads it

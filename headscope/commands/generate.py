@@ -9,7 +9,7 @@ from __future__ import annotations
 import click
 
 from ..common.exits import fail
-from ..common.loading import load_or_fail
+from ..common.loading import inputs_or_fail, load_or_fail
 from ..common.options import model, options, seed, top, utf8_text
 from ..common.outputs import echo_json
 
@@ -42,6 +42,8 @@ def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, sys
         fail("--system goes with --chat")
     if images and chat:
         fail("--image puts the prompt in the processor's chat template already; leave out --chat")
+    if images:
+        inputs_or_fail([model_name], images=True)
     lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     results = []
     for prompt in prompts:

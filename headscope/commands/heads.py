@@ -6,7 +6,7 @@ import click
 
 from ..common.corpus import corpus_or_fail, too_long_or_fail
 from ..common.exits import fail, refusals
-from ..common.loading import load_or_fail
+from ..common.loading import inputs_or_fail, load_or_fail
 from ..common.options import options, seed, top
 from ..common.outputs import attention_note, echo_json, write_table
 from ..common.runs import join_run
@@ -39,6 +39,8 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
     corpus = corpus_or_fail(corpus_path, limit, stream=True)
     texts, total, source = corpus.texts, corpus.total, corpus.source
     world = join_run(device)
+    if images:
+        inputs_or_fail([model_name], images=True)
     lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     with refusals(model_name):  # a two-tower model (CLIP, SigLIP): the tower that reads the input, named by tower
         lm = for_input(lm, images=bool(images))

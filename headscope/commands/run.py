@@ -20,7 +20,7 @@ import click
 from ..common.corpus import corpus_or_fail, too_long_or_fail
 from ..common.exits import fail, refusals
 from ..common.interrupts import Interrupts
-from ..common.loading import load_or_fail, models_or_fail
+from ..common.loading import inputs_or_fail, load_or_fail, models_or_fail
 from ..common.options import corpus, level, options, parsed, truncate, utf8_text
 from ..common.outputs import check_out, echo_json, say
 from ..common.runs import join_run
@@ -168,6 +168,7 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
     if len(set(names)) != len(names):
         fail(f"--model: a model is named twice in {names}")
     models_or_fail(names)
+    inputs_or_fail(names, images=bool(images))  # every model, before the first loads
     for i, t in enumerate(texts):
         if not t.strip():
             fail(f"--text {i + 1} is empty; give a sentence")

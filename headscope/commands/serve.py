@@ -44,6 +44,8 @@ def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, images, qu
     for name in allow_hosts:
         if not name.strip() or any(c in name for c in "/ @?#"):
             fail(f"--allow-host {name!r}: give a host name or address, such as explorer.lab.example")
+    if not host.strip() or any(c.isspace() or c in "/@?#" for c in host):
+        fail(f"--host {host!r}: give an address of this machine (127.0.0.1 by default, 0.0.0.0 for all) or its name")
     if not loopback(host_name(host)):
         if not allow_remote:
             fail(f"--host {host} is not a loopback address: the explorer runs models for anyone who reaches it; "
@@ -53,29 +55,66 @@ def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, images, qu
     guard = Guard(bound=host, allow_hosts=frozenset(allow_hosts), token=new_token() if allow_remote else None,
                   max_in_flight=max_in_flight)
     models_or_fail(names)
-    from headscope.serve import serve
+    _served_or_fail(names, images)
+    from headscope.serve import listen, serve
     from headscope.workflows.explore import Explorer
 
-    loaded = {}
-    for name in names:
-        say(f"loading {name} …", quiet=quiet)
-        loaded[name] = load_or_fail(name, device, dtype, max_memory, offload_folder)
-    try:
-        # --image: read once here; the page picks them by index, and no request can name another file
-        explorer = Explorer(loaded, attention=attention, budget=memory_budget, images=list(images))
-    except ValueError as exc:
-        fail(str(exc))
-    if host in ("0.0.0.0", "::"):  # every address of this machine: a browser opens it by this machine's name
-        import socket
+    try:  # the port is taken now, before any model loads, and held until the server answers on it
+        sock = listen(host, port)
+    except OSError as exc:
+        import errno
 
-        shown = socket.gethostname()
-    else:
-        shown = f"[{host}]" if ":" in host else host
-    token = f"?token={guard.token}" if guard.token else ""
-    click.echo(f"headscope explorer: http://{shown}:{port}/{token} (Ctrl-C stops it)", err=True)
-    server = serve(explorer, host=host, port=port, guard=guard)
+        if exc.errno == errno.EADDRINUSE:
+            fail(f"--port {port}: {host}:{port} is in use (another server listens there); pick another --port "
+                 "(0: any free port)")
+        if exc.errno == errno.EACCES:
+            fail(f"--port {port}: no permission to listen on {host}:{port} (ports below 1024 need privileges); "
+                 "pick a port above 1023")
+        fail(f"--host {host}: cannot listen on {host}:{port} ({exc.strerror or exc}); give an address of this "
+             "machine (127.0.0.1 by default)")
+    with sock:
+        loaded = {}
+        for name in names:
+            say(f"loading {name} …", quiet=quiet)
+            loaded[name] = load_or_fail(name, device, dtype, max_memory, offload_folder)
+        try:
+            # --image: read once here; the page picks them by index, and no request can name another file
+            explorer = Explorer(loaded, attention=attention, budget=memory_budget, images=list(images))
+        except ValueError as exc:
+            fail(str(exc))
+        if host in ("0.0.0.0", "::"):  # every address of this machine: a browser opens it by this machine's name
+            import socket
+
+            shown = socket.gethostname()
+        else:
+            shown = f"[{host}]" if ":" in host else host
+        token = f"?token={guard.token}" if guard.token else ""
+        bound = sock.getsockname()[1]  # --port 0: the free port the system gave
+        click.echo(f"headscope explorer: http://{shown}:{bound}/{token} (Ctrl-C stops it)", err=True)
+        server = serve(explorer, host=host, port=bound, guard=guard, sock=sock)
     if not server.started:
-        fail(f"could not listen on {host}:{port} (in use, or not an address of this machine); pick another --port",
-             code=1)
+        fail(f"could not serve on {host}:{bound}; pick another --port", code=1)
     if server.stopped_by:
         click.echo(f"headscope explorer: stopped by {server.stopped_by}; every request in flight was answered", err=True)
+
+
+def _served_or_fail(names: list[str], images) -> None:
+    """Before any model loads: each model one the explorer can serve, its type read without loading it
+    (`probe.loading.model_type_of`), and --image only where a served model reads images; the images readable."""
+    from headscope.probe.images import load_image
+    from headscope.probe.loading import model_type_of
+    from headscope.workflows.explore import no_image_reader, reads_images, unserved
+
+    types = {name: model_type_of(name) for name in names}
+    for name, model_type in types.items():
+        why = unserved(name, model_type)
+        if why is not None:
+            fail(f"--model {why}")
+    if images:
+        if not any(reads_images(t) is not False for t in types.values()):
+            fail(no_image_reader(names))
+        for k, path in enumerate(images):
+            try:
+                load_image(k, path)
+            except (OSError, ValueError, TypeError) as exc:
+                fail(str(exc))

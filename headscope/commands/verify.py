@@ -8,7 +8,7 @@ import sys
 import click
 
 from ..common.exits import refusals
-from ..common.loading import load_or_fail
+from ..common.loading import inputs_or_fail, load_or_fail
 from ..common.options import options, utf8_text
 from ..common.outputs import echo_json, write_table
 
@@ -28,6 +28,8 @@ def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], trunc
     from headscope import verify
     from headscope.probe.images import TOWER_NAMES
 
+    if images:
+        inputs_or_fail([model_name], images=True)
     lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     with refusals(model_name):
         result = verify(lm, list(texts) or None, truncate=truncate, **({"target": list(targets)} if targets else {}),

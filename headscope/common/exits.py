@@ -39,15 +39,21 @@ def refusals(model_name: str, *bad: type[BaseException]):
 
 
 # Keyword arguments of the API whose CLI flag has the same name and takes the same values.
-_FLAG_KEYWORDS = ("attention", "what", "sender", "positions", "receivers", "direction")
+_FLAG_KEYWORDS = ("attention", "what", "sender", "positions", "receivers", "direction", "device")
+# Arguments of the API whose flag is their name with dashes, named bare in a message (`max_memory cpu: ...`).
+_FLAG_ARGUMENTS = ("max_memory", "offload_folder", "memory_budget")
 
 
 def flag_spelling(message: str) -> str:
-    """`message` with each API keyword choice (`attention='eager'`) written as its flag (`--attention eager`).
+    """`message` with each API keyword choice (`attention='eager'`) written as its flag (`--attention eager`), and
+    each argument named bare (`max_memory`) as its flag (`--max-memory`).
 
     >>> flag_spelling("recomputed attention covers encoders only, use attention='eager'")
     'recomputed attention covers encoders only, use --attention eager'
+    >>> flag_spelling("max_memory gives GPU 3 a budget; use device='cuda:0'")
+    '--max-memory gives GPU 3 a budget; use --device cuda:0'
     """
     import re
 
-    return re.sub(rf"\b({'|'.join(_FLAG_KEYWORDS)})=(['\"])([\w-]+)\2", r"--\1 \3", message)
+    message = re.sub(rf"\b({'|'.join(_FLAG_KEYWORDS)})=(['\"])([\w:.-]+)\2", r"--\1 \3", message)
+    return re.sub(rf"(?<![\w-])({'|'.join(_FLAG_ARGUMENTS)})\b", lambda m: "--" + m.group(1).replace("_", "-"), message)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from .exits import fail
 
-__all__ = ["load_or_fail", "models_or_fail"]
+__all__ = ["load_or_fail", "models_or_fail", "inputs_or_fail"]
 
 
 def load_or_fail(name: str, device: str = "cpu", dtype: str = "float32", max_memory=None, offload_folder=None):
@@ -33,3 +33,17 @@ def models_or_fail(names, option: str = "--model") -> None:
         except ModelNotAvailable as exc:
             first, *more = str(exc).splitlines() or [""]
             fail(f"{option} {first}" + ("; `headscope models` lists the models that work offline" if more else ""))
+
+
+def inputs_or_fail(names, *, images: bool) -> None:
+    """Before any model loads: each model takes the input given (images with --image, else texts), its type read
+    without loading it (`probe.loading.model_type_of`); the refusal `probe.images.require_modality` would give
+    after loading, for the first model that would meet it (a second --model is not found out after the first
+    was analysed). A model whose type only loading tells is checked then, as before."""
+    from headscope.probe.images import modality_refusal
+    from headscope.probe.loading import model_type_of
+
+    for name in names:
+        why = modality_refusal(name, model_type_of(name), images=images)
+        if why is not None:
+            fail(why)

@@ -39,6 +39,7 @@ import click
 
 from headscope.probe.names import (DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, DType, Level,
                                    choices, device_spec)
+from headscope.probe.sizes import parse_max_memory, parse_size  # the API's own readers: one value, one meaning
 
 from .exits import fail
 from .outputs import check_table_path, new_figure_or_fail, remember_force
@@ -102,46 +103,6 @@ def utf8_text(option: str):
         return value
 
     return callback
-
-
-_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-               "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from `8GB`, `512MiB`, `1.5 GB` or a plain number of bytes.
-
-    >>> parse_size("8GB"), parse_size("512MiB"), parse_size("1000")
-    (8000000000, 536870912, 1000)
-    """
-    import re
-
-    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]*)?)\s*([a-zA-Z]*)\s*", str(text))
-    unit = m and m.group(2).lower()
-    if not m or unit not in _SIZE_UNITS or int(float(m.group(1)) * _SIZE_UNITS[unit]) < 1:
-        raise ValueError(f"{text!r} is not a size; give bytes such as 8GB, 512MiB or 1000000")
-    return int(float(m.group(1)) * _SIZE_UNITS[unit])
-
-
-def parse_max_memory(text: str) -> dict[int | str, int]:
-    """accelerate's `max_memory` from `cpu=300MB` or `0=20GiB,1=20GiB,cpu=60GiB`: bytes per GPU number, `cpu`,
-    `mps` or `disk` (`cuda:N` is GPU N).
-
-    >>> parse_max_memory("0=1GB, cpu=300MB")
-    {0: 1000000000, 'cpu': 300000000}
-    """
-    budget: dict[int | str, int] = {}
-    for part in str(text).split(","):
-        where, eq, size = part.partition("=")
-        where = where.strip().lower().removeprefix("cuda:")
-        if not eq or not (where in ("cpu", "mps", "disk") or (where.isascii() and where.isdigit())):
-            raise ValueError(f"{part.strip()!r} is not DEVICE=SIZE; give e.g. cpu=300MB or 0=20GiB,1=20GiB,cpu=60GiB "
-                             "(a GPU by its number, or cpu, mps, disk)")
-        key: int | str = int(where) if where.isdigit() else where
-        if key in budget:
-            raise ValueError(f"names {where} twice; give each device once")
-        budget[key] = parse_size(size)
-    return budget
 
 
 def _head_name(text: str) -> tuple[int, int]:

@@ -40,7 +40,7 @@ from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, Attention, Level, Weight
 from headscope.reports.payload import image_payload
 
-__all__ = ["Explorer", "ExplorerError", "Limits"]
+__all__ = ["Explorer", "ExplorerError", "Limits", "unserved", "reads_images", "no_image_reader"]
 
 
 class ExplorerError(ValueError):
@@ -70,8 +70,8 @@ class Limits:
 class _Model:
     lm: LoadedModel
     source: Any
-    texts: LRU  # (text, level, weight, images) -> LiveText
-    generations: LRU  # (prompt, max_new_tokens, chat, temperature, top_p, seed) -> GenerationAttention
+    texts: LRU  # _key(text, level, weight, images) -> LiveText
+    generations: LRU  # _key(prompt, max_new_tokens, chat, temperature, top_p, seed, images) -> GenerationAttention
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -83,6 +83,47 @@ def _verified(lm: LoadedModel) -> tuple[bool, str]:
     except Exception as exc:  # UnsupportedArchitecture / UnsupportedFeature: shown, not fatal
         return False, str(exc).splitlines()[0]
     return True, f"model type {lm.config.model_type!r} (family {family.name}) is verified from scratch"
+
+
+def unserved(name: str, model_type: str | None) -> str | None:
+    """Why the explorer cannot serve `name`, a model of `model_type` (one line), or None. It reads texts: an image
+    model or a two-tower model would refuse every request, and so would a decoder that reads its images through
+    cross-attention layers (`probe.forward.refuse_cross_reader`). A type it does not know (None) is served.
+    Asked of a model's type before it loads (`headscope serve`) and of the loaded model (`Explorer`)."""
+    from headscope.probe.families import SUPPORTED_TYPES
+    from headscope.probe.images import TOWERS
+
+    family = SUPPORTED_TYPES.get(model_type)
+    if model_type in TOWERS or (family is not None and family.modality == "image"):
+        return (f"{name} is {'a two-tower image-text' if model_type in TOWERS else 'an image'} model ({model_type}); "
+                "the explorer reads texts: serve a text model or a vision–language decoder (headscope run --image "
+                "FILE reads images)")
+    if family is not None and family.vision_language is not None and family.vision_language.cross is not None:
+        return (f"{name} reads its images through cross-attention layers ({model_type}); the explorer does not serve "
+                "it yet: serve a text model or a vision–language decoder such as tiny:llava (headscope verify takes it)")
+    return None
+
+
+def reads_images(model_type: str | None) -> bool | None:
+    """Whether a model of `model_type` reads images with its text (a vision–language decoder); None: unknown."""
+    from headscope.probe.families import SUPPORTED_TYPES
+
+    family = SUPPORTED_TYPES.get(model_type)
+    return None if family is None else family.vision_language is not None
+
+
+def no_image_reader(names) -> str:
+    """The refusal of images given to models none of which reads them."""
+    return (f"images were given, but no model served here reads images ({', '.join(names)}); serve a vision–language "
+            "decoder (e.g. tiny:llava) with them, or leave out --image")
+
+
+def _key(*values: Any) -> str:
+    """A cache key of a request's JSON values, whatever they are: a value the model's code will refuse (a list
+    where a number belongs) must reach that refusal, not fail as a key ("unhashable type: 'list'")."""
+    import json
+
+    return json.dumps(values)
 
 
 def _image_name(k: int, item: Any) -> str:
@@ -109,6 +150,12 @@ class Explorer:
 
         if not models:
             raise ValueError("give at least one model")
+        for name, lm in models.items():
+            why = unserved(name, lm.model_type)
+            if why is not None:
+                raise ValueError(why)
+        if len(images) and not any(reads_images(lm.model_type) is not False for lm in models.values()):
+            raise ValueError(no_image_reader(models))
         # the user's images, read once here: a request picks them by index and never names a file
         images = check_images(list(images)) if len(images) else []
         self._images = tuple(load_image(k, item) for k, item in enumerate(images))
@@ -217,7 +264,7 @@ class Explorer:
                 return generate_attention(m.lm, text, max_new_tokens=n, temperature=temperature, top_p=top_p,
                                           seed=seed, turns=turns, **({"images": list(picked)} if picked else {}))
 
-            key = (prompt, n, chat, temperature, top_p, seed, tuple(images) if picked else ())
+            key = _key(prompt, n, chat, temperature, top_p, seed, images if picked else [])
             gen = self._call(m.generations.get, key, generated)
             rows = self._call(gen.head_rows, layer, head)
             return {"model": model, "prompt_labels": list(gen.prompt.labels), "tokens": list(gen.generated_tokens),
@@ -243,7 +290,7 @@ class Explorer:
         text = self._text(text)
         picked = self._picked(images)
         if not picked:
-            return self._call(m.texts.get, (text, level, weight, ()),
+            return self._call(m.texts.get, _key(text, level, weight, []),
                               lambda: m.source.live(text, level=level, weight=weight))
         if (level, weight) != ("token", "attention"):
             raise ExplorerError("a text with images is read at level token, weight attention")
@@ -255,7 +302,7 @@ class Explorer:
             [amap] = extract(m.lm, [text], images=list(picked))
             return EagerLive(m.lm, m.source, amap)
 
-        return self._call(m.texts.get, (text, level, weight, tuple(images)), read)
+        return self._call(m.texts.get, _key(text, level, weight, images), read)
 
     def _picked(self, images: Any) -> tuple:
         """The startup images a request picks by index (a list of whole numbers); () for none."""
