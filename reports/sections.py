@@ -25,6 +25,7 @@ from .panels import plotted_metrics, vision_language_head
 from .sinks import sinks_tables
 from .syntax import relations_frame, syntax_tables, trees_frame
 from .vision_language import vision_language_tables
+from headscope.probe.wording import counted
 
 __all__ = ["Section", "SECTIONS", "Table", "table_view", "flat", "report_tables"]
 
@@ -112,7 +113,7 @@ def _verification(a: ModelAnalysis, figures: Figures) -> dict:
     v = a.verification
     return {"verification": None if v is None else {
         "passed": v.passed, "summary": v.summary(), "table": table_view(_kind_first(v.to_frame()), digits=2),
-        "detail": f"{v.n_texts} texts, {v.n_tokens} tokens; output tolerance {v.tolerance_output:g} "
+        "detail": f"{counted(v.n_texts, 'text')}, {counted(v.n_tokens, 'token')}; output tolerance {v.tolerance_output:g} "
                   f"(relative); recomputation took {v.overhead:.2f}× the forward pass",
         "notes": list(getattr(v, "notes", ()) or ()),
     }}

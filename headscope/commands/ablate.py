@@ -11,6 +11,7 @@ from ..common.exits import fail
 from ..common.loading import load_or_fail
 from ..common.options import corpus, heads, options, seed
 from ..common.outputs import echo_json
+from headscope.probe.wording import counted
 
 __all__ = ["cli", "parse_top"]
 
@@ -79,5 +80,5 @@ def cli(model_name, heads, top_spec, method, corpus_path, limit, task, word, n_r
         echo_json(result.to_dict())
         return
     d = result.to_dict()
-    click.echo(f"{lm.name}: {d['effect_metric']} over {d['n']} examples (clean mean {d['baseline']:.4g})")
+    click.echo(f"{lm.name}: {d['effect_metric']} over {counted(d['n'], 'example')} (clean mean {d['baseline']:.4g})")
     click.echo(result.verdict)

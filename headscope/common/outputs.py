@@ -239,7 +239,9 @@ def attention_note(meta: dict) -> str | None:
     how = meta.get("attention")
     if not how:
         return None
-    line = (f"attention: {how['recompute']} of {how['eager'] + how['recompute']} texts recomputed in blocks "
+    from headscope.probe.wording import counted
+
+    line = (f"attention: {how['recompute']} of {counted(how['eager'] + how['recompute'], 'text')} recomputed in blocks "
             f"(--attention {how['asked']}, budget {how['budget'] / 1e9:.2f} GB)")
     check = meta.get("check")
     return f"{line}; {check['summary']}" if check else line

@@ -46,6 +46,7 @@ from .heads import heads
 from .relations import probe_sets
 from .sinks import default_streaming_text, sinks, streaming
 from .syntax import syntax, syntax_clusters
+from headscope.probe.wording import counted
 
 __all__ = ["RunSettings", "analyse_model", "corpus_stats", "REPORT_SENTENCES", "DEFAULT_TARGETS"]
 
@@ -185,10 +186,10 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
                        seed=settings.seed, truncate=settings.truncate, progress=progress, total=len(texts),
                        attention=settings.attention, budget=settings.memory_budget, world=world)
     scores.meta["corpus"] = settings.corpus
-    say(f"{lm.name}: head scores over {scores.n_texts} texts, {len(scores.roles)} roles "
+    say(f"{lm.name}: head scores over {counted(scores.n_texts, 'text')}, {counted(len(scores.roles), 'role')} "
         f"({stage.seconds['heads']:.1f} s)")
     if how := scores.meta.get("attention"):  # the mode chosen (also in run.json: the heads' meta)
-        say(f"{lm.name}: attention {how['asked']}: {how['eager']} texts eager, {how['recompute']} recomputed in "
+        say(f"{lm.name}: attention {how['asked']}: {counted(how['eager'], 'text')} eager, {how['recompute']} recomputed in "
             f"blocks (memory budget {how['budget'] / 1e9:.2f} GB)")
     if scores.meta.get("check"):
         say(f"{lm.name}: {scores.meta['check']['summary']}")
@@ -217,7 +218,7 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
                              n_random=settings.ablation_random, induction_k=settings.induction_k,
                              cloze_examples=settings.ablation_examples, seed=settings.seed,
                              batch_size=settings.batch_size, progress=progress)
-        say(f"{lm.name}: ablation evidence, every head ablated alone on {evidence.n_texts} texts "
+        say(f"{lm.name}: ablation evidence, every head ablated alone on {counted(evidence.n_texts, 'text')} "
             f"({stage.seconds['ablation']:.1f} s)")
 
     maps, pairs, norm_maps = stage.run("sentences", _report_attention, lm, settings)
@@ -290,7 +291,7 @@ def _analyse_images(lm: LoadedModel, settings: RunSettings, stage: _Stages, say)
     scores = stage.run("heads", score_corpus, maps, model=lm.name, level="token",
                        include_special=settings.include_special)
     scores.meta["corpus"] = f"{len(images)} image(s)"
-    say(f"{lm.name}: head scores over {len(maps)} images, {len(scores.roles)} roles ({stage.seconds['heads']:.1f} s)")
+    say(f"{lm.name}: head scores over {counted(len(maps), 'image')}, {counted(len(scores.roles), 'role')} ({stage.seconds['heads']:.1f} s)")
     notes = ["an image model: the heads are scored on the --image files, and the corpus, the coreference probe, "
              "ablation and sinks (which read texts) were not run; CLIP and SigLIP towers never attend to each other "
              "(there is no cross-attention between image and text)"]
