@@ -506,9 +506,9 @@ def score_corpus(
     """
     acc = HeadScoreAccumulator(model=model, level=level, include_special=include_special, metrics=metrics)
     if progress:
-        from tqdm.auto import tqdm
+        from headscope.probe.progress import progress as progress_bar
 
-        maps = tqdm(maps, total=total, desc="heads", unit="text")
+        maps = progress_bar(maps, total=total, desc="heads", unit="text")
     for amap in maps:
         acc.update(amap)
     for amap in repeated:

@@ -14,10 +14,10 @@ from typing import Any, Iterable
 __all__ = ["progress"]
 
 
-def progress(iterable: Iterable | None = None, *, enabled: bool = True, total: int | None = None,
+def progress(iterable: Iterable | None = None, *, enabled: bool | None = True, total: int | None = None,
              desc: str | None = None, unit: str = "it", leave: bool = True, **options: Any):
     """`iterable` under a progress bar on stderr (`tqdm.std.tqdm`), or a bar to `update` by hand when it is
-    None; `enabled=False` gives no bar at all.
+    None; `enabled=False` gives no bar at all, `None` a bar only where stderr is a terminal.
 
     >>> list(progress(range(3), enabled=False))
     [0, 1, 2]
@@ -25,4 +25,5 @@ def progress(iterable: Iterable | None = None, *, enabled: bool = True, total: i
     from tqdm.std import tqdm
 
     return tqdm(iterable, total=total, desc=desc, unit=unit, leave=leave, file=sys.stderr,
-                disable=not enabled, dynamic_ncols=True, **options)
+                disable=None if enabled is None else not enabled,
+                dynamic_ncols=True, **options)

@@ -256,7 +256,7 @@ def test_cli_ablate_json(monkeypatch, tmp_path, gpt2):
     res = _cli(monkeypatch, gpt2, ["ablate", "--model", "t", "--heads", "L1H2,L0H0", "--corpus", str(corpus),
                                    "--random", "4", "--json"])
     assert res.exit_code == 0, res.output
-    d = json.loads(res.output)
+    d = json.loads(res.stdout)  # stderr has the progress bar
     assert d["heads"] == ["L0H0", "L1H2"] and d["random"]["n"] == 4 and d["method"] == "zero"
     assert d["effect"] == pytest.approx(ablation.ablate(gpt2, [(0, 0), (1, 2)], corpus=TEXTS, n_random=0).effect)
     res = _cli(monkeypatch, gpt2, ["ablate", "--top", "previous_token:2", "--task", "induction", "--random", "2",

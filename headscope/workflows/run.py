@@ -174,6 +174,7 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
     notes: list[str] = [note for note in [hybrid_note(lm)] if note]
     verification: Verification | None
     try:
+        say(f"{lm.name}: verifying its attention against a from-scratch recomputation ...")
         verification = stage.run("verify", verify, lm, truncate=settings.truncate)
         say(f"{lm.name}: {verification.summary()} ({stage.seconds['verify']:.1f} s)")
     except (UnsupportedArchitecture, UnsupportedFeature) as exc:
@@ -198,7 +199,7 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
                             combined_task="coref-builtin", level=settings.level, folds=settings.folds,
                             n_perm=settings.permutations, seed=settings.seed, batch_size=settings.batch_size,
                             noun="pronouns", attention=settings.attention, budget=settings.memory_budget,
-                            world=world)
+                            world=world, progress=progress)
     probes = [main, *parts]  # the combined result first when there are several sets
     for p in probes:
         if not p.n:  # its tables would be empty and its rates nan
