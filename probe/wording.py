@@ -1,8 +1,9 @@
-"""How a count is written in every line headscope prints: `counted(1, "text")` is "1 text", not "1 texts"."""
+"""How a count and a number are written in every line headscope prints: `counted(1, "text")` is "1 text",
+`number(0.0009777)` is "0.000978" (significant digits, one notation)."""
 
 from __future__ import annotations
 
-__all__ = ["counted"]
+__all__ = ["counted", "number", "numbers"]
 
 _IRREGULAR = {"index": "indices", "matrix": "matrices", "is": "are", "was": "were", "has": "have"}
 
@@ -18,3 +19,54 @@ def counted(n: int | float, noun: str, plural: str | None = None, *, sep: str = 
                                                                    else noun + "s"))
     number = f"{int(n):,}" if float(n).is_integer() else f"{n:g}"
     return f"{number}{sep}{word}"
+
+
+_PLAIN = (1e-6, 1e6)  # magnitudes written as plain decimals; outside, every number of the column in e-notation
+
+
+def number(value: float | None, digits: int = 3, *, scientific: bool | None = None, sign: bool = False) -> str:
+    """`value` to `digits` significant digits, the one way the report and the terminal write a measured number:
+    a plain decimal (0.000978, 0.0297, 1.23, 1,230) while it is between 1e-6 and 1e6, else e-notation
+    (1.23e-07); `scientific` forces one notation (a column's, `numbers`), `sign` writes + before a positive
+    number. None and NaN are "n/a", 0 is "0".
+
+    >>> number(0.0009777), number(0.00297), number(9.78e-4), number(1.2345), number(12345.6), number(3e-8)
+    ('0.000978', '0.00297', '0.000978', '1.23', '12,346', '3.00e-08')
+    >>> number(0.5, sign=True), number(float("nan")), number(0.0), number(0.01, scientific=True)
+    ('+0.500', 'n/a', '0', '1.00e-02')
+    """
+    import math
+
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    value = float(value)
+    if math.isinf(value):
+        return "∞" if value > 0 else "−∞"
+    plus = "+" if sign and value > 0 else ""
+    if value == 0:
+        return f"{plus}0"
+    magnitude = abs(value)
+    if scientific if scientific is not None else not (_PLAIN[0] <= magnitude < _PLAIN[1]):
+        return f"{value:+.{digits - 1}e}" if plus else f"{value:.{digits - 1}e}"
+    exponent = math.floor(math.log10(magnitude))
+    decimals = max(0, digits - 1 - exponent)
+    rounded = round(value, decimals)
+    if rounded and math.floor(math.log10(abs(rounded))) > exponent:  # 0.000999 rounded up to 0.00100
+        decimals = max(0, decimals - 1)
+    text = f"{value:,.{decimals}f}"
+    return plus + text
+
+
+def numbers(values, digits: int = 3) -> list[str]:
+    """A column of numbers in one notation: plain decimals, or e-notation for all of them when any one
+    (not 0, not NaN) lies outside 1e-6 .. 1e6 (`number`).
+
+    >>> numbers([0.5, 0.000978, float("nan")]), numbers([0.5, 2e-9])
+    (['0.500', '0.000978', 'n/a'], ['5.00e-01', '2.00e-09'])
+    """
+    import math
+
+    finite = [abs(float(v)) for v in values if v is not None and not math.isnan(float(v)) and float(v) != 0
+              and not math.isinf(float(v))]
+    scientific = any(not (_PLAIN[0] <= m < _PLAIN[1]) for m in finite)
+    return [number(v, digits, scientific=scientific) for v in values]

@@ -25,7 +25,7 @@ from .panels import plotted_metrics, vision_language_head
 from .sinks import sinks_tables
 from .syntax import relations_frame, syntax_tables, trees_frame
 from .vision_language import vision_language_tables
-from headscope.probe.wording import counted
+from headscope.probe.wording import counted, numbers
 
 __all__ = ["Section", "SECTIONS", "Table", "table_view", "flat", "report_tables"]
 
@@ -42,27 +42,35 @@ class Table:
 
 
 def table_view(frame: pd.DataFrame | None, *, digits: int = 3, max_rows: int | None = None) -> Table | None:
-    """`frame` as display strings (floats to `digits` decimals, NaN as n/a), or None for no table."""
+    """`frame` as display strings, or None for no table: each float column in one notation, its numbers to
+    `digits` significant digits (`probe.wording.numbers`; NaN as n/a), every other cell as it is. The CSV
+    beside the page keeps the full numbers."""
     if frame is None or not len(frame.columns):
         return None
     frame = frame if max_rows is None else frame.head(max_rows)
     numeric = tuple(pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
                     for c in frame.columns)
-    rows = tuple(tuple(_cell(v, digits) for v in r) for r in frame.itertuples(index=False, name=None))
-    return Table(tuple(str(c) for c in frame.columns), rows, numeric)
+    columns = [_column(frame.iloc[:, i], digits) for i in range(len(frame.columns))]
+    rows = tuple(zip(*columns)) if columns else ()
+    return Table(tuple(str(c) for c in frame.columns), tuple(rows), numeric)
 
 
-def _cell(v: Any, digits: int) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float) or hasattr(v, "dtype") and getattr(v.dtype, "kind", "") == "f":
-        v = float(v)
-        if math.isnan(v):
-            return "n/a"
-        if v != 0 and (abs(v) < 10 ** -digits or abs(v) >= 1e6):
-            return f"{v:.2e}"
-        return f"{v:.{digits}f}"
-    return str(v)
+def _column(values: pd.Series, digits: int) -> list[str]:
+    """One column's display strings: a float column (or an object column of floats) in one notation."""
+    floats = [_is_float(v) for v in values]
+    shown = numbers([float(v) for v, f in zip(values, floats) if f], digits)
+    out, k = [], 0
+    for v, f in zip(values, floats):
+        if f:
+            out.append(shown[k])
+            k += 1
+        else:
+            out.append("" if v is None else str(v))
+    return out
+
+
+def _is_float(v: Any) -> bool:
+    return isinstance(v, float) or (hasattr(v, "dtype") and getattr(v.dtype, "kind", "") == "f")
 
 
 def flat(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:

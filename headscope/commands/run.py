@@ -157,6 +157,7 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
     import matplotlib
 
     from headscope import REPORT_SENTENCES, RunSettings, analyse_model, report
+    from headscope.workflows.run import settings_display
     from headscope.reports.drawing import DrawingPool
     from headscope.reports.folder import ReportFolderError
 
@@ -238,7 +239,8 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
         recorded = {**shown, "texts": list(settings.texts), **({"targets": list(settings.targets)} if settings.targets else {})}
         say(f"drawing the report's figures into {out_dir} ...", quiet=quiet)
         try:
-            written = report(analyses, out_dir, force=force, settings=shown, record={"settings": recorded},
+            written = report(analyses, out_dir, force=force, settings=settings_display(shown),
+                             record={"settings": recorded},
                              formats=formats, dpi=dpi, width=width, check=interrupts.check,
                              committed=lambda: interrupts.commit(str(out_dir)), started=t_start, pool=pool)
         except ReportFolderError as exc:

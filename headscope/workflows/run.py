@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -48,7 +48,7 @@ from .sinks import default_streaming_text, sinks, streaming
 from .syntax import syntax, syntax_clusters
 from headscope.probe.wording import counted
 
-__all__ = ["RunSettings", "analyse_model", "corpus_stats", "REPORT_SENTENCES", "DEFAULT_TARGETS"]
+__all__ = ["RunSettings", "analyse_model", "corpus_stats", "REPORT_SENTENCES", "DEFAULT_TARGETS", "settings_display"]
 
 # The sentences of the explorer and the attention figures: the it -> animal sentence, its "too
 # wide" twin (where "it" is the street), and the textbook 我爱北京天安门.
@@ -61,6 +61,21 @@ REPORT_SENTENCES = (
 # What an encoder–decoder model's decoder reads when no targets are given: each report sentence itself
 # (teacher-forced, as if it were the model's own output), so cross-attention has something to show.
 DEFAULT_TARGETS = "each report sentence itself (no --target given)"
+
+
+def settings_display(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`settings` as the report's settings list shows them: a setting left unset (None; run.json records null)
+    says what the run did instead of an empty row.
+
+    >>> settings_display({"limit": None, "memory_budget": 2 * 10**9, "ablation": None, "seed": 0})["limit"]
+    'none (every text)'
+    """
+    from headscope.probe.sources import memory_budget
+
+    unset = {"limit": lambda: "none (every text)",
+             "memory_budget": lambda: f"a quarter of RAM ({memory_budget() / 1e9:.1f} GB)",
+             "ablation": lambda: "encoders only (one pass per head is cheap there; a decoder needs --ablation)"}
+    return {k: unset[k]() if v is None and k in unset else v for k, v in settings.items()}
 
 
 @dataclass(frozen=True)
