@@ -31,6 +31,7 @@ from headscope.probe.attribution import DLAResult
 from headscope.probe.composition import CompositionScores
 from headscope.probe.types import AttentionMap, head_name
 from headscope.probe.verify import Verification
+from headscope.probe.wording import number
 
 from .canvas import new_figure
 from .fonts import font_context
@@ -137,9 +138,14 @@ def token_map(amap: AttentionMap, kind: TokenMap = "rollout", *, ax: Axes | None
                     ha="center", va="center", fontsize=10, transform=ax.transAxes)
             ax.set_title(f"{model + ' · ' if model else ''}attention flow skipped · {amap.level} level", fontsize=11)
         return fig
-    return token_heatmap(weights, amap, ax=ax, cmap=cmap, cbar=f"share of the output ({kind})",
-                          title=f"{model + ' · ' if model else ''}attention {kind} · {amap.level} level",
-                          xlabel="input token", ylabel="output token (after the last layer)")
+    # A flow's rows are normalised over every input token, so a short sentence's shares sit near 1/T and a 0–1
+    # scale draws them near-uniformly pale: the flow is drawn from 0 to its own largest share, said on the bar.
+    top = float(np.nanmax(weights)) if kind == "flow" and weights.size else 1.0
+    vmax = top if 0 < top < 1 else 1.0
+    scale = f", 0 – {number(vmax)} (its largest)" if vmax < 1 else ""
+    return token_heatmap(weights, amap, ax=ax, cmap=cmap, cbar=f"share of the output ({kind}){scale}",
+                         title=f"{model + ' · ' if model else ''}attention {kind} · {amap.level} level",
+                         xlabel="input token", ylabel="output token (after the last layer)", vmax=vmax)
 
 
 def attention_mosaic(amap: AttentionMap, *, cmap: str = "viridis", max_width: float = 16.0) -> Figure:

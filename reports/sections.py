@@ -21,7 +21,7 @@ from headscope.probe.types import head_name
 
 from .analysis import ModelAnalysis
 from .evidence import ablation_heads_table, evidence_view, probe_line, roles_table
-from .panels import plotted_metrics, vision_language_head
+from .panels import plotted_metrics, start_choice, vision_language_head
 from .sinks import sinks_tables
 from .syntax import relations_frame, syntax_tables, trees_frame
 from .vision_language import vision_language_tables
@@ -417,7 +417,7 @@ SECTIONS: Mapping[str, Section] = MappingProxyType({s.name: s for s in (
     Section("verification", "Verification", _verification, _verification_tables),
     Section("heads", "Head roles", _heads, _heads_tables),
     Section("probe", "Coreference probe", _probes, _probe_tables),
-    Section("attention", "Attention figures"),
+    Section("attention", "Attention figures", lambda a, figures: {"chosen": start_choice(a)[2]}),
     Section("vision", "Vision", _vision, shown=_shows_images),
     Section("vision_language", "Vision–language", _vision_language, _vision_language_tables,
             shown=lambda analyses: any(a.vision_language for a in analyses)),

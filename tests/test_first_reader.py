@@ -64,3 +64,34 @@ def test_show_in_a_plain_repl_prints_one_line_and_the_notebook_gets_the_view():
     line = repr(view)
     assert "\n" not in line and len(line) < 200 and "<script" not in line and "2 texts, 2 layers × 4 heads" in line
     assert "<script" in view._repr_html_() and len(view._repr_html_()) > 1000
+
+
+def test_a_flow_map_is_drawn_on_its_own_scale_and_says_so():
+    # Was: every flow on 0–1, so a short sentence's rows (shares near 1/T) were drawn near-uniformly pale.
+    from headscope.analyses.flow import flow
+    from headscope.reports.figures import token_map
+
+    [m] = hs.extract(hs.load("tiny:bert"), "The cat sat on the mat.", level="token")
+    top = float(flow(m.attention.float()).max())
+    assert top < 1
+    fig = token_map(m, "flow")
+    low, high = fig.axes[0].collections[0].get_clim()
+    assert low == 0 and high == pytest.approx(top)
+    assert "its largest" in fig.axes[1].get_ylabel()
+    from headscope.reports.panels import FIGURES
+
+    assert "largest share" in FIGURES["flow"].caption
+
+
+def test_the_attention_section_says_which_head_it_shows_and_why(draw_only):
+    # Was: nothing said why the attention figures showed the head they show.
+    draw_only()
+    from headscope.reports.analysis import ModelAnalysis
+    from headscope.reports.html import build_report
+
+    [m] = hs.extract(hs.load("tiny:bert"), "The cat sat on the mat.", level="word")
+    scores = hs.heads(hs.load("tiny:bert"), ["The cat sat on the mat.", "A dog barked."])
+    page = build_report([ModelAnalysis(model="tiny", maps=(m,), scores=scores)], workers=1)
+    layer, head = (int(v) for v in scores.top("previous_token", 1)[["layer", "head"]].iloc[0])
+    section = page.html.split('<section id="attention">')[1].split("</section>")[0]
+    assert f"The figures show L{layer}H{head}, the top previous-token head" in section
