@@ -54,7 +54,7 @@ def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, bat
     checks = {key: verify_step(lm, enabled=not no_verify, keep=verified[key]) for key, lm in (("a", lm_a), ("b", lm_b))}
     try:
         result = compare_models(lm_a, lm_b, texts, level=level, include_special=include_special, alpha=alpha,
-                                batch_size=batch_size, truncate=truncate)
+                                batch_size=batch_size, truncate=truncate, progress=not quiet)
     except (TypeError, ValueError) as exc:
         fail(str(exc))
     if report_dir is not None:
