@@ -7,7 +7,7 @@ import click
 from ..common.corpus import corpus_or_fail
 from ..common.exits import fail, refusals
 from ..common.loading import load_or_fail
-from ..common.options import options, utf8_text
+from ..common.options import corpus, level, options, utf8_text
 from ..common.outputs import echo_json
 
 __all__ = ["cli"]
@@ -15,8 +15,10 @@ __all__ = ["cli"]
 
 @click.command()
 @options("model")
-@click.argument("texts", nargs=-1, callback=utf8_text("TEXT"))
-@options("corpus", "image", "level", "select", "maps_out", "attention", "batching", "truncate", "json", "quiet",
+@click.argument("texts", nargs=-1, metavar="[TEXT]...", callback=utf8_text("TEXT"))
+@options(corpus(help="Also the texts of this file (one text per line, or JSONL with a 'text' field)."), "image",
+         level(help="Units of the maps: sub-word tokens, or words (a word's keys summed, its queries averaged, "
+                    "as Clark et al. 2019); an image's units are its patches at either level."), "select", "maps_out", "attention", "batching", "truncate", "json", "quiet",
          "device")
 def cli(model_name, texts, corpus_path, limit, images, level, layers, heads, out_path, attention, memory_budget,
         batch_size, truncate, as_json, quiet, device, dtype, max_memory, offload_folder) -> None:
