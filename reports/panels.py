@@ -295,8 +295,9 @@ FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
                "(row) comes from each input token (column), heads averaged, the residual as 0.5·A + 0.5·I."),
     FigureSpec("flow", "maps", "attention", token_map, _token_map_panels("flow"),
                "flow-{i}", "Attention flow (Abnar & Zuidema 2020) on “{text}”: the max-flow from each output token "
-               "(row) to each input token (column) through the layers, rows normalised; the colours run from 0 to the "
-               "map's largest share (on its colour bar), not to 1, so that the structure of a short sentence shows "
+               "(row) to each input token (column) through the layers, rows normalised; the colours run from the map's "
+               "smallest to its largest share (on its colour bar), not from 0 to 1, so that the structure of a "
+               "short sentence, whose shares are all near 1/tokens, shows "
                "(drawn when layers × "
                f"tokens² ≤ {FLOW_MAX_EDGES:,} and it takes at most {FLOW_MAX_SECONDS:g} s; the notes name a text "
                "whose flow was not drawn)."),

@@ -72,15 +72,15 @@ def test_a_flow_map_is_drawn_on_its_own_scale_and_says_so():
     from headscope.reports.figures import token_map
 
     [m] = hs.extract(hs.load("tiny:bert"), "The cat sat on the mat.", level="token")
-    top = float(flow(m.attention.float()).max())
-    assert top < 1
+    shares = flow(m.attention.float())
+    assert shares.max() < 1
     fig = token_map(m, "flow")
     low, high = fig.axes[0].collections[0].get_clim()
-    assert low == 0 and high == pytest.approx(top)
-    assert "its largest" in fig.axes[1].get_ylabel()
+    assert (low, high) == (pytest.approx(float(shares.min())), pytest.approx(float(shares.max())))
+    assert "its range" in fig.axes[1].get_ylabel()
     from headscope.reports.panels import FIGURES
 
-    assert "largest share" in FIGURES["flow"].caption
+    assert "smallest to its largest share" in FIGURES["flow"].caption
 
 
 def test_the_attention_section_says_which_head_it_shows_and_why(draw_only):
