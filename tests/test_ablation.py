@@ -291,6 +291,6 @@ def test_cli_importance_writes_tidy_rows(monkeypatch, tmp_path, gpt2):
     assert list(frame.columns) == ["model", "layer", "head", "importance", "n"] and len(frame) == 8
     ref = gradient_importance(gpt2, TEXTS).importance
     assert frame.iloc[0]["importance"] == pytest.approx(float(ref.max()), rel=1e-5)
-    assert json.loads(res.output)["loss"] == "next_token_loss"
+    assert json.loads(res.stdout)["loss"] == "next_token_loss"
     res = _cli(monkeypatch, gpt2, ["importance", "--corpus", str(corpus), "--out", str(tmp_path / "x.txt")])
     assert res.exit_code == 2 and "use a .csv, .parquet, .json" in res.output

@@ -45,3 +45,13 @@ def test_ablate_shows_its_passes_and_quiet_shows_nothing(how, tmp_path):
         assert "tiny:gpt2 heads" in res.stderr  # the scores that pick the heads
     quiet = CliRunner().invoke(cli, [*args, "--quiet"])
     assert quiet.exit_code == 0 and quiet.stderr == "" and quiet.stdout == res.stdout
+
+
+def test_importance_shows_its_texts_and_quiet_shows_nothing(tmp_path):
+    corpus = tmp_path / "c.txt"
+    corpus.write_text("The cat sat on the mat.\nA dog barked at the cat.\nIt rained.\n", encoding="utf-8")
+    args = ["importance", "--model", "tiny:gpt2", "--corpus", str(corpus), "--batch-size", "2"]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0 and "tiny:gpt2 importance" in res.stderr and "3/3" in res.stderr, res.output
+    quiet = CliRunner().invoke(cli, [*args, "--quiet"])
+    assert quiet.exit_code == 0 and quiet.stderr == "" and quiet.stdout == res.stdout

@@ -26,7 +26,7 @@ def cli(model_name, corpus_path, limit, out_path, batch_size, k, truncate, as_js
     texts = corpus_or_fail(corpus_path, limit).texts
     lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     try:
-        result = importance(lm, texts, batch_size=batch_size, truncate=truncate)
+        result = importance(lm, texts, batch_size=batch_size, truncate=truncate, progress=not quiet)
     except (TypeError, ValueError) as exc:
         fail(str(exc))
     frame = result.to_frame()

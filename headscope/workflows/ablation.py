@@ -247,9 +247,11 @@ def ablate_each(lm: LoadedModel, *, method: AblationMethod = "zero", corpus: Seq
                           "effect": measure.change(clean, readouts[(l, h)])} for l, h in heads])
 
 
-def importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False):
-    """Gradient head importance (`probe.importance.gradient_importance`); `.to_frame()` gives tidy rows."""
-    return gradient_importance(lm, texts, batch_size=batch_size, truncate=truncate)
+def importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False,
+               progress: bool = False):
+    """Gradient head importance (`probe.importance.gradient_importance`); `.to_frame()` gives tidy rows;
+    `progress`: a bar on stderr."""
+    return gradient_importance(lm, texts, batch_size=batch_size, truncate=truncate, progress=progress)
 
 
 def ablation_evidence(lm: LoadedModel, texts: Sequence[str], scores=None, probes: Sequence = (), *,
