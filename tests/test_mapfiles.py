@@ -157,3 +157,20 @@ def test_the_command_asks_for_something_to_extract_and_a_known_suffix(tmp_path):
     with pytest.raises(ValueError, match="not an attention file headscope wrote"):
         (tmp_path / "b.npz").write_bytes(b"PK\x05\x06" + b"\0" * 18)
         hs.load_maps(tmp_path / "b.npz")
+
+
+def test_texts_eager_only_alone_are_extracted_alone(llama, tmp_path, monkeypatch):
+    # A batch of two whose eager attention exceeds the budget while each text's alone fits: each is run alone,
+    # never together in one batch (which would take the memory the budget refused).
+    import headscope.workflows.mapfile as mapfile
+    from headscope.probe.sources import eager_bytes
+
+    texts = ["The cat sat on the mat.", "The dog sat on the rug."]
+    n = max(len(llama.tokenizer(t)["input_ids"]) for t in texts)
+    budget = eager_bytes(llama, n)  # one text fits exactly, two do not
+    batches, extract = [], mapfile.extract
+    monkeypatch.setattr(mapfile, "extract", lambda lm, t, **k: batches.append(len(t)) or extract(lm, t, **k))
+    done = hs.extract_file(llama, texts, tmp_path / "a.npz", level="token", budget=budget)
+    assert batches == [1, 1] and done.meta["attention"]["eager"] == 2
+    for a, b in zip(hs.extract(llama, texts, level="token"), hs.load_maps(done.path)):
+        assert torch.allclose(a.attention, b.attention, atol=1e-6)

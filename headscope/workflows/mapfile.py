@@ -22,6 +22,7 @@ import torch
 
 from headscope.probe.encoding import check_texts, encode_many
 from headscope.probe.extract import extract
+from headscope.probe.images import for_input
 from headscope.probe.mapfiles import MapEntry, check_target, entry_of, file_bytes, write_entries
 from headscope.probe.maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from headscope.probe.model import LoadedModel
@@ -66,6 +67,7 @@ class _Plan:
     template: AttentionMap | None  # token level, no layers (recomputed texts: the units a layer is pooled with)
     text: str
     mode: str
+    batch: int = 0  # texts of one batch share this number (eager together); a text run alone has its own
 
 
 def extract_file(lm: LoadedModel, texts: str | Iterable[str] | None, path: str | Path, *, images: Sequence | None = None,
@@ -87,6 +89,7 @@ def extract_file(lm: LoadedModel, texts: str | Iterable[str] | None, path: str |
     """
     path = Path(path)
     fmt = check_target(path, force=force)
+    lm = for_input(lm, images=images is not None)  # a two-tower model (CLIP, SigLIP): the tower that reads the input
     source = source_for(lm, attention, budget=budget, batch_size=batch_size)
     if images is not None:
         maps = extract(lm, texts, images=list(images), level=level, layers=layers, heads=heads, batch_size=batch_size)
@@ -134,7 +137,7 @@ def _plan(lm: LoadedModel, texts: list[str], source: AttentionSource, level: Lev
             shown = to_word_level(template) if level == "word" else template
             shown = replace(shown, meta={**shown.meta, "attention": mode})
             entry = entry_of(shown, i, layer_ids=layer_idx, head_ids=head_idx, n_layers=len(layer_idx))
-            plans.append(_Plan(entry, template, enc.text, mode))
+            plans.append(_Plan(entry, template, enc.text, mode, start if together else -1 - i))
             source.counts[mode] += 1
     if any(p.mode == "eager" for p in plans) and source.name != "recompute":
         longest = max(len(p.template) for p in plans if p.mode == "eager")
@@ -174,13 +177,13 @@ def _fits(plans: Sequence[_Plan], streams: bool, budget: int, path: Path) -> Non
 
 def _layers(lm: LoadedModel, plans: Sequence[_Plan], source: AttentionSource, level: Level, layers, heads,
             batch_size: int, truncate: bool) -> Iterator[torch.Tensor]:
-    """Every map's [head, query, key] layers in file order: a run of eager texts extracted a batch at a time,
-    a recomputed text one layer at a time."""
+    """Every map's [head, query, key] layers in file order: the texts of a batch whose eager attention fits
+    together (`_plan`) extracted at once, any other eager text alone, a recomputed text one layer at a time."""
     i = 0
     while i < len(plans):
         if plans[i].mode == "eager":
             j = i
-            while j < len(plans) and plans[j].mode == "eager" and j - i < batch_size:
+            while j < len(plans) and plans[j].mode == "eager" and plans[j].batch == plans[i].batch:
                 j += 1
             for m in extract(lm, [p.text for p in plans[i:j]], batch_size=batch_size, level=level, layers=layers,
                              heads=heads, truncate=truncate):
