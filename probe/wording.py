@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-__all__ = ["counted", "number", "numbers"]
+__all__ = ["counted", "number", "numbers", "size"]
 
 _IRREGULAR = {"index": "indices", "matrix": "matrices", "is": "are", "was": "were", "has": "have"}
 
@@ -70,3 +70,15 @@ def numbers(values, digits: int = 3) -> list[str]:
               and not math.isinf(float(v))]
     scientific = any(not (_PLAIN[0] <= m < _PLAIN[1]) for m in finite)
     return [number(v, digits, scientific=scientific) for v in values]
+
+
+def size(n_bytes: float) -> str:
+    """Bytes as a reader reads them, in decimal units to three significant digits (`number`).
+
+    >>> size(2000), size(63648), size(6.3e9), size(12)
+    ('2.00 kB', '63.6 kB', '6.30 GB', '12 B')
+    """
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n_bytes) >= scale:
+            return f"{number(n_bytes / scale)} {unit}"
+    return f"{int(n_bytes)} B"

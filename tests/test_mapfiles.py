@@ -141,7 +141,7 @@ def test_a_request_too_large_is_refused_up_front_in_one_line(case, tmp_path, mon
     result = CliRunner().invoke(cli, ["extract", "--model", "tiny:llama", text, "--level", "token", "--out", str(out),
                                       "--quiet", *args])
     said = {"layer over the budget": "one layer of its attention takes",
-            ".pt over the budget": "written from memory", "larger than the disk": "GB free"}[case]
+            ".pt over the budget": "written from memory", "larger than the disk": "100 B free"}[case]
     assert result.exit_code == 2 and len(result.output.strip().splitlines()) == 1 and said in result.output, \
         result.output
     assert not out.exists() and not list(tmp_path.iterdir())

@@ -30,6 +30,7 @@ from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_LEVEL, Attention, L
 from headscope.probe.progress import progress as progress_bar
 from headscope.probe.sources import AttentionSource, source_for
 from headscope.probe.types import AttentionMap
+from headscope.probe.wording import counted, size
 from headscope.probe.words import to_word_level
 
 __all__ = ["extract_file", "ExtractedFile"]
@@ -49,9 +50,8 @@ class ExtractedFile:
     def summary(self) -> str:
         how = self.meta.get("attention") or {}
         recomputed = how.get("recompute", 0)
-        tail = f"; {recomputed} of them recomputed layer by layer" if recomputed else ""
-        maps = "map" if self.n_maps == 1 else "maps"
-        return (f"wrote {self.n_maps} {maps} ({self.level} level, {self.n_bytes / 1e6:.3g} MB of float32 attention, "
+        tail = f"; {recomputed} of them recomputed one layer at a time" if recomputed else ""
+        return (f"wrote {counted(self.n_maps, 'map')} ({self.level} level, {size(self.n_bytes)} of float32 attention, "
                 f"from {self.source}) to {self.path}{tail}")
 
     def to_dict(self) -> dict:
@@ -143,8 +143,8 @@ def _plan(lm: LoadedModel, texts: list[str], source: AttentionSource, level: Lev
         longest = max(len(p.template) for p in plans if p.mode == "eager")
         need = source.need(longest)
         if need > source.budget:  # only `--attention eager` gets here: auto recomputes such a text
-            raise ValueError(f"a text of {longest:,} tokens needs {need / 1e9:.2f} GB of eager attention, more than "
-                             f"the memory budget of {source.budget / 1e9:.2f} GB; use attention='auto', which "
+            raise ValueError(f"a text of {longest:,} tokens needs {size(need)} of eager attention, more than "
+                             f"the memory budget of {size(source.budget)}; use attention='auto', which "
                              "recomputes it one layer at a time, or raise the budget (CLI: --memory-budget)")
     return plans
 
@@ -160,19 +160,19 @@ def _fits(plans: Sequence[_Plan], streams: bool, budget: int, path: Path) -> Non
         token_layer = biggest.entry.shape[1] * n**2 * 4
         if token_layer > budget:
             raise ValueError(f"text {plans.index(biggest)} has {n:,} tokens: one layer of its attention takes "
-                             f"{token_layer / 1e9:.2f} GB, more than the memory budget of {budget / 1e9:.2f} GB; "
+                             f"{size(token_layer)}, more than the memory budget of {size(budget)}; "
                              "keep fewer heads (CLI: --heads), split the text, or raise the budget "
                              "(CLI: --memory-budget)")
     total = file_bytes([p.entry for p in plans])
     if not streams and total > budget:
-        raise ValueError(f"the maps take {total / 1e9:.2f} GB and a {path.suffix} file is written from memory, more "
-                         f"than the memory budget of {budget / 1e9:.2f} GB; write .safetensors, .npz or .parquet "
+        raise ValueError(f"the maps take {size(total)} and a {path.suffix} file is written from memory, more "
+                         f"than the memory budget of {size(budget)}; write .safetensors, .npz or .parquet "
                          "(written one layer at a time), or keep fewer layers or heads")
     folder = next(p for p in (path.absolute(), *path.absolute().parents) if p.exists())
     free = shutil.disk_usage(folder).free
     if total > free:
-        raise ValueError(f"the maps take {total / 1e9:.2f} GB of float32 attention and the disk of {folder} has "
-                         f"{free / 1e9:.2f} GB free; keep fewer layers, heads or texts, or write elsewhere")
+        raise ValueError(f"the maps take {size(total)} of float32 attention and the disk of {folder} has "
+                         f"{size(free)} free; keep fewer layers, heads or texts, or write elsewhere")
 
 
 def _layers(lm: LoadedModel, plans: Sequence[_Plan], source: AttentionSource, level: Level, layers, heads,
