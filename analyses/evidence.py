@@ -37,6 +37,7 @@ import numpy as np
 
 from headscope.probe.names import Stronger
 from headscope.probe.types import head_name
+from headscope.probe.wording import number
 
 from .ablation import AblationResult, random_head_sets
 from .stats import Z95, format_p
@@ -178,25 +179,30 @@ class AblationEvidence:
         return frame
 
     def role_verdicts(self, roles, *, top: int = 1) -> list[tuple[str, str]]:
-        """(role, sentence) for the `top` heads of each role by score: their effect against random heads."""
-        out = []
+        """(roles, sentence) for the `top` heads of each role by score: their effect against random heads. A head
+        that tops several roles is said once, its roles joined ("previous token and next token")."""
+        by_head: dict[tuple[int, int], list[str]] = {}
         for role, rows in roles.groupby("role", sort=False):
             for r in rows.sort_values("value", ascending=False).head(top).itertuples():
-                out.append((role, self.head_sentence(int(r.layer), int(r.head))))
-        return out
+                names = by_head.setdefault((int(r.layer), int(r.head)), [])
+                if role not in names:
+                    names.append(role)
+        return [(" and ".join(names), self.head_sentence(*head)) for head, names in by_head.items()]
 
     def head_sentence(self, layer: int, head: int) -> str:
         """'ablating L9H4 changes the next-token loss by +0.12 nats; random 1-head ablations 0.01 ± 0.02 (p = 0.05, 19 draws)'.
 
         Every number is harm (`harm`): the random heads' too."""
         e = self.head_effect(layer, head)
-        what = (f"changes the next-token loss by {e.effect:+.4g} nats" if self.effect_metric == "next_token_loss"
-                else f"moves the sentence embedding away from the clean one by 1 − cosine = {e.effect:.4g}"
-                if self.effect_metric == "sentence_cosine" else f"has harm {e.effect:+.4g} ({self.harm_description})")
+        what = (f"changes the next-token loss by {number(e.effect, sign=True)} nats"
+                if self.effect_metric == "next_token_loss"
+                else f"moves the sentence embedding away from the clean one by 1 − cosine = {number(e.effect)}"
+                if self.effect_metric == "sentence_cosine"
+                else f"has harm {number(e.effect, sign=True)} ({self.harm_description})")
         if not e.random_effects:
             return f"ablating {head_name(layer, head)} {what}."
-        return (f"ablating {head_name(layer, head)} {what}; random 1-head ablations {e.random_mean:.4g} ± "
-                f"{e.random_sd:.2g} ({format_p(e.p_value, floor=None)}, {len(e.random_effects)} draws)")
+        return (f"ablating {head_name(layer, head)} {what}; random 1-head ablations {number(e.random_mean)} ± "
+                f"{number(e.random_sd)} ({format_p(e.p_value, floor=None)}, {len(e.random_effects)} draws)")
 
     def to_dict(self, scores=None) -> dict:
         harm = self.harm

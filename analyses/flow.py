@@ -89,7 +89,7 @@ def flow(attention: torch.Tensor, *, max_edges: int = FLOW_MAX_EDGES, max_second
     import numpy as np
     import scipy.sparse as sp
     from scipy.sparse.csgraph import maximum_flow
-    from tqdm.auto import tqdm
+    from headscope.probe.progress import progress as progress_bar
 
     layers = residual_attention(attention).numpy()
     L, T, _ = layers.shape
@@ -108,8 +108,8 @@ def flow(attention: torch.Tensor, *, max_edges: int = FLOW_MAX_EDGES, max_second
     graph = sp.csr_matrix((np.concatenate(caps).astype(np.int32), (np.concatenate(rows), np.concatenate(cols))),
                           shape=(n, n))
     out = np.zeros((T, T))
-    for i in tqdm(range(T), desc="attention flow", unit="row", disable=None if progress is None else not progress,
-                  delay=1.0, leave=False):
+    for i in progress_bar(range(T), desc="attention flow", unit="row", enabled=progress, delay=1.0,
+                          leave=False):
         for j in range(T):
             out[i, j] = maximum_flow(graph, L * T + i, j, method="dinic").flow_value
         if max_seconds is not None and time.perf_counter() - started > max_seconds:

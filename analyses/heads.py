@@ -74,6 +74,7 @@ from .blocks import word_blocks
 from .induction import pattern_sums
 from .metrics import (METRICS, ROLE_LABELS, THRESHOLDS, Diagonal, KeyShare, Metric, Pairwise, Pattern, RowStatistic,
                       is_punctuation, role_labels_of, thresholds_of)
+from headscope.probe.wording import counted
 
 __all__ = [
     "METRICS",
@@ -100,12 +101,20 @@ _TABLE_COLUMNS = ["model", "layer", "head", "metric", "value", "n"]
 _ROLE_COLUMNS = ["model", "layer", "head", "role", "metric", "value", "threshold"]
 
 
-def settings_note(level: str, include_special: bool) -> str:
-    """One line naming the setting, and whether it is Clark et al.'s default."""
-    units = "words (tokens aggregated as in Clark et al. 2019)" if level == "word" else "sub-word tokens"
+def settings_note(level: str, include_special: bool, *, images: bool = False) -> str:
+    """One line naming the setting, and whether it is Clark et al.'s default; `images`: the units were an
+    image's patches, which are the same units at either level (nothing was aggregated).
+
+    >>> settings_note("word", True, images=True)
+    'image patches (the same units at token and word level); special tokens kept as units'
+    """
+    if images:
+        units = "image patches (the same units at token and word level)"
+    else:
+        units = "words (tokens aggregated as in Clark et al. 2019)" if level == "word" else "sub-word tokens"
     special = ("special tokens kept as units" if include_special
                else "special tokens removed and rows renormalised")
-    default = level == DEFAULT_LEVEL and include_special == DEFAULT_INCLUDE_SPECIAL
+    default = level == DEFAULT_LEVEL and include_special == DEFAULT_INCLUDE_SPECIAL and not images
     return f"{units}; {special}" + (" — the default, as Clark et al. 2019" if default else "")
 
 
@@ -133,6 +142,7 @@ class HeadScores:
     # A hybrid stack's layers without softmax attention (the model's own numbers): no rows in `table`, drawn as
     # labelled "no softmax attention" rows in the layer grids, never as zeros.
     no_attention: tuple[int, ...] = ()
+    images: bool = False  # scored on images: the units were patches, at either level
 
     @property
     def metrics(self) -> list[str]:
@@ -140,7 +150,7 @@ class HeadScores:
 
     @property
     def setting(self) -> str:
-        return settings_note(self.level, self.include_special)
+        return settings_note(self.level, self.include_special, images=self.images)
 
     def _rows(self, metric: str) -> pd.DataFrame:
         if metric not in self.registry:
@@ -194,7 +204,7 @@ class HeadScores:
             rows.append({"metric": m, "top heads": cells})
         body = pd.DataFrame(rows).to_html(index=False)  # pandas escapes cell text
         return (f"<div><b>HeadScores</b> {escape(self.model)}: {self.n_layers} layers × {self.n_heads} heads, "
-                f"{self.n_texts} texts, {len(self.roles)} roles<br><i>{escape(self.setting)}</i>{body}</div>")
+                f"{counted(self.n_texts, 'text')}, {counted(len(self.roles), 'role')}<br><i>{escape(self.setting)}</i>{body}</div>")
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -227,6 +237,7 @@ class HeadScoreAccumulator:
         self._n_texts = 0
         self._n_sequences = 0
         self.no_attention: tuple[int, ...] = ()  # a hybrid stack's layers without softmax attention
+        self.images = False  # a map of an image was folded in (its units are patches at either level)
 
     def update(self, amap: AttentionMap) -> None:
         """Fold in one text's attention (`[layer, head, query, key]`)."""
@@ -369,7 +380,7 @@ class HeadScoreAccumulator:
             include_special=self.include_special, table=table,
             roles=assign_roles(table, thresholds, metrics=self.metrics), n_texts=self._n_texts,
             n_sequences=self._n_sequences, meta=dict(meta or {}), registry=dict(self.metrics),
-            no_attention=self.no_attention,
+            no_attention=self.no_attention, images=self.images,
         )
 
     def _prepare(self, amap: AttentionMap) -> AttentionMap:
@@ -385,6 +396,7 @@ class HeadScoreAccumulator:
         if self.model is None:
             self.model = str(amap.meta.get("model", ""))
         self.no_attention = self.no_attention or amap.no_attention  # a hybrid stack's layers without attention
+        self.images = self.images or amap.is_image
         self._start(amap.layer_ids, amap.head_ids)
 
     def _start(self, layers: tuple[int, ...], heads: tuple[int, ...]) -> None:
@@ -494,9 +506,9 @@ def score_corpus(
     """
     acc = HeadScoreAccumulator(model=model, level=level, include_special=include_special, metrics=metrics)
     if progress:
-        from tqdm.auto import tqdm
+        from headscope.probe.progress import progress as progress_bar
 
-        maps = tqdm(maps, total=total, desc="heads", unit="text")
+        maps = progress_bar(maps, total=total, desc="heads", unit="text")
     for amap in maps:
         acc.update(amap)
     for amap in repeated:

@@ -33,6 +33,8 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "load": ("headscope.probe.loading", "load_model"),
     "LoadedModel": "headscope.probe.model",
     "extract": "headscope.probe.extract",
+    "save_maps": "headscope.probe.mapfiles",
+    "load_maps": "headscope.probe.mapfiles",
     "fit_context": "headscope.probe.encoding",
     "verify": "headscope.probe.verify",
     "explain": "headscope.probe.explain",
@@ -50,6 +52,8 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "image_cross_attention": "headscope.probe.image_cross",
     "ImageCrossAttention": "headscope.probe.image_cross",
     # the workflows
+    "extract_file": "headscope.workflows.mapfile",
+    "ExtractedFile": "headscope.workflows.mapfile",
     "heads": "headscope.workflows.heads",
     "induction_inputs": "headscope.workflows.heads",
     "extract_scores": "headscope.workflows.relations",

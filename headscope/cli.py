@@ -20,8 +20,8 @@ from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_st
 import click
 
 from . import __version__
-from .commands import (ablate, compare, composition, coref, dla, explain, generate, heads, importance, models, patch, qk,
-                       relations, run, serve, sinks, syntax, verify)
+from .commands import (ablate, compare, composition, coref, dla, explain, extract, generate, heads, importance, models,
+                       patch, qk, relations, run, serve, sinks, syntax, verify)
 from .common.interrupts import Interrupts
 
 
@@ -95,7 +95,7 @@ def cli(debug: bool) -> None:
 
 # In the order `headscope --help` lists them.
 _COMMANDS = {
-    "models": models, "verify": verify, "explain": explain, "heads": heads, "coref": coref, "relations": relations,
+    "models": models, "extract": extract, "verify": verify, "explain": explain, "heads": heads, "coref": coref, "relations": relations,
     "syntax": syntax, "run": run, "compare": compare, "generate": generate, "ablate": ablate, "importance": importance,
     "dla": dla, "qk": qk, "patch": patch, "composition": composition, "sinks": sinks, "serve": serve,
 }

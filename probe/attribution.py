@@ -547,11 +547,13 @@ class QKAttribution:
 
     def summary(self) -> str:
         best = self.top(1).iloc[0]
-        share = best["value"] / self.score if self.score else float("nan")
+        # A term's sign says which way it moves the score; a share of the score (-38%, 140%) reads wrongly when
+        # the terms have mixed signs, so the term is given as what it adds.
+        effect = "raises" if best["value"] > 0 else "lowers"
         return (f"{head_name(self.layer, self.head)} attends from {self.query_label!r} to {self.key_label!r} with weight "
-                f"{self.weight:.3f} (score {self.score:.4g}); {share:.0%} of the score from key-side "
-                f"{best['key_component']} × query-side {best['query_component']}; the terms sum to the from-scratch "
-                f"score within {self.identity_abs_err:.1e}")
+                f"{self.weight:.3f} (score {self.score:.4g}); the largest term, key-side {best['key_component']} × "
+                f"query-side {best['query_component']}, adds {best['value']:+.4g} (it {effect} the score); the terms "
+                f"sum to the from-scratch score within {self.identity_abs_err:.1e}")
 
     def to_dict(self) -> dict:
         return {"model": self.model, "text": self.text, "layer": self.layer, "head": self.head,

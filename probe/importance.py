@@ -29,6 +29,7 @@ from .encoding import check_texts, encode_many, pad_batch
 from .forward import base_model
 from .interventions import head_mask, refuse_seq2seq
 from .model import LoadedModel
+from .progress import progress as progress_bar
 
 __all__ = ["HeadImportance", "ImportanceLoss", "IMPORTANCE_LOSSES", "gradient_importance", "normalise_per_layer"]
 
@@ -72,10 +73,11 @@ def normalise_per_layer(scores: torch.Tensor) -> torch.Tensor:
 
 
 def gradient_importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False,
-                        loss: ImportanceLoss | None = None) -> HeadImportance:
+                        loss: ImportanceLoss | None = None, progress: bool = False) -> HeadImportance:
     """Michel et al.'s head importance of every head of `lm` over `texts`.
 
     The model's weights get no gradient (they are not leaves we ask for) and are never changed.
+    `progress`: a bar on stderr, one step per text.
     """
     refuse_seq2seq(lm, "head importance")
     loss = loss or ("next_token_loss" if lm.is_causal else "embedding_norm")
@@ -86,6 +88,7 @@ def gradient_importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: in
     items = encode_many(lm, check_texts(texts), truncate=truncate)
     L, H = lm.config.num_hidden_layers, lm.config.num_attention_heads
     total = torch.zeros(L, H, dtype=torch.float64)
+    bar = progress_bar(total=len(items), enabled=progress, desc=f"{lm.name} importance", unit="text")
     for start in range(0, len(items), batch_size):
         chunk = items[start : start + batch_size]
         ids, mask = pad_batch(chunk, lm.device)
@@ -94,6 +97,8 @@ def gradient_importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: in
             per_text = _LOSSES[loss](lm, ids, mask)  # (B,)
             (grad,) = torch.autograd.grad(per_text.sum(), xi)  # (B, L, H): each example's own gradient
         total += grad.abs().sum(0).double().cpu()
+        bar.update(len(chunk))
+    bar.close()
     raw = (total / len(items)).float()
     return HeadImportance(model=lm.name, loss=loss, raw=raw, importance=normalise_per_layer(raw), n=len(items))
 

@@ -10,6 +10,12 @@ defaults, `reports.fonts.font_context`); a worker that fails to start or dies le
 process (as do figures whose function or arguments cannot be sent to another process), and an error while
 drawing is raised here as in a serial run.
 
+A spawned worker first imports the caller's `__main__` module again (as `__mp_main__`: multiprocessing's
+spawn), which runs a script without an `if __name__ == "__main__":` guard a second time: its model loaded
+again, its report written again. So a library call never starts workers on its own where that would happen
+(`spawn_reruns_main`): `draw_all` without `workers` or a pool draws in this process then; a caller that
+hands a pool (or asks for `workers`) started the workers itself (`headscope run` does, from a guarded entry).
+
 A `DrawingPool` starts those workers ahead of time: `headscope run` opens one before it loads a model, so
 the workers' imports (matplotlib, seaborn, torch for the maps) run beside the analyses on an idle core and
 the report's figures start at once on every core. A warm pool's unfinished figure is waited for, not
@@ -23,7 +29,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-__all__ = ["Drawn", "DrawingPool", "draw", "draw_all", "drawing_workers", "compact_png", "PARALLEL_FROM"]
+__all__ = ["Drawn", "DrawingPool", "draw", "draw_all", "drawing_workers", "default_workers", "spawn_reruns_main",
+           "compact_png", "PARALLEL_FROM"]
 
 PARALLEL_FROM = 4  # jobs: fewer are drawn here (a worker would spend longer starting than drawing them)
 WAIT_SECONDS = 300  # the longest a warm worker's figure is waited for before it is drawn here instead
@@ -85,6 +92,26 @@ def drawing_workers() -> int:
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count() or 1
+
+
+def spawn_reruns_main() -> bool:
+    """Whether a spawned process would run this process's `__main__` module again: a script (`python
+    snippet.py`) or a module run with `-m`, whose top-level code runs again in the worker unless it is
+    guarded; not the interactive interpreter, `python -c`, or a package's `__main__` (which spawn skips).
+    Asked of multiprocessing itself (`spawn.get_preparation_data`, what a worker is started with)."""
+    from multiprocessing import spawn
+
+    data = spawn.get_preparation_data("headscope-drawing")
+    name = data.get("init_main_from_name")
+    if name is not None:
+        return not (name == "__main__" or name.endswith(".__main__"))
+    return "init_main_from_path" in data
+
+
+def default_workers() -> int:
+    """The processes `draw_all` draws on when its caller names none: one per core (`drawing_workers`), or only
+    this one where a worker would run the caller's script again (`spawn_reruns_main`)."""
+    return 1 if spawn_reruns_main() else drawing_workers()
 
 
 def _worker_start() -> None:
@@ -158,8 +185,10 @@ class DrawingPool:
 def draw_all(jobs: Sequence[tuple[Callable[..., Any], tuple]], *, dpi: int = 100, formats: Sequence[str] = ("png",),
              width: float | None = None, workers: int | None = None, pool: DrawingPool | None = None) -> list[Drawn]:
     """`draw(fn, args)` for each `(fn, args)` of `jobs`, in order, on `workers` processes (this one
-    included; default `drawing_workers()`; 1, or fewer than `PARALLEL_FROM` jobs: all here), or on `pool`'s
-    workers and this process (`workers` is then ignored; the pool stays open).
+    included; default `default_workers()`: one per core, or this process alone when a worker would run the
+    caller's script again; 1, or fewer than `PARALLEL_FROM` jobs: all here), or on `pool`'s workers and this
+    process (`workers` is then ignored; the pool stays open). `workers` > 1 from a script: its top-level
+    code must be under `if __name__ == "__main__":`, as multiprocessing asks of every script that starts one.
 
     Workers take jobs from the front, one at a time as each finishes the last; this process draws from the
     back. When no job is left, a job a worker holds but has not finished is drawn here rather than waited for
@@ -168,7 +197,7 @@ def draw_all(jobs: Sequence[tuple[Callable[..., Any], tuple]], *, dpi: int = 100
     """
     options = {"dpi": dpi, "formats": tuple(formats), "width": width}
     if pool is None:
-        workers = drawing_workers() if workers is None else workers
+        workers = default_workers() if workers is None else workers
         if workers <= 1 or len(jobs) < PARALLEL_FROM:
             return [draw(fn, args, **options) for fn, args in jobs]
         with DrawingPool(min(workers, len(jobs) + 1)) as started:  # for these jobs only

@@ -14,6 +14,7 @@ from typing import Any
 import pandas as pd
 
 from headscope.analyses.evidence import HARM_COLUMN, INTERVAL_METHOD
+from headscope.probe.wording import number
 
 __all__ = ["evidence_view", "ablation_heads_table", "probe_line", "roles_table"]
 
@@ -24,7 +25,7 @@ def evidence_view(section: Any) -> dict | None:
     if e is None:
         return None
     correlations = pd.DataFrame([{"score": c.score, "Spearman ρ": c.rho,
-                                  "95% interval": "n/a" if math.isnan(c.low) else f"{c.low:.2f} – {c.high:.2f}",
+                                  "95% interval": "n/a" if math.isnan(c.low) else f"{number(c.low, 2)} – {number(c.high, 2)}",
                                   "heads": c.n} for c in e.correlations(scores)])
     return {
         "summary": (f"Every head ablated alone ({e.method} ablation) on {e.n_texts} corpus texts; its harm "

@@ -31,6 +31,7 @@ from headscope.probe.attribution import DLAResult
 from headscope.probe.composition import CompositionScores
 from headscope.probe.types import AttentionMap, head_name
 from headscope.probe.verify import Verification
+from headscope.probe.wording import number
 
 from .canvas import new_figure
 from .fonts import font_context
@@ -137,9 +138,19 @@ def token_map(amap: AttentionMap, kind: TokenMap = "rollout", *, ax: Axes | None
                     ha="center", va="center", fontsize=10, transform=ax.transAxes)
             ax.set_title(f"{model + ' · ' if model else ''}attention flow skipped · {amap.level} level", fontsize=11)
         return fig
-    return token_heatmap(weights, amap, ax=ax, cmap=cmap, cbar=f"share of the output ({kind})",
-                          title=f"{model + ' · ' if model else ''}attention {kind} · {amap.level} level",
-                          xlabel="input token", ylabel="output token (after the last layer)")
+    # A flow's rows are normalised over every input token, so a short sentence's shares all sit near 1/T and a
+    # 0–1 scale draws them near-uniformly pale: the flow is drawn from its smallest to its largest share (a causal
+    # map's masked cells left out), and the colour bar says so.
+    vmin, vmax = 0.0, 1.0
+    if kind == "flow" and weights.size:
+        seen = weights[np.tril(np.ones(weights.shape, dtype=bool))] if amap.causal else weights.ravel()
+        low, high = float(np.nanmin(seen)), float(np.nanmax(seen))
+        if high > low:
+            vmin, vmax = low, high
+    scale = f", {number(vmin)} – {number(vmax)} (its range)" if (vmin, vmax) != (0.0, 1.0) else ""
+    return token_heatmap(weights, amap, ax=ax, cmap=cmap, cbar=f"share of the output ({kind}){scale}",
+                         title=f"{model + ' · ' if model else ''}attention {kind} · {amap.level} level",
+                         xlabel="input token", ylabel="output token (after the last layer)", vmin=vmin, vmax=vmax)
 
 
 def attention_mosaic(amap: AttentionMap, *, cmap: str = "viridis", max_width: float = 16.0) -> Figure:

@@ -131,8 +131,8 @@ def report(analyses: Sequence[ModelAnalysis], out: str | Path, *, force: bool = 
 
     `settings` are shown on the page and recorded in run.json; `record` adds (or overrides) run.json
     keys (`headscope run` records its sentences there, `compare` its comparison). `formats`, `dpi`
-    and `width` (inches) shape the figure files, drawn on `workers` processes (default: one per core;
-    `reports.drawing.draw_all`), or on a `reports.drawing.DrawingPool` already started and this process. `check()` runs before anything is moved (an
+    and `width` (inches) shape the figure files, drawn on `workers` processes (default: one per core, or the
+    calling process alone where a spawned worker would run the caller's script again; `reports.drawing.draw_all`), or on a `reports.drawing.DrawingPool` already started and this process. `check()` runs before anything is moved (an
     interrupt check), `committed()` the moment the new folder is in place (`write_folder`); `started` (a `time.perf_counter()` value) dates `seconds.total` in run.json.
     `ReportFolderError` when `out` must not be replaced; an interrupted or failed write leaves `out`
     as it was.

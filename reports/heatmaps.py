@@ -84,9 +84,12 @@ LABELS_MAX = 80
 
 
 def token_heatmap(weights: np.ndarray, amap: AttentionMap, *, ax: Axes | None, cmap: str, cbar: str,
-                  title: str, xlabel: str = "key (attended to)", ylabel: str = "query (attending)") -> Figure:
+                  title: str, xlabel: str = "key (attended to)", ylabel: str = "query (attending)",
+                  vmin: float = 0.0, vmax: float = 1.0) -> Figure:
     """A [query, key] map over `amap`'s units, a label on every row and column; a causal map's upper triangle grey.
-    A cross-attention map's rows are the target's units and its columns the source's.
+    A cross-attention map's rows are the target's units and its columns the source's. The colours run from
+    `vmin` to `vmax` (0 to 1: every weight on one scale; a narrower range, stated by the caller, shows the structure
+    of a map whose weights are all alike).
 
     Its size is bounded (`CELLS_MAX`, `SIDE_MAX`, `LABELS_MAX`): a long text is drawn pooled, with every
     k-th label, and the title says so. A plain `pcolormesh` (seaborn's heatmap measured every label
@@ -111,7 +114,7 @@ def token_heatmap(weights: np.ndarray, amap: AttentionMap, *, ax: Axes | None, c
     with font_context("".join(rows + labels) + str(title or "") + str(amap.meta.get("model", ""))):
         fig, ax = new_figure(m * cell + 2.4, m_q * cell + 1.4, ax)
         ax.set_facecolor(_MASKED)
-        mesh = ax.pcolormesh(np.ma.masked_invalid(drawn), cmap=colours, vmin=0.0, vmax=1.0)
+        mesh = ax.pcolormesh(np.ma.masked_invalid(drawn), cmap=colours, vmin=vmin, vmax=vmax)
         ax.set_xlim(0, m)
         ax.set_ylim(m_q, 0)
         ax.set_aspect("equal")

@@ -35,6 +35,7 @@ from .page import CSP, csp_hash, environment, script_json, static_script, static
 from .panels import FIGURES, STACKS, FigureSpec, Panel, plotted_metrics, slug, start_head
 from .payload import SCALE, attention_ints, attention_payload, image_payload, with_keys
 from .sections import SECTIONS, Section, flat, report_tables
+from headscope.probe.wording import counted
 
 if TYPE_CHECKING:
     from headscope.probe.types import AttentionMap, CrossAttentionMap
@@ -266,13 +267,13 @@ def _grids(section: ModelAnalysis, layer_ids: list[int], head_ids: list[int]) ->
         g = probe.heads.pivot(index="layer", columns="head", values="accuracy")
         chance = (probe.baselines or {}).get("chance")
         grids[f"probe:{probe.task}"] = _grid(g, layer_ids, head_ids, f"{probe.task}: accuracy",
-                                             f"accuracy over {probe.n} examples" +
+                                             f"accuracy over {counted(probe.n, 'example')}" +
                                              (f", chance {chance:.0%}" if chance is not None else ""))
     if section.scores is not None:
         for metric in plotted_metrics(section.scores):
             grids[metric] = _grid(section.scores.grid(metric), layer_ids, head_ids,
                                   section.scores.registry[metric].label,
-                                  f"{section.scores.level} level, {section.scores.n_texts} texts"
+                                  f"{section.scores.level} level, {counted(section.scores.n_texts, 'text')}"
                                   if getattr(section.scores, "n_texts", 0) else "")
     return grids
 

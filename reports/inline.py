@@ -27,13 +27,15 @@ from __future__ import annotations
 
 import functools
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 
 from headscope.probe.generate import GenerationAttention
 from headscope.probe.types import AttentionMap
+
+from headscope.probe.wording import counted
 
 from .page import script_json, static_script
 from .payload import attention_payload, image_payload, with_keys
@@ -43,12 +45,24 @@ __all__ = ["InlineView", "show", "view_data", "generation_data"]
 
 @dataclass(frozen=True)
 class InlineView:
-    """HTML that Jupyter, VS Code and Colab display as the explorer (`_repr_html_`); `html` is the fragment."""
+    """HTML that Jupyter, VS Code and Colab display as the explorer (`_repr_html_`); `html` is the fragment.
 
-    html: str
+    Its plain `repr` (a terminal's REPL, `print`) is one line saying what it holds, never the fragment's
+    kilobytes of HTML.
+
+    >>> InlineView("<div>...</div>", "1 text, 6 layers × 12 heads")
+    <head explorer: 1 text, 6 layers × 12 heads; shown in a notebook (.html holds its 14 characters of HTML)>
+    """
+
+    html: str = field(repr=False)
+    what: str = ""
 
     def _repr_html_(self) -> str:
         return self.html
+
+    def __repr__(self) -> str:
+        what = f": {self.what}" if self.what else ""
+        return f"<head explorer{what}; shown in a notebook (.html holds its {len(self.html):,} characters of HTML)>"
 
 
 def _map_data(attention: torch.Tensor, queries: Sequence[str], keys: Sequence[str], *, causal: bool,
@@ -174,7 +188,11 @@ def show(maps: Any, labels: Sequence[str] | None = None, *, key_labels: Sequence
         if not items:
             raise ValueError("no attention maps given; pass the result of hs.extract(...)")
         data = view_data(items, layer=layer, head=head, title=title)
-    return InlineView(_fragment(data))
+    n = len(data["maps"])
+    steps = "generated token" if isinstance(maps, GenerationAttention) else "text"
+    what = (f"{counted(n, steps)}, {counted(len(data['layer_ids']), 'layer')} × "
+            f"{counted(len(data['head_ids']), 'head')}")
+    return InlineView(_fragment(data), what)
 
 
 def _fragment(data: dict) -> str:

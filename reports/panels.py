@@ -28,7 +28,7 @@ from .vision_language import MOSAIC_MAX, image_mosaic, image_overlay, image_roll
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["FigureSpec", "Panel", "FIGURES", "STACKS", "MECHANISMS_EDGES", "plotted_metrics", "start_head", "slug",
+__all__ = ["FigureSpec", "Panel", "FIGURES", "STACKS", "MECHANISMS_EDGES", "plotted_metrics", "start_head", "start_choice", "slug",
            "SLUG_MAX", "vision_language_head"]
 
 
@@ -295,7 +295,10 @@ FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
                "(row) comes from each input token (column), heads averaged, the residual as 0.5·A + 0.5·I."),
     FigureSpec("flow", "maps", "attention", token_map, _token_map_panels("flow"),
                "flow-{i}", "Attention flow (Abnar & Zuidema 2020) on “{text}”: the max-flow from each output token "
-               "(row) to each input token (column) through the layers, rows normalised (drawn when layers × "
+               "(row) to each input token (column) through the layers, rows normalised; the colours run from the map's "
+               "smallest to its largest share (on its colour bar), not from 0 to 1, so that the structure of a "
+               "short sentence, whose shares are all near 1/tokens, shows "
+               "(drawn when layers × "
                f"tokens² ≤ {FLOW_MAX_EDGES:,} and it takes at most {FLOW_MAX_SECONDS:g} s; the notes name a text "
                "whose flow was not drawn)."),
     FigureSpec("syntax_relations", "syntax", "syntax", relation_bars, _relation_bar_panels,
@@ -362,18 +365,30 @@ def plotted_metrics(scores: Any) -> list[str]:
 
 def start_head(section: Any) -> tuple[int, int]:
     """The head shown first: the probe's selected head, else the top previous-token head, else the
-    most confident one, else the map's first head."""
+    most confident one, else the map's first head (`start_choice` says which and why)."""
+    layer, head, _ = start_choice(section)
+    return layer, head
+
+
+def start_choice(section: Any) -> tuple[int, int, str]:
+    """(layer, head, why): the head the attention figures show, and the sentence that says why it was chosen."""
     for probe in section.probes:
         if probe.best_head is not None:
-            return int(probe.best_head[0]), int(probe.best_head[1])
+            layer, head = int(probe.best_head[0]), int(probe.best_head[1])
+            return layer, head, (f"The figures show {head_name(layer, head)}, the head the {probe.task} probe "
+                                 "selected on held-out folds (Coreference probe section).")
     if section.scores is not None:
-        for metric in ("previous_token", "max_weight"):
+        for metric, what in (("previous_token", "previous-token"), ("max_weight", "most confident")):
             top = section.scores.top(metric, k=1) if metric in section.scores.metrics else None
             if top is not None and len(top):
-                return int(top["layer"].iloc[0]), int(top["head"].iloc[0])
+                layer, head = int(top["layer"].iloc[0]), int(top["head"].iloc[0])
+                return layer, head, (f"The figures show {head_name(layer, head)}, the top {what} head ({metric} "
+                                     f"{float(top['value'].iloc[0]):.2f}; no probe selected a head).")
     if section.maps:
-        return section.maps[0].layer_ids[0], section.maps[0].head_ids[0]
-    return 0, 0
+        layer, head = section.maps[0].layer_ids[0], section.maps[0].head_ids[0]
+        return layer, head, (f"The figures show {head_name(layer, head)}, the maps' first head (no probe or head "
+                             "score chose one).")
+    return 0, 0, ""
 
 
 SLUG_MAX = 60  # characters (ASCII: bytes) of a slug, so that every file name of a report stays far below 255 bytes

@@ -21,10 +21,11 @@ from headscope.probe.types import head_name
 
 from .analysis import ModelAnalysis
 from .evidence import ablation_heads_table, evidence_view, probe_line, roles_table
-from .panels import plotted_metrics, vision_language_head
+from .panels import plotted_metrics, start_choice, vision_language_head
 from .sinks import sinks_tables
 from .syntax import relations_frame, syntax_tables, trees_frame
 from .vision_language import vision_language_tables
+from headscope.probe.wording import counted, numbers
 
 __all__ = ["Section", "SECTIONS", "Table", "table_view", "flat", "report_tables"]
 
@@ -41,27 +42,35 @@ class Table:
 
 
 def table_view(frame: pd.DataFrame | None, *, digits: int = 3, max_rows: int | None = None) -> Table | None:
-    """`frame` as display strings (floats to `digits` decimals, NaN as n/a), or None for no table."""
+    """`frame` as display strings, or None for no table: each float column in one notation, its numbers to
+    `digits` significant digits (`probe.wording.numbers`; NaN as n/a), every other cell as it is. The CSV
+    beside the page keeps the full numbers."""
     if frame is None or not len(frame.columns):
         return None
     frame = frame if max_rows is None else frame.head(max_rows)
     numeric = tuple(pd.api.types.is_numeric_dtype(frame[c]) and not pd.api.types.is_bool_dtype(frame[c])
                     for c in frame.columns)
-    rows = tuple(tuple(_cell(v, digits) for v in r) for r in frame.itertuples(index=False, name=None))
-    return Table(tuple(str(c) for c in frame.columns), rows, numeric)
+    columns = [_column(frame.iloc[:, i], digits) for i in range(len(frame.columns))]
+    rows = tuple(zip(*columns)) if columns else ()
+    return Table(tuple(str(c) for c in frame.columns), tuple(rows), numeric)
 
 
-def _cell(v: Any, digits: int) -> str:
-    if v is None:
-        return ""
-    if isinstance(v, float) or hasattr(v, "dtype") and getattr(v.dtype, "kind", "") == "f":
-        v = float(v)
-        if math.isnan(v):
-            return "n/a"
-        if v != 0 and (abs(v) < 10 ** -digits or abs(v) >= 1e6):
-            return f"{v:.2e}"
-        return f"{v:.{digits}f}"
-    return str(v)
+def _column(values: pd.Series, digits: int) -> list[str]:
+    """One column's display strings: a float column (or an object column of floats) in one notation."""
+    floats = [_is_float(v) for v in values]
+    shown = numbers([float(v) for v, f in zip(values, floats) if f], digits)
+    out, k = [], 0
+    for v, f in zip(values, floats):
+        if f:
+            out.append(shown[k])
+            k += 1
+        else:
+            out.append("" if v is None else str(v))
+    return out
+
+
+def _is_float(v: Any) -> bool:
+    return isinstance(v, float) or (hasattr(v, "dtype") and getattr(v.dtype, "kind", "") == "f")
 
 
 def flat(d: Mapping[str, Any], prefix: str = "") -> list[tuple[str, str]]:
@@ -112,7 +121,7 @@ def _verification(a: ModelAnalysis, figures: Figures) -> dict:
     v = a.verification
     return {"verification": None if v is None else {
         "passed": v.passed, "summary": v.summary(), "table": table_view(_kind_first(v.to_frame()), digits=2),
-        "detail": f"{v.n_texts} texts, {v.n_tokens} tokens; output tolerance {v.tolerance_output:g} "
+        "detail": f"{counted(v.n_texts, 'text')}, {counted(v.n_tokens, 'token')}; output tolerance {v.tolerance_output:g} "
                   f"(relative); recomputation took {v.overhead:.2f}× the forward pass",
         "notes": list(getattr(v, "notes", ()) or ()),
     }}
@@ -408,7 +417,7 @@ SECTIONS: Mapping[str, Section] = MappingProxyType({s.name: s for s in (
     Section("verification", "Verification", _verification, _verification_tables),
     Section("heads", "Head roles", _heads, _heads_tables),
     Section("probe", "Coreference probe", _probes, _probe_tables),
-    Section("attention", "Attention figures"),
+    Section("attention", "Attention figures", lambda a, figures: {"chosen": start_choice(a)[2]}),
     Section("vision", "Vision", _vision, shown=_shows_images),
     Section("vision_language", "Vision–language", _vision_language, _vision_language_tables,
             shown=lambda analyses: any(a.vision_language for a in analyses)),

@@ -256,7 +256,7 @@ def test_cli_ablate_json(monkeypatch, tmp_path, gpt2):
     res = _cli(monkeypatch, gpt2, ["ablate", "--model", "t", "--heads", "L1H2,L0H0", "--corpus", str(corpus),
                                    "--random", "4", "--json"])
     assert res.exit_code == 0, res.output
-    d = json.loads(res.output)
+    d = json.loads(res.stdout)  # stderr has the progress bar
     assert d["heads"] == ["L0H0", "L1H2"] and d["random"]["n"] == 4 and d["method"] == "zero"
     assert d["effect"] == pytest.approx(ablation.ablate(gpt2, [(0, 0), (1, 2)], corpus=TEXTS, n_random=0).effect)
     res = _cli(monkeypatch, gpt2, ["ablate", "--top", "previous_token:2", "--task", "induction", "--random", "2",
@@ -291,6 +291,6 @@ def test_cli_importance_writes_tidy_rows(monkeypatch, tmp_path, gpt2):
     assert list(frame.columns) == ["model", "layer", "head", "importance", "n"] and len(frame) == 8
     ref = gradient_importance(gpt2, TEXTS).importance
     assert frame.iloc[0]["importance"] == pytest.approx(float(ref.max()), rel=1e-5)
-    assert json.loads(res.output)["loss"] == "next_token_loss"
+    assert json.loads(res.stdout)["loss"] == "next_token_loss"
     res = _cli(monkeypatch, gpt2, ["importance", "--corpus", str(corpus), "--out", str(tmp_path / "x.txt")])
     assert res.exit_code == 2 and "use a .csv, .parquet, .json" in res.output

@@ -90,7 +90,7 @@ def test_importance_rank_and_roles_table():
     assert table["p_vs_random"].tolist() == [ev.head_effect(1, 0).p_value, ev.head_effect(0, 2).p_value]
     assert list(roles.columns) == ["model", "layer", "head", "role", "metric", "value", "threshold"]  # not mutated
     [(role, sentence)] = ev.role_verdicts(roles)
-    assert role == "r" and sentence.startswith("ablating L1H0 changes the next-token loss by +3 nats; random")
+    assert role == "r" and sentence.startswith("ablating L1H0 changes the next-token loss by +3.00 nats; random")
 
 
 def test_ablation_harm_has_one_direction_for_encoders_and_decoders():

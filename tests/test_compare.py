@@ -210,7 +210,7 @@ def test_cli_json_on_two_local_folders(tmp_path):
     res = CliRunner().invoke(cli, ["compare", str(tmp_path / "a"), str(tmp_path / "b"), "--corpus", str(corpus),
                                    "--json", "--no-verify"])
     assert res.exit_code == 0, res.output
-    obj = json.loads(res.output)
+    obj = json.loads(res.stdout)  # stderr has the progress bars
     assert {"a", "b", "n_texts", "heads"} <= set(obj) and obj["n_texts"] == len(TINY_CORPUS)
     assert set(obj["heads"][0]) == {"layer", "head", "metric", "a", "b", "diff", "ci95", "changed"}
     assert {h["layer"] for h in obj["heads"] if h["changed"]} == {1}

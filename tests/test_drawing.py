@@ -137,3 +137,50 @@ def test_a_pools_worker_ends_when_the_process_that_started_it_is_killed(tmp_path
             raise AssertionError("the drawing worker outlived the process that started it")
     finally:
         starter.kill()
+
+
+_SCRIPT = '''
+import os, sys
+with open(sys.argv[1], "a") as f:  # a line each time this script's top level runs
+    f.write(f"started {os.getpid()}\\n")
+import headscope as hs
+from headscope.probe.tiny import TINY_CORPUS
+from headscope.reports import drawing
+drawing.drawing_workers = lambda: 2  # as on any machine with two cores: the old default spawned workers here
+lm = hs.load("tiny:llama")
+settings = hs.RunSettings(corpus="c", coref="p", permutations=20, texts=("The cat sat on the mat.",), induction_sequences=0,
+                          ablation=False)
+analysis = hs.analyse_model(lm, list(TINY_CORPUS[:2]), [("t", hs.builtin_set("agreement")[:8])], settings)
+folder = hs.report([analysis], sys.argv[2])
+print(len(folder.figures))
+'''
+
+
+def test_a_script_without_a_main_guard_calling_hs_report_runs_once(tmp_path):
+    # Was: each spawned drawing worker imported the script again as __mp_main__, so the model was loaded again and
+    # the report written again (a ReportFolderError traceback from the worker, exit 0).
+    import os
+    import subprocess
+    import sys
+
+    script, marks = tmp_path / "snippet.py", tmp_path / "marks.txt"
+    script.write_text(_SCRIPT, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+    done = subprocess.run([sys.executable, str(script), str(marks), str(tmp_path / "report")], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert int(done.stdout.split()[-1]) >= drawing.PARALLEL_FROM  # enough figures that workers would be started
+    assert len(marks.read_text().splitlines()) == 1, marks.read_text()
+
+
+def test_a_library_call_starts_workers_only_where_they_would_not_rerun_the_script(monkeypatch):
+    import sys
+    import types
+
+    main = types.ModuleType("__main__")
+    main.__file__, main.__spec__ = "/somewhere/snippet.py", None
+    monkeypatch.setitem(sys.modules, "__main__", main)
+    monkeypatch.setattr(drawing, "drawing_workers", lambda: 4)
+    assert drawing.spawn_reruns_main() and drawing.default_workers() == 1
+    del main.__file__  # the interactive interpreter, python -c
+    assert not drawing.spawn_reruns_main() and drawing.default_workers() == 4

@@ -11,6 +11,7 @@ from ..common.exits import fail
 from ..common.loading import load_or_fail
 from ..common.options import corpus, heads, options, seed
 from ..common.outputs import echo_json
+from headscope.probe.wording import counted
 
 __all__ = ["cli", "parse_top"]
 
@@ -29,10 +30,10 @@ def parse_top(spec: str) -> tuple[str, int]:
     return metric, int(k)
 
 
-def _top_heads(lm, metric: str, k: int, texts: list[str]) -> list[tuple[int, int]]:
+def _top_heads(lm, metric: str, k: int, texts: list[str], *, quiet: bool) -> list[tuple[int, int]]:
     from headscope import heads
 
-    top = heads(lm, texts).top(metric, k)
+    top = heads(lm, texts, progress=not quiet, total=len(texts)).top(metric, k)
     if top.empty:
         fail(f"--top {metric}:{k}: {lm.name} has no {metric} score (not applicable to this model)")
     return [(int(r.layer), int(r.head)) for r in top.itertuples()]
@@ -70,14 +71,14 @@ def cli(model_name, heads, top_spec, method, corpus_path, limit, task, word, n_r
     try:
         refuse_seq2seq(lm, "head ablation")  # before --top scores every head
         if top is not None:
-            heads = _top_heads(lm, *top, texts or builtin_corpus()[:TOP_TEXTS])
+            heads = _top_heads(lm, *top, texts or builtin_corpus()[:TOP_TEXTS], quiet=quiet)
         result = ablate(lm, heads, method=method, corpus=texts, task=task, word=word, n_random=n_random,
-                               seed=seed, batch_size=batch_size)
+                        seed=seed, batch_size=batch_size, progress=not quiet)
     except (TypeError, ValueError) as exc:
         fail(str(exc))
     if as_json:
         echo_json(result.to_dict())
         return
     d = result.to_dict()
-    click.echo(f"{lm.name}: {d['effect_metric']} over {d['n']} examples (clean mean {d['baseline']:.4g})")
+    click.echo(f"{lm.name}: {d['effect_metric']} over {counted(d['n'], 'example')} (clean mean {d['baseline']:.4g})")
     click.echo(result.verdict)

@@ -19,6 +19,7 @@ from ..common.loading import load_or_fail
 from ..common.options import corpus, options
 from ..common.outputs import check_out, echo_json
 from ..common.verification import verify_step
+from headscope.probe.wording import counted
 
 __all__ = ["cli"]
 
@@ -54,7 +55,7 @@ def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, bat
     checks = {key: verify_step(lm, enabled=not no_verify, keep=verified[key]) for key, lm in (("a", lm_a), ("b", lm_b))}
     try:
         result = compare_models(lm_a, lm_b, texts, level=level, include_special=include_special, alpha=alpha,
-                                batch_size=batch_size, truncate=truncate)
+                                batch_size=batch_size, truncate=truncate, progress=not quiet)
     except (TypeError, ValueError) as exc:
         fail(str(exc))
     if report_dir is not None:
@@ -90,13 +91,13 @@ def _write_report(out: Path, result, models, verified: dict, checks: dict, sourc
         fail(str(exc))
     except OSError as exc:
         fail(f"could not write the report to {out}: {exc}")
-    click.echo(f"wrote {out / 'index.html'}, {written.n_figures} figures, {len(written.tables)} tables", err=True)
+    click.echo(f"wrote {out / 'index.html'}, {counted(written.n_figures, 'figure')}, {counted(len(written.tables), 'table')}", err=True)
 
 
 def _print(result, source: str) -> None:
     from headscope.probe.types import head_name
 
-    click.echo(f"A = {result.a}, B = {result.b}: {result.n_texts} texts from {source}; differences are B - A")
+    click.echo(f"A = {result.a}, B = {result.b}: {counted(result.n_texts, 'text')} from {source}; differences are B - A")
     click.echo(result.rule)
     changed = result.changed()
     heads = result.changed_heads()

@@ -19,6 +19,7 @@ from ..common.options import head, level, limit, options, seed
 from ..common.outputs import echo_json, write_table
 from ..common.runs import join_run
 from ..common.verification import finish, verify_step
+from headscope.probe.wording import counted
 
 __all__ = ["cli", "probe_command", "probe_options"]
 
@@ -164,7 +165,7 @@ def _emit(main, parts, head, out_path, as_json, ablation=None, verification=None
 def _print_result(r) -> None:
     from headscope.probe.types import head_name
 
-    click.echo(f"{r.model} · {r.task} · {r.level} level · {r.n} examples · selection: {r.selection}")
+    click.echo(f"{r.model} · {r.task} · {r.level} level · {counted(r.n, 'example')} · selection: {r.selection}")
     click.echo("  baselines: " + "  ".join(f"{k} {v:.1%}" for k, v in r.baselines.items()))
     top = r.heads.sort_values(["accuracy", "layer", "head"], ascending=[False, True, True]).head(5)
     click.echo("  top heads (accuracy over all examples; intervals not corrected for choosing):")

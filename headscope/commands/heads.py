@@ -11,6 +11,7 @@ from ..common.options import options, seed, top
 from ..common.outputs import attention_note, echo_json, write_table
 from ..common.runs import join_run
 from ..common.verification import finish, verify_step
+from headscope.probe.wording import counted
 
 __all__ = ["cli"]
 
@@ -102,7 +103,8 @@ def _print(scores, k: int, source: str, out_path) -> None:
     from headscope.analyses.metrics import METRICS
     from headscope.probe.types import head_name
 
-    click.echo(f"{scores.model}: {scores.n_layers} layers × {scores.n_heads} heads, {scores.n_texts} texts from {source}")
+    what = counted(scores.n_texts, "image" if scores.images else "text")
+    click.echo(f"{scores.model}: {counted(scores.n_layers, 'layer')} × {counted(scores.n_heads, 'head')}, {what} from {source}")
     click.echo(f"setting: {scores.setting}")
     ind = scores.meta.get("induction")
     if ind:
@@ -126,4 +128,4 @@ def _print(scores, k: int, source: str, out_path) -> None:
         more = f" (+{len(rows) - 5} more)" if len(rows) > 5 else ""
         click.echo(f"  {role} ({metric} >= {rows['threshold'].iloc[0]:g}): {len(rows)} — {shown}{more}")
     if out_path:
-        click.echo(f"wrote {len(scores.table)} rows to {out_path}")
+        click.echo(f"wrote {counted(len(scores.table), 'row')} to {out_path}")

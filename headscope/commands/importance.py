@@ -9,6 +9,7 @@ from ..common.exits import fail
 from ..common.loading import load_or_fail
 from ..common.options import options, top
 from ..common.outputs import echo_json, write_table
+from headscope.probe.wording import counted
 
 __all__ = ["cli"]
 
@@ -25,7 +26,7 @@ def cli(model_name, corpus_path, limit, out_path, batch_size, k, truncate, as_js
     texts = corpus_or_fail(corpus_path, limit).texts
     lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     try:
-        result = importance(lm, texts, batch_size=batch_size, truncate=truncate)
+        result = importance(lm, texts, batch_size=batch_size, truncate=truncate, progress=not quiet)
     except (TypeError, ValueError) as exc:
         fail(str(exc))
     frame = result.to_frame()
@@ -36,8 +37,8 @@ def cli(model_name, corpus_path, limit, out_path, batch_size, k, truncate, as_js
         echo_json({"model": lm.name, "loss": result.loss, "loss_description": IMPORTANCE_LOSSES[result.loss],
                    "n": result.n, "top": top, "out": None if out_path is None else str(out_path)})
         return
-    click.echo(f"{lm.name}: head importance E|dL/dxi| over {result.n} texts, normalised per layer (L2); "
+    click.echo(f"{lm.name}: head importance E|dL/dxi| over {counted(result.n, 'text')}, normalised per layer (L2); "
                f"L = {IMPORTANCE_LOSSES[result.loss]}")
     click.echo("   ".join(f"{t['head']} {t['importance']:.3f}" for t in top))
     if out_path:
-        click.echo(f"wrote {len(frame)} rows to {out_path}")
+        click.echo(f"wrote {counted(len(frame), 'row')} to {out_path}")

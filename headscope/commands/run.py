@@ -157,6 +157,7 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
     import matplotlib
 
     from headscope import REPORT_SENTENCES, RunSettings, analyse_model, report
+    from headscope.workflows.run import settings_display
     from headscope.reports.drawing import DrawingPool
     from headscope.reports.folder import ReportFolderError
 
@@ -207,6 +208,7 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
         analyses = []
         for name in names:
             t0 = time.perf_counter()
+            say(f"{name}: loading ...", quiet=quiet)
             lm = load_or_fail(name, device, dtype, max_memory, offload_folder)
             load_seconds = time.perf_counter() - t0
             say(f"{lm.name}: loaded from {lm.source} ({load_seconds:.1f} s)", quiet=quiet)
@@ -236,8 +238,10 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
 
         shown = shown_settings(settings)
         recorded = {**shown, "texts": list(settings.texts), **({"targets": list(settings.targets)} if settings.targets else {})}
+        say(f"drawing the report's figures into {out_dir} ...", quiet=quiet)
         try:
-            written = report(analyses, out_dir, force=force, settings=shown, record={"settings": recorded},
+            written = report(analyses, out_dir, force=force, settings=settings_display(shown),
+                             record={"settings": recorded},
                              formats=formats, dpi=dpi, width=width, check=interrupts.check,
                              committed=lambda: interrupts.commit(str(out_dir)), started=t_start, pool=pool)
         except ReportFolderError as exc:

@@ -14,6 +14,7 @@ from ..common.exits import fail
 from ..common.loading import load_or_fail
 from ..common.options import corpus, options
 from ..common.outputs import echo_json, say, write_table
+from headscope.probe.wording import counted
 
 __all__ = ["cli"]
 
@@ -99,7 +100,7 @@ def cli(model_name, corpus_path, limit, k, epsilon, length, sequences, random_se
         fail("--text-file is the long text of --streaming; give --corpus for the sink analysis")
     texts = corpus_or_fail(corpus_path, limit).texts
     lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
-    say(f"{lm.name}: sinks over {len(texts)} texts", quiet=quiet)
+    say(f"{lm.name}: sinks over {counted(len(texts), 'text')}", quiet=quiet)
     try:
         result = sinks(lm, texts, k=k, epsilon=epsilon, length=length, n_sequences=sequences,
                        n_random_sequences=random_sequences, ablation=ablation, ablation_texts=ablation_texts,

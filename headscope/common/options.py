@@ -19,7 +19,9 @@ parameter name. The groups and the parameter each one gives the command:
     top         --top K, rows listed (k)           truncate    --truncate (truncate)
     head        --head L1H3, one head as (layer, head) (head; `head(option=...)` for --sender)
     heads       --heads L1H3,L2H0 as [(layer, head), ...] (heads)
+    select      --layers 0,2 and --heads 0,3: which layers, and which heads of each, by index (layers, heads)
     out         --out FILE, a table by its suffix, and --force (out_path)
+    maps_out    --out FILE, attention maps by its suffix (probe.mapfiles), required, and --force (out_path)
     figure      --figure FILE, never an existing file (figure_path)
     json        --json (as_json)                   quiet       --quiet (quiet)
     verify      --no-verify (no_verify)            image       --image FILE, repeatable (images)
@@ -42,10 +44,10 @@ from headscope.probe.names import (DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, D
 from headscope.probe.sizes import parse_max_memory, parse_size  # the API's own readers: one value, one meaning
 
 from .exits import fail
-from .outputs import check_table_path, new_figure_or_fail, remember_force
+from .outputs import check_maps_path, check_table_path, new_figure_or_fail, remember_force
 
 __all__ = ["options", "GROUPS", "model", "models", "corpus", "limit", "level", "special", "batching", "seed", "top",
-           "truncate", "head", "heads", "out", "figure", "json", "quiet", "verify", "image", "attention", "device",
+           "truncate", "head", "heads", "select", "out", "maps_out", "figure", "json", "quiet", "verify", "image", "attention", "device",
            "parsed", "utf8_text", "parse_size", "parse_max_memory"]
 
 Decorator = Callable[[Callable], Callable]
@@ -113,6 +115,14 @@ def _head_name(text: str) -> tuple[int, int]:
 
 def _head_or_number(text: str) -> tuple[int, int] | int:
     return int(text) if text.strip().isdigit() else _head_name(text)
+
+
+def _indices(text: str) -> list[int]:
+    """`0,2,5` as [0, 2, 5] (the model's indices, from 0)."""
+    parts = [p.strip() for p in str(text).split(",")]
+    if not all(p.isascii() and p.isdigit() for p in parts):
+        raise ValueError(f"{text!r} is not a list of indices; give whole numbers from 0, separated by commas (0,2,5)")
+    return [int(p) for p in parts]
 
 
 def _head_names(text: str) -> list[tuple[int, int]]:
@@ -197,6 +207,29 @@ def heads(*, help: str = "Heads, e.g. L16H0,L18H6.") -> Decorator:
                         callback=parsed(_head_names, "--heads"))
 
 
+def select() -> Decorator:
+    """--layers 0,2 and --heads 0,3: the layers kept, and the heads kept in each of them, by the model's indices
+    (`probe.maps.select_layers` / `select_heads` check them against the model)."""
+    return _together(
+        click.option("--layers", "layers", default=None, metavar="N,...", callback=parsed(_indices, "--layers"),
+                     help="Only these layers (model indices from 0, e.g. 0,5); default: every attention layer."),
+        click.option("--heads", "heads", default=None, metavar="N,...", callback=parsed(_indices, "--heads"),
+                     help="Only these heads of each layer (indices from 0, e.g. 0,3); default: all."))
+
+
+def maps_out() -> Decorator:
+    """--out FILE (required): attention maps, as .safetensors, .npz, .pt or .parquet by the suffix
+    (`probe.mapfiles.MAP_FORMATS`), and --force to replace a maps file headscope wrote (never another file).
+    Checked before any model loads."""
+    return _together(
+        click.option("--force", is_flag=True, is_eager=True, expose_value=False, callback=remember_force,
+                     help="Replace an existing attention file that headscope wrote (never any other file)."),
+        click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
+                     callback=check_maps_path, metavar="FILE",
+                     help="The file to write: .safetensors, .npz, .pt or .parquet by the suffix (missing folders "
+                          "are created)."))
+
+
 def out() -> Decorator:
     """--out FILE: the command's full table, as .csv, .parquet or .json, and --force to replace one.
 
@@ -277,7 +310,7 @@ def device() -> Decorator:
 # Every group by name, with its defaults: what `options("corpus", ...)` looks up.
 GROUPS: dict[str, Callable[[], Decorator]] = {
     "model": model, "models": models, "corpus": corpus, "limit": limit, "level": level, "special": special,
-    "batching": batching, "seed": seed, "top": top, "truncate": truncate, "head": head, "heads": heads, "out": out,
+    "batching": batching, "seed": seed, "top": top, "truncate": truncate, "head": head, "heads": heads, "select": select, "out": out, "maps_out": maps_out,
     "figure": figure, "json": json, "quiet": quiet, "verify": verify, "image": image, "attention": attention,
     "device": device,
 }

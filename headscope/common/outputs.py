@@ -19,7 +19,7 @@ import click
 from .exits import fail
 from .interrupts import committed
 
-__all__ = ["TABLE_WRITERS", "write_table", "writable_or_fail", "new_file_or_fail", "claim_output", "check_table_path",
+__all__ = ["TABLE_WRITERS", "write_table", "check_maps_path", "writable_or_fail", "new_file_or_fail", "claim_output", "check_table_path",
            "remember_force", "new_figure_or_fail", "check_out", "echo_json", "say", "attention_note"]
 
 
@@ -65,6 +65,28 @@ def check_table_path(ctx, param, value: Path | None) -> Path | None:
     if value.is_dir():
         fail(f"--out {value} is a folder; give a file name ending in {', '.join(TABLE_WRITERS)}")
     new_file_or_fail(value, "--out")
+    return value
+
+
+def check_maps_path(ctx, param, value: Path | None) -> Path | None:
+    """The click callback of `headscope extract --out FILE`: an attention-maps file (`probe.mapfiles`), checked
+    before any model loads. An existing file is replaced only with --force and only when headscope wrote it;
+    a format whose library is missing (pyarrow for .parquet) is refused now, not after the compute."""
+    if value is None:
+        return None
+    from importlib.util import find_spec
+
+    from headscope.probe.mapfiles import check_target
+
+    writable_or_fail(value, "--out")  # first: a name too long for the file system cannot even be looked at
+    try:
+        fmt = check_target(value, force=ctx.meta.get(_FORCE, False))
+    except ValueError as exc:
+        fail(f"--out {exc}")
+    if fmt.needs and find_spec(fmt.needs) is None:
+        fail(f"--out {value}: a {fmt.suffix} file needs {fmt.needs} (pip install {fmt.needs}); or write "
+             ".safetensors or .npz")
+    claim_output(value, "--out", folder=False)
     return value
 
 
@@ -217,7 +239,9 @@ def attention_note(meta: dict) -> str | None:
     how = meta.get("attention")
     if not how:
         return None
-    line = (f"attention: {how['recompute']} of {how['eager'] + how['recompute']} texts recomputed in blocks "
+    from headscope.probe.wording import counted
+
+    line = (f"attention: {how['recompute']} of {counted(how['eager'] + how['recompute'], 'text')} recomputed in blocks "
             f"(--attention {how['asked']}, budget {how['budget'] / 1e9:.2f} GB)")
     check = meta.get("check")
     return f"{line}; {check['summary']}" if check else line

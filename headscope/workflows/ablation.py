@@ -27,7 +27,7 @@ from typing import Literal, Sequence
 import pandas as pd
 import torch
 
-from tqdm.auto import tqdm
+from headscope.probe.progress import progress as progress_bar
 
 from headscope.analyses.ablation import AblationResult, ChoiceCheck, random_head_sets
 from headscope.analyses.evidence import AblationEvidence
@@ -124,11 +124,12 @@ def _means(lm: LoadedModel, method: str, corpus, reference, batch_size: int) -> 
 def ablate(lm: LoadedModel, heads: Sequence[tuple[int, int]], *, method: AblationMethod = "zero",
            corpus: Sequence[str] | None = None, task: Task | None = None,
            word: str | None = None, reference: Sequence[str] | None = None, n_random: int = 19, seed: int = 0,
-           batch_size: int = 8) -> AblationResult:
+           batch_size: int = 8, progress: bool = False) -> AblationResult:
     """Ablate `heads`, then `n_random` random sets of as many other heads, and compare the effects.
 
     `reference` texts give the heads' mean outputs for `method="mean"` (default: the corpus, or the
     first 64 texts of the built-in corpus for a task). With 19 random sets the smallest p is 0.05.
+    `progress`: a bar on stderr, one step per pass (the clean one, the heads', each random set's).
 
     >>> from headscope.probe.tiny import tiny_model
     >>> r = ablate(tiny_model("gpt2"), [(1, 0)], corpus=["The cat sat on the mat."], n_random=3)
@@ -139,7 +140,7 @@ def ablate(lm: LoadedModel, heads: Sequence[tuple[int, int]], *, method: Ablatio
     measure, settings = effect_task(lm, corpus=corpus, task=task, word=word, batch_size=batch_size)
     means = _means(lm, method, corpus, reference, batch_size)
     clean, ablated, _, random_readouts = _readouts(lm, heads, measure, method=method, means=means, n_random=n_random,
-                                                   seed=seed)
+                                                   seed=seed, progress=progress)
     effect = measure.change(clean, ablated)
     random_effects = tuple(measure.change(clean, r) for r in random_readouts)
     baseline = float(clean.double().mean()) if clean.dim() == 1 else 1.0
@@ -150,7 +151,7 @@ def ablate(lm: LoadedModel, heads: Sequence[tuple[int, int]], *, method: Ablatio
 
 def choice_check(lm: LoadedModel, heads: Sequence[tuple[int, int]], choice: Choice, *,
                  method: AblationMethod = "zero", reference: Sequence[str] | None = None, n_random: int = 19,
-                 seed: int = 0, batch_size: int = 8) -> ChoiceCheck:
+                 seed: int = 0, batch_size: int = 8, progress: bool = False) -> ChoiceCheck:
     """Ablate `heads`, then `n_random` random sets of as many other heads, and keep every example's preference.
 
     The random sets are `ablate`'s for the same seed; with 19 of them the smallest p is 0.05.
@@ -159,7 +160,7 @@ def choice_check(lm: LoadedModel, heads: Sequence[tuple[int, int]], choice: Choi
     measure, _ = effect_task(lm, task=choice, batch_size=batch_size)
     means = _means(lm, method, None, reference, batch_size)
     clean, ablated, _, random_readouts = _readouts(lm, heads, measure, method=method, means=means, n_random=n_random,
-                                                   seed=seed)
+                                                   seed=seed, progress=progress)
 
     def values(t: torch.Tensor) -> tuple[float, ...]:
         return tuple(float(v) for v in t)
@@ -177,20 +178,26 @@ def _checked(lm: LoadedModel, heads, n_random: int) -> tuple[tuple[int, int], ..
     return heads
 
 
-def _readouts(lm: LoadedModel, heads, measure: EffectTask, *, method: AblationMethod, means, n_random: int, seed: int):
-    """(clean readout, readout with `heads` ablated, the random sets, their readouts)."""
-    prefix = CleanPrefix(lm)  # layers below an ablated set's first are the clean pass's: replayed, not rerun
-    with prefix.recording():
-        clean = measure.read(lm)
-
-    def read_with(chosen) -> torch.Tensor:
-        with ablate_heads(lm, chosen, method=method, means=means):
-            return prefix.read(lambda: measure.read(lm), min(l for l, _ in chosen))
-
+def _readouts(lm: LoadedModel, heads, measure: EffectTask, *, method: AblationMethod, means, n_random: int, seed: int,
+              progress: bool = False):
+    """(clean readout, readout with `heads` ablated, the random sets, their readouts); `progress`: a bar, one step
+    per pass."""
     sets = random_head_sets(lm.config.num_hidden_layers, lm.config.num_attention_heads, heads, len(heads), n_random,
                             seed=seed)
-    ablated = read_with(heads)
-    return clean, ablated, sets, tuple(read_with(s) for s in sets)
+    prefix = CleanPrefix(lm)  # layers below an ablated set's first are the clean pass's: replayed, not rerun
+    with progress_bar(total=2 + len(sets), desc=f"{lm.name} ablation", unit="pass", enabled=progress) as bar:
+        with prefix.recording():
+            clean = measure.read(lm)
+        bar.update()
+
+        def read_with(chosen) -> torch.Tensor:
+            with ablate_heads(lm, chosen, method=method, means=means):
+                out = prefix.read(lambda: measure.read(lm), min(l for l, _ in chosen))
+            bar.update()
+            return out
+
+        ablated = read_with(heads)
+        return clean, ablated, sets, tuple(read_with(s) for s in sets)
 
 
 def ablate_each(lm: LoadedModel, *, method: AblationMethod = "zero", corpus: Sequence[str] | None = None,
@@ -209,7 +216,7 @@ def ablate_each(lm: LoadedModel, *, method: AblationMethod = "zero", corpus: Seq
         clean = measure.read(lm)
     n_heads = lm.config.num_attention_heads
     heads = [(l, h) for l in range(lm.config.num_hidden_layers) for h in range(n_heads)]
-    bar = tqdm(total=len(heads), desc=f"{lm.name} single-head ablations", unit="head", disable=not progress)
+    bar = progress_bar(total=len(heads), desc=f"{lm.name} single-head ablations", unit="head", enabled=progress)
     width = max(1, min(n_heads, STACK_BYTES // max(measure.copy_bytes, 1))) if measure.stacked is not None else 1
     readouts: dict[tuple[int, int], torch.Tensor] = {}
     checked = False
@@ -240,9 +247,11 @@ def ablate_each(lm: LoadedModel, *, method: AblationMethod = "zero", corpus: Seq
                           "effect": measure.change(clean, readouts[(l, h)])} for l, h in heads])
 
 
-def importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False):
-    """Gradient head importance (`probe.importance.gradient_importance`); `.to_frame()` gives tidy rows."""
-    return gradient_importance(lm, texts, batch_size=batch_size, truncate=truncate)
+def importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False,
+               progress: bool = False):
+    """Gradient head importance (`probe.importance.gradient_importance`); `.to_frame()` gives tidy rows;
+    `progress`: a bar on stderr."""
+    return gradient_importance(lm, texts, batch_size=batch_size, truncate=truncate, progress=progress)
 
 
 def ablation_evidence(lm: LoadedModel, texts: Sequence[str], scores=None, probes: Sequence = (), *,

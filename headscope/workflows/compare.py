@@ -19,6 +19,7 @@ from headscope.probe.encoding import check_texts, encode_many
 from headscope.probe.loading import load_model
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Level
+from headscope.probe.progress import progress as progress_bar
 from headscope.probe.sources import source_for
 
 __all__ = ["IncompatibleModels", "compare_models", "check_compatible"]
@@ -42,18 +43,20 @@ def compare_models(
     dtype: str = "float32",
     attention: Attention = DEFAULT_ATTENTION,
     budget: int | None = None,
+    progress: bool = False,
 ) -> HeadComparison:
     """Per-head metric differences B - A over `texts` (see `analyses.compare` for the rule).
 
     `attention`/`budget`: where each model's attention comes from (`probe.sources`); every text's whole
-    map is scored, so a recomputed text's map is assembled from blocks.
+    map is scored, so a recomputed text's map is assembled from blocks. `progress`: a bar per model on stderr.
     """
     texts = check_texts(texts)
     lm_a = a if isinstance(a, LoadedModel) else load_model(a, device=device, dtype=dtype)
     lm_b = b if isinstance(b, LoadedModel) else load_model(b, device=device, dtype=dtype)
     check_compatible(lm_a, lm_b, texts, truncate=truncate)
-    tables = [per_text_scores(source_for(lm, attention, budget=budget, batch_size=batch_size)
-                              .iter_maps(texts, level=level, truncate=truncate),
+    tables = [per_text_scores(progress_bar(source_for(lm, attention, budget=budget, batch_size=batch_size)
+                                           .iter_maps(texts, level=level, truncate=truncate), enabled=progress,
+                                           total=len(texts), desc=f"{lm.name} heads", unit="text"),
                               level=level, include_special=include_special) for lm in (lm_a, lm_b)]
     return compare_scores(*tables, a_name=lm_a.name, b_name=lm_b.name, alpha=alpha)
 

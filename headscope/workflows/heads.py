@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Iterable, Mapping
 
-from tqdm.auto import tqdm
+from headscope.probe.progress import progress as progress_bar
 
 from headscope.analyses.heads import HeadScoreAccumulator, HeadScores
 from headscope.analyses.induction import repeated_random_tokens
@@ -92,7 +92,7 @@ def heads(
     texts = shard(texts, world)
     if progress:
         total = None if total is None else shard_length(total, world)
-        texts = tqdm(texts, total=total, desc=f"{lm.name} heads", unit="text")
+        texts = progress_bar(texts, total=total, desc=f"{lm.name} heads", unit="text")
     with together(world):
         for item in attend.texts(texts, level=level, truncate=truncate, window=window, weight=weight, batched=True):
             if isinstance(item, TextBlocks):

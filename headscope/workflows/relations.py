@@ -13,14 +13,13 @@ a recomputed text keeps only its sources' query rows (`analyses.coref.query_rows
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from dataclasses import replace
 from typing import Sequence
 
 import torch
 
-from tqdm import tqdm
+from headscope.probe.progress import progress as progress_bar
 
 from headscope.analyses.coref import (CAUSAL_REASON, Excluded, ProbeResult, ProbeScores, candidate_units,
                                       collect_scores, concat_scores, query_rows, score_probe)
@@ -92,7 +91,7 @@ def extract_scores(lm: LoadedModel, examples: Sequence[RelationExample], *, leve
     def pairs():
         maps = iter_extract(lm, eager, level=level, batch_size=batch_size, window=2)
         if progress:
-            maps = tqdm(maps, total=len(eager), desc=f"{lm.name} attention", unit="text", file=sys.stderr)
+            maps = progress_bar(maps, total=len(eager), desc=f"{lm.name} attention", unit="text")
         for text, amap in zip(eager, maps):
             for ex in by_text[text]:
                 yield ex, amap

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
@@ -46,8 +46,9 @@ from .heads import heads
 from .relations import probe_sets
 from .sinks import default_streaming_text, sinks, streaming
 from .syntax import syntax, syntax_clusters
+from headscope.probe.wording import counted
 
-__all__ = ["RunSettings", "analyse_model", "corpus_stats", "REPORT_SENTENCES", "DEFAULT_TARGETS"]
+__all__ = ["RunSettings", "analyse_model", "corpus_stats", "REPORT_SENTENCES", "DEFAULT_TARGETS", "settings_display"]
 
 # The sentences of the explorer and the attention figures: the it -> animal sentence, its "too
 # wide" twin (where "it" is the street), and the textbook 我爱北京天安门.
@@ -60,6 +61,21 @@ REPORT_SENTENCES = (
 # What an encoder–decoder model's decoder reads when no targets are given: each report sentence itself
 # (teacher-forced, as if it were the model's own output), so cross-attention has something to show.
 DEFAULT_TARGETS = "each report sentence itself (no --target given)"
+
+
+def settings_display(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """`settings` as the report's settings list shows them: a setting left unset (None; run.json records null)
+    says what the run did instead of an empty row.
+
+    >>> settings_display({"limit": None, "memory_budget": 2 * 10**9, "ablation": None, "seed": 0})["limit"]
+    'none (every text)'
+    """
+    from headscope.probe.sources import memory_budget
+
+    unset = {"limit": lambda: "none (every text)",
+             "memory_budget": lambda: f"a quarter of RAM ({memory_budget() / 1e9:.1f} GB)",
+             "ablation": lambda: "encoders only (one pass per head is cheap there; a decoder needs --ablation)"}
+    return {k: unset[k]() if v is None and k in unset else v for k, v in settings.items()}
 
 
 @dataclass(frozen=True)
@@ -173,6 +189,7 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
     notes: list[str] = [note for note in [hybrid_note(lm)] if note]
     verification: Verification | None
     try:
+        say(f"{lm.name}: verifying its attention against a from-scratch recomputation ...")
         verification = stage.run("verify", verify, lm, truncate=settings.truncate)
         say(f"{lm.name}: {verification.summary()} ({stage.seconds['verify']:.1f} s)")
     except (UnsupportedArchitecture, UnsupportedFeature) as exc:
@@ -185,10 +202,10 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
                        seed=settings.seed, truncate=settings.truncate, progress=progress, total=len(texts),
                        attention=settings.attention, budget=settings.memory_budget, world=world)
     scores.meta["corpus"] = settings.corpus
-    say(f"{lm.name}: head scores over {scores.n_texts} texts, {len(scores.roles)} roles "
+    say(f"{lm.name}: head scores over {counted(scores.n_texts, 'text')}, {counted(len(scores.roles), 'role')} "
         f"({stage.seconds['heads']:.1f} s)")
     if how := scores.meta.get("attention"):  # the mode chosen (also in run.json: the heads' meta)
-        say(f"{lm.name}: attention {how['asked']}: {how['eager']} texts eager, {how['recompute']} recomputed in "
+        say(f"{lm.name}: attention {how['asked']}: {counted(how['eager'], 'text')} eager, {how['recompute']} recomputed in "
             f"blocks (memory budget {how['budget'] / 1e9:.2f} GB)")
     if scores.meta.get("check"):
         say(f"{lm.name}: {scores.meta['check']['summary']}")
@@ -197,7 +214,7 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
                             combined_task="coref-builtin", level=settings.level, folds=settings.folds,
                             n_perm=settings.permutations, seed=settings.seed, batch_size=settings.batch_size,
                             noun="pronouns", attention=settings.attention, budget=settings.memory_budget,
-                            world=world)
+                            world=world, progress=progress)
     probes = [main, *parts]  # the combined result first when there are several sets
     for p in probes:
         if not p.n:  # its tables would be empty and its rates nan
@@ -217,7 +234,7 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
                              n_random=settings.ablation_random, induction_k=settings.induction_k,
                              cloze_examples=settings.ablation_examples, seed=settings.seed,
                              batch_size=settings.batch_size, progress=progress)
-        say(f"{lm.name}: ablation evidence, every head ablated alone on {evidence.n_texts} texts "
+        say(f"{lm.name}: ablation evidence, every head ablated alone on {counted(evidence.n_texts, 'text')} "
             f"({stage.seconds['ablation']:.1f} s)")
 
     maps, pairs, norm_maps = stage.run("sentences", _report_attention, lm, settings)
@@ -290,7 +307,7 @@ def _analyse_images(lm: LoadedModel, settings: RunSettings, stage: _Stages, say)
     scores = stage.run("heads", score_corpus, maps, model=lm.name, level="token",
                        include_special=settings.include_special)
     scores.meta["corpus"] = f"{len(images)} image(s)"
-    say(f"{lm.name}: head scores over {len(maps)} images, {len(scores.roles)} roles ({stage.seconds['heads']:.1f} s)")
+    say(f"{lm.name}: head scores over {counted(len(maps), 'image')}, {counted(len(scores.roles), 'role')} ({stage.seconds['heads']:.1f} s)")
     notes = ["an image model: the heads are scored on the --image files, and the corpus, the coreference probe, "
              "ablation and sinks (which read texts) were not run; CLIP and SigLIP towers never attend to each other "
              "(there is no cross-attention between image and text)"]

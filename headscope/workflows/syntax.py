@@ -13,7 +13,6 @@ and only that head is decoded on every test sentence.
 
 from __future__ import annotations
 
-import sys
 from collections import Counter
 from pathlib import Path
 from typing import Sequence
@@ -21,7 +20,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from tqdm import tqdm
+from headscope.probe.progress import progress as progress_bar
 
 from headscope.analyses.syntax.clusters import head_clusters, head_distances
 from headscope.analyses.syntax.relations import SentenceAttention, summarise
@@ -75,7 +74,7 @@ def attend(lm: LoadedModel, sentences: Sequence[Sentence], *, keep: Sequence[int
     source = source or source_for(lm, "eager", batch_size=batch_size)
     maps = source.iter_maps(texts, level="word", segmenter=segmenter_for(chosen), window=4)
     if progress:
-        maps = tqdm(maps, total=len(chosen), desc=f"{lm.name} {desc}".strip(), unit="sentence", file=sys.stderr)
+        maps = progress_bar(maps, total=len(chosen), desc=f"{lm.name} {desc}".strip(), unit="sentence")
     decode = {fits.index(i) for i in set(match_trees) & set(fits)}
     records: list[SentenceAttention | None] = [None] * len(chosen)
     for k, amap in zip(by_length, maps):
