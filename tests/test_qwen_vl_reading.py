@@ -15,7 +15,7 @@ from headscope.probe.families import family_for
 from headscope.probe.mrope import qwen_vl_positions
 from headscope.probe.verify import verify
 
-TYPES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl"]
+TYPES = ["qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"]
 
 
 def _picture(seed: int, shape=(40, 52, 3)) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL (Qwen2VLForConditionalGeneration, ...): a vision encoder over flattened
+"""Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Qwen3-VL-MoE (Qwen2VLForConditionalGeneration, ...): a vision encoder over flattened
 patches with a 2-D rotary (Qwen2.5-VL: windows; Qwen3-VL: learned positions and deepstack features), a merger
 of 2 × 2 patches into one token, and a decoder with multimodal 3-D rotary positions (time, row, column).
 
@@ -30,6 +30,8 @@ VISION = {  # tiny vision encoders (as tests/test_qwen_vl.py builds them)
                        window_size=8, fullatt_block_indexes=[1]),
     "qwen3_vl": dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
                      num_position_embeddings=16, deepstack_visual_indexes=[0]),
+    "qwen3_vl_moe": dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                         num_position_embeddings=16, deepstack_visual_indexes=[0]),
 }
 
 
@@ -123,7 +125,8 @@ def _tiny_processor(cfg, tokenizer):
 
     from ._reading import composite
 
-    kind = "Qwen3VLProcessor" if composite(cfg).model_type == "qwen3_vl" else "Qwen2VLProcessor"
+    # Qwen3-VL-MoE's checkpoints name Qwen3VLProcessor (transformers has no processor of its own for them)
+    kind = "Qwen3VLProcessor" if composite(cfg).model_type in ("qwen3_vl", "qwen3_vl_moe") else "Qwen2VLProcessor"
     pixels = TINY_SIDE * TINY_SIDE
     images = transformers.Qwen2VLImageProcessorPil(
         size={"shortest_edge": pixels, "longest_edge": pixels}, patch_size=PATCH, merge_size=MERGE,
@@ -167,7 +170,7 @@ def _picture(cfg, inputs: dict, image: int) -> torch.Tensor:
 
 FAMILY = Family(
     name="qwen_vl",
-    model_types=("qwen2_vl", "qwen2_5_vl", "qwen3_vl"),
+    model_types=("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"),
     kind="decoder",
     features=("decoder: the qwen2_vl / qwen3_vl text family at the model's own 3-D positions (time, row, column)",
               "vision encoder: 2-D rotary, per image (Qwen2.5-VL: windows), verified on block outputs (its attention "
