@@ -159,6 +159,8 @@ HAND_GRID = {
     "idefics3": lambda cfg: (2, 2, "tile 0,0", lambda i, j: (i / 4, j / 4, (i + 1) / 4, (j + 1) / 4)),
     "smolvlm": lambda cfg: (2, 2, "tile 0,0", lambda i, j: (i / 4, j / 4, (i + 1) / 4, (j + 1) / 4)),
     "paligemma": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
+    # DeepSeek-VL: the picture padded to a square, one token per patch of it
+    "deepseek_vl": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
 }
 HAND_GRID_OF_INPUT = {"qwen2_vl": _qwen_grid, "qwen2_5_vl": _qwen_grid, "qwen3_vl": _qwen_grid, "qwen3_vl_moe": _qwen_grid}
 
@@ -174,8 +176,8 @@ def test_a_head_built_to_read_one_patch_lands_on_it_in_every_qwen_vl(model_type)
 
 def _one_patch(reading):
     """Head 0 of the last layer (full attention: no sliding window hides the image) is set so that the last token's query matches one image token's key alone: the image
-    token of cell (1, 2) (or (1, 1) of a 2 x 2 grid), found by hand: the first image token id in the processor's
-    ids, plus rows and columns of the family's grid. Its row's argmax must land there and carry that ImagePatch."""
+    token of cell (1, 2) (or (1, 1) of a 2 x 2 grid), found by hand: the image-token id at place row x columns + column
+    among the processor's ids, with the rows and columns of the family's grid. Its row's argmax must land there and carry that ImagePatch."""
     from headscope.probe.families import family_for
 
     lm = dataclasses.replace(reading, model=copy.deepcopy(reading.model))
@@ -191,7 +193,8 @@ def _one_patch(reading):
     last = lm.config.num_hidden_layers - 1
     [before] = extract(lm, text, images=images, layers=[last])
     cell = (1, min(2, cols - 1))
-    target = list(before.token_ids).index(image_id) + cell[0] * cols + cell[1]
+    # the cell's place among the image-token ids (a family may put a learned token that is not one between rows)
+    target = [t for t, i in enumerate(before.token_ids) if i == image_id][cell[0] * cols + cell[1]]
     x = _layer_input(lm, text, images, family, last).double()  # a layer's input does not depend on its attention
     one_hot = torch.zeros(x.shape[0], dtype=torch.float64)
     one_hot[target] = 1.0
