@@ -5,9 +5,11 @@ config, and the picture each token's cell lies on."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from conftest import _tiny
 from headscope.probe.extract import extract
+from headscope.probe.families import UnsupportedFeature, family_for
 
 
 def _picture(seed: int, shape) -> np.ndarray:
@@ -25,3 +27,24 @@ def test_deepseek_vl_reads_the_picture_padded_to_a_square():
     assert seen.shape == (32, 32, 3)
     np.testing.assert_allclose(seen[[0, -1]], 127 / 255, atol=1e-6)  # the padding above and below
     assert seen[16].std() > 0.05  # the picture itself in the middle
+
+
+def test_janus_puts_each_images_patches_between_its_markers():
+    """Janus: <begin_of_image>, one token per 8 x 8 patch of the 32 x 32 square (16), <end_of_image>; the markers
+    are on no cell."""
+    lm = _tiny("janus")
+    [m] = extract(lm, "A <image_placeholder> and <image_placeholder> two", images=[_picture(1, (40, 52, 3)),
+                                                                               _picture(2, (20, 20, 3))])
+    for k in (0, 1):
+        start = [i for i, label in enumerate(m.labels) if label == "<begin_of_image>"][k]
+        assert m.labels[start + 17] == "<end_of_image>"
+        assert [m.patches[start + 1 + j] for j in range(16)] == [
+            type(m.patches[start + 1])(k, r, c, 4, 4) for r in range(4) for c in range(4)]
+        assert m.patches[start] is None and m.patches[start + 17] is None
+
+
+def test_janus_refuses_its_vision_qk_norm_by_name():
+    cfg = _tiny("janus").model.config.__class__.from_dict(_tiny("janus").model.config.to_dict())
+    cfg.vision_config.use_qk_norm = True
+    with pytest.raises(UnsupportedFeature, match="use_qk_norm=True"):
+        family_for(cfg)
