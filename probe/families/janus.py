@@ -49,7 +49,8 @@ def _tiny_config(vocab: int, model_type: str):
     # the tokenizer's last three tokens are <image_placeholder>, <begin_of_image>, <end_of_image>
     from . import family_of_type
 
-    text = family_of_type("llama").tiny_config(vocab, "llama").to_dict()
+    kind = AutoConfig.for_model(model_type).text_config.model_type  # the decoder type Janus's config defaults to
+    text = family_of_type(kind).tiny_config(vocab, kind).to_dict()
     width = text["hidden_size"]
     vision = tiny_vision_config("janus_vision_model", projection_dim=width, depth=2).to_dict()
     vision["num_image_tokens"] = (vision["image_size"] // vision["patch_size"]) ** 2
