@@ -48,3 +48,12 @@ def test_janus_refuses_its_vision_qk_norm_by_name():
     cfg.vision_config.use_qk_norm = True
     with pytest.raises(UnsupportedFeature, match="use_qk_norm=True"):
         family_for(cfg)
+
+
+def test_vipllava_drops_the_cls_token_and_reads_several_tower_layers():
+    """ViP-LLaVA: the 32 x 32 picture's 4 x 4 patches, 16 image tokens (the tower's CLS is never read), and the
+    projector takes the concatenated features of both tiny layers (2 x 32 wide)."""
+    lm = _tiny("vipllava")
+    [m] = extract(lm, "A <image> one", images=[_picture(3, (40, 52, 3))])
+    assert sum(p is not None for p in m.patches) == 16 and "<image_cls>" not in m.labels
+    assert lm.model.model.multi_modal_projector.linear_1.in_features == 2 * lm.model.config.vision_config.hidden_size
