@@ -161,6 +161,9 @@ HAND_GRID = {
     "paligemma": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
     # DeepSeek-VL: the picture padded to a square, one token per patch of it
     "deepseek_vl": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
+    # InternVL: the 40 x 52 picture's closest grid of at most 4 tiles is 2 x 2 (aspect 1.3: 1 x 1 and 2 x 2 tie at
+    # 0.3, and 40 x 52 pixels > half of four 32 x 32 tiles); tile (0, 0)'s 8 x 8 patches shuffle into 4 x 4 tokens
+    "internvl": lambda cfg: (4, 4, "tile 0,0", lambda i, j: (i / 8, j / 8, (i + 1) / 8, (j + 1) / 8)),
     "vipllava": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
     "janus": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
 }
@@ -227,8 +230,9 @@ def test_folder_round_trip_loads_the_processor(reading, tmp_path):
 
     reading.model.save_pretrained(tmp_path)
     reading.processor.save_pretrained(tmp_path)
-    if reading.model_type == "llava_onevision" and importlib.util.find_spec("torchvision") is None:
-        # transformers 5.25 loads LlavaOnevisionProcessor only with its video processor, which needs torchvision
+    if reading.model_type in ("llava_onevision", "internvl") and importlib.util.find_spec("torchvision") is None:
+        # transformers 5.25 loads LlavaOnevisionProcessor and InternVLProcessor only with their video processor,
+        # which needs torchvision
         from headscope.probe.registry import ModelNotAvailable
 
         with pytest.raises(ModelNotAvailable, match="video processor"):

@@ -57,3 +57,51 @@ def test_vipllava_drops_the_cls_token_and_reads_several_tower_layers():
     [m] = extract(lm, "A <image> one", images=[_picture(3, (40, 52, 3))])
     assert sum(p is not None for p in m.patches) == 16 and "<image_cls>" not in m.labels
     assert lm.model.model.multi_modal_projector.linear_1.in_features == 2 * lm.model.config.vision_config.hidden_size
+
+
+def test_internvl_tiles_a_wide_picture_in_one_row_then_its_thumbnail():
+    """InternVL: a 30 x 100 picture (aspect 3.33) is cut into the grid of at most 4 tiles closest to it, 3 columns x
+    1 row (aspect 3: off by 0.33; 4 x 1 is off by 0.67); each 32 x 32 tile's 8 x 8 patches shuffle 2 x 2 into 4 x 4
+    tokens, the thumbnail's too: 4 x 16 = 64 image tokens between <img> and </img>. The tiles' cells cover the
+    picture exactly once."""
+    lm = _tiny("internvl")
+    [m] = extract(lm, "A <IMG_CONTEXT> wide one", images=[_picture(4, (30, 100, 3))])
+    start, end = m.labels.index("<img>"), m.labels.index("</img>")
+    cells = m.patches[start + 1 : end]
+    assert len(cells) == 64 and all(p is not None for p in cells)
+    assert [p.view for p in cells[::16]] == ["tile 0,0", "tile 0,1", "tile 0,2", "thumbnail"]
+    tiles = [p for p in cells if p.view != "thumbnail"]
+    assert sum((p.box[2] - p.box[0]) * (p.box[3] - p.box[1]) for p in tiles) == pytest.approx(1.0)
+    assert len({p.box for p in tiles}) == 48
+    last = tiles[-1]  # tile (0, 2), cell (3, 3): the picture's bottom-right corner
+    assert last.box == pytest.approx((0.75, 2 / 3 + 0.75 / 3, 1.0, 1.0))
+    assert m.pictures[0].shape == (32, 32, 3)  # the thumbnail: the whole picture as one tile
+
+
+def test_internvl_reads_a_small_picture_whole():
+    """A 20 x 20 picture fits one tile: read whole (no thumbnail), one 4 x 4 grid over the picture."""
+    lm = _tiny("internvl")
+    [m] = extract(lm, "A <IMG_CONTEXT> small one", images=[_picture(5, (20, 20, 3))])
+    cells = [p for p in m.patches if p is not None]
+    assert [(p.row, p.col, p.rows, p.cols, p.view) for p in cells] == [(i, j, 4, 4, "base") for i in range(4)
+                                                                        for j in range(4)]
+
+
+def test_internvl_vision_q_k_norm_is_part_of_the_recomputation():
+    """The tiny InternViT normalises its whole q and k projections (use_qk_norm): the vision layers recomputed
+    without that norm fail."""
+    import dataclasses
+
+    from headscope.probe.verify import verify
+
+    lm = _tiny("internvl")
+    family = family_for(lm.config)
+    vl = family.vision_language
+    plain = dataclasses.replace(vl.vision, layer_spec=lambda base, i, cfg: dataclasses.replace(
+        vl.vision.layer_spec(base, i, cfg), q_norm=None, k_norm=None))
+    broken = dataclasses.replace(family, vision_language=dataclasses.replace(vl, vision=plain))
+    images = [_picture(6, (40, 52, 3))]
+    assert verify(lm, ["A <IMG_CONTEXT> one"], images=images).passed
+    v = verify(lm, ["A <IMG_CONTEXT> one"], images=images, family=broken)
+    assert not any(c.passed for c in v.layers if c.kind == "vision")
+    assert all(c.passed for c in v.layers if c.kind == "decoder")

@@ -112,7 +112,8 @@ class VisionLanguage:
 
     `vision` addresses the image encoder's layers on the base model (kind "vision"); `vision_family` names the
     image-encoder family that verifies them. `image_units(config, inputs, image)` gives image `image`'s units in
-    token order, from the processor's outputs `inputs` for one text: an `ImagePatch` for a token on the picture,
+    token order, from the processor's outputs `inputs` for one text (with `inputs["picture_sizes"]`: each
+    picture's (height, width) before the processor): an `ImagePatch` for a token on the picture,
     a label string for one that is not (`<image_newline>`, a CLS token). `blocks(config, token_type_ids, ids,
     layer)` gives the decoder mask's bidirectional blocks of one layer, (B, T) ids where a query and a key of one
     block >= 0 see each other both ways (Gemma 3's images, PaliGemma's prefix), or None (causal only).
