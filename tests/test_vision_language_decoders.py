@@ -164,6 +164,8 @@ HAND_GRID = {
     # InternVL: the 40 x 52 picture's closest grid of at most 4 tiles is 2 x 2 (aspect 1.3: 1 x 1 and 2 x 2 tie at
     # 0.3, and 40 x 52 pixels > half of four 32 x 32 tiles); tile (0, 0)'s 8 x 8 patches shuffle into 4 x 4 tokens
     "internvl": lambda cfg: (4, 4, "tile 0,0", lambda i, j: (i / 8, j / 8, (i + 1) / 8, (j + 1) / 8)),
+    # Aya Vision: InternVL's 2 x 2 tiles of the 40 x 52 picture; each tile's 4 x 4 patches shuffle into 2 x 2 tokens
+    "aya_vision": lambda cfg: (2, 2, "tile 0,0", lambda i, j: (i / 4, j / 4, (i + 1) / 4, (j + 1) / 4)),
     "vipllava": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
     "janus": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
 }

@@ -105,3 +105,17 @@ def test_internvl_vision_q_k_norm_is_part_of_the_recomputation():
     v = verify(lm, ["A <IMG_CONTEXT> one"], images=images, family=broken)
     assert not any(c.passed for c in v.layers if c.kind == "vision")
     assert all(c.passed for c in v.layers if c.kind == "decoder")
+
+
+def test_aya_vision_names_each_tile_then_the_global_image():
+    """Aya Vision: a 30 x 100 picture in 3 x 1 tiles (as InternVL's), each 32 x 32 tile's 4 x 4 patches shuffled 2 x 2
+    into 2 x 2 tokens: <|START_OF_IMG|>, TILE_1 and tile (0, 0)'s 4 tokens, TILE_2 ..., TILE_3 ..., TILE_GLOBAL and
+    the thumbnail's 4, <|END_OF_IMG|>; the TILE_ texts are the processor's (special), on no cell."""
+    lm = _tiny("aya_vision")
+    [m] = extract(lm, "A <image> wide one", images=[_picture(4, (30, 100, 3))])
+    start, end = m.labels.index("<|START_OF_IMG|>"), m.labels.index("<|END_OF_IMG|>")
+    cells = [p for p in m.patches[start:end] if p is not None]
+    assert [p.view for p in cells] == ["tile 0,0"] * 4 + ["tile 0,1"] * 4 + ["tile 0,2"] * 4 + ["thumbnail"] * 4
+    text = "".join(label for label, p in zip(m.labels[start + 1 : end], m.patches[start + 1 : end]) if p is None)
+    assert text == "TILE_1TILE_2TILE_3TILE_GLOBAL" and all(m.special[start:end + 1])
+    assert cells[7].box == pytest.approx((0.5, 1 / 3 + 0.5 / 3, 1.0, 2 / 3))  # tile (0, 1), cell (1, 1)

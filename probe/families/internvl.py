@@ -81,22 +81,17 @@ def _tiles(cfg, inputs: dict) -> list[int]:
     return [n // (g * g) for n in runs]
 
 
-def _grid(cfg, size: tuple[int, int], n: int) -> tuple[int, int]:
-    """(rows, columns) of the `n` tiles the processor cut a picture of `size` (H, W) into: transformers' choice
-    among the grids of exactly `n` tiles."""
+def tiled_units(image: int, g: int, n: int, size: tuple[int, int], tile: int) -> list:
+    """Image `image`'s units when the processor (GotOcr2's `crop_to_patches`) read it as `n` frames of `tile`
+    pixels a side, each a g × g grid of tokens: one frame, the picture read whole (view "base"); more, the tiles
+    row by row (view "tile r,c", each cell's box its place on the picture), then the thumbnail. The grid of the
+    n - 1 tiles is transformers' own choice (`get_optimal_tiled_canvas`) for a picture of `size` (H, W) among the
+    grids of exactly that many tiles: the processor's, since it chose the closest of a wider set."""
     from transformers.models.got_ocr2.image_processing_pil_got_ocr2 import get_optimal_tiled_canvas
 
-    side = cfg.vision_config.image_size[0]
-    cols, rows = get_optimal_tiled_canvas(size, (side, side), n, n)
-    return rows, cols
-
-
-def _image_units(cfg, inputs: dict, image: int) -> list:
-    g = _side(cfg)
-    n = _tiles(cfg, inputs)[image]
-    if n == 1:  # read whole: one tile, no thumbnail
+    if n == 1:
         return [ImagePatch(image, i, j, g, g) for i in range(g) for j in range(g)]
-    rows, cols = _grid(cfg, tuple(inputs["picture_sizes"][image]), n - 1)
+    cols, rows = get_optimal_tiled_canvas(size, (tile, tile), n - 1, n - 1)
     units: list = []
     for r in range(rows):
         for c in range(cols):
@@ -104,6 +99,11 @@ def _image_units(cfg, inputs: dict, image: int) -> list:
                                  box=((r + i / g) / rows, (c + j / g) / cols, (r + (i + 1) / g) / rows,
                                       (c + (j + 1) / g) / cols)) for i in range(g) for j in range(g)]
     return units + [ImagePatch(image, i, j, g, g, view="thumbnail") for i in range(g) for j in range(g)]
+
+
+def _image_units(cfg, inputs: dict, image: int) -> list:
+    return tiled_units(image, _side(cfg), _tiles(cfg, inputs)[image], tuple(inputs["picture_sizes"][image]),
+                       cfg.vision_config.image_size[0])
 
 
 def _picture(cfg, inputs: dict, image: int) -> torch.Tensor:
