@@ -383,7 +383,8 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
     encoded = encode_with_images(lm, texts, check_images(images))
     reading = family.vision_language
     decoder = reading.decoder or Stack(kind="decoder", layer_spec=family.layer_spec, attention=family.attention,
-                                       out_proj=family.out_proj, n_layers=family.n_layers)
+                                       out_proj=family.out_proj, n_layers=family.n_layers,
+                                       layers=family.attention_layers)  # a hybrid decoder: its attention layers
     hooked = () if reading.vision_outputs is not None else (reading.vision,)  # no weights: checked on outputs
     stacks = (*hooked, decoder, *((reading.cross,) if reading.cross is not None else ()))
     base, cfg = base_model(lm), lm.config

@@ -169,14 +169,15 @@ HAND_GRID = {
     "vipllava": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
     "janus": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
 }
-HAND_GRID_OF_INPUT = {"qwen2_vl": _qwen_grid, "qwen2_5_vl": _qwen_grid, "qwen3_vl": _qwen_grid, "qwen3_vl_moe": _qwen_grid}
+HAND_GRID_OF_INPUT = {"qwen2_vl": _qwen_grid, "qwen2_5_vl": _qwen_grid, "qwen3_vl": _qwen_grid, "qwen3_vl_moe": _qwen_grid,
+                      "qwen3_5": _qwen_grid, "qwen3_5_moe": _qwen_grid}
 
 
 def test_a_head_built_to_read_one_patch_lands_on_it(reading):
     _one_patch(reading)
 
 
-@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe"])  # qwen2_vl is READING's qwen_vl
+@pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"])  # qwen2_vl is READING's qwen_vl
 def test_a_head_built_to_read_one_patch_lands_on_it_in_every_qwen_vl(model_type):
     _one_patch(_tiny_type(model_type))
 

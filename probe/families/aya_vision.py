@@ -28,7 +28,8 @@ from .idefics3 import frames
 from .internvl import tiled_units
 from . import Family, VisionLanguage
 
-IMAGE, START, END, PATCH_TOKEN, BREAK = "<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>", "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>"
+IMAGE, START, END = "<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>"
+PATCH_TOKEN, BREAK = "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>"
 TILE, MOST = 32, 4  # tiny models: 32 x 32 tiles, at most 4 a picture
 
 
