@@ -119,3 +119,27 @@ def test_aya_vision_names_each_tile_then_the_global_image():
     text = "".join(label for label, p in zip(m.labels[start + 1 : end], m.patches[start + 1 : end]) if p is None)
     assert text == "TILE_1TILE_2TILE_3TILE_GLOBAL" and all(m.special[start:end + 1])
     assert cells[7].box == pytest.approx((0.5, 1 / 3 + 0.5 / 3, 1.0, 2 / 3))  # tile (0, 1), cell (1, 1)
+
+
+@pytest.mark.parametrize("shape", [(30, 100, 3), (100, 30, 3), (60, 64, 3)])
+def test_internvl_each_tile_cell_shows_the_pixels_the_processor_cut_there(shape):
+    """The tiles' grid read from the layout is the processor's own: the picture stretched onto that grid (PIL's
+    bicubic resize, done here) and cut at each tile's box gives the pixels the processor put in that tile."""
+    from PIL import Image
+
+    lm = _tiny("internvl")
+    picture = (_picture(7, shape) * 255).astype(np.uint8)
+    [m] = extract(lm, "A <IMG_CONTEXT> one", images=[picture])
+    tiles = [p for p in m.patches if p is not None and p.view.startswith("tile")]
+    rows = 1 + max(int(p.view.split()[1].split(",")[0]) for p in tiles)
+    cols = 1 + max(int(p.view.split(",")[1]) for p in tiles)
+    out = lm.processor(text=["A <IMG_CONTEXT> one"], images=[picture], return_tensors="pt")
+    assert out["pixel_values"].shape[0] == rows * cols + 1  # the tiles and the thumbnail
+    stretched = np.asarray(Image.fromarray(picture).resize((32 * cols, 32 * rows), Image.BICUBIC), dtype=np.float32)
+    stretched = (stretched / 255 - 0.5) / 0.5
+    for k in range(rows * cols):
+        r, c = divmod(k, cols)
+        first = next(p for p in tiles if p.view == f"tile {r},{c}")
+        assert first.box == pytest.approx((r / rows, c / cols, (r + 0.25) / rows, (c + 0.25) / cols))
+        mine = stretched[32 * r : 32 * (r + 1), 32 * c : 32 * (c + 1)].transpose(2, 0, 1)
+        np.testing.assert_allclose(out["pixel_values"][k].numpy(), mine, atol=2e-2)
