@@ -410,6 +410,9 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
                 keys = cap.inputs[i] if cap.memory is None else cap.memory
                 if stack.visible is not None:
                     spec = replace(spec, visible=stack.visible(cfg, enc.inputs, cap.inputs[i].shape[1], keys.shape[1]))
+                if stack.angles is not None:
+                    turned = stack.angles(cfg, enc.inputs)
+                    spec = replace(spec, rotary_angles=lambda T, turned=turned: turned[:T])
                 lengths = [cap.inputs[i].shape[1]] * cap.inputs[i].shape[0]
                 errs = _compare_layer(spec, cap, i, lengths, [keys.shape[1]] * keys.shape[0])
                 worst[stack.kind][i] = [max(a, b) for a, b in zip(worst[stack.kind][i], errs)]

@@ -166,6 +166,8 @@ HAND_GRID = {
     "internvl": lambda cfg: (4, 4, "tile 0,0", lambda i, j: (i / 8, j / 8, (i + 1) / 8, (j + 1) / 8)),
     # Aya Vision: InternVL's 2 x 2 tiles of the 40 x 52 picture; each tile's 4 x 4 patches shuffle into 2 x 2 tokens
     "aya_vision": lambda cfg: (2, 2, "tile 0,0", lambda i, j: (i / 4, j / 4, (i + 1) / 4, (j + 1) / 4)),
+    # LightOnOCR: the 40 x 52 picture resized to fit 32 (24 x 32, whole 8-pixel cells), 4 x 4 patches merged 2 x 2
+    "lighton_ocr": lambda cfg: (3, 4, "base"),
     "vipllava": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
     "janus": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
 }

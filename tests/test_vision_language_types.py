@@ -143,3 +143,40 @@ def test_internvl_each_tile_cell_shows_the_pixels_the_processor_cut_there(shape)
         assert first.box == pytest.approx((r / rows, c / cols, (r + 0.25) / rows, (c + 0.25) / cols))
         mine = stretched[32 * r : 32 * (r + 1), 32 * c : 32 * (c + 1)].transpose(2, 0, 1)
         np.testing.assert_allclose(out["pixel_values"][k].numpy(), mine, atol=2e-2)
+
+
+@pytest.mark.parametrize("broken", ["rows and columns swapped", "every picture sees every picture"])
+def test_lighton_ocr_pixtral_positions_and_picture_blocks_are_part_of_the_recomputation(broken):
+    """LightOnOCR's Pixtral encoder reads two pictures as one sequence: each patch turned by its own (row, column),
+    each picture seeing only itself. Recomputed with the positions read as (column, row), or without the blocks,
+    its layers fail; the decoder's do not."""
+    import dataclasses
+
+    from headscope.probe.families.lighton_ocr import pixtral_angles
+    from headscope.probe.verify import verify
+
+    lm = _tiny("lighton_ocr")
+    family = family_for(lm.config)
+    vl = family.vision_language
+    if broken == "rows and columns swapped":
+        stack = dataclasses.replace(vl.vision, angles=lambda cfg, inputs: pixtral_angles(
+            cfg, {**inputs, "image_sizes": inputs["image_sizes"].flip(-1)}))
+    else:
+        stack = dataclasses.replace(vl.vision, visible=None)
+    broken_family = dataclasses.replace(family, vision_language=dataclasses.replace(vl, vision=stack))
+    text, images = ["Two [IMG] and [IMG] here"], [_picture(8, (40, 52, 3)), _picture(9, (30, 60, 3))]
+    assert verify(lm, text, images=images).passed
+    v = verify(lm, text, images=images, family=broken_family)
+    assert not any(c.passed for c in v.layers if c.kind == "vision")
+    assert all(c.passed for c in v.layers if c.kind == "decoder")
+
+
+def test_lighton_ocr_tokens_follow_the_resized_picture():
+    """A 40 x 52 picture fits 32 pixels as 24 x 32 (floor of 40 / 1.625 and 52 / 1.625), whole 8-pixel cells (4-pixel
+    patches merged 2 x 2): 3 x 4 = 12 [IMG] tokens, no row breaks; the picture seen is the 24 x 32 one, unpadded."""
+    lm = _tiny("lighton_ocr")
+    [m] = extract(lm, "A [IMG] one and [IMG] two", images=[_picture(1, (40, 52, 3)), _picture(2, (64, 16, 3))])
+    first = [p for p in m.patches if p is not None and p.image == 0]
+    assert [(p.row, p.col, p.rows, p.cols) for p in first] == [(r, c, 3, 4) for r in range(3) for c in range(4)]
+    assert m.pictures[0].shape == (24, 32, 3) and m.pictures[1].shape == (32, 8, 3)  # 64 x 16 -> 32 x 8
+    assert "[IMG_BREAK]" not in m.labels

@@ -94,6 +94,10 @@ class Stack:
     # Which keys each query sees where that depends on the input: (config, inputs, T, S) -> (B, T, S) bool, from
     # the processor's outputs `inputs` (`LayerSpec.visible`); None: the stack's own mask only.
     visible: Callable[[Any, dict, int, int], torch.Tensor] | None = None
+    # Each position's rotary angles where they depend on the input: (config, inputs) -> (T, rotary_dim/2), from the
+    # processor's outputs (Pixtral's 2-D (row, column) angles of each picture's patches, `LayerSpec.rotary_angles`);
+    # None: the layer spec's own.
+    angles: Callable[[Any, dict], torch.Tensor] | None = None
     # A cross stack hooked inside a one-pass forward: the keys' source out of the attention module's call,
     # (args, kwargs) -> (B, S, D) (Mllama's `cross_attention_states`).
     memory: Callable[[tuple, dict], torch.Tensor] | None = None
