@@ -53,8 +53,10 @@ def sees_ahead(lm: LoadedModel, enc: Encoded) -> bool:
 
 
 def image_slot(lm: LoadedModel) -> str:
-    """The string that marks an image's place in a text for `lm`'s processor (`<image>`, `<start_of_image>`)."""
-    return lm.processor.image_token
+    """The string that marks an image's place in a text for `lm`'s processor (`<image>`, `<start_of_image>`): its
+    `image_placeholder_token` where it names one apart from the image token it expands to (Qianfan-OCR's `<image>`
+    becomes `<img>`, `<IMG_CONTEXT>`s and `</img>`), else its `image_token`."""
+    return getattr(lm.processor, "image_placeholder_token", None) or lm.processor.image_token
 
 
 def patch_label(p: ImagePatch) -> str:

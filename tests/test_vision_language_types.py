@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from conftest import _tiny
 from headscope.probe.extract import extract
@@ -180,3 +181,22 @@ def test_lighton_ocr_tokens_follow_the_resized_picture():
     assert [(p.row, p.col, p.rows, p.cols) for p in first] == [(r, c, 3, 4) for r in range(3) for c in range(4)]
     assert m.pictures[0].shape == (24, 32, 3) and m.pictures[1].shape == (32, 8, 3)  # 64 x 16 -> 32 x 8
     assert "[IMG_BREAK]" not in m.labels
+
+
+def test_qianfan_ocr_reads_its_image_slot_and_its_saved_folder_loads_without_a_video_processor(tmp_path):
+    """Qianfan-OCR: InternVL's layout whose processor takes `<image>` as the slot (expanded to <img>, the tiles'
+    <IMG_CONTEXT> tokens and </img>) and has no video part, so its saved folder loads here (no torchvision) and
+    reads a picture as the model it was saved from does."""
+    from conftest import _tiny_type
+    from headscope.probe.loading import load_model
+
+    lm = _tiny_type("qianfan_ocr")
+    [m] = extract(lm, "A <image> wide one", images=[_picture(4, (30, 100, 3))])
+    cells = [p for p in m.patches if p is not None]
+    assert len(cells) == 64 and m.labels[m.labels.index("<img>") + 65] == "</img>" and "<image>" not in m.labels
+    lm.model.save_pretrained(tmp_path)
+    lm.processor.save_pretrained(tmp_path)
+    loaded = load_model(str(tmp_path))
+    [n] = extract(loaded, "A <image> wide one", images=[_picture(4, (30, 100, 3))])
+    assert n.token_ids == m.token_ids and n.patches == m.patches
+    torch.testing.assert_close(n.attention, m.attention)

@@ -35,11 +35,14 @@ from . import Family, Stack, VisionLanguage, norm_eps
 from ..types import ImagePatch
 
 START, END, CONTEXT, VIDEO = "<img>", "</img>", "<IMG_CONTEXT>", "<video>"
+PLACEHOLDER = "<image>"  # Qianfan-OCR's slot, which its processor expands to START, CONTEXT ... and END
 TILE, PATCH, MOST = 32, 4, 4  # tiny models: 32 x 32 tiles of 4 x 4 patches, at most 4 tiles a picture
 
 
 def _attention(base, i: int):
-    return base.vision_tower.encoder.layer[i].attention
+    tower = base.vision_tower  # InternVL's layers under `encoder.layer`, Qianfan-OCR's under `layers`
+    layers = tower.encoder.layer if hasattr(tower, "encoder") else tower.layers
+    return layers[i].attention
 
 
 def _vision_spec(base, i: int, cfg) -> LayerSpec:
@@ -121,26 +124,29 @@ def _tiny_config(vocab: int, model_type: str):
     text["max_position_embeddings"] = 512  # two pictures of five tiles and a text: ~180 tokens
     vision = dict(hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
                   image_size=[TILE, TILE], patch_size=[PATCH, PATCH], attention_bias=True, use_qk_norm=True)
-    # the tokenizer's last four tokens are <img>, </img>, <IMG_CONTEXT>, <video>
-    return AutoConfig.for_model(model_type, text_config=text, vision_config=vision, image_token_id=vocab - 2,
+    # the tokenizer's last five tokens are <img>, </img>, <IMG_CONTEXT>, <video>, <image>
+    return AutoConfig.for_model(model_type, text_config=text, vision_config=vision, image_token_id=vocab - 3,
                                 downsample_ratio=0.5, vision_feature_layer=-1, vision_feature_select_strategy="default")
 
 
 def _tiny_processor(cfg, tokenizer):
-    from transformers import GotOcr2ImageProcessorPil, InternVLProcessor
+    from transformers import GotOcr2ImageProcessorPil, InternVLProcessor, QianfanOCRProcessor
 
     # named special tokens, as InternVL's tokenizer has them (kept by save_pretrained)
     tokenizer._set_model_specific_special_tokens(special_tokens={"start_image_token": START, "end_image_token": END,
                                                                  "context_image_token": CONTEXT, "video_token": VIDEO})
     images = GotOcr2ImageProcessorPil(size={"height": TILE, "width": TILE}, crop_to_patches=True, min_patches=1,
                                       max_patches=MOST, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
+    if composite(cfg).model_type == "qianfan_ocr":  # its own processor: no video part, the slot is <image>
+        return QianfanOCRProcessor(image_processor=images, tokenizer=tokenizer, image_seq_length=_side(cfg) ** 2,
+                                   chat_template=tiny_chat_template(PLACEHOLDER), image_placeholder_token=PLACEHOLDER)
     return images_only(InternVLProcessor)(image_processor=images, tokenizer=tokenizer, image_seq_length=_side(cfg) ** 2,
                                           chat_template=tiny_chat_template(CONTEXT))
 
 
 FAMILY = Family(
     name="internvl",
-    model_types=("internvl",),
+    model_types=("internvl", "qianfan_ocr"),
     kind="decoder",
     features=("decoder: its text family (Qwen2, Llama), causal",
               "vision model (InternViT): q/k/v biases, RMS norm of the whole q and k projections where "
@@ -156,6 +162,6 @@ FAMILY = Family(
     auto_class="AutoModelForImageTextToText",
     modality="vision-language",
     vision_language=VisionLanguage(vision=VISION, vision_family="internvl", image_units=_image_units,
-                                   tiny_processor=_tiny_processor, image_tokens=lambda cfg: (START, END, CONTEXT, VIDEO),
+                                   tiny_processor=_tiny_processor, image_tokens=lambda cfg: (START, END, CONTEXT, VIDEO, PLACEHOLDER),
                                    picture=_picture),
 )
