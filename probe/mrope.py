@@ -30,14 +30,17 @@ __all__ = ["mrope_layout", "mrope_streams", "mrope_angles", "at_positions", "Ima
 
 def mrope_layout(config) -> tuple[tuple[int, ...], bool]:
     """(mrope_section, interleaved) of a Qwen-VL text config: the sections from its rope parameters (or the
-    model's own defaults, [16, 24, 24] in Qwen2-VL and Qwen2.5-VL, [24, 20, 20] in Qwen3-VL), and whether the
-    frequencies interleave the streams (Qwen3-VL) rather than take them in contiguous sections."""
+    model's own defaults, [16, 24, 24] in Qwen2-VL and Qwen2.5-VL, [24, 20, 20] in Qwen3-VL, [11, 11, 10] in
+    Qwen3.5), and whether the frequencies interleave the streams (Qwen3-VL, Qwen3.5) rather than take them in
+    contiguous sections."""
+    from .families.qwen3_next import FAMILY as QWEN3_5  # Qwen3.5's decoder types (and Qwen3-Next's, text only)
     from .families.qwen3_vl import FAMILY as QWEN3_VL  # its decoder types, and their composites (type + "_text")
 
     model_type = getattr(config, "model_type", "")
-    interleaved = model_type in QWEN3_VL.model_types or f"{model_type}_text" in QWEN3_VL.model_types
+    hybrid = model_type in QWEN3_5.model_types or f"{model_type}_text" in QWEN3_5.model_types
+    interleaved = hybrid or model_type in QWEN3_VL.model_types or f"{model_type}_text" in QWEN3_VL.model_types
     params = getattr(config, "rope_parameters", None) or {}
-    default = [24, 20, 20] if interleaved else [16, 24, 24]
+    default = [11, 11, 10] if hybrid else [24, 20, 20] if interleaved else [16, 24, 24]
     return tuple(int(s) for s in params.get("mrope_section", default)), interleaved
 
 

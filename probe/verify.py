@@ -383,7 +383,8 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
     encoded = encode_with_images(lm, texts, check_images(images))
     reading = family.vision_language
     decoder = reading.decoder or Stack(kind="decoder", layer_spec=family.layer_spec, attention=family.attention,
-                                       out_proj=family.out_proj, n_layers=family.n_layers)
+                                       out_proj=family.out_proj, n_layers=family.n_layers,
+                                       layers=family.attention_layers)  # a hybrid decoder: its attention layers
     hooked = () if reading.vision_outputs is not None else (reading.vision,)  # no weights: checked on outputs
     stacks = (*hooked, decoder, *((reading.cross,) if reading.cross is not None else ()))
     base, cfg = base_model(lm), lm.config
@@ -409,6 +410,9 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
                 keys = cap.inputs[i] if cap.memory is None else cap.memory
                 if stack.visible is not None:
                     spec = replace(spec, visible=stack.visible(cfg, enc.inputs, cap.inputs[i].shape[1], keys.shape[1]))
+                if stack.angles is not None:
+                    turned = stack.angles(cfg, enc.inputs)
+                    spec = replace(spec, rotary_angles=lambda T, turned=turned: turned[:T])
                 lengths = [cap.inputs[i].shape[1]] * cap.inputs[i].shape[0]
                 errs = _compare_layer(spec, cap, i, lengths, [keys.shape[1]] * keys.shape[0])
                 worst[stack.kind][i] = [max(a, b) for a, b in zip(worst[stack.kind][i], errs)]

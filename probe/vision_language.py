@@ -53,8 +53,10 @@ def sees_ahead(lm: LoadedModel, enc: Encoded) -> bool:
 
 
 def image_slot(lm: LoadedModel) -> str:
-    """The string that marks an image's place in a text for `lm`'s processor (`<image>`, `<start_of_image>`)."""
-    return lm.processor.image_token
+    """The string that marks an image's place in a text for `lm`'s processor (`<image>`, `<start_of_image>`): its
+    `image_placeholder_token` where it names one apart from the image token it expands to (Qianfan-OCR's `<image>`
+    becomes `<img>`, `<IMG_CONTEXT>`s and `</img>`), else its `image_token`."""
+    return getattr(lm.processor, "image_placeholder_token", None) or lm.processor.image_token
 
 
 def patch_label(p: ImagePatch) -> str:
@@ -129,9 +131,12 @@ def _encode_one(lm: LoadedModel, text: str, pictures: list) -> Encoded:
     spans, special = _aligned(ids, own, special_ids(tok))
     image_id = _image_token_id(cfg)
     places = [t for t, i in enumerate(ids) if i == image_id]
+    # what the layout may read: the processor's outputs and each picture's (height, width) before the processor
+    # (InternVL's tiles: the grid it cut the picture into follows from its aspect ratio)
+    facts = {**out, "picture_sizes": [(p.height, p.width) for p in pictures]}
     units: list = []
     for k in range(len(pictures)):
-        units += reading.image_units(cfg, out, k)
+        units += reading.image_units(cfg, facts, k)
     if len(units) != len(places):
         raise RuntimeError(f"{lm.name}: the processor made {len(places)} image tokens, the layout of "
                            f"{len(pictures)} image(s) has {len(units)}; this checkpoint's image layout is not known")
@@ -145,7 +150,7 @@ def _encode_one(lm: LoadedModel, text: str, pictures: list) -> Encoded:
             labels[t] = unit
     inputs = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask") and hasattr(v, "to")}
     whole = reading.picture or (lambda cfg, inputs, k: _whole(inputs["pixel_values"][k]))
-    seen = tuple(as_seen(getattr(proc, "image_processor", proc), whole(cfg, out, k)[None])[0]
+    seen = tuple(as_seen(getattr(proc, "image_processor", proc), whole(cfg, facts, k)[None])[0]
                  for k in range(len(pictures)))
     return Encoded(text=text, ids=tuple(ids), spans=tuple(spans), special=tuple(special), inputs=inputs or None,
                    patches=tuple(patches) if pictures else (), pictures=seen, image_labels=tuple(labels))

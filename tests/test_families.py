@@ -258,3 +258,54 @@ def test_tiny_tokenizers_are_the_same_in_every_process_and_call():
                            env={**os.environ, "PYTHONPATH": str(ROOT), "PYTHONHASHSEED": "12345"}).stdout
     first = here()
     assert len(first.strip()) == 64 and here() == first == other
+
+
+def _unverified_in_docs() -> dict[str, str]:
+    """Each model type the "not verified" tables of docs/families.md name, and its row's marker."""
+    page = (ROOT / "docs" / "families.md").read_text(encoding="utf-8")
+    named: dict[str, str] = {}
+    for marker, types in re.findall(r"^\| <!-- unverified:([\w-]+) --> ([^|]+) \|", page, re.M):
+        for t in types.split(","):
+            assert t.strip() not in named, f"{t.strip()} is named twice"
+            named[t.strip()] = marker
+    return named
+
+
+def test_every_image_reading_type_is_verified_or_named_with_its_reason():
+    # issue 49: no image-reading decoder of the installed transformers is skipped silently
+    from transformers.models.auto.modeling_auto import MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES
+
+    named = _unverified_in_docs()
+    assert named and not set(named) & set(SUPPORTED_TYPES), set(named) & set(SUPPORTED_TYPES)
+    missing = sorted(set(MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES) - set(SUPPORTED_TYPES) - set(named))
+    assert not missing, f"docs/families.md names neither verification nor a reason for {missing}"
+
+
+def test_the_types_named_as_needing_timm_cannot_be_built_without_it():
+    import importlib.util
+
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    if importlib.util.find_spec("timm") is not None:
+        pytest.skip("timm is installed here")
+    for model_type, marker in _unverified_in_docs().items():
+        if marker == "timm":
+            with pytest.raises(ImportError), torch.device("meta"):
+                AutoModelForImageTextToText.from_config(AutoConfig.for_model(model_type))
+
+
+def test_the_types_named_as_needing_torchvision_have_no_image_path_without_it():
+    import importlib.util
+
+    import transformers
+    from transformers.models.auto.image_processing_auto import IMAGE_PROCESSOR_MAPPING_NAMES
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    if importlib.util.find_spec("torchvision") is not None:
+        pytest.skip("torchvision is installed here")
+    named = _unverified_in_docs()
+    for model_type in (t for t, marker in named.items() if marker == "torchvision-images"):
+        assert "pil" not in IMAGE_PROCESSOR_MAPPING_NAMES[model_type], model_type
+    for model_type in (t for t, marker in named.items() if marker == "torchvision"):
+        with pytest.raises(ImportError, match="(?i)torchvision"):
+            getattr(transformers, PROCESSOR_MAPPING_NAMES[model_type])()

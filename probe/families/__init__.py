@@ -94,6 +94,10 @@ class Stack:
     # Which keys each query sees where that depends on the input: (config, inputs, T, S) -> (B, T, S) bool, from
     # the processor's outputs `inputs` (`LayerSpec.visible`); None: the stack's own mask only.
     visible: Callable[[Any, dict, int, int], torch.Tensor] | None = None
+    # Each position's rotary angles where they depend on the input: (config, inputs) -> (T, rotary_dim/2), from the
+    # processor's outputs (Pixtral's 2-D (row, column) angles of each picture's patches, `LayerSpec.rotary_angles`);
+    # None: the layer spec's own.
+    angles: Callable[[Any, dict], torch.Tensor] | None = None
     # A cross stack hooked inside a one-pass forward: the keys' source out of the attention module's call,
     # (args, kwargs) -> (B, S, D) (Mllama's `cross_attention_states`).
     memory: Callable[[tuple, dict], torch.Tensor] | None = None
@@ -112,7 +116,8 @@ class VisionLanguage:
 
     `vision` addresses the image encoder's layers on the base model (kind "vision"); `vision_family` names the
     image-encoder family that verifies them. `image_units(config, inputs, image)` gives image `image`'s units in
-    token order, from the processor's outputs `inputs` for one text: an `ImagePatch` for a token on the picture,
+    token order, from the processor's outputs `inputs` for one text (with `inputs["picture_sizes"]`: each
+    picture's (height, width) before the processor): an `ImagePatch` for a token on the picture,
     a label string for one that is not (`<image_newline>`, a CLS token). `blocks(config, token_type_ids, ids,
     layer)` gives the decoder mask's bidirectional blocks of one layer, (B, T) ids where a query and a key of one
     block >= 0 see each other both ways (Gemma 3's images, PaliGemma's prefix), or None (causal only).

@@ -26,7 +26,12 @@ def projection_spec(attn, *, causal: bool = False) -> LayerSpec:
 
 
 def out_projection(attn):
-    return attn.o_proj if hasattr(attn, "o_proj") else attn.out_proj
+    """The attention's output projection, under the names transformers gives it (Janus's: `projection_layer`)."""
+    for name in ("o_proj", "out_proj", "projection_layer"):
+        if hasattr(attn, name):
+            return getattr(attn, name)
+    raise AttributeError(f"{type(attn).__name__} has no output projection under the names headscope knows "
+                         f"(o_proj, out_proj, projection_layer)")
 
 
 def tiny_vision_config(model_type: str, **extra):

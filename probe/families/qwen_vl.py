@@ -1,10 +1,12 @@
-"""Qwen2-VL, Qwen2.5-VL and Qwen3-VL (Qwen2VLForConditionalGeneration, ...): a vision encoder over flattened
-patches with a 2-D rotary (Qwen2.5-VL: windows; Qwen3-VL: learned positions and deepstack features), a merger
-of 2 × 2 patches into one token, and a decoder with multimodal 3-D rotary positions (time, row, column).
+"""Qwen2-VL, Qwen2.5-VL, Qwen3-VL, Qwen3-VL-MoE and Qwen3.5 (Qwen2VLForConditionalGeneration, ...): a vision
+encoder over flattened patches with a 2-D rotary (Qwen2.5-VL: windows; Qwen3-VL: learned positions and deepstack
+features), a merger of 2 × 2 patches into one token, and a decoder with multimodal 3-D rotary positions (time,
+row, column).
 
 The processor expands each `<|image_pad|>` slot (between `<|vision_start|>` and `<|vision_end|>`) into one
 token per merged cell of the resized picture, row by row (`probe.mrope.qwen_vl_positions`). The decoder stays
-causal; its layers are verified by the `qwen2_vl` / `qwen3_vl` text family at the model's own 3-D positions
+causal; its layers are verified by the `qwen2_vl` / `qwen3_vl` text family (Qwen3.5's hybrid decoder: the
+`qwen3_next` family, its softmax-attention layers only, partial rotary) at the model's own 3-D positions
 (`probe.mrope.at_positions`). transformers' Qwen-VL vision attention returns its output, not its weights, so
 the vision encoder's layers are verified on their block outputs after `proj`, segment by segment
 (`probe.qwen_vision`): their rows have no probability error to show.
@@ -23,6 +25,7 @@ from . import Family, Stack, VisionLanguage
 
 START, IMAGE, END, VIDEO = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
 MERGE, PATCH, TEMPORAL = 2, 2, 2  # tiny models: 2 × 2 pixel patches, 2 × 2 merge, 2 frames per temporal patch
+HYBRID = ("qwen3_5", "qwen3_5_moe")  # Qwen3.5: a hybrid decoder (gated delta-net layers) with partial 3-D rotary
 TINY_SIDE = 16  # tiny models read a 16 × 16 picture: 8 × 8 patches, 4 × 4 merged tokens
 VISION = {  # tiny vision encoders (as tests/test_qwen_vl.py builds them)
     "qwen2_vl": dict(depth=2, embed_dim=16, hidden_size=32, num_heads=2, mlp_ratio=2),
@@ -30,6 +33,12 @@ VISION = {  # tiny vision encoders (as tests/test_qwen_vl.py builds them)
                        window_size=8, fullatt_block_indexes=[1]),
     "qwen3_vl": dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
                      num_position_embeddings=16, deepstack_visual_indexes=[0]),
+    "qwen3_5": dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                    num_position_embeddings=16),
+    "qwen3_5_moe": dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                        num_position_embeddings=16),
+    "qwen3_vl_moe": dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=32,
+                         num_position_embeddings=16, deepstack_visual_indexes=[0]),
 }
 
 
@@ -112,6 +121,9 @@ def _tiny_config(vocab: int, model_type: str):
 
     # the tokenizer's last four tokens are <|vision_start|>, <|image_pad|>, <|vision_end|>, <|video_pad|>
     text = family_of_type(f"{model_type}_text").tiny_config(vocab, f"{model_type}_text")
+    if model_type in HYBRID:  # Qwen3.5: 16-dim heads, half of them rotated: 4 frequencies in 3-D sections
+        text.head_dim = 16
+        text.rope_parameters = {**text.rope_parameters, "mrope_section": [2, 1, 1], "mrope_interleaved": True}
     vision = dict(VISION[model_type], patch_size=PATCH, spatial_merge_size=MERGE, temporal_patch_size=TEMPORAL)
     return AutoConfig.for_model(model_type, text_config=text.to_dict(), vision_config=vision,
                                 vision_start_token_id=vocab - 4, image_token_id=vocab - 3, vision_end_token_id=vocab - 2,
@@ -123,7 +135,8 @@ def _tiny_processor(cfg, tokenizer):
 
     from ._reading import composite
 
-    kind = "Qwen3VLProcessor" if composite(cfg).model_type == "qwen3_vl" else "Qwen2VLProcessor"
+    # Qwen3-VL-MoE's and Qwen3.5's checkpoints name Qwen3VLProcessor (transformers has no processor of their own)
+    kind = "Qwen2VLProcessor" if composite(cfg).model_type in ("qwen2_vl", "qwen2_5_vl") else "Qwen3VLProcessor"
     pixels = TINY_SIDE * TINY_SIDE
     images = transformers.Qwen2VLImageProcessorPil(
         size={"shortest_edge": pixels, "longest_edge": pixels}, patch_size=PATCH, merge_size=MERGE,
@@ -167,9 +180,10 @@ def _picture(cfg, inputs: dict, image: int) -> torch.Tensor:
 
 FAMILY = Family(
     name="qwen_vl",
-    model_types=("qwen2_vl", "qwen2_5_vl", "qwen3_vl"),
+    model_types=("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", *HYBRID),
     kind="decoder",
-    features=("decoder: the qwen2_vl / qwen3_vl text family at the model's own 3-D positions (time, row, column)",
+    features=("decoder: the qwen2_vl / qwen3_vl text family (Qwen3.5: qwen3_next, its attention layers) at the model's "
+              "own 3-D positions (time, row, column)",
               "vision encoder: 2-D rotary, per image (Qwen2.5-VL: windows), verified on block outputs (its attention "
               "returns no weights)", "one image token per 2 × 2 merged cell, row by row"),
     layer_spec=decoder_spec(language_model),
