@@ -125,8 +125,8 @@ class VisionLanguage:
     `vision_outputs(vision, base, config, inputs)`: a vision encoder whose attention returns no weights (Qwen-VL)
     is verified by this instead of hooks, on its block outputs recomputed with `vision`'s layers: each layer's
     relative |Δ| of the output after W_O.
-    `load_processor(path, at)` loads the processor from a folder where AutoProcessor cannot build it (Qwen-VL's
-    wants a video processor, which needs torchvision)."""
+    `load_processor(path, at)` loads the processor from a folder where AutoProcessor cannot build it (Qwen-VL's,
+    LLaVA-OneVision's and SmolVLM's want a video processor, which needs torchvision: `_reading.load_images_only`)."""
 
     vision: Stack
     vision_family: str
