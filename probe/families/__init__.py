@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal
 
 import torch
@@ -149,6 +149,15 @@ class VisionLanguage:
     decoder_at: Callable[[Any, Any, Any, Any], Callable[[LayerSpec], LayerSpec]] | None = None
     vision_outputs: Callable[[Stack, Any, Any, dict], list[float]] | None = None
     load_processor: Callable[[str, dict], Any] | None = None
+    # Whether the bidirectional blocks see themselves whole past a sliding layer's window (PaliGemma's prefix:
+    # transformers ORs the block into the windowed causal mask) or only within it (Gemma 3's images).
+    block_past_window: bool = False
+
+    def decoder_mask(self, spec: LayerSpec, cfg, token_type_ids, ids, layer: int) -> LayerSpec:
+        """Decoder layer `layer`'s spec with this input's mask: its bidirectional blocks and how they meet the
+        sliding window."""
+        return replace(spec, blocks=self.blocks(cfg, token_type_ids, ids, layer),
+                       block_past_window=self.block_past_window)
 
 
 @dataclass(frozen=True)
