@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from .encoding import check_texts, encode_many, pad_batch
-from .forward import base_model
+from .forward import attention_layers, base_model
 from .interventions import head_mask, refuse_seq2seq
 from .model import LoadedModel
 
@@ -41,21 +41,24 @@ IMPORTANCE_LOSSES: dict[str, str] = {
 
 @dataclass(frozen=True, eq=False)
 class HeadImportance:
-    """`raw[layer, head]` = E|∂L/∂ξ| and `importance` = raw normalised per layer, over `n` texts."""
+    """`raw[layer, head]` = E|∂L/∂ξ| and `importance` = raw normalised per layer, over `n` texts; `layers`: the
+    layers that have heads (None: all), the rows of the others NaN (a hybrid stack's Mamba layers, Mllama's
+    cross-attention layers: no head mask reaches them)."""
 
     model: str
     loss: ImportanceLoss
     raw: torch.Tensor  # [layer, head]
     importance: torch.Tensor  # [layer, head]
     n: int
+    layers: tuple[int, ...] | None = None
 
     def to_frame(self):
-        """Tidy rows `(model, layer, head, importance, n)`, strongest first."""
+        """Tidy rows `(model, layer, head, importance, n)` of the layers with heads, strongest first."""
         import pandas as pd
 
         L, H = self.importance.shape
         rows = [{"model": self.model, "layer": l, "head": h, "importance": float(self.importance[l, h]), "n": self.n}
-                for l in range(L) for h in range(H)]
+                for l in (range(L) if self.layers is None else self.layers) for h in range(H)]
         frame = pd.DataFrame(rows, columns=["model", "layer", "head", "importance", "n"])
         return frame.sort_values(["importance", "layer", "head"], ascending=[False, True, True]).reset_index(drop=True)
 
@@ -95,7 +98,10 @@ def gradient_importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: in
             (grad,) = torch.autograd.grad(per_text.sum(), xi)  # (B, L, H): each example's own gradient
         total += grad.abs().sum(0).double().cpu()
     raw = (total / len(items)).float()
-    return HeadImportance(model=lm.name, loss=loss, raw=raw, importance=normalise_per_layer(raw), n=len(items))
+    have = attention_layers(lm)
+    raw[[l for l in range(L) if l not in have]] = float("nan")  # a layer without heads: no gradient, no score
+    return HeadImportance(model=lm.name, loss=loss, raw=raw, importance=normalise_per_layer(raw), n=len(items),
+                          layers=None if len(have) == L else tuple(have))
 
 
 def _next_token_loss(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

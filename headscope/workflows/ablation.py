@@ -35,6 +35,7 @@ from headscope.analyses.corpus import builtin_corpus
 from headscope.analyses.relations import COREF_TEMPLATE, continuation
 from headscope.probe.effects import (EffectTask, logit_diff, next_token_loss, option_preference, sentence_cosine,
                                      sequence_loss, word_cosine)
+from headscope.probe.forward import attention_layers
 from headscope.probe.importance import gradient_importance
 from headscope.probe.interventions import (AblationMethod, ablate as ablate_heads, ablate_copies, check_heads, head_means,
                                           refuse_seq2seq)
@@ -187,8 +188,7 @@ def _readouts(lm: LoadedModel, heads, measure: EffectTask, *, method: AblationMe
         with ablate_heads(lm, chosen, method=method, means=means):
             return prefix.read(lambda: measure.read(lm), min(l for l, _ in chosen))
 
-    sets = random_head_sets(lm.config.num_hidden_layers, lm.config.num_attention_heads, heads, len(heads), n_random,
-                            seed=seed)
+    sets = random_head_sets(attention_layers(lm), lm.config.num_attention_heads, heads, len(heads), n_random, seed=seed)
     ablated = read_with(heads)
     return clean, ablated, sets, tuple(read_with(s) for s in sets)
 

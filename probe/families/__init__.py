@@ -191,7 +191,11 @@ class Family:
 
     def attention_layers(self, config) -> tuple[int, ...]:
         """The layers with softmax attention, by the model's own numbers: every layer, except in a hybrid stack
-        (`softmax_layers`); only these have a LayerSpec, an attention module and an out-projection."""
+        (`softmax_layers`), and in a decoder with cross-attention layers (Mllama) only its self-attention ones
+        (`VisionLanguage.decoder`); only these have a LayerSpec, an attention module and an out-projection."""
+        reading = self.vision_language
+        if reading is not None and reading.decoder is not None:
+            return reading.decoder.layer_numbers(config)
         return softmax_layers(config)
 
     def stack(self, kind: StackKind) -> Stack:
@@ -207,6 +211,10 @@ class Family:
         have = self.attention_layers(config)
         if len(have) < self.n_layers(config):
             missing = ", ".join(str(i) for i in range(self.n_layers(config)) if i not in have)
+            if self.vision_language is not None and self.vision_language.cross is not None:
+                raise UnsupportedFeature(f"{what} needs self-attention heads in every layer; layers {missing} are "
+                                         "cross-attention layers reading the image (their contribution is not decomposed "
+                                         "into heads); verify, importance and ablate take this model")
             raise UnsupportedFeature(f"{what} needs softmax attention in every layer; layers {missing} of this hybrid "
                                      f"stack have none (their contribution is not decomposed into heads)")
 
