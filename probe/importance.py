@@ -27,6 +27,7 @@ import torch.nn.functional as F
 
 from .encoding import check_texts, encode_many, pad_batch
 from .forward import attention_layers, base_model
+from .images import for_input
 from .interventions import head_mask, refuse_seq2seq
 from .model import LoadedModel
 
@@ -80,12 +81,16 @@ def gradient_importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: in
 
     The model's weights get no gradient (they are not leaves we ask for) and are never changed.
     """
+    lm = for_input(lm, images=False)  # a two-tower model's text tower; an image model: one line
     refuse_seq2seq(lm, "head importance")
-    loss = loss or ("next_token_loss" if lm.is_causal else "embedding_norm")
+    get = getattr(lm.model, "get_output_embeddings", None)
+    head = lm.is_causal and get is not None and get() is not None  # CLIP's causal text tower has no LM head
+    loss = loss or ("next_token_loss" if head else "embedding_norm")
     if loss not in IMPORTANCE_LOSSES:
         raise ValueError(f"loss must be one of {', '.join(IMPORTANCE_LOSSES)}, got {loss!r}")
-    if loss == "next_token_loss" and not lm.is_causal:
-        raise ValueError(f"{lm.name} is an encoder: it has no next-token loss; use loss='embedding_norm'")
+    if loss == "next_token_loss" and not head:
+        raise ValueError(f"{lm.name} has no language-model head{'' if lm.is_causal else ' (an encoder)'}: it has no "
+                         "next-token loss; use loss='embedding_norm'")
     items = encode_many(lm, check_texts(texts), truncate=truncate)
     L, H = lm.config.num_hidden_layers, lm.config.num_attention_heads
     total = torch.zeros(L, H, dtype=torch.float64)

@@ -32,6 +32,7 @@ from headscope.analyses.treebank import Sentence, Treebank, read_conllu, segment
 from headscope.probe.encoding import TOO_LONG
 from headscope.probe.extract import extract
 from headscope.probe.forward import attention_layers
+from headscope.probe.images import for_input
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, Attention
 from headscope.probe.sources import AttentionSource, source_for
@@ -107,6 +108,8 @@ def syntax(lm, conllu: str | Path | Treebank, *, select_on: str | Path | Treeban
     `budget` as in `headscope.heads` (a recomputed batch's maps are assembled from blocks; the first
     recomputed sentence is checked against eager attention).
     """
+    # a two-tower model (CLIP, SigLIP): its text tower reads the texts; an image model: one line
+    lm = for_input(lm, images=False)
     test_tb = _treebank(conllu)
     if select_on is not None:
         sel_tb = _treebank(select_on)
