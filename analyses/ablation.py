@@ -46,9 +46,11 @@ def empirical_p(effect: float, random_effects: Sequence[float], *, stronger: Str
     return float((1 + hits.sum()) / (1 + r.size))
 
 
-def random_head_sets(n_layers: int, n_heads: int, exclude: Sequence[tuple[int, int]], size: int, n: int, *,
-                     seed: int = 0) -> list[tuple[tuple[int, int], ...]]:
-    """`n` sets of `size` distinct heads drawn uniformly from those not in `exclude` (a private generator).
+def random_head_sets(layers: int | Sequence[int], n_heads: int, exclude: Sequence[tuple[int, int]], size: int, n: int,
+                     *, seed: int = 0) -> list[tuple[tuple[int, int], ...]]:
+    """`n` sets of `size` distinct heads drawn uniformly from those not in `exclude` (a private generator), of
+    `layers`: their count, or the model's own numbers of the layers that have heads (a hybrid stack's attention
+    layers, Mllama's self-attention layers: a random set never holds a head that is not there).
 
     >>> sets = random_head_sets(2, 2, [(0, 0)], 2, 50, seed=0)
     >>> sorted(set(sets))  # every pair of the three other heads, never (0, 0)
@@ -57,7 +59,8 @@ def random_head_sets(n_layers: int, n_heads: int, exclude: Sequence[tuple[int, i
     if n == 0:
         return []
     excluded = set(exclude)
-    pool = [(l, h) for l in range(n_layers) for h in range(n_heads) if (l, h) not in excluded]
+    pool = [(l, h) for l in (range(layers) if isinstance(layers, int) else layers) for h in range(n_heads)
+            if (l, h) not in excluded]
     if size > len(pool):
         raise ValueError(f"cannot draw {size} random heads from the {len(pool)} heads outside the chosen set")
     rng = np.random.default_rng(seed)

@@ -167,7 +167,7 @@ def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer
     if reads:  # the model's own mask: Gemma 3's images and PaliGemma's prefix see each other both ways
         types = enc.inputs.get("token_type_ids") if enc.inputs else None
         reading, ids = family.vision_language, torch.tensor([enc.ids])
-        spec = dataclasses.replace(spec, blocks=reading.blocks(lm.config, types, ids, layer))
+        spec = reading.decoder_mask(spec, lm.config, types, ids, layer)
         if reading.decoder_at is not None:  # Qwen-VL: the decoder's rotary at the model's own 3-D positions
             spec = reading.decoder_at(base_model(lm), lm.config, ids, enc.inputs)(spec)
     if source.mode(len(enc.ids)) == "recompute":

@@ -35,8 +35,17 @@ def is_seq2seq(lm: LoadedModel) -> bool:
 
 def attention_layers(lm: LoadedModel) -> tuple[int, ...]:
     """The model's own numbers of its layers with softmax attention: all of them, but in a hybrid stack only
-    those whose `layer_types` entry is not one of `NO_SOFTMAX_LAYER_TYPES` (L3 stays L3, never renumbered)."""
-    return softmax_layers(lm.config)
+    those whose `layer_types` entry is not one of `NO_SOFTMAX_LAYER_TYPES` (L3 stays L3, never renumbered), and
+    in a decoder with cross-attention layers (Mllama) its self-attention layers (`Family.attention_layers`)."""
+    family = SUPPORTED_TYPES.get(lm.model_type)
+    return family.attention_layers(lm.config) if family is not None else softmax_layers(lm.config)
+
+
+def _layer_kind(lm: LoadedModel, layer: int) -> str:
+    """What a layer without self-attention heads is: its `layer_types` entry in a hybrid stack, else a
+    cross-attention layer (Mllama's, whose queries read the image, not the text)."""
+    kinds = getattr(lm.config, "layer_types", None)
+    return f"a {kinds[layer]!r} layer of a hybrid stack" if kinds and len(kinds) > layer else "a cross-attention layer"
 
 
 def no_attention_layers(lm: LoadedModel) -> tuple[int, ...]:
@@ -47,10 +56,10 @@ def no_attention_layers(lm: LoadedModel) -> tuple[int, ...]:
 
 
 def no_attention_reason(lm: LoadedModel, layer: int) -> str:
-    """One line: why layer `layer` of a hybrid model has no attention map, and which layers have one."""
-    kind = lm.config.layer_types[layer]
+    """One line: why layer `layer` of a hybrid model (or one with cross-attention layers) has no self-attention
+    map, and which layers have one."""
     found = ", ".join(map(str, attention_layers(lm))) or "none"
-    return (f"layer {layer} of {lm.name} has no softmax attention (a {kind!r} layer of a hybrid stack); "
+    return (f"layer {layer} of {lm.name} has no softmax self-attention ({_layer_kind(lm, layer)}); "
             f"its attention layers are {found}")
 
 
@@ -62,9 +71,10 @@ def hybrid_note(lm: LoadedModel) -> str | None:
     if len(have) == n:
         return None
     kinds: dict[str, list[int]] = {}
+    names = getattr(lm.config, "layer_types", None)
     for i in range(n):
         if i not in have:
-            kinds.setdefault(lm.config.layer_types[i], []).append(i)
+            kinds.setdefault(names[i] if names and len(names) > i else "cross-attention", []).append(i)
     without = "; ".join(f"{', '.join(map(str, layers))} ({kind})" for kind, layers in kinds.items())
     return (f"hybrid stack: layers {', '.join(map(str, have)) or 'none'} of {n} have softmax attention; layers "
             f"{without} have none: no rows in maps or tables, a labelled 'no softmax attention' row in figures "

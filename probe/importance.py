@@ -26,7 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from .encoding import check_texts, encode_many, pad_batch
-from .forward import base_model
+from .forward import attention_layers, base_model
+from .images import for_input
 from .interventions import head_mask, refuse_seq2seq
 from .model import LoadedModel
 from .progress import progress as progress_bar
@@ -42,21 +43,24 @@ IMPORTANCE_LOSSES: dict[str, str] = {
 
 @dataclass(frozen=True, eq=False)
 class HeadImportance:
-    """`raw[layer, head]` = E|∂L/∂ξ| and `importance` = raw normalised per layer, over `n` texts."""
+    """`raw[layer, head]` = E|∂L/∂ξ| and `importance` = raw normalised per layer, over `n` texts; `layers`: the
+    layers that have heads (None: all), the rows of the others NaN (a hybrid stack's Mamba layers, Mllama's
+    cross-attention layers: no head mask reaches them)."""
 
     model: str
     loss: ImportanceLoss
     raw: torch.Tensor  # [layer, head]
     importance: torch.Tensor  # [layer, head]
     n: int
+    layers: tuple[int, ...] | None = None
 
     def to_frame(self):
-        """Tidy rows `(model, layer, head, importance, n)`, strongest first."""
+        """Tidy rows `(model, layer, head, importance, n)` of the layers with heads, strongest first."""
         import pandas as pd
 
         L, H = self.importance.shape
         rows = [{"model": self.model, "layer": l, "head": h, "importance": float(self.importance[l, h]), "n": self.n}
-                for l in range(L) for h in range(H)]
+                for l in (range(L) if self.layers is None else self.layers) for h in range(H)]
         frame = pd.DataFrame(rows, columns=["model", "layer", "head", "importance", "n"])
         return frame.sort_values(["importance", "layer", "head"], ascending=[False, True, True]).reset_index(drop=True)
 
@@ -79,12 +83,16 @@ def gradient_importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: in
     The model's weights get no gradient (they are not leaves we ask for) and are never changed.
     `progress`: a bar on stderr, one step per text.
     """
+    lm = for_input(lm, images=False)  # a two-tower model's text tower; an image model: one line
     refuse_seq2seq(lm, "head importance")
-    loss = loss or ("next_token_loss" if lm.is_causal else "embedding_norm")
+    get = getattr(lm.model, "get_output_embeddings", None)
+    head = lm.is_causal and get is not None and get() is not None  # CLIP's causal text tower has no LM head
+    loss = loss or ("next_token_loss" if head else "embedding_norm")
     if loss not in IMPORTANCE_LOSSES:
         raise ValueError(f"loss must be one of {', '.join(IMPORTANCE_LOSSES)}, got {loss!r}")
-    if loss == "next_token_loss" and not lm.is_causal:
-        raise ValueError(f"{lm.name} is an encoder: it has no next-token loss; use loss='embedding_norm'")
+    if loss == "next_token_loss" and not head:
+        raise ValueError(f"{lm.name} has no language-model head{'' if lm.is_causal else ' (an encoder)'}: it has no "
+                         "next-token loss; use loss='embedding_norm'")
     items = encode_many(lm, check_texts(texts), truncate=truncate)
     L, H = lm.config.num_hidden_layers, lm.config.num_attention_heads
     total = torch.zeros(L, H, dtype=torch.float64)
@@ -100,7 +108,10 @@ def gradient_importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: in
         bar.update(len(chunk))
     bar.close()
     raw = (total / len(items)).float()
-    return HeadImportance(model=lm.name, loss=loss, raw=raw, importance=normalise_per_layer(raw), n=len(items))
+    have = attention_layers(lm)
+    raw[[l for l in range(L) if l not in have]] = float("nan")  # a layer without heads: no gradient, no score
+    return HeadImportance(model=lm.name, loss=loss, raw=raw, importance=normalise_per_layer(raw), n=len(items),
+                          layers=None if len(have) == L else tuple(have))
 
 
 def _next_token_loss(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

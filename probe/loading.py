@@ -571,6 +571,10 @@ def _reads_images(config) -> bool:
     return family is not None and family.vision_language is not None
 
 
+# What installs the packages some checkpoints' processors need (torchvision: video processors; num2words: SmolVLM's).
+VISION_EXTRA = "install them with: pip install 'headscope[vision]'"
+
+
 def _processor(path: str, at: dict, own=None):
     """A vision–language checkpoint's processor (tokenizer, image processor on the PIL path, chat template); `own`:
     the family's own way to load it where AutoProcessor cannot (`VisionLanguage.load_processor`)."""
@@ -578,10 +582,16 @@ def _processor(path: str, at: dict, own=None):
 
     try:
         return AutoProcessor.from_pretrained(path, backend="pil", **at)
-    except (OSError, ValueError, TypeError) as exc:
+    except (OSError, ValueError, TypeError, ImportError) as exc:
+        first = exc
         if own is not None:
-            with suppress(OSError, ValueError, TypeError):
+            try:
                 return own(path, at)
+            except (OSError, ValueError, TypeError, ImportError) as again:
+                first = again if isinstance(again, ImportError) else exc
+        if isinstance(first, ImportError):  # a package the processor needs (torchvision for video, num2words)
+            raise ModelNotAvailable(f"{path}: its processor needs a package that is not installed "
+                                    f"({str(first).splitlines()[0]}); {VISION_EXTRA}") from first
         raise ModelNotAvailable(f"{path}: no processor could be loaded ({str(exc).splitlines()[0]}); save it beside "
                                 "the model (processor.save_pretrained(folder))") from exc
 

@@ -140,6 +140,10 @@ class LayerSpec:
     # dataclasses.replace): a query and a key of one block id >= 0 see each other both ways, whatever their order
     # (Gemma 3's image tokens within one image, PaliGemma's image + prompt prefix); -1: causal only.
     blocks: torch.Tensor | None = None
+    # Whether a block's keys are visible past the sliding window: PaliGemma's mask is (causal and window) or
+    # block, so a prefix longer than the window still sees itself whole; False: the window also bounds a block,
+    # window and (causal or block) (Gemma 3's images).
+    block_past_window: bool = False
     # Which keys each query may see where that depends on the input (not a weight: set per input with
     # dataclasses.replace), (B, T, S) bool ANDed into the mask: Mllama's cross-attention (a text token sees the
     # tiles of the images its `cross_attention_mask` allows) and its vision mask (only padding sees no padding).
@@ -313,26 +317,37 @@ def visible_keys(
     key_start: int = 0,
     chunk_size: int | None = None,
     blocks: torch.Tensor | None = None,
+    block_past_window: bool = False,
     visible: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """(B, 1, R, K) bool: True where query i may see key j — `build_mask` before it becomes 0 / -inf.
     `blocks` (B, T): a query and a key of one block >= 0 see each other although the key comes later (causal
-    or a block; then the sliding window, as transformers composes them).
+    or a block; then the sliding window, as transformers composes Gemma 3's mask); `block_past_window`: a block
+    sees itself whole whatever the window (causal and window, or a block: PaliGemma's).
 
     >>> visible_keys(torch.tensor([[1, 1, 1]]), causal=True, sliding_window=2, rows=(2, 3))[0, 0]
     tensor([[False,  True,  True]])
+    >>> prefix = torch.tensor([[0, 0, 0, -1]])  # the prefix's last token, two past the first
+    >>> visible_keys(torch.ones(1, 4), causal=True, sliding_window=2, rows=(2, 3), blocks=prefix,
+    ...              block_past_window=True)[0, 0, 0]
+    tensor([ True,  True,  True, False])
+    >>> visible_keys(torch.ones(1, 4), causal=True, sliding_window=2, rows=(2, 3), blocks=prefix)[0, 0, 0]
+    tensor([False,  True,  True, False])
+
     """
     K = key_valid.shape[-1]
     start, stop = rows if rows is not None else (key_start, key_start + K)
     i = torch.arange(start, stop, device=key_valid.device)[:, None]
     j = torch.arange(key_start, key_start + K, device=key_valid.device)[None, :]
-    allowed = key_valid.bool()[:, None, None, :].expand(-1, 1, stop - start, K)  # (B, 1, R, K)
+    valid = key_valid.bool()[:, None, None, :].expand(-1, 1, stop - start, K)  # (B, 1, R, K)
+    allowed, block = valid, None
     if causal:
         order = j <= i
         if blocks is not None:
             b_q = blocks[:, start:stop].to(key_valid.device)[:, None, :, None]  # (B, 1, R, 1)
             b_k = blocks[:, key_start:key_start + K].to(key_valid.device)[:, None, None, :]  # (B, 1, 1, K)
-            order = order | ((b_q == b_k) & (b_q >= 0))
+            block = (b_q == b_k) & (b_q >= 0)
+            order = order | block
         allowed = allowed & order
     if visible is not None:  # (B, T, S): an input-dependent mask, ANDed in
         allowed = allowed & visible[:, None, start:stop, key_start:key_start + K].to(key_valid.device)
@@ -342,6 +357,8 @@ def visible_keys(
         allowed = allowed & ((i - j).abs() <= local_window)
     if chunk_size is not None:  # chunked local attention: only keys of the query's own chunk
         allowed = allowed & (torch.div(i, chunk_size, rounding_mode="floor") == torch.div(j, chunk_size, rounding_mode="floor"))
+    if block is not None and block_past_window:
+        allowed = allowed | (block & valid)
     return allowed
 
 
@@ -367,6 +384,7 @@ def build_mask(
     key_start: int = 0,
     chunk_size: int | None = None,
     blocks: torch.Tensor | None = None,
+    block_past_window: bool = False,
     visible: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Additive mask (B, 1, R, K): 0 where query i may see key j, -inf elsewhere.
@@ -387,7 +405,8 @@ def build_mask(
             [-inf, 0., 0.]])
     """
     allowed = visible_keys(key_valid, causal=causal, sliding_window=sliding_window, local_window=local_window,
-                           rows=rows, key_start=key_start, chunk_size=chunk_size, blocks=blocks, visible=visible)
+                           rows=rows, key_start=key_start, chunk_size=chunk_size, blocks=blocks,
+                           block_past_window=block_past_window, visible=visible)
     mask = torch.zeros(allowed.shape, dtype=dtype, device=key_valid.device)
     return mask.masked_fill(~allowed, float("-inf"))
 
@@ -596,7 +615,7 @@ def row_probs(
                         use_positions=use_positions, heads=heads)
     mask = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window, dtype=q_rows.dtype,
                       local_window=spec.local_window, rows=(query_start, query_start + R), key_start=key_start,
-                      chunk_size=spec.chunk_size, blocks=spec.blocks,
+                      chunk_size=spec.chunk_size, blocks=spec.blocks, block_past_window=spec.block_past_window,
                       visible=spec.visible)
     if spec.sinks is not None:
         return scores, softmax_with_sink(scores + mask, _sink_logits(spec, heads))  # (B, h, R, K), rows sum < 1

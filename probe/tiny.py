@@ -9,13 +9,17 @@ bug then shows up as a real mismatch.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Literal
+
 import torch
 
 from .families import FAMILIES, SUPPORTED_TYPES, Family, TokenizerKind
 from .images import TOWERS
 from .model import LoadedModel, model_class
 
-__all__ = ["tiny_model", "tiny_tokenizer", "TINY_CORPUS", "TINY_TYPES"]
+__all__ = ["tiny_model", "tiny_tokenizer", "save_tiny", "TINY_CORPUS", "TINY_TYPES"]
 
 TINY_CORPUS = (
     "The animal didn't cross the street because it was too tired.",
@@ -160,3 +164,54 @@ def tiny_model(name: str, *, seed: int = 0, std: float | None = None, as_type: b
         processor = reading.tiny_processor(cfg, tok)
     return LoadedModel(name=f"tiny-{family.name}", model=model, tokenizer=tok, source="random init",
                        dtype=torch.float32, device=torch.device("cpu"), processor=processor)
+
+
+def save_tiny(lm: LoadedModel, folder, *, layout: Literal["hub", "nested"] = "hub") -> Path:
+    """Save tiny model `lm` into `folder` with every file a hub download of its kind carries, to load by path.
+
+    The weights, `config.json`, `generation_config.json` (a generating model), the tokenizer's files and the
+    processor's. A vision–language model's processor is saved as its hub folders lay it out, under the processor
+    class transformers maps its model type to (SmolVLM's own, where the tiny model reads with Idefics3's):
+    `layout="hub"`: `preprocessor_config.json`, `video_preprocessor_config.json` where that class takes a video
+    processor, `chat_template.json`, and `processor_config.json` for the processor's own settings;
+    `layout="nested"`: one `processor_config.json` holding the image and video processors (what
+    `save_pretrained` writes today) and `chat_template.jinja`.
+    """
+    folder = Path(folder)
+    lm.model.save_pretrained(folder)
+    if lm.processor is not None:
+        lm.processor.save_pretrained(folder)
+    if lm.tokenizer is not None and not hasattr(lm.processor, "tokenizer"):  # a processor saves its own tokenizer
+        lm.tokenizer.save_pretrained(folder)
+    if lm.reads_images:
+        _hub_processor_files(folder, lm.model_type, layout)
+    return folder
+
+
+def _hub_processor_files(folder: Path, model_type: str, layout: str) -> None:
+    """Rewrite the processor's `processor_config.json` as `layout` lays out a hub folder of `model_type`."""
+    import transformers
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    saved = folder / "processor_config.json"
+    settings = json.loads(saved.read_text())
+    image = settings.pop("image_processor")
+    kind = PROCESSOR_MAPPING_NAMES.get(model_type) or settings["processor_class"]
+    settings["processor_class"] = kind
+    video = None
+    if "video_processor" in getattr(transformers, kind).get_attributes():
+        # the video processor's settings as hub folders hold them: the image processor's, under the video type
+        named = {"Qwen2_5_VLProcessor": "Qwen2VLVideoProcessor"}.get(kind, kind.removesuffix("Processor") + "VideoProcessor")
+        video = {**{k: v for k, v in image.items() if k != "image_processor_type"}, "video_processor_type": named}
+    template = folder / "chat_template.jinja"
+    if layout == "nested":
+        saved.write_text(json.dumps({"image_processor": image, **({"video_processor": video} if video else {}),
+                                     **settings}, indent=2))
+        return
+    (folder / "preprocessor_config.json").write_text(json.dumps({**image, "processor_class": kind}, indent=2))
+    if video is not None:
+        (folder / "video_preprocessor_config.json").write_text(json.dumps({**video, "processor_class": kind}, indent=2))
+    if template.is_file():
+        (folder / "chat_template.json").write_text(json.dumps({"chat_template": template.read_text()}, indent=2))
+        template.unlink()
+    saved.write_text(json.dumps(settings, indent=2))

@@ -406,7 +406,7 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
             for i in stack.layer_numbers(cfg):
                 spec = stack.layer_spec(base, i, cfg)
                 if stack.kind == "decoder":
-                    spec = at(replace(spec, blocks=reading.blocks(cfg, types, ids, i)))
+                    spec = at(reading.decoder_mask(spec, cfg, types, ids, i))
                 keys = cap.inputs[i] if cap.memory is None else cap.memory
                 if stack.visible is not None:
                     spec = replace(spec, visible=stack.visible(cfg, enc.inputs, cap.inputs[i].shape[1], keys.shape[1]))

@@ -265,3 +265,37 @@ def test_the_picture_is_the_tiles_put_back(mllama, shape, axis):
     assert seen.shape[:2] == shape[:2]
     first, second = np.split(seen[..., 0], 2, axis=axis)
     assert first.max() < 0.05 and second.min() > 0.95
+
+
+def test_ablation_and_importance_take_only_the_self_attention_heads(mllama):
+    """Mllama's cross-attention layer has no self-attention head: ablation switches heads of layers 0 and 2 only,
+    its random sets too, and gradient importance lists no head of layer 1 (it had a row of 0.000 for each)."""
+    from headscope.probe.effects import next_token_loss
+    from headscope.probe.forward import attention_layers
+    from headscope.probe.importance import gradient_importance
+    from headscope.probe.interventions import ablate as ablate_heads
+    from headscope.workflows.ablation import ablate
+
+    texts = ["The cat sat on the mat.", "Mary told John that she would call him."]
+    assert attention_layers(mllama) == (0, 2)
+    result = ablate(mllama, [(2, 1)], corpus=texts, n_random=3)
+    measure = next_token_loss(mllama, texts, batch_size=8)
+    clean = measure.read(mllama)
+    with ablate_heads(mllama, [(2, 1)]):  # the whole pass, nothing replayed
+        ablated = measure.read(mllama)
+    assert result.effect == pytest.approx(measure.change(clean, ablated), rel=1e-5, abs=1e-7)
+    imp = gradient_importance(mllama, texts)
+    assert set(imp.to_frame()["layer"]) == {0, 2} and torch.isnan(imp.importance[1]).all()
+    assert torch.isfinite(imp.importance[[0, 2]]).all()
+
+
+@pytest.mark.parametrize("what", ["dla", "composition", "sinks"])
+def test_a_decomposition_over_every_layer_names_the_cross_attention_layers_and_what_works(mllama, what):
+    from headscope.probe.families import UnsupportedFeature
+    from headscope.workflows.mechanisms import composition, dla
+    from headscope.workflows.sinks import sinks
+
+    run = {"dla": lambda: dla(mllama, "The cat sat on the", answer=" mat"), "composition": lambda: composition(mllama),
+           "sinks": lambda: sinks(mllama, ["The cat sat on the mat."], n_sequences=2, length=12)}[what]
+    with pytest.raises(UnsupportedFeature, match=r"layers 1 are cross-attention layers.*verify, importance and ablate"):
+        run()

@@ -1,7 +1,6 @@
 """Vision–language decoders (issue 36): texts with images, image tokens on their pictures, both stacks verified."""
 
 import copy
-import importlib.util
 import dataclasses
 
 import numpy as np
@@ -13,6 +12,7 @@ from headscope.probe.extract import extract
 from headscope.probe.families import FAMILIES, Stack
 from headscope.probe.forward import base_model
 from headscope.probe.types import ImagePatch
+from headscope.probe.tiny import tiny_model
 from headscope.probe.verify import verify
 
 # Families whose image tokens stand in the text (Mllama reads its image by cross-attention: tests/test_mllama.py)
@@ -240,14 +240,6 @@ def test_folder_round_trip_loads_the_processor(reading, tmp_path):
 
     reading.model.save_pretrained(tmp_path)
     reading.processor.save_pretrained(tmp_path)
-    if reading.model_type in ("llava_onevision", "internvl") and importlib.util.find_spec("torchvision") is None:
-        # transformers 5.25 loads LlavaOnevisionProcessor and InternVLProcessor only with their video processor,
-        # which needs torchvision
-        from headscope.probe.registry import ModelNotAvailable
-
-        with pytest.raises(ModelNotAvailable, match="video processor"):
-            load_model(str(tmp_path))
-        return
     lm = load_model(str(tmp_path))
     assert lm.reads_images and lm.processor is not None
     assert verify(lm).passed
@@ -273,6 +265,33 @@ def test_the_decoder_mask_of_each_family_in_the_maps():
     [pali] = extract(_tiny("paligemma"), "A cat", images=[_picture()])
     assert not pali.causal and (pali.attention[:, :, 0, -1] > 0).all()  # the first image token sees the last prompt token
 
+
+
+def test_a_sliding_layer_lets_paligemmas_prefix_see_itself_past_the_window_and_gemma3s_images_only_within_it():
+    """transformers' masks: PaliGemma's sliding layers are (causal and window) or prefix, so a prefix longer than
+    the window sees itself whole (PaliGemma 2 at 896 px: 4,096 image tokens, a 4,096-token window); Gemma 3's are
+    window and (causal or image), so the window bounds an image too. Both verified, and the maps say so."""
+    from headscope.probe.families import family_of_type
+
+    pali = _tiny("paligemma")
+    text = family_of_type("gemma2").tiny_config(pali.config.text_config.vocab_size, "gemma2")
+    text.pad_token_id, text.sliding_window = pali.config.text_config.pad_token_id, 4
+    pali2 = tiny_model("paligemma", text_config=text)
+    assert pali2.config.text_config.layer_types[0] == "sliding_attention"
+    v = verify(pali2, images=[_picture()])
+    assert v.passed, v.to_frame()
+    [m] = extract(pali2, "A cat", images=[_picture()])
+    prefix = int((m.attention[0, 0, 0] > 0).sum())  # the first image token sees the whole prefix, ahead of it
+    assert prefix > 16 and (m.attention[0, :, prefix - 1, 0] > 0).all()  # its last token sees back past 4 keys
+
+    gemma = tiny_model("gemma3", as_type=True)
+    text = type(gemma.config.text_config)(**{**gemma.config.text_config.to_dict(), "sliding_window": 2})
+    gemma2w = tiny_model("gemma3", as_type=True, text_config=text)
+    assert verify(gemma2w, images=[_picture()], texts=["A <start_of_image> cat"]).passed
+    [g] = extract(gemma2w, "A <start_of_image> cat", images=[_picture()])
+    image = [i for i, p in enumerate(g.patches) if p is not None]
+    assert len(image) > 2 and (g.attention[0, :, image[0], image[2]] > 0).all()  # an image sees ahead in itself
+    assert g.attention[0, :, image[2], image[0]].abs().max() == 0  # but not back past the window of 2
 
 # --- the command line: --image on a vision–language decoder ---------------------------------------------------
 

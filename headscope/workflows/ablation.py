@@ -35,6 +35,8 @@ from headscope.analyses.corpus import builtin_corpus
 from headscope.analyses.relations import COREF_TEMPLATE, continuation
 from headscope.probe.effects import (EffectTask, logit_diff, next_token_loss, option_preference, sentence_cosine,
                                      sequence_loss, word_cosine)
+from headscope.probe.forward import attention_layers
+from headscope.probe.images import for_input
 from headscope.probe.importance import gradient_importance
 from headscope.probe.interventions import (AblationMethod, ablate as ablate_heads, ablate_copies, check_heads, head_means,
                                           refuse_seq2seq)
@@ -136,6 +138,7 @@ def ablate(lm: LoadedModel, heads: Sequence[tuple[int, int]], *, method: Ablatio
     >>> r.to_dict()["random"]["n"], r.effect_metric
     (3, 'next_token_loss')
     """
+    lm = for_input(lm, images=False)  # a two-tower model's text tower; an image model: one line
     heads = _checked(lm, heads, n_random)
     measure, settings = effect_task(lm, corpus=corpus, task=task, word=word, batch_size=batch_size)
     means = _means(lm, method, corpus, reference, batch_size)
@@ -182,7 +185,7 @@ def _readouts(lm: LoadedModel, heads, measure: EffectTask, *, method: AblationMe
               progress: bool = False):
     """(clean readout, readout with `heads` ablated, the random sets, their readouts); `progress`: a bar, one step
     per pass."""
-    sets = random_head_sets(lm.config.num_hidden_layers, lm.config.num_attention_heads, heads, len(heads), n_random,
+    sets = random_head_sets(attention_layers(lm), lm.config.num_attention_heads, heads, len(heads), n_random,
                             seed=seed)
     prefix = CleanPrefix(lm)  # layers below an ablated set's first are the clean pass's: replayed, not rerun
     with progress_bar(total=2 + len(sets), desc=f"{lm.name} ablation", unit="pass", enabled=progress) as bar:
@@ -209,6 +212,7 @@ def ablate_each(lm: LoadedModel, *, method: AblationMethod = "zero", corpus: Seq
     stacked copies, one head ablated in each (`probe.interventions.ablate_copies`), as many copies as fit in
     `STACK_BYTES`; the first such read is checked against the head's own pass, and reads go head by head
     from then on if it differs. Below the ablated layer the clean pass's layers are replayed, not rerun."""
+    lm = for_input(lm, images=False)  # a two-tower model's text tower; an image model: one line
     measure, _ = effect_task(lm, corpus=corpus, task=task, word=word, batch_size=batch_size)
     means = _means(lm, method, corpus, reference, batch_size)
     prefix = CleanPrefix(lm)  # the layers below each ablated head are the clean pass's: replayed, not rerun

@@ -16,6 +16,7 @@ from typing import Iterable
 
 from headscope.analyses.compare import ALPHA, HeadComparison, compare_scores, per_text_scores
 from headscope.probe.encoding import check_texts, encode_many
+from headscope.probe.images import for_input
 from headscope.probe.loading import load_model
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Level
@@ -53,6 +54,8 @@ def compare_models(
     texts = check_texts(texts)
     lm_a = a if isinstance(a, LoadedModel) else load_model(a, device=device, dtype=dtype)
     lm_b = b if isinstance(b, LoadedModel) else load_model(b, device=device, dtype=dtype)
+    # a two-tower model (CLIP, SigLIP): its text tower reads the texts; an image model: one line
+    lm_a, lm_b = for_input(lm_a, images=False), for_input(lm_b, images=False)
     check_compatible(lm_a, lm_b, texts, truncate=truncate)
     tables = [per_text_scores(progress_bar(source_for(lm, attention, budget=budget, batch_size=batch_size)
                                            .iter_maps(texts, level=level, truncate=truncate), enabled=progress,

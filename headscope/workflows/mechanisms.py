@@ -31,6 +31,7 @@ from headscope.analyses.patching import (AttributionPatching, Confirmation, Patc
 from headscope.probe.attribution import (DLAResult, QKAttribution, answer_token, direct_logit_attribution,
                                         qk_attribution, require_lm_head)
 from headscope.probe.composition import CompositionScores, composition_scores
+from headscope.probe.forward import attention_layers
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat
 from headscope.probe.patching import (attribution_estimates, patch_metrics, path_patch_metrics, prepare_pairs,
@@ -217,8 +218,7 @@ def _confirm(lm, p, sites, values, clean, corrupt, *, direction, k, n_random, se
     score = strength(values[:, sel], clean[sel], corrupt[sel], direction).mean(-1)  # [site]
     k = min(k, len(sites) - 1)
     heads = tuple(sorted((sites[i][1], sites[i][2]) for i in top_sites(score, k)))
-    n_layers, nh = lm.config.num_hidden_layers, lm.config.num_attention_heads
-    sets = random_head_sets(n_layers, nh, heads, k, n_random, seed=seed)
+    sets = random_head_sets(attention_layers(lm), lm.config.num_attention_heads, heads, k, n_random, seed=seed)
     jobs = [frozenset(("head", l, h) for l, h in s) for s in (heads, *sets)]
     sub = p.subset(held.tolist())
     v = patch_metrics(lm, sub, jobs, direction=direction, batch_rows=batch_rows).numpy()  # [job, held-out pair]

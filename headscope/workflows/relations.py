@@ -27,6 +27,7 @@ from headscope.analyses.relations import RelationExample
 from headscope.distributed import World, sharded_probe_scores
 from headscope.probe.encoding import TOO_LONG, encode, text_units
 from headscope.probe.extract import iter_extract
+from headscope.probe.images import for_input
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, Attention, Level
 from headscope.probe.sources import AttentionSource, source_for
@@ -61,6 +62,8 @@ def extract_scores(lm: LoadedModel, examples: Sequence[RelationExample], *, leve
     >>> len(data), tuple(data.scores.shape[1:3])
     (3, (2, 4))
     """
+    # a two-tower model (CLIP, SigLIP): its text tower reads the texts; an image model: one line
+    lm = for_input(lm, images=False)
     if world is not None and world.size > 1:
         return sharded_probe_scores(lambda part: extract_scores(lm, part, level=level, head_word=head_word,
                                                                 batch_size=batch_size, crop=crop, progress=progress,

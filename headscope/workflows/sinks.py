@@ -32,7 +32,8 @@ from headscope.analyses.corpus import builtin_corpus
 from headscope.analyses.sinks import (SINK_EPSILON, SINK_LENGTH, SinkReport, StreamingResult, dormant_calls,
                                       first_k_share, massive_activations, sequence_mass, sink_rate)
 from headscope.probe.encoding import check_texts
-from headscope.probe.forward import is_seq2seq
+from headscope.probe.families import family_for
+from headscope.probe.forward import attention_layers, is_seq2seq
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import AblationMethod
 from headscope.probe.sinks import attention_of_ids, head_internals, residual_stream, special_frame, token_nll
@@ -69,6 +70,9 @@ def sinks(lm: LoadedModel, texts: Sequence[str] | None = None, *, k: int = 1, ep
         raise ValueError(f"the sinks analysis reads texts; {lm.name} is an image model ({lm.model_type}): load a text model")
     if is_seq2seq(lm):
         raise ValueError(f"the sinks analysis covers encoders and decoders; {lm.name} is an encoder-decoder model")
+    # before any work: its massive activations read the residual stream block by block (a hybrid stack's Mamba
+    # layers, Mllama's cross-attention layers add to it outside every head)
+    family_for(lm.config).require_attention_everywhere(lm.config, "the sinks analysis (the residual stream by block)")
     k = whole_number(k, "k", minimum=None)
     if not 1 <= k <= K_MAX:
         raise ValueError(f"k must be 1..{K_MAX}, got {k}")
@@ -157,9 +161,10 @@ def _head_table(lm: LoadedModel, texts: Sequence[str], *, batch_size: int) -> pd
             v = item.value_norms.double()  # [layer, head, key]
             ratio_sum = ratio_sum + v[..., 0] / v[..., 1:].median(-1).values.clamp_min(1e-30)
             n_ratio += 1
-    L, H = lm.config.num_hidden_layers, lm.config.num_attention_heads
+    layers, H = attention_layers(lm), lm.config.num_attention_heads  # a hybrid stack's, Mllama's: not all layers
+    L = len(layers)
     nan = torch.full((L, H), float("nan"), dtype=torch.float64)
-    frame = pd.DataFrame({"layer": np.repeat(np.arange(L), H), "head": np.tile(np.arange(H), L)})
+    frame = pd.DataFrame({"layer": np.repeat(np.array(layers), H), "head": np.tile(np.arange(H), L)})
     for k in sums:
         frame[f"first_share_{k}"] = (sums[k] / rows[k] if rows[k] else nan).reshape(-1).numpy()
     frame["norm_share"] = (norm_sum / rows[1] if rows[1] else nan).reshape(-1).numpy()

@@ -30,6 +30,8 @@ from headscope.analyses.selection import head_rank
 from headscope.analyses.treebank import Sentence, Treebank, read_conllu, segmenter_for
 from headscope.probe.encoding import TOO_LONG
 from headscope.probe.extract import extract
+from headscope.probe.forward import attention_layers
+from headscope.probe.images import for_input
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, Attention
 from headscope.probe.sources import AttentionSource, source_for
@@ -105,6 +107,8 @@ def syntax(lm, conllu: str | Path | Treebank, *, select_on: str | Path | Treeban
     `budget` as in `headscope.heads` (a recomputed batch's maps are assembled from blocks; the first
     recomputed sentence is checked against eager attention).
     """
+    # a two-tower model (CLIP, SigLIP): its text tower reads the texts; an image model: one line
+    lm = for_input(lm, images=False)
     test_tb = _treebank(conllu)
     if select_on is not None:
         sel_tb = _treebank(select_on)
@@ -118,8 +122,8 @@ def syntax(lm, conllu: str | Path | Treebank, *, select_on: str | Path | Treeban
         sel_skipped = {}
     if not test or not select:
         raise ValueError(_too_few_sentences(test_tb, sel_tb if select_on is not None else None, limit))
-    n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
-    rank = head_rank(n_layers, n_heads, seed=seed)
+    layers, n_heads = attention_layers(lm), lm.config.num_attention_heads  # the maps' layers (a hybrid's: not all)
+    rank = head_rank(len(layers), n_heads, seed=seed)
     sample = _tree_sample(select, tree_sample, seed) if trees else []
     how_attend = dict(batch_size=batch_size, progress=progress,
                       source=source_for(lm, attention, budget=budget, batch_size=batch_size))
@@ -141,7 +145,7 @@ def syntax(lm, conllu: str | Path | Treebank, *, select_on: str | Path | Treeban
     if sel_skipped:
         how += "; selection sentences skipped: " + ", ".join(f"{v} {k}" for k, v in sel_skipped.items())
     return score_syntax(sel_records, test_records, model=lm.name, treebank=test_tb.name, selection=how,
-                        layer_ids=list(range(n_layers)), head_ids=list(range(n_heads)), tree_selection=choice,
+                        layer_ids=list(layers), head_ids=list(range(n_heads)), tree_selection=choice,
                         skipped=dict(skipped), causal=lm.is_causal, subtypes=subtypes, n_perm=n_perm, seed=seed,
                         alpha=alpha)
 

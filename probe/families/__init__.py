@@ -27,7 +27,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Literal
 
 import torch
@@ -130,8 +130,8 @@ class VisionLanguage:
     `vision_outputs(vision, base, config, inputs)`: a vision encoder whose attention returns no weights (Qwen-VL)
     is verified by this instead of hooks, on its block outputs recomputed with `vision`'s layers: each layer's
     relative |Δ| of the output after W_O.
-    `load_processor(path, at)` loads the processor from a folder where AutoProcessor cannot build it (Qwen-VL's
-    wants a video processor, which needs torchvision)."""
+    `load_processor(path, at)` loads the processor from a folder where AutoProcessor cannot build it (Qwen-VL's,
+    LLaVA-OneVision's and SmolVLM's want a video processor, which needs torchvision: `_reading.load_images_only`)."""
 
     vision: Stack
     vision_family: str
@@ -154,6 +154,15 @@ class VisionLanguage:
     decoder_at: Callable[[Any, Any, Any, Any], Callable[[LayerSpec], LayerSpec]] | None = None
     vision_outputs: Callable[[Stack, Any, Any, dict], list[float]] | None = None
     load_processor: Callable[[str, dict], Any] | None = None
+    # Whether the bidirectional blocks see themselves whole past a sliding layer's window (PaliGemma's prefix:
+    # transformers ORs the block into the windowed causal mask) or only within it (Gemma 3's images).
+    block_past_window: bool = False
+
+    def decoder_mask(self, spec: LayerSpec, cfg, token_type_ids, ids, layer: int) -> LayerSpec:
+        """Decoder layer `layer`'s spec with this input's mask: its bidirectional blocks and how they meet the
+        sliding window."""
+        return replace(spec, blocks=self.blocks(cfg, token_type_ids, ids, layer),
+                       block_past_window=self.block_past_window)
 
 
 @dataclass(frozen=True)
@@ -187,7 +196,11 @@ class Family:
 
     def attention_layers(self, config) -> tuple[int, ...]:
         """The layers with softmax attention, by the model's own numbers: every layer, except in a hybrid stack
-        (`softmax_layers`); only these have a LayerSpec, an attention module and an out-projection."""
+        (`softmax_layers`), and in a decoder with cross-attention layers (Mllama) only its self-attention ones
+        (`VisionLanguage.decoder`); only these have a LayerSpec, an attention module and an out-projection."""
+        reading = self.vision_language
+        if reading is not None and reading.decoder is not None:
+            return reading.decoder.layer_numbers(config)
         return softmax_layers(config)
 
     def stack(self, kind: StackKind) -> Stack:
@@ -203,6 +216,10 @@ class Family:
         have = self.attention_layers(config)
         if len(have) < self.n_layers(config):
             missing = ", ".join(str(i) for i in range(self.n_layers(config)) if i not in have)
+            if self.vision_language is not None and self.vision_language.cross is not None:
+                raise UnsupportedFeature(f"{what} needs self-attention heads in every layer; layers {missing} are "
+                                         "cross-attention layers reading the image (their contribution is not decomposed "
+                                         "into heads); verify, importance and ablate take this model")
             raise UnsupportedFeature(f"{what} needs softmax attention in every layer; layers {missing} of this hybrid "
                                      f"stack have none (their contribution is not decomposed into heads)")
 

@@ -158,8 +158,43 @@ def images_only(cls):
     """Processor class `cls` without its video processor (LlavaOnevisionProcessor, SmolVLMProcessor): in
     transformers 5.25 a video processor needs torchvision, which a CPU install may lack, and images never use it.
     Saved with `save_pretrained` it writes `cls`'s files (no video processor's)."""
+    import inspect
+
     def __init__(self, image_processor=None, tokenizer=None, **kwargs):
         cls.__init__(self, image_processor, tokenizer, None, **kwargs)
         self.video_processor = None
 
-    return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": cls.__module__})
+    # `cls`'s own signature less the video processor: what `save_pretrained` saves (num_image_tokens, ...) is read
+    # from it
+    own = inspect.signature(cls.__init__)
+    __init__.__signature__ = own.replace(parameters=[p for n, p in own.parameters.items() if n != "video_processor"])
+    def apply_chat_template(self, conversation, chat_template=None, **kwargs):
+        """The chat template rendered as every processor renders it: a class's own override adds only its video
+        processor's defaults (SmolVLM's frames and rate), which an images-only processor has none of."""
+        from transformers.processing_utils import ProcessorMixin
+
+        return ProcessorMixin.apply_chat_template(self, conversation, chat_template, **kwargs)
+
+    return type(cls.__name__, (cls,), {"__init__": __init__, "apply_chat_template": apply_chat_template,
+                                       "__module__": cls.__module__})
+
+
+def load_images_only(path: str, at: dict):
+    """A checkpoint's processor without its video processor (`images_only`), for a folder whose processor class
+    takes one (Qwen-VL, LLaVA-OneVision, SmolVLM) where the video processor cannot be built (it needs
+    torchvision): the class transformers maps the model type to, its tokenizer, its image processor on the PIL
+    path, and its own settings and chat template as `processor_config.json` and the chat template file hold them
+    (a hub folder's separate files or one nested `processor_config.json` alike). A package the processor class
+    itself needs (SmolVLM's num2words) still raises its ImportError."""
+    import inspect
+
+    import transformers
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+
+    model_type = transformers.AutoConfig.from_pretrained(path, **at).model_type
+    cls = getattr(transformers, PROCESSOR_MAPPING_NAMES[model_type])
+    settings, _ = cls.get_processor_dict(path, **at)
+    own = set(inspect.signature(cls.__init__).parameters) - {"self", "image_processor", "tokenizer", "video_processor"}
+    return images_only(cls)(image_processor=transformers.AutoImageProcessor.from_pretrained(path, backend="pil", **at),
+                            tokenizer=transformers.AutoTokenizer.from_pretrained(path, **at),
+                            **{k: v for k, v in settings.items() if k in own})

@@ -20,7 +20,8 @@ attention) on every frame.
 
 from __future__ import annotations
 
-from ._reading import decoder_attention, decoder_out_proj, decoder_spec, text_config, text_family, tiny_chat_template
+from ._reading import (decoder_attention, decoder_out_proj, decoder_spec, load_images_only, text_config, text_family,
+                       tiny_chat_template)
 from ._vision import out_projection, projection_spec, tiny_vision_config
 from . import Family, Refusal, Stack, VisionLanguage
 from ..types import ImagePatch
@@ -142,8 +143,9 @@ def tiny_processor(processor_class: str, image_processor_class: str):
     return build
 
 
-def pixel_shuffle_family(name: str, model_type: str, processor_class: str, image_processor_class: str) -> Family:
-    """An Idefics3-layout family (Idefics3, SmolVLM)."""
+def pixel_shuffle_family(name: str, model_type: str, processor_class: str, image_processor_class: str, *,
+                         takes_video: bool = False) -> Family:
+    """An Idefics3-layout family (Idefics3, SmolVLM; `takes_video`: its hub processor class takes a video processor)."""
     return Family(
         name=name,
         model_types=(model_type,),
@@ -161,7 +163,9 @@ def pixel_shuffle_family(name: str, model_type: str, processor_class: str, image
         modality="vision-language",
         vision_language=VisionLanguage(vision=VISION, vision_family="clip_vision", image_units=_image_units,
                                        tiny_processor=tiny_processor(processor_class, image_processor_class),
-                                       image_tokens=lambda cfg: TOKENS, picture=_picture),
+                                       image_tokens=lambda cfg: TOKENS, picture=_picture,
+                                       # SmolVLM's processor class takes a video processor (Idefics3's does not)
+                                       load_processor=load_images_only if takes_video else None),
     )
 
 

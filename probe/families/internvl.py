@@ -29,6 +29,7 @@ import torch
 
 from ..scratch import LayerSpec
 from ._reading import (both_refusals, composite, decoder_attention, decoder_out_proj, decoder_spec, images_only,
+                       load_images_only,
                        language_model, tiny_chat_template)
 from ._vision import out_projection, projection_spec
 from . import Family, Stack, VisionLanguage, norm_eps
@@ -163,5 +164,5 @@ FAMILY = Family(
     modality="vision-language",
     vision_language=VisionLanguage(vision=VISION, vision_family="internvl", image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (START, END, CONTEXT, VIDEO, PLACEHOLDER),
-                                   picture=_picture),
+                                   picture=_picture, load_processor=load_images_only),
 )

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from ._reading import (language_model, vision_tower, both_refusals, decoder_attention, decoder_out_proj, decoder_spec, images_only,
+                       load_images_only,
                        tiny_chat_template, tiny_parts, tiny_pil_processor, vision_stack)
 from .llava import IMAGE_TOKEN
 from .llava_next import PINPOINTS, tile_units, unpadded_grid
@@ -91,5 +92,6 @@ FAMILY = Family(
     auto_class="AutoModelForImageTextToText",
     modality="vision-language",
     vision_language=VisionLanguage(vision=vision_stack(vision_tower), vision_family="clip_vision", image_units=_image_units,
-                                   tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE_TOKEN,)),
+                                   tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE_TOKEN,),
+                                   load_processor=load_images_only),
 )

@@ -4,7 +4,9 @@ prefix-LM mask.
 The processor puts the image tokens first (one per patch, row by row), then `<bos>`, the prompt and a newline;
 `token_type_ids` mark the prefix (0: image and prompt) and the suffix (1: the answer being generated or trained
 on). The image tokens and the prompt attend to each other both ways; the suffix is causal (transformers' blockwise
-overlay with block 0 over the prefix, on full and sliding layers alike). The decoder config's
+overlay with block 0 over the prefix, on full and sliding layers alike: on a sliding layer of a Gemma 2 decoder
+the block is ORed into the windowed causal mask, so a prefix longer than the window, PaliGemma 2's 4,096 image
+tokens at 896 px beside a 4,096-token window, still sees itself whole). The decoder config's
 `use_bidirectional_attention` is set by PaliGemma's config, but the mask the decoder runs is the one PaliGemma
 builds, so it is not refused here. The decoder is verified by its text family (`llama` for Gemma, `gemma2`) with
 that prefix block, the vision tower by `clip_vision`.
@@ -71,5 +73,5 @@ FAMILY = Family(
     modality="vision-language",
     vision_language=VisionLanguage(vision=vision_stack(vision_tower), vision_family="clip_vision", image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE_TOKEN,),
-                                   blocks=_blocks),
+                                   blocks=_blocks, block_past_window=True),
 )

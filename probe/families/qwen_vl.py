@@ -20,7 +20,7 @@ import torch
 
 from ..scratch import attention_from_scratch
 from ._reading import (language_model, both_refusals, decoder_attention, decoder_out_proj, decoder_spec, grid_units, images_only,
-                       text_config, tiny_chat_template)
+                       load_images_only, text_config, tiny_chat_template)
 from . import Family, Stack, VisionLanguage
 
 START, IMAGE, END, VIDEO = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
@@ -145,26 +145,6 @@ def _tiny_processor(cfg, tokenizer):
                                                       chat_template=tiny_chat_template(START + IMAGE + END))
 
 
-def _load_processor(path: str, at: dict):
-    """The checkpoint's processor without its video processor: its tokenizer, its image processor on the PIL path
-    and its chat template, in the processor class its `processor_config.json` names (Qwen2-VL's by default)."""
-    import json
-    from pathlib import Path
-
-    import transformers
-
-    tokenizer = transformers.AutoTokenizer.from_pretrained(path, **at)
-    images = transformers.AutoImageProcessor.from_pretrained(path, backend="pil", **at)
-    named = Path(path) / "processor_config.json"
-    kind = json.loads(named.read_text()).get("processor_class") if named.is_file() else None
-    cls = getattr(transformers, kind if kind in ("Qwen2VLProcessor", "Qwen2_5_VLProcessor", "Qwen3VLProcessor")
-                  else "Qwen2VLProcessor")
-    template = Path(path) / "chat_template.jinja"
-    chat = template.read_text() if template.is_file() else getattr(tokenizer, "chat_template", None)
-    return images_only(cls)(image_processor=images, tokenizer=tokenizer, chat_template=chat)
-
-
-
 def _picture(cfg, inputs: dict, image: int) -> torch.Tensor:
     """Image `image` (3, H, W) as the model saw it (normalised), from the processor's flattened patches: each row
     holds (channel, frame, p, p) of one patch, the patches block-major over the m × m merge blocks."""
@@ -197,5 +177,5 @@ FAMILY = Family(
     vision_language=VisionLanguage(vision=_vision_stack(), vision_family="qwen_vision", image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (START, IMAGE, END, VIDEO),
                                    decoder_at=_decoder_at, vision_outputs=_vision_outputs, picture=_picture,
-                                   load_processor=_load_processor),
+                                   load_processor=load_images_only),
 )

@@ -12,4 +12,4 @@ from __future__ import annotations
 
 from .idefics3 import pixel_shuffle_family
 
-FAMILY = pixel_shuffle_family("smolvlm", "smolvlm", "Idefics3Processor", "SmolVLMImageProcessorPil")
+FAMILY = pixel_shuffle_family("smolvlm", "smolvlm", "Idefics3Processor", "SmolVLMImageProcessorPil", takes_video=True)
