@@ -287,9 +287,11 @@ def _analyse_images(lm: LoadedModel, settings: RunSettings, stage: _Stages, say)
     verification = stage.run("verify", verify, lm, images=images, batch_size=settings.batch_size)
     say(f"{lm.name}: {verification.summary()} ({stage.seconds['verify']:.1f} s)")
     maps = stage.run("images", extract, lm, images=images, level="token", batch_size=settings.batch_size)
-    scores = stage.run("heads", score_corpus, maps, model=lm.name, level="token",
-                       include_special=settings.include_special)
-    scores.meta["corpus"] = f"{len(images)} image(s)"
+    # the maps stay token level for the figures; the scores are at the run's level (a vision–language text's
+    # words; an image model's patches are its units at both levels)
+    scores = stage.run("heads", score_corpus, maps, model=lm.name, level=settings.level,
+                       include_special=settings.include_special,
+                       meta={"corpus": f"{len(images)} image(s)"})
     say(f"{lm.name}: head scores over {len(maps)} images, {len(scores.roles)} roles ({stage.seconds['heads']:.1f} s)")
     notes = ["an image model: the heads are scored on the --image files, and the corpus, the coreference probe, "
              "ablation and sinks (which read texts) were not run; CLIP and SigLIP towers never attend to each other "
