@@ -137,3 +137,85 @@ def test_run_on_an_image_scores_at_the_level_it_records(picture_file, tmp_path, 
         want = expected[expected["metric"] == "previous_token"]["value"].to_numpy()
         assert np.allclose(got, want), level
     assert not np.allclose(by_level["word"]["value"].fillna(0), by_level["token"]["value"].fillna(0))
+
+
+# --- 2. one loader: EXIF orientation, modes with a declared rule, one line for what it cannot convert ---------
+
+
+def _halves(width: int = 64, height: int = 32) -> np.ndarray:
+    """Left half red, right half blue, as stored in the file."""
+    a = np.zeros((height, width, 3), np.uint8)
+    a[:, : width // 2, 0] = 255
+    a[:, width // 2 :, 2] = 255
+    return a
+
+
+def _rotated_jpeg(path, orientation: int = 6):
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[0x0112] = orientation  # Orientation
+    Image.fromarray(_halves()).save(path, quality=100, exif=exif.tobytes())
+    return path
+
+
+def test_exif_orientation_is_applied(tmp_path):
+    """Orientation 6: the stored picture is shown turned 90° clockwise, so its left half (red) is on top."""
+    from headscope.probe.images import load_image
+
+    shown = np.rot90(_halves(), k=-1)  # clockwise
+    got = np.asarray(load_image(0, _rotated_jpeg(tmp_path / "phone.jpg")), dtype=float)
+    assert got.shape == shown.shape and np.abs(got - shown).mean() < 4
+    from PIL import Image
+
+    with Image.open(tmp_path / "phone.jpg") as img:  # a PIL image the caller opened: turned too, left unchanged
+        got = np.asarray(load_image(0, img), dtype=float)
+        assert img.size == (64, 32) and np.abs(got - shown).mean() < 4
+
+
+def test_an_image_model_sees_the_photo_upright(tmp_path):
+    """The picture the model saw (the map's `picture`): red on top, blue below, not red on the left."""
+    [m] = extract(_tiny("vit"), images=[_rotated_jpeg(tmp_path / "phone.jpg")])
+    seen = m.image
+    top, bottom = seen[: seen.shape[0] // 3], seen[-seen.shape[0] // 3 :]
+    assert top[..., 0].mean() > 0.8 > top[..., 2].mean() and bottom[..., 2].mean() > 0.8 > bottom[..., 0].mean()
+
+
+def test_sixteen_bit_images_are_scaled_by_their_depth_not_clipped(tmp_path):
+    from PIL import Image
+
+    from headscope.probe.images import load_image
+
+    raw = np.linspace(0, 32767, 48 * 64).reshape(48, 64).astype(np.uint16)  # a dark half-range gradient
+    Image.fromarray(raw).save(tmp_path / "deep.png")  # PIL opens it as I;16
+    for item in (tmp_path / "deep.png", raw):
+        got = np.asarray(load_image(0, item), dtype=float) / 255
+        assert np.abs(got - (raw / 65535.0)[..., None]).max() <= 0.5 / 255 + 1e-9  # was 0.998 white (clipped)
+
+
+def test_transparent_images_are_composited_on_white():
+    from PIL import Image
+
+    from headscope.probe.images import load_image
+
+    rgba = np.zeros((4, 4, 4), np.uint8)
+    rgba[..., 0] = 200  # red, transparent in the left half and opaque in the right
+    rgba[:, 2:, 3] = 255
+    for item in (Image.fromarray(rgba, mode="RGBA"), rgba, Image.fromarray(rgba, mode="RGBA").convert("PA")):
+        got = np.asarray(load_image(0, item))
+        assert (got[:, :2] == 255).all(), type(item)
+    assert (np.asarray(load_image(0, rgba))[:, 2:] == (200, 0, 0)).all()
+
+
+def test_a_mode_pil_cannot_convert_is_one_line(tmp_path, monkeypatch):
+    from PIL import Image
+
+    from headscope.probe.images import load_image
+
+    img = Image.new("YCbCr", (4, 4))
+    real = Image.Image.convert
+    monkeypatch.setattr(Image.Image, "convert", lambda self, mode=None, *a, **k: (
+        (_ for _ in ()).throw(ValueError(f"conversion from {self.mode} to {mode} not supported"))
+        if self.mode == "YCbCr" else real(self, mode, *a, **k)))
+    with pytest.raises(ValueError, match=r"^image 3: PIL cannot convert its mode 'YCbCr' to RGB .*8-bit RGB"):
+        load_image(3, img)
