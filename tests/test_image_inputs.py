@@ -219,3 +219,62 @@ def test_a_mode_pil_cannot_convert_is_one_line(tmp_path, monkeypatch):
         if self.mode == "YCbCr" else real(self, mode, *a, **k)))
     with pytest.raises(ValueError, match=r"^image 3: PIL cannot convert its mode 'YCbCr' to RGB .*8-bit RGB"):
         load_image(3, img)
+
+
+# --- 3. an image slot no image fills is an error everywhere ----------------------------------------------------
+
+_UNFILLED = r"holds an image slot \(.+\) but no image fills it; give one image per slot"
+
+
+@pytest.mark.parametrize("model_type", VL_TYPES + ["mllama"])
+def test_a_slot_without_an_image_is_refused_by_every_family(model_type):
+    """`encode_many`: every text read without images is tokenised there (extract, heads, explain, generate, run,
+    the explorer), Mllama's included."""
+    from headscope.probe.encoding import encode_many
+
+    lm = _tiny_type(model_type)
+    slot = lm.processor.image_token
+    with pytest.raises(ValueError, match=r"^text 1 .*" + _UNFILLED):
+        encode_many(lm, ["A cat.", f"A {slot} b"])
+    image_id = lm.tokenizer.convert_ids_to_tokens(_image_id(lm.model.config))  # the image token typed as text
+    with pytest.raises(ValueError, match=_UNFILLED):
+        encode_many(lm, [f"A {image_id} b"])
+    assert len(encode_many(lm, ["A cat."])) == 1  # a text without a slot still reads alone
+
+
+def _image_id(cfg) -> int:
+    found = getattr(cfg, "image_token_id", None)
+    return int(found if found is not None else cfg.image_token_index)
+
+
+def test_a_slot_without_an_image_is_refused_by_the_api_and_the_explorer():
+    from headscope.probe.explain import explain
+    from headscope.probe.generate import generate_attention
+    from headscope.workflows.explore import Explorer, ExplorerError
+    from headscope.workflows.heads import heads
+
+    lm = _tiny("llava")
+    for call in (lambda: explain(lm, "A <image> b", token="b", layer=0, head=0),
+                 lambda: generate_attention(lm, "A <image> b", max_new_tokens=1),
+                 lambda: heads(lm, ["A cat.", "A <image> b"], induction_sequences=0)):
+        with pytest.raises(ValueError, match=_UNFILLED):
+            call()
+    explorer = Explorer({"m": lm})
+    with pytest.raises(ExplorerError, match=_UNFILLED) as caught:
+        explorer.attention("m", "Look <image> here", 0, 0, images=[])
+    assert caught.value.status == 400
+
+
+@pytest.mark.parametrize("args", [
+    ["explain", "--model", "tiny:llava", "--token", "b", "--head", "L0H0", "A <image> b"],
+    ["generate", "--model", "tiny:llava", "--prompt", "A <image> b", "--max-new-tokens", "1"],
+    ["run", "--model", "tiny:llava", "--text", "A <image> b", "--quiet"],
+])
+def test_the_cli_refuses_a_slot_without_an_image_in_one_line(args, tmp_path):
+    from conftest import one_line
+
+    if args[0] == "run":
+        args = [*args, "--out", tmp_path / "report"]
+    result = _cli(*args)
+    assert result.exit_code == 2 and "holds an image slot (<image>) but no image fills it" in one_line(result)
+    assert not (tmp_path / "report").exists()
