@@ -19,7 +19,7 @@ from .encoding import Encoded
 from .families import family_of_type
 from .model import LoadedModel
 
-__all__ = ["check_images", "load_image", "encode_images", "patch_labels", "patchify", "unpatchify", "ImageInput", "require_modality",
+__all__ = ["check_images", "load_image", "image_name", "processor_refusal", "encode_images", "patch_labels", "patchify", "unpatchify", "ImageInput", "require_modality",
            "TWO_TOWER_TYPES", "Towers", "TOWERS", "TOWER_NAMES", "is_two_tower", "tower", "for_input",
            "models_for", "as_seen"]
 
@@ -237,7 +237,8 @@ def patch_labels(rows: int, cols: int) -> tuple[str, ...]:
     return tuple(f"r{r}c{c}" for r in range(rows) for c in range(cols))
 
 
-def _name(i: int, item: object) -> str:
+def image_name(i: int, item: object) -> str:
+    """What results and errors call image `i`: its file's name, else `image i`."""
     return os.path.basename(os.fspath(item)) if isinstance(item, (str, os.PathLike)) else f"image {i}"
 
 
@@ -250,7 +251,10 @@ def encode_images(lm: LoadedModel, images: Sequence[object], *, first_index: int
     pictures = [load_image(first_index + i, item) for i, item in enumerate(images)]
     cfg = lm.config
     patch = cfg.patch_size if isinstance(cfg.patch_size, int) else cfg.patch_size[0]
-    out = lm.processor(images=pictures, return_tensors="pt")
+    try:
+        out = lm.processor(images=pictures, return_tensors="pt")
+    except ValueError as exc:
+        raise ValueError(processor_refusal(lm, pictures, images, first_index, exc)) from None
     if "spatial_shapes" in out:  # SigLIP 2 (naflex): patches already cut, a grid of its own per image, padded
         pixels = [unpatchify(out["pixel_values"][i], tuple(out["spatial_shapes"][i].tolist()), patch)
                   for i in range(len(pictures))]  # each (3, rows*p, cols*p): its real patches only
@@ -262,10 +266,29 @@ def encode_images(lm: LoadedModel, images: Sequence[object], *, first_index: int
         rows, cols = pixels[i].shape[-2] // patch, pixels[i].shape[-1] // patch
         labels = prefix + patch_labels(rows, cols)
         special = (True,) * len(prefix) + (False,) * (rows * cols)
-        encoded.append(Encoded(text=_name(first_index + i, item), ids=(0,) * len(labels), spans=((0, 0),) * len(labels),
+        encoded.append(Encoded(text=image_name(first_index + i, item), ids=(0,) * len(labels), spans=((0, 0),) * len(labels),
                                special=special, pixels=pixels[i], grid=(rows, cols), labels=labels,
                                picture=as_seen(lm.processor, pixels[i][None])[0]))
     return encoded
+
+
+def processor_refusal(lm: LoadedModel, pictures: list, items: Sequence[object], first: int, exc: ValueError) -> str:
+    """One line for a processor that refused images (`exc`): the first image its image processor refuses alone
+    (named as the caller gave it, `items[k]` being image `first + k`, with its size and what to do), else the
+    images (and their text) together."""
+    images = getattr(lm.processor, "image_processor", lm.processor)
+    reason = " ".join(str(exc).split())
+    for k, picture in enumerate(pictures):
+        try:
+            if images is not None:
+                images(images=[picture], return_tensors="pt")
+        except ValueError as alone:
+            w, h = picture.size
+            named = image_name(first + k, items[k])
+            name = f"image {first + k}" + ("" if named == f"image {first + k}" else f" ({named})")
+            return (f"{name}, {w} × {h} pixels: {lm.name}'s image processor refuses it ({' '.join(str(alone).split())});"
+                    " crop or pad it to a less extreme shape (or a larger size) and pass that")
+    return f"{lm.name}'s processor refuses these {len(pictures)} image(s): {reason}"
 
 
 def unpatchify(patches, grid: tuple[int, int], patch: int):

@@ -278,3 +278,75 @@ def test_the_cli_refuses_a_slot_without_an_image_in_one_line(args, tmp_path):
     result = _cli(*args)
     assert result.exit_code == 2 and "holds an image slot (<image>) but no image fills it" in one_line(result)
     assert not (tmp_path / "report").exists()
+
+
+# --- smaller: iterators, names, cross maps in show, split words in plot, a refused shape named ------------------
+
+
+def test_images_may_be_an_iterator_everywhere():
+    """An iterator was read twice (default prompts, then the images): "images is empty"."""
+    from headscope.probe.explain import explain
+    from headscope.probe.generate import generate_attention
+
+    lm = _tiny("llava")
+    assert len(extract(lm, images=iter([_picture()]))) == 1
+    assert verify_passed(lm, iter([_picture()]))
+    assert generate_attention(lm, "Hi", images=iter([_picture()]), max_new_tokens=1).prompt.patches
+    assert explain(lm, "a cat", images=iter([_picture()]), token="cat", layer=0, head=0).query == "cat"
+    assert len(extract(_tiny("vit"), images=iter([_picture()]))) == 1
+
+
+def verify_passed(lm, images) -> bool:
+    from headscope.probe.verify import verify
+
+    return verify(lm, images=images).passed
+
+
+def test_explain_takes_images_and_image_is_deprecated():
+    from headscope.probe.explain import explain
+
+    lm = _tiny("llava")
+    new = explain(lm, "a cat", images=[_picture()], token="img0:r0c1", layer=1, head=0)
+    with pytest.warns(DeprecationWarning, match="use images="):
+        old = explain(lm, "a cat", image=[_picture()], token="img0:r0c1", layer=1, head=0)
+    assert new.query == old.query == "img0:r0c1" and new.table.equals(old.table)
+    with pytest.raises(TypeError, match="images= only"):
+        explain(lm, "a cat", images=[_picture()], image=[_picture()], token="cat", layer=0, head=0)
+    with pytest.raises(ValueError, match="is a text model .* not images"):  # not "give exactly one of them"
+        explain(_tiny("llama"), "a cat", images=[_picture()], token="cat", layer=0, head=0)
+
+
+def test_show_draws_a_cross_attention_map_and_names_what_it_cannot_draw():
+    from headscope.reports.inline import show
+
+    [pair] = extract(_tiny("bart"), "a cat sat", target="the dog")
+    html = show(pair.cross)._repr_html_()
+    assert '"key_name":"key (attended to, other sequence)"' in html and '"text":"the dog"' in html
+    assert '"causal":false' in html
+    with pytest.raises(TypeError, match=r"not Seq2SeqAttention; show one of its maps: \.encoder, \.decoder, \.cross"):
+        show(pair)
+
+
+def test_a_word_split_into_pieces_is_found_where_it_starts():
+    from headscope.reports.figures import plot
+
+    [m] = extract(_tiny("llava"), "What is it?", images=[_picture()])
+    start = m.find("What")
+    assert m.spans[start][0] == m.text.index("What") and not m.special[start]
+    assert plot(m, layer=0, head=0, query="What") is not None
+    with pytest.raises(ValueError, match="'zebra' occurs 0 time"):
+        plot(m, layer=0, head=0, query="zebra")
+
+
+def test_an_image_the_processor_refuses_is_named_with_what_to_do(tmp_path):
+    from PIL import Image
+
+    from conftest import one_line
+
+    thin = tmp_path / "thin.png"
+    Image.fromarray(np.zeros((3, 2000, 3), np.uint8)).save(thin)
+    with pytest.raises(ValueError, match=r"^image 1 \(thin\.png\), 2000 × 3 pixels: .* refuses it \(absolute aspect "
+                                         r"ratio .*\); crop or pad it"):
+        extract(_tiny_type("qwen2_vl"), images=[_picture(), thin])
+    result = _cli("verify", "--model", "tiny:qwen2_5_vl", "--image", thin)
+    assert result.exit_code == 2 and "image 0 (thin.png), 2000 × 3 pixels" in one_line(result)
