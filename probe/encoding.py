@@ -21,7 +21,7 @@ from .model import LoadedModel
 from .types import Units
 from .words import Segmenter, assign_words
 
-__all__ = ["Encoded", "image_slots", "check_texts", "encode", "encode_many", "encode_targets", "pad_batch", "token_labels",
+__all__ = ["Encoded", "image_slots", "refuse_unfilled_slots", "check_texts", "encode", "encode_many", "encode_targets", "pad_batch", "token_labels",
            "tokenizer_labels", "text_units", "fit_context", "special_prefix", "ordinary_token_ids", "TOO_LONG",
            "special_ids", "bounded_text", "token_count", "checked_stream", "text_source"]
 
@@ -153,8 +153,8 @@ def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False
     for i, text in enumerate(texts):
         ids, offsets, special = enc["input_ids"][i], enc["offset_mapping"][i], enc["special_tokens_mask"][i]
         shown, only_prefix = looked[i]
-        if slots:
-            _refuse_unfilled_slot(text, ids, slots, first_index + i)
+        if slots and (slots[0] in text or any(int(t) in slots[1] for t in ids)):
+            raise _unfilled(text, slots[0], first_index + i)
         if len(ids) > limit:
             count = f"more than {limit} tokens ({len(text):,} characters)" if only_prefix else f"{len(ids)} tokens"
             if not truncate:
@@ -186,13 +186,23 @@ def image_slots(lm: LoadedModel) -> tuple[str, set[int]] | None:
     return slot, {int(i) for i in ids}
 
 
-def _refuse_unfilled_slot(text: str, ids: Sequence[int], slots: tuple[str, set[int]], i: int) -> None:
+def refuse_unfilled_slots(lm: LoadedModel, texts: Iterable[str]) -> None:
+    """Before any work, `encode_many`'s refusal of a text that holds an image slot (or the image token) with no
+    image to fill it, read in the texts themselves (no tokenisation): for a command that reads them last."""
+    slots = image_slots(lm)
+    if slots is None:
+        return
+    typed = [t for t in lm.tokenizer.convert_ids_to_tokens(sorted(slots[1])) if t]
+    for i, text in enumerate(texts):
+        if any(t in text for t in (slots[0], *typed)):
+            raise _unfilled(text, slots[0], i)
+
+
+def _unfilled(text: str, slot: str, i: int) -> ValueError:
     """A text read without images may not hold an image slot (or the image token): no picture would fill it,
     and the model would read its id as an ordinary token."""
-    slot, image_ids = slots
-    if slot in text or any(int(t) in image_ids for t in ids):
-        raise ValueError(f"text {i} (starting {text[:40]!r}) holds an image slot ({slot}) but no image fills it; "
-                         f"give one image per slot (images=[...]; CLI: --image FILE), or take {slot} out of the text")
+    return ValueError(f"text {i} (starting {text[:40]!r}) holds an image slot ({slot}) but no image fills it; "
+                      f"give one image per slot (images=[...]; CLI: --image FILE), or take {slot} out of the text")
 
 
 def special_ids(tokenizer) -> set[int]:

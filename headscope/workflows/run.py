@@ -26,7 +26,7 @@ import pandas as pd
 from headscope.analyses.flow import FLOW_MAX_EDGES, flow_fits
 from headscope.analyses.heads import score_corpus
 from headscope.analyses.treebank import Treebank
-from headscope.probe.encoding import fit_context
+from headscope.probe.encoding import fit_context, refuse_unfilled_slots
 from headscope.probe.extract import extract
 from headscope.probe.forward import hybrid_note, is_seq2seq
 from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
@@ -170,6 +170,7 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
         lm = for_input(lm, images=bool(settings.images))  # a two-tower model: the tower that reads this input
         if settings.images:
             return _analyse_images(lm, settings, stage, say)
+    refuse_unfilled_slots(lm, settings.texts)  # the report sentences are read last: say it before minutes of work
     notes: list[str] = [note for note in [hybrid_note(lm)] if note]
     verification: Verification | None
     try:
