@@ -273,7 +273,8 @@ class AttentionMap(_HeadGrid):
         hits = [i for i, lab in enumerate(self.labels) if not self.special[i] and _norm(lab) == want]
         if not hits and want:
             hits = [i for i, (a, _) in enumerate(self.spans) if not self.special[i]
-                    and self.text[a:a + len(want)].lower() == want and (a == 0 or not self.text[a - 1].isalnum())]
+                    and self.text[a:a + len(want)].lower() == want and (a == 0 or not self.text[a - 1].isalnum())
+                    and not self.text[a + len(want):a + len(want) + 1].isalnum()]  # the whole word, not a prefix
         if occurrence >= len(hits):
             raise KeyError(f"{word!r} occurs {len(hits)} time(s) among {self.level}s {list(self.labels)}")
         return hits[occurrence]

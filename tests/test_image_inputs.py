@@ -335,6 +335,8 @@ def test_a_word_split_into_pieces_is_found_where_it_starts():
     start = m.find("What")
     assert m.spans[start][0] == m.text.index("What") and not m.special[start]
     assert plot(m, layer=0, head=0, query="What") is not None
+    with pytest.raises(KeyError, match="'Wha' occurs 0 time"):  # a prefix is not the word
+        m.find("Wha")
     with pytest.raises(ValueError, match="'zebra' occurs 0 time"):
         plot(m, layer=0, head=0, query="zebra")
 
