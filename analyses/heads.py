@@ -372,7 +372,10 @@ class HeadScoreAccumulator:
             raise ValueError("no attention maps were given; pass at least one text")
         plan = self._plan
         values = self._sums.clone()
-        values[..., plan.corpus_columns] /= self._counts[plan.corpus_columns]  # 0/0 -> NaN: not applicable
+        counts = self._counts[plan.corpus_columns]
+        values[..., plan.corpus_columns] /= counts  # 0/0 -> NaN: not applicable
+        # a metric no row counts is not applicable whatever its sums hold: NaN, never x/0 = inf in a table
+        values[..., plan.corpus_columns] = values[..., plan.corpus_columns].masked_fill(counts == 0, float("nan"))
         values[..., plan.pattern_columns] /= self._n_sequences if self._n_sequences else float("nan")
         table = _tidy(self.model or "", self._layers, self._heads, plan.names, values, self._counts)
         return HeadScores(
@@ -498,9 +501,10 @@ def score_corpus(
     progress: bool = False,
     total: int | None = None,
     metrics: Mapping[str, Metric] = METRICS,
+    meta: Mapping | None = None,
 ) -> HeadScores:
     """Scores of every head over `maps` (one per text), plus induction scores over `repeated` maps,
-    for each metric of the registry `metrics`.
+    for each metric of the registry `metrics`; `meta` is the result's (how the maps were read).
 
     Maps are consumed one at a time, so a generator such as `probe.iter_extract` keeps memory flat.
     """
@@ -513,7 +517,7 @@ def score_corpus(
         acc.update(amap)
     for amap in repeated:
         acc.update_repeated(amap)
-    return acc.result(thresholds=thresholds)
+    return acc.result(thresholds=thresholds, meta=meta)
 
 
 def assign_roles(table: pd.DataFrame, thresholds: Mapping[str, float] | None = None, *,

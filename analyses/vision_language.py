@@ -69,7 +69,10 @@ def text_query(amap: AttentionMap, query: int | str | None = None) -> int:
             raise ValueError("the map has no text token to attend from")
         return texts[-1]
     if isinstance(query, str):
-        return amap.find(query)
+        try:
+            return amap.find(query)
+        except KeyError as exc:  # a ValueError like every other bad query, its one line
+            raise ValueError(exc.args[0]) from None
     if isinstance(query, bool) or not isinstance(query, (int, np.integer)) or not 0 <= int(query) < len(amap):
         raise ValueError(f"query must be a unit index 0..{len(amap) - 1} or a word of the text, got {query!r}")
     return int(query)

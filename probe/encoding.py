@@ -21,7 +21,7 @@ from .model import LoadedModel
 from .types import Units
 from .words import Segmenter, assign_words
 
-__all__ = ["Encoded", "check_texts", "encode", "encode_many", "encode_targets", "pad_batch", "token_labels",
+__all__ = ["Encoded", "image_slots", "refuse_unfilled_slots", "check_texts", "encode", "encode_many", "encode_targets", "pad_batch", "token_labels",
            "tokenizer_labels", "text_units", "fit_context", "special_prefix", "ordinary_token_ids", "TOO_LONG",
            "special_ids", "bounded_text", "token_count", "checked_stream", "text_source"]
 
@@ -144,6 +144,7 @@ def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False
     if tok is None:  # an image model (or a two-tower model's image tower): "'NoneType' object is not callable"
         raise ValueError(f"{lm.name} ({lm.model_type}) has no tokenizer, so it cannot read text: this takes a "
                          "text model (an image model reads images: --image FILE where a command takes one)")
+    slots = image_slots(lm)
     looked = [bounded_text(tok, text, limit) for text in texts]
     enc = tok([shown for shown, _ in looked], return_offsets_mapping=True, return_special_tokens_mask=True,
               add_special_tokens=True)
@@ -152,6 +153,8 @@ def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False
     for i, text in enumerate(texts):
         ids, offsets, special = enc["input_ids"][i], enc["offset_mapping"][i], enc["special_tokens_mask"][i]
         shown, only_prefix = looked[i]
+        if slots and (slots[0] in text or any(int(t) in slots[1] for t in ids)):
+            raise _unfilled(text, slots[0], first_index + i)
         if len(ids) > limit:
             count = f"more than {limit} tokens ({len(text):,} characters)" if only_prefix else f"{len(ids)} tokens"
             if not truncate:
@@ -168,6 +171,38 @@ def encode_many(lm: LoadedModel, texts: Sequence[str], *, truncate: bool = False
         spans = tuple((0, 0) if s else (int(a), int(b)) for (a, b), s in zip(offsets, flags))
         out.append(Encoded(text=text, ids=tuple(ids), spans=spans, special=flags))
     return out
+
+
+def image_slots(lm: LoadedModel) -> tuple[str, set[int]] | None:
+    """A vision–language model's image slot (`<image>`, `<start_of_image>`, `<|image_pad|>`) and the ids that
+    stand for an image in its texts (the slot's and the model's image token's); None for any other model."""
+    slot = getattr(getattr(lm, "processor", None), "image_token", None) if getattr(lm, "reads_images", False) else None
+    if not isinstance(slot, str) or lm.tokenizer is None:
+        return None
+    cfg = lm.model.config
+    found = getattr(cfg, "image_token_id", None)
+    ids = {found if found is not None else getattr(cfg, "image_token_index", None),
+           lm.tokenizer.convert_tokens_to_ids(slot)} - {None, lm.tokenizer.unk_token_id}
+    return slot, {int(i) for i in ids}
+
+
+def refuse_unfilled_slots(lm: LoadedModel, texts: Iterable[str]) -> None:
+    """Before any work, `encode_many`'s refusal of a text that holds an image slot (or the image token) with no
+    image to fill it, read in the texts themselves (no tokenisation): for a command that reads them last."""
+    slots = image_slots(lm)
+    if slots is None:
+        return
+    typed = [t for t in lm.tokenizer.convert_ids_to_tokens(sorted(slots[1])) if t]
+    for i, text in enumerate(texts):
+        if any(t in text for t in (slots[0], *typed)):
+            raise _unfilled(text, slots[0], i)
+
+
+def _unfilled(text: str, slot: str, i: int) -> ValueError:
+    """A text read without images may not hold an image slot (or the image token): no picture would fill it,
+    and the model would read its id as an ordinary token."""
+    return ValueError(f"text {i} (starting {text[:40]!r}) holds an image slot ({slot}) but no image fills it; "
+                      f"give one image per slot (images=[...]; CLI: --image FILE), or take {slot} out of the text")
 
 
 def special_ids(tokenizer) -> set[int]:

@@ -12,6 +12,7 @@ own numbers, not a re-implementation's guess.
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from dataclasses import dataclass
 
 import pandas as pd
@@ -20,7 +21,7 @@ import torch
 from .encoding import Encoded, encode, token_labels
 from .families import Family, UnsupportedFeature, family_for
 from .forward import base_model, no_attention_reason, refuse_cross_reader
-from .images import check_images, encode_images, for_input
+from .images import check_images, encode_images, for_input, require_modality
 from .model import LoadedModel
 from .scratch import attention_from_scratch, project_qk, sink_share
 from .types import head_name
@@ -105,9 +106,21 @@ def find_token(labels: list[str], enc: Encoded, token: str | int, occurrence: in
     return hits[occurrence]
 
 
+def _images_argument(images: object, image: object) -> object:
+    """`images=`, or the deprecated `image=` (with a DeprecationWarning); one error for both."""
+    if image is None:
+        return images
+    if images is not None:
+        raise TypeError("give images= only (image= is its deprecated old name)")
+    warnings.warn("explain(image=...) is deprecated and goes in the next release; use images=...", DeprecationWarning,
+                  stacklevel=3)
+    return image
+
+
 @torch.inference_mode()
 def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer: int, head: int, occurrence: int = 0,
-            attention: Attention = DEFAULT_ATTENTION, budget: int | None = None, image: object = None) -> Explanation:
+            attention: Attention = DEFAULT_ATTENTION, budget: int | None = None, images: object = None,
+            image: object = None) -> Explanation:
     """Walk through softmax(q·kᵀ/√d)·v for `token` as the query in head `layer`.`head`.
 
     Each key's score is taken apart into the terms the model adds: `raw_score` q·k (content only),
@@ -120,10 +133,11 @@ def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer
     the model with fast attention and recomputes only this layer; the model's own weights of the layer
     are then compared on the text's prefix (`probe.recompute.check_prefix`), recorded in `check`.
 
-    `image`: a vision transformer's one image (no text; `token` a unit such as "[CLS]" or "r1c2"), or a
+    `images`: a vision transformer's one image (no text; `token` a unit such as "[CLS]" or "r1c2"), or a
     vision–language decoder's images for `text` (`probe.vision_language` places them; no text: the default
     prompt; `token` a word or an image token "img0:r1c2"); the decoder's layer is recomputed with the model's
-    own mask, from its eager weights.
+    own mask, from its eager weights. `image=` is the old name of `images=` (deprecated; it goes in the next
+    release).
 
     >>> from headscope.probe.tiny import tiny_model
     >>> e = explain(tiny_model("bert"), "The cat sat.", token="cat", layer=1, head=2)
@@ -138,10 +152,14 @@ def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer
     """
     if isinstance(occurrence, bool) or not isinstance(occurrence, int) or occurrence < 0:
         raise ValueError(f"occurrence must be 0 (the first), 1 (the second), ...; got {occurrence!r}")
+    image = _images_argument(images, image)
     refuse_cross_reader(lm)  # Mllama's layers are not one map over the text each
+    if image is not None:
+        image = check_images(image)  # once: an iterator is read here, not emptied by a second look
+        require_modality(lm, images=True)  # an image on a text model: that, not "give exactly one of them"
     reads = getattr(lm, "reads_images", False) and image is not None  # a text with its images (LLaVA, Gemma 3)
     if (text is None) == (image is None) and not reads:
-        raise ValueError("explain one text or one image (image=...): give exactly one of them")
+        raise ValueError("explain one text or one image (images=...): give exactly one of them")
     lm = for_input(lm, images=image is not None)  # a two-tower model: the tower that reads this input
     source = source_for(lm, attention, budget=budget)
     if reads:  # the decoder's head over the text and its image tokens: the query a word or an image token "img0:r1c2"

@@ -67,6 +67,8 @@ def iter_extract(
     if texts is None and images is None:
         raise TypeError("texts must be a str or an iterable of str (a list, a generator, ...), got NoneType; "
                         "an image model takes images=[...] instead")
+    if images is not None:
+        images = check_images(images)  # once: an iterator is read here, not emptied by a second look
     lm = for_input(lm, images=images is not None)  # a two-tower model: the tower that reads this input
     if texts is not None and images is not None and not getattr(lm, "reads_images", False):
         raise ValueError("pass texts or images, not both (CLIP's two towers: hs.image_text for an image-caption "

@@ -38,7 +38,7 @@ import torch
 from .encoding import encode
 from .extract import extract
 from .forward import extra_inputs, is_seq2seq
-from .images import require_modality
+from .images import check_images, require_modality
 from .model import LoadedModel
 from .types import AttentionMap, seed_value, whole_number
 from .vision_language import encode_with_images
@@ -136,6 +136,7 @@ def generate_attention(lm: LoadedModel, prompt: str, *, max_new_tokens: int = 20
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be at least 1, got {max_new_tokens}")
     if images is not None:
+        images = check_images(images)  # once: an iterator is read here, not emptied by a second look
         require_modality(lm, images=True)  # an image on a text model: one clear line
         if not getattr(lm, "reads_images", False):
             raise ValueError(f"{lm.name} does not generate text over an image; pick a vision–language decoder "

@@ -19,6 +19,7 @@ import torch
 from .encoding import pad_batch
 from .families import family_for
 from .forward import base_model, extra_inputs, forward_one_stream
+from .images import check_images
 from .maps import make_map
 from .model import LoadedModel
 from .types import AttentionMap, CrossAttentionMap, Units
@@ -53,6 +54,7 @@ def image_cross_attention(lm: LoadedModel, texts: str | Sequence[str] | None = N
     if reading is None or reading.cross is None:
         raise ValueError(f"{lm.name} reads no image through cross-attention layers; use hs.extract(lm, texts, "
                          "images=...) for a decoder whose image tokens stand in its text")
+    images = check_images(images)  # once: an iterator is read here, not emptied by a second look
     texts = default_texts(images) if texts is None else ([texts] if isinstance(texts, str) else list(texts))
     base, cfg = base_model(lm), lm.config
     out = []

@@ -19,7 +19,7 @@ from .encoding import Encoded
 from .families import SUPPORTED_TYPES, family_of_type
 from .model import LoadedModel
 
-__all__ = ["check_images", "load_image", "encode_images", "patch_labels", "patchify", "unpatchify", "ImageInput", "require_modality",
+__all__ = ["check_images", "load_image", "image_name", "processor_refusal", "encode_images", "patch_labels", "patchify", "unpatchify", "ImageInput", "require_modality",
            "modality_refusal",
            "TWO_TOWER_TYPES", "Towers", "TOWERS", "TOWER_NAMES", "is_two_tower", "tower", "for_input",
            "models_for", "as_seen"]
@@ -139,37 +139,110 @@ def _is_pil(obj) -> bool:
 
 
 def load_image(i: int, item: object):
-    """Image `i` as an RGB PIL image; one clear error naming it when it cannot be read."""
+    """Image `i` as an RGB PIL image (the caller's image is never changed); one clear error naming it when it
+    cannot be read. Every image of every command comes through here, under one rule:
+
+    - its EXIF orientation is applied (a phone photo's Orientation tag: the picture as it is shown, upright);
+    - `RGB` stays; `L` and `1` (grey, black and white) and `CMYK` / `YCbCr` / `HSV` are converted by PIL;
+    - a transparent image (`RGBA`, `LA`, `P` with transparency, a 4-channel array) is composited on white,
+      as transformers' `convert_to_rgb` does;
+    - more than 8 bits a channel is scaled to 8 by its bit depth: `I;16` (16-bit PNG) and `uint16` arrays by
+      65535, `I` (32-bit integers) by 255 or 65535 where its values fit, else by its own range (min..max);
+      `F` (32-bit float) and float arrays read as 0..1 where they fit, else as 0..255 or 0..65535 where they
+      fit, else by their own range;
+    - any other mode PIL cannot turn into RGB is refused, naming the mode.
+    """
     from PIL import Image, UnidentifiedImageError
 
     if _is_pil(item):
-        return item.convert("RGB")
+        return _as_rgb(_upright(item, f"image {i}"), f"image {i}")
     if isinstance(item, (str, os.PathLike)):
         path = os.fspath(item)
         if not os.path.isfile(path):
             raise ValueError(f"image {i}: no file {path!r}; give the path of a PNG or JPEG image")
         try:
             with Image.open(path) as img:
-                return img.convert("RGB")
+                img.load()
+                name = f"image {i} ({path!r})"
+                return _as_rgb(_upright(img, name), name)
         except Image.DecompressionBombError as exc:  # not an OSError: it came out as "unexpected ..."
             raise ValueError(f"image {i}: {path!r} is too large to decode safely ({exc}); scale it down (the model "
                              "resizes every image to its own size anyway)") from None
         except (UnidentifiedImageError, OSError) as exc:
             raise ValueError(f"image {i}: {path!r} is not an image PIL can read ({exc}); give a PNG or JPEG") from None
     if isinstance(item, np.ndarray):
-        a = item
-        if a.ndim == 2:
-            a = np.stack([a] * 3, axis=-1)
-        if a.ndim != 3 or a.shape[-1] not in (3, 4) or min(a.shape[:2]) < 1:
-            raise ValueError(f"image {i}: an array must be [H, W] or [H, W, 3 or 4], got shape {item.shape}")
-        if a.dtype.kind == "f":
-            if not np.isfinite(a).all():
-                raise ValueError(f"image {i}: the array holds NaN or infinite values")
-            a = (np.clip(a, 0.0, 1.0) * 255).round().astype(np.uint8)  # floats are read as 0..1
-        elif a.dtype != np.uint8:
-            raise TypeError(f"image {i}: an array must be uint8 (0..255) or float (0..1), got {a.dtype}")
-        return Image.fromarray(np.ascontiguousarray(a[..., :3]), mode="RGB")
+        return _array_as_rgb(item, f"image {i}")
     raise TypeError(f"image {i} is a {type(item).__name__}; pass a path, a PIL image or a numpy array")
+
+
+def _upright(img, name: str):
+    """`img` turned as its EXIF Orientation tag says (a copy; `img` itself where it has no such tag)."""
+    from PIL import ImageOps
+
+    try:
+        turned = ImageOps.exif_transpose(img)
+    except Exception as exc:  # noqa: BLE001 - PIL raises many kinds on a broken EXIF block
+        raise ValueError(f"{name}: its EXIF data cannot be read ({type(exc).__name__}: {exc}), so its "
+                         "orientation is unknown; save it again without EXIF (or upright) and pass that") from None
+    return img if turned is None else turned
+
+
+def _as_rgb(img, name: str):
+    """A PIL image of any mode as RGB, by the rule of `load_image`."""
+    mode = img.mode
+    if mode == "RGB":
+        return img.copy()
+    if mode.startswith("I") or mode == "F":  # more than 8 bits a channel: scaled, never clipped to white
+        return _array_as_rgb(np.asarray(img), name, mode=mode)
+    try:
+        if mode in ("RGBA", "LA", "La", "RGBa", "PA") or (mode == "P" and "transparency" in img.info):
+            return _on_white((img.convert("LA") if mode == "La" else img).convert("RGBA"))  # La: only via LA
+        return img.convert("RGB")
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"{name}: PIL cannot convert its mode {mode!r} to RGB ({exc}); save it as an 8-bit RGB "
+                         "PNG or JPEG") from None
+
+
+def _on_white(rgba):
+    from PIL import Image
+
+    return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+
+
+def _array_as_rgb(item: np.ndarray, name: str, *, mode: str | None = None):
+    """A numpy image ([H, W] or [H, W, 3 or 4]; uint8, uint16, other integers or floats) as RGB, by the rule of
+    `load_image`."""
+    from PIL import Image
+
+    a = item
+    if a.ndim == 2:
+        a = a[..., None]
+    if a.ndim != 3 or a.shape[-1] not in (1, 3, 4) or min(a.shape[:2]) < 1:
+        raise ValueError(f"{name}: an array must be [H, W] or [H, W, 3 or 4], got shape {item.shape}")
+    if a.dtype == bool or a.dtype.kind not in "uif":
+        raise TypeError(f"{name}: an array must be uint8 (0..255), uint16 (0..65535) or float (0..1), got {a.dtype}")
+    if a.dtype.kind == "f" and not np.isfinite(a).all():
+        raise ValueError(f"{name}: the array holds NaN or infinite values")
+    scaled = _to_unit(a.astype(np.float64), a.dtype, mode)  # 0..1
+    rgb = (scaled * 255).round().astype(np.uint8)
+    if rgb.shape[-1] == 1:
+        rgb = np.repeat(rgb, 3, axis=-1)
+    picture = Image.fromarray(np.ascontiguousarray(rgb), mode="RGBA" if rgb.shape[-1] == 4 else "RGB")
+    return _on_white(picture) if picture.mode == "RGBA" else picture
+
+
+def _to_unit(a: np.ndarray, dtype: np.dtype, mode: str | None) -> np.ndarray:
+    """Values in 0..1 by the bit depth where it is known (uint8: 255, uint16 / I;16: 65535), else by the first of
+    0..1 (floats), 0..255, 0..65535 that holds them all, else by their own range."""
+    lo, hi = float(a.min()), float(a.max())
+    if dtype == np.uint8:
+        return a / 255
+    if dtype == np.uint16 or (mode or "").startswith("I;16"):
+        return a / 65535
+    for top in ((1.0,) if dtype.kind == "f" else ()) + (255.0, 65535.0):
+        if lo >= 0 and hi <= top:
+            return a / top
+    return (a - lo) / (hi - lo) if hi > lo else np.zeros_like(a)
 
 
 def patch_labels(rows: int, cols: int) -> tuple[str, ...]:
@@ -181,7 +254,8 @@ def patch_labels(rows: int, cols: int) -> tuple[str, ...]:
     return tuple(f"r{r}c{c}" for r in range(rows) for c in range(cols))
 
 
-def _name(i: int, item: object) -> str:
+def image_name(i: int, item: object) -> str:
+    """What results and errors call image `i`: its file's name, else `image i`."""
     return os.path.basename(os.fspath(item)) if isinstance(item, (str, os.PathLike)) else f"image {i}"
 
 
@@ -194,7 +268,10 @@ def encode_images(lm: LoadedModel, images: Sequence[object], *, first_index: int
     pictures = [load_image(first_index + i, item) for i, item in enumerate(images)]
     cfg = lm.config
     patch = cfg.patch_size if isinstance(cfg.patch_size, int) else cfg.patch_size[0]
-    out = lm.processor(images=pictures, return_tensors="pt")
+    try:
+        out = lm.processor(images=pictures, return_tensors="pt")
+    except ValueError as exc:
+        raise ValueError(processor_refusal(lm, pictures, images, first_index, exc)) from None
     if "spatial_shapes" in out:  # SigLIP 2 (naflex): patches already cut, a grid of its own per image, padded
         pixels = [unpatchify(out["pixel_values"][i], tuple(out["spatial_shapes"][i].tolist()), patch)
                   for i in range(len(pictures))]  # each (3, rows*p, cols*p): its real patches only
@@ -206,10 +283,29 @@ def encode_images(lm: LoadedModel, images: Sequence[object], *, first_index: int
         rows, cols = pixels[i].shape[-2] // patch, pixels[i].shape[-1] // patch
         labels = prefix + patch_labels(rows, cols)
         special = (True,) * len(prefix) + (False,) * (rows * cols)
-        encoded.append(Encoded(text=_name(first_index + i, item), ids=(0,) * len(labels), spans=((0, 0),) * len(labels),
+        encoded.append(Encoded(text=image_name(first_index + i, item), ids=(0,) * len(labels), spans=((0, 0),) * len(labels),
                                special=special, pixels=pixels[i], grid=(rows, cols), labels=labels,
                                picture=as_seen(lm.processor, pixels[i][None])[0]))
     return encoded
+
+
+def processor_refusal(lm: LoadedModel, pictures: list, items: Sequence[object], first: int, exc: ValueError) -> str:
+    """One line for a processor that refused images (`exc`): the first image its image processor refuses alone
+    (named as the caller gave it, `items[k]` being image `first + k`, with its size and what to do), else the
+    images (and their text) together."""
+    images = getattr(lm.processor, "image_processor", lm.processor)
+    reason = " ".join(str(exc).split())
+    for k, picture in enumerate(pictures):
+        try:
+            if images is not None:
+                images(images=[picture], return_tensors="pt")
+        except ValueError as alone:
+            w, h = picture.size
+            named = image_name(first + k, items[k])
+            name = f"image {first + k}" + ("" if named == f"image {first + k}" else f" ({named})")
+            return (f"{name}, {w} × {h} pixels: {lm.name}'s image processor refuses it ({' '.join(str(alone).split())});"
+                    " crop or pad it to a less extreme shape (or a larger size) and pass that")
+    return f"{lm.name}'s processor refuses these {len(pictures)} image(s): {reason}"
 
 
 def unpatchify(patches, grid: tuple[int, int], patch: int):

@@ -267,8 +267,14 @@ class AttentionMap(_HeadGrid):
         return self.meta.get("weight", "attention")
 
     def find(self, word: str, occurrence: int = 0) -> int:
-        """Index of the `occurrence`-th unit whose text equals `word` (case-insensitive)."""
-        hits = [i for i, lab in enumerate(self.labels) if not self.special[i] and _norm(lab) == _norm(word)]
+        """Index of the `occurrence`-th unit whose text equals `word` (case-insensitive), else (a word split
+        into pieces) of the unit where the word starts in the text, as `explain` finds its token."""
+        want = _norm(word)
+        hits = [i for i, lab in enumerate(self.labels) if not self.special[i] and _norm(lab) == want]
+        if not hits and want:
+            hits = [i for i, (a, _) in enumerate(self.spans) if not self.special[i]
+                    and self.text[a:a + len(want)].lower() == want and (a == 0 or not self.text[a - 1].isalnum())
+                    and not self.text[a + len(want):a + len(want) + 1].isalnum()]  # the whole word, not a prefix
         if occurrence >= len(hits):
             raise KeyError(f"{word!r} occurs {len(hits)} time(s) among {self.level}s {list(self.labels)}")
         return hits[occurrence]

@@ -268,6 +268,8 @@ def verify(
     family: the image tower on `images` (default: `default_images()`), the text tower on `texts` (default:
     `DEFAULT_TEXTS`), whichever of them is given; `Verification.towers` holds each, named.
     """
+    if images is not None:
+        images = check_images(images)  # once: an iterator is read here, not emptied by a second look
     if is_two_tower(lm):
         if target is not None:
             raise ValueError(f"target= is for encoder-decoder models; {lm.name} is a two-tower model (CLIP, SigLIP)")

@@ -21,7 +21,7 @@ from typing import Sequence
 
 from .encoding import Encoded, special_ids
 from .families import family_of_type
-from .images import as_seen, check_images, load_image
+from .images import as_seen, check_images, load_image, processor_refusal
 from .model import LoadedModel
 from .types import ImagePatch
 
@@ -112,17 +112,32 @@ def encode_with_images(lm: LoadedModel, texts: Sequence[str], images: object) ->
     counts = assign_images(texts, len(images), image_slot(lm))
     out, first = [], 0
     for text, n in zip(texts, counts):
-        pictures = [load_image(first + k, item) for k, item in enumerate(images[first : first + n])]
-        out.append(_encode_one(lm, prompt_with_slots(lm, text, n), pictures))
+        mine = images[first : first + n]
+        pictures = [load_image(first + k, item) for k, item in enumerate(mine)]
+        try:
+            out.append(_encode_one(lm, prompt_with_slots(lm, text, n), pictures))
+        except _Refused as refused:  # e.g. Qwen-VL's "absolute aspect ratio must be smaller than 200": which image
+            raise ValueError(processor_refusal(lm, pictures, mine, first, refused.reason)) from None
         first += n
     return out
+
+
+class _Refused(Exception):
+    """The processor refused a text's images (`reason`, its ValueError)."""
+
+    def __init__(self, reason: ValueError) -> None:
+        super().__init__(str(reason))
+        self.reason = reason
 
 
 def _encode_one(lm: LoadedModel, text: str, pictures: list) -> Encoded:
     proc, tok, cfg = lm.processor, lm.tokenizer, lm.model.config
     reading = family_of_type(lm.model_type).vision_language
     kwargs = {"images": pictures} if pictures else {}
-    out = proc(text=[text], return_tensors="pt", **kwargs)
+    try:
+        out = proc(text=[text], return_tensors="pt", **kwargs)
+    except ValueError as exc:
+        raise _Refused(exc) from None
     ids = [int(i) for i in out["input_ids"][0]]
     if len(ids) > lm.max_length:
         raise ValueError(f"the text and its {len(pictures)} image(s) make {len(ids)} tokens; {lm.name} takes at most "

@@ -80,7 +80,13 @@ def assign_words(
     Returns `(unit_of_token, unit_spans, unit_special)`: each special token is a unit of its own;
     every other token joins the word holding its first non-space character. A token that spans
     several words (SentencePiece's "北京") merges them into one unit; a whitespace-only token joins
-    the next word, else the previous one.
+    the next word where no special token stands between them, else the previous one on the same terms,
+    else it is a unit of its own.
+
+    Every unit is one run of consecutive tokens, so the units keep the tokens' order and a causal
+    map stays causal at word level: a unit that held a token before a special one (an image token, a
+    chat template's marker) and one after it would let its earlier token's row read the later keys.
+    A token whose word's unit does not end just before it therefore starts a unit of its own.
 
     >>> assign_words("我爱北京", [(0, 1), (1, 2), (2, 4)], [False] * 3)
     ([0, 1, 2], [(0, 1), (1, 2), (2, 4)], [False, False, False])
@@ -99,9 +105,10 @@ def assign_words(
             unit_spans.append((0, 0))
             unit_special.append(True)
             continue
-        known = [unit_of_word[w] for w in ws if w in unit_of_word]
-        u = min(known) if known else len(unit_spans)
-        if not known:
+        previous = unit_of_token[-1] if unit_of_token else None
+        joins = previous is not None and any(unit_of_word.get(w) == previous for w in ws)
+        u = previous if joins else len(unit_spans)  # only the unit just before it: units stay consecutive
+        if not joins:
             unit_spans.append(tuple(token_spans[t]) if ws[0] < 0 else words[ws[0]])
             unit_special.append(False)
         for w in ws:
@@ -127,16 +134,28 @@ def _words_touched(text: str, a: int, b: int, words: list[tuple[int, int]]) -> l
 
 
 def _attach_orphans(touched: list[list[int]], special: Sequence[bool]) -> None:
-    """A token on no word (whitespace, a control character) joins the next word, else the previous."""
+    """A token on no word (whitespace, a control character) joins the next word, else the previous, never
+    across a special token (the space a chat template puts before an image stays out of the word after it)."""
     n = len(touched)
     for t in range(n):
         if special[t] or touched[t]:
             continue
-        nxt = next((touched[j][0] for j in range(t + 1, n) if not special[j] and touched[j]), None)
-        prev = next((touched[j][-1] for j in range(t - 1, -1, -1) if not special[j] and touched[j]), None)
+        nxt = _nearest(touched, special, range(t + 1, n), 0)
+        prev = _nearest(touched, special, range(t - 1, -1, -1), -1)
         chosen = nxt if nxt is not None else prev
         # Only whitespace tokens: the token becomes a word of its own (a negative id no word has).
         touched[t] = [chosen if chosen is not None else -(t + 1)]
+
+
+def _nearest(touched: list[list[int]], special: Sequence[bool], order: range, end: int) -> int | None:
+    """The first word met walking `order` from an orphan token over orphans only (its `end` word id), None
+    where a special token or the text's end comes first."""
+    for j in order:
+        if special[j]:
+            return None
+        if touched[j]:
+            return touched[j][end]
+    return None
 
 
 def to_word_level(amap):

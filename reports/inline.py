@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import torch
 
 from headscope.probe.generate import GenerationAttention
-from headscope.probe.types import AttentionMap
+from headscope.probe.types import AttentionMap, CrossAttentionMap
 
 from headscope.probe.wording import counted
 
@@ -88,10 +88,18 @@ def _map_data(attention: torch.Tensor, queries: Sequence[str], keys: Sequence[st
 
 
 def _labels(amap: Any) -> tuple[Sequence[str], Sequence[str]]:
-    """Query and key labels of a map; maps of cross-attention carry the two lists separately."""
+    """Query and key labels of a map; maps of cross-attention carry the two lists separately (a
+    `CrossAttentionMap`: its target's and its source's units)."""
+    if isinstance(amap, CrossAttentionMap):
+        return amap.queries.labels, amap.keys.labels
     queries = getattr(amap, "query_labels", None) or amap.labels
     keys = getattr(amap, "key_labels", None) or amap.labels
     return queries, keys
+
+
+def _text(amap: Any) -> str:
+    """What a map's view is captioned with: its text; a cross-attention map's target text."""
+    return amap.queries.text if isinstance(amap, CrossAttentionMap) else amap.text
 
 
 def view_data(maps: Sequence[AttentionMap], *, layer: int | None = None, head: int | None = None,
@@ -103,7 +111,7 @@ def view_data(maps: Sequence[AttentionMap], *, layer: int | None = None, head: i
         if list(m.layer_ids) != layer_ids or list(m.head_ids) != head_ids:
             raise ValueError("the maps hold different layers or heads; show maps of one model, extracted alike")
     cross = any(_labels(m)[0] is not _labels(m)[1] for m in maps)
-    return _data([_map_data(m.attention, *_labels(m), causal=m.causal, text=m.text,
+    return _data([_map_data(m.attention, *_labels(m), causal=m.causal, text=_text(m),
                             images=image_payload(m) if isinstance(m, AttentionMap) else None) for m in maps], layer_ids,
                  head_ids, layer=layer, head=head, title=title or str(first.meta.get("model", "")), cross=cross)
 
@@ -187,6 +195,12 @@ def show(maps: Any, labels: Sequence[str] | None = None, *, key_labels: Sequence
         items = list(maps) if isinstance(maps, (list, tuple)) else [maps]
         if not items:
             raise ValueError("no attention maps given; pass the result of hs.extract(...)")
+        odd = next((m for m in items if not isinstance(m, (AttentionMap, CrossAttentionMap))), None)
+        if odd is not None:  # not an AttributeError from deep inside
+            parts = [p for p in ("encoder", "decoder", "cross") if hasattr(odd, p)]
+            hint = f"; show one of its maps: {', '.join('.' + p for p in parts)}" if parts else ""
+            raise TypeError(f"show takes attention maps (AttentionMap, CrossAttentionMap), a GenerationAttention or a "
+                            f"[layer, head, query, key] tensor with its labels, not {type(odd).__name__}{hint}")
         data = view_data(items, layer=layer, head=head, title=title)
     n = len(data["maps"])
     steps = "generated token" if isinstance(maps, GenerationAttention) else "text"

@@ -104,14 +104,14 @@ def test_explain_an_image_token_and_a_word_match_the_extracted_rows(family):
     [m] = extract(lm, text, images=[_picture(2)])
     cell = next(label for label, p in zip(m.labels, m.patches) if p is not None and (p.row, p.col) == (1, 1))
     for token in (cell, "cat"):
-        e = explain(lm, text, image=[_picture(2)], token=token, layer=1, head=0)
+        e = explain(lm, text, images=[_picture(2)], token=token, layer=1, head=0)
         q = m.labels.index(token)
         assert e.query == token and e.query_index == q and e.text == m.text
         # the extracted map is the model's own eager weights: the from-scratch row (with the model's mask) is it
         assert np.allclose(e.table["weight"].to_numpy(), m.attention[1, 0, q].float().numpy(), atol=1e-6)
     if not m.causal:  # Gemma 3's image / PaliGemma's prefix: the first image token sees the later ones
         first = next(label for label, p in zip(m.labels, m.patches) if p is not None)
-        e = explain(lm, text, image=[_picture(2)], token=first, layer=1, head=0)
+        e = explain(lm, text, images=[_picture(2)], token=first, layer=1, head=0)
         q = m.labels.index(first)
         assert e.table["weight"].to_numpy()[q + 1:].sum() > 0
         assert np.allclose(e.table["weight"].to_numpy(), m.attention[1, 0, q].float().numpy(), atol=1e-6)
@@ -167,4 +167,4 @@ def test_generation_and_explain_refuse_a_cross_reader_in_words(family):
     with pytest.raises(ValueError, match="cross-attention"):
         generate_attention(lm, "a cat", images=[_picture()], max_new_tokens=2)
     with pytest.raises(ValueError, match="cross-attention"):
-        explain(lm, "a cat", token="cat", layer=0, head=0, image=[_picture()])
+        explain(lm, "a cat", token="cat", layer=0, head=0, images=[_picture()])

@@ -64,7 +64,7 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
         if image is not None and text is not None and not getattr(lm, "reads_images", False):
             fail(f"give TEXT or --image FILE, not both: {lm.name} is not a vision–language decoder")
         if image is not None:
-            e = explain(lm, text, image=image, token=token, layer=layer, head=head, occurrence=occurrence)
+            e = explain(lm, text, images=image, token=token, layer=layer, head=head, occurrence=occurrence)
             text, scales, perm = e.text, None, None
         elif truncate:
             text = fit_context(lm, text)

@@ -73,7 +73,8 @@ def _image_scores(lm, model_name: str, images: list[str], level, include_special
     with refusals(model_name):
         require_modality(lm, images=bool(images))
         maps = extract(lm, images=images, level=level, batch_size=batch_size)
-    return score_corpus(maps, model=lm.name, level=level, include_special=include_special)
+    return score_corpus(maps, model=lm.name, level=level, include_special=include_special,
+                        meta={"corpus": "--image", "causal": lm.is_causal, "induction": None})
 
 
 def _image_verification(lm, images, no_verify: bool) -> dict:
@@ -111,6 +112,9 @@ def _print(scores, k: int, source: str, out_path) -> None:
         prefix = " ".join(ind["prefix_tokens"]) or "no BOS (the tokenizer adds none)"
         click.echo(f"induction: {ind['sequences']} sequences of prefix [{prefix}] + {ind['length']} random tokens "
                    f"× 2, seed {ind['seed']}; score Σ A⊙P / Σ A (TransformerLens head_detector, 'mul'), token level")
+    elif scores.meta.get("causal") and source == "--image":
+        click.echo("induction / duplicate-token: not scored on images (they read repeated random token sequences; "
+                   "run heads on a text corpus for them)")
     elif scores.meta.get("causal"):
         click.echo("induction / duplicate-token: skipped (--induction-seqs 0)")
     else:

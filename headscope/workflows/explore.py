@@ -219,7 +219,7 @@ class Explorer:
             live = self._live(model, m, text, "token", "attention", images)
             self._short(live, "explain")
             q = self._int(query, "query", 0, len(live) - 1)
-            pictures = {"image": list(self._picked(images))} if images else {}
+            pictures = {"images": list(self._picked(images))} if images else {}
             e = self._call(explain, m.lm, text, token=q, layer=layer, head=head, attention=self.attention_name,
                            budget=self.budget, **pictures)
             table = e.table.astype(object).where(e.table.notna(), None)

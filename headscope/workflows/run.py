@@ -26,7 +26,7 @@ import pandas as pd
 from headscope.analyses.flow import FLOW_MAX_EDGES, flow_fits
 from headscope.analyses.heads import score_corpus
 from headscope.analyses.treebank import Treebank
-from headscope.probe.encoding import fit_context
+from headscope.probe.encoding import fit_context, refuse_unfilled_slots
 from headscope.probe.extract import extract
 from headscope.probe.forward import hybrid_note, is_seq2seq
 from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
@@ -186,6 +186,7 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
         lm = for_input(lm, images=bool(settings.images))  # a two-tower model: the tower that reads this input
         if settings.images:
             return _analyse_images(lm, settings, stage, say)
+    refuse_unfilled_slots(lm, settings.texts)  # the report sentences are read last: say it before minutes of work
     notes: list[str] = [note for note in [hybrid_note(lm)] if note]
     verification: Verification | None
     try:
@@ -304,9 +305,11 @@ def _analyse_images(lm: LoadedModel, settings: RunSettings, stage: _Stages, say)
     verification = stage.run("verify", verify, lm, images=images, batch_size=settings.batch_size)
     say(f"{lm.name}: {verification.summary()} ({stage.seconds['verify']:.1f} s)")
     maps = stage.run("images", extract, lm, images=images, level="token", batch_size=settings.batch_size)
-    scores = stage.run("heads", score_corpus, maps, model=lm.name, level="token",
-                       include_special=settings.include_special)
-    scores.meta["corpus"] = f"{len(images)} image(s)"
+    # the maps stay token level for the figures; the scores are at the run's level (a vision–language text's
+    # words; an image model's patches are its units at both levels)
+    scores = stage.run("heads", score_corpus, maps, model=lm.name, level=settings.level,
+                       include_special=settings.include_special,
+                       meta={"corpus": f"{len(images)} image(s)"})
     say(f"{lm.name}: head scores over {counted(len(maps), 'image')}, {counted(len(scores.roles), 'role')} ({stage.seconds['heads']:.1f} s)")
     notes = ["an image model: the heads are scored on the --image files, and the corpus, the coreference probe, "
              "ablation and sinks (which read texts) were not run; CLIP and SigLIP towers never attend to each other "
