@@ -225,7 +225,7 @@ def test_offloaded_layers_hand_freed_memory_back(pair):
     hooked = trim_after_offloaded(off.model, trim=lambda: calls.append(1) or 0)
     modules = dict(off.model.named_modules())
     try:
-        assert hooked and set(hooked) <= set(on_disk)
+        assert hooked and all(any(not d or h == d or h.startswith(d + ".") for d in on_disk) for h in hooked)
         ran = []
         handles = [modules[name].register_forward_hook(lambda *_: ran.append(1)) for name in hooked]
         after = hs.extract(off, TEXTS[:1])[0].attention
@@ -239,3 +239,38 @@ def test_offloaded_layers_hand_freed_memory_back(pair):
             del hooks[next(reversed(hooks))]
     if malloc_trim() is not None:  # glibc: the loader hooked every offloaded module itself
         assert sum(len(modules[name]._forward_hooks) > 0 for name in hooked) == len(hooked)
+
+
+def test_a_model_wholly_on_disk_trims_after_each_layer(tmp_path):
+    """Placed wholly on disk, a model's device map is one entry, "" (the whole model), whose forward never runs
+    when the base model is called: the trims follow accelerate's hooks instead, one block per decoder layer
+    (the model's `_no_split_modules`), so each layer that brought weights in gives them back after it ran."""
+    from headscope.probe.heap import trim_after_offloaded
+
+    off = load_model("tiny:llama", max_memory={"cpu": 1000}, offload_folder=tmp_path)
+    assert off.model.hf_device_map == {"": "disk"}
+    calls = []
+    hooked = trim_after_offloaded(off.model, trim=lambda: calls.append(1) or 0)
+    layers = [f"model.layers.{i}" for i in range(off.config.num_hidden_layers)]
+    assert set(layers) <= set(hooked) and not any(h.startswith(tuple(n + "." for n in layers)) for h in hooked)
+    hs.extract(off, TEXTS[0], layers=[len(layers) - 1])
+    assert len(calls) >= len(layers)  # every layer ran (the embedding too), each trimmed after
+
+
+def test_onloaded_weights_leave_the_heap_with_them(pair, monkeypatch):
+    """Weights that `onloaded` brings in for code outside a forward pass are put back, then the heap trimmed once."""
+    from headscope.probe import placement
+
+    ref, off = pair
+    name = next(n for n, where in off.model.hf_device_map.items() if where == "disk")
+    layer, kept = off.model.get_submodule(name), ref.model.get_submodule(name)
+    seen = []
+    monkeypatch.setattr(placement, "malloc_trim",
+                        lambda: lambda: seen.append(any(p.device.type == "meta" for p in layer.parameters())) or 0)
+    with placement.onloaded(layer):
+        assert not any(p.device.type == "meta" for p in layer.parameters())
+        assert seen == []
+    assert seen == [True]  # once, after every weight went back
+    with placement.onloaded(kept):  # held in memory: nothing to give back
+        pass
+    assert seen == [True]
