@@ -274,3 +274,63 @@ def test_onloaded_weights_leave_the_heap_with_them(pair, monkeypatch):
     with placement.onloaded(kept):  # held in memory: nothing to give back
         pass
     assert seen == [True]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny llama saved as safetensors twice: in float32 and in bfloat16."""
+    from headscope.probe.tiny import tiny_model
+
+    root = tmp_path_factory.mktemp("saved")
+    for dtype in (torch.float32, torch.bfloat16):
+        tiny = tiny_model("llama")
+        folder = root / str(dtype).removeprefix("torch.")
+        tiny.model.to(dtype).save_pretrained(folder)
+        tiny.tokenizer.save_pretrained(folder)
+    return root
+
+
+def _all_meta_free(model) -> bool:
+    return not any(p.device.type == "meta" for p in model.parameters())
+
+
+def test_a_checkpoint_mapped_in_the_runs_dtype_is_loaded_in_place(saved, tmp_path):
+    """float32 safetensors run in float32 are mapped by the load, not copied: offloading them would hold more,
+    so the placement is dropped with one line that says so, and the numbers are the in-memory ones."""
+    folder = str(saved / "float32")
+    ref = load_model(folder)
+    with pytest.warns(UserWarning, match=r"^headscope: .* float32 safetensors, .* gain nothing here") as caught:
+        lm = load_model(folder, max_memory={"cpu": 1000}, offload_folder=tmp_path)
+    assert len(caught) == 1 and len(str(caught[0].message).splitlines()) == 1
+    assert not is_offloaded(lm.model) and not getattr(lm.model, "hf_device_map", None) and _all_meta_free(lm.model)
+    assert not any(tmp_path.iterdir())  # nothing was written to the offload folder
+    assert torch.equal(hs.extract(ref, TEXTS[0])[0].attention, hs.extract(lm, TEXTS[0])[0].attention)
+
+
+def test_a_checkpoint_converted_on_load_is_offloaded(saved, tmp_path, recwarn):
+    """bfloat16 safetensors run in float32 are converted on load (a float32 copy of each weight): offloading
+    keeps those copies out of memory, so the placement stands, and so does a run in bfloat16 of float32 weights."""
+    from headscope.probe.loading import mapped_in_place
+
+    assert mapped_in_place(saved / "float32", torch.float32) and mapped_in_place(saved / "bfloat16", torch.bfloat16)
+    assert not mapped_in_place(saved / "bfloat16", torch.float32) and not mapped_in_place(saved / "float32", torch.bfloat16)
+    assert not mapped_in_place(tmp_path, torch.float32)  # no checkpoint there
+    for folder, dtype in (("bfloat16", "float32"), ("float32", "bfloat16")):
+        lm = load_model(str(saved / folder), dtype=dtype, max_memory={"cpu": 1000}, offload_folder=tmp_path)
+        assert is_offloaded(lm.model) and lm.model.hf_device_map == {"": "disk"}
+    assert not [w for w in recwarn if "in place" in str(w.message)]
+
+
+def test_a_model_whose_weights_are_built_on_load_is_not_said_to_map(tmp_path):
+    """A model type whose weights transformers builds anew on load (Mixtral's experts fused into one tensor) is
+    copied by the in-memory load too: offloading may hold less, so `mapped_in_place` does not claim it."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from headscope.probe.loading import mapped_in_place
+
+    save_file({"w": torch.zeros(2, 2)}, str(tmp_path / "model.safetensors"))
+    for model_type, maps in (("llama", True), ("mixtral", False)):
+        (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+        assert mapped_in_place(tmp_path, torch.float32) is maps
