@@ -14,8 +14,8 @@ The blocks are found by accelerate's hooks, not by the names of `hf_device_map`:
 on disk has one entry, `""` (the whole model), whose forward never runs when the base model is called.
 
 Only glibc has `malloc_trim`; elsewhere (macOS, musl, Windows) nothing is hooked. A model held wholly
-in memory is left alone: it churns no weights; so is one whose offloaded weights run on a GPU (their
-copies live in the GPU's memory, not in this heap).
+in memory is left alone: it churns no weights; so is a module whose weights wait in cpu memory for a GPU
+(accelerate copies them to the GPU, whose memory they churn, not this heap's).
 """
 
 from __future__ import annotations
@@ -46,12 +46,18 @@ def offloading_hook(module: torch.nn.Module):
 
 
 def cpu_churning(module: torch.nn.Module) -> bool:
-    """Whether accelerate brings `module`'s own weights into cpu memory for each forward and drops them after."""
+    """Whether accelerate brings `module`'s own weights into cpu memory for each forward and drops them after:
+    it runs on the cpu, or it runs elsewhere (a GPU) but its weights are read from disk through the cpu."""
     hook = offloading_hook(module)
     if hook is None:
         return False
     device = getattr(hook, "execution_device", None)
-    return device is not None and torch.device(device if not isinstance(device, int) else f"cuda:{device}").type == "cpu"
+    if device is not None and torch.device(device if not isinstance(device, int) else f"cuda:{device}").type == "cpu":
+        return True
+    weights = getattr(hook, "weights_map", None)  # accelerate's PrefixedDataset over its OffloadedWeightsLoader
+    prefix = getattr(weights, "prefix", "")
+    on_disk = getattr(getattr(weights, "dataset", weights), "index", None) or {}
+    return any(key.startswith(prefix) for key in on_disk)
 
 
 def trim_after_offloaded(model, *, trim: Callable[[], int] | None = None) -> list[str]:

@@ -334,3 +334,24 @@ def test_a_model_whose_weights_are_built_on_load_is_not_said_to_map(tmp_path):
     for model_type, maps in (("llama", True), ("mixtral", False)):
         (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
         assert mapped_in_place(tmp_path, torch.float32) is maps
+
+
+def test_only_weights_brought_through_cpu_memory_are_trimmed_after():
+    """A module runs on the cpu with its weights brought in, or on a GPU with them read from disk through the cpu:
+    both churn this heap; one whose weights wait in cpu memory for a GPU, or that holds its own, does not."""
+    from accelerate.hooks import AlignDevicesHook
+    from accelerate.utils import OffloadedWeightsLoader, PrefixedDataset
+
+    from headscope.probe.heap import cpu_churning
+
+    disk = OffloadedWeightsLoader(index={"a.weight": {"dtype": "float32", "shape": [2, 2]}}, save_folder="unused")
+    held = OffloadedWeightsLoader(state_dict={"b.weight": torch.zeros(2, 2)})
+
+    def module(device, weights, prefix):
+        m = torch.nn.Linear(2, 2, bias=False)
+        m._hf_hook = AlignDevicesHook(execution_device=device, offload=True, weights_map=PrefixedDataset(weights, prefix))
+        return m
+
+    assert cpu_churning(module("cpu", held, "b.")) and cpu_churning(module("cpu", disk, "a."))
+    assert cpu_churning(module(0, disk, "a.")) and cpu_churning(module("cuda:0", disk, "a."))
+    assert not cpu_churning(module(0, held, "b.")) and not cpu_churning(torch.nn.Linear(2, 2))
