@@ -2,7 +2,10 @@
 
 Timing is the median of several repeats, the contenders interleaved (A B, B A, ...) after a warm-up,
 so that a burst of load from another process hits both sides alike. Memory is resident set size
-(RSS): sampled by a thread while a block runs (`PeakRss`), or `ru_maxrss` of a fresh process.
+(RSS): sampled by a thread while a block runs (`PeakRss`), or `ru_maxrss` of a fresh process; beside it
+anonymous memory (`RssAnon`, Linux): RSS also counts the pages of memory-mapped files (a safetensors
+checkpoint the load maps, the libraries), which the kernel drops when memory is short; anonymous memory
+is what it cannot drop (`memwatch.py` watches a whole command the same way).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 from typing import Callable, Iterator, Literal, Mapping, Sequence
 
 __all__ = [
-    "REPO", "Row", "judge", "interleaved", "median", "PeakRss", "rss_bytes", "corpus", "cycled",
+    "REPO", "Row", "judge", "interleaved", "median", "PeakRss", "rss_bytes", "anon_bytes", "corpus", "cycled",
     "load", "machine_info", "run_child", "child_output", "MB",
 ]
 
@@ -95,22 +98,36 @@ def rss_bytes() -> int:
     return psutil.Process().memory_info().rss
 
 
+def anon_bytes() -> int:
+    """Anonymous resident memory of this process now (`RssAnon`: what the kernel cannot drop); 0 without /proc."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) * 1024  # kB
+    except OSError:
+        pass
+    return 0
+
+
 class PeakRss:
     """Peak RSS of this process while a `with` block runs, sampled every `interval` seconds by a thread.
 
-    `baseline` is the RSS when the block starts, `peak` the largest sample, `delta` their difference.
+    `baseline` is the RSS when the block starts, `peak` the largest sample, `delta` their difference;
+    `baseline_anon` and `peak_anon` the same for anonymous memory (0 without /proc).
     A short spike between two samples can be missed; 5 ms is far below a forward pass.
     """
 
     def __init__(self, interval: float = 0.005) -> None:
         self.interval = interval
-        self.baseline = self.peak = 0
+        self.baseline = self.peak = self.baseline_anon = self.peak_anon = 0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def __enter__(self) -> "PeakRss":
         gc.collect()
         self.baseline = self.peak = rss_bytes()
+        self.baseline_anon = self.peak_anon = anon_bytes()
         self._stop.clear()
         self._thread = threading.Thread(target=self._sample, daemon=True)
         self._thread.start()
@@ -119,9 +136,11 @@ class PeakRss:
     def _sample(self) -> None:
         while not self._stop.wait(self.interval):
             self.peak = max(self.peak, rss_bytes())
+            self.peak_anon = max(self.peak_anon, anon_bytes())
 
     def __exit__(self, *exc) -> None:
         self.peak = max(self.peak, rss_bytes())
+        self.peak_anon = max(self.peak_anon, anon_bytes())
         self._stop.set()
         if self._thread is not None:
             self._thread.join()

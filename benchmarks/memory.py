@@ -3,8 +3,9 @@
 Each corpus size runs in a fresh process (`python benchmarks/memory.py --n N`), so the figures do not
 lean on each other. The child loads the model, warms up on a few texts, then streams N texts (the
 built-in corpus cycled, from a generator: nothing per text is kept) through `headscope.heads` while a
-thread samples RSS. Its peak during that phase is the figure; the whole process's peak (VmHWM, which
-also holds the model load) is reported beside it.
+thread samples RSS. Its peak during that phase is the figure; the anonymous part of it (`RssAnon`: not
+the file pages the kernel can drop) and the whole process's peak (VmHWM, which also holds the model
+load) are reported beside it.
 """
 
 from __future__ import annotations
@@ -37,13 +38,20 @@ def flat_row(model: str, runs: Sequence[dict], *, batch_size: int, window: int) 
     met, wide = judge(spread, FLAT_TARGET, FLAT_WIDE)
     maxrss = " / ".join(f"{r['process_peak_rss'] / MB:.0f}" for r in runs)
     cells = "; ".join(f"{r['n']:,}: {r['peak_rss'] / MB:.0f} MB (+{(r['peak_rss'] - r['baseline_rss']) / MB:.0f} over "
-                      f"the loaded model, {r['n'] / r['seconds']:.0f} texts/s)" for r in runs)
+                      f"the loaded model{_anon(r)}, {r['n'] / r['seconds']:.0f} texts/s)" for r in runs)
     return Row("4", "peak RSS spread over corpus sizes", model,
                f"{' / '.join(f'{n:,}' for n in sizes)} texts (built-in corpus cycled), batch {batch_size}, "
                f"window {window}, fresh process each", spread, "%", f"<= {FLAT_TARGET:g}%", met, wide,
                f"peak RSS while streaming — {cells}; whole-process peak (VmHWM) incl. model load "
                f"{maxrss} MB",
                data={"runs": runs})
+
+
+def _anon(run: dict) -> str:
+    """", anonymous A MB (+D)": the part of the peak the kernel cannot drop (not file pages); "" where unknown."""
+    if not run.get("peak_anon"):
+        return ""
+    return f", anonymous {run['peak_anon'] / MB:.0f} MB (+{(run['peak_anon'] - run['baseline_anon']) / MB:.0f})"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -65,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     assert scores.n_texts == args.n, (scores.n_texts, args.n)
     child_output({
         "model": lm.name, "n": args.n, "batch_size": args.batch_size, "seconds": seconds,
-        "baseline_rss": rss.baseline, "peak_rss": rss.peak,
+        "baseline_rss": rss.baseline, "peak_rss": rss.peak, "baseline_anon": rss.baseline_anon, "peak_anon": rss.peak_anon,
         "process_peak_rss": max(_process_peak(), rss.peak),  # the kernel updates VmHWM lazily
     })
 

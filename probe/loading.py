@@ -199,6 +199,64 @@ def _quiet_dispatch() -> Iterator[None]:
         quiet.setLevel(level)
 
 
+_SAFETENSORS_DTYPES = {"F32": torch.float32, "F16": torch.float16, "BF16": torch.bfloat16}
+
+
+def _in_place(spec: Placement, folder: Path | str, dtype: torch.dtype, name: str) -> Placement:
+    """`spec`, or the plain cpu placement, with a one-line warning, where offloading would hold more than the
+    load in memory: run on the cpu, from a local folder of safetensors that hold every weight in the run's
+    dtype, with no weight that the load converts into a new tensor (`mapped_in_place`). transformers then
+    maps the file and uses its tensors as they are (the kernel reads and drops their pages as memory needs),
+    while accelerate's hooks would still bring each layer in and out of the allocator's heap."""
+    if not spec.spread or not _cpu_only(spec) or not mapped_in_place(folder, dtype):
+        return spec
+    warnings.warn(f"headscope: {name} holds its weights as {str(dtype).removeprefix('torch.')} safetensors, which "
+                  "the load maps from disk without copying (the kernel reads and drops their pages as memory "
+                  "needs); --max-memory / --offload-folder gain nothing here (they would hold more, not less): loading it "
+                  "in place",
+                  stacklevel=3)
+    return Placement()
+
+
+def _cpu_only(spec: Placement) -> bool:
+    """Whether `spec` runs every layer on the cpu (no GPU or MPS named, none to spread over)."""
+    if spec.max_memory is not None:
+        return set(spec.max_memory) <= {"cpu", "disk"}
+    return spec.device == "cpu" or not (torch.cuda.is_available() or torch.backends.mps.is_available())
+
+
+def mapped_in_place(folder: Path | str, dtype: torch.dtype) -> bool:
+    """Whether loading the checkpoint in `folder` at `dtype` maps its weights rather than copying them: every
+    tensor of its safetensors files is stored in `dtype`, and transformers converts none of the model type's
+    weights into new tensors on load (a `WeightConverter`, e.g. experts fused into one). Only the files'
+    headers are read; a folder that is not a readable safetensors checkpoint answers False."""
+    from safetensors import SafetensorError, safe_open
+
+    folder = Path(folder)
+    try:
+        index = folder / "model.safetensors.index.json"
+        files = (sorted({folder / f for f in json.loads(index.read_text())["weight_map"].values()})
+                 if index.is_file() else [folder / "model.safetensors"])
+        model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                if any(_SAFETENSORS_DTYPES.get(f.get_slice(key).get_dtype()) != dtype for key in f.keys()):
+                    return False
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, SafetensorError):
+        return False
+    return not _converts_on_load(model_type)
+
+
+def _converts_on_load(model_type: str | None) -> bool:
+    """Whether transformers builds some of this model type's weights anew on load (not a renaming alone)."""
+    try:
+        from transformers.conversion_mapping import get_checkpoint_conversion_mapping
+        from transformers.core_model_loading import WeightConverter
+    except ImportError:  # another transformers: nothing can be said, so the placement asked for stands
+        return True
+    return any(isinstance(entry, WeightConverter) for entry in get_checkpoint_conversion_mapping(model_type) or ())
+
+
 def _scratch_folder(root: Path) -> Path:
     """A new folder in `root` for one model's offloaded weights (`_remove_with` ties it to the model)."""
     return Path(tempfile.mkdtemp(prefix="headscope-offload-", dir=root))
@@ -289,8 +347,10 @@ def load_model(
                   if gguf_file is not None and use_cache else None)
         if cached is not None:
             folder, converted = cached
-            model, tok = _from_folder(str(folder), None, torch_dtype, spec, name)
+            model, tok = _from_folder(str(folder), None, torch_dtype, _in_place(spec, folder, torch_dtype, name),
+                                      name)
         else:
+            spec = spec if gguf_file is not None else _in_place(spec, path, torch_dtype, name)
             model, tok = _from_folder(str(path), gguf_file, torch_dtype, spec, name, revision=revision)
     model.eval()
     _require_eager(model, name)

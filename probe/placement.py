@@ -20,17 +20,13 @@ from typing import Callable, Iterator
 
 import torch
 
+from .heap import cpu_churning, malloc_trim, offloading_hook
+
 __all__ = ["onloaded", "onloading"]
 
 
 def _meta(module: torch.nn.Module) -> bool:
     return any(p.device.type == "meta" for p in module.parameters())
-
-
-def _offloading_hook(module: torch.nn.Module):
-    hook = getattr(module, "_hf_hook", None)
-    hooks = getattr(hook, "hooks", (hook,))  # accelerate's SequentialHook holds several
-    return next((h for h in hooks if getattr(h, "offload", False)), None)
 
 
 @contextmanager
@@ -39,16 +35,21 @@ def onloaded(*modules: torch.nn.Module | None) -> Iterator[None]:
 
     accelerate hooks each offloaded module that holds parameters itself (a Linear, a norm); those in
     `modules` are loaded, and a module already in memory (its forward is running) is left as it is.
-    Nothing happens for a model that is not offloaded.
+    Nothing happens for a model that is not offloaded. Weights brought into cpu memory leave the allocator's
+    heap with them (`probe.heap`).
     """
     wanted = [m for m in modules if m is not None and _meta(m)]
     if not wanted:
         yield
         return
     with ExitStack() as stack:
+        trim = malloc_trim()
         for leaf in {id(sub): sub for m in wanted for sub in m.modules()}.values():
-            hook = _offloading_hook(leaf)
+            hook = offloading_hook(leaf)
             if hook is not None and any(p.device.type == "meta" for p in leaf.parameters(recurse=False)):
+                if trim is not None and cpu_churning(leaf):  # runs last, once every weight is put back
+                    stack.callback(trim)
+                    trim = None
                 hook.pre_forward(leaf)
                 stack.callback(hook.post_forward, leaf, None)
         if any(_meta(m) for m in wanted):

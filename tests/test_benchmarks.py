@@ -23,6 +23,7 @@ sys.path.insert(0, str(BENCH))
 
 import common  # noqa: E402
 import memory  # noqa: E402
+import memwatch  # noqa: E402
 import peer_tl  # noqa: E402
 import recompute as bench_recompute  # noqa: E402
 import run as bench_run  # noqa: E402
@@ -111,6 +112,31 @@ def test_memory_child_streams_and_reports(capsys):
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert out["n"] == 12 and out["peak_rss"] >= out["baseline_rss"] > 0
     assert out["process_peak_rss"] >= out["peak_rss"]
+    if sys.platform.startswith("linux"):  # anonymous memory is part of the resident set, not more
+        assert 0 < out["baseline_anon"] <= out["peak_anon"] <= out["peak_rss"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_memwatch_reports_a_commands_anonymous_and_resident_peaks(tmp_path, capsys):
+    """A child that holds a bytearray it wrote (anonymous) and reads a file through a mapping (file pages): both
+    are resident, only the first is anonymous; the exit status passes through."""
+    data = tmp_path / "data"
+    data.write_bytes(b"x" * (64 << 20))
+    code = ("import mmap, sys, time\n"
+            "held = bytearray(b'y') * (32 << 20)\n"
+            f"f = open({str(data)!r}, 'rb')\n"
+            "m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)\n"
+            "total = sum(m[i] for i in range(0, len(m), 4096))\n"
+            "time.sleep(0.5)\n"
+            "sys.exit(3)\n")
+    rc = memwatch.main(["--interval", "0.01", "--json", str(tmp_path / "out.json"), "--", sys.executable, "-c", code])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rc == out["rc"] == 3 and json.loads((tmp_path / "out.json").read_text()) == out
+    mb = 1 << 20
+    assert out["peak_anon"] >= 32 * mb  # the bytearray
+    assert out["peak_rss"] >= out["peak_anon"] + 60 * mb  # and the mapped file's pages beside it
+    assert out["hwm"] >= out["peak_rss"] and out["cpu_seconds"] > 0
+    assert memwatch.status_fields(2**22 + 7) is None  # no such process
 
 
 def test_flat_row_spread_and_verdict():

@@ -89,7 +89,9 @@ def runs(tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
     tiny = tiny_model("llama")
     model = root / "tiny-llama"
-    tiny.model.save_pretrained(model)
+    # saved in bfloat16 and run in float32, so that offloading holds less than the load in memory and happens
+    # (float32 safetensors are mapped in place: `probe.loading.mapped_in_place`)
+    tiny.model.to(torch.bfloat16).save_pretrained(model)
     tiny.tokenizer.save_pretrained(model)
     (root / "corpus.txt").write_text("\n".join(CORPUS) + "\n")
     ports = {name: _free_port() for name in ("heads", "offloaded", "probe")}

@@ -225,7 +225,7 @@ def test_offloaded_layers_hand_freed_memory_back(pair):
     hooked = trim_after_offloaded(off.model, trim=lambda: calls.append(1) or 0)
     modules = dict(off.model.named_modules())
     try:
-        assert hooked and set(hooked) <= set(on_disk)
+        assert hooked and all(any(not d or h == d or h.startswith(d + ".") for d in on_disk) for h in hooked)
         ran = []
         handles = [modules[name].register_forward_hook(lambda *_: ran.append(1)) for name in hooked]
         after = hs.extract(off, TEXTS[:1])[0].attention
@@ -239,3 +239,119 @@ def test_offloaded_layers_hand_freed_memory_back(pair):
             del hooks[next(reversed(hooks))]
     if malloc_trim() is not None:  # glibc: the loader hooked every offloaded module itself
         assert sum(len(modules[name]._forward_hooks) > 0 for name in hooked) == len(hooked)
+
+
+def test_a_model_wholly_on_disk_trims_after_each_layer(tmp_path):
+    """Placed wholly on disk, a model's device map is one entry, "" (the whole model), whose forward never runs
+    when the base model is called: the trims follow accelerate's hooks instead, one block per decoder layer
+    (the model's `_no_split_modules`), so each layer that brought weights in gives them back after it ran."""
+    from headscope.probe.heap import trim_after_offloaded
+
+    off = load_model("tiny:llama", max_memory={"cpu": 1000}, offload_folder=tmp_path)
+    assert off.model.hf_device_map == {"": "disk"}
+    calls = []
+    hooked = trim_after_offloaded(off.model, trim=lambda: calls.append(1) or 0)
+    layers = [f"model.layers.{i}" for i in range(off.config.num_hidden_layers)]
+    assert set(layers) <= set(hooked) and not any(h.startswith(tuple(n + "." for n in layers)) for h in hooked)
+    hs.extract(off, TEXTS[0], layers=[len(layers) - 1])
+    assert len(calls) >= len(layers)  # every layer ran (the embedding too), each trimmed after
+
+
+def test_onloaded_weights_leave_the_heap_with_them(pair, monkeypatch):
+    """Weights that `onloaded` brings in for code outside a forward pass are put back, then the heap trimmed once."""
+    from headscope.probe import placement
+
+    ref, off = pair
+    name = next(n for n, where in off.model.hf_device_map.items() if where == "disk")
+    layer, kept = off.model.get_submodule(name), ref.model.get_submodule(name)
+    seen = []
+    monkeypatch.setattr(placement, "malloc_trim",
+                        lambda: lambda: seen.append(any(p.device.type == "meta" for p in layer.parameters())) or 0)
+    with placement.onloaded(layer):
+        assert not any(p.device.type == "meta" for p in layer.parameters())
+        assert seen == []
+    assert seen == [True]  # once, after every weight went back
+    with placement.onloaded(kept):  # held in memory: nothing to give back
+        pass
+    assert seen == [True]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A tiny llama saved as safetensors twice: in float32 and in bfloat16."""
+    from headscope.probe.tiny import tiny_model
+
+    root = tmp_path_factory.mktemp("saved")
+    for dtype in (torch.float32, torch.bfloat16):
+        tiny = tiny_model("llama")
+        folder = root / str(dtype).removeprefix("torch.")
+        tiny.model.to(dtype).save_pretrained(folder)
+        tiny.tokenizer.save_pretrained(folder)
+    return root
+
+
+def _all_meta_free(model) -> bool:
+    return not any(p.device.type == "meta" for p in model.parameters())
+
+
+def test_a_checkpoint_mapped_in_the_runs_dtype_is_loaded_in_place(saved, tmp_path):
+    """float32 safetensors run in float32 are mapped by the load, not copied: offloading them would hold more,
+    so the placement is dropped with one line that says so, and the numbers are the in-memory ones."""
+    folder = str(saved / "float32")
+    ref = load_model(folder)
+    with pytest.warns(UserWarning, match=r"^headscope: .* float32 safetensors, .* gain nothing here") as caught:
+        lm = load_model(folder, max_memory={"cpu": 1000}, offload_folder=tmp_path)
+    assert len(caught) == 1 and len(str(caught[0].message).splitlines()) == 1
+    assert not is_offloaded(lm.model) and not getattr(lm.model, "hf_device_map", None) and _all_meta_free(lm.model)
+    assert not any(tmp_path.iterdir())  # nothing was written to the offload folder
+    assert torch.equal(hs.extract(ref, TEXTS[0])[0].attention, hs.extract(lm, TEXTS[0])[0].attention)
+
+
+def test_a_checkpoint_converted_on_load_is_offloaded(saved, tmp_path, recwarn):
+    """bfloat16 safetensors run in float32 are converted on load (a float32 copy of each weight): offloading
+    keeps those copies out of memory, so the placement stands, and so does a run in bfloat16 of float32 weights."""
+    from headscope.probe.loading import mapped_in_place
+
+    assert mapped_in_place(saved / "float32", torch.float32) and mapped_in_place(saved / "bfloat16", torch.bfloat16)
+    assert not mapped_in_place(saved / "bfloat16", torch.float32) and not mapped_in_place(saved / "float32", torch.bfloat16)
+    assert not mapped_in_place(tmp_path, torch.float32)  # no checkpoint there
+    for folder, dtype in (("bfloat16", "float32"), ("float32", "bfloat16")):
+        lm = load_model(str(saved / folder), dtype=dtype, max_memory={"cpu": 1000}, offload_folder=tmp_path)
+        assert is_offloaded(lm.model) and lm.model.hf_device_map == {"": "disk"}
+    assert not [w for w in recwarn if "in place" in str(w.message)]
+
+
+def test_a_model_whose_weights_are_built_on_load_is_not_said_to_map(tmp_path):
+    """A model type whose weights transformers builds anew on load (Mixtral's experts fused into one tensor) is
+    copied by the in-memory load too: offloading may hold less, so `mapped_in_place` does not claim it."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from headscope.probe.loading import mapped_in_place
+
+    save_file({"w": torch.zeros(2, 2)}, str(tmp_path / "model.safetensors"))
+    for model_type, maps in (("llama", True), ("mixtral", False)):
+        (tmp_path / "config.json").write_text(json.dumps({"model_type": model_type}))
+        assert mapped_in_place(tmp_path, torch.float32) is maps
+
+
+def test_only_weights_brought_through_cpu_memory_are_trimmed_after():
+    """A module runs on the cpu with its weights brought in, or on a GPU with them read from disk through the cpu:
+    both churn this heap; one whose weights wait in cpu memory for a GPU, or that holds its own, does not."""
+    from accelerate.hooks import AlignDevicesHook
+    from accelerate.utils import OffloadedWeightsLoader, PrefixedDataset
+
+    from headscope.probe.heap import cpu_churning
+
+    disk = OffloadedWeightsLoader(index={"a.weight": {"dtype": "float32", "shape": [2, 2]}}, save_folder="unused")
+    held = OffloadedWeightsLoader(state_dict={"b.weight": torch.zeros(2, 2)})
+
+    def module(device, weights, prefix):
+        m = torch.nn.Linear(2, 2, bias=False)
+        m._hf_hook = AlignDevicesHook(execution_device=device, offload=True, weights_map=PrefixedDataset(weights, prefix))
+        return m
+
+    assert cpu_churning(module("cpu", held, "b.")) and cpu_churning(module("cpu", disk, "a."))
+    assert cpu_churning(module(0, disk, "a.")) and cpu_churning(module("cuda:0", disk, "a."))
+    assert not cpu_churning(module(0, held, "b.")) and not cpu_churning(torch.nn.Linear(2, 2))
