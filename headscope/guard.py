@@ -207,21 +207,23 @@ async def _read_body(receive, guard: Guard) -> bytes | Refusal | None:
     None when the client went away."""
     import asyncio
 
-    chunks, size = [], 0
-    try:
-        async with asyncio.timeout(guard.body_seconds):
-            while True:
-                message = await receive()
-                if message["type"] == "http.disconnect":
-                    return None
-                chunk = message.get("body", b"")
-                size += len(chunk)
-                if size > guard.max_body:
-                    return Refusal(413, f"the request body is larger than {guard.max_body:,} bytes")
-                chunks.append(chunk)
-                if not message.get("more_body", False):
-                    return b"".join(chunks)
-    except TimeoutError:
+    async def whole() -> bytes | Refusal | None:
+        chunks, size = [], 0
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > guard.max_body:
+                return Refusal(413, f"the request body is larger than {guard.max_body:,} bytes")
+            chunks.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(chunks)
+
+    try:  # wait_for, not asyncio.timeout: the package supports Python 3.10
+        return await asyncio.wait_for(whole(), guard.body_seconds)
+    except asyncio.TimeoutError:
         return Refusal(408, f"the request body did not arrive within {guard.body_seconds:g} s; send it at once")
 
 
