@@ -2,7 +2,7 @@
 needle prompts, greedy answers with each head's top-attended key, and each KV head streamed alone.
 
     kv_layout(lm)                  per layer: query and KV heads, head size, the layer's own window, planned or not
-    stream_heads(lm, plan)         within the block, every streaming KV head of `plan` (`analyses.longcontext.KVPlan`)
+    stream_heads(lm, plan)         within the block, every streaming KV head of `plan` (`probe.kvplan.KVPlan`)
                                    sees only the first `sink` keys and the last `recent` keys (itself included):
                                    a forward pre-hook on each attention module replaces the 4-D mask it is called
                                    with by a per-head one, the streamed heads' other keys set to the dtype's
@@ -25,6 +25,7 @@ on exit, also after an error: the model is what it was.
 
 from __future__ import annotations
 
+import inspect
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Iterator, Sequence
@@ -33,13 +34,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from headscope.analyses.longcontext import KVPlan, Needle
-
 from .encoding import encode
 from .errors import UnsupportedFeature
 from .families import family_for
 from .forward import attention_layers, base_model
 from .generate import cache_argument, eos_ids
+from .kvplan import KVPlan, Needle
 from .model import LoadedModel
 
 __all__ = ["KVLayout", "kv_layout", "stream_heads", "NeedlePrompt", "needle_prompt", "Answer", "answer",
@@ -235,7 +235,9 @@ def answer(lm: LoadedModel, ids: Sequence[int], *, max_new_tokens: int, top_keys
         raise ValueError(f"the prompt has {len(ids)} tokens; with {max_new_tokens} new ones that passes "
                          f"{lm.name}'s limit of {lm.max_length}")
     device = lm.device
-    out = lm.model(input_ids=torch.tensor([ids[:-1]], device=device), use_cache=True)
+    # the prefill's logits are never read: where the model can, it computes only the last one
+    last = {"logits_to_keep": 1} if "logits_to_keep" in inspect.signature(lm.model.forward).parameters else {}
+    out = lm.model(input_ids=torch.tensor([ids[:-1]], device=device), use_cache=True, **last)
     arg = cache_argument(lm.model)
     cache, feed, made, rows = out["cache"] if "cache" in out else out.past_key_values, ids[-1], [], []
     eos = eos_ids(lm)

@@ -1,24 +1,21 @@
 """Heads for long context: the per-head streaming mask and the KV plan's identities, needles, retrieval counts."""
 
+import json
+
 import numpy as np
+import pandas as pd
 import pytest
 import torch
 
-from headscope.analyses.longcontext import KVPlan, Needle, Phrasing, RetrievalCheck, accuracy_p, make_needles, pool_kv
+from headscope.analyses.longcontext import RetrievalCheck, accuracy_p
+from headscope.probe.kvplan import KVPlan, Needle, Phrasing, make_needles, pool_kv
 from headscope.probe.errors import UnsupportedFeature
 from headscope.probe.longcontext import (Answer, NeedlePrompt, answer, kv_layout, needle_prompt, retrieval_hits,
-                                         stream_heads)
+                                         stream_heads, stream_sensitivity)
 from headscope.probe.sinks import window_mask
 
-from headscope.probe.tiny import tiny_model
 
-_MODELS = {}
-
-
-def _tiny(family):
-    if family not in _MODELS:
-        _MODELS[family] = tiny_model(family)
-    return _MODELS[family]
+from conftest import _tiny, one_line
 
 IDS = torch.tensor([[1, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]])
 
@@ -179,3 +176,56 @@ def test_the_causal_check_says_when_no_head_set_matters_more():
                            random_sets=(((0, 0),),) * 10, random=((1,) * 8,) * 10)
     assert "matter more for retrieval" in worse.verdict and worse.drop_beyond_random == 100
     assert accuracy_p([0] * 8, [[1] * 8] * 10) == pytest.approx(1 / 256, abs=0.003)  # 2^-8 of sign patterns
+
+
+def _cli(monkeypatch, lm, args):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+    from headscope.commands import retrieval as retrieval_cmd
+
+    monkeypatch.setattr(retrieval_cmd, "load_or_fail", lambda name, *placement: lm)
+    return CliRunner().invoke(cli, ["retrieval", *args])
+
+
+def test_cli_retrieval_writes_the_table_and_duoattention_pattern(monkeypatch, tmp_path):
+    lm = _tiny("llama")
+    out, pattern = tmp_path / "heads.csv", tmp_path / "pattern"
+    res = _cli(monkeypatch, lm, ["--needles", "2", "--length", "100", "--depth", "0.5", "--random", "1",
+                                 "--phrasing", "Key {key}.|Key:", "--phrasing", "Code {key}.|Code:",
+                                 "--sink", "2", "--recent", "8", "--fraction", "0.25", "--out", str(out),
+                                 "--pattern", str(pattern), "--json", "--quiet"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["plan"]["n_full"] == 1 and len(d["check"]["random"]["accuracies"]) == 1
+    table = np.loadtxt(pattern / "full_attention_heads.tsv", delimiter="\t", ndmin=2)  # as DuoAttention loads it
+    assert table.shape == (2, 2) and table.sum() == 1
+    assert json.loads((pattern / "config.json").read_text()) == {"sink_size": 2, "recent_size": 8}
+    frame = pd.read_csv(out)
+    assert len(frame) == 8 and {"retrieval_score", "retrieval_low", "kv_retrieval_score", "full"} <= set(frame.columns)
+    # a query head's row carries its KV head's place in the plan
+    assert frame.groupby(["layer", "kv_head"])["full"].nunique().max() == 1
+    again = _cli(monkeypatch, lm, ["--needles", "2", "--length", "100", "--pattern", str(pattern)])
+    assert again.exit_code == 2 and "exists" in one_line(again) and (pattern / "config.json").exists()
+    for bad in ("no key|Key:", "Key {key}.", "Key {kex}.|Key:"):
+        refused = _cli(monkeypatch, lm, ["--phrasing", bad])
+        assert refused.exit_code == 2 and "--phrasing" in one_line(refused)
+
+
+def test_stream_sensitivity_is_each_kv_head_streamed_alone():
+    lm = _tiny("llama")
+    ids = list(range(1, 41))
+    sens = stream_sensitivity(lm, ids, sink=1, recent=4, copies=3)  # 4 KV heads in batches of 3 and 1
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        full = torch.log_softmax(lm.model(input_ids=x).logits[0, 5:], -1)
+        for l, k in np.ndindex(2, 2):
+            f = np.ones((2, 2), bool)
+            f[l, k] = False
+            with stream_heads(lm, KVPlan(f, 1, 4)):
+                alone = torch.log_softmax(lm.model(input_ids=x).logits[0, 5:], -1)
+            kl = float((full.exp() * (full - alone)).sum(-1).mean())  # KL(full ‖ streamed), by hand
+            assert sens[l, k] == pytest.approx(kl, rel=1e-4, abs=1e-7)
+    assert (sens > 0).all()
+    with pytest.raises(ValueError, match="drops no key"):
+        stream_sensitivity(lm, ids[:5], sink=1, recent=4)
