@@ -229,3 +229,17 @@ def test_stream_sensitivity_is_each_kv_head_streamed_alone():
     assert (sens > 0).all()
     with pytest.raises(ValueError, match="drops no key"):
         stream_sensitivity(lm, ids[:5], sink=1, recent=4)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"ranking": "sensitivity"}, "needs sensitivity=True"),
+    ({"ranking": "gates"}, "ranking must be"),
+    ({"top": 1.5}, "share of the heads"),
+    ({"n_needles": 1}, "n_needles"),
+    ({"lengths": [500]}, "limit of 128"),
+])
+def test_retrieval_refuses_bad_settings_in_one_line(kwargs, message):
+    from headscope.workflows.retrieval import retrieval
+
+    with pytest.raises(ValueError, match=message):
+        retrieval(_tiny("llama"), **({"phrasings": [Phrasing("Key {key}.", "Key:")]} | kwargs))
