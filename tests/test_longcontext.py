@@ -243,3 +243,15 @@ def test_retrieval_refuses_bad_settings_in_one_line(kwargs, message):
 
     with pytest.raises(ValueError, match=message):
         retrieval(_tiny("llama"), **({"phrasings": [Phrasing("Key {key}.", "Key:")]} | kwargs))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bloom", "qwen3_next"])  # plain MHA, ALiBi, a hybrid stack
+def test_other_families_stream_in_their_own_attention_path(family):
+    lm = _tiny(family)
+    layout = kv_layout(lm)
+    planned = np.array(layout.planned)
+    clean = _logits(lm)
+    with stream_heads(lm, KVPlan.all_streaming(layout.shape, sink=6, recent=6, planned=planned)):
+        assert torch.equal(_logits(lm), clean)  # sink + recent cover the 12 keys: the model's own numbers
+    with stream_heads(lm, KVPlan.all_streaming(layout.shape, sink=1, recent=2, planned=planned)):
+        assert not torch.equal(_logits(lm), clean)
