@@ -21,7 +21,7 @@ import click
 
 from . import __version__
 from .commands import (ablate, compare, composition, coref, dla, explain, extract, generate, heads, importance, models,
-                       patch, qk, relations, run, serve, sinks, syntax, verify)
+                       patch, qk, relations, retrieval, run, serve, sinks, syntax, verify)
 from .common.interrupts import Interrupts
 
 
@@ -97,7 +97,8 @@ def cli(debug: bool) -> None:
 _COMMANDS = {
     "models": models, "extract": extract, "verify": verify, "explain": explain, "heads": heads, "coref": coref, "relations": relations,
     "syntax": syntax, "run": run, "compare": compare, "generate": generate, "ablate": ablate, "importance": importance,
-    "dla": dla, "qk": qk, "patch": patch, "composition": composition, "sinks": sinks, "serve": serve,
+    "dla": dla, "qk": qk, "patch": patch, "composition": composition, "sinks": sinks,
+    "retrieval": retrieval, "serve": serve,
 }
 for _name, _module in _COMMANDS.items():
     cli.add_command(_module.cli, name=_name)

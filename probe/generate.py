@@ -43,7 +43,7 @@ from .model import LoadedModel
 from .types import AttentionMap, seed_value, whole_number
 from .vision_language import encode_with_images
 
-__all__ = ["GenerationAttention", "generate_attention", "chat_prompt", "Turn"]
+__all__ = ["GenerationAttention", "generate_attention", "chat_prompt", "Turn", "cache_argument", "eos_ids"]
 
 Stop = Literal["max_new_tokens", "eos"]
 Turn = Literal["system", "user", "assistant"]
@@ -155,8 +155,8 @@ def generate_attention(lm: LoadedModel, prompt: str, *, max_new_tokens: int = 20
     out = lm.model(input_ids=torch.tensor([enc.ids], device=lm.device), use_cache=True, **extra_inputs(lm, [enc]))
     if getattr(out, "logits", None) is None:
         raise ValueError(f"{lm.name} was loaded without a language-model head, so it cannot pick next tokens")
-    eos = _eos_ids(lm)
-    cache_arg = _cache_argument(lm.model)
+    eos = eos_ids(lm)
+    cache_arg = cache_argument(lm.model)
     ids: list[int] = []
     steps: list[torch.Tensor] = []
     stopped: Stop = "max_new_tokens"
@@ -271,14 +271,14 @@ def _row(attentions, n_keys: int) -> torch.Tensor:
     return row
 
 
-def _cache_argument(model) -> str:
+def cache_argument(model) -> str:
     """The forward's name for the KV cache: `cache` in recent transformers, `past_key_values` before."""
     import inspect
 
     return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
 
 
-def _eos_ids(lm: LoadedModel) -> set[int]:
+def eos_ids(lm: LoadedModel) -> set[int]:
     eos = getattr(lm.model.generation_config, "eos_token_id", None) if hasattr(lm.model, "generation_config") else None
     if eos is None:
         eos = lm.tokenizer.eos_token_id

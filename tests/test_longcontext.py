@@ -1,0 +1,257 @@
+"""Heads for long context: the per-head streaming mask and the KV plan's identities, needles, retrieval counts."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from headscope.analyses.longcontext import RetrievalCheck, accuracy_p
+from headscope.probe.kvplan import KVPlan, Needle, Phrasing, make_needles, pool_kv
+from headscope.probe.errors import UnsupportedFeature
+from headscope.probe.longcontext import (Answer, NeedlePrompt, answer, kv_layout, needle_prompt, retrieval_hits,
+                                         stream_heads, stream_sensitivity)
+from headscope.probe.sinks import window_mask
+
+
+from conftest import _tiny, one_line
+
+IDS = torch.tensor([[1, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15]])
+
+
+def _logits(lm, ids=IDS, **kw):
+    with torch.no_grad():
+        return lm.model(input_ids=ids, use_cache=False, **kw).logits
+
+
+def test_all_full_plan_is_the_model_bit_for_bit():
+    lm = _tiny("llama")
+    clean = _logits(lm)
+    with stream_heads(lm, KVPlan.all_full((2, 2), sink=1, recent=2)):
+        assert torch.equal(_logits(lm), clean)
+
+
+def test_a_window_reaching_every_key_is_the_full_model_bit_for_bit():
+    lm = _tiny("llama")
+    clean = _logits(lm)
+    # hooks installed (every head streams) but sink + recent cover all 12 keys: the mask entries are the model's own
+    for sink, recent in ((0, 12), (4, 8), (12, 1)):
+        with stream_heads(lm, KVPlan.all_streaming((2, 2), sink=sink, recent=recent)):
+            assert torch.equal(_logits(lm), clean)
+    with stream_heads(lm, KVPlan.all_streaming((2, 2), sink=1, recent=10)):  # one key short: not the model
+        assert not torch.equal(_logits(lm), clean)
+
+
+def test_all_streaming_is_the_streamingllm_mask_on_every_layer():
+    lm = _tiny("llama")
+    T = IDS.shape[1]
+    allowed = window_mask(T, 3, 2)  # probe.sinks' own mask: the last 3 keys and the first 2
+    additive = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)[None, None]
+    expected = _logits(lm, attention_mask=additive)
+    with stream_heads(lm, KVPlan.all_streaming((2, 2), sink=2, recent=3)):
+        got = _logits(lm)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    assert not torch.allclose(got, _logits(lm))
+
+
+def test_a_plan_is_per_kv_head_and_streams_every_query_head_reading_it():
+    lm = _tiny("llama")  # 4 query heads over 2 KV heads: query heads 0, 1 read KV head 0
+    plan = KVPlan(np.array([[True, True], [False, True]]), sink=1, recent=3)
+    with torch.no_grad():
+        clean = lm.model(input_ids=IDS, output_attentions=True).attentions[1][0]
+        with stream_heads(lm, plan):
+            hit = lm.model(input_ids=IDS, output_attentions=True).attentions[1][0]
+    dropped = ~window_mask(IDS.shape[1], 3, 1)
+    for h in (0, 1):
+        assert float(hit[h][dropped].abs().max()) == 0.0  # no weight outside the sink and the recent window
+        assert torch.allclose(hit[h].sum(-1), torch.ones(IDS.shape[1]))
+    assert torch.equal(hit[2:], clean[2:])
+
+
+def test_stacked_copies_run_each_plan_as_alone():
+    lm = _tiny("llama")
+    plans = [KVPlan(np.array([[False, True], [True, True]]), sink=1, recent=2),
+             KVPlan(np.array([[True, True], [True, False]]), sink=0, recent=4)]
+    alone = []
+    for p in plans:
+        with stream_heads(lm, p):
+            alone.append(_logits(lm)[0])
+    with stream_heads(lm, plans):
+        both = _logits(lm, ids=IDS.repeat(2, 1))
+    for c in range(2):
+        torch.testing.assert_close(both[c], alone[c], rtol=0, atol=1e-6)
+
+
+def test_decoding_with_the_cache_sees_the_same_keys_as_the_whole_sequence():
+    lm = _tiny("llama")
+    plan = KVPlan(np.array([[False, False], [True, False]]), sink=1, recent=3)
+    ids = IDS[0].tolist()
+    with stream_heads(lm, plan):
+        ans = answer(lm, ids, max_new_tokens=4)
+        whole = list(ids)
+        for _ in range(4):  # greedy by whole-sequence passes: what the cache must reproduce
+            whole.append(int(_logits(lm, ids=torch.tensor([whole]))[0, -1].argmax()))
+    assert list(ans.ids) == whole[len(ids):]
+
+
+def test_bytes_are_the_arithmetic_of_the_kept_keys():
+    plan = KVPlan(np.array([[True, False, False], [False, True, True]]), sink=4, recent=16)
+    n, hd, b = 1000, 64, 2
+    # by hand: 3 full heads keep 1000 keys, 3 streaming heads 20; keys and values, 64 numbers of 2 bytes
+    assert plan.kv_bytes(n, head_dim=hd, bytes_per_value=b) == (3 * 1000 + 3 * 20) * 2 * 64 * 2
+    full = KVPlan.all_full((2, 3), sink=4, recent=16)
+    saved = full.kv_bytes(n, head_dim=hd, bytes_per_value=b) - plan.kv_bytes(n, head_dim=hd, bytes_per_value=b)
+    assert saved == 3 * (1000 - 20) * 2 * 64 * 2
+    assert plan.kv_bytes(10, head_dim=hd, bytes_per_value=b) == full.kv_bytes(10, head_dim=hd, bytes_per_value=b)
+    windowed = KVPlan(np.ones((2, 3), bool), sink=4, recent=16, planned=np.array([False, True]), own_window=(8, None))
+    assert windowed.kv_bytes(n, head_dim=1, bytes_per_value=1) == (3 * 8 + 3 * 1000) * 2
+    assert plan.pattern_table() == "1\t0\t0\n0\t1\t1\n"
+    assert plan.pattern_config() == {"sink_size": 4, "recent_size": 16}
+
+
+def test_rankings_fill_the_plan_by_score_and_random_plans_by_seed():
+    scores = np.array([[0.5, 0.1], [0.5, 0.9], [0.0, np.nan]])
+    plan = KVPlan.from_ranking(scores, 0.5, sink=1, recent=2)
+    # by hand: 0.9 (1, 1), then the tie at 0.5 — the later layer (1, 0) before (0, 0); NaN ranks last
+    assert plan.full.tolist() == [[True, False], [True, True], [False, False]]
+    assert KVPlan.from_ranking(scores, 2 / 6, sink=1, recent=2).full.tolist() == [[False, False], [True, True], [False, False]]
+    r1, r2 = (KVPlan.random((3, 2), 3, sink=1, recent=2, seed=s) for s in (0, 0))
+    assert r1.n_full == 3 and np.array_equal(r1.full, r2.full)
+    assert pool_kv(np.array([[0.1, 0.7, 0.2, 0.0]]), 2).tolist() == [[0.7, 0.2]]
+
+
+def test_gemma3_plans_only_its_global_layers():
+    lm = _tiny("gemma3")  # layers 0, 1 slide over 4 keys; layer 2 is global
+    layout = kv_layout(lm)
+    assert layout.planned == (False, False, True) and layout.own_window[:2] == (4, 4)
+    bad = KVPlan(np.array([[False, True], [True, True], [True, True]]), sink=1, recent=2)
+    with pytest.raises(ValueError, match="not planned"):
+        with stream_heads(lm, bad):
+            pass
+    planned = np.array(layout.planned)
+    plan = KVPlan.all_streaming(layout.shape, sink=1, recent=2, planned=planned)
+    assert plan.n_planned == 2 and plan.full[:2].all()
+    clean = _logits(lm)
+    with stream_heads(lm, plan):
+        assert not torch.equal(_logits(lm), clean)
+
+
+def test_needles_are_seeded_split_and_placed():
+    short = [Phrasing("Key {key}.", "Key:"), Phrasing("Code {key}.", "Code:")]  # tiny-llama reads 128 tokens
+    a = make_needles(6, lengths=[70, 110], depths=[0.0, 0.5, 1.0], seed=3, phrasings=short, n_lines=30)
+    assert a == make_needles(6, lengths=[70, 110], depths=[0.0, 0.5, 1.0], seed=3, phrasings=short, n_lines=30)
+    assert [n.split for n in a].count("held_out") == 3 and len({n.key for n in a}) == 6
+    lm = _tiny("llama")
+    lines = [f"Line {i} is dull." for i in range(30)]
+    for n in a:
+        p = needle_prompt(lm, n, lines)
+        text = lm.tokenizer.decode(list(p.ids[p.span[0]:p.span[1]]))
+        assert n.key in text.replace(" ", "") and p.ids[-1] != p.ids[p.span[1] - 1]
+        assert abs(p.n_tokens - n.length) <= 20
+        depth = p.span[0] / p.n_tokens
+        assert abs(depth - n.depth) < 0.35
+    with pytest.raises(ValueError, match="at least 2 needles"):
+        make_needles(1, lengths=[60], depths=[0.5])
+    with pytest.raises(ValueError, match="limit of 128"):
+        needle_prompt(lm, make_needles(2, lengths=[500], depths=[0.5])[0], lines)
+
+
+def test_retrieval_hits_count_copies_and_heads_that_point_at_the_token():
+    needle = Needle(index=0, key="12", phrasing=0, length=10, depth=0.5, offset=0, split="selection", statement="",
+                    question="")
+    prompt = NeedlePrompt(needle=needle, ids=(1, 2, 7, 8, 3, 4), span=(2, 4), key="12")
+    # step 0 writes 7 (in the needle): head (0,0) points at position 2 (a 7) — a hit; head (0,1) at 3 (an 8) — none
+    # step 1 writes 9 (not in the needle): no copy step; step 2 writes 8: head (0,1) at 3 — a hit
+    top = np.array([[[2, 3]], [[2, 3]], [[0, 3]]])  # [step, layer, head]
+    hits, copies = retrieval_hits(prompt, Answer(ids=(7, 9, 8), text="", top_keys=top))
+    assert copies == 2 and hits.tolist() == [[1, 1]]
+
+
+def test_the_causal_check_says_when_no_head_set_matters_more():
+    same = RetrievalCheck(model="m", heads=((1, 0),), clean=(1,) * 8, chosen=(1,) * 8,
+                          random_sets=(((0, 0),),) * 10, random=((1,) * 8,) * 10)
+    assert "no head set matters more than random" in same.verdict and same.p_value == 1.0
+    worse = RetrievalCheck(model="m", heads=((1, 0),), clean=(1,) * 8, chosen=(0,) * 8,
+                           random_sets=(((0, 0),),) * 10, random=((1,) * 8,) * 10)
+    assert "matter more for retrieval" in worse.verdict and worse.drop_beyond_random == 100
+    assert accuracy_p([0] * 8, [[1] * 8] * 10) == pytest.approx(1 / 256, abs=0.003)  # 2^-8 of sign patterns
+
+
+def _cli(monkeypatch, lm, args):
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+    from headscope.commands import retrieval as retrieval_cmd
+
+    monkeypatch.setattr(retrieval_cmd, "load_or_fail", lambda name, *placement: lm)
+    return CliRunner().invoke(cli, ["retrieval", *args])
+
+
+def test_cli_retrieval_writes_the_table_and_duoattention_pattern(monkeypatch, tmp_path):
+    lm = _tiny("llama")
+    out, pattern = tmp_path / "heads.csv", tmp_path / "pattern"
+    res = _cli(monkeypatch, lm, ["--needles", "2", "--length", "100", "--depth", "0.5", "--random", "1",
+                                 "--phrasing", "Key {key}.|Key:", "--phrasing", "Code {key}.|Code:",
+                                 "--sink", "2", "--recent", "8", "--fraction", "0.25", "--out", str(out),
+                                 "--pattern", str(pattern), "--json", "--quiet"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    assert d["plan"]["n_full"] == 1 and len(d["check"]["random"]["accuracies"]) == 1
+    table = np.loadtxt(pattern / "full_attention_heads.tsv", delimiter="\t", ndmin=2)  # as DuoAttention loads it
+    assert table.shape == (2, 2) and table.sum() == 1
+    assert json.loads((pattern / "config.json").read_text()) == {"sink_size": 2, "recent_size": 8}
+    frame = pd.read_csv(out)
+    assert len(frame) == 8 and {"retrieval_score", "retrieval_low", "kv_retrieval_score", "full"} <= set(frame.columns)
+    # a query head's row carries its KV head's place in the plan
+    assert frame.groupby(["layer", "kv_head"])["full"].nunique().max() == 1
+    again = _cli(monkeypatch, lm, ["--needles", "2", "--length", "100", "--pattern", str(pattern)])
+    assert again.exit_code == 2 and "exists" in one_line(again) and (pattern / "config.json").exists()
+    for bad in ("no key|Key:", "Key {key}.", "Key {kex}.|Key:"):
+        refused = _cli(monkeypatch, lm, ["--phrasing", bad])
+        assert refused.exit_code == 2 and "--phrasing" in one_line(refused)
+
+
+def test_stream_sensitivity_is_each_kv_head_streamed_alone():
+    lm = _tiny("llama")
+    ids = list(range(1, 41))
+    sens = stream_sensitivity(lm, ids, sink=1, recent=4, copies=3)  # 4 KV heads in batches of 3 and 1
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        full = torch.log_softmax(lm.model(input_ids=x).logits[0, 5:], -1)
+        for l, k in np.ndindex(2, 2):
+            f = np.ones((2, 2), bool)
+            f[l, k] = False
+            with stream_heads(lm, KVPlan(f, 1, 4)):
+                alone = torch.log_softmax(lm.model(input_ids=x).logits[0, 5:], -1)
+            kl = float((full.exp() * (full - alone)).sum(-1).mean())  # KL(full ‖ streamed), by hand
+            assert sens[l, k] == pytest.approx(kl, rel=1e-4, abs=1e-7)
+    assert (sens > 0).all()
+    with pytest.raises(ValueError, match="drops no key"):
+        stream_sensitivity(lm, ids[:5], sink=1, recent=4)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"ranking": "sensitivity"}, "needs sensitivity=True"),
+    ({"ranking": "gates"}, "ranking must be"),
+    ({"top": 1.5}, "share of the heads"),
+    ({"n_needles": 1}, "n_needles"),
+    ({"lengths": [500]}, "limit of 128"),
+])
+def test_retrieval_refuses_bad_settings_in_one_line(kwargs, message):
+    from headscope.workflows.retrieval import retrieval
+
+    with pytest.raises(ValueError, match=message):
+        retrieval(_tiny("llama"), **({"phrasings": [Phrasing("Key {key}.", "Key:")]} | kwargs))
+
+
+@pytest.mark.parametrize("family", ["gpt2", "bloom", "qwen3_next"])  # plain MHA, ALiBi, a hybrid stack
+def test_other_families_stream_in_their_own_attention_path(family):
+    lm = _tiny(family)
+    layout = kv_layout(lm)
+    planned = np.array(layout.planned)
+    clean = _logits(lm)
+    with stream_heads(lm, KVPlan.all_streaming(layout.shape, sink=6, recent=6, planned=planned)):
+        assert torch.equal(_logits(lm), clean)  # sink + recent cover the 12 keys: the model's own numbers
+    with stream_heads(lm, KVPlan.all_streaming(layout.shape, sink=1, recent=2, planned=planned)):
+        assert not torch.equal(_logits(lm), clean)
