@@ -25,6 +25,7 @@ import doctest
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -89,8 +90,18 @@ def _env(folder: Path) -> dict:
 
 
 def _bash(script: str, folder: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", "-e", "-o", "pipefail", "-c", script], cwd=folder, env=_env(folder),
-                          capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    """The script's run; past BLOCK_TIMEOUT_S its whole process group is killed (the commands it started
+    too, not only bash) and the run fails."""
+    with subprocess.Popen(["bash", "-e", "-o", "pipefail", "-c", script], cwd=folder, env=_env(folder),
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                          start_new_session=True) as process:
+        try:
+            out, err = process.communicate(timeout=BLOCK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            out, err = process.communicate()
+            err += f"\n(killed after {BLOCK_TIMEOUT_S} s)"
+    return subprocess.CompletedProcess(process.args, process.returncode, out, err)
 
 
 def _failed(run: subprocess.CompletedProcess, what: str) -> str:
