@@ -4,7 +4,7 @@ PY := .venv/bin/python
 OUT ?= headscope-report
 MODEL ?= minilm
 
-.PHONY: setup report test browser bench bench-gpu docs
+.PHONY: setup report test test-docs browser bench bench-gpu docs
 setup: .venv/.setup-done
 .venv/.setup-done: pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh
@@ -19,6 +19,11 @@ browser:
 
 test: setup browser
 	$(PY) -m pytest -q
+
+# The doc pages marked `<!-- doc-tests: slow -->` (real weights, minutes): every block of them, in page order.
+# `make test` runs the other pages' blocks; CI runs both.
+test-docs: setup
+	$(PY) -m pytest -q --docs-slow -m docs_slow README.md docs
 
 # Item 7's peer (TransformerLens) lives in its own .venv-bench; without it that item is skipped.
 bench: setup
