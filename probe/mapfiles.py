@@ -349,11 +349,17 @@ def check_target(path: str | Path, *, force: bool = False) -> MapFormat:
     write it: a file headscope did not write is never replaced."""
     path = Path(path)
     fmt = map_format(path)
+    if len(os.fsencode(path.name)) > 255:  # first: such a name cannot even be looked at (ENAMETOOLONG)
+        raise ValueError(f"{path.name[:40]}...: a file name of {len(os.fsencode(path.name))} bytes is longer than "
+                         "file systems allow (255); give a shorter name")
     if path.is_symlink():
         raise ValueError(f"{path} is a symbolic link (to {os.readlink(path)}); headscope does not write through "
                          "links: give the file itself or a new name")
     if path.is_dir():
         raise ValueError(f"{path} is a folder; give a file name ending in {', '.join(MAP_FORMATS)}")
+    folder = next(p for p in path.absolute().parents if p.exists())
+    if not folder.is_dir():
+        raise ValueError(f"{path}: {folder} is a file, not a folder; give a path inside a folder")
     if path.exists() and not force:
         raise ValueError(f"{path} already exists; pass --force to replace it, or choose another file")
     if path.exists() and not is_map_file(path):

@@ -214,3 +214,12 @@ def test_a_header_tampered_with_is_one_value_error_never_a_wrong_map(tamper, suf
     with pytest.raises(ValueError, match="damaged") as err:
         hs.load_maps(path)
     assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("where", ["inside a file", "a name too long"])
+def test_a_path_no_file_can_have_is_one_value_error_before_any_work(where, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    path = {"inside a file": tmp_path / "notes.txt" / "a.npz", "a name too long": tmp_path / ("a" * 300 + ".npz")}[where]
+    with pytest.raises(ValueError, match="a file, not a folder|longer than"):
+        hs.save_maps([_small_map()], path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
