@@ -33,7 +33,7 @@ from typing import Callable, Literal, Sequence
 import torch
 import torch.nn.functional as F
 
-from .encoding import Encoded, check_texts, encode_many, pad_batch
+from .encoding import Encoded, check_count, check_texts, encode_many, pad_batch
 from .forward import base_model
 from .model import LoadedModel
 from .names import Stronger
@@ -119,6 +119,7 @@ def _token_losses(lm: LoadedModel, items: Sequence[Encoded], starts: Sequence[in
 
 def next_token_loss(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False) -> EffectTask:
     """Mean next-token loss of each text; the effect is its mean rise under ablation (nats)."""
+    check_count(batch_size, "batch_size")
     _require_decoder(lm, "next_token_loss")
     items = [e for e in encode_many(lm, check_texts(texts), truncate=truncate)]
     short = [i for i, e in enumerate(items) if len(e.ids) < 2]
@@ -134,6 +135,7 @@ def next_token_loss(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 
 def sequence_loss(lm: LoadedModel, sequences: Sequence[Sequence[int]], *, start: int, batch_size: int = 8,
                   description: str = "change in next-token loss") -> EffectTask:
     """Loss on given token ids (no special tokens added) from position `start` on, e.g. a second copy."""
+    check_count(batch_size, "batch_size")
     _require_decoder(lm, "sequence_loss")
     items = [Encoded(text="", ids=tuple(int(t) for t in s), spans=((0, 0),) * len(s), special=(False,) * len(s))
              for s in sequences]
@@ -280,6 +282,7 @@ def _final_states(m: LoadedModel, items: Sequence[Encoded], batch_size: int, pic
 
 def sentence_cosine(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, truncate: bool = False) -> EffectTask:
     """The sentence embedding (mean of the final hidden states over the text's tokens, specials included)."""
+    check_count(batch_size, "batch_size")
     items = encode_many(lm, check_texts(texts), truncate=truncate)
     def pick(h, k):
         return h.mean(0)
@@ -293,6 +296,7 @@ def sentence_cosine(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 
 def word_cosine(lm: LoadedModel, texts: Sequence[str], word: str, *, batch_size: int = 8,
                 truncate: bool = False) -> EffectTask:
     """The final representation of `word` (its first whole-word occurrence, mean over its tokens)."""
+    check_count(batch_size, "batch_size")
     texts = check_texts(texts)
     items = encode_many(lm, texts, truncate=truncate)
     tokens = [_word_tokens(e, word, i) for i, e in enumerate(items)]

@@ -23,7 +23,7 @@ from .words import Segmenter, assign_words
 
 __all__ = ["Encoded", "image_slots", "refuse_unfilled_slots", "check_texts", "encode", "encode_many", "encode_targets", "pad_batch", "token_labels",
            "tokenizer_labels", "text_units", "fit_context", "special_prefix", "ordinary_token_ids", "TOO_LONG",
-           "special_ids", "bounded_text", "token_count", "checked_stream", "text_source"]
+           "special_ids", "bounded_text", "token_count", "checked_stream", "text_source", "check_count"]
 
 
 # The reason a text is left out of an analysis when it has more tokens than the model takes.
@@ -52,6 +52,16 @@ class Encoded:
     patches: tuple = ()
     pictures: tuple = ()
     image_labels: tuple = ()
+
+
+def check_count(value: object, name: str) -> int:
+    """`value` when it is a whole number of at least 1 (a batch size, a count); else a TypeError or ValueError
+    naming `name` — the one check of every API's `batch_size`, before a loop steps by it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be a whole number such as 8, got {value!r}")
+    if value < 1:
+        raise ValueError(f"{name} must be at least 1, got {value}")
+    return value
 
 
 def check_texts(texts: str | Iterable[str]) -> list[str]:

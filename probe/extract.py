@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from .encoding import Encoded, check_texts, checked_stream, encode_many, encode_targets, text_source, text_units
+from .encoding import Encoded, check_count, check_texts, checked_stream, encode_many, encode_targets, text_source, text_units
 from .forward import forward_batch, forward_each_layer, forward_seq2seq, is_seq2seq, learned_sinks
 from .images import check_images, encode_images, for_input, require_modality
 from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers
@@ -60,8 +60,8 @@ def iter_extract(
     units are the tokens before the patches ([CLS], registers; special) and the patches, row by row, with
     their (row, column) in `positions` and the grid in `grid` (`probe.images`).
     """
-    _check_count(batch_size, "batch_size")
-    _check_count(window, "window")
+    check_count(batch_size, "batch_size")
+    check_count(window, "window")
     if level not in ("token", "word"):
         raise ValueError(f"level must be 'token' or 'word', got {level!r}")
     if texts is None and images is None:
@@ -199,13 +199,6 @@ def extract(lm: LoadedModel, texts: str | Iterable[str] | None = None, **kwargs)
     return list(iter_extract(lm, texts, **kwargs))
 
 
-def _check_count(value: object, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be a whole number such as 8, got {value!r}")
-    if value < 1:
-        raise ValueError(f"{name} must be at least 1")
-
-
 def _check_store_dtype(store_dtype: object) -> None:
     # Attention weights are probabilities in [0, 1]: an integer dtype would round them all to 0.
     if not isinstance(store_dtype, torch.dtype) or not store_dtype.is_floating_point:
@@ -303,7 +296,7 @@ def extract_ids(
 
     The ids go in as they are: no special tokens are added. Units are tokens; spans are empty.
     """
-    _check_count(batch_size, "batch_size")
+    check_count(batch_size, "batch_size")
     _check_store_dtype(store_dtype)
     if isinstance(sequences, (str, bytes, bytearray)) or not isinstance(sequences, Iterable):
         raise TypeError(f"sequences must be a list of token-id lists such as [[5, 17, 2]], got {type(sequences).__name__}")

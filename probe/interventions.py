@@ -22,7 +22,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import torch
 
-from .encoding import encode_many, pad_batch
+from .encoding import check_count, encode_many, pad_batch
 from .errors import UnsupportedFeature
 from .families import Family, family_for
 from .forward import attention_layers, base_model, is_seq2seq, no_attention_reason
@@ -253,6 +253,7 @@ def head_means(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, tr
     The reference for `ablate(..., method="mean")`: the head is replaced by what it outputs on
     average, so only its input-specific part is removed.
     """
+    check_count(batch_size, "batch_size")
     refuse_seq2seq(lm, "head_means")
     family = family_for(lm.config)
     base = base_model(lm)

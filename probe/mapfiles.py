@@ -49,10 +49,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, get_args
 
 import torch
 
+from .names import Level
 from .types import AttentionMap, ImagePatch, json_safe
 
 __all__ = ["MapFormat", "MapEntry", "MAP_FORMATS", "FILE_KIND", "VERSION", "save_maps", "load_maps", "read_header",
@@ -118,6 +119,8 @@ def _header(entries: Sequence[MapEntry]) -> dict:
 
 def _map_of(info: dict, attention: torch.Tensor) -> AttentionMap:
     """The `AttentionMap` a file's JSON entry and tensor describe."""
+    if info["level"] not in get_args(Level):
+        raise ValueError(f"level {info['level']!r}, neither of {', '.join(map(repr, get_args(Level)))}")
     pairs = lambda xs: tuple(tuple(x) for x in xs)  # noqa: E731
     patches = tuple(None if p is None else ImagePatch(image=p["image"], row=p["row"], col=p["col"], rows=p["rows"],
                                                       cols=p["cols"], view=p["view"], box=tuple(p["box"]))
@@ -346,11 +349,17 @@ def check_target(path: str | Path, *, force: bool = False) -> MapFormat:
     write it: a file headscope did not write is never replaced."""
     path = Path(path)
     fmt = map_format(path)
+    if len(os.fsencode(path.name)) > 255:  # first: such a name cannot even be looked at (ENAMETOOLONG)
+        raise ValueError(f"{path.name[:40]}...: a file name of {len(os.fsencode(path.name))} bytes is longer than "
+                         "file systems allow (255); give a shorter name")
     if path.is_symlink():
         raise ValueError(f"{path} is a symbolic link (to {os.readlink(path)}); headscope does not write through "
                          "links: give the file itself or a new name")
     if path.is_dir():
         raise ValueError(f"{path} is a folder; give a file name ending in {', '.join(MAP_FORMATS)}")
+    folder = next(p for p in path.absolute().parents if p.exists())
+    if not folder.is_dir():
+        raise ValueError(f"{path}: {folder} is a file, not a folder; give a path inside a folder")
     if path.exists() and not force:
         raise ValueError(f"{path} already exists; pass --force to replace it, or choose another file")
     if path.exists() and not is_map_file(path):
@@ -415,10 +424,33 @@ def load_maps(path: str | Path) -> list[AttentionMap]:
     fmt = map_format(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    header, tensors = fmt.read(path)
+    try:
+        header, tensors = fmt.read(path)
+    except MemoryError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - each format's library has its own errors for a damaged file
+        raise ValueError(f"{path} cannot be read as a {fmt.suffix} file ({_why(exc)}): it is damaged, cut short, or "
+                         f"not a {fmt.suffix} file; write it again (headscope extract, hs.save_maps)") from None
     if not _ours(header):
         raise ValueError(f"{path} is not an attention file headscope wrote (no '{_KEY}' header in it)")
-    if header.get("version", 0) > VERSION:
-        raise ValueError(f"{path} was written by a newer headscope (file version {header['version']}); upgrade "
+    version = header.get("version", 0)
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ValueError(f"{path}: its header is damaged (file version {version!r}, not a number); write it again "
+                         "(headscope extract, hs.save_maps)")
+    if version > VERSION:
+        raise ValueError(f"{path} was written by a newer headscope (file version {version}); upgrade "
                          "headscope to read it")
-    return [_map_of(e, tensors[e["name"]]) for e in header["maps"]]
+    maps = []
+    for i, e in enumerate(header["maps"]):
+        try:
+            maps.append(_map_of(e, tensors[e["name"]]))
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
+            raise ValueError(f"{path}: map {i} of its header is damaged ({_why(exc)}); write the file again "
+                             "(headscope extract, hs.save_maps)") from None
+    return maps
+
+
+def _why(exc: BaseException) -> str:
+    """An exception as a short part of one line: its kind and the first line of its message."""
+    text = (str(exc).strip().splitlines() or [""])[0]
+    return f"{type(exc).__name__}: {text[:160]}" if text else type(exc).__name__

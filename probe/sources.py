@@ -43,7 +43,7 @@ from typing import ClassVar, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from .encoding import Encoded, check_texts, checked_stream, encode, encode_many, text_units, token_count
+from .encoding import Encoded, check_count, check_texts, checked_stream, encode, encode_many, text_units, token_count
 from .extract import extract as extract_eager
 from .extract import batches_encoded, extract_encoded, extract_ids, iter_extract
 from .forward import attention_layers, is_seq2seq
@@ -107,7 +107,7 @@ class AttentionSource:
     name: ClassVar[Attention]
 
     def __init__(self, lm: LoadedModel, *, budget: int | None = None, batch_size: int = 8) -> None:
-        self.lm, self.budget, self.batch_size = lm, memory_budget(budget), batch_size
+        self.lm, self.budget, self.batch_size = lm, memory_budget(budget), check_count(batch_size, "batch_size")
         self.counts: Counter = Counter()
         self.check: PrefixCheck | None = None  # of the first recomputed text
         n = lm.config

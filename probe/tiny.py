@@ -178,6 +178,10 @@ def save_tiny(lm: LoadedModel, folder, *, layout: Literal["hub", "nested"] = "hu
     `save_pretrained` writes today) and `chat_template.jinja`.
     """
     folder = Path(folder)
+    if folder.exists() and (not folder.is_dir() or any(folder.iterdir())):
+        raise ValueError(f"{folder} is {'a file' if not folder.is_dir() else 'a folder with files in it'}; a tiny "
+                         "model is saved into a new or empty folder (its config.json, weights and tokenizer would "
+                         "replace files there)")
     lm.model.save_pretrained(folder)
     if lm.processor is not None:
         lm.processor.save_pretrained(folder)

@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from .encoding import Encoded, check_texts, encode_many, encode_targets, pad_batch
+from .encoding import Encoded, check_count, check_texts, encode_many, encode_targets, pad_batch
 from .families import Family, Stack, family_for
 from .forward import base_model, extra_inputs, forward_one_stream, seq2seq_inputs
 from .images import TOWER_NAMES, check_images, encode_images, is_two_tower, require_modality, tower
@@ -268,6 +268,7 @@ def verify(
     family: the image tower on `images` (default: `default_images()`), the text tower on `texts` (default:
     `DEFAULT_TEXTS`), whichever of them is given; `Verification.towers` holds each, named.
     """
+    check_count(batch_size, "batch_size")
     if images is not None:
         images = check_images(images)  # once: an iterator is read here, not emptied by a second look
     if is_two_tower(lm):

@@ -75,10 +75,15 @@ def numbers(values, digits: int = 3) -> list[str]:
 def size(n_bytes: float) -> str:
     """Bytes as a reader reads them, in decimal units to three significant digits (`number`).
 
-    >>> size(2000), size(63648), size(6.3e9), size(12)
-    ('2.00 kB', '63.6 kB', '6.30 GB', '12 B')
+    >>> size(2000), size(63648), size(6.3e9), size(12), size(999_999)
+    ('2.00 kB', '63.6 kB', '6.30 GB', '12 B', '1.00 MB')
     """
+    import math
+
+    if math.isnan(n_bytes):
+        return "n/a"
+    # A unit from 0.9995 of it on: three significant digits round 999.5 .. 999.9 of the unit below up to 1,000.
     for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n_bytes) >= scale:
+        if abs(n_bytes) >= scale * 0.9995:
             return f"{number(n_bytes / scale)} {unit}"
     return f"{int(n_bytes)} B"

@@ -99,3 +99,24 @@ def test_extract_ids_bad_options_and_tensor_input(lm):
     [a] = extract_ids(lm, [[5, 6, 7]])
     [b] = extract_ids(lm, torch.tensor([[5, 6, 7]]))  # a batch tensor of ids is a list of lists too
     assert torch.equal(a.attention, b.attention)
+
+
+@pytest.mark.parametrize("call", ["heads", "verify", "extract_file", "head_means", "next_token_loss", "sentence_cosine"])
+@pytest.mark.parametrize("bad", [0, -1, 2.5, "4"])
+def test_a_batch_size_that_is_no_count_is_one_clear_error_everywhere(lm, call, bad, tmp_path):
+    """Every API that steps through texts by `batch_size` checks it first (was: 'range() arg 3 must not be
+    zero', islice's 'Indices for islice() must be None or an integer', or -1 taken as a size)."""
+    from headscope.probe.effects import next_token_loss, sentence_cosine
+    from headscope.probe.interventions import head_means
+
+    import headscope as hs
+
+    run = {"heads": lambda: hs.heads(lm, ["a b"], batch_size=bad),
+           "verify": lambda: hs.verify(lm, ["a b"], batch_size=bad),
+           "extract_file": lambda: hs.extract_file(lm, ["a b"], tmp_path / "a.npz", batch_size=bad),
+           "head_means": lambda: head_means(lm, ["a b"], batch_size=bad),
+           "next_token_loss": lambda: next_token_loss(lm, ["a b c"], batch_size=bad),
+           "sentence_cosine": lambda: sentence_cosine(lm, ["a b c"], batch_size=bad)}[call]
+    with pytest.raises((TypeError, ValueError), match="batch_size must be"):
+        run()
+    assert not (tmp_path / "a.npz").exists()

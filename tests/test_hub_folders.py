@@ -75,3 +75,20 @@ def test_a_missing_package_of_the_processor_class_is_one_line_naming_the_extra(s
     assert result.exit_code == 2, result.output
     [line] = [x for x in result.output.splitlines() if x.strip()]
     assert "headscope[vision]" in line and "unexpected" not in line
+
+
+@pytest.mark.parametrize("there", ["a folder with a file of the user's", "a file"])
+def test_save_tiny_never_replaces_files_it_did_not_write(there, tmp_path):
+    from headscope.probe.tiny import save_tiny, tiny_model
+
+    target = tmp_path / "model"
+    if there == "a file":
+        target.write_text("mine")
+        mine = target
+    else:
+        target.mkdir()
+        mine = target / "config.json"
+        mine.write_text("mine")
+    with pytest.raises(ValueError, match="new or empty folder"):
+        save_tiny(tiny_model("gpt2"), target)
+    assert mine.read_text() == "mine"

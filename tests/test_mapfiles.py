@@ -174,3 +174,52 @@ def test_texts_eager_only_alone_are_extracted_alone(llama, tmp_path, monkeypatch
     assert batches == [1, 1] and done.meta["attention"]["eager"] == 2
     for a, b in zip(hs.extract(llama, texts, level="token"), hs.load_maps(done.path)):
         assert torch.allclose(a.attention, b.attention, atol=1e-6)
+
+
+def _small_map():
+    from headscope.probe.types import AttentionMap
+
+    return AttentionMap(text="hi you", level="word", labels=("hi", "you"), spans=((0, 2), (3, 6)),
+                        special=(False, False), attention=torch.full((1, 1, 2, 2), 0.5), causal=False)
+
+
+@pytest.mark.parametrize("suffix", list(MAP_FORMATS))
+@pytest.mark.parametrize("damage", ["cut in half", "junk", "empty"])
+def test_a_damaged_file_is_one_value_error_naming_it(suffix, damage, tmp_path):
+    path = hs.save_maps([_small_map()], tmp_path / f"a{suffix}")
+    raw = path.read_bytes()
+    path.write_bytes({"cut in half": raw[: len(raw) // 2], "junk": b"not a file of maps at all", "empty": b""}[damage])
+    with pytest.raises(ValueError, match="damaged") as err:
+        hs.load_maps(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("tamper", ["version '2'", "maps of ints", "no labels", "level 'sentence'", "a missing map",
+                                    "spans a number"])
+@pytest.mark.parametrize("suffix", [".pt", ".safetensors"])
+def test_a_header_tampered_with_is_one_value_error_never_a_wrong_map(tamper, suffix, tmp_path):
+    from safetensors.torch import save_file
+
+    path = hs.save_maps([_small_map()], tmp_path / f"a{suffix}")
+    header = torch.load(hs.save_maps([_small_map()], tmp_path / "h.pt"), weights_only=True)["headscope"]
+    entry = header["maps"][0]
+    {"version '2'": lambda: header.update(version="2"), "maps of ints": lambda: header.update(maps=[1, 2]),
+     "no labels": lambda: entry.pop("labels"), "level 'sentence'": lambda: entry.update(level="sentence"),
+     "a missing map": lambda: entry.update(name="map7"), "spans a number": lambda: entry.update(spans=5)}[tamper]()
+    tensors = {"map0": torch.full((1, 1, 2, 2), 0.5)}
+    if suffix == ".pt":
+        torch.save({"headscope": header, **tensors}, path)
+    else:
+        save_file(tensors, str(path), metadata={"headscope": json.dumps(header)})
+    with pytest.raises(ValueError, match="damaged") as err:
+        hs.load_maps(path)
+    assert str(path) in str(err.value) and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("where", ["inside a file", "a name too long"])
+def test_a_path_no_file_can_have_is_one_value_error_before_any_work(where, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    path = {"inside a file": tmp_path / "notes.txt" / "a.npz", "a name too long": tmp_path / ("a" * 300 + ".npz")}[where]
+    with pytest.raises(ValueError, match="a file, not a folder|longer than"):
+        hs.save_maps([_small_map()], path)
+    assert (tmp_path / "notes.txt").read_text() == "mine"

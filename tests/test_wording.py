@@ -39,3 +39,13 @@ def test_the_qk_summary_gives_its_largest_term_as_what_it_adds(monkeypatch):
     assert "key-side embed × query-side embed, adds -0.7 (it lowers the score)" in line and "%" not in line
     line = replace(r, terms=-terms, score=0.35).summary()
     assert "adds +0.7 (it raises the score)" in line
+
+
+@pytest.mark.parametrize("n_bytes, shown", [
+    (999, "999 B"), (1000, "1.00 kB"), (999_499, "999 kB"),  # 999.499 kB to three digits
+    (999_500, "1.00 MB"), (999_999, "1.00 MB"),  # 999.5 .. 999.999 kB round to 1,000 kB: a megabyte
+    (999_999_999, "1.00 GB"), (999_999_999_999, "1.00 TB"), (float("nan"), "n/a")])
+def test_a_size_never_reads_1000_of_a_unit(n_bytes, shown):
+    from headscope.probe.wording import size
+
+    assert size(n_bytes) == shown
