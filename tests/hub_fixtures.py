@@ -132,9 +132,10 @@ def _gemma2_text(cfg):
 
 
 def hidden_sizes(cfg, overrides: dict) -> dict:
-    """`overrides` with other decoder sizes, as an unseen checkpoint of the type has: half the heads, each twice as
-    wide (the hidden size, and so the projector, kept); the M-RoPE sections doubled with them (they still cover the
-    rotary half of a head) and at most as many key/value heads as heads."""
+    """`overrides` with other sizes, as an unseen checkpoint of the type has: the decoder's heads halved, each twice
+    as wide (the hidden size, and so the projector, kept); the M-RoPE sections doubled with them (they still cover
+    the rotary half of a head) and at most as many key/value heads as heads; a fixed-size vision tower's image
+    twice as large (more patches per tile or picture; Qwen-VL's dynamic resolution has no image size)."""
     text = overrides.get("text_config", cfg.text_config)
     heads = text.num_attention_heads // 2
     head = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
@@ -143,4 +144,10 @@ def hidden_sizes(cfg, overrides: dict) -> dict:
     rope = dict(getattr(text, "rope_parameters", None) or {})
     if "mrope_section" in rope:
         changes["rope_parameters"] = {**rope, "mrope_section": [2 * s for s in rope["mrope_section"]]}
-    return {**overrides, "text_config": type(text)(**{**text.to_dict(), **changes})}
+    overrides = {**overrides, "text_config": type(text)(**{**text.to_dict(), **changes})}
+    vision = cfg.vision_config
+    size = getattr(vision, "image_size", None)
+    if size is not None:
+        size = [2 * s for s in size] if isinstance(size, (list, tuple)) else 2 * size
+        overrides["vision_config"] = type(vision)(**{**vision.to_dict(), "image_size": size})
+    return overrides

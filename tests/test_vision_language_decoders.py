@@ -255,8 +255,11 @@ def test_a_hub_folder_of_every_type_verifies_by_path_with_its_relations(model_ty
     assert ("video_preprocessor_config.json" in names) == ("video_processor" in getattr(transformers, kind).get_attributes())
     lm = hs.load(str(folder))
     if variant == "hidden":  # an unseen checkpoint's sizes, not the tiny default's
-        default = _tiny_type(model_type).config.text_config
-        assert lm.config.text_config.num_attention_heads == default.num_attention_heads // 2
+        default = _tiny_type(model_type).model.config
+        assert lm.config.text_config.num_attention_heads == default.text_config.num_attention_heads // 2
+        size = getattr(default.vision_config, "image_size", None)
+        assert getattr(lm.model.config.vision_config, "image_size", None) == (size if size is None else
+                                                            [2 * s for s in size] if isinstance(size, list) else 2 * size)
     assert lm.reads_images and type(lm.processor).__name__ == kind
     assert ("chat_template.json" in names) == bool(lm.processor.chat_template)  # PaliGemma's pretrained one has none
     broken = [name for name, holds in fixture.relations.items() if not holds(lm)]
