@@ -172,3 +172,26 @@ def picture_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("pictures") / "picture.png"
     Image.fromarray((np.random.default_rng(5).random((40, 52, 3)) * 255).astype(np.uint8)).save(path)
     return str(path)
+
+
+@pytest.fixture(scope="session")
+def hub_folder(tmp_path_factory):
+    """`get(model_type, variant)`: the type's hub-fidelity checkpoint (`tests/hub_fixtures.py`) saved as a hub folder
+    (`save_tiny`, hub layout), with its fixture. Variant "hub": seed 0; "hidden": another seed and other sizes (the
+    decoder's heads halved and their width doubled), the real relations kept."""
+    from hub_fixtures import HUB, hidden_sizes
+    from headscope.probe.tiny import save_tiny, tiny_model
+
+    made = {}
+
+    def get(model_type: str, variant: str):
+        if (model_type, variant) not in made:
+            fixture, default = HUB[model_type], _tiny_type(model_type).model.config
+            overrides = fixture.overrides(default)
+            seed = 0
+            if variant == "hidden":
+                seed, overrides = 7, hidden_sizes(default, overrides)
+            lm = tiny_model(model_type, as_type=True, seed=seed, **overrides)
+            made[model_type, variant] = save_tiny(lm, tmp_path_factory.mktemp(f"{model_type}-{variant}")), fixture
+        return made[model_type, variant]
+    return get

@@ -9,7 +9,7 @@ import torch
 
 from conftest import _tiny, _tiny_type
 from headscope.probe.extract import extract
-from headscope.probe.families import FAMILIES, Stack
+from headscope.probe.families import FAMILIES, SUPPORTED_TYPES, Stack
 from headscope.probe.forward import base_model
 from headscope.probe.types import ImagePatch
 from headscope.probe.tiny import tiny_model
@@ -235,14 +235,48 @@ def _one_patch(reading):
     assert m.patches[got] == ImagePatch(0, *cell, rows, cols, view=view, box=box[0](*cell) if box else None)
 
 
-def test_folder_round_trip_loads_the_processor(reading, tmp_path):
-    from headscope.probe.loading import load_model
+# Every vision–language type, verified by path on a hub-fidelity folder (tests/hub_fixtures.py), as a checkpoint and
+# as an unseen one of another seed and other sizes
+VL_TYPES = sorted(t for t, f in SUPPORTED_TYPES.items() if f.vision_language is not None)
 
-    reading.model.save_pretrained(tmp_path)
-    reading.processor.save_pretrained(tmp_path)
-    lm = load_model(str(tmp_path))
-    assert lm.reads_images and lm.processor is not None
-    assert verify(lm).passed
+
+@pytest.mark.parametrize("variant", ["hub", "hidden"])
+@pytest.mark.parametrize("model_type", VL_TYPES)
+def test_a_hub_folder_of_every_type_verifies_by_path_with_its_relations(model_type, variant, hub_folder):
+    import headscope as hs
+    from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
+    import transformers
+
+    folder, fixture = hub_folder(model_type, variant)
+    names = {p.name for p in folder.iterdir()}
+    assert {"config.json", "generation_config.json", "preprocessor_config.json", "processor_config.json",
+            "tokenizer.json", "tokenizer_config.json"} <= names, names
+    kind = PROCESSOR_MAPPING_NAMES[model_type]
+    assert ("video_preprocessor_config.json" in names) == ("video_processor" in getattr(transformers, kind).get_attributes())
+    lm = hs.load(str(folder))
+    if variant == "hidden":  # an unseen checkpoint's sizes, not the tiny default's
+        default = _tiny_type(model_type).model.config
+        assert lm.config.text_config.num_attention_heads == default.text_config.num_attention_heads // 2
+        size = getattr(default.vision_config, "image_size", None)
+        assert getattr(lm.model.config.vision_config, "image_size", None) == (size if size is None else
+                                                            [2 * s for s in size] if isinstance(size, list) else 2 * size)
+    assert lm.reads_images and type(lm.processor).__name__ == kind
+    assert ("chat_template.json" in names) == bool(lm.processor.chat_template)  # PaliGemma's pretrained one has none
+    broken = [name for name, holds in fixture.relations.items() if not holds(lm)]
+    assert not broken, f"{model_type} lost {fixture.mirrors}'s relations: {broken}"
+    picture = _picture(3)
+    v = verify(lm, images=[picture])
+    assert v.passed and v.max_abs_err <= 1e-5, v.to_frame()
+    if SUPPORTED_TYPES[model_type].vision_language.cross is not None:
+        return  # Mllama reads its image by cross-attention: no image tokens in the text
+    [m] = extract(lm, "What is here?", images=[picture])
+    cfg = lm.model.config
+    image_id = cfg.image_token_id if getattr(cfg, "image_token_id", None) is not None else cfg.image_token_index
+    ours = [i for i, t in enumerate(m.token_ids) if t == image_id]
+    theirs = lm.processor(text=[m.text], images=[picture], return_tensors="pt")["input_ids"][0]
+    assert len(ours) == int((theirs == image_id).sum()) > 0  # the processor's own count of image tokens
+    assert all(m.patches[i] is not None or m.special[i] for i in ours)
+    assert {i for i, p in enumerate(m.patches) if p is not None} <= set(ours)  # every patch on an image token
 
 
 def test_the_decoder_mask_of_each_family_in_the_maps():
@@ -433,3 +467,13 @@ def test_a_picture_read_whole_is_one_base_grid(name):
     assert patches == [ImagePatch(0, i, j, 2, 2) for i in range(2) for j in range(2)]
     assert "<row_1_col_1>" not in m.labels and m.labels[m.labels.index("<global-img>") + 1] == "img0:r0c0"
     assert verify(whole, ["A <image> one"], images=[_picture(4, (30, 100, 3))]).passed
+
+
+def test_the_hub_relations_are_checks_the_tiny_defaults_can_fail():
+    """Where a fixture sets a relation the tiny default lacks, the default fails that relation's check (Gemma 3's
+    window no wider than its image, SmolVLM shuffling 2 x 2 not 4 x 4, PaliGemma's Gemma decoder uncapped)."""
+    from hub_fixtures import HUB
+
+    for model_type in ("gemma3", "smolvlm", "paligemma", "llava_onevision", "llava"):
+        relations = HUB[model_type].relations
+        assert not all(holds(_tiny_type(model_type)) for holds in relations.values()), model_type

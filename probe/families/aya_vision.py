@@ -74,7 +74,8 @@ def _tiny_processor(cfg, tokenizer):
     if tokenizer.pad_token is None:  # the processor pads (Aya's own tokenizer has <PAD>)
         tokenizer.pad_token = tokenizer.eos_token
     vision = cfg.vision_config
-    images = GotOcr2ImageProcessorPil(size={"height": TILE, "width": TILE}, crop_to_patches=True, min_patches=1,
+    tile = vision.image_size  # the vision tower's tile, not the tiny default's (another size: other tiles)
+    images = GotOcr2ImageProcessorPil(size={"height": tile, "width": tile}, crop_to_patches=True, min_patches=1,
                                       max_patches=MOST, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
     return AyaVisionProcessor(image_processor=images, tokenizer=tokenizer, patch_size=vision.patch_size,
                               img_size=vision.image_size, downsample_factor=cfg.downsample_factor, image_token=IMAGE,

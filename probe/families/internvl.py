@@ -136,7 +136,8 @@ def _tiny_processor(cfg, tokenizer):
     # named special tokens, as InternVL's tokenizer has them (kept by save_pretrained)
     tokenizer._set_model_specific_special_tokens(special_tokens={"start_image_token": START, "end_image_token": END,
                                                                  "context_image_token": CONTEXT, "video_token": VIDEO})
-    images = GotOcr2ImageProcessorPil(size={"height": TILE, "width": TILE}, crop_to_patches=True, min_patches=1,
+    tile = cfg.vision_config.image_size[0]  # the vision model's tile, not the tiny default's (another size: other tiles)
+    images = GotOcr2ImageProcessorPil(size={"height": tile, "width": tile}, crop_to_patches=True, min_patches=1,
                                       max_patches=MOST, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5])
     if composite(cfg).model_type == "qianfan_ocr":  # its own processor: no video part, the slot is <image>
         return QianfanOCRProcessor(image_processor=images, tokenizer=tokenizer, image_seq_length=_side(cfg) ** 2,
