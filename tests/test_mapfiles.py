@@ -91,7 +91,7 @@ def test_a_recomputed_text_is_written_layer_by_layer_with_the_eager_numbers(llam
 def test_the_command_writes_what_extract_gives(llama, tmp_path):
     out = tmp_path / "sub" / "attention.npz"
     result = CliRunner().invoke(cli, ["extract", "--model", "tiny:llama", "The cat sat.", "A dog barked.",
-                                      "--level", "token", "--heads", "0,2", "--out", str(out), "--quiet"])
+                                      "--level", "token", "--head-indices", "0,2", "--out", str(out), "--quiet"])
     assert result.exit_code == 0, result.output
     assert result.output.startswith("wrote 2 maps (token level") and str(out) in result.output
     want = hs.extract(llama, ["The cat sat.", "A dog barked."], level="token", heads=[0, 2])

@@ -208,12 +208,14 @@ def heads(*, help: str = "Heads, e.g. L16H0,L18H6.") -> Decorator:
 
 
 def select() -> Decorator:
-    """--layers 0,2 and --heads 0,3: the layers kept, and the heads kept in each of them, by the model's indices
-    (`probe.maps.select_layers` / `select_heads` check them against the model)."""
+    """--layers 0,2 and --head-indices 0,3: the layers kept, and the heads kept in each of them, by the model's
+    indices (`probe.maps.select_layers` / `select_heads` check them against the model). Not `--heads`: that name
+    means head names (L16H0,L18H6) wherever it appears."""
     return _together(
         click.option("--layers", "layers", default=None, metavar="N,...", callback=parsed(_indices, "--layers"),
                      help="Only these layers (model indices from 0, e.g. 0,5); default: every attention layer."),
-        click.option("--heads", "heads", default=None, metavar="N,...", callback=parsed(_indices, "--heads"),
+        click.option("--head-indices", "heads", default=None, metavar="N,...",
+                     callback=parsed(_indices, "--head-indices"),
                      help="Only these heads of each layer (indices from 0, e.g. 0,3); default: all."))
 
 

@@ -161,7 +161,7 @@ def _fits(plans: Sequence[_Plan], streams: bool, budget: int, path: Path) -> Non
         if token_layer > budget:
             raise ValueError(f"text {plans.index(biggest)} has {n:,} tokens: one layer of its attention takes "
                              f"{size(token_layer)}, more than the memory budget of {size(budget)}; "
-                             "keep fewer heads (CLI: --heads), split the text, or raise the budget "
+                             "keep fewer heads (CLI: --head-indices), split the text, or raise the budget "
                              "(CLI: --memory-budget)")
     total = file_bytes([p.entry for p in plans])
     if not streams and total > budget:
