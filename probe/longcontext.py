@@ -192,11 +192,15 @@ def needle_prompt(lm: LoadedModel, needle: Needle, lines: Sequence[str]) -> Need
         raise ValueError(f"a needle and its question take {fixed} tokens; ask for a length above that")
     chosen, total, i = [], fixed, needle.offset % len(lines)
     while total < needle.length:
+        room = needle.length - total
+        if lengths[i] > room:  # the last line, cut to the tokens left (a first line longer than the whole prompt too)
+            cut = tok.decode(tok(lines[i], add_special_tokens=False)["input_ids"][:room - 1]).strip()
+            if cut or not chosen:
+                chosen.append(cut)
+            break
         chosen.append(lines[i])
         total += lengths[i]
         i = (i + 1) % len(lines)
-    if total > needle.length and len(chosen) > 1:
-        chosen.pop()
     at = int(round(needle.depth * len(chosen)))
     before, after = " ".join(chosen[:at]), " ".join(chosen[at:])
     start = len(before) + (1 if before else 0)

@@ -157,6 +157,17 @@ def test_needles_are_seeded_split_and_placed():
         needle_prompt(lm, make_needles(2, lengths=[500], depths=[0.5])[0], lines)
 
 
+def test_a_haystack_line_longer_than_the_prompt_is_cut_to_the_length_asked():
+    # a corpus of long lines (a paragraph a line) once gave one whole line, 160 tokens for a 120-token prompt
+    short = [Phrasing("Key {key}.", "Key:")]
+    lm = _tiny("llama")
+    long_line = " ".join(f"word{i}" for i in range(400))
+    for n in make_needles(2, lengths=[60, 120], depths=[0.0, 0.5], seed=1, phrasings=short, n_lines=3):
+        p = needle_prompt(lm, n, [long_line, "A short line.", long_line])
+        assert p.n_tokens <= n.length + 4, (p.n_tokens, n.length)
+        assert n.key in lm.tokenizer.decode(list(p.ids[p.span[0]:p.span[1]])).replace(" ", "")
+
+
 def test_retrieval_hits_count_copies_and_heads_that_point_at_the_token():
     needle = Needle(index=0, key="12", phrasing=0, length=10, depth=0.5, offset=0, split="selection", statement="",
                     question="")
