@@ -6,7 +6,7 @@ so a crash dressed as a refusal (a pandas error passed on as a ValueError) fails
 exit 0 holds no infinite score.
 
 The models are loaded once and shared by every command (`headscope.load` cached for the module); the inputs
-are tiny (two texts, an 8 × 8 picture, two treebank sentences). All 15 × 17 (model, command) cases are listed;
+are tiny (two texts, an 8 × 8 picture, two treebank sentences). All 17 × 17 (model, command) cases are listed;
 one run takes a share of them (15-22 cases), chosen by a hash of the case and `HEADSCOPE_MATRIX` (default: the day of the
 year, so each day runs another share of `SHARES`; `HEADSCOPE_MATRIX=all` runs every case, `run` included,
 which alone takes 35-160 s a model; any other value picks the share of that name)."""
@@ -30,11 +30,11 @@ MODELS = (TEXT_DECODER, HYBRID, ENCODER, SEQ2SEQ, IMAGE, TOWERS, *VLMS)
 SHARES = 12  # a day's run takes one case in twelve (about 20), `run` only with HEADSCOPE_MATRIX=all
 
 # The commands each model must run to exit 0 (the others may refuse in one line).
-_TEXT_READERS = {"verify", "explain", "heads", "coref", "syntax", "compare"}
-_VLM = _TEXT_READERS | {"generate", "ablate", "importance", "dla", "qk", "patch", "composition", "sinks", "run"}
+_TEXT_READERS = {"verify", "explain", "extract", "heads", "coref", "syntax", "compare"}
+_VLM = _TEXT_READERS | {"extract", "generate", "ablate", "importance", "dla", "qk", "patch", "composition", "sinks", "run"}
 WORKS = {TEXT_DECODER: "all", HYBRID: {"verify", "heads", "coref", "syntax", "compare", "generate", "importance", "run"},
          ENCODER: _TEXT_READERS | {"ablate", "importance", "sinks", "run"}, SEQ2SEQ: _TEXT_READERS | {"run"},
-         IMAGE: {"verify", "heads", "run"}, TOWERS: _TEXT_READERS | {"importance", "run"},
+         IMAGE: {"verify", "extract", "heads", "run"}, TOWERS: _TEXT_READERS | {"importance", "run"},
          "mllama": {"verify", "ablate", "importance"}, **{m: _VLM for m in VLMS if m != "mllama"}}
 
 CONLLU = """# text = The cat sat .
@@ -75,6 +75,10 @@ def _commands(kind: str, files: dict) -> dict[str, list[str]]:
         "composition": ["composition", "--out", f"{out}/composition.csv", "--force"],
         "sinks": ["sinks", "--corpus", corpus, "--limit", "2", "--sequences", "2", "--random-sequences", "2",
                   "--length", "12", "--out", f"{out}/sinks.csv", "--force"],
+        "extract": ["extract", *(["The cat sat on the mat."] if kind == "text" else []), *image, "--quiet", "--out",
+                    f"{out}/maps.npz", "--force"],
+        "retrieval": ["retrieval", "--needles", "2", "--length", "120", "--depth", "0.5", "--random", "2", "--quiet",
+                      "--out", f"{out}/retrieval.csv", "--force"],
         "run": ["run", "--corpus", corpus, "--limit", "2", "--induction-seqs", "1", "--permutations", "100",
                 "--out", f"{out}/report", "--force", *image],
     }
