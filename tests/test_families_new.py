@@ -207,7 +207,7 @@ def test_a_hybrid_model_is_extracted_by_its_own_layer_numbers(hybrid):
     torch.testing.assert_close(maps[0].attention[1], own[1][0])
     [one] = extract(hybrid, TEXTS[0], layers=[3])
     assert one.layer_ids == (3,) and torch.equal(one.attention[0], maps[0].attention[1])
-    with pytest.raises(ValueError, match=r"layer 2 of tiny-qwen3.5 has no softmax attention \(a 'linear_attention' "
+    with pytest.raises(ValueError, match=r"layer 2 of tiny-qwen3.5 has no softmax self-attention \(a 'linear_attention' "
                                          r"layer of a hybrid stack\); its attention layers are 1, 3"):
         extract(hybrid, TEXTS[0], layers=[2])
     assert hybrid_note(hybrid).startswith("hybrid stack: layers 1, 3 of 4 have softmax attention; layers 0, 2 "

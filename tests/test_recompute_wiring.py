@@ -112,7 +112,7 @@ def test_bad_attention_and_budget_get_one_clear_error():
     lm = tiny_model("bert")
     with pytest.raises(ValueError, match="attention must be"):
         hs.heads(lm, TEXTS, attention="fast")
-    with pytest.raises(ValueError, match="memory_budget must be a positive"):
+    with pytest.raises(ValueError, match="memory_budget 0 is not a size; give at least 1 byte"):
         hs.heads(lm, TEXTS, attention="auto", budget=0)
 
 

@@ -27,11 +27,11 @@ from typing import Literal, Sequence
 
 import numpy as np
 import pandas as pd
-from tqdm.auto import tqdm
 
 from headscope.analyses.ablation import random_head_sets
 from headscope.analyses.corpus import builtin_corpus
 from headscope.analyses.longcontext import RetrievalCheck, RetrievalResult, RetrievalScores
+from headscope.probe.progress import progress as progress_bar
 from headscope.probe.kvplan import PHRASINGS, KVPlan, Phrasing, default_window, make_needles
 from headscope.analyses.stats import wilson
 from headscope.probe.encoding import check_texts
@@ -111,7 +111,7 @@ def retrieval(lm: LoadedModel, *, n_needles: int = 16, lengths: Sequence[int] = 
     n_layers, n_heads = lm.config.num_hidden_layers, lm.config.num_attention_heads
     k = max(1, int(top * n_layers * n_heads))
     total = len(selection) + (len(held) * (2 + n_random) if check else 0)
-    bar = tqdm(total=total, desc="needle answers", disable=not progress, leave=False)
+    bar = progress_bar(total=total, desc="needle answers", enabled=progress, leave=False)
     hits, copies, selection_correct = np.zeros((n_layers, n_heads), np.int64), 0, []
     for p in selection:
         ans = answer(lm, p.ids, max_new_tokens=steps, top_keys=True)
@@ -165,7 +165,7 @@ def plan_cost(lm: LoadedModel, plans: Sequence[KVPlan], prompts: Sequence[Needle
                                                                         bytes_per_value=layout.bytes_per_value)
     dense = math.exp(float(token_losses(lm, text_ids).mean()))
     rows = []
-    for plan in tqdm(plans, desc="plans", disable=not progress, leave=False):
+    for plan in progress_bar(plans, desc="plans", enabled=progress, leave=False):
         with stream_heads(lm, plan):
             ok = _correct(lm, prompts, steps)
         ppl = math.exp(float(token_losses(lm, text_ids, plan).mean()))

@@ -107,8 +107,6 @@ def syntax(lm, conllu: str | Path | Treebank, *, select_on: str | Path | Treeban
     `budget` as in `headscope.heads` (a recomputed batch's maps are assembled from blocks; the first
     recomputed sentence is checked against eager attention).
     """
-    # a two-tower model (CLIP, SigLIP): its text tower reads the texts; an image model: one line
-    lm = for_input(lm, images=False)
     test_tb = _treebank(conllu)
     if select_on is not None:
         sel_tb = _treebank(select_on)
@@ -122,6 +120,9 @@ def syntax(lm, conllu: str | Path | Treebank, *, select_on: str | Path | Treeban
         sel_skipped = {}
     if not test or not select:
         raise ValueError(_too_few_sentences(test_tb, sel_tb if select_on is not None else None, limit))
+    # the treebank is checked before the model is: a two-tower model (CLIP, SigLIP)'s text tower reads the texts;
+    # an image model is one line
+    lm = for_input(lm, images=False)
     layers, n_heads = attention_layers(lm), lm.config.num_attention_heads  # the maps' layers (a hybrid's: not all)
     rank = head_rank(len(layers), n_heads, seed=seed)
     sample = _tree_sample(select, tree_sample, seed) if trees else []
