@@ -126,13 +126,6 @@ def _key(*values: Any) -> str:
     return json.dumps(values)
 
 
-def _image_name(k: int, item: Any) -> str:
-    """What the page calls startup image `k`: its file's name (never its folder), else `image k`."""
-    import os
-
-    return os.path.basename(os.fspath(item)) if isinstance(item, (str, os.PathLike)) else f"image {k}"
-
-
 def _pictures(live) -> dict:
     """`images` for a live text read with images (its map's cells and pictures); {} otherwise."""
     amap = getattr(live, "map", None)
@@ -144,7 +137,7 @@ class Explorer:
 
     def __init__(self, models: Mapping[str, LoadedModel], *, attention: Attention = DEFAULT_ATTENTION,
                  budget: int | None = None, limits: Limits = Limits(), images: Sequence[Any] = ()) -> None:
-        from headscope.probe.images import check_images, load_image
+        from headscope.probe.images import check_images, image_name, load_image
 
         from headscope.probe.sources import source_for
 
@@ -159,7 +152,7 @@ class Explorer:
         # the user's images, read once here: a request picks them by index and never names a file
         images = check_images(list(images)) if len(images) else []
         self._images = tuple(load_image(k, item) for k, item in enumerate(images))
-        self._image_names = tuple(_image_name(k, item) for k, item in enumerate(images))
+        self._image_names = tuple(image_name(k, item) for k, item in enumerate(images))
         self.limits, self.attention_name, self.budget = limits, attention, budget
         self._models = {name: _Model(lm, source_for(lm, attention, budget=budget), LRU(limits.keep_texts),
                                      LRU(limits.keep_texts)) for name, lm in models.items()}
