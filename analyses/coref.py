@@ -193,11 +193,11 @@ def query_rows(units: Units, blocks: Iterable[Block], wanted: Iterable[int], *, 
     wanted = sorted(set(wanted))
     words = units.word_index if level == "word" else tuple(range(len(units)))
     tokens = {t for t, u in enumerate(words) if u in set(wanted)}
-    layer_at = {layer: i for i, layer in enumerate(layers)}
     picked: dict[int, torch.Tensor] = {t: torch.zeros(len(layers), len(heads), len(units)) for t in tokens}
     for block in blocks:
+        li = position(layers, block.layer, where="the layers asked for")
         for t in tokens & set(range(block.query_start, block.query_stop)):
-            picked[t][layer_at[block.layer]] = block.probs[:, t - block.query_start].float()  # [head, key]
+            picked[t][li] = block.probs[:, t - block.query_start].float()  # [head, key]
     if level == "word":
         member = torch.zeros(len(units), max(words) + 1)  # [token, word]
         member[torch.arange(len(units)), torch.tensor(words)] = 1

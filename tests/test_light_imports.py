@@ -99,10 +99,12 @@ def test_the_blocker_refuses_what_it_names(imported):
     assert "probe.types runs models and must not be imported here" in found["failed"]["headscope.reports.figures"]
 
 
-def test_analyses_heads_imports_in_under_a_second_beyond_torch_and_pandas(imported):
-    """The rest is torch (about 1.5 s of CPU) and pandas (0.5 s): the analyses compute with both. Measured again
-    (at most twice more) only when a busy machine made the first measurement slow."""
+def test_analyses_heads_imports_fast_beyond_torch_and_pandas(imported):
+    """headscope's own share of `import headscope.analyses.heads`: about 0.1 s on an idle machine (0.3 s on a
+    loaded one; 0.7 s while it loaded every family and the engines). The rest is torch (about 1.5 s of CPU) and
+    pandas, which the analyses compute with. Measured again (at most twice more) only when a busy machine made
+    the first measurement slow."""
     times = [imported["heads"]]
-    while min(times) >= 1.0 and len(times) < 3:
+    while min(times) >= 0.5 and len(times) < 3:
         times.append(_run()["heads"])
-    assert min(times) < 1.0, f"import headscope.analyses.heads took {times} s beyond torch and pandas"
+    assert min(times) < 0.5, f"import headscope.analyses.heads took {times} s beyond torch and pandas"
