@@ -10,8 +10,8 @@ To add a view: one function `result -> str` and its entry in `VIEWS`.
 
 >>> from headscope.probe.results import LayerCheck, Verification
 >>> v = Verification("m", "bert", "float32", 1e-5, 1e-5, 12, 1, 9, (LayerCheck(0, 3e-7, 1e-6, 1e-6, 2e-7, True),), 0.1, 0.05)
->>> html_view(v)[:60]
-'<p><b>attention verified: max |Δ| = 3.0e-07 over 1 layers × 1'
+>>> html_view(v) == v._repr_html_(), html_view(v)[:40]
+(True, '<p><b>attention verified: max |Δ| = 3.0e')
 """
 
 from __future__ import annotations
