@@ -19,7 +19,7 @@ from typing import Iterable, Iterator, Protocol, Sequence
 
 import torch
 
-from headscope.probe.recompute import Block, Buffers
+from headscope.probe.blocks import Block, Buffers
 
 __all__ = ["BlockConsumer", "feed", "HeadMap", "word_blocks"]
 

@@ -35,8 +35,8 @@ from typing import Iterable, Literal, Mapping, Sequence
 import pandas as pd
 import torch
 
-from headscope.probe.recompute import Block
-from headscope.probe.types import AttentionMap, Units, head_name
+from headscope.probe.blocks import Block
+from headscope.probe.types import AttentionMap, Units, Viewable, head_name, position
 from headscope.probe.words import to_word_level
 
 from .relations import RelationExample, first_choice, nearest_choice
@@ -193,11 +193,11 @@ def query_rows(units: Units, blocks: Iterable[Block], wanted: Iterable[int], *, 
     wanted = sorted(set(wanted))
     words = units.word_index if level == "word" else tuple(range(len(units)))
     tokens = {t for t, u in enumerate(words) if u in set(wanted)}
-    layer_at = {layer: i for i, layer in enumerate(layers)}
     picked: dict[int, torch.Tensor] = {t: torch.zeros(len(layers), len(heads), len(units)) for t in tokens}
     for block in blocks:
+        li = position(layers, block.layer, where="the layers asked for")
         for t in tokens & set(range(block.query_start, block.query_stop)):
-            picked[t][layer_at[block.layer]] = block.probs[:, t - block.query_start].float()  # [head, key]
+            picked[t][li] = block.probs[:, t - block.query_start].float()  # [head, key]
     if level == "word":
         member = torch.zeros(len(units), max(words) + 1)  # [token, word]
         member[torch.arange(len(units)), torch.tensor(words)] = 1
@@ -334,7 +334,7 @@ def head_correct(scores: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass(frozen=True, eq=False)
-class ProbeResult:
+class ProbeResult(Viewable):
     """Which head follows a word-to-word relation, with held-out accuracy, baselines and a verdict.
 
     `heads` has one row per head: `layer, head, accuracy, correct, n, ci_low, ci_high` over all
@@ -406,25 +406,11 @@ class ProbeResult:
             "heads": self.heads.to_dict(orient="records"),
         }
 
-    def _repr_html_(self) -> str:
-        from html import escape
-
-        top = self.heads.sort_values(["accuracy", "layer", "head"], ascending=[False, True, True]).head(5)
-        base = ", ".join(f"{k} {v:.0%}" for k, v in self.baselines.items())
-        return (
-            f"<div><b>{escape(self.task)}</b> on <code>{escape(self.model)}</code> ({escape(self.level)} level, "
-            f"n = {self.n})<br><i>{escape(self.verdict)}</i><br>baselines: {escape(base)}"
-            f"{top.to_html(index=False, float_format=lambda x: f'{x:.3f}')}</div>"
-        )
-
 
 def drill_down(data: ProbeScores, layer: int, head: int) -> pd.DataFrame:
     """One row per (example, candidate) for head (`layer`, `head`) in model indices."""
-    try:
-        li, hi = data.layer_ids.index(layer), data.head_ids.index(head)
-    except ValueError:
-        raise ValueError(f"head {head_name(layer, head)} is not in these scores (layers {list(data.layer_ids)}, "
-                         f"heads {list(data.head_ids)})") from None
+    li = position(data.layer_ids, layer, "layer", where="these scores")
+    hi = position(data.head_ids, head, "head", where="these scores")
     picks = head_picks(data.scores[:, li : li + 1, hi : hi + 1])[:, 0, 0]
     rows = []
     for i, ex in enumerate(data.examples):

@@ -2,7 +2,7 @@
 
 Scores stream: `HeadScoreAccumulator.update(amap)` folds one `AttentionMap` (`[layer, head, query,
 key]`) into float64 sums and counts per (layer, head), so memory does not grow with the corpus.
-`update_blocks` folds a text given as blocks of query rows (`probe.recompute.Block`, recompute mode)
+`update_blocks` folds a text given as blocks of query rows (`probe.blocks.Block`, recompute mode)
 into the same sums. `score_corpus(maps)` does the whole loop. Nothing here touches a model: feed it maps from
 `probe.iter_extract` (texts) and `probe.extract_ids` (repeated random tokens, for induction).
 
@@ -65,8 +65,8 @@ import pandas as pd
 import torch
 
 from headscope.probe.names import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Level
-from headscope.probe.recompute import Block
-from headscope.probe.types import AttentionBatch, AttentionMap, LayerwiseBatch, Units, head_name
+from headscope.probe.blocks import Block
+from headscope.probe.types import AttentionBatch, AttentionMap, LayerwiseBatch, Units, Viewable
 from headscope.probe.words import to_word_level
 
 from .batches import BatchRows, batch_sums, pattern_batch_sums, unit_columns
@@ -74,7 +74,6 @@ from .blocks import word_blocks
 from .induction import pattern_sums
 from .metrics import (METRICS, ROLE_LABELS, THRESHOLDS, Diagonal, KeyShare, Metric, Pairwise, Pattern, RowStatistic,
                       is_punctuation, role_labels_of, thresholds_of)
-from headscope.probe.wording import counted
 
 __all__ = [
     "METRICS",
@@ -119,7 +118,7 @@ def settings_note(level: str, include_special: bool, *, images: bool = False) ->
 
 
 @dataclass(frozen=True, eq=False)
-class HeadScores:
+class HeadScores(Viewable):
     """Per-head scores over a corpus: a tidy `table` (`model, layer, head, metric, value, n`) and `roles`.
 
     `n` is the number of query rows a value averages over (NaN with n = 0: not applicable, e.g.
@@ -193,18 +192,6 @@ class HeadScores:
         if table:
             out["table"] = _records(self.table)
         return out
-
-    def _repr_html_(self) -> str:
-        from html import escape
-
-        rows = []
-        for m in self.metrics:
-            t = self.top(m, 3)
-            cells = ", ".join(f"{head_name(r.layer, r.head)} {r.value:.3f}" for r in t.itertuples()) or "not applicable"
-            rows.append({"metric": m, "top heads": cells})
-        body = pd.DataFrame(rows).to_html(index=False)  # pandas escapes cell text
-        return (f"<div><b>HeadScores</b> {escape(self.model)}: {self.n_layers} layers × {self.n_heads} heads, "
-                f"{counted(self.n_texts, 'text')}, {counted(len(self.roles), 'role')}<br><i>{escape(self.setting)}</i>{body}</div>")
 
 
 def _records(df: pd.DataFrame) -> list[dict]:
@@ -677,7 +664,7 @@ class _TextRows:
     def sums(self, a: torch.Tensor, query_start: int, band: "_Band | None" = None) -> torch.Tensor:
         """Sums of each corpus metric over the query rows `a[..., row, key]` (units `query_start ..` of
         the text, every key): `[..., metric]` in the plan's `corpus` order. With `band`, `a` is only the
-        rows' keys `band.start .. band.start + K - 1` (`probe.recompute.Block.band`), every other key an
+        rows' keys `band.start .. band.start + K - 1` (`probe.blocks.Block.band`), every other key an
         exact zero: the linear sums and the zero-free statistics read those keys only."""
         if self.keep is not None:
             if band is not None:  # the kept keys are renumbered: every key, zeros included

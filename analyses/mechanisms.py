@@ -1,9 +1,9 @@
 """The report's Mechanisms section as one result (`headscope run --mechanisms`, `workflows.mechanisms.mechanisms`).
 
     MechanismsReport
-        dla           one `probe.attribution.DLAResult` per report sentence: its next token (the model's own
+        dla           one `probe.results.DLAResult` per report sentence: its next token (the model's own
                       most likely one) split into the residual stream's parts (decoders)
-        composition   `probe.composition.CompositionScores`: Q-, K-, V-composition between every pair of heads
+        composition   `probe.results.CompositionScores`: Q-, K-, V-composition between every pair of heads
                       (any model); the tables keep the `edges` strongest edges of each kind
         patching      `analyses.patching.PatchResult`: head-output patching of a built-in pair set (decoders),
                       with its held-out check and verdict
@@ -19,11 +19,10 @@ from typing import TYPE_CHECKING, Any, Mapping
 
 import pandas as pd
 
-from headscope.probe.types import head_name
+from headscope.probe.types import Viewable, head_name
 
 if TYPE_CHECKING:
-    from headscope.probe.attribution import DLAResult
-    from headscope.probe.composition import CompositionScores
+    from headscope.probe.results import CompositionScores, DLAResult
 
     from .patching import PatchResult
 
@@ -33,7 +32,7 @@ COMPOSITION_EDGES = 50  # strongest edges of each kind kept in the tables (the g
 
 
 @dataclass(frozen=True, eq=False)
-class MechanismsReport:
+class MechanismsReport(Viewable):
     """DLA of the report sentences' next tokens, the composition scores, head-output patching of a pair set."""
 
     model: str
@@ -103,8 +102,3 @@ class MechanismsReport:
                         "what", "direction", "n_pairs", "dropped_pairs", "clean", "corrupt", "seconds", "forwards",
                         "confirmation", "verdict")} | {"pair_set": self.pair_set},
                 "notes": list(self.notes), "seconds": dict(self.seconds)}
-
-    def _repr_html_(self) -> str:
-        from html import escape
-
-        return "".join(f"<p>{escape(line)}</p>" for line in self.lines())

@@ -316,7 +316,7 @@ class RowStatistic:
     Metrics of one registry that share a `statistic` (the same function) share its computation: it runs
     once per block, and one matmul weights it for all of them. `zeros_free`: the statistic of a row is
     the same with its exact-zero keys left out (entropy, max weight), so a block of causal rows hands it
-    only the keys its rows can see (`probe.recompute.Block.band`); False (the safe default) gives it
+    only the keys its rows can see (`probe.blocks.Block.band`); False (the safe default) gives it
     every key.
     """
 

@@ -29,7 +29,7 @@ import numpy as np
 import pandas as pd
 
 from headscope.probe.names import PatchDirection as Direction
-from headscope.probe.types import head_name
+from headscope.probe.types import Viewable, head_name
 
 from .ablation import ALPHA, empirical_p
 from .stats import format_p
@@ -256,7 +256,7 @@ class Confirmation:
 
 
 @dataclass(frozen=True, eq=False)
-class PatchResult:
+class PatchResult(Viewable):
     """The metric (logit(right) − logit(wrong) at the last token) of every pair with each site patched.
 
     `values[site, pair]`; `clean[pair]` and `corrupt[pair]` are the unpatched runs. `to_frame()` is
@@ -343,14 +343,9 @@ class PatchResult:
         out["verdict"] = self.verdict
         return out
 
-    def _repr_html_(self) -> str:
-        f = self.to_frame()
-        top = f.reindex(f["effect"].abs().sort_values(ascending=False).index).head(10)
-        return f"<p>{self.summary()}</p>" + top.to_html(index=False, float_format=lambda x: f"{x:.4f}")
-
 
 @dataclass(frozen=True, eq=False)
-class AttributionPatching:
+class AttributionPatching(Viewable):
     """Attribution patching (the gradient approximation) beside real patching on the same pairs.
 
     `estimate` holds the approximated metric of every site and pair (a `PatchResult`, its `seconds` the
@@ -400,7 +395,4 @@ class AttributionPatching:
                 "seconds_attribution": self.estimate.seconds,
                 "seconds_real": None if self.real is None else self.real.seconds,
                 "sites": self.to_frame().to_dict(orient="records"), "summary": self.summary()}
-
-    def _repr_html_(self) -> str:
-        return f"<p>{self.summary()}</p>" + self.to_frame().head(20).to_html(index=False)
 

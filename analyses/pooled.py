@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headscope.probe.recompute import Block
+from headscope.probe.blocks import Block
 
 __all__ = ["PooledMap", "TopKeys", "Pooler", "pool", "top_keys", "tile_index", "block_means"]
 

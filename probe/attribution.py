@@ -31,7 +31,7 @@ Hooks only: nothing is written to the model, and every hook is removed on exit, 
 from __future__ import annotations
 
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import pandas as pd
@@ -43,11 +43,12 @@ from .families import SUPPORTED_TYPES, Family, family_for
 from .forward import base_model
 from .model import LoadedModel
 from .placement import onloaded
+from .results import DLAResult, QKAttribution
 from .scratch import LayerSpec
-from .types import head_name, whole_number
+from .types import head_name, parse_head, whole_number
 
-__all__ = ["FrozenNorm", "Trace", "trace", "answer_token", "residual_parts", "DLAResult", "direct_logit_attribution",
-           "QKAttribution", "qk_attribution", "decoder_layers", "require_lm_head"]
+__all__ = ["FrozenNorm", "Trace", "trace", "answer_token", "residual_parts", "direct_logit_attribution",
+           "qk_attribution", "decoder_layers", "require_lm_head"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -323,92 +324,16 @@ def answer_token(lm: LoadedModel, answer: str | int) -> int:
 # Direct logit attribution
 
 
-@dataclass(frozen=True, eq=False)
-class DLAResult:
-    """The next-token logit (or logit difference) at a prompt's last token split into the stream's parts.
-
-    `table`: one row per part (component, kind, layer, head, value); `total` the model's own logit
-    (difference) before any final softcap; the parts sum to it within `identity_abs_err`.
-    """
-
-    model: str
-    prompt: str
-    answer: str
-    wrong: str | None
-    answer_id: int
-    wrong_id: int | None
-    total: float
-    table: pd.DataFrame
-    identity_abs_err: float
-    attention_abs_err: float  # each layer's heads + bias against W_O's own output (max |Δ| over layers)
-    final_norm_abs_err: float  # the frozen final norm against the model's own
-    softcap: float | None = None  # Gemma 2's final logit softcap: applied after the decomposition
-    capped_total: float | None = None
-    n_layers: int = 0
-    n_heads: int = 0
-    labels: tuple[str, ...] = field(default=())
-
-    @property
-    def identity_rel_err(self) -> float:
-        return self.identity_abs_err / max(abs(self.total), 1e-12)
-
-    answer_token: str | None = None  # the token scored (a string answer's first token), where it differs
-    wrong_token: str | None = None
-
-    @property
-    def what(self) -> str:
-        def shown(given: str, token: str | None) -> str:  # 'logit(' Mar' (first token of ' Mary'))': what was scored
-            return repr(given) if token is None or token == given else f"{token!r} (first token of {given!r})"
-
-        return (f"logit({shown(self.answer, self.answer_token)}) − logit({shown(self.wrong, self.wrong_token)})"
-                if self.wrong is not None else f"logit({shown(self.answer, self.answer_token)})")
-
-    def grid(self) -> pd.DataFrame:
-        """Head values as a layer × head frame (index: layer, columns: head)."""
-        heads = self.table[self.table["kind"] == "head"]
-        return heads.pivot(index="layer", columns="head", values="value").astype(float)
-
-    def top(self, k: int = 5) -> pd.DataFrame:
-        """The k parts with the largest |value|."""
-        return self.table.reindex(self.table["value"].abs().sort_values(ascending=False).index).head(k)
-
-    def identity(self) -> str:
-        return (f"parts sum to {self.table['value'].sum():.6g}, the model's {self.total:.6g} "
-                f"(|Δ| = {self.identity_abs_err:.1e}, relative {self.identity_rel_err:.1e})")
-
-    def summary(self) -> str:
-        top = ", ".join(f"{r.component} {r.value:+.3f}" for r in self.top(3).itertuples())
-        cap = ("" if self.softcap is None else
-               f"; the model caps logits at {self.softcap:g} after this (capped: {self.capped_total:.4f})")
-        return (f"{self.model}: {self.what} after {self.prompt!r} = {self.total:.4f}; largest parts {top}; "
-                f"{self.identity()}{cap}")
-
-    def to_frame(self) -> pd.DataFrame:
-        return self.table
-
-    def to_dict(self) -> dict:
-        return {"model": self.model, "prompt": self.prompt, "answer": self.answer, "wrong": self.wrong,
-                "answer_id": self.answer_id, "wrong_id": self.wrong_id, "answer_token": self.answer_token,
-                "wrong_token": self.wrong_token, "total": self.total,
-                "sum_of_components": float(self.table["value"].sum()),
-                "identity_abs_err": self.identity_abs_err, "identity_rel_err": self.identity_rel_err,
-                "attention_abs_err": self.attention_abs_err, "final_norm_abs_err": self.final_norm_abs_err,
-                "softcap": self.softcap, "capped_total": self.capped_total,
-                "components": [{"component": r.component, "value": float(r.value)} for r in self.table.itertuples()]}
-
-    def _repr_html_(self) -> str:
-        return f"<p>{self.summary()}</p>" + self.top(10).to_html(index=False, float_format=lambda x: f"{x:.4f}")
-
-
 def _kind(name: str) -> tuple[str, int | None, int | None]:
     if name.endswith(".mlp"):
         return "mlp", int(name[1:-4]), None
     if name.endswith(".attn_bias"):
         return "attn_bias", int(name[1:].split(".")[0]), None
-    if name.startswith("L") and "H" in name:
-        l, h = name[1:].split("H")
-        return "head", int(l), int(h)
-    return name, None, None
+    try:
+        layer, head = parse_head(name)
+    except ValueError:
+        return name, None, None
+    return "head", layer, head
 
 
 def direct_logit_attribution(lm: LoadedModel, prompt: str, answer: str | int | None, wrong: str | int | None = None
@@ -507,65 +432,6 @@ def _side(tr: Trace, spec: LayerSpec, layer: int, pos: int, w: torch.Tensor, b: 
         inv = torch.rsqrt(whole.pow(2).mean() + spec.norm_eps)
         proj = proj * inv * (spec.norm_offset + norm_w)
     return names, _rotate_at(proj, spec, pos, len(tr.ids)), x_err
-
-
-@dataclass(frozen=True, eq=False)
-class QKAttribution:
-    """One head's pre-softmax score for one (query, key) split over (query part, key part) pairs.
-
-    `terms` (query parts × key parts, a DataFrame) holds scale · q_a · k_b; `extra` the terms that are
-    not bilinear (a position bias, the softcap's change); together they sum to `score`, the
-    from-scratch attention's score, within `identity_abs_err`. `weight_without` is the softmax weight
-    of the key when one part is removed from one side (the others and every other key unchanged).
-    """
-
-    model: str
-    text: str
-    layer: int
-    head: int
-    query: int
-    key: int
-    query_label: str
-    key_label: str
-    score: float
-    weight: float
-    terms: pd.DataFrame
-    extra: dict
-    identity_abs_err: float
-    input_abs_err: float  # the attention input rebuilt from the parts against the model's own
-    weight_without: pd.DataFrame  # side, component, weight, change
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per (query part, key part) pair: query_component, key_component, value."""
-        long = self.terms.stack().reset_index()
-        long.columns = ["query_component", "key_component", "value"]
-        return long
-
-    def top(self, k: int = 5) -> pd.DataFrame:
-        f = self.to_frame()
-        return f.reindex(f["value"].abs().sort_values(ascending=False).index).head(k)
-
-    def summary(self) -> str:
-        best = self.top(1).iloc[0]
-        # A term's sign says which way it moves the score; a share of the score (-38%, 140%) reads wrongly when
-        # the terms have mixed signs, so the term is given as what it adds.
-        effect = "raises" if best["value"] > 0 else "lowers"
-        return (f"{head_name(self.layer, self.head)} attends from {self.query_label!r} to {self.key_label!r} with weight "
-                f"{self.weight:.3f} (score {self.score:.4g}); the largest term, key-side {best['key_component']} × "
-                f"query-side {best['query_component']}, adds {best['value']:+.4g} (it {effect} the score); the terms "
-                f"sum to the from-scratch score within {self.identity_abs_err:.1e}")
-
-    def to_dict(self) -> dict:
-        return {"model": self.model, "text": self.text, "layer": self.layer, "head": self.head,
-                "query": self.query, "key": self.key, "query_label": self.query_label, "key_label": self.key_label,
-                "score": self.score, "weight": self.weight, "sum_of_terms": float(self.terms.to_numpy().sum())
-                + sum(self.extra.values()), "identity_abs_err": self.identity_abs_err,
-                "input_abs_err": self.input_abs_err, "extra": self.extra,
-                "top": self.top(20).to_dict(orient="records"),
-                "weight_without": self.weight_without.to_dict(orient="records"), "summary": self.summary()}
-
-    def _repr_html_(self) -> str:
-        return f"<p>{self.summary()}</p>" + self.top(10).to_html(index=False, float_format=lambda x: f"{x:.4f}")
 
 
 def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: int | str, key: int | str,

@@ -27,19 +27,17 @@ matrix U E summed in chunks of the vocabulary.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from html import escape
 
 import numpy as np
-import pandas as pd
 import torch
 
 from .attribution import require_lm_head, trace
 from .errors import UnsupportedFeature
 from .model import LoadedModel
-from .types import head_name, seed_value, whole_number
+from .results import CompositionScores, CopyingScores
+from .types import seed_value, whole_number
 
-__all__ = ["Factors", "head_factors", "composition_score", "CompositionScores", "composition_scores",
-           "CopyingScores", "copying_scores"]
+__all__ = ["Factors", "head_factors", "composition_score", "composition_scores", "copying_scores"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -110,53 +108,6 @@ def _trace_norm(l1: torch.Tensor, c: torch.Tensor, r2: torch.Tensor) -> torch.Te
     return ((c.transpose(-1, -2) @ g @ c) * h.transpose(-1, -2)).sum((-1, -2))
 
 
-@dataclass(frozen=True, eq=False)
-class CompositionScores:
-    """Q-, K- and V-composition of every earlier head A into every later head B, and the random baseline.
-
-    `scores[kind]` is `[layer_a, head_a, layer_b, head_b]` (NaN where layer_b <= layer_a).
-    """
-
-    model: str
-    scores: dict[str, np.ndarray]
-    baseline: dict[str, float]
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per (kind, sender, receiver): score, baseline, score / baseline."""
-        rows = []
-        for kind, s in self.scores.items():
-            idx = np.argwhere(np.isfinite(s))
-            for la, ha, lb, hb in idx:
-                v = float(s[la, ha, lb, hb])
-                rows.append((kind, head_name(la, ha), head_name(lb, hb), int(la), int(ha), int(lb), int(hb), v,
-                             self.baseline[kind], v / self.baseline[kind]))
-        return pd.DataFrame(rows, columns=["kind", "sender", "receiver", "sender_layer", "sender_head",
-                                           "receiver_layer", "receiver_head", "score", "baseline", "ratio"])
-
-    def top(self, k: int = 10, kind: str | None = None) -> pd.DataFrame:
-        f = self.to_frame()
-        if kind is not None:
-            f = f[f["kind"] == kind]
-        return f.sort_values("ratio", ascending=False).head(k)
-
-    def summary(self) -> str:
-        parts = []
-        for kind in self.scores:
-            t = self.top(1, kind)
-            if len(t):
-                r = t.iloc[0]
-                parts.append(f"{kind}: {r.sender} → {r.receiver} {r.score:.3f} ({r.ratio:.1f}× random {r.baseline:.3f})")
-        return f"{self.model} composition, strongest edge per kind — " + "; ".join(parts)
-
-    def to_dict(self, k: int = 10) -> dict:
-        """The baselines and the `k` strongest edges of each kind."""
-        return {"model": self.model, "baseline": dict(self.baseline),
-                "top": {kind: self.top(k, kind).drop(columns="kind").to_dict(orient="records") for kind in self.scores}}
-
-    def _repr_html_(self) -> str:
-        return f"<p>{escape(self.summary())}</p>" + self.top(10).to_html(index=False, float_format=lambda x: f"{x:.4f}")
-
-
 def composition_scores(lm: LoadedModel, *, n_random: int = 20, seed: int = 0,
                        layers: int | None = None) -> CompositionScores:
     """Q-, K- and V-composition scores between every pair of heads in different layers, with the mean
@@ -194,37 +145,6 @@ def composition_scores(lm: LoadedModel, *, n_random: int = 20, seed: int = 0,
     base = {kind: float(composition_score(rnd(D, hs), rnd(hs, D), rnd(D, hs), rnd(hs, D)).mean())
             for kind in ("q", "k", "v")}
     return CompositionScores(model=lm.name, scores=out, baseline=base)
-
-
-@dataclass(frozen=True, eq=False)
-class CopyingScores:
-    """OV copying score Σλ / Σ|λ| of every head's full OV circuit W_E W_OV W_U: `scores[layer, head]`."""
-
-    model: str
-    scores: np.ndarray  # [layer, head]
-    n_tokens: int  # the vocabulary the circuit spans (all of it unless `tokens` was given)
-
-    def to_frame(self) -> pd.DataFrame:
-        rows = [(head_name(l, h), l, h, float(self.scores[l, h])) for l in range(self.scores.shape[0])
-                for h in range(self.scores.shape[1])]
-        return pd.DataFrame(rows, columns=["head", "layer", "head_index", "copying"])
-
-    def grid(self) -> pd.DataFrame:
-        return pd.DataFrame(self.scores, index=pd.Index(range(self.scores.shape[0]), name="layer"),
-                            columns=pd.Index(range(self.scores.shape[1]), name="head"))
-
-    def top(self, k: int = 10) -> pd.DataFrame:
-        return self.to_frame().sort_values("copying", ascending=False).head(k)
-
-    def summary(self) -> str:
-        t = self.top(3)
-        best = ", ".join(f"{r.head} {r.copying:+.3f}" for r in t.itertuples())
-        share = float((self.scores > 0.5).mean())
-        return (f"{self.model} OV copying (Σλ/Σ|λ| of W_E W_OV W_U over {self.n_tokens} tokens): highest {best}; "
-                f"{share:.0%} of heads above 0.5")
-
-    def _repr_html_(self) -> str:
-        return f"<p>{escape(self.summary())}</p>" + self.top(10).to_html(index=False, float_format=lambda x: f"{x:.4f}")
 
 
 def _ov_eigenvalues(f: Factors, g: torch.Tensor) -> torch.Tensor:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import warnings
-from dataclasses import dataclass
 
 import pandas as pd
 import torch
@@ -24,47 +23,14 @@ from .forward import base_model, no_attention_reason, refuse_cross_reader
 from .images import check_images, encode_images, for_input, require_modality
 from .model import LoadedModel
 from .scratch import attention_from_scratch, project_qk, sink_share
-from .types import head_name
 from .verify import capture, tolerances
 from .names import DEFAULT_ATTENTION, Attention
 from .recompute import layer_inputs
+from .results import Explanation, PermutationCheck
 from .sources import source_for
 from .vision_language import DEFAULT_PROMPT, encode_with_images
 
-__all__ = ["Explanation", "explain", "find_token", "scale_effect", "PermutationCheck", "permutation_check"]
-
-
-@dataclass(frozen=True, eq=False)
-class Explanation:
-    """Step-by-step attention of one query token in one head, with the model's real numbers."""
-
-    text: str
-    query: str
-    query_index: int
-    layer: int
-    head: int
-    scale: float
-    # One row per key: key, raw_score, [position_bias], [position_scores], scaled_score, weight, value_norm,
-    # contribution_norm; scaled_score = raw_score × scale + position_bias + position_scores (see `explain`).
-    table: pd.DataFrame
-    output_norm: float  # ‖Σ_j w_j v_j‖
-    model_weight_max_abs_err: float  # our weights vs the model's own attention for this row
-    check: dict | None = None  # recompute mode: the eager check on the text's prefix, which gives the error above
-    sink_share: float = 0.0  # the share of the row that went to the head's learned sink (gpt-oss): 1 − Σ weight
-
-    def to_frame(self) -> pd.DataFrame:
-        return self.table
-
-    def summary(self) -> str:
-        top = self.table.sort_values("weight", ascending=False).head(3)
-        parts = ", ".join(f"{k!r} {w:.3f}" for k, w in zip(top["key"], top["weight"]))
-        sink = f", the learned sink {self.sink_share:.3f}" if self.sink_share else ""
-        return (f"{head_name(self.layer, self.head)}, query {self.query!r}: scores q·k × {self.scale:.4g}, softmax → "
-                f"largest weights {parts}{sink}; output norm {self.output_norm:.3f} "
-                f"(matches the model's weights to {self.model_weight_max_abs_err:.1e})")
-
-    def _repr_html_(self) -> str:
-        return f"<p>{self.summary()}</p>" + self.table.to_html(index=False, float_format=lambda x: f"{x:.4f}")
+__all__ = ["explain", "find_token", "scale_effect", "permutation_check"]
 
 
 def _capture_one(lm: LoadedModel, text: str):
@@ -273,43 +239,6 @@ def scale_effect(lm: LoadedModel, text: str, *, layers: list[int] | None = None)
                 "max_weight_scaled": float(with_scale[1][h]), "max_weight_unscaled": float(without[1][h]),
             })
     return pd.DataFrame(rows)
-
-
-@dataclass(frozen=True)
-class PermutationCheck:
-    """Does permuting the tokens permute layer `layer`'s attention? (max |P(πx) − πP(x)π|)
-
-    `exact` compares the deviation without positions with the model's dtype tolerance (the one
-    `verify` uses); the summary's verdict follows it.
-    """
-
-    layer: int
-    n_tokens: int
-    permutation: tuple[int, ...]
-    max_dev_without_positions: float  # ~1e-7: attention itself is permutation-equivariant
-    max_dev_with_positions: float  # large: positions are what tell the model the order
-    tolerance: float = 1e-5  # `verify.tolerances(dtype)`: below it, "permuted exactly"
-
-    @property
-    def exact(self) -> bool:
-        """Without positions, is the attention the permuted original (within `tolerance`)?"""
-        return self.max_dev_without_positions <= self.tolerance
-
-    def to_dict(self) -> dict:
-        return {"layer": self.layer, "n_tokens": self.n_tokens, "permutation": list(self.permutation),
-                "max_dev_without_positions": self.max_dev_without_positions,
-                "max_dev_with_positions": self.max_dev_with_positions, "tolerance": self.tolerance,
-                "exact": self.exact}
-
-    def summary(self) -> str:
-        dev = f"max |Δ| = {self.max_dev_without_positions:.1e}, tolerance {self.tolerance:g}"
-        if self.exact:
-            verdict = f"without position information the attention is permuted exactly ({dev})"
-        else:
-            verdict = (f"without position information the attention is NOT permuted exactly ({dev}): "
-                       "some order information was not removed")
-        return (f"layer {self.layer}, {self.n_tokens} tokens shuffled: {verdict}; with positions it changes "
-                f"(max |Δ| = {self.max_dev_with_positions:.2f})")
 
 
 @torch.inference_mode()

@@ -29,8 +29,6 @@ the full forward pass masks them.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
 from typing import Literal, Sequence
 
 import torch
@@ -40,69 +38,13 @@ from .extract import extract
 from .forward import extra_inputs, is_seq2seq
 from .images import check_images, require_modality
 from .model import LoadedModel
+from .results import GenerationAttention, Stop
 from .types import AttentionMap, seed_value, whole_number
 from .vision_language import encode_with_images
 
-__all__ = ["GenerationAttention", "generate_attention", "chat_prompt", "Turn", "cache_argument", "eos_ids"]
+__all__ = ["generate_attention", "chat_prompt", "Turn", "cache_argument", "eos_ids"]
 
-Stop = Literal["max_new_tokens", "eos"]
 Turn = Literal["system", "user", "assistant"]
-
-
-@dataclass(frozen=True, eq=False)
-class GenerationAttention:
-    """A greedy continuation of `prompt.text` and the attention row of every generated token.
-
-    `steps[t]` is `[layer, head, key]` over `key_labels(t)` = the prompt's tokens + generated[:t+1].
-    """
-
-    model: str
-    prompt: AttentionMap  # token level: the prompt's own [layer, head, query, key]
-    generated_ids: tuple[int, ...]
-    generated_tokens: tuple[str, ...]  # each id decoded alone, as it reads in the text
-    steps: tuple[torch.Tensor, ...]  # [layer, head, key], key = len(prompt) + t + 1
-    stopped: Stop
-    sampling: dict = dataclasses.field(default_factory=lambda: {"temperature": 0.0})  # how tokens were picked
-    prompt_turns: tuple[str, ...] = ()  # chat: each prompt token's turn (system / user / assistant); else empty
-
-    def turns(self, step: int) -> tuple[str, ...]:
-        """The turn of each key of `steps[step]` (chat prompts; empty otherwise)."""
-        return self.prompt_turns + ("assistant",) * (step + 1) if self.prompt_turns else ()
-
-    def __len__(self) -> int:
-        return len(self.generated_ids)
-
-    @property
-    def text(self) -> str:
-        return "".join(self.generated_tokens)
-
-    def key_labels(self, step: int) -> tuple[str, ...]:
-        """Labels of the keys of `steps[step]`: the prompt's tokens, then the generated ones up to `step`."""
-        return self.prompt.labels + self.generated_tokens[: step + 1]
-
-    def head_rows(self, layer: int, head: int) -> tuple[torch.Tensor, ...]:
-        """Head `layer`.`head` (the model's numbers; a hybrid's layers without attention have none) at every
-        step: its row over that step's keys."""
-        for what, v, have in (("layer", layer, self.prompt.layer_ids), ("head", head, self.prompt.head_ids)):
-            if what == "layer" and v in self.prompt.no_attention and not isinstance(v, bool):
-                raise ValueError(f"layer {v} of {self.model} has no softmax attention; layers "
-                                 f"{', '.join(map(str, have))} have")
-            if isinstance(v, bool) or not isinstance(v, int) or v not in have:
-                some = f"0..{len(have) - 1}" if have == tuple(range(len(have))) else ", ".join(map(str, have))
-                raise ValueError(f"{what} must be {some} for {self.model}, got {v!r}")
-        li, hi = self.prompt.layer_ids.index(layer), self.prompt.head_ids.index(head)
-        return tuple(row[li, hi] for row in self.steps)
-
-    def to_dict(self) -> dict:
-        """JSON-ready: prompt and generated tokens, and each step's `[layer, head, key]` row."""
-        return {
-            "model": self.model, "prompt": self.prompt.text, "prompt_tokens": list(self.prompt.labels),
-            "text": self.text, "generated_ids": list(self.generated_ids),
-            "generated_tokens": list(self.generated_tokens), "stopped": self.stopped, "sampling": dict(self.sampling),
-            **({"prompt_turns": list(self.prompt_turns)} if self.prompt_turns else {}),
-            "steps": [{"step": t, "token": tok, "id": i, "attention": row.tolist()}
-                      for t, (tok, i, row) in enumerate(zip(self.generated_tokens, self.generated_ids, self.steps))],
-        }
 
 
 @torch.inference_mode()

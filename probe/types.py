@@ -6,17 +6,18 @@ never a model. Tensor order is always `[layer, head, query, key]`.
 
 from __future__ import annotations
 
+import importlib
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
 from .names import Level, Weight
 
 __all__ = ["AttentionMap", "AttentionBatch", "LayerwiseBatch", "ImagePatch", "Units", "CrossAttentionMap", "Seq2SeqAttention", "Level", "Weight", "head_name", "parse_head",
-           "parse_heads", "json_safe", "whole_number", "seed_value", "SEED_MAX"]
+           "parse_heads", "position", "Viewable", "json_safe", "whole_number", "seed_value", "SEED_MAX"]
 
 
 _HEAD = re.compile(r"\s*L(\d+)\s*H(\d+)\s*|\s*(\d+)\s*,\s*(\d+)\s*", re.IGNORECASE)
@@ -54,6 +55,37 @@ def parse_heads(spec: str) -> list[tuple[int, int]]:
     if not names:
         raise ValueError(f"{spec!r} names no head; write head names separated by commas, such as L16H0,L18H6")
     return [parse_head(part) for part in names]
+
+
+def position(ids: Sequence[int], wanted: object, what: str = "layer", *, where: str = "this map",
+             no_attention: Sequence[int] = ()) -> int:
+    """Where model layer (or head) number `wanted` sits among `ids`, the model numbers of a tensor's rows (or
+    columns) in order: the index to read the tensor at. A number that is not there is one line naming the
+    numbers that are (`what`: "layer" or "head"; `where`: what holds them); a hybrid stack's layer without
+    softmax attention (`no_attention`) is named as such. A bool is not a number here.
+
+    >>> position((0, 2, 5), 5), position(range(12), 3, "head")
+    (2, 3)
+    >>> position((0, 2, 5), 1)
+    Traceback (most recent call last):
+    ...
+    ValueError: layer 1 is not among the layers of this map: 0, 2, 5
+    """
+    import operator
+
+    ids = list(ids)
+    try:
+        n = None if isinstance(wanted, bool) else operator.index(wanted)
+    except TypeError:
+        n = None
+    if n is not None and n in ids:
+        return ids.index(n)
+    shown = f"{ids[0]}..{ids[-1]}" if len(ids) > 3 and ids == list(range(ids[0], ids[0] + len(ids))) else \
+        ", ".join(map(str, ids))
+    if n is not None and n in no_attention:
+        raise ValueError(f"{what} {n} of {where} has no softmax attention (a hybrid stack's layer); {what}s {shown} "
+                         f"have")
+    raise ValueError(f"{what} {wanted!r} is not among the {what}s of {where}: {shown or 'none'}")
 
 
 SEED_MAX = 2**63 - 1  # the largest seed every generator headscope seeds (numpy's, torch's) takes
@@ -106,6 +138,18 @@ def json_safe(obj: Any) -> Any:
     if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
         return json_safe(obj.item())
     return obj
+
+
+class Viewable:
+    """A result that a notebook shows as HTML (`_repr_html_`). The view is drawn by `reports.views` (one
+    registry, `VIEWS`, keyed by result type), which `hs.show` reads too; probe and analyses may not import
+    reports, so the view is looked up by the module's name when a notebook asks for it, and importing a
+    result type loads no report code."""
+
+    __slots__ = ()
+
+    def _repr_html_(self) -> str:
+        return importlib.import_module("headscope.reports.views").html_view(self)
 
 
 class _HeadGrid:
@@ -165,7 +209,7 @@ class ImagePatch:
 
 
 @dataclass(frozen=True, eq=False)
-class AttentionMap(_HeadGrid):
+class AttentionMap(_HeadGrid, Viewable):
     """Attention of one text: `attention[layer, head, query, key]`, padding removed.
 
     Units are sub-word tokens (`level="token"`) or words (`level="word"`). Special tokens
@@ -283,58 +327,10 @@ class AttentionMap(_HeadGrid):
         """One head as a query × key DataFrame labelled by units (model indices `layer`, `head`)."""
         import pandas as pd
 
-        values = self.attention[_position(self.layer_ids, layer, "layer"),
-                                _position(self.head_ids, head, "head")].detach().float().cpu().numpy()  # [query, key]
+        values = self.attention[position(self.layer_ids, layer, "layer"),
+                                position(self.head_ids, head, "head")].detach().float().cpu().numpy()  # [query, key]
         labels = list(self.labels)
         return pd.DataFrame(values, index=pd.Index(labels, name="query"), columns=pd.Index(labels, name="key"))
-
-    def _repr_html_(self) -> str:
-        """A static summary for notebooks: the units and one small heatmap table, no script.
-
-        The interactive explorer lives in `reports` (which probe may not import): `hs.show(amap)`.
-        """
-        from html import escape
-
-        shown = " ".join(f"<code>{escape(t)}</code>" for t in self.labels[:60])
-        more = " …" if len(self) > 60 else ""
-        return (
-            f"<div><b>AttentionMap</b> ({self.level} level, {self.n_layers} layers × {self.n_heads} heads, "
-            f"{len(self)} units, {'causal' if self.causal else 'bidirectional'})<br>{shown}{more}"
-            f"{_mean_table(self)}</div>"
-        )
-
-
-_TABLE_UNITS = 30  # a larger map is summarised by its units only
-
-
-def _mean_table(amap: AttentionMap) -> str:
-    """The last layer's attention averaged over heads as an HTML table, darker = more attention."""
-    from html import escape
-
-    n = len(amap)
-    if n > _TABLE_UNITS or n == 0:
-        return "<br><small>hs.show(map) draws every head interactively.</small>"
-    mean = amap.attention[-1].detach().float().mean(dim=0).cpu()  # [query, key]
-    head = "".join(f"<th style='writing-mode:vertical-rl'>{escape(t)}</th>" for t in amap.labels)
-    rows = []
-    for q in range(n):
-        cells = "".join(_cell_html(float(mean[q, k]), masked=amap.causal and k > q) for k in range(n))
-        rows.append(f"<tr><th style='text-align:right'>{escape(amap.labels[q])}</th>{cells}</tr>")
-    return (f"<table style='border-collapse:collapse;font-size:11px'><caption style='caption-side:bottom'>"
-            f"layer {amap.layer_ids[-1]}, mean over heads; hs.show(map) draws every head interactively</caption>"
-            f"<tr><th></th>{head}</tr>{''.join(rows)}</table>")
-
-
-def _cell_html(v: float, *, masked: bool) -> str:
-    shade = "#eeeeee" if masked else f"rgba(8,81,156,{min(max(v, 0.0), 1.0):.2f})"
-    return f"<td title='{v:.3f}' style='width:14px;height:14px;padding:0;background:{shade}'></td>"
-
-
-def _position(ids: tuple[int, ...], wanted: int, what: str) -> int:
-    try:
-        return list(ids).index(wanted)
-    except ValueError:
-        raise ValueError(f"{what} {wanted} is not in this map; it holds {what}s {list(ids)}") from None
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import torch
@@ -28,9 +28,10 @@ from .families import Family, Stack, family_for
 from .forward import base_model, extra_inputs, forward_one_stream, seq2seq_inputs
 from .images import TOWER_NAMES, check_images, encode_images, is_two_tower, require_modality, tower
 from .model import LoadedModel
+from .results import LayerCheck, Verification
 from .scratch import LayerSpec, attention_from_scratch
 
-__all__ = ["LayerCheck", "Verification", "Captured", "capture", "verify", "DEFAULT_TEXTS", "tolerances", "default_images"]
+__all__ = ["Captured", "capture", "verify", "DEFAULT_TEXTS", "tolerances", "default_images"]
 
 DEFAULT_TEXTS = (
     "The animal didn't cross the street because it was too tired.",
@@ -51,133 +52,6 @@ _TOL = {torch.float32: (1e-5, 1e-5), torch.float64: (1e-10, 1e-10),
 def tolerances(dtype: torch.dtype) -> tuple[float, float]:
     """(probability atol, output rtol) that fit a model running in `dtype`."""
     return _TOL[dtype]
-
-
-@dataclass(frozen=True)
-class LayerCheck:
-    layer: int
-    max_abs_err: float  # attention probabilities
-    max_rel_err: float
-    max_abs_err_output: float  # attention block output after W_O
-    max_rel_err_output: float
-    passed: bool
-    kind: str | None = None  # encoder-decoder models: "encoder", "decoder" or "cross"; None for one stack
-
-    def row(self) -> dict:
-        """The table row; the kind only where there is one (single-stack rows are unchanged)."""
-        row = asdict(self)
-        if self.kind is None:
-            del row["kind"]
-        return row
-
-
-@dataclass(frozen=True)
-class Verification:
-    """How well the from-scratch attention reproduced the model, layer by layer."""
-
-    model: str
-    family: str
-    dtype: str
-    tolerance: float
-    tolerance_output: float
-    n_heads: int
-    n_texts: int
-    n_tokens: int
-    layers: tuple[LayerCheck, ...]
-    seconds_forward: float
-    seconds_recompute: float
-    no_attention: tuple[int, ...] = ()  # hybrid stacks: the model's layers without softmax attention (none checked)
-    # a two-tower model (CLIP, SigLIP): each tower's own verification, by name ("image tower", "text tower");
-    # `layers` then holds both towers' rows, each row's kind naming its tower
-    towers: tuple[tuple[str, "Verification"], ...] = ()
-
-    @property
-    def passed(self) -> bool:
-        return bool(self.layers) and all(c.passed for c in self.layers)
-
-    @property
-    def max_abs_err(self) -> float:
-        """The largest probability |Δ| over the rows that have probabilities (a vision encoder whose attention
-        returns no weights, Qwen-VL's, is checked on outputs alone: its rows hold nan)."""
-        return max((c.max_abs_err for c in self.layers if not math.isnan(c.max_abs_err)), default=math.nan)
-
-    @property
-    def max_abs_err_output(self) -> float:
-        return max(c.max_abs_err_output for c in self.layers)
-
-    @property
-    def max_rel_err_output(self) -> float:
-        return max(c.max_rel_err_output for c in self.layers)
-
-    @property
-    def overhead(self) -> float:
-        """Recomputation time as a fraction of the forward pass."""
-        return self.seconds_recompute / max(self.seconds_forward, 1e-9)
-
-    def summary(self) -> str:
-        """One line for every result and report: what was verified and how closely.
-
-        >>> v = Verification("m", "bert", "float32", 1e-5, 1e-5, 12, 1, 9,
-        ...     (LayerCheck(0, 3e-7, 1e-6, 1e-6, 2e-7, True),), 0.1, 0.05)
-        >>> v.summary()
-        'attention verified: max |Δ| = 3.0e-07 over 1 layers × 12 heads (tolerance 1e-05, float32)'
-        """
-        verdict = "verified" if self.passed else "NOT verified"
-        if self.towers:
-            parts = "; ".join(f"{name} ({v.family}) max |Δ| = {v.max_abs_err:.1e} over {len(v.layers)} layers × "
-                              f"{v.n_heads} heads" for name, v in self.towers)
-            return f"attention {verdict}: {parts} (tolerance {self.tolerance:g}, {self.dtype})"
-        hybrid = (f"; no softmax attention in layers {', '.join(map(str, self.no_attention))} (hybrid stack)"
-                  if self.no_attention else "")
-        blind = list(dict.fromkeys(c.kind or "all" for c in self.layers if math.isnan(c.max_abs_err)))
-        outputs = (f"; {' and '.join(blind)} layers checked on their outputs only (their attention returns no weights)"
-                   if blind else "")
-        return (
-            f"attention {verdict}: max |Δ| = {self.max_abs_err:.1e} over {self._layer_count()} layers × {self.n_heads} heads"
-            f" (tolerance {self.tolerance:g}, {self.dtype}){hybrid}{outputs}"
-        )
-
-    def _layer_count(self) -> str:
-        kinds = [c.kind for c in self.layers]
-        if None in kinds:
-            return str(len(self.layers))
-        return " + ".join(f"{kinds.count(k)} {k}" for k in dict.fromkeys(kinds))  # e.g. "2 encoder + 2 decoder + 2 cross"
-
-    def to_dict(self) -> dict:
-        return {
-            "model": self.model,
-            "family": self.family,
-            "dtype": self.dtype,
-            "tolerance": self.tolerance,
-            "tolerance_output_relative": self.tolerance_output,
-            "passed": self.passed,
-            "max_abs_err": self.max_abs_err,
-            "max_abs_err_output": self.max_abs_err_output,
-            "max_rel_err_output": self.max_rel_err_output,
-            "n_layers": len(self.layers),
-            "no_softmax_attention_layers": list(self.no_attention),
-            "n_heads": self.n_heads,
-            "n_texts": self.n_texts,
-            "n_tokens": self.n_tokens,
-            "seconds_forward": self.seconds_forward,
-            "seconds_recompute": self.seconds_recompute,
-            "overhead": self.overhead,
-            "summary": self.summary(),
-            # a row with no probability to compare (Qwen-VL's vision layers, checked on outputs): null, not NaN
-            "layers": [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in c.row().items()}
-                       for c in self.layers],
-            **({"towers": {name: v.to_dict() for name, v in self.towers}} if self.towers else {}),
-        }
-
-    def to_frame(self):
-        import pandas as pd
-
-        return pd.DataFrame([c.row() for c in self.layers])
-
-    def _repr_html_(self) -> str:
-        from html import escape
-
-        return f"<p><b>{escape(self.summary())}</b></p>" + self.to_frame().to_html(index=False)
 
 
 @dataclass(frozen=True, eq=False)

@@ -12,6 +12,8 @@
 - `reports.page`, `reports.payload`: what every page is made with (templates, CSP, safe JSON) and the
   one encoder of attention for a page;
 - `reports.inline`: `show(maps)`, the head explorer inline in a notebook, offline (also `reports.show`);
+  any other result given to `show` is its view from `reports.views`;
+- `reports.views`: `VIEWS`, each result type's static notebook HTML (every result's `_repr_html_`);
 - `reports.notebook`: bertviz views (they need a CDN) and tables for Jupyter.
 
 `save(fig, "fig.pdf", width="3.5in")` writes any figure as PNG, SVG or PDF (fonts embedded).
@@ -32,7 +34,7 @@ def plot(result: Any, **kwargs: Any):
 
 
 def show(maps: Any, *args: Any, **kwargs: Any):
-    """The offline head explorer of `maps`, inline in a notebook: see `reports.inline.show`."""
+    """The offline head explorer of `maps` (or any result's view), inline in a notebook: see `reports.inline.show`."""
     from .inline import show as _show
 
     return _show(maps, *args, **kwargs)

@@ -25,9 +25,8 @@ if TYPE_CHECKING:
     from headscope.analyses.coref import ProbeResult
     from headscope.analyses.heads import HeadScores
     from headscope.analyses.syntax import SyntaxResult
-    from headscope.probe.generate import GenerationAttention
+    from headscope.probe.results import GenerationAttention, Verification
     from headscope.probe.types import AttentionMap, Seq2SeqAttention
-    from headscope.probe.verify import Verification
 
 __all__ = ["ModelAnalysis"]
 

@@ -27,10 +27,8 @@ from headscope.analyses.flow import FLOW_MAX_SECONDS, TOKEN_MAPS, TokenMap, flow
 from headscope.analyses.heads import HeadScores
 from headscope.analyses.metrics import METRICS
 from headscope.analyses.patching import PatchResult
-from headscope.probe.attribution import DLAResult
-from headscope.probe.composition import CompositionScores
-from headscope.probe.types import AttentionMap, head_name
-from headscope.probe.verify import Verification
+from headscope.probe.results import CompositionScores, DLAResult, Verification
+from headscope.probe.types import AttentionMap, head_name, position
 from headscope.probe.wording import number
 
 from .canvas import new_figure
@@ -63,13 +61,6 @@ __all__ = [
 ]
 
 
-def _index(ids: Sequence[int], wanted: int, what: str) -> int:
-    try:
-        return list(ids).index(wanted)
-    except ValueError:
-        raise ValueError(f"{what} {wanted} is not in this map; it holds {what}s {list(ids)}") from None
-
-
 # ---------------------------------------------------------------- attention of one head
 
 
@@ -99,7 +90,7 @@ def attention_heatmap(
     if layer in getattr(amap, "no_attention", ()):
         raise ValueError(f"layer {layer} has {NO_ATTENTION} (a layer of a hybrid stack); this map's attention "
                          f"layers are {list(amap.layer_ids)}")
-    li, hi = _index(amap.layer_ids, layer, "layer"), _index(amap.head_ids, head, "head")
+    li, hi = position(amap.layer_ids, layer, "layer"), position(amap.head_ids, head, "head")
     weights = amap.attention[li, hi].detach().float().cpu().numpy()  # [query, key]
     model = amap.meta.get("model", "")
     cross = hasattr(amap, "queries")
@@ -172,7 +163,7 @@ def attention_mosaic(amap: AttentionMap, *, cmap: str = "viridis", max_width: fl
         if layer not in amap.layer_ids:
             continue
         for j in range(n_h):
-            block = att[amap.layer_ids.index(layer), j].copy()
+            block = att[position(amap.layer_ids, layer), j].copy()
             if amap.causal:
                 block[np.triu_indices(n, k=1)] = np.nan
             mosaic[i * tile : i * tile + n, j * tile : j * tile + n] = block

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 
 from headscope.analyses.pooled import block_means
+from headscope.probe.types import position
 
 from .canvas import new_figure, report_figure
 from .fonts import font_context
@@ -198,7 +199,7 @@ def label_no_attention(ax: Axes, rows: Sequence[int], no_attention: Sequence[int
     for layer in no_attention:
         if layer not in rows:
             continue
-        r = list(rows).index(layer)
+        r = position(rows, layer, "layer")
         ax.add_patch(Rectangle((-0.5, r - 0.5), n_cols, 1, facecolor="white", edgecolor="#999999", hatch="///",
                                lw=0.6, zorder=3))
         ax.text((n_cols - 1) / 2, r, f"L{layer}: {NO_ATTENTION}", ha="center", va="center", fontsize=7,
@@ -212,7 +213,7 @@ def outline_heads(ax: Axes, grid: pd.DataFrame, cells: Sequence[tuple[int, int]]
     rows, cols = list(grid.index), list(grid.columns)
     for rank, (layer, head) in enumerate(cells):
         if layer in rows and head in cols:
-            r, c = rows.index(layer), cols.index(head)
+            r, c = position(rows, layer, "layer"), position(cols, head, "head")
             ax.add_patch(Rectangle((c - 0.5, r - 0.5), 1, 1, fill=False, edgecolor=colour,
                                    lw=2.6 if rank == 0 else 1.6, clip_on=False, zorder=4))  # above the grid lines
 

@@ -18,9 +18,9 @@ Attention is embedded as the report embeds it (`reports.payload.attention_payloa
 head as at most 64 × 64 tiles (the max of each, so a sharp diagonal survives) and each query row's top
 3 keys, listed when a tile row is hovered; the page then grows with T, not T².
 
-`AttentionMap._repr_html_` stays in `probe` as a small static table (probe may not import
-reports, and registering a display formatter on import would be an import side effect); call
-`show(amap)` for the interactive view.
+A map shown as a cell's value (`_repr_html_`) is a small static table, `reports.views`; call `show(amap)`
+for the interactive view. Any other result (a `Verification`, `HeadScores`, ...) given to `show` is its
+view from that same registry, `reports.views.VIEWS`.
 """
 
 from __future__ import annotations
@@ -32,13 +32,14 @@ from typing import Any, Sequence
 
 import torch
 
-from headscope.probe.generate import GenerationAttention
-from headscope.probe.types import AttentionMap, CrossAttentionMap
+from headscope.probe.results import GenerationAttention
+from headscope.probe.types import AttentionMap, CrossAttentionMap, position
 
 from headscope.probe.wording import counted
 
 from .page import script_json, static_script
 from .payload import attention_payload, image_payload, with_keys
+from .views import VIEWS, view_for
 
 __all__ = ["InlineView", "show", "view_data", "generation_data"]
 
@@ -56,13 +57,14 @@ class InlineView:
 
     html: str = field(repr=False)
     what: str = ""
+    kind: str = "head explorer"  # or "view": a result's static view (`reports.views`)
 
     def _repr_html_(self) -> str:
         return self.html
 
     def __repr__(self) -> str:
         what = f": {self.what}" if self.what else ""
-        return f"<head explorer{what}; shown in a notebook (.html holds its {len(self.html):,} characters of HTML)>"
+        return f"<{self.kind}{what}; shown in a notebook (.html holds its {len(self.html):,} characters of HTML)>"
 
 
 def _map_data(attention: torch.Tensor, queries: Sequence[str], keys: Sequence[str], *, causal: bool,
@@ -133,17 +135,14 @@ def generation_data(gen: Any, *, layer: int | None = None, head: int | None = No
 def _data(maps: list[dict], layer_ids: list[int], head_ids: list[int], *, layer: int | None, head: int | None,
           title: str, cross: bool) -> dict:
     return {"title": title, "layer_ids": layer_ids, "head_ids": head_ids,
-            "start": {"layer": _position(layer_ids, layer, "layer"), "head": _position(head_ids, head, "head")},
+            "start": {"layer": _start(layer_ids, layer, "layer"), "head": _start(head_ids, head, "head")},
             "query_name": "query (attending)",
             "key_name": "key (attended to, other sequence)" if cross else "key (attended to)", "maps": maps}
 
 
-def _position(ids: list[int], wanted: int | None, what: str) -> int:
-    if wanted is None:
-        return 0
-    if wanted not in ids:
-        raise ValueError(f"{what} {wanted} is not in these maps; they hold {what}s {ids}")
-    return ids.index(wanted)
+def _start(ids: list[int], wanted: int | None, what: str) -> int:
+    """The position of the head shown first: the first one unless `wanted` names one."""
+    return 0 if wanted is None else position(ids, wanted, what, where="these maps")
 
 
 @functools.lru_cache(maxsize=1)
@@ -178,7 +177,8 @@ def show(maps: Any, labels: Sequence[str] | None = None, *, key_labels: Sequence
     `GenerationAttention` (the selector steps through the generated tokens), or, as bertviz's
     `head_view(attention, tokens)`, a `[layer, head, query, key]` tensor with its `labels` (and
     `key_labels` when keys differ from queries: cross-attention). `layer`/`head` (model indices)
-    pick the head enlarged first.
+    pick the head enlarged first. Any other result with a view (`reports.views.VIEWS`: `Verification`,
+    `HeadScores`, `DLAResult`, ...) is shown as that view.
     """
     if isinstance(maps, torch.Tensor):
         if labels is None:
@@ -195,12 +195,17 @@ def show(maps: Any, labels: Sequence[str] | None = None, *, key_labels: Sequence
         items = list(maps) if isinstance(maps, (list, tuple)) else [maps]
         if not items:
             raise ValueError("no attention maps given; pass the result of hs.extract(...)")
+        view = None if isinstance(maps, (list, tuple, CrossAttentionMap, AttentionMap)) else view_for(maps)
+        if view is not None:  # any other result: its notebook view (`reports.views.VIEWS`)
+            return InlineView(view(maps), type(maps).__name__, kind="view")
         odd = next((m for m in items if not isinstance(m, (AttentionMap, CrossAttentionMap))), None)
         if odd is not None:  # not an AttributeError from deep inside
             parts = [p for p in ("encoder", "decoder", "cross") if hasattr(odd, p)]
             hint = f"; show one of its maps: {', '.join('.' + p for p in parts)}" if parts else ""
-            raise TypeError(f"show takes attention maps (AttentionMap, CrossAttentionMap), a GenerationAttention or a "
-                            f"[layer, head, query, key] tensor with its labels, not {type(odd).__name__}{hint}")
+            results = ", ".join(sorted(t.__name__ for t in VIEWS if t is not AttentionMap))
+            raise TypeError(f"show takes attention maps (AttentionMap, CrossAttentionMap), a GenerationAttention, a "
+                            f"[layer, head, query, key] tensor with its labels or a result ({results}), "
+                            f"not {type(odd).__name__}{hint}")
         data = view_data(items, layer=layer, head=head, title=title)
     n = len(data["maps"])
     steps = "generated token" if isinstance(maps, GenerationAttention) else "text"

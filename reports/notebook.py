@@ -53,10 +53,12 @@ def head_view(maps: AttentionMap | Sequence[AttentionMap], *, index: int = 0, la
     """
     from bertviz import head_view as _head_view
 
+    from headscope.probe.types import position
+
     amap = _pick(maps, index)
     attention, tokens = bertviz_inputs(amap)
-    layer_pos = None if layer is None else list(amap.layer_ids).index(layer)
-    head_pos = None if heads is None else [list(amap.head_ids).index(h) for h in heads]
+    layer_pos = None if layer is None else position(amap.layer_ids, layer, "layer")
+    head_pos = None if heads is None else [position(amap.head_ids, h, "head") for h in heads]
     return _head_view(attention, tokens, layer=layer_pos, heads=head_pos, prettify_tokens=False,
                       html_action=html_action)
 

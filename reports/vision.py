@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from headscope.analyses.flow import rollout
-from headscope.probe.types import AttentionMap, head_name
+from headscope.probe.types import AttentionMap, head_name, position
 
 from .canvas import new_figure, report_figure
 from .fonts import font_context
@@ -98,7 +98,7 @@ def patch_overlay(amap: AttentionMap, layer: int, head: int, *, query: int | tup
     patches, as a heatmap over the image; the query patch outlined in red."""
     _check(amap)
     q = query_unit(amap, query)
-    li, hi = list(amap.layer_ids).index(layer), list(amap.head_ids).index(head)
+    li, hi = position(amap.layer_ids, layer, "layer"), position(amap.head_ids, head, "head")
     row = amap.attention[li, hi, q].detach().float().cpu().numpy()
     with font_context(amap.text):
         fig, ax = new_figure(4.0, 4.2, ax)
@@ -112,7 +112,7 @@ def layer_overlays(amap: AttentionMap, layer: int, *, query: int | tuple[int, in
     """Every head of one layer as an overlay (attention from [CLS] or `query`), one panel per head."""
     _check(amap)
     q = query_unit(amap, query)
-    li = list(amap.layer_ids).index(layer)
+    li = position(amap.layer_ids, layer, "layer")
     heads = list(amap.head_ids)
     cols = min(len(heads), 4)
     rows = -(-len(heads) // cols)

@@ -17,7 +17,7 @@ import pandas as pd
 
 from headscope.analyses.vision_language import (ViewGrid, image_rollout, image_units, text_query, view_grids,
                                                 vision_language_heads, visual_sinks)
-from headscope.probe.types import AttentionMap, head_name
+from headscope.probe.types import AttentionMap, head_name, position
 
 from .canvas import new_figure, report_figure
 from .fonts import font_context
@@ -124,15 +124,8 @@ def _panels_figure(amap: AttentionMap, row: np.ndarray, q: int, *, title: str, c
 
 
 def _row(amap: AttentionMap, layer: int, head: int, q: int) -> np.ndarray:
-    li, hi = _index(amap.layer_ids, layer, "layer"), _index(amap.head_ids, head, "head")
+    li, hi = position(amap.layer_ids, layer, "layer"), position(amap.head_ids, head, "head")
     return amap.attention[li, hi, q].detach().float().cpu().numpy()
-
-
-def _index(ids: Sequence[int], wanted: int, what: str) -> int:
-    try:
-        return list(ids).index(wanted)
-    except ValueError:
-        raise ValueError(f"{what} {wanted} is not in this map; it holds {what}s {list(ids)}") from None
 
 
 def image_overlay(amap: AttentionMap, layer: int, head: int, *, query: int | str | None = None,
@@ -173,8 +166,8 @@ def image_mosaic(amap: AttentionMap, *, query: int | str | None = None, layers: 
     q = text_query(amap, query)
     layers = _spaced(amap.layer_ids if layers is None else layers, most)
     heads = _spaced(amap.head_ids if heads is None else heads, most)
-    li = [_index(amap.layer_ids, l, "layer") for l in layers]
-    hi = [_index(amap.head_ids, h, "head") for h in heads]
+    li = [position(amap.layer_ids, l, "layer") for l in layers]
+    hi = [position(amap.head_ids, h, "head") for h in heads]
     rows = amap.attention[li][:, hi, q].detach().float().cpu().numpy()  # [layer, head, unit]
     panel = panel_groups(view_grids(amap, rows))[0]
     shown = "" if (len(layers), len(heads)) == (amap.n_layers, amap.n_heads) else \

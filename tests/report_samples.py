@@ -14,7 +14,7 @@ from headscope.analyses.coref import ProbeScores, score_probe
 from headscope.analyses.heads import score_corpus
 from headscope.analyses.relations import parse_example
 from headscope.probe.types import AttentionMap
-from headscope.probe.verify import LayerCheck, Verification
+from headscope.probe.results import LayerCheck, Verification
 from headscope.probe.words import to_word_level, word_spans
 from headscope.reports.analysis import ModelAnalysis
 from headscope.reports.html import build_report

@@ -331,7 +331,7 @@ _DRIVER = textwrap.dedent("""
     import headscope.workflows.run as workflow
     from headscope.commands import run as run_mod
     from headscope.cli import main
-    from headscope.probe.verify import LayerCheck, Verification
+    from headscope.probe.results import LayerCheck, Verification
     from headscope.reports.analysis import ModelAnalysis
 
     hook = os.environ["HOOK"]

@@ -298,7 +298,7 @@ def test_result_dict_is_json_ready_and_drill_down(tmp_path):
     assert len(ex) == 120 and (ex.chosen == ex.correct).all()  # the best head is always right
     other = result.drill_down(0, 0)
     assert other.attention.tolist() == pytest.approx(result.data.scores[:, 0, 0].flatten().tolist())
-    with pytest.raises(ValueError, match="not in these scores"):
+    with pytest.raises(ValueError, match="layer 7 is not among the layers of these scores"):
         result.drill_down(7, 0)
     assert "L1H2" in result._repr_html_() and result.to_frame() is result.heads
 

@@ -261,7 +261,7 @@ def test_permutation_equivariance_without_positions_seq2seq(tiny_seq2seq):
 
 
 def test_permutation_verdict_follows_the_number():
-    from headscope.probe.explain import PermutationCheck
+    from headscope.probe.results import PermutationCheck
 
     kw = dict(layer=0, n_tokens=5, permutation=(1, 0, 2, 4, 3), max_dev_with_positions=0.3, tolerance=1e-5)
     bad, good = PermutationCheck(max_dev_without_positions=1.5e-2, **kw), PermutationCheck(max_dev_without_positions=2e-8, **kw)

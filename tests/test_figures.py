@@ -108,7 +108,7 @@ def test_heatmap_draws_the_requested_head_by_model_index():
     fig = F.attention_heatmap(sub, 2, 3)
     drawn = np.asarray(fig.axes[0].collections[0].get_array()).reshape(len(sub), len(sub))
     assert np.allclose(drawn, base.attention[2, 3].numpy(), atol=1e-6)
-    with pytest.raises(ValueError, match="layer 1 is not in this map"):
+    with pytest.raises(ValueError, match="layer 1 is not among the layers of this map"):
         F.attention_heatmap(sub, 1, 3)
 
 

@@ -27,7 +27,7 @@ from headscope.analyses.metrics import (
     ROLE_LABELS, THRESHOLDS, Diagonal, KeyShare, Metric, MetricName, Pairwise, Pattern, RowStatistic, row_entropy, row_max,
 )
 from headscope.probe.families import family_for
-from headscope.probe.recompute import Block
+from headscope.probe.blocks import Block
 from headscope.probe.types import AttentionMap, Units
 
 # The corpus metrics the loop reference below defines; test_reference_covers_the_registry keeps it honest.

@@ -68,7 +68,7 @@ def test_cross_attention_keeps_query_and_key_labels_apart():
 
 def test_bad_requests_say_what_is_wrong():
     amap = R.token_map("The cat sat", layers=2)
-    with pytest.raises(ValueError, match=r"layer 7 is not in these maps; they hold layers \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"layer 7 is not among the layers of these maps: 0, 1"):
         show(amap, layer=7)
     with pytest.raises(ValueError, match="different layers or heads"):
         show([amap, R.token_map("The cat", layers=3)])
@@ -158,7 +158,7 @@ def test_a_causal_view_greys_the_future(browser):
 
 def _generation():
     """A hand-built generation: a 3-token prompt, then two tokens, each attending as stated."""
-    from headscope.probe.generate import GenerationAttention
+    from headscope.probe.results import GenerationAttention
 
     prompt = R.token_map("The cat", causal=True, layers=2, heads=2)  # [CLS] The cat [SEP]: 4 tokens
     n = len(prompt)

@@ -12,8 +12,9 @@ import torch
 from headscope.analyses.blocks import HeadMap, feed, word_blocks
 from headscope.analyses.heads import HeadScoreAccumulator
 from headscope.probe.extract import extract as extract_eager
+from headscope.probe.blocks import Block
 from headscope.probe.recompute import (
-    DEFAULT_BUDGET, _WORKING_COPIES, Block, block_rows, check_prefix, fast_attention, iter_blocks,
+    DEFAULT_BUDGET, _WORKING_COPIES, block_rows, check_prefix, fast_attention, iter_blocks,
 )
 from headscope.probe.errors import UnsupportedFeature
 from headscope.probe.encoding import encode

@@ -1,5 +1,5 @@
 """Issue 26's speed and memory mechanics of recompute mode: blocks written into reused buffers
-(`probe.recompute.Buffers`), the forward streamed one layer at a time from a worker thread, and word
+(`probe.blocks.Buffers`), the forward streamed one layer at a time from a worker thread, and word
 blocks that hold only the words their keys reach. References are blocks computed with nothing reused
 and the whole map's word level (`probe.words.to_word_level`)."""
 
@@ -12,7 +12,8 @@ import torch
 
 from headscope.analyses.blocks import word_blocks
 from headscope.probe import recompute
-from headscope.probe.recompute import Block, Buffers, iter_blocks
+from headscope.probe.blocks import Block, Buffers
+from headscope.probe.recompute import iter_blocks
 from headscope.probe.words import to_word_level
 
 from conftest import _tiny

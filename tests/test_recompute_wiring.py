@@ -12,7 +12,7 @@ from headscope.probe.extract import extract
 from headscope.probe.forward import base_model
 from headscope.probe.families import family_for
 from headscope.probe.errors import UnsupportedFeature
-from headscope.probe.recompute import Block
+from headscope.probe.blocks import Block
 from headscope.probe.types import Units
 
 from conftest import in_turn

@@ -166,7 +166,7 @@ def test_an_image_encoders_patches_show_their_picture_with_cls_row_over_it(brows
 
 def _generation():
     """After the hand-built prompt, one generated token " dog" whose every head looks at unit 8 (row 1, column 2)."""
-    from headscope.probe.generate import GenerationAttention
+    from headscope.probe.results import GenerationAttention
 
     row = torch.zeros(2, 2, 12)  # [layer, head, key]: the 11 prompt units and " dog" itself
     row[..., 8] = 1.0

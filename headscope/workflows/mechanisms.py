@@ -1,10 +1,10 @@
 """What a head writes and why it attends there: the decompositions and patching, composed for one question each.
 
-    dla(lm, prompt, answer, wrong=None)      -> probe.attribution.DLAResult: the next-token logit
+    dla(lm, prompt, answer, wrong=None)      -> probe.results.DLAResult: the next-token logit
                                                 (difference) split into embeddings, heads, MLPs, biases
-    qk(lm, text, layer=, head=, query=, key=) -> probe.attribution.QKAttribution: one head's score for
+    qk(lm, text, layer=, head=, query=, key=) -> probe.results.QKAttribution: one head's score for
                                                 one query and key split over (query part, key part) pairs
-    composition(lm)                          -> probe.composition.CompositionScores: Q-, K-, V-composition
+    composition(lm)                          -> probe.results.CompositionScores: Q-, K-, V-composition
                                                 between every pair of heads, against random matrices
     patch(lm, pairs, what=..., direction=...) -> analyses.patching.PatchResult: activation patching of
                                                 every head (or layer) on clean/corrupt pairs, with its
@@ -28,12 +28,12 @@ from headscope.analyses.ablation import random_head_sets
 from headscope.analyses.mechanisms import COMPOSITION_EDGES, MechanismsReport
 from headscope.analyses.patching import (AttributionPatching, Confirmation, PatchPair, PatchResult, builtin_pairs,
                                          read_pairs, split_halves, strength, top_sites)
-from headscope.probe.attribution import (DLAResult, QKAttribution, answer_token, direct_logit_attribution,
-                                        qk_attribution, require_lm_head)
-from headscope.probe.composition import CompositionScores, composition_scores
+from headscope.probe.attribution import answer_token, direct_logit_attribution, qk_attribution, require_lm_head
+from headscope.probe.composition import composition_scores
 from headscope.probe.forward import attention_layers
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat
+from headscope.probe.results import CompositionScores, DLAResult, QKAttribution
 from headscope.probe.patching import (attribution_estimates, patch_metrics, path_patch_metrics, prepare_pairs,
                                      sweep_sites)
 from headscope.probe.types import head_name, parse_head, seed_value, whole_number
