@@ -33,10 +33,9 @@ from filelock import FileLock, Timeout
 
 from .errors import PlacementError
 from .sizes import parse_max_memory
-from .families import SUPPORTED_TYPES
+from .families import SUPPORTED_TYPES, TOWERS
 from .folders import reclaim_stale, write_folder
 from .heap import trim_after_offloaded
-from .images import TWO_TOWER_TYPES
 from .model import LoadedModel, encoder_only, model_class
 from .names import Device, DType, device_spec
 from .registry import KNOWN_MODELS, ModelNotAvailable, ModelSpec, locate, not_available_message
@@ -356,7 +355,7 @@ def load_model(
     _require_eager(model, name)
     dev = _main_device(model)
     processor = None
-    if _is_image_config(model.config) or model.config.model_type in TWO_TOWER_TYPES:
+    if _is_image_config(model.config) or model.config.model_type in TOWERS:
         processor = _image_processor(str(path), {"revision": revision} if revision else {})
     elif _reads_images(model.config):
         processor = _processor(str(path), {"revision": revision} if revision else {},
@@ -580,7 +579,7 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, spec: Pla
         causal = any(a.endswith("ForCausalLM") for a in (config.architectures or [])) or not encoder_only(config)
         # An encoder–decoder (T5, BART, Marian) is built whole: its decoder reads the encoder's output.
         cls = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else (
-            AutoModelForCausalLM if causal and config.model_type not in TWO_TOWER_TYPES else AutoModel)
+            AutoModelForCausalLM if causal and config.model_type not in TOWERS else AutoModel)
         if _reads_images(config):  # a vision–language decoder: its generating class, vision tower and all
             from transformers import AutoModelForImageTextToText as cls
         if _is_image_config(config):  # a vision transformer: its image processor (below), no tokenizer

@@ -15,8 +15,7 @@ from typing import Literal
 
 import torch
 
-from .families import FAMILIES, SUPPORTED_TYPES, Family, TokenizerKind
-from .images import TOWERS
+from .families import FAMILIES, SUPPORTED_TYPES, TOWERS, Family, TokenizerKind
 from .model import LoadedModel, model_class
 
 __all__ = ["tiny_model", "tiny_tokenizer", "save_tiny", "TINY_CORPUS", "TINY_TYPES"]
@@ -98,7 +97,7 @@ TINY_TYPES = tuple(sorted({*SUPPORTED_TYPES, *TOWERS}))
 
 
 def _tiny_towers(model_type: str, *, seed: int, **config_overrides) -> LoadedModel:
-    """A two-tower model (`probe.images.TOWERS`) made of its towers' tiny configs, each tower's weights drawn
+    """A two-tower model (`probe.families.TOWERS`) made of its towers' tiny configs, each tower's weights drawn
     with its own family's spread, with a tiny tokenizer and the image tower's tiny processor."""
     from transformers import AutoConfig, AutoModel
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 from ._reading import (decoder_attention, decoder_out_proj, decoder_spec, load_images_only, text_config, text_family,
                        tiny_chat_template)
 from ._vision import out_projection, projection_spec, tiny_vision_config
-from . import Family, Refusal, Stack, VisionLanguage
+from ..family import Family, Refusal, Stack, VisionLanguage
 from ..types import ImagePatch
 
 FAKE, IMAGE, END, GLOBAL = "<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"
@@ -143,12 +143,12 @@ def tiny_processor(processor_class: str, image_processor_class: str):
     return build
 
 
-def pixel_shuffle_family(name: str, model_type: str, processor_class: str, image_processor_class: str, *,
-                         takes_video: bool = False) -> Family:
+def pixel_shuffle_family(name: str, processor_class: str, image_processor_class: str, *,
+                         model_types: tuple[str, ...], takes_video: bool = False) -> Family:
     """An Idefics3-layout family (Idefics3, SmolVLM; `takes_video`: its hub processor class takes a video processor)."""
     return Family(
         name=name,
-        model_types=(model_type,),
+        model_types=model_types,
         kind="decoder",
         features=("decoder: its text family (Llama), causal", "vision tower: SigLIP-like attention on every frame",
                   "pixel shuffle: one image token per scale_factor x scale_factor patches", "tiles with "
@@ -169,4 +169,4 @@ def pixel_shuffle_family(name: str, model_type: str, processor_class: str, image
     )
 
 
-FAMILY = pixel_shuffle_family("idefics3", "idefics3", "Idefics3Processor", "Idefics3ImageProcessorPil")
+FAMILY = pixel_shuffle_family("idefics3", "Idefics3Processor", "Idefics3ImageProcessorPil", model_types=("idefics3",))
