@@ -68,11 +68,11 @@ def test_a_type_no_file_covers_is_refused():
 
 
 def test_a_new_family_in_one_file_is_found_built_and_verified(toy_family):
-    from headscope.probe.tiny import tiny_model
+    from headscope.probe.loading import load_model
     from headscope.probe.verify import verify
 
     assert families.family_of_type("helium").name == "toy_helium"
-    lm = tiny_model("helium")
+    lm = load_model("tiny:helium")  # the loader knows the new type from the file alone
     assert type(lm.model).__name__.startswith("Helium")
     texts = ["The cat sat on the mat.", "Attention is all you need."]
     result = verify(lm, texts)
@@ -89,4 +89,13 @@ def test_a_family_whose_source_hides_its_types_is_refused_with_what_to_write(tmp
                                         "FAMILY = _G.__class__(**{**_G.__dict__, 'name': 'hidden', 'model_types': TYPES})\n")
     monkeypatch.setattr(families, "__path__", [*families.__path__, str(tmp_path)])
     with pytest.raises(ValueError, match=r"hidden.py: a family file declares FAMILY = \.\.\.\(model_types="):
+        families.family_index()
+
+
+def test_a_type_two_files_declare_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "again.py").write_text("import dataclasses\n"
+                                       "from headscope.probe.families.gpt2 import FAMILY as _G\n"
+                                       "FAMILY = dataclasses.replace(_G, name='again', model_types=('gpt2',))\n")
+    monkeypatch.setattr(families, "__path__", [*families.__path__, str(tmp_path)])
+    with pytest.raises(ValueError, match=r"'gpt2' is declared by both \S*again.py and \S*families/gpt2.py"):
         families.family_index()

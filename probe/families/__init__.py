@@ -41,8 +41,14 @@ class FamilyIndex:
         self.files = dict(sorted(files.items()))
         self.types: dict[str, tuple[str, ...]] = {}
         self.towers: dict[str, tuple[str, ...]] = {}
+        seen: dict[str, str] = {}
         for name, path in self.files.items():
             self.types[name], self.towers[name] = _declared(path)
+            for model_type in (*self.types[name], *self.towers[name]):
+                if model_type in seen:
+                    raise ValueError(f"model type {model_type!r} is declared by both {self.files[seen[model_type]]} "
+                                     f"and {path}; one family covers a type: remove it from one of them")
+                seen[model_type] = name
 
     def family_of(self, model_type: str | None) -> str | None:
         """The name of the family whose file covers `model_type`, or None."""
