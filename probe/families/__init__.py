@@ -33,30 +33,26 @@ __all__ = [
 
 
 class FamilyIndex:
-    """What the family files declare, read from their source: family name -> the model types and two-tower
-    composites its file covers. Built from the package's folders (`__path__`), so a family file dropped into any of
-    them is found."""
+    """What the family files declare, read from their source: family name -> the model types (`types`) and two-tower
+    composites (`towers`) its file covers, and the other way round (`owner`: model type -> family name, `composite`:
+    composite type -> family name). Built from the package's folders (`__path__`), so a family file dropped into
+    any of them is found; a type two files declare is refused."""
 
     def __init__(self, files: dict[str, Path]):
         self.files = dict(sorted(files.items()))
         self.types: dict[str, tuple[str, ...]] = {}
         self.towers: dict[str, tuple[str, ...]] = {}
-        seen: dict[str, str] = {}
+        self.owner: dict[str, str] = {}
+        self.composite: dict[str, str] = {}
         for name, path in self.files.items():
             self.types[name], self.towers[name] = _declared(path)
-            for model_type in (*self.types[name], *self.towers[name]):
-                if model_type in seen:
-                    raise ValueError(f"model type {model_type!r} is declared by both {self.files[seen[model_type]]} "
-                                     f"and {path}; one family covers a type: remove it from one of them")
-                seen[model_type] = name
-
-    def family_of(self, model_type: str | None) -> str | None:
-        """The name of the family whose file covers `model_type`, or None."""
-        return next((name for name, types in self.types.items() if model_type in types), None)
-
-    def composite_of(self, model_type: str | None) -> str | None:
-        """The name of the family whose file declares `model_type` as a two-tower composite, or None."""
-        return next((name for name, types in self.towers.items() if model_type in types), None)
+            for model_type, owner in [*((t, self.owner) for t in self.types[name]),
+                                      *((t, self.composite) for t in self.towers[name])]:
+                if model_type in self.owner or model_type in self.composite:
+                    first = self.owner.get(model_type) or self.composite[model_type]
+                    raise ValueError(f"model type {model_type!r} is declared by both {self.files[first]} and {path}; "
+                                     "one family covers a type: remove it from one of them")
+                owner[model_type] = name
 
 
 def _declared(path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -127,47 +123,37 @@ class _Families(Mapping):
         return name in family_index().files
 
 
-class _SupportedTypes(Mapping):
-    """model type -> the `Family` that covers it, only that family's file imported."""
+class _ByType(Mapping):
+    """model type -> what the family file that declares it gives for it (`owner`: the index's table of declared
+    types; `value(family, type)`), only that family's file imported."""
 
-    def __getitem__(self, model_type: str) -> Family:
-        name = family_index().family_of(model_type)
+    def __init__(self, owner: str, value):
+        self._owner, self._value = owner, value
+
+    def _table(self) -> dict[str, str]:
+        return getattr(family_index(), self._owner)
+
+    def __getitem__(self, model_type: str):
+        name = self._table().get(model_type)
         if name is None:
             raise KeyError(model_type)
-        return load_family(name)
+        return self._value(load_family(name), model_type)
 
     def __iter__(self) -> Iterator[str]:
-        return (t for types in family_index().types.values() for t in types)
+        return iter(self._table())
 
     def __len__(self) -> int:
-        return sum(len(types) for types in family_index().types.values())
+        return len(self._table())
 
     def __contains__(self, model_type: object) -> bool:
-        return family_index().family_of(model_type) is not None
-
-
-class _Composites(Mapping):
-    """two-tower composite model type (CLIP, SigLIP) -> its `Towers`, declared by the family of its image tower."""
-
-    def __getitem__(self, model_type: str) -> Towers:
-        name = family_index().composite_of(model_type)
-        if name is None:
-            raise KeyError(model_type)
-        return load_family(name).towers[model_type]
-
-    def __iter__(self) -> Iterator[str]:
-        return (t for types in family_index().towers.values() for t in types)
-
-    def __len__(self) -> int:
-        return sum(len(types) for types in family_index().towers.values())
-
-    def __contains__(self, model_type: object) -> bool:
-        return family_index().composite_of(model_type) is not None
+        return model_type in self._table()
 
 
 FAMILIES: Mapping[str, Family] = _Families()
-SUPPORTED_TYPES: Mapping[str, Family] = _SupportedTypes()
-TOWERS: Mapping[str, Towers] = _Composites()
+# model type -> the `Family` that covers it
+SUPPORTED_TYPES: Mapping[str, Family] = _ByType("owner", lambda family, model_type: family)
+# two-tower composite model type (CLIP, SigLIP) -> its `Towers`, declared by the family of its image tower
+TOWERS: Mapping[str, Towers] = _ByType("composite", lambda family, model_type: family.towers[model_type])
 
 
 def loaded_families() -> tuple[str, ...]:
