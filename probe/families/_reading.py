@@ -205,7 +205,8 @@ def reading_family(*, name: str, model_types: tuple[str, ...], features: tuple[s
                    decoder=language_model) -> Family:
     """The `Family` of a vision–language composite whose decoder is its text family's layers under `decoder(base)`
     (`language_model`: the LLaVA layout of LLaVA, LLaVA-NeXT, OneVision, ViP-LLaVA, DeepSeek-VL, Aya Vision, Gemma 3,
-    PaliGemma, InternVL, Janus, LightOnOCR, Qwen-VL), built by the Auto class of image-text models; its decoder is
+    PaliGemma, InternVL, Janus, LightOnOCR, Qwen-VL; Idefics3's and SmolVLM's `text_model`), built by the Auto class
+    of image-text models; its decoder is
     verified by the text family of its text config and its tower by `vision_language`. `refuses`: both families'
     refusals unless given. Write `model_types` out in the call: the registry reads it from the file's source."""
     return Family(name=name, model_types=model_types, kind="decoder", features=features,
