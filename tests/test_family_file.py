@@ -99,3 +99,16 @@ def test_a_type_two_files_declare_is_refused(tmp_path, monkeypatch):
     monkeypatch.setattr(families, "__path__", [*families.__path__, str(tmp_path)])
     with pytest.raises(ValueError, match=r"'gpt2' is declared by both \S*again.py and \S*families/gpt2.py"):
         families.family_index()
+
+
+def test_a_family_that_covers_other_types_than_its_source_says_is_refused(tmp_path, monkeypatch):
+    (tmp_path / "drift.py").write_text("import dataclasses\n"
+                                       "from headscope.probe.families.gpt2 import FAMILY as _G\n"
+                                       "FAMILY = dataclasses.replace(_G, name='drift', model_types=('drift_type',))\n"
+                                       "FAMILY = dataclasses.replace(FAMILY, model_types=('other_type',))\n")
+    monkeypatch.setattr(families, "__path__", [*families.__path__, str(tmp_path)])
+    try:
+        with pytest.raises(ValueError, match=r"covers \('other_type',\).*its source declares \('drift_type',\)"):
+            families.SUPPORTED_TYPES["drift_type"]
+    finally:
+        sys.modules.pop("headscope.probe.families.drift", None)

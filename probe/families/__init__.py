@@ -28,7 +28,7 @@ __all__ = [
     "Family", "Refusal", "Kind", "Modality", "Stack", "StackKind", "VisionLanguage", "Towers", "TokenizerKind",
     "AutoClass", "UnsupportedArchitecture", "UnsupportedFeature", "FAMILIES", "SUPPORTED_TYPES", "TOWERS",
     "NO_SOFTMAX_LAYER_TYPES", "softmax_layers", "linear_weights", "norm_eps", "family_for", "family_of_type",
-    "family_table", "coverage_markdown", "FamilyIndex", "family_index",
+    "family_table", "coverage_markdown", "FamilyIndex", "family_index", "load_family", "loaded_families",
 ]
 
 
