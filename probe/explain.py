@@ -152,8 +152,7 @@ def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer
         types = enc.inputs.get("token_type_ids") if enc.inputs else None
         reading, ids = family.vision_language, torch.tensor([enc.ids])
         spec = reading.decoder_mask(spec, lm.config, types, ids, layer)
-        if reading.decoder_at is not None:  # Qwen-VL: the decoder's rotary at the model's own 3-D positions
-            spec = reading.decoder_at(base_model(lm), lm.config, ids, enc.inputs)(spec)
+        spec = reading.at_input(base_model(lm), lm.config, ids, enc.inputs)(spec)  # Qwen-VL: its own 3-D positions
     if source.mode(len(enc.ids)) == "recompute":
         # only this layer's input, caught under fast attention: no layer's T × T weights are kept by the model
         inputs = layer_inputs(lm, family, [enc], sorted({layer, spec.kv_layer} - {None}))  # shared KV: the producer's

@@ -10,40 +10,24 @@ image as the model saw it (un-normalised, `[H, W, 3]` in 0..1) for the views.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Iterable, Literal, Sequence
 
 import numpy as np
 
 from .encoding import Encoded
-from .families import SUPPORTED_TYPES, family_of_type
+from .families import SUPPORTED_TYPES, TOWERS, Towers, family_of_type
 from .model import LoadedModel
 
 __all__ = ["check_images", "load_image", "image_name", "processor_refusal", "encode_images", "patch_labels", "patchify", "unpatchify", "ImageInput", "require_modality",
            "modality_refusal",
-           "TWO_TOWER_TYPES", "Towers", "TOWERS", "TOWER_NAMES", "is_two_tower", "tower", "for_input",
+           "Towers", "TOWERS", "TOWER_NAMES", "is_two_tower", "tower", "for_input",
            "models_for", "as_seen"]
 
 
-@dataclass(frozen=True)
-class Towers:
-    """Where a two-tower (image, text) model keeps its towers: the composite model's attributes. What each tower
-    is comes from its own config (`vision_config.model_type`, `text_config.model_type`), verified by its family."""
-
-    image: str = "vision_model"  # the composite model's attribute holding the image tower
-    text: str = "text_model"
-    tiny_tokenizer: str | None = None  # the tiny model's tokenizer kind, where not the text family's
-
-
-# Composite model types: an image tower and a text tower that never attend to each other, compared only by
-# their pooled embeddings (probe.towers). Every command reaches a tower through `for_input` / `tower`.
-TOWERS: dict[str, Towers] = {
-    "clip": Towers(),
-    "siglip": Towers(),
-    # a saved SigLIP 2 folder reloads as transformers' Siglip2Tokenizer whatever was saved, which needs an <unk>
-    "siglip2": Towers(tiny_tokenizer="sentencepiece"),
-}
-TWO_TOWER_TYPES = tuple(TOWERS)
+# Composite model types (`TOWERS`, composite type -> `Towers`: declared by the family of their image tower, the
+# `towers` of probe/families/clip_vision.py): an image tower and a text tower that never attend to each other,
+# compared only by their pooled embeddings (probe.towers). Every command reaches a tower through `for_input` / `tower`.
 TOWER_NAMES = {"image": "image tower", "text": "text tower"}  # how results name each tower
 
 

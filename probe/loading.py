@@ -33,14 +33,13 @@ from filelock import FileLock, Timeout
 
 from .errors import PlacementError
 from .sizes import parse_max_memory
-from .families import SUPPORTED_TYPES
+from .families import SUPPORTED_TYPES, TOWERS
 from .folders import reclaim_stale, write_folder
 from .heap import trim_after_offloaded
-from .images import TWO_TOWER_TYPES
 from .model import LoadedModel, encoder_only, model_class
 from .names import Device, DType, device_spec
 from .registry import KNOWN_MODELS, ModelNotAvailable, ModelSpec, locate, not_available_message
-from .tiny import TINY_TYPES, tiny_model
+from .tiny import tiny_model, tiny_types
 
 __all__ = ["load_model", "cache_dir", "Device", "DType", "Placement", "PlacementError", "is_offloaded",
            "model_type_of"]
@@ -272,9 +271,9 @@ def _remove_with(owner, folder: Path) -> None:
 
 def _tiny(name: str, *, spec: Placement, dtype: str) -> LoadedModel:
     model_type = name[len(TINY_PREFIX):]
-    if model_type not in TINY_TYPES:
+    if model_type not in tiny_types():
         raise ModelNotAvailable(f"no tiny model for {model_type!r}; tiny: takes a verified model type: "
-                                f"{', '.join(TINY_TYPES)} (see `headscope models --families`)")
+                                f"{', '.join(tiny_types())} (see `headscope models --families`)")
     lm = tiny_model(model_type, as_type=True)
     model = lm.model.to(dtype=_DTYPES[dtype])
     if spec.spread:
@@ -356,7 +355,7 @@ def load_model(
     _require_eager(model, name)
     dev = _main_device(model)
     processor = None
-    if _is_image_config(model.config) or model.config.model_type in TWO_TOWER_TYPES:
+    if _is_image_config(model.config) or model.config.model_type in TOWERS:
         processor = _image_processor(str(path), {"revision": revision} if revision else {})
     elif _reads_images(model.config):
         processor = _processor(str(path), {"revision": revision} if revision else {},
@@ -453,9 +452,9 @@ def check_name(name: str) -> None:
                                 "has no revisions; give it without @REVISION (revisions are for hub ids, "
                                 "org/model@rev)")
     if base.startswith(TINY_PREFIX):
-        if base[len(TINY_PREFIX):] not in TINY_TYPES:
+        if base[len(TINY_PREFIX):] not in tiny_types():
             raise ModelNotAvailable(f"no tiny model for {base[len(TINY_PREFIX):]!r}; tiny: takes a verified model "
-                                    f"type: {', '.join(TINY_TYPES)} (see `headscope models --families`)")
+                                    f"type: {', '.join(tiny_types())} (see `headscope models --families`)")
         return
     _, _, source = _user_path(base)
     if revision is not None and not source.startswith("Hugging Face hub id"):
@@ -479,7 +478,7 @@ def model_type_of(name: str) -> str | None:
         if name in KNOWN_MODELS:
             return FAMILIES[KNOWN_MODELS[name].family].model_types[0]
         if base.startswith(TINY_PREFIX):
-            return base[len(TINY_PREFIX):] if base[len(TINY_PREFIX):] in TINY_TYPES else None
+            return base[len(TINY_PREFIX):] if base[len(TINY_PREFIX):] in tiny_types() else None
         path, gguf_file, source = _user_path(base)
         if gguf_file is not None:
             return None
@@ -580,7 +579,7 @@ def _from_folder(path: str, gguf_file: str | None, dtype: torch.dtype, spec: Pla
         causal = any(a.endswith("ForCausalLM") for a in (config.architectures or [])) or not encoder_only(config)
         # An encoder–decoder (T5, BART, Marian) is built whole: its decoder reads the encoder's output.
         cls = AutoModelForSeq2SeqLM if getattr(config, "is_encoder_decoder", False) else (
-            AutoModelForCausalLM if causal and config.model_type not in TWO_TOWER_TYPES else AutoModel)
+            AutoModelForCausalLM if causal and config.model_type not in TOWERS else AutoModel)
         if _reads_images(config):  # a vision–language decoder: its generating class, vision tower and all
             from transformers import AutoModelForImageTextToText as cls
         if _is_image_config(config):  # a vision transformer: its image processor (below), no tokenizer

@@ -24,24 +24,29 @@ import torch
 from .scratch import LayerSpec
 from .types import ImagePatch
 
-__all__ = ["mrope_layout", "mrope_streams", "mrope_angles", "at_positions", "ImageToken", "VLPositions",
+__all__ = ["MRope", "mrope_streams", "mrope_angles", "at_positions", "ImageToken", "VLPositions",
            "image_token_types", "qwen_vl_positions"]
 
 
-def mrope_layout(config) -> tuple[tuple[int, ...], bool]:
-    """(mrope_section, interleaved) of a Qwen-VL text config: the sections from its rope parameters (or the
-    model's own defaults, [16, 24, 24] in Qwen2-VL and Qwen2.5-VL, [24, 20, 20] in Qwen3-VL, [11, 11, 10] in
-    Qwen3.5), and whether the frequencies interleave the streams (Qwen3-VL, Qwen3.5) rather than take them in
-    contiguous sections."""
-    from .families.qwen3_next import FAMILY as QWEN3_5  # Qwen3.5's decoder types (and Qwen3-Next's, text only)
-    from .families.qwen3_vl import FAMILY as QWEN3_VL  # its decoder types, and their composites (type + "_text")
+@dataclass(frozen=True)
+class MRope:
+    """A decoder family's multimodal rotary scheme (its `Family.mrope`), handed here by the composite that runs it:
+    the sections its config gives when its rope parameters name none, and whether the frequencies interleave the
+    streams (Qwen3-VL, Qwen3.5) rather than take them in contiguous sections (Qwen2-VL, Qwen2.5-VL).
 
-    model_type = getattr(config, "model_type", "")
-    hybrid = model_type in QWEN3_5.model_types or f"{model_type}_text" in QWEN3_5.model_types
-    interleaved = hybrid or model_type in QWEN3_VL.model_types or f"{model_type}_text" in QWEN3_VL.model_types
-    params = getattr(config, "rope_parameters", None) or {}
-    default = [11, 11, 10] if hybrid else [24, 20, 20] if interleaved else [16, 24, 24]
-    return tuple(int(s) for s in params.get("mrope_section", default)), interleaved
+    >>> MRope((16, 24, 24), interleaved=False).layout(object())
+    ((16, 24, 24), False)
+    """
+
+    default_sections: tuple[int, int, int]
+    interleaved: bool
+
+    def layout(self, config) -> tuple[tuple[int, ...], bool]:
+        """(mrope_section, interleaved) of a text config of this scheme: the sections from its rope parameters, or
+        the scheme's defaults ([16, 24, 24] in Qwen2-VL and Qwen2.5-VL, [24, 20, 20] in Qwen3-VL, [11, 11, 10] in
+        Qwen3.5)."""
+        params = getattr(config, "rope_parameters", None) or {}
+        return tuple(int(s) for s in params.get("mrope_section", self.default_sections)), self.interleaved
 
 
 def mrope_streams(sections, half: int, *, interleaved: bool) -> torch.Tensor:
@@ -67,13 +72,13 @@ def mrope_angles(position_ids: torch.Tensor, inv_freq: torch.Tensor, sections, *
     return chosen.permute(1, 2, 0) * inv_freq.float().to(position_ids.device)
 
 
-def at_positions(spec: LayerSpec, config, position_ids: torch.Tensor) -> LayerSpec:
+def at_positions(spec: LayerSpec, config, position_ids: torch.Tensor, *, scheme: MRope) -> LayerSpec:
     """A Qwen-VL decoder layer's `LayerSpec` (whose rotary is 1-D, right for text alone) at the model's own 3-D
     positions (3, B, T): its `rotary_angles` give each batch row's (B, T, half) angles, so image tokens turn by
-    their rows and columns."""
+    their rows and columns. `scheme` is the decoder family's (`Family.mrope`)."""
     if spec.inv_freq is None or callable(spec.inv_freq):
         raise ValueError("at_positions takes a layer with fixed rotary frequencies (a Qwen-VL decoder's)")
-    sections, interleaved = mrope_layout(config)
+    sections, interleaved = scheme.layout(config)
     angles = mrope_angles(position_ids, spec.inv_freq, sections, interleaved=interleaved)
     return replace(spec, rotary_angles=lambda T: angles[:, :T])
 

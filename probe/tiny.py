@@ -15,11 +15,10 @@ from typing import Literal
 
 import torch
 
-from .families import FAMILIES, SUPPORTED_TYPES, Family, TokenizerKind
-from .images import TOWERS
+from .families import FAMILIES, SUPPORTED_TYPES, TOWERS, Family, TokenizerKind
 from .model import LoadedModel, model_class
 
-__all__ = ["tiny_model", "tiny_tokenizer", "save_tiny", "TINY_CORPUS", "TINY_TYPES"]
+__all__ = ["tiny_model", "tiny_tokenizer", "save_tiny", "TINY_CORPUS", "TINY_TYPES", "tiny_types"]
 
 TINY_CORPUS = (
     "The animal didn't cross the street because it was too tired.",
@@ -90,15 +89,23 @@ def _family(name: str, *, as_type: bool = False) -> Family:
     if name in SUPPORTED_TYPES:
         return SUPPORTED_TYPES[name]
     raise ValueError(f"unknown family or model type {name!r}; choose a family ({', '.join(FAMILIES)}) "
-                     f"or a model type ({', '.join(TINY_TYPES)})")
+                     f"or a model type ({', '.join(tiny_types())})")
 
 
-# every model type a tiny model is made of: the verified ones and the two-tower composites of verified towers
-TINY_TYPES = tuple(sorted({*SUPPORTED_TYPES, *TOWERS}))
+def tiny_types() -> tuple[str, ...]:
+    """Every model type a tiny model is made of: the verified ones and the two-tower composites of verified towers,
+    as the family files declare them now (read when asked: importing this module reads no family file)."""
+    return tuple(sorted({*SUPPORTED_TYPES, *TOWERS}))
+
+
+def __getattr__(name: str):
+    if name == "TINY_TYPES":  # the types as they stand when asked
+        return tiny_types()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _tiny_towers(model_type: str, *, seed: int, **config_overrides) -> LoadedModel:
-    """A two-tower model (`probe.images.TOWERS`) made of its towers' tiny configs, each tower's weights drawn
+    """A two-tower model (`probe.families.TOWERS`) made of its towers' tiny configs, each tower's weights drawn
     with its own family's spread, with a tiny tokenizer and the image tower's tiny processor."""
     from transformers import AutoConfig, AutoModel
 

@@ -26,7 +26,7 @@ NO_CROSS_ATTENTION = ("CLIP and SigLIP have no cross-attention: the image tower 
 def towers(lm: LoadedModel) -> tuple[LoadedModel, LoadedModel]:
     """A CLIP or SigLIP model's image tower and text tower as two `LoadedModel`s (the same weights, not copies):
     each is extracted and verified like any image or text model (families `clip_vision`, `clip_text`,
-    `siglip_text`). The composite types and where their towers live are `probe.images.TOWERS`; every command
+    `siglip_text`). The composite types and where their towers live are `probe.families.TOWERS`; every command
     reaches a tower the same way (`probe.images.for_input`: images go to the image tower, texts to the text one)."""
     if not is_two_tower(lm):
         tower(lm, "image")  # raises: not a two-tower model

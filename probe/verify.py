@@ -138,7 +138,7 @@ def verify(
     >>> verify(load_model("minilm")).summary()                         # doctest: +SKIP
     'attention verified: max |Δ| = 2.4e-07 over 6 layers × 12 heads (tolerance 1e-05, float32)'
 
-    A two-tower model (CLIP, SigLIP: `probe.images.TOWERS`) is verified tower by tower, each with its own
+    A two-tower model (CLIP, SigLIP: `probe.families.TOWERS`) is verified tower by tower, each with its own
     family: the image tower on `images` (default: `default_images()`), the text tower on `texts` (default:
     `DEFAULT_TEXTS`), whichever of them is given; `Verification.towers` holds each, named.
     """
@@ -259,13 +259,10 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
         images = [default_images()[k % 2] for k in range(len(texts))]
     encoded = encode_with_images(lm, texts, check_images(images))
     reading = family.vision_language
-    decoder = reading.decoder or Stack(kind="decoder", layer_spec=family.layer_spec, attention=family.attention,
-                                       out_proj=family.out_proj, n_layers=family.n_layers,
-                                       layers=family.attention_layers)  # a hybrid decoder: its attention layers
-    hooked = () if reading.vision_outputs is not None else (reading.vision,)  # no weights: checked on outputs
-    stacks = (*hooked, decoder, *((reading.cross,) if reading.cross is not None else ()))
+    stacks = reading.hooked_stacks(family)
     base, cfg = base_model(lm), lm.config
-    worst = {s.kind: {i: [0.0] * 4 for i in s.layer_numbers(cfg)} for s in (reading.vision, *stacks[len(hooked):])}
+    kinds = {s.kind: s for s in (reading.vision, *stacks)}  # the vision tower's rows, hooked or checked on outputs
+    worst = {kind: {i: [0.0] * 4 for i in s.layer_numbers(cfg)} for kind, s in kinds.items()}
     t_fwd = t_re = 0.0
     for enc in encoded:
         caps, seconds = _capture_stacks(lm, enc, stacks)
@@ -273,7 +270,7 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
         t0 = time.perf_counter()
         ids = torch.tensor([enc.ids])
         types = None if enc.inputs is None else enc.inputs.get("token_type_ids")
-        at = (lambda spec: spec) if reading.decoder_at is None else reading.decoder_at(base, cfg, ids, enc.inputs)
+        at = reading.at_input(base, cfg, ids, enc.inputs)
         if reading.vision_outputs is not None:  # each row: no probability to compare (nan), the output's |Δ|
             for i, rel in enumerate(reading.vision_outputs(reading.vision, base, cfg, enc.inputs)):
                 w = worst["vision"][i]
@@ -285,11 +282,7 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
                 if stack.kind == "decoder":
                     spec = at(reading.decoder_mask(spec, cfg, types, ids, i))
                 keys = cap.inputs[i] if cap.memory is None else cap.memory
-                if stack.visible is not None:
-                    spec = replace(spec, visible=stack.visible(cfg, enc.inputs, cap.inputs[i].shape[1], keys.shape[1]))
-                if stack.angles is not None:
-                    turned = stack.angles(cfg, enc.inputs)
-                    spec = replace(spec, rotary_angles=lambda T, turned=turned: turned[:T])
+                spec = stack.for_input(spec, cfg, enc.inputs, cap.inputs[i].shape[1], keys.shape[1])
                 lengths = [cap.inputs[i].shape[1]] * cap.inputs[i].shape[0]
                 errs = _compare_layer(spec, cap, i, lengths, [keys.shape[1]] * keys.shape[0])
                 worst[stack.kind][i] = [max(a, b) for a, b in zip(worst[stack.kind][i], errs)]

@@ -6,6 +6,7 @@ slice head outputs read the value head size from the spec."""
 
 import copy
 import dataclasses
+import importlib
 import math
 
 import pytest
@@ -277,7 +278,8 @@ def _gemma4_config(vocab, model_type):
 
 def test_gemma4_with_other_head_sizes_per_layer_verifies_and_ablates(monkeypatch):
     family = SUPPORTED_TYPES["gemma4_text"]
-    monkeypatch.setitem(SUPPORTED_TYPES, "gemma4_text", dataclasses.replace(family, tiny_config=_gemma4_config))
+    monkeypatch.setattr(importlib.import_module("headscope.probe.families.gemma4"), "FAMILY",  # the family's file
+                        dataclasses.replace(family, tiny_config=_gemma4_config))
     lm = tiny_model("gemma4_text", seed=3)
     assert lm.config.kv_sharing_modes == [None, "store", "store", "reuse", "reuse", "reuse"]
     v = verify(lm, TEXTS)

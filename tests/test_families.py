@@ -41,20 +41,27 @@ def test_a_module_dropped_into_the_package_is_registered(tmp_path, monkeypatch):
         "from headscope.probe.families.gpt2 import FAMILY as _GPT2\n"
         "FAMILY = dataclasses.replace(_GPT2, name='toy', model_types=('toy_type',))\n"
     )
+    before = list(FAMILIES)
     monkeypatch.setattr(families, "__path__", [*families.__path__, str(tmp_path)])
     try:
-        found = families._discover()
+        found = {name: families.FAMILIES[name] for name in families.FAMILIES}
+        by_type = families.SUPPORTED_TYPES["toy_type"]
     finally:
         sys.modules.pop("headscope.probe.families.toy", None)
-    assert sorted(found) == sorted([*FAMILIES, "toy"]) and found["toy"].model_types == ("toy_type",)
+    assert sorted(found) == sorted([*before, "toy"]) and found["toy"].model_types == ("toy_type",)
+    assert by_type.name == "toy"
 
 
 def test_a_module_named_unlike_its_family_is_refused(tmp_path, monkeypatch):
-    (tmp_path / "wrongname.py").write_text("from headscope.probe.families.gpt2 import FAMILY\n")
+    (tmp_path / "wrongname.py").write_text(
+        "import dataclasses\n"
+        "from headscope.probe.families.gpt2 import FAMILY as _GPT2\n"
+        "FAMILY = dataclasses.replace(_GPT2, model_types=('other_type',))\n"
+    )
     monkeypatch.setattr(families, "__path__", [*families.__path__, str(tmp_path)])
     try:
         with pytest.raises(ValueError, match="declares family 'gpt2'; name the file after it"):
-            families._discover()
+            families.FAMILIES["wrongname"]
     finally:
         sys.modules.pop("headscope.probe.families.wrongname", None)
 

@@ -3,6 +3,7 @@ to the image, each verified from scratch; a cross-attention head built to read o
 
 import copy
 import dataclasses
+import importlib
 
 import numpy as np
 import pytest
@@ -219,7 +220,8 @@ def test_another_config_and_seed_verifies(monkeypatch):
     from headscope.probe.tiny import tiny_model
 
     family = FAMILIES["mllama"]
-    monkeypatch.setitem(FAMILIES, "mllama", dataclasses.replace(family, tiny_config=_other_config))
+    monkeypatch.setattr(importlib.import_module("headscope.probe.families.mllama"), "FAMILY",  # the family's file
+                        dataclasses.replace(family, tiny_config=_other_config))
     lm = tiny_model("mllama", seed=7, std=0.3)
     v = verify(lm, [f"a {IMAGE} tall picture", f"{IMAGE} and {IMAGE} two"],
                images=[_picture(3, (20, 9, 3)), _picture(4, (9, 9, 3)), _picture(5, (18, 18, 3))])

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from conftest import _tiny
-from headscope.probe.families import FAMILIES
-from headscope.probe.mrope import at_positions, image_token_types, mrope_angles, mrope_layout, qwen_vl_positions
+from headscope.probe.families import FAMILIES, family_of_type
+from headscope.probe.mrope import at_positions, image_token_types, mrope_angles, qwen_vl_positions
 from headscope.probe.scratch import attention_from_scratch
 from headscope.probe.verify import verify
 
@@ -107,11 +107,11 @@ def test_the_decoder_is_verified_at_the_models_own_3d_positions_and_fails_at_1d_
     pos = qwen_vl_positions(model, ids, image_grid_thw=grid_thw, attention_mask=mask)
     cfg = model.language_model.config
     assert worst_error(model, family, ids, mask, pixels, grid_thw,
-                       lambda spec: at_positions(spec, cfg, pos.position_ids)) <= 1e-5
+                       lambda spec: at_positions(spec, cfg, pos.position_ids, scheme=family_of_type(cfg.model_type).mrope)) <= 1e-5
     # break it: positions 0 .. T-1 on every stream (text rotary) miss what the image tokens' rows and columns add
     assert worst_error(model, family, ids, mask, pixels, grid_thw, lambda spec: spec) > 1e-3
     # break it: the other layout of the frequencies (sections for Qwen3-VL, interleaved for Qwen2-VL)
-    sections, interleaved = mrope_layout(cfg)
+    sections, interleaved = family_of_type(cfg.model_type).mrope.layout(cfg)  # the scheme its decoder family declares
 
     def other_layout(spec):
         angles = mrope_angles(pos.position_ids, spec.inv_freq, sections, interleaved=not interleaved)
@@ -128,7 +128,7 @@ def test_a_hidden_checkpoint_of_another_seed_and_grid_verifies_too(model_type):
     pos = qwen_vl_positions(model, ids, image_grid_thw=grid_thw, attention_mask=mask)
     cfg = model.language_model.config
     assert worst_error(model, family, ids, mask, pixels, grid_thw,
-                       lambda spec: at_positions(spec, cfg, pos.position_ids)) <= 1e-5
+                       lambda spec: at_positions(spec, cfg, pos.position_ids, scheme=family_of_type(cfg.model_type).mrope)) <= 1e-5
 
 
 def test_every_image_token_knows_its_image_row_and_column():

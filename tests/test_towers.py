@@ -3,6 +3,7 @@ the text tower, verification checks both, and every result names its tower."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import pytest
@@ -93,7 +94,7 @@ def test_verification_of_both_towers_is_each_towers_own_and_fails_when_one_does(
     siglip_text = SUPPORTED_TYPES["siglip_text_model"]
     causal = dataclasses.replace(siglip_text, layer_spec=lambda base, i, c: dataclasses.replace(
         siglip_text.layer_spec(base, i, c), causal=True))
-    monkeypatch.setitem(SUPPORTED_TYPES, "siglip_text_model", causal)
+    monkeypatch.setattr(importlib.import_module("headscope.probe.families.siglip_text"), "FAMILY", causal)  # its file
     broken = verify(lm, ["A cat.", "Two dogs ran home."], images=[picture])
     assert not broken.passed and "NOT verified" in broken.summary()
     assert all(c.passed == (c.kind == "image tower") for c in broken.layers)

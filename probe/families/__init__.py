@@ -1,22 +1,10 @@
-"""Architecture families, one file each, found by looking in this package.
+"""The family registry: one file per architecture family, found by its file name and loaded only when asked for.
 
-A family is everything headscope knows about one kind of transformer attention, in one `Family`
-object: the model types it covers, where its attention and output projection live (addressed by
-transformers' own module names), how one layer's weights fill the from-scratch `LayerSpec`, the
-config features it refuses because it does not reproduce them, and its tiny random test model.
-
-Each module `probe/families/<name>.py` exposes `FAMILY`; every such module is registered, so
-adding a family is adding one file.
-
-An encoder–decoder family has three kinds of attention, each a `Stack` of layers in `stacks`:
-"encoder" (bidirectional self-attention over the source), "decoder" (causal self-attention over
-the target) and "cross" (target queries over the encoder's output). Its top-level `layer_spec`,
-`attention` and `out_proj` are those of the encoder stack.
-
-A vision–language decoder (LLaVA, Gemma 3, PaliGemma) is a text decoder that reads image tokens among its
-text tokens; its `vision_language` (a `VisionLanguage`) holds its image encoder's layers as a "vision"
-`Stack`, where each image token sits on its picture (`image_units`) and the decoder mask's bidirectional
-blocks (`blocks`). Its top-level `layer_spec`, `attention` and `out_proj` are those of the decoder.
+Each module `probe/families/<name>.py` declares `FAMILY`, a `Family` (`probe.family`): adding a family is adding one
+file. Importing this package imports no family file. The model types each file covers are read from the file's
+source without running it (the literal `model_types=(...)` of its `FAMILY = ...` call, and the keys of a
+literal `towers={...}`: the two-tower composites whose image tower it verifies); looking a type up imports that
+one file (and the files it names as a base), and checks that the family it declares covers what its source said.
 
 >>> FAMILIES["llama"].kind, family_of_type("mistral").name
 ('decoder', 'llama')
@@ -24,307 +12,161 @@ blocks (`blocks`). Its top-level `layer_spec`, `attention` and `out_proj` are th
 
 from __future__ import annotations
 
+import ast
 import importlib
 import pkgutil
-import threading
-from dataclasses import dataclass, replace
-from typing import Any, Callable, Literal
+import sys
+from collections.abc import Iterator, Mapping
+from functools import lru_cache
+from pathlib import Path
 
-import torch
-
-from ..errors import UnsupportedArchitecture, UnsupportedFeature
-from ..placement import onloading
-from ..scratch import LayerSpec
+from ..family import (AutoClass, Family, Kind, Modality, NO_SOFTMAX_LAYER_TYPES, Refusal, Stack, StackKind,
+                      TokenizerKind, Towers, UnsupportedArchitecture, UnsupportedFeature, VisionLanguage,
+                      linear_weights, norm_eps, softmax_layers)
 
 __all__ = [
-    "Family", "Refusal", "Kind", "Modality", "Stack", "StackKind", "VisionLanguage", "TokenizerKind", "UnsupportedArchitecture",
-    "UnsupportedFeature", "FAMILIES", "SUPPORTED_TYPES", "NO_SOFTMAX_LAYER_TYPES", "softmax_layers", "family_for",
-    "family_of_type", "family_table", "coverage_markdown",
+    "Family", "Refusal", "Kind", "Modality", "Stack", "StackKind", "VisionLanguage", "Towers", "TokenizerKind",
+    "AutoClass", "UnsupportedArchitecture", "UnsupportedFeature", "FAMILIES", "SUPPORTED_TYPES", "TOWERS",
+    "NO_SOFTMAX_LAYER_TYPES", "softmax_layers", "linear_weights", "norm_eps", "family_for", "family_of_type",
+    "family_table", "coverage_markdown", "FamilyIndex", "family_index", "load_family", "loaded_families",
 ]
 
-Kind = Literal["encoder", "decoder", "encoder-decoder"]
-TokenizerKind = Literal["wordpiece", "bytebpe", "sentencepiece"]
-AutoClass = Literal["AutoModel", "AutoModelForCausalLM", "AutoModelForSeq2SeqLM", "AutoModelForImageTextToText"]
-Modality = Literal["text", "image", "vision-language"]
-StackKind = Literal["encoder", "decoder", "cross", "vision"]
+
+class FamilyIndex:
+    """What the family files declare, read from their source: family name -> the model types (`types`) and two-tower
+    composites (`towers`) its file covers, and the other way round (`owner`: model type -> family name, `composite`:
+    composite type -> family name). Built from the package's folders (`__path__`), so a family file dropped into
+    any of them is found; a type two files declare is refused."""
+
+    def __init__(self, files: dict[str, Path]):
+        self.files = dict(sorted(files.items()))
+        self.types: dict[str, tuple[str, ...]] = {}
+        self.towers: dict[str, tuple[str, ...]] = {}
+        self.owner: dict[str, str] = {}
+        self.composite: dict[str, str] = {}
+        for name, path in self.files.items():
+            self.types[name], self.towers[name] = _declared(path)
+            for model_type, owner in [*((t, self.owner) for t in self.types[name]),
+                                      *((t, self.composite) for t in self.towers[name])]:
+                if model_type in self.owner or model_type in self.composite:
+                    first = self.owner.get(model_type) or self.composite[model_type]
+                    raise ValueError(f"model type {model_type!r} is declared by both {self.files[first]} and {path}; "
+                                     "one family covers a type: remove it from one of them")
+                owner[model_type] = name
 
 
-# Layer types of hybrid stacks (transformers' `config.layer_types`) whose layers have no softmax attention:
-# gated delta-net / Mamba / recurrent blocks ("linear_attention": Qwen3.5, Qwen3-Next, Jamba, Bamba, Falcon-H1,
-# Granite hybrid, Zamba 2, RecurrentGemma) and short convolutions ("conv": LFM2). They return no attention weights.
-NO_SOFTMAX_LAYER_TYPES = frozenset({"linear_attention", "conv", "mamba", "recurrent"})
+def _declared(path: Path) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(model_types, two-tower composite types) of a family file: the literal `model_types=` and the literal keys of
+    `towers=` in the call its `FAMILY = ...` statement makes (a `Family(...)`, a `dataclasses.replace(...)` of a base
+    family, or a factory)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "FAMILY" for t in node.targets):
+            if isinstance(node.value, ast.Call):
+                words = {k.arg: k.value for k in node.value.keywords if k.arg}
+                if "model_types" in words:
+                    try:
+                        types = ast.literal_eval(words["model_types"])
+                    except ValueError:
+                        types = None
+                    if isinstance(types, tuple) and types and all(isinstance(t, str) for t in types):
+                        towers = words.get("towers")
+                        keys = () if not isinstance(towers, ast.Dict) else tuple(ast.literal_eval(k) for k in towers.keys)
+                        return types, keys
+    raise ValueError(f"{path}: a family file declares FAMILY = ...(model_types=(\"type\", ...), ...) with its model "
+                     "types written out, so the registry can find it without importing every family")
 
 
-def softmax_layers(config) -> tuple[int, ...]:
-    """The model's own numbers of its layers with softmax attention: all of them, but in a hybrid stack only
-    those whose `layer_types` entry is not one of `NO_SOFTMAX_LAYER_TYPES` (L3 stays L3, never renumbered).
-
-    >>> from types import SimpleNamespace
-    >>> softmax_layers(SimpleNamespace(num_hidden_layers=4, layer_types=["conv", "full_attention"] * 2))
-    (1, 3)
-    """
-    n = config.num_hidden_layers
-    kinds = getattr(config, "layer_types", None)
-    if not kinds or len(kinds) < n:
-        return tuple(range(n))
-    return tuple(i for i in range(n) if kinds[i] not in NO_SOFTMAX_LAYER_TYPES)
+def family_index() -> FamilyIndex:
+    """The index of the family files of this package's folders (read once per set of folders)."""
+    return _index_of(tuple(str(p) for p in __path__))
 
 
-@dataclass(frozen=True)
-class Refusal:
-    """A config feature the family does not reproduce: `reason(config)` says why it is refused, or None."""
-
-    feature: str
-    reason: Callable[[Any], str | None]
-
-
-@dataclass(frozen=True)
-class Stack:
-    """One kind of attention of an encoder–decoder model, addressed as a family addresses its layers."""
-
-    kind: StackKind
-    layer_spec: Callable[[torch.nn.Module, int, Any], LayerSpec]  # (base_model, i, config) -> LayerSpec
-    attention: Callable[[torch.nn.Module, int], torch.nn.Module]  # (base_model, i) -> module whose first input is x
-    out_proj: Callable[[torch.nn.Module, int], torch.nn.Module]  # (base_model, i) -> W_O
-    n_layers: Callable[[Any], int]  # config -> number of layers of this stack
-    keys: Literal["self", "encoder"] = "self"  # keys and values from the layer's own input, or the encoder's output
-    # The model's own numbers of this stack's layers where they are not 0 .. n_layers-1 (Mllama's decoder: its
-    # self-attention layers skip the cross-attention ones, which are a stack of their own).
-    layers: Callable[[Any], tuple[int, ...]] | None = None
-    # Which keys each query sees where that depends on the input: (config, inputs, T, S) -> (B, T, S) bool, from
-    # the processor's outputs `inputs` (`LayerSpec.visible`); None: the stack's own mask only.
-    visible: Callable[[Any, dict, int, int], torch.Tensor] | None = None
-    # Each position's rotary angles where they depend on the input: (config, inputs) -> (T, rotary_dim/2), from the
-    # processor's outputs (Pixtral's 2-D (row, column) angles of each picture's patches, `LayerSpec.rotary_angles`);
-    # None: the layer spec's own.
-    angles: Callable[[Any, dict], torch.Tensor] | None = None
-    # A cross stack hooked inside a one-pass forward: the keys' source out of the attention module's call,
-    # (args, kwargs) -> (B, S, D) (Mllama's `cross_attention_states`).
-    memory: Callable[[tuple, dict], torch.Tensor] | None = None
-
-    def layer_numbers(self, config) -> tuple[int, ...]:
-        """This stack's layers by the model's own numbers."""
-        return tuple(self.layers(config)) if self.layers is not None else tuple(range(self.n_layers(config)))
-
-    def __post_init__(self) -> None:  # a layer's weights read in memory where accelerate offloaded them
-        object.__setattr__(self, "layer_spec", onloading(self.layer_spec, self.attention, self.out_proj))
+@lru_cache(maxsize=4)
+def _index_of(paths: tuple[str, ...]) -> FamilyIndex:
+    files = {}
+    for info in pkgutil.iter_modules(list(paths)):
+        if not info.name.startswith("_") and not info.ispkg:
+            files.setdefault(info.name, Path(info.module_finder.path) / f"{info.name}.py")
+    return FamilyIndex(files)
 
 
-@dataclass(frozen=True)
-class VisionLanguage:
-    """What a decoder that reads images adds to its text decoder: the image encoder and the image tokens' places.
-
-    `vision` addresses the image encoder's layers on the base model (kind "vision"); `vision_family` names the
-    image-encoder family that verifies them. `image_units(config, inputs, image)` gives image `image`'s units in
-    token order, from the processor's outputs `inputs` for one text (with `inputs["picture_sizes"]`: each
-    picture's (height, width) before the processor): an `ImagePatch` for a token on the picture,
-    a label string for one that is not (`<image_newline>`, a CLS token). `blocks(config, token_type_ids, ids,
-    layer)` gives the decoder mask's bidirectional blocks of one layer, (B, T) ids where a query and a key of one
-    block >= 0 see each other both ways (Gemma 3's images, PaliGemma's prefix), or None (causal only).
-    `tiny_processor(config, tokenizer)` builds the tiny model's processor (image processor, tokenizer, chat
-    template); `text_config(config)` is the decoder's own config; `picture` the pixels of one picture where the
-    processor's `pixel_values` are not one entry per picture (Idefics3's frames of a whole text,
-    Qwen-VL's flattened patches).
-    `decoder_at(model, config, ids, inputs)` gives a function that puts a decoder layer's `LayerSpec` at this
-    input's own positions (Qwen-VL's 3-D rotary), or None (the spec's own positions are right).
-    `vision_outputs(vision, base, config, inputs)`: a vision encoder whose attention returns no weights (Qwen-VL)
-    is verified by this instead of hooks, on its block outputs recomputed with `vision`'s layers: each layer's
-    relative |Δ| of the output after W_O.
-    `load_processor(path, at)` loads the processor from a folder where AutoProcessor cannot build it (Qwen-VL's,
-    LLaVA-OneVision's and SmolVLM's want a video processor, which needs torchvision: `_reading.load_images_only`)."""
-
-    vision: Stack
-    vision_family: str
-    image_units: Callable[[Any, dict, int], list]
-    tiny_processor: Callable[[Any, Any], Any]
-    image_tokens: Callable[[Any], tuple[str, ...]]  # config -> the special tokens the tiny tokenizer must hold
-    blocks: Callable[[Any, Any, Any, int], torch.Tensor | None] = lambda cfg, types, ids, layer: None
-    text_config: Callable[[Any], Any] = lambda cfg: cfg.text_config
-    # (config, inputs, image) -> image `image`'s pixels (3, H, W) as the model saw the whole picture; None: its
-    # own `pixel_values[image]`, the first tile of a tiled one (LLaVA-NeXT's thumbnail)
-    picture: Callable[[Any, dict, int], torch.Tensor] | None = None
-    # A decoder whose layers are not all its text family's self-attention (Mllama): its own "decoder" stack and
-    # the "cross" stack of text queries over the image's vision tokens; None: the family's layers, no cross.
-    decoder: Stack | None = None
-    cross: Stack | None = None
-    # A cross reader: each cross-attention key's ImagePatch (or None) from (config, inputs), and the tanh of its
-    # gates by layer from (base_model, config) — what scales each block's output before the residual stream.
-    key_patches: Callable[[Any, dict], tuple] | None = None
-    gates: Callable[[torch.nn.Module, Any], dict] | None = None
-    decoder_at: Callable[[Any, Any, Any, Any], Callable[[LayerSpec], LayerSpec]] | None = None
-    vision_outputs: Callable[[Stack, Any, Any, dict], list[float]] | None = None
-    load_processor: Callable[[str, dict], Any] | None = None
-    # Whether the bidirectional blocks see themselves whole past a sliding layer's window (PaliGemma's prefix:
-    # transformers ORs the block into the windowed causal mask) or only within it (Gemma 3's images).
-    block_past_window: bool = False
-
-    def decoder_mask(self, spec: LayerSpec, cfg, token_type_ids, ids, layer: int) -> LayerSpec:
-        """Decoder layer `layer`'s spec with this input's mask: its bidirectional blocks and how they meet the
-        sliding window."""
-        return replace(spec, blocks=self.blocks(cfg, token_type_ids, ids, layer),
-                       block_past_window=self.block_past_window)
+def load_family(name: str) -> Family:
+    """The `FAMILY` of `probe/families/<name>.py`, imported now if it was not, checked against what its source
+    declares; KeyError for a name no file has."""
+    index = family_index()
+    if name not in index.files:
+        raise KeyError(name)
+    family = importlib.import_module(f"{__name__}.{name}").FAMILY
+    if family.name != name:
+        raise ValueError(f"probe/families/{name}.py declares family {family.name!r}; name the file after it")
+    if tuple(family.model_types) != index.types[name] or tuple(family.towers) != index.towers[name]:
+        raise ValueError(f"probe/families/{name}.py: its FAMILY covers {family.model_types} (towers "
+                         f"{tuple(family.towers)}), but its source declares {index.types[name]} (towers "
+                         f"{index.towers[name]}); write them out in the FAMILY call")
+    return family
 
 
-@dataclass(frozen=True)
-class Family:
-    name: str
-    model_types: tuple[str, ...]  # transformers' `config.model_type` values this family covers
-    kind: Kind
-    features: tuple[str, ...]  # what the from-scratch attention reproduces, for the docs and the CLI
-    layer_spec: Callable[[torch.nn.Module, int, Any], LayerSpec]  # (base_model, i, config) -> LayerSpec
-    attention: Callable[[torch.nn.Module, int], torch.nn.Module]  # (base_model, i) -> module whose first input is x
-    out_proj: Callable[[torch.nn.Module, int], torch.nn.Module]  # (base_model, i) -> W_O; its input is the heads' concat
-    refuses: tuple[Refusal, ...]  # checked in order; the first that applies is raised
-    tiny_config: Callable[[int, str], Any]  # (vocab size, model type) -> config of that type's tiny random test model
-    tokenizer: TokenizerKind | None  # the tiny tokenizer kind the tiny model is built with (None: an image model)
-    auto_class: AutoClass  # the transformers Auto class that builds the tiny model
-    position_embedding: Callable[[torch.nn.Module], torch.nn.Module] | None = None  # absolute positions, if any
-    stacks: tuple[Stack, ...] = ()  # encoder-decoder only: the encoder, decoder and cross stacks, in that order
-    # Vision transformers: the input is an image, cut into patches by the model's own embedding.
-    modality: Modality = "text"
-    # image models: the labels of the tokens before the patches (CLS, DeiT's distillation token, registers)
-    prefix_tokens: Callable[[Any], tuple[str, ...]] = lambda cfg: ()
-    tiny_processor: Callable[[Any], Any] | None = None  # image models: config -> the tiny model's image processor
-    tiny_std: float = 0.2  # the spread of the tiny model's random weights (wider: attention far from uniform)
-    vision_language: VisionLanguage | None = None  # a decoder that reads images too (LLaVA, Gemma 3, PaliGemma)
+class _Families(Mapping):
+    """family name -> `Family`, each file imported on first access."""
 
-    def __post_init__(self) -> None:  # a layer's weights read in memory where accelerate offloaded them
-        object.__setattr__(self, "layer_spec", onloading(self.layer_spec, self.attention, self.out_proj))
+    def __getitem__(self, name: str) -> Family:
+        return load_family(name)
 
-    def n_layers(self, config) -> int:
-        return config.num_hidden_layers
+    def __iter__(self) -> Iterator[str]:
+        return iter(family_index().files)
 
-    def attention_layers(self, config) -> tuple[int, ...]:
-        """The layers with softmax attention, by the model's own numbers: every layer, except in a hybrid stack
-        (`softmax_layers`), and in a decoder with cross-attention layers (Mllama) only its self-attention ones
-        (`VisionLanguage.decoder`); only these have a LayerSpec, an attention module and an out-projection."""
-        reading = self.vision_language
-        if reading is not None and reading.decoder is not None:
-            return reading.decoder.layer_numbers(config)
-        return softmax_layers(config)
+    def __len__(self) -> int:
+        return len(family_index().files)
 
-    def stack(self, kind: StackKind) -> Stack:
-        """The stack of attention `kind` of an encoder–decoder family."""
-        for s in self.stacks:
-            if s.kind == kind:
-                return s
-        raise KeyError(f"family {self.name!r} has no {kind!r} stack (it is a {self.kind})")
-
-    def require_attention_everywhere(self, config, what: str) -> None:
-        """`UnsupportedFeature` naming `what` when some layers have no softmax attention (a hybrid stack): a
-        decomposition over every layer's attention would miss what the other layers (Mamba, recurrent, ...) add."""
-        have = self.attention_layers(config)
-        if len(have) < self.n_layers(config):
-            missing = ", ".join(str(i) for i in range(self.n_layers(config)) if i not in have)
-            if self.vision_language is not None and self.vision_language.cross is not None:
-                raise UnsupportedFeature(f"{what} needs self-attention heads in every layer; layers {missing} are "
-                                         "cross-attention layers reading the image (their contribution is not decomposed "
-                                         "into heads); verify, importance and ablate take this model")
-            raise UnsupportedFeature(f"{what} needs softmax attention in every layer; layers {missing} of this hybrid "
-                                     f"stack have none (their contribution is not decomposed into heads)")
-
-    def shares_modules(self, base, config) -> bool:
-        """True when several layers run one attention module object (ALBERT's shared layer)."""
-        modules = [id(self.attention(base, i)) for i in self.attention_layers(config)]
-        return len(set(modules)) < len(modules)
-
-    def require_own_modules(self, base, config, what: str) -> None:
-        """`UnsupportedFeature` naming `what` when layers share one module (ALBERT): `what` hooks each layer's
-        block by its module, which cannot tell the repeats apart."""
-        if self.shares_modules(base, config):
-            raise UnsupportedFeature(f"{what} needs one module per layer; this model runs one shared layer module "
-                                     f"{self.n_layers(config)} times (ALBERT)")
-
-    def hook_layers(self, base, config, layers, make_hook, *, where: Literal["attention", "out_proj"], pre: bool,
-                    with_kwargs: bool = False) -> list:
-        """Register `make_hook(layer)` on the attention module (or out-projection) of each of `layers`; the handles.
-
-        Where several layers run one module object (ALBERT shares one layer across all of them), one hook
-        dispatches by call order: in a forward pass the k-th call of a module is the k-th of the layers that use
-        it, so every layer is caught apart, never the last repeat for all of them.
-        """
-        get = self.attention if where == "attention" else self.out_proj
-        users: dict[int, tuple[torch.nn.Module, list[int]]] = {}
-        for layer in self.attention_layers(config):
-            module = get(base, layer)
-            users.setdefault(id(module), (module, []))[1].append(layer)
-        wanted, handles = set(layers), []
-        for module, order in users.values():
-            hooks = {layer: make_hook(layer) for layer in order if layer in wanted}
-            if not hooks:
-                continue
-            fn = hooks[order[0]] if len(order) == 1 else _by_call_order(order, hooks)
-            register = module.register_forward_pre_hook if pre else module.register_forward_hook
-            handles.append(register(fn, with_kwargs=with_kwargs) if pre else register(fn))
-        return handles
-
-    def check(self, config) -> None:
-        """Raise `UnsupportedFeature` when `config` uses a feature this family does not reproduce."""
-        for refusal in self.refuses:
-            reason = refusal.reason(config)
-            if reason is not None:
-                raise UnsupportedFeature(reason)
+    def __contains__(self, name: object) -> bool:
+        return name in family_index().files
 
 
-def _by_call_order(order: list[int], hooks: dict):
-    """One hook for a module that layers `order` share: a thread's call k runs the hook of layer
-    order[k mod len(order)]. Calls are counted per thread: another thread's pass through the same model (a
-    server's, perhaps stopped after its first layer) must not shift this one's count."""
-    calls: dict[int, int] = {}
+class _ByType(Mapping):
+    """model type -> what the family file that declares it gives for it (`owner`: the index's table of declared
+    types; `value(family, type)`), only that family's file imported."""
 
-    def dispatch(*args):
-        me = threading.get_ident()
-        k = calls[me] = calls.get(me, -1) + 1
-        hook = hooks.get(order[k % len(order)])
-        return None if hook is None else hook(*args)
+    def __init__(self, owner: str, value):
+        self._owner, self._value = owner, value
 
-    return dispatch
+    def _table(self) -> dict[str, str]:
+        return getattr(family_index(), self._owner)
 
+    def __getitem__(self, model_type: str):
+        name = self._table().get(model_type)
+        if name is None:
+            raise KeyError(model_type)
+        return self._value(load_family(name), model_type)
 
-def linear_weights(m: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(weight, bias) of an nn.Linear, detached; bias None where the layer has none."""
-    return m.weight.detach(), None if m.bias is None else m.bias.detach()
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._table())
 
+    def __len__(self) -> int:
+        return len(self._table())
 
-def norm_eps(norm: torch.nn.Module) -> float:
-    """The epsilon of a transformers RMS norm module, under either of its names: `variance_epsilon` (Llama's
-    norms; Gemma 3n / Gemma 4 / Llama 4 from transformers 5.25) or `eps` (those three up to 5.24, Gemma 3,
-    Qwen3-Next); `UnsupportedArchitecture` naming the module when it has neither.
-
-    >>> from types import SimpleNamespace
-    >>> norm_eps(SimpleNamespace(variance_epsilon=1e-6)), norm_eps(SimpleNamespace(eps=1e-5))
-    (1e-06, 1e-05)
-    """
-    for name in ("variance_epsilon", "eps"):
-        value = getattr(norm, name, None)
-        if isinstance(value, (int, float)):
-            return float(value)
-    raise UnsupportedArchitecture(f"{type(norm).__name__} has no epsilon under the names headscope knows "
-                                  f"(variance_epsilon, eps): this transformers version renamed it; "
-                                  f"install a transformers version headscope supports (see pyproject.toml)")
+    def __contains__(self, model_type: object) -> bool:
+        return model_type in self._table()
 
 
-def _discover() -> dict[str, Family]:
-    found = {}
-    for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_"):
-            continue
-        family = importlib.import_module(f"{__name__}.{info.name}").FAMILY
-        if family.name != info.name:
-            raise ValueError(f"probe/families/{info.name}.py declares family {family.name!r}; name the file after it")
-        found[family.name] = family
-    return dict(sorted(found.items()))
+FAMILIES: Mapping[str, Family] = _Families()
+# model type -> the `Family` that covers it
+SUPPORTED_TYPES: Mapping[str, Family] = _ByType("owner", lambda family, model_type: family)
+# two-tower composite model type (CLIP, SigLIP) -> its `Towers`, declared by the family of its image tower
+TOWERS: Mapping[str, Towers] = _ByType("composite", lambda family, model_type: family.towers[model_type])
 
 
-FAMILIES: dict[str, Family] = _discover()
-SUPPORTED_TYPES: dict[str, Family] = {t: f for f in FAMILIES.values() for t in f.model_types}
+def loaded_families() -> tuple[str, ...]:
+    """The family files imported so far in this process (what a lookup has cost)."""
+    prefix = f"{__name__}."
+    return tuple(sorted(m[len(prefix):] for m in sys.modules if m.startswith(prefix) and not m[len(prefix):].startswith("_")))
 
 
 def family_of_type(model_type: str | None) -> Family:
     """The family that covers `model_type`; `UnsupportedArchitecture` when none does."""
     family = SUPPORTED_TYPES.get(model_type)
     if family is None:
-        supported = ", ".join(f"{f.name} ({'/'.join(f.model_types)})" for f in FAMILIES.values())
+        supported = ", ".join(f"{name} ({'/'.join(types)})" for name, types in family_index().types.items())
         raise UnsupportedArchitecture(
             f"no from-scratch attention adapter for model type {model_type!r}; supported families: {supported}"
         )

@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from ..types import ImagePatch
-from . import Family, Refusal, Stack
+from ..family import Family, Refusal, Stack, VisionLanguage
 
 def language_model(base):
     """The decoder of a LLaVA-layout composite (LLaVA, LLaVA-NeXT, OneVision, Gemma 3, PaliGemma, Qwen-VL)."""
@@ -198,3 +198,26 @@ def load_images_only(path: str, at: dict):
     return images_only(cls)(image_processor=transformers.AutoImageProcessor.from_pretrained(path, backend="pil", **at),
                             tokenizer=transformers.AutoTokenizer.from_pretrained(path, **at),
                             **{k: v for k, v in settings.items() if k in own})
+
+
+def reading_family(*, name: str, model_types: tuple[str, ...], features: tuple[str, ...], tiny_config,
+                   vision_language: VisionLanguage, tokenizer="bytebpe", refuses: tuple[Refusal, ...] | None = None,
+                   decoder=language_model) -> Family:
+    """The `Family` of a vision–language composite whose decoder is its text family's layers under `decoder(base)`
+    (`language_model`: the LLaVA layout of LLaVA, LLaVA-NeXT, OneVision, ViP-LLaVA, DeepSeek-VL, Aya Vision, Gemma 3,
+    PaliGemma, InternVL, Janus, LightOnOCR, Qwen-VL; Idefics3's and SmolVLM's `text_model`), built by the Auto class
+    of image-text models; its decoder is
+    verified by the text family of its text config and its tower by `vision_language`. `refuses`: both families'
+    refusals unless given. Write `model_types` out in the call: the registry reads it from the file's source."""
+    return Family(name=name, model_types=model_types, kind="decoder", features=features,
+                  layer_spec=decoder_spec(decoder), attention=decoder_attention(decoder),
+                  out_proj=decoder_out_proj(decoder), refuses=both_refusals() if refuses is None else refuses,
+                  tiny_config=tiny_config, tokenizer=tokenizer, auto_class="AutoModelForImageTextToText",
+                  modality="vision-language", vision_language=vision_language)
+
+
+def tower_reading(image_units, tiny_processor, *, image_tokens, tower=vision_tower, **more) -> VisionLanguage:
+    """The `VisionLanguage` of a composite whose image tower is a CLIP or SigLIP vision model under `tower(base)`,
+    verified by `clip_vision`; `more`: the other `VisionLanguage` fields (picture, blocks, load_processor, ...)."""
+    return VisionLanguage(vision=vision_stack(tower), vision_family="clip_vision", image_units=image_units,
+                          tiny_processor=tiny_processor, image_tokens=image_tokens, **more)

@@ -9,7 +9,7 @@ layer's input). Only where the modules live and which tokens stand before the pa
 from __future__ import annotations
 
 from ..scratch import LayerSpec
-from . import linear_weights
+from ..family import linear_weights
 
 IMAGE_SIZE, PATCH_SIZE = 32, 8  # tiny models: a 4 × 4 grid of patches
 

@@ -10,7 +10,7 @@ input already; the embeddings (`embedding_size` wide) are mapped to the hidden s
 from __future__ import annotations
 
 from ..scratch import LayerSpec
-from . import Family, Refusal, linear_weights
+from ..family import Family, Refusal, linear_weights
 
 
 def _attention(base, i: int):

@@ -22,11 +22,9 @@ from __future__ import annotations
 
 import torch
 
-from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec, language_model,
-                       tiny_chat_template, tiny_parts, vision_stack, vision_tower)
+from ._reading import reading_family, tiny_chat_template, tiny_parts, tower_reading
 from .idefics3 import frames
 from .internvl import tiled_units
-from . import Family, VisionLanguage
 
 IMAGE, START, END = "<image>", "<|START_OF_IMG|>", "<|END_OF_IMG|>"
 PATCH_TOKEN, BREAK = "<|IMG_PATCH|>", "<|IMG_LINE_BREAK|>"
@@ -83,22 +81,14 @@ def _tiny_processor(cfg, tokenizer):
                               img_line_break_token=BREAK, chat_template=tiny_chat_template(IMAGE))
 
 
-FAMILY = Family(
+FAMILY = reading_family(
     name="aya_vision",
     model_types=("aya_vision",),
-    kind="decoder",
     features=("decoder: its text family (Cohere 2: cohere), causal", "vision tower: clip_vision (SigLIP 2) on every tile",
               "pixel shuffle: one image token per downsample_factor x downsample_factor patches",
               "tiles after TILE_k (view 'tile r,c' on the picture), then the thumbnail after TILE_GLOBAL"),
-    layer_spec=decoder_spec(language_model),
-    attention=decoder_attention(language_model),
-    out_proj=decoder_out_proj(language_model),
-    refuses=both_refusals(),
     tiny_config=_tiny_config,
-    tokenizer="bytebpe",
-    auto_class="AutoModelForImageTextToText",
-    modality="vision-language",
-    vision_language=VisionLanguage(vision=vision_stack(vision_tower), vision_family="clip_vision", image_units=_image_units,
+    vision_language=tower_reading(image_units=_image_units,
                                    tiny_processor=_tiny_processor, picture=_picture,
                                    image_tokens=lambda cfg: (IMAGE, START, END, PATCH_TOKEN, BREAK)),
 )

@@ -10,7 +10,7 @@ attention itself has nothing positional to reproduce; `position_embedding` names
 from __future__ import annotations
 
 from ..scratch import LayerSpec
-from . import Family, Stack, linear_weights
+from ..family import Family, Stack, linear_weights
 
 
 def attention_spec(attn, *, causal: bool) -> LayerSpec:

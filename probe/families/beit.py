@@ -15,7 +15,7 @@ import dataclasses
 
 import torch
 
-from . import Family, Refusal
+from ..family import Family, Refusal
 from ._vision import projection_spec, tiny_image_processor, tiny_vision_config
 
 

@@ -7,7 +7,7 @@ layer's input and the attention itself has nothing positional to reproduce.
 from __future__ import annotations
 
 from ..scratch import LayerSpec
-from . import Family, Refusal, linear_weights
+from ..family import Family, Refusal, linear_weights
 
 
 def _spec(base, i: int, cfg) -> LayerSpec:

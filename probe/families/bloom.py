@@ -13,7 +13,7 @@ from typing import Callable
 import torch
 
 from ..scratch import LayerSpec, alibi_slopes
-from . import Family, linear_weights
+from ..family import Family, linear_weights
 
 
 def key_position_bias(slopes: torch.Tensor) -> Callable[[int, int], torch.Tensor]:

@@ -7,7 +7,7 @@ layer. It never attends to the image: CLIP compares the two towers' pooled outpu
 
 from __future__ import annotations
 
-from . import Family
+from ..family import Family
 from ._vision import out_projection, projection_spec
 
 

@@ -6,6 +6,9 @@ last layer, which is not a layer of self-attention and is not shown). Positions 
 embeddings added before the first layer. The two towers of a CLIP model never attend to each other:
 there is no cross-attention between image and text in CLIP or SigLIP.
 
+The composites CLIP, SigLIP and SigLIP 2 (model types "clip", "siglip", "siglip2") are declared here too
+(`towers`): their image tower is this family's, their text tower `clip_text`'s or `siglip_text`'s.
+
 SigLIP 2 (naflex) keeps each image's aspect ratio: its processor cuts a grid of its own per image
 (`spatial_shapes`, rows × columns, at most `max_num_patches`), pads the patch rows and masks the padding
 (`pixel_attention_mask`); its position embeddings are resized to that grid. headscope reads the grid from
@@ -15,7 +18,7 @@ mask of ones: the padding keys are masked out of every real row, so the real row
 
 from __future__ import annotations
 
-from . import Family
+from ..family import Family, Towers
 from ._vision import IMAGE_SIZE, PATCH_SIZE, out_projection, projection_spec, tiny_image_processor, tiny_vision_config
 
 
@@ -58,5 +61,10 @@ FAMILY = Family(
     modality="image",
     prefix_tokens=_prefix,
     tiny_processor=_tiny_processor,
+    # the two-tower composites whose image tower this is: an image tower and a text tower that never attend to each
+    # other, compared only by their pooled embeddings (probe.towers); every command reaches a tower through
+    # probe.images.for_input / tower. A saved SigLIP 2 folder reloads as transformers' Siglip2Tokenizer whatever
+    # was saved, which needs an <unk>.
+    towers={"clip": Towers(), "siglip": Towers(), "siglip2": Towers(tiny_tokenizer="sentencepiece")},
     tiny_std=0.5,  # patch embeddings of a smooth image are alike: 0.2 would leave the attention near uniform
 )

@@ -19,7 +19,7 @@ from typing import Callable
 import torch
 
 from ..scratch import LayerSpec
-from . import Family, Refusal, linear_weights
+from ..family import Family, Refusal, linear_weights
 
 
 def log_bucket(relative: torch.Tensor, n_buckets: int, max_position: int) -> torch.Tensor:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..rotary import ROPE_INV_FREQ, rope
 from ..scratch import LayerSpec, MultiHeadLatent
-from . import Family, Refusal, UnsupportedFeature, linear_weights, norm_eps
+from ..family import Family, Refusal, UnsupportedFeature, linear_weights, norm_eps
 from .llama import cached_length
 
 # The types whose rotary pairs do not follow `rope_interleave`: DeepSeek-V2's complex rotary turns consecutive

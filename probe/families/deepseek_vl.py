@@ -10,9 +10,7 @@ the tower by `clip_vision`.
 
 from __future__ import annotations
 
-from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec, grid_units, language_model,
-                       tiny_chat_template, tiny_parts, tiny_pil_processor, vision_stack)
-from . import Family, VisionLanguage
+from ._reading import grid_units, reading_family, tiny_chat_template, tiny_parts, tiny_pil_processor, tower_reading
 
 IMAGE_TOKEN = "<image_placeholder>"
 
@@ -49,20 +47,12 @@ def _tiny_processor(cfg, tokenizer):
                                num_image_tokens=(size // vision.patch_size) ** 2)
 
 
-FAMILY = Family(
+FAMILY = reading_family(
     name="deepseek_vl",
     model_types=("deepseek_vl",),
-    kind="decoder",
     features=("decoder: its text family (Llama), causal over text and image tokens", "vision tower: clip_vision (SigLIP)",
               "one image token per patch of the picture padded to a square, row by row"),
-    layer_spec=decoder_spec(language_model),
-    attention=decoder_attention(language_model),
-    out_proj=decoder_out_proj(language_model),
-    refuses=both_refusals(),
     tiny_config=_tiny_config,
-    tokenizer="bytebpe",
-    auto_class="AutoModelForImageTextToText",
-    modality="vision-language",
-    vision_language=VisionLanguage(vision=vision_stack(_tower), vision_family="clip_vision", image_units=_image_units,
+    vision_language=tower_reading(tower=_tower, image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE_TOKEN,)),
 )

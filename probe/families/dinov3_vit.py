@@ -16,7 +16,7 @@ import math
 
 import torch
 
-from . import Family, Refusal
+from ..family import Family, Refusal
 from ..errors import UnsupportedFeature
 from ._vision import projection_spec, tiny_image_processor, tiny_vision_config
 

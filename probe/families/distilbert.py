@@ -7,7 +7,7 @@ attention itself has nothing positional to reproduce.
 from __future__ import annotations
 
 from ..scratch import LayerSpec
-from . import Family, linear_weights
+from ..family import Family, linear_weights
 
 
 def _spec(base, i: int, cfg) -> LayerSpec:

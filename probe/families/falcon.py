@@ -20,7 +20,7 @@ import torch
 
 from ..rotary import rope, unsupported_rope
 from ..scratch import LayerSpec, alibi_slopes
-from . import Family, Refusal, linear_weights
+from ..family import Family, Refusal, linear_weights
 from .bloom import key_position_bias, split_per_head_qkv
 
 

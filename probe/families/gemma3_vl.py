@@ -13,9 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from ._reading import (language_model, vision_tower, both_refusals, decoder_attention, decoder_out_proj, decoder_spec, grid_units,
-                       tiny_chat_template, tiny_pil_processor, tiny_parts, vision_stack)
-from . import Family, VisionLanguage
+from ._reading import grid_units, reading_family, tiny_chat_template, tiny_parts, tiny_pil_processor, tower_reading
 
 BOI, IMAGE, EOI = "<start_of_image>", "<image_soft_token>", "<end_of_image>"
 
@@ -58,22 +56,15 @@ def _tiny_processor(cfg, tokenizer):
                            image_seq_length=cfg.mm_tokens_per_image, chat_template=tiny_chat_template(BOI))
 
 
-FAMILY = Family(
+FAMILY = reading_family(
     name="gemma3_vl",
     model_types=("gemma3",),
-    kind="decoder",
     features=("decoder: the gemma3 text family", "each image's tokens attend to each other both ways, text causal "
               "(token_type_ids blocks, then the sliding window)", "vision tower: clip_vision (SigLIP)",
               "image tokens on the pooled square grid (mm_tokens_per_image)"),
-    layer_spec=decoder_spec(language_model),
-    attention=decoder_attention(language_model),
-    out_proj=decoder_out_proj(language_model),
-    refuses=both_refusals(),
     tiny_config=_tiny_config,
     tokenizer="sentencepiece",
-    auto_class="AutoModelForImageTextToText",
-    modality="vision-language",
-    vision_language=VisionLanguage(vision=vision_stack(vision_tower), vision_family="clip_vision", image_units=_image_units,
+    vision_language=tower_reading(image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (BOI, IMAGE, EOI),
                                    blocks=_blocks),
 )

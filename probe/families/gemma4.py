@@ -23,7 +23,7 @@ import torch
 
 from ..rotary import ROPE_INV_FREQ, rope
 from ..scratch import LayerSpec
-from . import Family, Refusal, linear_weights, norm_eps
+from ..family import Family, Refusal, linear_weights, norm_eps
 from .llama import cached_length
 
 

@@ -12,7 +12,7 @@ import dataclasses
 
 from ..rotary import ROPE_INV_FREQ, rope, unsupported_rope
 from ..scratch import LayerSpec
-from . import Family, Refusal, norm_eps
+from ..family import Family, Refusal, norm_eps
 from .llama import cached_length, llama_spec, tiny_llama_config
 
 HALF_SPLIT = ("glm4_moe",)  # the types of this family whose rotary pairs are half-split, not interleaved

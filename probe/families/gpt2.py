@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..scratch import LayerSpec
-from . import Family, Refusal
+from ..family import Family, Refusal
 
 
 def _spec(base, i: int, cfg) -> LayerSpec:

@@ -8,7 +8,7 @@ absolute embeddings added before the first layer; `scale_attn_weights=False` dro
 from __future__ import annotations
 
 from ..scratch import LayerSpec
-from . import Family, Refusal, linear_weights
+from ..family import Family, Refusal, linear_weights
 from .bloom import split_per_head_qkv
 
 

@@ -13,7 +13,7 @@ import dataclasses
 
 from ..rotary import ROPE_INV_FREQ, unsupported_rope
 from ..scratch import LayerSpec
-from . import Family, Refusal
+from ..family import Family, Refusal
 from .llama import llama_spec, tiny_llama_config
 
 

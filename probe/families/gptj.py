@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..rotary import default_inv_freq
 from ..scratch import LayerSpec
-from . import Family, Refusal, linear_weights
+from ..family import Family, Refusal, linear_weights
 
 THETA = 10000.0  # GPT-J's rotary base is fixed, not in its config
 

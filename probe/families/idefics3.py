@@ -20,10 +20,9 @@ attention) on every frame.
 
 from __future__ import annotations
 
-from ._reading import (decoder_attention, decoder_out_proj, decoder_spec, load_images_only, text_config, text_family,
-                       tiny_chat_template)
+from ._reading import load_images_only, reading_family, text_config, text_family, tiny_chat_template
 from ._vision import out_projection, projection_spec, tiny_vision_config
-from . import Family, Refusal, Stack, VisionLanguage
+from ..family import Family, Refusal, Stack, VisionLanguage
 from ..types import ImagePatch
 
 FAKE, IMAGE, END, GLOBAL = "<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>"
@@ -143,24 +142,18 @@ def tiny_processor(processor_class: str, image_processor_class: str):
     return build
 
 
-def pixel_shuffle_family(name: str, model_type: str, processor_class: str, image_processor_class: str, *,
-                         takes_video: bool = False) -> Family:
+def pixel_shuffle_family(name: str, processor_class: str, image_processor_class: str, *,
+                         model_types: tuple[str, ...], takes_video: bool = False) -> Family:
     """An Idefics3-layout family (Idefics3, SmolVLM; `takes_video`: its hub processor class takes a video processor)."""
-    return Family(
+    return reading_family(
         name=name,
-        model_types=(model_type,),
-        kind="decoder",
+        model_types=model_types,
         features=("decoder: its text family (Llama), causal", "vision tower: SigLIP-like attention on every frame",
                   "pixel shuffle: one image token per scale_factor x scale_factor patches", "tiles with "
                   "<row_R_col_C> markers (view 'tile r,c' on the picture), then the global image ('thumbnail')"),
-        layer_spec=decoder_spec(_language_model),
-        attention=decoder_attention(_language_model),
-        out_proj=decoder_out_proj(_language_model),
+        decoder=_language_model,
         refuses=(Refusal("decoder", _decoder_refusal),),
         tiny_config=_tiny_config,
-        tokenizer="bytebpe",
-        auto_class="AutoModelForImageTextToText",
-        modality="vision-language",
         vision_language=VisionLanguage(vision=VISION, vision_family="clip_vision", image_units=_image_units,
                                        tiny_processor=tiny_processor(processor_class, image_processor_class),
                                        image_tokens=lambda cfg: TOKENS, picture=_picture,
@@ -169,4 +162,4 @@ def pixel_shuffle_family(name: str, model_type: str, processor_class: str, image
     )
 
 
-FAMILY = pixel_shuffle_family("idefics3", "idefics3", "Idefics3Processor", "Idefics3ImageProcessorPil")
+FAMILY = pixel_shuffle_family("idefics3", "Idefics3Processor", "Idefics3ImageProcessorPil", model_types=("idefics3",))

@@ -28,11 +28,9 @@ import dataclasses
 import torch
 
 from ..scratch import LayerSpec
-from ._reading import (both_refusals, composite, decoder_attention, decoder_out_proj, decoder_spec, images_only,
-                       load_images_only,
-                       language_model, tiny_chat_template)
+from ._reading import both_refusals, composite, images_only, load_images_only, reading_family, tiny_chat_template
 from ._vision import out_projection, projection_spec
-from . import Family, Stack, VisionLanguage, norm_eps
+from ..family import Stack, VisionLanguage, norm_eps
 from ..types import ImagePatch
 
 START, END, CONTEXT, VIDEO = "<img>", "</img>", "<IMG_CONTEXT>", "<video>"
@@ -146,23 +144,16 @@ def _tiny_processor(cfg, tokenizer):
                                           chat_template=tiny_chat_template(CONTEXT))
 
 
-FAMILY = Family(
+FAMILY = reading_family(
     name="internvl",
     model_types=("internvl", "qianfan_ocr"),
-    kind="decoder",
     features=("decoder: its text family (Qwen2, Llama), causal",
               "vision model (InternViT): q/k/v biases, RMS norm of the whole q and k projections where "
               "use_qk_norm, bidirectional over each tile (CLS first)",
               "pixel shuffle: one image token per 1/downsample_ratio x 1/downsample_ratio patches",
               "tiles (view 'tile r,c' on the picture), then the thumbnail"),
-    layer_spec=decoder_spec(language_model),
-    attention=decoder_attention(language_model),
-    out_proj=decoder_out_proj(language_model),
     refuses=both_refusals()[:1],  # InternViT is verified here, not by an image family of its own
     tiny_config=_tiny_config,
-    tokenizer="bytebpe",
-    auto_class="AutoModelForImageTextToText",
-    modality="vision-language",
     vision_language=VisionLanguage(vision=VISION, vision_family="internvl", image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (START, END, CONTEXT, VIDEO, PLACEHOLDER),
                                    picture=_picture, load_processor=load_images_only),

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from ..rotary import ROPE_INV_FREQ, rope, unsupported_rope
 from ..scratch import LayerSpec
-from . import Family, Refusal, linear_weights
+from ..family import Family, Refusal, linear_weights
 from .llama import cached_length, tiny_llama_config
 
 PARTIAL_ROTARY = ("bamba",)  # the types whose rotary covers only partial_rotary_factor of a head

@@ -13,10 +13,9 @@ positions added to the patch embeddings), its output projection named `projectio
 
 from __future__ import annotations
 
-from ._reading import (both_refusals, composite, decoder_attention, decoder_out_proj, decoder_spec, grid_units,
-                       language_model, tiny_chat_template, tiny_pil_processor)
+from ._reading import both_refusals, composite, grid_units, reading_family, tiny_chat_template, tiny_pil_processor
 from ._vision import out_projection, projection_spec, tiny_vision_config
-from . import Family, Refusal, Stack, VisionLanguage
+from ..family import Refusal, Stack, VisionLanguage
 
 IMAGE, BOI, EOI = "<image_placeholder>", "<begin_of_image>", "<end_of_image>"
 
@@ -74,22 +73,15 @@ def _tiny_processor(cfg, tokenizer):
                           num_image_tokens=(size // vision.patch_size) ** 2)
 
 
-FAMILY = Family(
+FAMILY = reading_family(
     name="janus",
     model_types=("janus",),
-    kind="decoder",
     features=("decoder: its text family (Llama), causal over text and image tokens",
               "vision model: SigLIP's attention (q/k/v biases, bidirectional, absolute positions already in the "
               "layer input)", "one image token per patch of the picture padded to a square, row by row, between "
               "<begin_of_image> and <end_of_image>"),
-    layer_spec=decoder_spec(language_model),
-    attention=decoder_attention(language_model),
-    out_proj=decoder_out_proj(language_model),
     refuses=(*both_refusals()[:1], Refusal("vision q/k norm", _qk_norm)),
     tiny_config=_tiny_config,
-    tokenizer="bytebpe",
-    auto_class="AutoModelForImageTextToText",
-    modality="vision-language",
     vision_language=VisionLanguage(vision=VISION, vision_family="janus", image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE, BOI, EOI)),
 )

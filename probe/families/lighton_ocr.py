@@ -19,10 +19,9 @@ from __future__ import annotations
 import torch
 
 from ..scratch import LayerSpec
-from ._reading import (both_refusals, composite, decoder_attention, decoder_out_proj, decoder_spec, grid_units,
-                       language_model, tiny_chat_template)
+from ._reading import both_refusals, composite, grid_units, reading_family, tiny_chat_template
 from ._vision import projection_spec
-from . import Family, Refusal, Stack, VisionLanguage
+from ..family import Refusal, Stack, VisionLanguage
 
 IMAGE, BREAK, END = "[IMG]", "[IMG_BREAK]", "[IMG_END]"
 PATCH, MERGE, LONGEST = 4, 2, 32  # tiny models: 4-pixel patches merged 2 x 2, pictures at most 32 pixels a side
@@ -119,22 +118,15 @@ def _tiny_processor(cfg, tokenizer):
                                spatial_merge_size=cfg.spatial_merge_size, chat_template=tiny_chat_template(IMAGE))
 
 
-FAMILY = Family(
+FAMILY = reading_family(
     name="lighton_ocr",
     model_types=("lighton_ocr",),
-    kind="decoder",
     features=("decoder: its text family (Qwen3: qwen3), causal over text and image tokens",
               "vision encoder (Pixtral): 2-D rotary of each patch's (row, column), even frequencies on the row, odd "
               "on the column; each picture's patches see their own picture only (block-diagonal)",
               "one [IMG] token per spatial_merge_size x spatial_merge_size patches, row by row"),
-    layer_spec=decoder_spec(language_model),
-    attention=decoder_attention(language_model),
-    out_proj=decoder_out_proj(language_model),
     refuses=(*both_refusals()[:1], Refusal("vision rotary", _axial)),  # Pixtral is verified here, not by a family
     tiny_config=_tiny_config,
-    tokenizer="bytebpe",
-    auto_class="AutoModelForImageTextToText",
-    modality="vision-language",
     vision_language=VisionLanguage(vision=pixtral_stack(_tower), vision_family="pixtral", image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE, BREAK, END),
                                    picture=_picture),

@@ -22,7 +22,7 @@ import torch
 
 from ..rotary import ROPE_INV_FREQ, unsupported_rope
 from ..scratch import LayerSpec
-from . import Family, Refusal, norm_eps
+from ..family import Family, Refusal, norm_eps
 from .llama import llama_spec
 
 

@@ -9,9 +9,7 @@ vision tower by `clip_vision` on the pixels.
 
 from __future__ import annotations
 
-from ._reading import (language_model, vision_tower, both_refusals, decoder_attention, decoder_out_proj, decoder_spec,
-                       grid_units, tiny_chat_template, tiny_pil_processor, tiny_parts, vision_stack)
-from . import Family, VisionLanguage
+from ._reading import grid_units, reading_family, tiny_chat_template, tiny_parts, tiny_pil_processor, tower_reading
 
 IMAGE_TOKEN = "<image>"
 
@@ -47,20 +45,12 @@ def _tiny_processor(cfg, tokenizer):
                           num_additional_image_tokens=1, chat_template=tiny_chat_template(IMAGE_TOKEN), image_token=IMAGE_TOKEN)
 
 
-FAMILY = Family(
+FAMILY = reading_family(
     name="llava",
     model_types=("llava",),
-    kind="decoder",
     features=("decoder: its text family's attention (Llama, Mistral, Qwen2), causal over text and image tokens",
               "vision tower: clip_vision (CLIP, SigLIP)", "one image token per patch, row by row"),
-    layer_spec=decoder_spec(language_model),
-    attention=decoder_attention(language_model),
-    out_proj=decoder_out_proj(language_model),
-    refuses=both_refusals(),
     tiny_config=_tiny_config,
-    tokenizer="bytebpe",
-    auto_class="AutoModelForImageTextToText",
-    modality="vision-language",
-    vision_language=VisionLanguage(vision=vision_stack(vision_tower), vision_family="clip_vision", image_units=_image_units,
+    vision_language=tower_reading(image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE_TOKEN,)),
 )

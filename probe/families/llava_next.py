@@ -11,10 +11,8 @@ causal, verified by its text family; the tower by `clip_vision` on every tile.
 
 from __future__ import annotations
 
-from ._reading import (language_model, vision_tower, both_refusals, decoder_attention, decoder_out_proj, decoder_spec, tiny_chat_template,
-                       tiny_parts, tiny_pil_processor, vision_stack)
+from ._reading import reading_family, tiny_chat_template, tiny_parts, tiny_pil_processor, tower_reading
 from .llava import IMAGE_TOKEN
-from . import Family, VisionLanguage
 from ..types import ImagePatch
 
 PINPOINTS = [[32, 64], [64, 32], [64, 64]]  # the tiny model's resolutions: one to four 32 x 32 tiles
@@ -90,21 +88,13 @@ def _tiny_processor(cfg, tokenizer):
                               chat_template=tiny_chat_template(IMAGE_TOKEN), image_token=IMAGE_TOKEN)
 
 
-FAMILY = Family(
+FAMILY = reading_family(
     name="llava_next",
     model_types=("llava_next",),
-    kind="decoder",
     features=("decoder: its text family (Llama, Mistral, Qwen2), causal", "vision tower: clip_vision on every tile",
               "any-resolution images: a thumbnail grid, then the tiles as one unpadded grid with an <image_newline> "
               "per row"),
-    layer_spec=decoder_spec(language_model),
-    attention=decoder_attention(language_model),
-    out_proj=decoder_out_proj(language_model),
-    refuses=both_refusals(),
     tiny_config=_tiny_config,
-    tokenizer="bytebpe",
-    auto_class="AutoModelForImageTextToText",
-    modality="vision-language",
-    vision_language=VisionLanguage(vision=vision_stack(vision_tower), vision_family="clip_vision", image_units=_image_units,
+    vision_language=tower_reading(image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE_TOKEN,)),
 )

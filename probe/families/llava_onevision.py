@@ -17,12 +17,10 @@ from __future__ import annotations
 
 import math
 
-from ._reading import (language_model, vision_tower, both_refusals, decoder_attention, decoder_out_proj, decoder_spec, images_only,
-                       load_images_only,
-                       tiny_chat_template, tiny_parts, tiny_pil_processor, vision_stack)
+from ._reading import (images_only, load_images_only, reading_family, tiny_chat_template, tiny_parts,
+                       tiny_pil_processor, tower_reading)
 from .llava import IMAGE_TOKEN
 from .llava_next import PINPOINTS, tile_units, unpadded_grid
-from . import Family, VisionLanguage
 from ..types import ImagePatch
 
 # the tiny model's `vision_aspect_ratio`: at most two tiles' worth of patches before the grid is shrunk, so the
@@ -76,22 +74,14 @@ def _tiny_processor(cfg, tokenizer):
         chat_template=tiny_chat_template(IMAGE_TOKEN), image_token=IMAGE_TOKEN)
 
 
-FAMILY = Family(
+FAMILY = reading_family(
     name="llava_onevision",
     model_types=("llava_onevision",),
-    kind="decoder",
     features=("decoder: its text family (Qwen2), causal", "vision tower: clip_vision (SigLIP) on every tile",
               "any-resolution images: the base view's grid, then the tiles as one unpadded grid (shrunk past "
               "anyres_max_N) with an <image_newline> per row"),
-    layer_spec=decoder_spec(language_model),
-    attention=decoder_attention(language_model),
-    out_proj=decoder_out_proj(language_model),
-    refuses=both_refusals(),
     tiny_config=_tiny_config,
-    tokenizer="bytebpe",
-    auto_class="AutoModelForImageTextToText",
-    modality="vision-language",
-    vision_language=VisionLanguage(vision=vision_stack(vision_tower), vision_family="clip_vision", image_units=_image_units,
+    vision_language=tower_reading(image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE_TOKEN,),
                                    load_processor=load_images_only),
 )

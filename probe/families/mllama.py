@@ -29,7 +29,7 @@ import torch
 from ..scratch import LayerSpec
 from ..types import ImagePatch
 from ._reading import composite, text_config, tiny_chat_template, tiny_pil_processor
-from . import Family, Refusal, Stack, VisionLanguage, linear_weights, norm_eps
+from ..family import Family, Refusal, Stack, VisionLanguage, linear_weights, norm_eps
 
 IMAGE_TOKEN = "<|image|>"
 

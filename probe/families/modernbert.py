@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ..rotary import ROPE_INV_FREQ, rope, unsupported_rope
 from ..scratch import LayerSpec
-from . import Family, Refusal, linear_weights
+from ..family import Family, Refusal, linear_weights
 
 
 def _spec(base, i: int, cfg) -> LayerSpec:

@@ -9,7 +9,7 @@ config says). Fits the `score_bias` mechanism, as T5's bias does.
 from __future__ import annotations
 
 from ..scratch import LayerSpec
-from . import Family, linear_weights
+from ..family import Family, linear_weights
 from .t5 import relative_bias
 
 N_BUCKETS, MAX_DISTANCE = 32, 128  # MPNetEncoder.compute_position_bias's own defaults

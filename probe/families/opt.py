@@ -8,7 +8,7 @@ Positions are learned embeddings added to the input, so the attention has nothin
 from __future__ import annotations
 
 from ..scratch import LayerSpec
-from . import Family, linear_weights
+from ..family import Family, linear_weights
 
 
 def _spec(base, i: int, cfg) -> LayerSpec:

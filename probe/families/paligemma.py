@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from ._reading import (language_model, vision_tower, both_refusals, decoder_attention, decoder_out_proj, decoder_spec, grid_units,
-                       tiny_parts, tiny_pil_processor, vision_stack)
-from . import Family, VisionLanguage
+from ._reading import both_refusals, grid_units, reading_family, tiny_parts, tiny_pil_processor, tower_reading
 
 IMAGE_TOKEN = "<image>"
 
@@ -56,22 +54,16 @@ def _tiny_processor(cfg, tokenizer):
     return PaliGemmaProcessor(image_processor=images, tokenizer=tokenizer)
 
 
-FAMILY = Family(
+FAMILY = reading_family(
     name="paligemma",
     model_types=("paligemma",),
-    kind="decoder",
     features=("decoder: its text family (Gemma: llama; Gemma 2: gemma2)", "prefix-LM mask: image and prompt attend "
               "both ways, the suffix causal (token_type_ids)", "vision tower: clip_vision (SigLIP)",
               "image tokens first, one per patch, row by row"),
-    layer_spec=decoder_spec(language_model),
-    attention=decoder_attention(language_model),
-    out_proj=decoder_out_proj(language_model),
     refuses=both_refusals(mask_from_model=True),
     tiny_config=_tiny_config,
     tokenizer="sentencepiece",
-    auto_class="AutoModelForImageTextToText",
-    modality="vision-language",
-    vision_language=VisionLanguage(vision=vision_stack(vision_tower), vision_family="clip_vision", image_units=_image_units,
+    vision_language=tower_reading(image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (IMAGE_TOKEN,),
                                    blocks=_blocks, block_past_window=True),
 )

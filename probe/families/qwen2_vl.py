@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..mrope import MRope
 from ..scratch import LayerSpec
 from .llama import FAMILY as LLAMA
 from .llama import llama_spec
@@ -45,4 +46,5 @@ FAMILY = dataclasses.replace(
     layer_spec=_spec,
     tiny_config=tiny_vl_text_config,
     auto_class="AutoModel",
+    mrope=MRope((16, 24, 24), interleaved=False),  # contiguous sections: time, then row, then column
 )

@@ -10,7 +10,7 @@ import dataclasses
 
 from ..rotary import ROPE_INV_FREQ
 from ..scratch import LayerSpec
-from . import norm_eps
+from ..family import norm_eps
 from .llama import FAMILY as LLAMA
 from .llama import llama_spec, tiny_llama_config
 

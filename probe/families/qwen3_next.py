@@ -12,8 +12,9 @@ from __future__ import annotations
 
 
 from ..rotary import ROPE_INV_FREQ, rope, unsupported_rope
+from ..mrope import MRope
 from ..scratch import LayerSpec
-from . import Family, Refusal, linear_weights, norm_eps
+from ..family import Family, Refusal, linear_weights, norm_eps
 from .llama import cached_length, tiny_llama_config
 
 
@@ -63,4 +64,7 @@ FAMILY = Family(
     tiny_config=_tiny_config,
     tokenizer="bytebpe",
     auto_class="AutoModelForCausalLM",
+    # Qwen3.5's decoders (qwen3_5_text, qwen3_5_moe_text) under Qwen3.5 with vision: interleaved 3-D sections over the
+    # partial rotary (Qwen3-Next itself reads text only)
+    mrope=MRope((11, 11, 10), interleaved=True),
 )

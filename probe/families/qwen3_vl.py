@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..mrope import MRope
 from .qwen2_vl import FAMILY as QWEN2_VL
 from .qwen2_vl import tiny_vl_text_config
 from .qwen3 import FAMILY as QWEN3
@@ -31,4 +32,5 @@ FAMILY = dataclasses.replace(
     layer_spec=QWEN3.layer_spec,
     tiny_config=lambda vocab, model_type: tiny_vl_text_config(vocab, model_type, head_dim=8,
                                                               **(TINY_MOE if model_type.endswith("moe_text") else {})),
+    mrope=MRope((24, 20, 20), interleaved=True),  # frequency j: row where j % 3 == 1, column where j % 3 == 2
 )

@@ -19,9 +19,9 @@ import dataclasses
 import torch
 
 from ..scratch import attention_from_scratch
-from ._reading import (language_model, both_refusals, decoder_attention, decoder_out_proj, decoder_spec, grid_units, images_only,
-                       load_images_only, text_config, tiny_chat_template)
-from . import Family, Stack, VisionLanguage
+from ._reading import (both_refusals, grid_units, images_only, load_images_only, reading_family, text_config,
+                       text_family, tiny_chat_template)
+from ..family import Stack, VisionLanguage
 
 START, IMAGE, END, VIDEO = "<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "<|video_pad|>"
 MERGE, PATCH, TEMPORAL = 2, 2, 2  # tiny models: 2 × 2 pixel patches, 2 × 2 merge, 2 frames per temporal patch
@@ -60,8 +60,8 @@ def _decoder_at(model, cfg, ids, inputs):
 
     grid = None if inputs is None else inputs.get("image_grid_thw")
     position_ids = qwen_vl_positions(model, ids, image_grid_thw=grid).position_ids
-    text = text_config(cfg)
-    return lambda spec: at_positions(spec, text, position_ids)
+    text, scheme = text_config(cfg), text_family(cfg).mrope  # the decoder family hands down its scheme
+    return lambda spec: at_positions(spec, text, position_ids, scheme=scheme)
 
 
 def _vision_outputs(stack: Stack, base, cfg, inputs) -> list[float]:
@@ -158,22 +158,15 @@ def _picture(cfg, inputs: dict, image: int) -> torch.Tensor:
     return x.permute(4, 0, 2, 5, 1, 3, 6).reshape(-1, h * p, w * p)
 
 
-FAMILY = Family(
+FAMILY = reading_family(
     name="qwen_vl",
-    model_types=("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", *HYBRID),
-    kind="decoder",
+    model_types=("qwen2_vl", "qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"),
     features=("decoder: the qwen2_vl / qwen3_vl text family (Qwen3.5: qwen3_next, its attention layers) at the model's "
               "own 3-D positions (time, row, column)",
               "vision encoder: 2-D rotary, per image (Qwen2.5-VL: windows), verified on block outputs (its attention "
               "returns no weights)", "one image token per 2 × 2 merged cell, row by row"),
-    layer_spec=decoder_spec(language_model),
-    attention=decoder_attention(language_model),
-    out_proj=decoder_out_proj(language_model),
     refuses=both_refusals()[:1],
     tiny_config=_tiny_config,
-    tokenizer="bytebpe",
-    auto_class="AutoModelForImageTextToText",
-    modality="vision-language",
     vision_language=VisionLanguage(vision=_vision_stack(), vision_family="qwen_vision", image_units=_image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (START, IMAGE, END, VIDEO),
                                    decoder_at=_decoder_at, vision_outputs=_vision_outputs, picture=_picture,

@@ -9,7 +9,7 @@ are built from the config's own model class.
 
 from __future__ import annotations
 
-from . import Family
+from ..family import Family
 from ._vision import out_projection, projection_spec
 
 

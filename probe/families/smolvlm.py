@@ -12,4 +12,5 @@ from __future__ import annotations
 
 from .idefics3 import pixel_shuffle_family
 
-FAMILY = pixel_shuffle_family("smolvlm", "smolvlm", "Idefics3Processor", "SmolVLMImageProcessorPil", takes_video=True)
+FAMILY = pixel_shuffle_family("smolvlm", "Idefics3Processor", "SmolVLMImageProcessorPil", model_types=("smolvlm",),
+                              takes_video=True)

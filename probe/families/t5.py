@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ..scratch import LayerSpec, relative_position_buckets
-from . import Family, Stack, linear_weights
+from ..family import Family, Stack, linear_weights
 
 
 def relative_bias(table: torch.Tensor, *, bidirectional: bool, n_buckets: int, max_distance: int):

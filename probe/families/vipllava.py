@@ -10,10 +10,8 @@ by its text family (llama); the tower by `clip_vision`, every layer of it.
 
 from __future__ import annotations
 
-from ._reading import (both_refusals, decoder_attention, decoder_out_proj, decoder_spec, grid_units, language_model,
-                       tiny_chat_template, tiny_parts, tiny_pil_processor, vision_stack, vision_tower)
+from ._reading import grid_units, reading_family, tiny_chat_template, tiny_parts, tiny_pil_processor, tower_reading
 from .llava import IMAGE_TOKEN
-from . import Family, VisionLanguage
 
 
 def _image_units(cfg, inputs: dict, image: int) -> list:
@@ -43,22 +41,13 @@ def _tiny_processor(cfg, tokenizer):
                           chat_template=tiny_chat_template(IMAGE_TOKEN), image_token=IMAGE_TOKEN)
 
 
-FAMILY = Family(
+FAMILY = reading_family(
     name="vipllava",
     model_types=("vipllava",),
-    kind="decoder",
     features=("decoder: its text family (Llama), causal over text and image tokens",
               "vision tower: clip_vision (CLIP), features of several layers concatenated",
               "one image token per patch, row by row (no CLS)"),
-    layer_spec=decoder_spec(language_model),
-    attention=decoder_attention(language_model),
-    out_proj=decoder_out_proj(language_model),
-    refuses=both_refusals(),
     tiny_config=_tiny_config,
-    tokenizer="bytebpe",
-    auto_class="AutoModelForImageTextToText",
-    modality="vision-language",
-    vision_language=VisionLanguage(vision=vision_stack(vision_tower), vision_family="clip_vision",
-                                   image_units=_image_units, tiny_processor=_tiny_processor,
+    vision_language=tower_reading(image_units=_image_units, tiny_processor=_tiny_processor,
                                    image_tokens=lambda cfg: (IMAGE_TOKEN,)),
 )

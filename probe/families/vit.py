@@ -7,7 +7,7 @@ the patches before the first layer, so the attention has nothing positional to r
 
 from __future__ import annotations
 
-from . import Family
+from ..family import Family
 from ._vision import projection_spec, tiny_image_processor, tiny_vision_config
 
 

@@ -14,7 +14,7 @@ import torch
 
 from ..rotary import ROPE_INV_FREQ, rope, unsupported_rope
 from ..scratch import LayerSpec
-from . import Family, Refusal
+from ..family import Family, Refusal
 from .llama import cached_length
 
 
