@@ -32,6 +32,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     # models and their attention
     "load": ("headscope.probe.loading", "load_model"),
     "LoadedModel": "headscope.probe.model",
+    "Placement": "headscope.probe.device_placement",
     "extract": "headscope.probe.extract",
     "save_maps": "headscope.probe.mapfiles",
     "load_maps": "headscope.probe.mapfiles",

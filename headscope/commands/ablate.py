@@ -53,7 +53,7 @@ def _top_heads(lm, metric: str, k: int, texts: list[str], *, quiet: bool) -> lis
               help="Random head sets of the same size to compare with.")
 @options(seed(help="Seed of the random head sets."), "batching", "json", "quiet", "device")
 def cli(model_name, heads, top_spec, method, corpus_path, limit, task, word, n_random, seed, batch_size, as_json,
-        device, dtype, max_memory, offload_folder, quiet) -> None:
+        placement, quiet) -> None:
     """Ablate heads and compare the effect with ablating random heads (mean, sd, empirical p)."""
     from headscope import ablate, builtin_corpus
     from headscope.probe.interventions import refuse_seq2seq
@@ -67,7 +67,7 @@ def cli(model_name, heads, top_spec, method, corpus_path, limit, task, word, n_r
     except ValueError as exc:
         fail(str(exc))
     texts = corpus_or_fail(corpus_path, limit).texts if corpus_path else None
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     try:
         refuse_seq2seq(lm, "head ablation")  # before --top scores every head
         if top is not None:

@@ -37,7 +37,7 @@ __all__ = ["cli"]
 @click.option("--force", is_flag=True, help="Replace an existing --report folder that headscope wrote.")
 @options("json", "quiet", "verify", "device")
 def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, batch_size, truncate, report_dir, force,
-        as_json, device, dtype, max_memory, offload_folder, no_verify, quiet) -> None:
+        as_json, placement, no_verify, quiet) -> None:
     """Compare every head of MODEL_A and MODEL_B (names, folders, GGUF files or hub ids, NAME@REVISION)."""
     from headscope import compare_models
 
@@ -48,9 +48,9 @@ def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, bat
     if len(texts) < 2:
         fail(f"{source} holds {len(texts)} text; intervals over texts need at least 2")
 
-    lm_a = load_or_fail(model_a, device, dtype, max_memory, offload_folder)
+    lm_a = load_or_fail(model_a, placement)
     # the same name twice: one model, loaded once (its scores against themselves: every difference exactly 0)
-    lm_b = lm_a if model_b == model_a else load_or_fail(model_b, device, dtype, max_memory, offload_folder)
+    lm_b = lm_a if model_b == model_a else load_or_fail(model_b, placement)
     verified: dict[str, list] = {"a": [], "b": []}  # the Verification of each model, for the report
     checks = {key: verify_step(lm, enabled=not no_verify, keep=verified[key]) for key, lm in (("a", lm_a), ("b", lm_b))}
     try:

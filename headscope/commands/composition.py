@@ -21,8 +21,7 @@ __all__ = ["cli"]
               help="Also the OV copying score of every head (decoders: it needs the unembedding).")
 @options(figure(help="Also write the composition graph of --kind (default k) (.png, .svg or .pdf)."), "out", "json",
          "quiet", "device")
-def cli(model_name, kind, k, copying, figure_path, out_path, as_json, device, dtype,
-        max_memory, offload_folder, quiet) -> None:
+def cli(model_name, kind, k, copying, figure_path, out_path, as_json, placement, quiet) -> None:
     """Q-, K- and V-composition scores between every earlier and later head (Elhage et al. 2021),
     against random matrices of the same shapes, and each head's OV copying score.
 
@@ -31,7 +30,7 @@ def cli(model_name, kind, k, copying, figure_path, out_path, as_json, device, dt
     """
     from headscope import composition
 
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     with refusals(model_name):
         result = composition(lm)
         copy = None

@@ -76,8 +76,7 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, templa
                 data_spec: str | None, heldout_path: str | None, level: str, head_word: bool, folds: int,
                 n_perm: int, seed: int, limit: int | None, batch_size: int, show_head: tuple[int, int] | None,
                 out_path: Path | None, ablate: bool, method: str, n_random: int, quiet: bool, as_json: bool,
-                no_verify: bool, device: str, dtype: str,
-                max_memory: dict | None = None, offload_folder=None, attention: str = DEFAULT_ATTENTION,
+                no_verify: bool, placement=None, attention: str = DEFAULT_ATTENTION,
                 memory_budget: int | None = None) -> None:
     """What `headscope coref` and `headscope probe` do, given their built-in default sets.
 
@@ -94,8 +93,8 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, templa
         fail(str(exc))
     if held is not None and len(sets) != 1:
         fail("--heldout needs a single --data file to choose the head on")
-    world = join_run(device)
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    world = join_run(placement.device)
+    lm = load_or_fail(model_name, placement)
     verification = verify_step(lm, enabled=not no_verify)
     try:
         main, parts = probe_sets(lm, sets, heldout=held, combined_task=combined_task, level=level,

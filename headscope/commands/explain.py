@@ -35,7 +35,7 @@ def _layer_head(layer: int | None, given: tuple[int, int] | int) -> tuple[int, i
 @truncate(help="Cut TEXT to the model's context instead of failing.")
 @options("image", "out", "json", "quiet", "attention", "device")
 def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, permutation, truncate, images, out_path,
-        as_json, device, dtype, max_memory, offload_folder, attention, memory_budget, quiet) -> None:
+        as_json, placement, attention, memory_budget, quiet) -> None:
     """Explain how one head builds TOKEN's output in TEXT: scores, scaling, softmax, values.
 
     A vision transformer explains one --image instead of TEXT (--token a unit such as [CLS] or r1c2); a
@@ -58,7 +58,7 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
         fail("--scale-effect and --permutation take a TEXT, not --image")
     if images:
         inputs_or_fail([model_name], images=True)
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     with refusals(model_name, RuntimeError):
         lm = for_input(lm, images=image is not None)  # a two-tower model (CLIP, SigLIP): the tower that reads it
         if image is not None and text is not None and not getattr(lm, "reads_images", False):

@@ -21,7 +21,7 @@ __all__ = ["cli"]
                     "as Clark et al. 2019); an image's units are its patches at either level."), "select", "maps_out", "attention", "batching", "truncate", "json", "quiet",
          "device")
 def cli(model_name, texts, corpus_path, limit, images, level, layers, heads, out_path, attention, memory_budget,
-        batch_size, truncate, as_json, quiet, device, dtype, max_memory, offload_folder) -> None:
+        batch_size, truncate, as_json, quiet, placement) -> None:
     """Write the attention maps of TEXT... (and/or --corpus FILE, or --image FILE) to --out.
 
     \b
@@ -53,7 +53,7 @@ def cli(model_name, texts, corpus_path, limit, images, level, layers, heads, out
         all_texts += corpus_or_fail(corpus_path, limit).texts
     if not all_texts and not images:
         fail("nothing to extract: give one or more TEXT arguments, --corpus FILE or --image FILE")
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     with refusals(model_name, FileNotFoundError):
         result = extract_file(lm, all_texts or None, out_path, images=list(images) or None, level=level, layers=layers,
                               heads=heads, attention=attention, budget=memory_budget, batch_size=batch_size,

@@ -31,8 +31,7 @@ __all__ = ["cli"]
                                           "every token is labelled by its turn (system / user / assistant).")
 @click.option("--system", default=None, callback=utf8_text("--system"), help="With --chat: a system message first.")
 @options(top(3, "Keys listed per step (attention averaged over layers and heads)."), "image", "json", "quiet", "device")
-def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, system, k, images, as_json, device, dtype,
-        max_memory, offload_folder,
+def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, system, k, images, as_json, placement,
         quiet) -> None:
     """Continue each PROMPT and record the attention of every generated token."""
     from headscope import generate_attention
@@ -44,7 +43,7 @@ def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, sys
         fail("--image puts the prompt in the processor's chat template already; leave out --chat")
     if images:
         inputs_or_fail([model_name], images=True)
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     results = []
     for prompt in prompts:
         try:

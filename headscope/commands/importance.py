@@ -16,15 +16,14 @@ __all__ = ["cli"]
 
 @click.command()
 @options("model", "corpus", "out", "batching", top(10, "Heads listed."), "truncate", "json", "quiet", "device")
-def cli(model_name, corpus_path, limit, out_path, batch_size, k, truncate, as_json, device, dtype,
-        max_memory, offload_folder, quiet) -> None:
+def cli(model_name, corpus_path, limit, out_path, batch_size, k, truncate, as_json, placement, quiet) -> None:
     """Rank every head by E|∂L/∂ξ_h| through a head mask, normalised per layer."""
     from headscope import importance
     from headscope.probe.importance import IMPORTANCE_LOSSES
     from headscope.probe.types import head_name
 
     texts = corpus_or_fail(corpus_path, limit).texts
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     try:
         result = importance(lm, texts, batch_size=batch_size, truncate=truncate, progress=not quiet)
     except (TypeError, ValueError) as exc:

@@ -39,7 +39,7 @@ __all__ = ["cli"]
 @options("seed", figure(help="Also write the layer × head grid of the normalised metric (.png, .svg or .pdf)."), "out",
          "json", "quiet", "device")
 def cli(model_name, pairs_spec, what, sender, receivers, freeze_mlps, attribution, direction, positions, k, n_random, seed, figure_path, out_path, as_json,
-        device, dtype, max_memory, offload_folder, quiet) -> None:
+        placement, quiet) -> None:
     """Patch every head's output (or pattern, q, k, v, MLP, residual stream, or path) from one run of each pair into the other.
 
     The metric is logit(right) − logit(wrong) at the last token; normalised, 0 is the corrupt run and
@@ -59,7 +59,7 @@ def cli(model_name, pairs_spec, what, sender, receivers, freeze_mlps, attributio
              "--positions and --sender")
     if attribution and figure_path is not None:
         fail("--figure draws real patching; leave out --attribution")
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     if attribution:
         from headscope import attribution_patch
 

@@ -90,8 +90,7 @@ def _write_pattern(result, folder: Path) -> None:
                    "(layers × KV heads, 1 full) and config.json (sink_size, recent_size).")
 @options("seed", "out", "quiet", "json", "device")
 def cli(model_name, corpus_path, limit, n_needles, lengths, depths, phrasings, top, n_random, check, sensitivity, ranking,
-        fraction, sink, recent, pattern, seed, out_path, quiet, as_json, device, dtype, max_memory,
-        offload_folder) -> None:
+        fraction, sink, recent, pattern, seed, out_path, quiet, as_json, placement) -> None:
     """Retrieval heads of a decoder on needle prompts, the causal check, and a per-head KV-cache plan.
 
     --out writes the per-head table (retrieval score with counts and interval, the KV head's pooled score,
@@ -100,7 +99,7 @@ def cli(model_name, corpus_path, limit, n_needles, lengths, depths, phrasings, t
 
     own = [_phrasing(p) for p in phrasings]
     texts = corpus_or_fail(corpus_path, limit).texts if corpus_path is not None else None
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     say(f"{lm.name}: {n_needles} needles at {', '.join(map(str, lengths))} tokens", quiet=quiet)
     try:
         result = retrieval(lm, n_needles=n_needles, lengths=lengths, depths=depths, corpus=texts, seed=seed, top=top,

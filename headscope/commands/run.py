@@ -148,7 +148,7 @@ def _parse_width(value: str) -> float:
 def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_dir, force, level, induction_seqs,
         permutations, seed, batch_size, truncate, conllu_path, select_path, ablation, ablation_texts, old_ablation,
         old_ablation_texts, sinks, mechanisms, formats, dpi, width, images,
-        quiet, as_json, device, dtype, max_memory, offload_folder, attention, memory_budget) -> None:
+        quiet, as_json, placement, attention, memory_budget) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
     --json prints the run.json record. Exits 1 when a model's attention is not verified (the report
@@ -193,13 +193,14 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
         corpus="built-in" if corpus_path is None else str(corpus_path),
         coref=f"built-in ({', '.join(_COREF_SETS)})" if coref_path is None else str(coref_path),
         texts=tuple(texts) or REPORT_SENTENCES, level=level, limit=limit, induction_sequences=induction_seqs,
-        permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, max_memory=max_memory,
-        offload_folder=None if offload_folder is None else str(offload_folder), truncate=truncate,
+        permutations=permutations, seed=seed, batch_size=batch_size, device=placement.device, dtype=placement.dtype,
+        max_memory=placement.max_memory,
+        offload_folder=None if placement.offload_folder is None else str(placement.offload_folder), truncate=truncate,
         attention=attention, memory_budget=memory_budget, targets=tuple(targets), generate=generate,
         conllu=conllu_path, select_on=select_path, ablation=old_ablation if ablation is None else ablation,
         ablation_texts=old_ablation_texts if old_ablation_texts is not None else ablation_texts, sinks=sinks,
         mechanisms=mechanisms, images=tuple(images))
-    world = join_run(device)
+    world = join_run(placement.device)
 
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser. The
     # figures' worker processes start now (on the process that writes the report), their imports beside the
@@ -209,7 +210,7 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
         for name in names:
             t0 = time.perf_counter()
             say(f"{name}: loading ...", quiet=quiet)
-            lm = load_or_fail(name, device, dtype, max_memory, offload_folder)
+            lm = load_or_fail(name, placement)
             load_seconds = time.perf_counter() - t0
             say(f"{lm.name}: loaded from {lm.source} ({load_seconds:.1f} s)", quiet=quiet)
             from headscope.probe.images import models_for, require_modality

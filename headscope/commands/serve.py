@@ -24,8 +24,7 @@ from ..common.options import options
 @click.option("--max-in-flight", type=click.IntRange(1, 1000), default=8, show_default=True,
               help="Requests one client may have in flight at once; more get 429.")
 @options("image", "quiet", "attention", "device")
-def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, images, quiet, attention, memory_budget, device,
-        dtype, max_memory, offload_folder) -> None:
+def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, images, quiet, attention, memory_budget, placement) -> None:
     """Open the live explorer at http://HOST:PORT/: type a text, see any head's attention, zoom into long
     texts, click a cell for its explain terms, step through a generation. Ctrl-C stops it.
 
@@ -76,7 +75,7 @@ def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, images, qu
         loaded = {}
         for name in names:
             say(f"loading {name} …", quiet=quiet)
-            loaded[name] = load_or_fail(name, device, dtype, max_memory, offload_folder)
+            loaded[name] = load_or_fail(name, placement)
         try:
             # --image: read once here; the page picks them by index, and no request can name another file
             explorer = Explorer(loaded, attention=attention, budget=memory_budget, images=list(images))

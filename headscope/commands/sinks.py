@@ -69,7 +69,7 @@ def _read_text(path: str | None) -> str | None:
 @options("seed", "batching", "out", "quiet", "json", "device")
 def cli(model_name, corpus_path, limit, k, epsilon, length, sequences, random_sequences, ablation, ablation_texts,
         method, n_random, streaming, window, keep, text_file, max_tokens, seed, batch_size, out_path, quiet, as_json,
-        device, dtype, max_memory, offload_folder) -> None:
+        placement) -> None:
     """Attention sinks: per-head first-position shares, value norms, dormant calls from ablation, the sink rate
     (texts, random tokens, first token replaced) and massive activations; --streaming: the StreamingLLM test.
 
@@ -78,7 +78,7 @@ def cli(model_name, corpus_path, limit, k, epsilon, length, sequences, random_se
 
     if streaming:
         text = _read_text(text_file)
-        lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+        lm = load_or_fail(model_name, placement)
         try:
             result = streaming_test(lm, text, window=window, keep=keep, max_tokens=max_tokens,
                                     source=text_file)
@@ -99,7 +99,7 @@ def cli(model_name, corpus_path, limit, k, epsilon, length, sequences, random_se
     if text_file is not None:
         fail("--text-file is the long text of --streaming; give --corpus for the sink analysis")
     texts = corpus_or_fail(corpus_path, limit).texts
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     say(f"{lm.name}: sinks over {counted(len(texts), 'text')}", quiet=quiet)
     try:
         result = sinks(lm, texts, k=k, epsilon=epsilon, length=length, n_sequences=sequences,

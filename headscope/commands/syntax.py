@@ -69,15 +69,14 @@ def _read(path: Path, option: str):
               help="Sentences the clusters are computed on.")
 @options("out", "json", "quiet", "verify", "attention", "device")
 def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, n_perm, seed, limit, batch_size,
-        clusters_path, cluster_with, cluster_sentences, out_path, as_json, quiet, no_verify, device, dtype,
-        max_memory, offload_folder, attention,
+        clusters_path, cluster_with, cluster_sentences, out_path, as_json, quiet, no_verify, placement, attention,
         memory_budget) -> None:
     from headscope import syntax
 
     _check_clusters(clusters_path, cluster_with)
     test = _read(_existing(conllu_path, "--conllu"), "--conllu")
     select = _read(_existing(select_path, "--select-on"), "--select-on") if select_path else None
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     verification = verify_step(lm, enabled=not no_verify)
     try:
         result = syntax(lm, test, select_on=select, subtypes=subtypes, trees=not no_trees, tree_sample=tree_sample,
@@ -89,8 +88,7 @@ def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, n
         write_table(result.to_frame(), out_path)
     if clusters_path is not None:
         _write_clusters(lm, cluster_with, test, clusters_path, n_sentences=cluster_sentences, seed=seed,
-                        batch_size=batch_size, device=device, dtype=dtype, max_memory=max_memory,
-                        offload_folder=offload_folder)
+                        batch_size=batch_size, placement=placement)
         say(f"wrote {clusters_path}", quiet=quiet)
     if as_json:
         echo_json({**result.to_dict(), "verification": verification})
@@ -117,11 +115,11 @@ def _check_clusters(path: Path | None, cluster_with) -> None:
     models_or_fail(cluster_with, "--cluster-with")  # loaded only after the syntax scores: checked now
 
 
-def _write_clusters(lm, others, treebank, path: Path, *, n_sentences: int, seed: int, batch_size: int, device: str,
-                    dtype: str, max_memory: dict | None = None, offload_folder=None) -> None:
+def _write_clusters(lm, others, treebank, path: Path, *, n_sentences: int, seed: int, batch_size: int,
+                    placement=None) -> None:
     from headscope import syntax_clusters
 
-    models = [lm, *(load_or_fail(name, device, dtype, max_memory, offload_folder) for name in others)]
+    models = [lm, *(load_or_fail(name, placement) for name in others)]
     try:
         table = syntax_clusters(models, treebank, n_sentences=n_sentences, score_roles=True, seed=seed,
                                 batch_size=batch_size)

@@ -19,8 +19,7 @@ from ..common.outputs import echo_json, write_table
 @click.option("--target", "targets", multiple=True, callback=utf8_text("--target"),
               help="Encoder-decoder models: the decoder's text for each --text, in order; default: the texts shifted by one.")
 @options("truncate", "image", "out", "json", "quiet", "device")
-def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], truncate: bool, images: tuple[str, ...], out_path, as_json: bool, device: str,
-        dtype: str, max_memory: dict | None, offload_folder, quiet) -> None:
+def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], truncate: bool, images: tuple[str, ...], out_path, as_json: bool, placement, quiet) -> None:
     """Exit 0 only when every head of every layer matches the from-scratch attention.
 
     --out writes the per-layer table.
@@ -30,7 +29,7 @@ def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], trunc
 
     if images:
         inputs_or_fail([model_name], images=True)
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     with refusals(model_name):
         result = verify(lm, list(texts) or None, truncate=truncate, **({"target": list(targets)} if targets else {}),
                         **({"images": list(images)} if images else {}))

@@ -34,6 +34,7 @@ a bad one is one line naming the option, exit 2, before any model loads.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any, Callable
 
@@ -51,6 +52,14 @@ __all__ = ["options", "GROUPS", "model", "models", "corpus", "limit", "level", "
            "parsed", "utf8_text", "parse_size", "parse_max_memory"]
 
 Decorator = Callable[[Callable], Callable]
+
+
+class SharedOption(click.Option):
+    """An option declared here, once, for every command that takes it (`tests/test_option_homes.py` finds an option
+    that two commands declare apart)."""
+
+
+_option = functools.partial(click.option, cls=SharedOption)
 
 
 def _together(*decorators: Decorator) -> Decorator:
@@ -138,12 +147,12 @@ _MODEL_HELP = "Packaged name, folder or hub id."
 
 def model(*, default: str = "minilm", help: str = _MODEL_HELP) -> Decorator:
     """--model NAME (default minilm)."""
-    return click.option("--model", "model_name", default=default, show_default=True, help=help)
+    return _option("--model", "model_name", default=default, show_default=True, help=help)
 
 
 def models() -> Decorator:
     """--model NAME, repeatable (or comma-separated): the commands that compare models side by side."""
-    return click.option("--model", "models", multiple=True, default=("minilm",), show_default=True,
+    return _option("--model", "models", multiple=True, default=("minilm",), show_default=True,
                         help=f"{_MODEL_HELP} Repeat (or separate with commas) to compare models side by side.")
 
 
@@ -152,58 +161,58 @@ _CORPUS_HELP = "Text file (one text per line) or JSONL with a 'text' field; defa
 
 def limit(what: str = "texts", *, minimum: int = 1) -> Decorator:
     """--limit N: only the first N of the `what` a command reads."""
-    return click.option("--limit", type=click.IntRange(min=minimum), default=None, help=f"Use only the first N {what}.")
+    return _option("--limit", type=click.IntRange(min=minimum), default=None, help=f"Use only the first N {what}.")
 
 
 def corpus(*, help: str = _CORPUS_HELP, minimum: int = 1) -> Decorator:
     """--corpus FILE (default: the built-in corpus) and --limit N of its texts (at least `minimum`)."""
-    return _together(click.option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None, help=help),
+    return _together(_option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None, help=help),
                      limit(minimum=minimum))
 
 
 def level(*, help: str = "Score sub-word tokens or words (Clark et al. 2019 aggregation).") -> Decorator:
     """--level word|token (default word)."""
-    return click.option("--level", type=click.Choice(choices(Level, first=DEFAULT_LEVEL)), default=DEFAULT_LEVEL,
+    return _option("--level", type=click.Choice(choices(Level, first=DEFAULT_LEVEL)), default=DEFAULT_LEVEL,
                         show_default=True, help=help)
 
 
 def special() -> Decorator:
     """--special/--no-special: keep the special tokens as units (default), or drop them."""
-    return click.option("--special/--no-special", "include_special", default=DEFAULT_INCLUDE_SPECIAL, show_default=True,
+    return _option("--special/--no-special", "include_special", default=DEFAULT_INCLUDE_SPECIAL, show_default=True,
                         help="Keep [CLS]/[SEP]/<bos> as units, or drop them and renormalise each row.")
 
 
 def batching() -> Decorator:
     """--batch-size N (default 8)."""
-    return click.option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
+    return _option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 
 
 def seed(*, help: str | None = None) -> Decorator:
     """--seed N (default 0); `help` says what it seeds."""
-    return click.option("--seed", type=int, default=0, show_default=True, help=help)
+    return _option("--seed", type=int, default=0, show_default=True, help=help)
 
 
 def top(default: int = 10, help: str = "Rows listed.") -> Decorator:
     """--top K: how many of the strongest rows the text output lists (the parameter `k`)."""
-    return click.option("--top", "k", type=click.IntRange(min=1), default=default, show_default=True, help=help)
+    return _option("--top", "k", type=click.IntRange(min=1), default=default, show_default=True, help=help)
 
 
 def truncate(*, help: str = "Cut texts longer than the model's context instead of failing.") -> Decorator:
     """--truncate."""
-    return click.option("--truncate", is_flag=True, help=help)
+    return _option("--truncate", is_flag=True, help=help)
 
 
 def head(*, option: str = "--head", name: str = "head", help: str = "The head, e.g. L2H3 (model indices, from 0).",
          required: bool = False, bare: bool = False) -> Decorator:
     """One head, `L2H3` (or `2,3`), given to the command as (layer, head); `bare`: a bare number passes as an int
     (a head of the layer another option names)."""
-    return click.option(option, name, required=required, default=None, metavar="LxHy", help=help,
+    return _option(option, name, required=required, default=None, metavar="LxHy", help=help,
                         callback=parsed(_head_or_number if bare else _head_name, option))
 
 
 def heads(*, help: str = "Heads, e.g. L16H0,L18H6.") -> Decorator:
     """--heads L16H0,L18H6, given to the command as [(layer, head), ...]."""
-    return click.option("--heads", "heads", default=None, metavar="LxHy,...", help=help,
+    return _option("--heads", "heads", default=None, metavar="LxHy,...", help=help,
                         callback=parsed(_head_names, "--heads"))
 
 
@@ -212,9 +221,9 @@ def select() -> Decorator:
     indices (`probe.maps.select_layers` / `select_heads` check them against the model). Not `--heads`: that name
     means head names (L16H0,L18H6) wherever it appears."""
     return _together(
-        click.option("--layers", "layers", default=None, metavar="N,...", callback=parsed(_indices, "--layers"),
+        _option("--layers", "layers", default=None, metavar="N,...", callback=parsed(_indices, "--layers"),
                      help="Only these layers (model indices from 0, e.g. 0,5); default: every attention layer."),
-        click.option("--head-indices", "heads", default=None, metavar="N,...",
+        _option("--head-indices", "heads", default=None, metavar="N,...",
                      callback=parsed(_indices, "--head-indices"),
                      help="Only these heads of each layer (indices from 0, e.g. 0,3); default: all."))
 
@@ -224,9 +233,9 @@ def maps_out() -> Decorator:
     (`probe.mapfiles.MAP_FORMATS`), and --force to replace a maps file headscope wrote (never another file).
     Checked before any model loads."""
     return _together(
-        click.option("--force", is_flag=True, is_eager=True, expose_value=False, callback=remember_force,
+        _option("--force", is_flag=True, is_eager=True, expose_value=False, callback=remember_force,
                      help="Replace an existing attention file that headscope wrote (never any other file)."),
-        click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
+        _option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
                      callback=check_maps_path, metavar="FILE",
                      help="The file to write: .safetensors, .npz, .pt or .parquet by the suffix (missing folders "
                           "are created)."))
@@ -238,10 +247,10 @@ def out() -> Decorator:
     Checked before any compute; `--force` is read first (eager), so the check of --out knows it.
     """
     return _together(
-        click.option("--force", is_flag=True, is_eager=True, expose_value=False, callback=remember_force,
+        _option("--force", is_flag=True, is_eager=True, expose_value=False, callback=remember_force,
                      help="Replace an existing output file (atomically: the old one stays until the new one "
                           "is complete)."),
-        click.option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
+        _option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
                      callback=check_table_path, expose_value=True,
                      help="Write the full table here: .csv, .parquet or .json by the suffix "
                           "(missing folders are created)."))
@@ -249,30 +258,30 @@ def out() -> Decorator:
 
 def figure(*, help: str = "Also write the layer × head grid (.png, .svg or .pdf).") -> Decorator:
     """--figure FILE: a figure beside the text output; an existing file is refused."""
-    return click.option("--figure", "figure_path", type=click.Path(dir_okay=False), default=None, help=help,
+    return _option("--figure", "figure_path", type=click.Path(dir_okay=False), default=None, help=help,
                         callback=new_figure_or_fail)
 
 
 def json() -> Decorator:
     """--json: one JSON object on stdout instead of text."""
-    return click.option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
+    return _option("--json", "as_json", is_flag=True, help="Print one JSON object instead of text.")
 
 
 def quiet() -> Decorator:
     """--quiet: no progress on stderr (--no-progress is kept as a hidden alias)."""
-    return _together(click.option("--quiet", "quiet", is_flag=True, help="No progress on stderr."),
-                     click.option("--no-progress", "quiet", is_flag=True, hidden=True))
+    return _together(_option("--quiet", "quiet", is_flag=True, help="No progress on stderr."),
+                     _option("--no-progress", "quiet", is_flag=True, hidden=True))
 
 
 def verify() -> Decorator:
     """--no-verify."""
-    return click.option("--no-verify", is_flag=True, help="Skip recomputing the attention from scratch before the analysis.")
+    return _option("--no-verify", is_flag=True, help="Skip recomputing the attention from scratch before the analysis.")
 
 
 def image() -> Decorator:
     """`--image FILE` (repeatable): the images a vision transformer reads instead of texts, or a vision–language
     decoder reads with them (one per image slot)."""
-    return click.option("--image", "images", multiple=True, type=click.Path(dir_okay=False, path_type=str),
+    return _option("--image", "images", multiple=True, type=click.Path(dir_okay=False, path_type=str),
                         help="Image file (PNG, JPEG) for a vision transformer (ViT, DeiT, DINOv2, CLIP/SigLIP "
                              "vision tower), or for a vision–language decoder (LLaVA, Gemma 3, PaliGemma) one per "
                              "image slot of the text; repeatable; its image processor resizes and normalises it.")
@@ -281,32 +290,45 @@ def image() -> Decorator:
 def attention() -> Decorator:
     """--attention eager|recompute|auto and --memory-budget: how attention is obtained (`probe.recompute`)."""
     return _together(
-        click.option("--attention", type=click.Choice(choices(Attention)), default=DEFAULT_ATTENTION, show_default=True,
+        _option("--attention", type=click.Choice(choices(Attention)), default=DEFAULT_ATTENTION, show_default=True,
                      help="The model's eager attention weights, or recomputed from scratch in blocks of query rows "
                           "(long texts: no layers × heads × T² tensor), or recomputed only where eager would "
                           "exceed --memory-budget. Recomputation is checked against eager on a short prefix."),
-        click.option("--memory-budget", "memory_budget", default=None, metavar="SIZE",
+        _option("--memory-budget", "memory_budget", default=None, metavar="SIZE",
                      callback=parsed(parse_size, "--memory-budget"),
                      help="Bytes that eager attention may take before --attention auto recomputes it and "
                           "--attention eager refuses the text (8GB, 512MiB; default: a quarter of RAM)."))
 
 
+def _placed(fn: Callable) -> Callable:
+    """The command `fn` given one `placement` (`hs.Placement`) instead of the four values of `device`'s options."""
+    @functools.wraps(fn)
+    def command(*args, device: str, dtype: str, max_memory: dict | None, offload_folder: Path | None, **kwargs):
+        from headscope.probe.device_placement import Placement
+
+        return fn(*args, placement=Placement(device=device, dtype=dtype, max_memory=max_memory,
+                                             offload_folder=offload_folder), **kwargs)
+
+    return command
+
+
 def device() -> Decorator:
-    """--device, --dtype, --max-memory and --offload-folder: where a model's weights go, the way every command that
-    loads a model takes them (`probe.loading.load_model`)."""
+    """--device, --dtype, --max-memory and --offload-folder: where a model's weights go, given to the command as one
+    `placement` (`hs.Placement`), the value `hs.load(name, placement=...)` takes (`common.loading.load_or_fail`)."""
     return _together(
-        click.option("--device", default="cpu", show_default=True, metavar="auto|cpu|cuda|cuda:N|mps",
-                     callback=parsed(device_spec, "--device"),
-                     help="Where to run; 'auto' spreads a model too large for one GPU via accelerate's device_map."),
-        click.option("--dtype", type=click.Choice(choices(DType)), default="float32", show_default=True,
-                     help="Weights and compute dtype."),
-        click.option("--max-memory", "max_memory", default=None, metavar="DEV=SIZE,...",
-                     callback=parsed(parse_max_memory, "--max-memory"),
-                     help="The most each device may hold (cpu=300MB, or 0=20GiB,1=20GiB,cpu=60GiB); accelerate "
-                          "places the layers that do not fit on the next device, then in --offload-folder."),
-        click.option("--offload-folder", "offload_folder", default=None, metavar="DIR",
-                     type=click.Path(path_type=Path),
-                     help="Folder for the layers that fit on no device: read from disk one layer at a time."))
+        _option("--device", default="cpu", show_default=True, metavar="auto|cpu|cuda|cuda:N|mps",
+                callback=parsed(device_spec, "--device"),
+                help="Where to run; 'auto' spreads a model too large for one GPU via accelerate's device_map."),
+        _option("--dtype", type=click.Choice(choices(DType)), default="float32", show_default=True,
+                help="Weights and compute dtype."),
+        _option("--max-memory", "max_memory", default=None, metavar="DEV=SIZE,...",
+                callback=parsed(parse_max_memory, "--max-memory"),
+                help="The most each device may hold (cpu=300MB, or 0=20GiB,1=20GiB,cpu=60GiB); accelerate "
+                     "places the layers that do not fit on the next device, then in --offload-folder."),
+        _option("--offload-folder", "offload_folder", default=None, metavar="DIR",
+                type=click.Path(path_type=Path),
+                help="Folder for the layers that fit on no device: read from disk one layer at a time."),
+        _placed)
 
 
 # Every group by name, with its defaults: what `options("corpus", ...)` looks up.

@@ -19,6 +19,7 @@ from headscope.probe.encoding import check_texts, encode_many
 from headscope.probe.images import for_input
 from headscope.probe.loading import load_model
 from headscope.probe.model import LoadedModel
+from headscope.probe.device_placement import Placement
 from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Level
 from headscope.probe.progress import progress as progress_bar
 from headscope.probe.sources import source_for
@@ -40,20 +41,23 @@ def compare_models(
     alpha: float = ALPHA,
     batch_size: int = 8,
     truncate: bool = False,
-    device: str = "cpu",
-    dtype: str = "float32",
+    placement: Placement | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
     attention: Attention = DEFAULT_ATTENTION,
     budget: int | None = None,
     progress: bool = False,
 ) -> HeadComparison:
     """Per-head metric differences B - A over `texts` (see `analyses.compare` for the rule).
 
+    `placement`: where a model given by name is loaded (`hs.Placement`; the cpu in float32 by default;
+    `device=` / `dtype=` are kept for one release, as `hs.load` keeps them).
     `attention`/`budget`: where each model's attention comes from (`probe.sources`); every text's whole
     map is scored, so a recomputed text's map is assembled from blocks. `progress`: a bar per model on stderr.
     """
     texts = check_texts(texts)
-    lm_a = a if isinstance(a, LoadedModel) else load_model(a, device=device, dtype=dtype)
-    lm_b = b if isinstance(b, LoadedModel) else load_model(b, device=device, dtype=dtype)
+    lm_a = a if isinstance(a, LoadedModel) else load_model(a, placement=placement, device=device, dtype=dtype)
+    lm_b = b if isinstance(b, LoadedModel) else load_model(b, placement=placement, device=device, dtype=dtype)
     # a two-tower model (CLIP, SigLIP): its text tower reads the texts; an image model: one line
     lm_a, lm_b = for_input(lm_a, images=False), for_input(lm_b, images=False)
     check_compatible(lm_a, lm_b, texts, truncate=truncate)
