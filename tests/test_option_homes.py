@@ -85,3 +85,181 @@ def test_load_takes_one_placement_and_the_old_keywords_for_one_release():
 
     with pytest.raises(PlacementError, match="device must be"):  # a bad loose value: the loader's own error
         hs.load("tiny:llama", device="tpu")
+
+
+# ---------------------------------------------------------------- every shared option declared once
+
+
+def _declarations() -> dict[str, dict[str, click.Option]]:
+    """{long option: {command: its click.Option}} over the visible commands; hidden options are the old spellings
+    kept for one release (`common.options.renamed`) and go with it."""
+    found: dict[str, dict[str, click.Option]] = {}
+    for name, command in cli.commands.items():
+        if command.hidden:
+            continue
+        for param in command.params:
+            if isinstance(param, click.Option) and not param.hidden:
+                for opt in param.opts + param.secondary_opts:
+                    if opt.startswith("--"):
+                        found.setdefault(opt, {})[name] = param
+    return found
+
+
+def _meaning(param: click.Option, *, default: bool = True) -> tuple:
+    """What a user sees of an option: its type (choices, bounds), flag or not, default and help. Not the parameter's
+    name inside the command, nor whether it repeats (one --model, or several for run)."""
+    kind = param.type
+    return (type(kind).__name__, tuple(getattr(kind, "choices", ()) or ()), getattr(kind, "min", None),
+            getattr(kind, "max", None), param.is_flag, param.default if default else None, param.help)
+
+
+def test_no_long_option_is_declared_twice_with_different_help_or_defaults():
+    from headscope.common.options import PER_COMMAND_DEFAULTS, SharedOption
+
+    found = _declarations()
+    shared = {opt: where for opt, where in found.items() if len(where) > 1}
+    assert {"--model", "--out", "--top", "--permutations", "--method", "--ablation-texts", "--random", "--seed",
+            "--force", "--report", "--text"} <= set(shared)  # the scan sees the command tree
+    for opt, where in shared.items():
+        # declared once: in the shared module, or by the one factory that makes coref and relations (whose --data
+        # names each one's own built-in sets)
+        hand = sorted(c for c, p in where.items() if not isinstance(p, SharedOption))
+        assert not hand or set(where) == {"coref", "relations"}, (opt, hand)
+        meanings = {c: _meaning(p, default=opt not in PER_COMMAND_DEFAULTS)[:-1 if hand else None]
+                    for c, p in where.items()}
+        assert len(set(meanings.values())) == 1, (opt, meanings)
+
+
+def test_the_scan_catches_a_second_declaration():
+    """A command that declares --seed itself with another default is what the scan above refuses."""
+    @click.command()
+    @click.option("--seed", type=int, default=1, help="Seed.")
+    def rogue(seed):
+        pass
+
+    from headscope.common.options import options
+
+    @click.command()
+    @options("seed")
+    def good(seed):
+        pass
+
+    a, b = ([p for p in c.params if p.name == "seed"][0] for c in (rogue, good))
+    assert _meaning(a) != _meaning(b)
+    from headscope.common.options import SharedOption
+
+    assert isinstance(b, SharedOption) and not isinstance(a, SharedOption)
+
+
+def test_the_one_defaults_a_researcher_meets():
+    """Where commands disagreed: one value now (`run --sinks` and `sinks` measure dormant calls alike)."""
+    found = _declarations()
+    assert {p.default for p in found["--method"].values()} == {"mean"}
+    assert {p.default for p in found["--ablation-texts"].values()} == {32}
+    assert {p.default for p in found["--permutations"].values()} == {10_000}
+    assert {p.default for p in found["--random"].values()} == {19}
+    assert set(found["--model"]) >= {"serve", "run"}  # serve takes the shared --model
+
+
+# ---------------------------------------------------------------- --top means rows shown
+
+
+def test_top_means_rows_shown_everywhere():
+    found = _declarations()
+    assert {p.name for p in found["--top"].values()} == {"k"}
+    assert all(p.help.startswith("Rows shown") for p in found["--top"].values())
+    assert "ablate" not in found["--top"] and "patch" not in found["--top"]  # their choices have their own names
+    assert {"--heads-by"} <= set(_declarations()) and "--confirm" in found
+
+
+@pytest.fixture
+def ablate_spy(monkeypatch):
+    """`headscope ablate` up to the ablation: what it would ablate, no model loaded."""
+    import headscope.commands.ablate as ablate_cmd
+
+    seen = {}
+
+    def stop(model_name, placement):
+        raise SystemExit(0)
+
+    monkeypatch.setattr(ablate_cmd, "load_or_fail", stop)
+    monkeypatch.setattr(ablate_cmd, "parse_top", lambda spec: seen.setdefault("spec", spec) and ("induction", 5))
+    return seen
+
+
+@pytest.mark.parametrize("flag, warned", [("--heads-by", False), ("--top", True)])
+def test_ablate_heads_by_and_its_old_spelling(flag, warned, ablate_spy):
+    res = CliRunner().invoke(cli, ["ablate", "--model", "tiny:llama", flag, "induction:5", "--task", "induction"])
+    assert res.exit_code == 0, res.output
+    assert ablate_spy["spec"] == "induction:5"  # both spellings give the same choice
+    if warned:
+        assert res.stderr == ("headscope: ablate --top METRIC:K is deprecated: write --heads-by METRIC:K (the old "
+                              "spelling works for one more release)\n")
+    else:
+        assert res.stderr == ""
+
+
+def test_ablate_refuses_both_or_neither_choice_by_their_new_names():
+    res = CliRunner().invoke(cli, ["ablate", "--task", "induction"])
+    assert res.exit_code == 2 and "--heads-by METRIC:K" in res.stderr
+
+
+@pytest.mark.parametrize("args, old, new, value", [
+    (["patch", "--pairs", "ioi"], "--top", "--confirm", "2"),
+    (["sinks"], "--length", "--sequence-length", "8"),
+    (["coref"], "--random-sets", "--random", "7"),
+    (["sinks"], "--no-ablation", "--no-dormant", None),
+])
+def test_the_other_renamed_options_still_work_for_one_release(args, old, new, value, monkeypatch):
+    import importlib
+
+    module = importlib.import_module(f"headscope.commands.{args[0]}")
+    got = {}
+
+    def stop(*a, **k):
+        raise SystemExit(0)
+
+    monkeypatch.setattr(module, "load_or_fail", stop)
+    real = click.Context.invoke
+
+    def spy(ctx, callback, *a, **kw):
+        got.update(kw)
+        return real(ctx, callback, *a, **kw)
+
+    monkeypatch.setattr(click.Context, "invoke", spy)
+    for flag in (new, old):
+        got.clear()
+        res = CliRunner().invoke(cli, [*args, flag, *([value] if value else [])])
+        assert res.exit_code == 0, res.output
+        if value:
+            assert str(value) in map(str, got.values())
+        else:  # a flag pair: the old --no-ablation turns the dormant calls off as --no-dormant does
+            assert got["ablation"] is False
+        assert ("is deprecated" in res.stderr) == (flag == old), res.stderr
+
+
+def test_sinks_dormant_and_run_report_keep_their_old_spellings(tmp_path, monkeypatch):
+    import headscope.commands.run as run_cmd
+
+    seen = []
+    monkeypatch.setattr(run_cmd, "models_or_fail", lambda *a, **k: None)
+    monkeypatch.setattr(run_cmd, "inputs_or_fail", lambda *a, **k: None)
+    monkeypatch.setattr(run_cmd, "_read_inputs", lambda *a: seen.append("read") or SystemExit(0))
+
+    def stop(*a):
+        raise SystemExit(0)
+
+    monkeypatch.setattr(run_cmd, "_read_inputs", stop)
+    new = CliRunner().invoke(cli, ["run", "--report", str(tmp_path / "r")])
+    old = CliRunner().invoke(cli, ["run", "--out", str(tmp_path / "r")])
+    assert new.exit_code == old.exit_code == 0, (new.output, old.output)
+    assert new.stderr == "" and old.stderr.startswith("headscope: run --out DIR is deprecated: write --report DIR")
+    missing = CliRunner().invoke(cli, ["run"])
+    assert missing.exit_code == 2 and missing.stderr == "headscope: give --report DIR: the folder the report is " \
+                                                        "written into\n"
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "mine.txt").write_text("not headscope's")
+    for flag in ("--report", "--out"):  # the old spelling is checked as the new one is, before any work
+        res = CliRunner().invoke(cli, ["run", flag, str(taken)])
+        assert res.exit_code == 2 and flag in res.stderr.splitlines()[-1], res.output

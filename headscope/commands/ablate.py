@@ -9,13 +9,13 @@ from headscope.probe.names import AblationMethod, choices
 from ..common.corpus import corpus_or_fail
 from ..common.exits import fail
 from ..common.loading import load_or_fail
-from ..common.options import corpus, heads, options, seed
+from ..common.options import options, renamed
 from ..common.outputs import echo_json
 from headscope.probe.wording import counted
 
 __all__ = ["cli", "parse_top"]
 
-TOP_TEXTS = 32  # built-in corpus texts scored for --top when the effect is measured on a task
+TOP_TEXTS = 32  # built-in corpus texts scored for --heads-by when the effect is measured on a task
 
 
 def parse_top(spec: str) -> tuple[str, int]:
@@ -24,9 +24,9 @@ def parse_top(spec: str) -> tuple[str, int]:
 
     metric, sep, k = spec.partition(":")
     if not sep or not k.strip().isdigit() or int(k) < 1:
-        raise ValueError(f"--top {spec!r}: write METRIC:K, e.g. induction:5")
+        raise ValueError(f"--heads-by {spec!r}: write METRIC:K, e.g. induction:5")
     if metric not in METRICS:
-        raise ValueError(f"--top {spec!r}: unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+        raise ValueError(f"--heads-by {spec!r}: unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
     return metric, int(k)
 
 
@@ -35,35 +35,32 @@ def _top_heads(lm, metric: str, k: int, texts: list[str], *, quiet: bool) -> lis
 
     top = heads(lm, texts, progress=not quiet, total=len(texts)).top(metric, k)
     if top.empty:
-        fail(f"--top {metric}:{k}: {lm.name} has no {metric} score (not applicable to this model)")
+        fail(f"--heads-by {metric}:{k}: {lm.name} has no {metric} score (not applicable to this model)")
     return [(int(r.layer), int(r.head)) for r in top.itertuples()]
 
 
 @click.command()
-@options("model", heads(help="Heads to ablate, e.g. L16H0,L18H6."))
-@click.option("--top", "top_spec", default=None, help="Ablate the K heads scoring highest on METRIC (METRIC:K), "
-              "scored as `headscope heads` does.")
-@click.option("--method", type=click.Choice(choices(AblationMethod)), default="zero", show_default=True,
-              help="Zero the head, replace it by its mean output, or make its attention uniform.")
-@corpus(help="Measure on these texts (one per line, or JSONL with 'text').")
+@options("model", "heads")
+@click.option("--heads-by", "heads_by", default=None, metavar="METRIC:K",
+              help="Ablate the K heads scoring highest on METRIC, scored as `headscope heads` does (e.g. induction:5).")
+@renamed("--top", "--heads-by", "heads_by", value="METRIC:K")
+@options("method", "corpus")
 @click.option("--task", type=click.Choice(["induction"]), default=None,
               help="Measure on a built-in task: induction = loss on the second copy of repeated random tokens.")
 @click.option("--word", default=None, help="Encoders: the word whose final representation is compared.")
-@click.option("--random", "n_random", type=click.IntRange(min=0), default=19, show_default=True,
-              help="Random head sets of the same size to compare with.")
-@options(seed(help="Seed of the random head sets."), "batching", "json", "quiet", "device")
-def cli(model_name, heads, top_spec, method, corpus_path, limit, task, word, n_random, seed, batch_size, as_json,
+@options("random", "seed", "batching", "json", "quiet", "device")
+def cli(model_name, heads, heads_by, method, corpus_path, limit, task, word, n_random, seed, batch_size, as_json,
         placement, quiet) -> None:
     """Ablate heads and compare the effect with ablating random heads (mean, sd, empirical p)."""
     from headscope import ablate, builtin_corpus
     from headscope.probe.interventions import refuse_seq2seq
 
-    if (heads is None) == (top_spec is None):
-        fail("give exactly one of --heads L16H0,L18H6 or --top METRIC:K")
+    if (heads is None) == (heads_by is None):
+        fail("give exactly one of --heads L16H0,L18H6 or --heads-by METRIC:K")
     if (corpus_path is None) == (task is None):
         fail("give exactly one of --corpus FILE or --task induction")
     try:
-        top = parse_top(top_spec) if top_spec is not None else None
+        top = parse_top(heads_by) if heads_by is not None else None
     except ValueError as exc:
         fail(str(exc))
     texts = corpus_or_fail(corpus_path, limit).texts if corpus_path else None

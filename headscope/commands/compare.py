@@ -16,8 +16,8 @@ from ..common.corpus import corpus_or_fail
 from ..common.exits import fail
 from ..common.interrupts import committed
 from ..common.loading import load_or_fail
-from ..common.options import corpus, options
-from ..common.outputs import check_out, echo_json
+from ..common.options import options
+from ..common.outputs import echo_json, forced
 from ..common.verification import verify_step
 from headscope.probe.wording import counted
 
@@ -27,22 +27,15 @@ __all__ = ["cli"]
 @click.command()
 @click.argument("model_a")
 @click.argument("model_b")
-@options(corpus(minimum=2), "level", "special")
+@options("corpus", "level", "special")
 @click.option("--alpha", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05,
               show_default=True, help="Family-wise error rate over all (head, metric) pairs (Holm).")
-@options("batching", "truncate")
-@click.option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Also write an HTML report with the comparison into this folder (created; must not exist "
-                   "unless --force).")
-@click.option("--force", is_flag=True, help="Replace an existing --report folder that headscope wrote.")
-@options("json", "quiet", "verify", "device")
-def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, batch_size, truncate, report_dir, force,
+@options("batching", "truncate", "report", "json", "quiet", "verify", "device")
+def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, batch_size, truncate, report_dir,
         as_json, placement, no_verify, quiet) -> None:
     """Compare every head of MODEL_A and MODEL_B (names, folders, GGUF files or hub ids, NAME@REVISION)."""
     from headscope import compare_models
 
-    if report_dir is not None:
-        check_out(report_dir, force, "--report")
     corpus = corpus_or_fail(corpus_path, limit)
     texts, source = corpus.texts, corpus.source
     if len(texts) < 2:
@@ -59,7 +52,7 @@ def cli(model_a, model_b, corpus_path, level, include_special, limit, alpha, bat
     except (TypeError, ValueError) as exc:
         fail(str(exc))
     if report_dir is not None:
-        _write_report(report_dir, result, (lm_a, lm_b), verified, checks, source, force=force)
+        _write_report(report_dir, result, (lm_a, lm_b), verified, checks, source, force=forced())
     if as_json:
         echo_json(result.to_dict() | {"corpus": source, "verification": checks})
     else:

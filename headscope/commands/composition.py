@@ -6,7 +6,7 @@ import click
 
 from ..common.exits import refusals
 from ..common.loading import load_or_fail
-from ..common.options import figure, options, top
+from ..common.options import options, top
 from ..common.outputs import echo_json, write_outputs
 
 __all__ = ["cli"]
@@ -16,17 +16,18 @@ __all__ = ["cli"]
 @options("model")
 @click.option("--kind", type=click.Choice(["q", "k", "v"]), default=None,
               help="Only this kind of composition (default: all three).")
-@top(10, "Strongest edges listed per kind (by the ratio to random matrices).")
+@top(10)
 @click.option("--copying/--no-copying", default=True, show_default=True,
               help="Also the OV copying score of every head (decoders: it needs the unembedding).")
-@options(figure(help="Also write the composition graph of --kind (default k) (.png, .svg or .pdf)."), "out", "json",
-         "quiet", "device")
+@options("figure", "out", "json", "quiet", "device")
 def cli(model_name, kind, k, copying, figure_path, out_path, as_json, placement, quiet) -> None:
     """Q-, K- and V-composition scores between every earlier and later head (Elhage et al. 2021),
     against random matrices of the same shapes, and each head's OV copying score.
 
     Weights only, no text: the pre-attention norm's weight is folded into W_Q, W_K and W_V and the
-    final norm's into W_U; no centring. --out writes every (kind, sender, receiver) score.
+    final norm's into W_U; no centring. --top lists the strongest edges of each kind (by the ratio to random
+    matrices); --out writes every (kind, sender, receiver) score; --figure draws the composition graph of --kind
+    (default k).
     """
     from headscope import composition
 

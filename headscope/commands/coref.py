@@ -11,11 +11,11 @@ from typing import Sequence
 
 import click
 
-from headscope.probe.names import DEFAULT_ATTENTION, AblationMethod, choices
+from headscope.probe.names import DEFAULT_ATTENTION
 
 from ..common.exits import fail
 from ..common.loading import load_or_fail
-from ..common.options import head, level, limit, options, seed
+from ..common.options import head, options, renamed
 from ..common.outputs import echo_json, write_table
 from ..common.runs import join_run
 from ..common.verification import finish, verify_step
@@ -31,25 +31,17 @@ def probe_options(fn):
         click.option("--heldout", "heldout_path", default=None,
                      help="Also choose the head on all of --data and score it on this file "
                           "(e.g. GAP development -> validation); the k-fold result on --data is kept under 'sets'."),
-        level(help="Attention between words (pieces summed/averaged) or raw tokens."),
+        "level",
         click.option("--head-word", is_flag=True, help="Score a multi-word name by its last word only (default: sum over it)."),
         click.option("--folds", type=click.IntRange(2, None), default=5, show_default=True, help="k of the group k-fold."),
-        click.option("--permutations", "n_perm", type=click.IntRange(100, None), default=10_000, show_default=True,
-                     help="Monte Carlo permutations per test."),
-        seed(help="Seed of the folds and permutations."),
-        limit("examples of each file (a subset: say so when you report)"),
-        "batching",
-        head(name="show_head", help="Also show this head's per-example attention to each candidate, e.g. L3H5 or 3,5 "
-                                    "(model indices, from 0)."),
+        "permutations", "seed", "limit", "batching",
+        head(name="show_head"),
         "out",
         click.option("--ablate", is_flag=True,
                      help="Ablation check (decoders): ablate the best head and compare how the model's preference "
                           "between the candidates moves, against random heads."),
-        click.option("--method", type=click.Choice(choices(AblationMethod)), default="zero", show_default=True,
-                     help="How --ablate removes the head: zero its output, replace it by its mean output over the "
-                          "first 64 built-in corpus texts, or make it attend uniformly."),
-        click.option("--random-sets", "n_random", type=click.IntRange(1, None), default=19, show_default=True,
-                     help="How many random head sets --ablate compares with (19 allows p = 0.05)."),
+        "method", "random",
+        renamed("--random-sets", "--random", "n_random", value="N", type=click.IntRange(1, None)),
         "quiet", "json", "verify", "attention", "device",
     )(fn)
 
@@ -74,7 +66,7 @@ def _load_set(spec: str, limit: int | None, option: str = "--data"):
 
 def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, template: str, model_name: str,
                 data_spec: str | None, heldout_path: str | None, level: str, head_word: bool, folds: int,
-                n_perm: int, seed: int, limit: int | None, batch_size: int, show_head: tuple[int, int] | None,
+                permutations: int, seed: int, limit: int | None, batch_size: int, show_head: tuple[int, int] | None,
                 out_path: Path | None, ablate: bool, method: str, n_random: int, quiet: bool, as_json: bool,
                 no_verify: bool, placement=None, attention: str = DEFAULT_ATTENTION,
                 memory_budget: int | None = None) -> None:
@@ -98,7 +90,7 @@ def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, templa
     verification = verify_step(lm, enabled=not no_verify)
     try:
         main, parts = probe_sets(lm, sets, heldout=held, combined_task=combined_task, level=level,
-                                 head_word=head_word, folds=folds, n_perm=n_perm, seed=seed, batch_size=batch_size,
+                                 head_word=head_word, folds=folds, n_perm=permutations, seed=seed, batch_size=batch_size,
                                  noun=noun, progress=not quiet, attention=attention, budget=memory_budget,
                                  world=world)
         if not world.is_main:  # every process of a torchrun run holds the same results; rank 0 goes on alone
@@ -198,7 +190,7 @@ def probe_command(*, builtin: Sequence[str], combined_task: str, noun: str, data
     command runs, so `headscope --help` does not import torch.
     """
 
-    @click.command(help=doc)
+    @click.command(help=f"{doc} --head L3H5 also shows that head's attention to each candidate, per example.")
     @click.option("--data", "data_spec", default=None, help=data_help)
     @probe_options
     def command(**options) -> None:

@@ -6,7 +6,7 @@ import click
 
 from ..common.exits import refusals
 from ..common.loading import load_or_fail
-from ..common.options import options, top, utf8_text
+from ..common.options import options, prompt, top, utf8_text
 from ..common.outputs import emit
 
 __all__ = ["cli"]
@@ -14,10 +14,10 @@ __all__ = ["cli"]
 
 @click.command()
 @options("model")
-@click.option("--prompt", required=True, callback=utf8_text("--prompt"), help="The text whose next token is explained.")
+@prompt()
 @click.option("--answer", required=True, callback=utf8_text("--answer"), help="The next token (its first token, e.g. ' Mary' with its space).")
 @click.option("--wrong", default=None, callback=utf8_text("--wrong"), help="A wrong answer: explain logit(answer) − logit(wrong).")
-@options(top(10, "Parts listed."), "figure", "out", "json", "quiet", "device")
+@options(top(10), "figure", "out", "json", "quiet", "device")
 def cli(model_name, prompt, answer, wrong, k, figure_path, out_path, as_json, placement, quiet) -> None:
     """Split the next-token logit (difference) into embeddings, heads, MLPs and biases.
 

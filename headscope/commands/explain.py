@@ -6,7 +6,7 @@ import click
 
 from ..common.exits import fail, refusals
 from ..common.loading import inputs_or_fail, load_or_fail
-from ..common.options import head, options, truncate, utf8_text
+from ..common.options import head, options, utf8_text
 from ..common.outputs import echo_json, write_table
 
 
@@ -25,22 +25,19 @@ def _layer_head(layer: int | None, given: tuple[int, int] | int) -> tuple[int, i
 @click.argument("text", required=False, callback=utf8_text("TEXT"))
 @options("model")
 @click.option("--token", required=True, help="The query token (a word of TEXT; a split word starts at its first piece).")
-@click.option("--occurrence", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Which occurrence of --token (0-based: 0 is the first).")
-@head(name="head_spec", required=True, bare=True,
-      help="The head, e.g. L2H3 or 2,3 (model indices, from 0); a bare number is a head of --layer.")
+@options("occurrence", head(name="head_spec", required=True, bare=True))
 @click.option("--layer", type=int, default=None, help="The layer, when --head is a bare head number.")
 @click.option("--scale-effect", is_flag=True, help="Also show every head of the layer with and without the 1/√d scale.")
 @click.option("--permutation", is_flag=True, help="Also show that attention without positions is permutation-equivariant.")
-@truncate(help="Cut TEXT to the model's context instead of failing.")
-@options("image", "out", "json", "quiet", "attention", "device")
+@options("truncate", "image", "out", "json", "quiet", "attention", "device")
 def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, permutation, truncate, images, out_path,
         as_json, placement, attention, memory_budget, quiet) -> None:
     """Explain how one head builds TOKEN's output in TEXT: scores, scaling, softmax, values.
 
     A vision transformer explains one --image instead of TEXT (--token a unit such as [CLS] or r1c2); a
     vision–language decoder reads TEXT with its --image files, one per image slot (or the default prompt),
-    and --token is a word or an image token such as img0:r1c2. --out writes the per-key table.
+    and --token is a word or an image token such as img0:r1c2. --head takes a bare head number with --layer.
+    --out writes the per-key table.
     """
     import pandas as pd
 

@@ -7,7 +7,7 @@ import click
 from ..common.corpus import corpus_or_fail
 from ..common.exits import fail, refusals
 from ..common.loading import load_or_fail
-from ..common.options import corpus, level, options, utf8_text
+from ..common.options import options, utf8_text
 from ..common.outputs import echo_json
 
 __all__ = ["cli"]
@@ -16,13 +16,13 @@ __all__ = ["cli"]
 @click.command()
 @options("model")
 @click.argument("texts", nargs=-1, metavar="[TEXT]...", callback=utf8_text("TEXT"))
-@options(corpus(help="Also the texts of this file (one text per line, or JSONL with a 'text' field)."), "image",
-         level(help="Units of the maps: sub-word tokens, or words (a word's keys summed, its queries averaged, "
-                    "as Clark et al. 2019); an image's units are its patches at either level."), "select", "maps_out", "attention", "batching", "truncate", "json", "quiet",
+@options("corpus", "image", "level", "select", "maps_out", "attention", "batching", "truncate", "json", "quiet",
          "device")
 def cli(model_name, texts, corpus_path, limit, images, level, layers, heads, out_path, attention, memory_budget,
         batch_size, truncate, as_json, quiet, placement) -> None:
     """Write the attention maps of TEXT... (and/or --corpus FILE, or --image FILE) to --out.
+
+    An image's units are its patches at either --level.
 
     \b
     One map per text (or image): [layer, head, query, key], float32, rows summing to 1, with its labels,

@@ -10,30 +10,30 @@ import click
 
 from ..common.exits import fail
 from ..common.loading import inputs_or_fail, load_or_fail
-from ..common.options import model, options, seed, top, utf8_text
+from ..common.options import model, options, prompt, seed, top, utf8_text
 from ..common.outputs import echo_json
 
 __all__ = ["cli"]
 
 
 @click.command()
-@model(default="smollm2", help="A decoder: packaged name, folder, GGUF file or hub id (NAME@REVISION).")
-@click.option("--prompt", "prompts", required=True, multiple=True, callback=utf8_text("--prompt"),
-              help="The text to continue; repeat for several prompts (each generated in turn). With --chat: the "
-                   "user's message.")
+@model(default="smollm2")
+@prompt(multiple=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="0: greedy; above 0: sample from softmax(logits / temperature).")
 @click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True,
               help="Sampling: draw from the smallest set of tokens whose probability reaches this.")
-@seed(help="Sampling: the random seed (the same tokens again).")
+@seed()
 @click.option("--chat", is_flag=True, help="Apply the tokenizer's chat template: each --prompt is a user message; "
                                           "every token is labelled by its turn (system / user / assistant).")
 @click.option("--system", default=None, callback=utf8_text("--system"), help="With --chat: a system message first.")
-@options(top(3, "Keys listed per step (attention averaged over layers and heads)."), "image", "json", "quiet", "device")
+@options(top(3), "image", "json", "quiet", "device")
 def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, system, k, images, as_json, placement,
         quiet) -> None:
-    """Continue each PROMPT and record the attention of every generated token."""
+    """Continue each --prompt (repeat it for several, each generated in turn; with --chat the user's message) and
+    record the attention of every generated token. --model must be a decoder; --seed seeds the sampling; --top lists
+    the keys each step attends to most (averaged over layers and heads)."""
     from headscope import generate_attention
     from headscope.probe.generate import chat_prompt
 

@@ -7,7 +7,7 @@ import click
 from ..common.corpus import corpus_or_fail, too_long_or_fail
 from ..common.exits import fail, refusals
 from ..common.loading import inputs_or_fail, load_or_fail
-from ..common.options import options, seed, top
+from ..common.options import options, top
 from ..common.outputs import attention_note, echo_json, write_table
 from ..common.runs import join_run
 from ..common.verification import finish, verify_step
@@ -17,12 +17,10 @@ __all__ = ["cli"]
 
 
 @click.command()
-@options("model", "corpus", "level", "special", "batching", top(3, "Heads listed per metric."))
-@click.option("--induction-seqs", type=click.IntRange(min=0), default=20, show_default=True,
-              help="Repeated random sequences for the induction/duplicate scores (decoders; 0 skips).")
+@options("model", "corpus", "level", "special", "batching", top(3), "induction")
 @click.option("--induction-length", type=click.IntRange(min=2), default=50, show_default=True,
               help="Random tokens per half of each repeated sequence.")
-@options(seed(help="Seed of the random sequences."), "out", "truncate", "image", "quiet", "json", "verify", "attention",
+@options("seed", "out", "truncate", "image", "quiet", "json", "verify", "attention",
          "device")
 def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, induction_seqs, induction_length,
         seed, out_path, truncate, images, quiet, as_json, placement, no_verify, attention, memory_budget) -> None:

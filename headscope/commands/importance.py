@@ -15,7 +15,7 @@ __all__ = ["cli"]
 
 
 @click.command()
-@options("model", "corpus", "out", "batching", top(10, "Heads listed."), "truncate", "json", "quiet", "device")
+@options("model", "corpus", "out", "batching", top(10), "truncate", "json", "quiet", "device")
 def cli(model_name, corpus_path, limit, out_path, batch_size, k, truncate, as_json, placement, quiet) -> None:
     """Rank every head by E|∂L/∂ξ_h| through a head mask, normalised per layer."""
     from headscope import importance

@@ -8,7 +8,7 @@ from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat, cho
 
 from ..common.exits import fail, refusals
 from ..common.loading import load_or_fail
-from ..common.options import figure, head, options, top
+from ..common.options import head, options, renamed
 from ..common.outputs import emit
 
 __all__ = ["cli"]
@@ -21,7 +21,7 @@ __all__ = ["cli"]
 @click.option("--what", type=click.Choice(choices(PatchWhat)), default="head_out", show_default=True,
               help="What is patched: each head's output, pattern, q, k or v, each MLP's output, the residual stream "
                    "entering each layer, or path (--sender to every later head's --receivers input).")
-@head(option="--sender", name="sender", help="With --what path: the sender head, e.g. L9H6.")
+@head(option="--sender", name="sender")
 @click.option("--receivers", type=click.Choice(["q", "k", "v"]), default="q", show_default=True,
               help="With --what path: which input of each later head receives the sender's path.")
 @click.option("--freeze-mlps", is_flag=True, default=False,
@@ -33,18 +33,19 @@ __all__ = ["cli"]
               help="denoise: run the corrupt prompt, patch in clean activations; noise: the reverse.")
 @click.option("--positions", type=click.Choice(choices(PatchPositions)), default="all", show_default=True,
               help="Patch at every position at once, or (with --what resid) at each position alone.")
-@top(3, "Heads chosen on half of the pairs and confirmed on the other half.")
-@click.option("--random", "n_random", type=click.IntRange(min=0), default=19, show_default=True,
-              help="Random head sets of the same size to compare the chosen heads with.")
-@options("seed", figure(help="Also write the layer × head grid of the normalised metric (.png, .svg or .pdf)."), "out",
-         "json", "quiet", "device")
+@click.option("--confirm", "k", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Heads chosen on half of the pairs (the strongest) and confirmed, patched together, on the other "
+                   "half.")
+@renamed("--top", "--confirm", "k", value="K", type=click.IntRange(min=1))
+@options("random", "seed", "figure", "out", "json", "quiet", "device")
 def cli(model_name, pairs_spec, what, sender, receivers, freeze_mlps, attribution, direction, positions, k, n_random, seed, figure_path, out_path, as_json,
         placement, quiet) -> None:
     """Patch every head's output (or pattern, q, k, v, MLP, residual stream, or path) from one run of each pair into the other.
 
     The metric is logit(right) − logit(wrong) at the last token; normalised, 0 is the corrupt run and
     1 the clean one. For head outputs the k strongest heads on half of the pairs are patched together
-    on the other half and compared with random head sets; the verdict says whether they beat them.
+    on the other half (--confirm K) and compared with random head sets; the verdict says whether they beat them.
+    --figure draws the layer × head grid of the normalised metric.
     """
     from pathlib import Path
 

@@ -21,9 +21,7 @@ def _position(value: str) -> int | str:
 @options("model", head(required=True))
 @click.option("--query", required=True, help="The query token: a token of TEXT, or its index.")
 @click.option("--key", required=True, help="The key token: a token of TEXT, or its index.")
-@click.option("--occurrence", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Which occurrence of --query (0-based).")
-@options(top(10, "Pairs listed."), "out", "json", "quiet", "device")
+@options("occurrence", top(10), "out", "json", "quiet", "device")
 def cli(text, model_name, head, query, key, occurrence, k, out_path, as_json, placement, quiet) -> None:
     """Split one head's score from --query to --key over (query-side part, key-side part) pairs.
 

@@ -11,7 +11,7 @@ import click
 from ..common.corpus import corpus_or_fail
 from ..common.exits import fail
 from ..common.loading import load_or_fail
-from ..common.options import corpus, options
+from ..common.options import options
 from ..common.outputs import claim_output, echo_json, say, writable_or_fail, write_table
 
 __all__ = ["cli"]
@@ -57,8 +57,7 @@ def _write_pattern(result, folder: Path) -> None:
 
 
 @click.command()
-@options("model", corpus(help="Haystack text (one text per line, or JSONL with 'text'): its first half makes the "
-                              "haystacks, its second half the held-out text. Default: the built-in corpus."))
+@options("model", "corpus")
 @click.option("--needles", "n_needles", type=click.IntRange(min=2), default=16, show_default=True,
               help="Needle prompts; even ones select heads, odd ones are held out.")
 @click.option("--length", "lengths", type=click.IntRange(min=16), multiple=True, default=(1200,), show_default=True,
@@ -72,8 +71,7 @@ def _write_pattern(result, folder: Path) -> None:
                    "Default: four built-in passkey phrasings.")
 @click.option("--top-share", "top", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05,
               show_default=True, help="Share of the heads, best by retrieval score, masked in the causal check.")
-@click.option("--random", "n_random", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Random head sets of the same size masked for comparison.")
+@options("random")
 @click.option("--check/--no-check", default=True, show_default=True, help="Run the causal check.")
 @click.option("--sensitivity", is_flag=True, help="Also stream each KV head alone over the held-out text.")
 @click.option("--rank-by", "ranking", type=click.Choice(["retrieval", "sensitivity"]), default="retrieval",
@@ -92,6 +90,9 @@ def _write_pattern(result, folder: Path) -> None:
 def cli(model_name, corpus_path, limit, n_needles, lengths, depths, phrasings, top, n_random, check, sensitivity, ranking,
         fraction, sink, recent, pattern, seed, out_path, quiet, as_json, placement) -> None:
     """Retrieval heads of a decoder on needle prompts, the causal check, and a per-head KV-cache plan.
+
+    --corpus: the first half of its texts makes the haystacks, the second half the held-out text. --random: the
+    random head sets masked for comparison in the causal check.
 
     --out writes the per-head table (retrieval score with counts and interval, the KV head's pooled score,
     streaming sensitivity, full or streaming)."""

@@ -21,8 +21,8 @@ from ..common.corpus import corpus_or_fail, too_long_or_fail
 from ..common.exits import fail, refusals
 from ..common.interrupts import Interrupts
 from ..common.loading import inputs_or_fail, load_or_fail, models_or_fail
-from ..common.options import corpus, level, options, parsed, truncate, utf8_text
-from ..common.outputs import check_out, echo_json, say
+from ..common.options import options, parsed, renamed
+from ..common.outputs import check_report_dir, echo_json, forced, say
 from ..common.runs import join_run
 
 __all__ = ["cli", "shown_settings"]
@@ -95,39 +95,20 @@ def _parse_width(value: str) -> float:
 
 
 @click.command()
-@options("models", corpus(help="Texts for the head scores: one per line, or JSONL with a 'text' field. "
-                              "Default: the built-in corpus."))
+@options("models", "corpus")
 @click.option("--coref", "coref_path", type=click.Path(dir_okay=False), default=None,
               help="Coreference probe data (JSONL or GAP .tsv). Default: the built-in agreement and Winograd sets.")
-@click.option("--text", "texts", multiple=True, callback=utf8_text("--text"),
-              help="A sentence for the explorer and the attention figures (repeatable); replaces the defaults "
-                   "(the it→animal sentence, its 'too wide' twin, 我爱北京天安门).")
-@click.option("--target", "targets", multiple=True, callback=utf8_text("--target"),
-              help="Encoder-decoder models: the decoder's text for each --text (repeatable, paired in order). "
-                   "Default: each sentence is its own target. Other models ignore it.")
+@options("texts")
 @click.option("--generate", "generate", type=click.IntRange(min=0), default=0, show_default=True,
               help="Decoders: generate N tokens (greedy) after each --text; the explorer steps through them.")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder to write the report into (created; must not exist unless --force).")
-@click.option("--force", is_flag=True,
-              help="Replace an existing --out folder that headscope wrote (its run.json lists every file in it).")
-@level(help="Units for head scores and the probe: words (Clark et al. 2019) or sub-word tokens.")
-@click.option("--induction-seqs", type=click.IntRange(min=0), default=20, show_default=True,
-              help="Repeated random sequences for induction scores (decoders; 0 skips).")
-@click.option("--permutations", type=click.IntRange(min=100), default=10_000, show_default=True,
-              help="Monte Carlo permutations per probe test.")
-@options("seed", "batching", truncate(help="Cut texts longer than a model's context instead of failing."))
-@click.option("--conllu", "conllu_path", default=None,
-              help="A CoNLL-U treebank: adds a Syntax section (heads that follow dependency relations, trees, "
-                   "head clusters), scored on this file.")
-@click.option("--select-on", "select_path", default=None,
-              help="A second CoNLL-U file to choose the syntax heads on (e.g. dev -> test); without it, a seeded "
-                   "half of --conllu. Needs --conllu.")
+@options("report")
+@renamed("--out", "--report", "report_dir", value="DIR", callback=check_report_dir,
+         type=click.Path(file_okay=False, path_type=Path))
+@options("level", "induction", "permutations", "seed", "batching", "truncate", "treebank")
 @click.option("--ablation/--no-ablation", default=None,
               help="Ablation evidence: ablate every head alone, gradient importance, the induction ablation and the "
                    "probes' cloze checks. Default: on for encoders (seconds), off for decoders (minutes on a CPU).")
-@click.option("--ablation-texts", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Corpus texts that every single-head ablation and the importance are measured on.")
+@options("ablation_texts")
 # The names before 0.2 ("causal" now means only a decoder's mask), accepted for one release with a warning.
 @click.option("--causal/--no-causal", "old_ablation", default=None, hidden=True, deprecated="use --ablation/--no-ablation")
 @click.option("--causal-texts", "old_ablation_texts", type=click.IntRange(min=1), default=None, hidden=True,
@@ -145,13 +126,16 @@ def _parse_width(value: str) -> float:
 @click.option("--width", default=None, callback=parsed(_parse_width, "--width"),
               help="Scale every figure file to this width, keeping its aspect: 3.5in, 8.9cm, 89mm or 252pt.")
 @options("image", "quiet", "json", "attention", "device")
-def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_dir, force, level, induction_seqs,
+def cli(models, corpus_path, limit, coref_path, texts, targets, generate, report_dir, level, induction_seqs,
         permutations, seed, batch_size, truncate, conllu_path, select_path, ablation, ablation_texts, old_ablation,
         old_ablation_texts, sinks, mechanisms, formats, dpi, width, images,
         quiet, as_json, placement, attention, memory_budget) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
-    --json prints the run.json record. Exits 1 when a model's attention is not verified (the report
+    --report DIR is the report's folder (`--out DIR` before this release, kept one release); --text gives the
+    sentences of the explorer and the attention figures (default: the it→animal sentence, its 'too wide' twin,
+    我爱北京天安门); --conllu adds a Syntax section (heads that follow dependency relations, trees, head
+    clusters). --json prints the run.json record. Exits 1 when a model's attention is not verified (the report
     is still written and says so).
     """
     import matplotlib
@@ -186,7 +170,9 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
             check_width(width, dpi)
         except ValueError as exc:
             fail(f"--width: {exc}")
-    check_out(out_dir, force)
+    if report_dir is None:
+        fail("give --report DIR: the folder the report is written into")
+    out_dir, force = report_dir, forced()
     corpus, probe_sets, corpus_lines = _read_inputs(corpus_path, coref_path, limit)
     treebanks = _read_treebanks(conllu_path, select_path)
     settings = RunSettings(

@@ -11,8 +11,7 @@ from ..common.options import options
 
 
 @click.command()
-@click.option("--model", "models", multiple=True, default=("minilm",), show_default=True,
-              help="Packaged name, folder or hub id; repeat (or separate with commas) to serve several models.")
+@options("models")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
 @click.option("--allow-remote", is_flag=True,

@@ -7,12 +7,10 @@ from pathlib import Path
 
 import click
 
-from headscope.probe.names import AblationMethod, choices
-
 from ..common.corpus import corpus_or_fail
 from ..common.exits import fail
 from ..common.loading import load_or_fail
-from ..common.options import corpus, options
+from ..common.options import options, renamed
 from ..common.outputs import echo_json, say, write_table
 from headscope.probe.wording import counted
 
@@ -35,26 +33,22 @@ def _read_text(path: str | None) -> str | None:
 
 
 @click.command()
-@options("model", corpus(help="Texts for the per-head shares, the sink rate and the ablations (one per line, or JSONL "
-                             "with 'text'). Default: the built-in corpus."))
+@options("model", "corpus")
 @click.option("--k", "k", type=click.IntRange(1, 4), default=1, show_default=True,
               help="Sink rate: attention on the first k positions (Gu et al. 2025).")
 @click.option("--epsilon", type=click.FloatRange(0, 1, max_open=True), default=0.3, show_default=True,
               help="Sink rate: a head is a sink when its mean attention on the first k positions exceeds this.")
-@click.option("--length", type=click.IntRange(min=4), default=64, show_default=True,
+@click.option("--sequence-length", "length", type=click.IntRange(min=4), default=64, show_default=True,
               help="Sink rate: tokens per sequence.")
+@renamed("--length", "--sequence-length", "length", value="N", type=click.IntRange(min=4))
 @click.option("--sequences", type=click.IntRange(min=1), default=32, show_default=True,
               help="Sink rate: sequences cut from the texts (at most).")
 @click.option("--random-sequences", type=click.IntRange(min=0), default=32, show_default=True,
               help="Sink rate: sequences of random tokens (0 skips).")
-@click.option("--ablation/--no-ablation", default=True, show_default=True,
+@click.option("--dormant/--no-dormant", "ablation", default=True, show_default=True,
               help="Ablate every head alone to call sink heads dormant (no call without it).")
-@click.option("--ablation-texts", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Texts every single-head ablation is measured on.")
-@click.option("--method", type=click.Choice(choices(AblationMethod)), default="mean", show_default=True,
-              help="How a head is ablated.")
-@click.option("--random", "n_random", type=click.IntRange(min=1), default=19, show_default=True,
-              help="Other heads ablated alone that each head is compared with.")
+@renamed("--ablation/--no-ablation", "--dormant/--no-dormant", "ablation")
+@options("ablation_texts", "method", "random")
 @click.option("--streaming", is_flag=True,
               help="Run the StreamingLLM test instead: perplexity under dense attention, a window, and the window "
                    "plus the first tokens (decoders).")
@@ -73,7 +67,9 @@ def cli(model_name, corpus_path, limit, k, epsilon, length, sequences, random_se
     """Attention sinks: per-head first-position shares, value norms, dormant calls from ablation, the sink rate
     (texts, random tokens, first token replaced) and massive activations; --streaming: the StreamingLLM test.
 
-    --out writes the per-head table (or, with --streaming, the loss per position)."""
+    The corpus gives the per-head shares, the sink rate and the ablations; each head's ablation is compared with
+    --random other heads ablated alone. --out writes the per-head table (or, with --streaming, the loss per
+    position)."""
     from headscope.workflows.sinks import sinks, streaming as streaming_test
 
     if streaming:

@@ -9,7 +9,7 @@ import click
 
 from ..common.exits import fail
 from ..common.loading import load_or_fail, models_or_fail
-from ..common.options import limit, options, seed
+from ..common.options import options, treebank
 from ..common.outputs import TABLE_WRITERS, echo_json, new_file_or_fail, say, write_figure, write_table
 from ..common.verification import finish, verify_step
 
@@ -44,19 +44,12 @@ def _read(path: Path, option: str):
 @click.command(help="Which heads follow which dependency relations on a CoNLL-U treebank: per relation the head "
                     "chosen on --select-on scored on --conllu against the best fixed offset, and trees decoded "
                     "from single heads against right-branching.")
-@options("model")
-@click.option("--conllu", "conllu_path", required=True, help="The treebank the heads are scored on (CoNLL-U).")
-@click.option("--select-on", "select_path", default=None,
-              help="A second CoNLL-U file to choose heads and offsets on (e.g. dev -> test). "
-                   "Without it, a seeded random half of --conllu is used for choosing.")
+@options("model", treebank(required=True))
 @click.option("--subtypes", is_flag=True, help="Keep relation subtypes apart (nmod:poss); default: folded (nmod).")
 @click.option("--tree-sample", type=click.IntRange(1, None), default=500, show_default=True,
               help="Selection sentences (seeded sample) on which every head's trees are decoded to choose one.")
 @click.option("--no-trees", is_flag=True, help="Skip decoding trees.")
-@click.option("--permutations", "n_perm", type=click.IntRange(100, None), default=10_000, show_default=True,
-              help="Monte Carlo permutations per test.")
-@options(seed(help="Seed of the split, tie-breaks, sample, tests."),
-         limit("sentences of each file (a subset: say so when you report)"), "batching")
+@options("permutations", "seed", "limit", "batching")
 @click.option("--clusters", "clusters_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also place every head by the Jensen-Shannon distance between its attention and the others' "
                    "(metric MDS) on the first --cluster-sentences sentences of --conllu, labelled by each head's "
@@ -68,7 +61,7 @@ def _read(path: Path, option: str):
 @click.option("--cluster-sentences", type=click.IntRange(2, None), default=100, show_default=True,
               help="Sentences the clusters are computed on.")
 @options("out", "json", "quiet", "verify", "attention", "device")
-def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, n_perm, seed, limit, batch_size,
+def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, permutations, seed, limit, batch_size,
         clusters_path, cluster_with, cluster_sentences, out_path, as_json, quiet, no_verify, placement, attention,
         memory_budget) -> None:
     from headscope import syntax
@@ -80,7 +73,7 @@ def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, n
     verification = verify_step(lm, enabled=not no_verify)
     try:
         result = syntax(lm, test, select_on=select, subtypes=subtypes, trees=not no_trees, tree_sample=tree_sample,
-                        n_perm=n_perm, seed=seed, batch_size=batch_size, limit=limit,
+                        n_perm=permutations, seed=seed, batch_size=batch_size, limit=limit,
                         progress=not quiet, attention=attention, budget=memory_budget)
     except (ValueError, RuntimeError) as exc:
         fail(f"{model_name}: {exc}")

@@ -9,16 +9,13 @@ import click
 
 from ..common.exits import refusals
 from ..common.loading import inputs_or_fail, load_or_fail
-from ..common.options import options, utf8_text
+from ..common.options import options
 from ..common.outputs import echo_json, write_table
 
 
 @click.command()
 @options("model")
-@click.option("--text", "texts", multiple=True, callback=utf8_text("--text"), help="Text to verify on (repeatable); default: built-in examples.")
-@click.option("--target", "targets", multiple=True, callback=utf8_text("--target"),
-              help="Encoder-decoder models: the decoder's text for each --text, in order; default: the texts shifted by one.")
-@options("truncate", "image", "out", "json", "quiet", "device")
+@options("texts", "truncate", "image", "out", "json", "quiet", "device")
 def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], truncate: bool, images: tuple[str, ...], out_path, as_json: bool, placement, quiet) -> None:
     """Exit 0 only when every head of every layer matches the from-scratch attention.
 

@@ -40,12 +40,12 @@ from typing import Any, Callable
 
 import click
 
-from headscope.probe.names import (DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, DType, Level,
-                                   choices, device_spec)
+from headscope.probe.names import (DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, AblationMethod, Attention,
+                                   DType, Level, choices, device_spec)
 from headscope.probe.sizes import parse_max_memory, parse_size  # the API's own readers: one value, one meaning
 
 from .exits import fail
-from .outputs import check_maps_path, check_table_path, new_figure_or_fail, remember_force
+from .outputs import check_maps_path, check_report_dir, check_table_path, new_figure_or_fail, remember_force
 
 __all__ = ["options", "GROUPS", "model", "models", "corpus", "limit", "level", "special", "batching", "seed", "top",
            "truncate", "head", "heads", "select", "out", "maps_out", "figure", "json", "quiet", "verify", "image", "attention", "device",
@@ -140,46 +140,82 @@ def _head_names(text: str) -> list[tuple[int, int]]:
     return parse_heads(text)
 
 
+# ---------------------------------------------------------------- renamed options
+
+
+def renamed(old: str, new: str, name: str, *, value: str = "", callback: Callable | None = None,
+            **settings: Any) -> Decorator:
+    """`old`, the spelling of `new` before this release, kept hidden for one release: what it is given goes to
+    `new`'s parameter `name`, with one line on stderr. `value` is how the option's value is written in that line
+    (`METRIC:K`); `callback` is `new`'s own check, run on the value as `new` runs it.
+
+    Hidden aliases are left out of `--help` and of the one-declaration scan (`tests/test_option_homes.py`)."""
+    def moved(ctx, param, given):
+        if given is None:  # not on the command line
+            return None
+        shown = f" {value}" if value else ""
+        click.echo(f"headscope: {ctx.info_name} {old.split('/')[0]}{shown} is deprecated: write "
+                   f"{new.split('/')[0]}{shown} (the old spelling works for one more release)", err=True)
+        if callback is not None:
+            given = callback(ctx, param, given)
+        # Set here, outside click's own bookkeeping, so the new option's default does not replace it afterwards.
+        ctx.params[name] = given
+        return given
+
+    return click.option(old, f"old_{name}", hidden=True, default=None, expose_value=False, callback=moved,
+                        **settings)
+
+
 # ---------------------------------------------------------------- the groups
 
-_MODEL_HELP = "Packaged name, folder or hub id."
+# One help per option: what it is, the same in every command that takes it (the command's docstring says what
+# it does there). A group's call may set only the default, and only where `PER_COMMAND_DEFAULTS` says why.
+PER_COMMAND_DEFAULTS: dict[str, str] = {
+    "--model": "`generate` needs a decoder (smollm2); every other command starts from minilm",
+    "--top": "rows shown, and a row is a head of each metric (heads), a key of each step (generate) or one line of "
+             "a ranked list (the others): 3 rows of a grouped listing, 10 of a list",
+}
+
+_MODEL_HELP = ("Packaged name, folder, GGUF file or hub id (NAME@REVISION); run and serve take several (repeat it, or "
+               "separate names with commas).")
 
 
-def model(*, default: str = "minilm", help: str = _MODEL_HELP) -> Decorator:
+def model(*, default: str = "minilm") -> Decorator:
     """--model NAME (default minilm)."""
-    return _option("--model", "model_name", default=default, show_default=True, help=help)
+    return _option("--model", "model_name", default=default, show_default=True, help=_MODEL_HELP)
 
 
 def models() -> Decorator:
-    """--model NAME, repeatable (or comma-separated): the commands that compare models side by side."""
-    return _option("--model", "models", multiple=True, default=("minilm",), show_default=True,
-                        help=f"{_MODEL_HELP} Repeat (or separate with commas) to compare models side by side.")
+    """--model NAME, repeatable (or comma-separated): the commands that take several models (run, serve)."""
+    return _option("--model", "models", multiple=True, default=("minilm",), show_default=True, help=_MODEL_HELP)
 
 
-_CORPUS_HELP = "Text file (one text per line) or JSONL with a 'text' field; default: the built-in corpus."
+def limit() -> Decorator:
+    """--limit N: only the first N texts, sentences or examples of what a command reads."""
+    return _option("--limit", type=click.IntRange(min=1), default=None,
+                   help="Use only the first N texts (sentences, examples) of each input file; a subset: say so "
+                        "when you report.")
 
 
-def limit(what: str = "texts", *, minimum: int = 1) -> Decorator:
-    """--limit N: only the first N of the `what` a command reads."""
-    return _option("--limit", type=click.IntRange(min=minimum), default=None, help=f"Use only the first N {what}.")
+def corpus() -> Decorator:
+    """--corpus FILE (default: the built-in corpus) and --limit N of its texts."""
+    return _together(_option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None,
+                             help="Text file (one text per line) or JSONL with a 'text' field; default: the "
+                                  "built-in corpus."),
+                     limit())
 
 
-def corpus(*, help: str = _CORPUS_HELP, minimum: int = 1) -> Decorator:
-    """--corpus FILE (default: the built-in corpus) and --limit N of its texts (at least `minimum`)."""
-    return _together(_option("--corpus", "corpus_path", type=click.Path(dir_okay=False), default=None, help=help),
-                     limit(minimum=minimum))
-
-
-def level(*, help: str = "Score sub-word tokens or words (Clark et al. 2019 aggregation).") -> Decorator:
+def level() -> Decorator:
     """--level word|token (default word)."""
     return _option("--level", type=click.Choice(choices(Level, first=DEFAULT_LEVEL)), default=DEFAULT_LEVEL,
-                        show_default=True, help=help)
+                   show_default=True, help="Units: words (a word's pieces summed as keys, averaged as queries; "
+                                           "Clark et al. 2019) or sub-word tokens.")
 
 
 def special() -> Decorator:
     """--special/--no-special: keep the special tokens as units (default), or drop them."""
     return _option("--special/--no-special", "include_special", default=DEFAULT_INCLUDE_SPECIAL, show_default=True,
-                        help="Keep [CLS]/[SEP]/<bos> as units, or drop them and renormalise each row.")
+                   help="Keep [CLS]/[SEP]/<bos> as units, or drop them and renormalise each row.")
 
 
 def batching() -> Decorator:
@@ -187,33 +223,104 @@ def batching() -> Decorator:
     return _option("--batch-size", type=click.IntRange(min=1), default=8, show_default=True)
 
 
-def seed(*, help: str | None = None) -> Decorator:
-    """--seed N (default 0); `help` says what it seeds."""
-    return _option("--seed", type=int, default=0, show_default=True, help=help)
+def seed() -> Decorator:
+    """--seed N (default 0)."""
+    return _option("--seed", type=int, default=0, show_default=True,
+                   help="Seed of every random choice (splits, samples, random heads and sequences): the same seed, "
+                        "the same result.")
 
 
-def top(default: int = 10, help: str = "Rows listed.") -> Decorator:
-    """--top K: how many of the strongest rows the text output lists (the parameter `k`)."""
-    return _option("--top", "k", type=click.IntRange(min=1), default=default, show_default=True, help=help)
+def top(default: int = 10) -> Decorator:
+    """--top K: how many of the strongest rows the text output shows (the parameter `k`); never what is computed."""
+    return _option("--top", "k", type=click.IntRange(min=1), default=default, show_default=True,
+                   help="Rows shown, the strongest first (--out and --json hold every row).")
 
 
-def truncate(*, help: str = "Cut texts longer than the model's context instead of failing.") -> Decorator:
+def truncate() -> Decorator:
     """--truncate."""
-    return _option("--truncate", is_flag=True, help=help)
+    return _option("--truncate", is_flag=True, help="Cut texts longer than the model's context instead of failing.")
 
 
-def head(*, option: str = "--head", name: str = "head", help: str = "The head, e.g. L2H3 (model indices, from 0).",
-         required: bool = False, bare: bool = False) -> Decorator:
+def head(*, option: str = "--head", name: str = "head", required: bool = False, bare: bool = False) -> Decorator:
     """One head, `L2H3` (or `2,3`), given to the command as (layer, head); `bare`: a bare number passes as an int
-    (a head of the layer another option names)."""
-    return _option(option, name, required=required, default=None, metavar="LxHy", help=help,
-                        callback=parsed(_head_or_number if bare else _head_name, option))
+    (a head of the layer another option names). `option="--sender"`: patch's sender head."""
+    text = {"--head": "A head, e.g. L2H3 or 2,3 (model indices, from 0).",
+            "--sender": "With --what path: the sender head, e.g. L9H6."}[option]
+    return _option(option, name, required=required, default=None, metavar="LxHy", help=text,
+                   callback=parsed(_head_or_number if bare else _head_name, option))
 
 
-def heads(*, help: str = "Heads, e.g. L16H0,L18H6.") -> Decorator:
+def heads() -> Decorator:
     """--heads L16H0,L18H6, given to the command as [(layer, head), ...]."""
-    return _option("--heads", "heads", default=None, metavar="LxHy,...", help=help,
-                        callback=parsed(_head_names, "--heads"))
+    return _option("--heads", "heads", default=None, metavar="LxHy,...", help="Heads, e.g. L16H0,L18H6.",
+                   callback=parsed(_head_names, "--heads"))
+
+
+def permutations() -> Decorator:
+    """--permutations N (default 10,000): Monte Carlo permutations of each permutation test."""
+    return _option("--permutations", "permutations", type=click.IntRange(min=100), default=10_000,
+                   show_default=True, help="Monte Carlo permutations per test.")
+
+
+def method() -> Decorator:
+    """--method zero|mean|uniform (default mean): how a head is ablated."""
+    return _option("--method", type=click.Choice(choices(AblationMethod, first="mean")), default="mean",
+                   show_default=True,
+                   help="How a head is ablated: its mean output (over the corpus, else the first 64 built-in "
+                        "texts), zero, or uniform attention.")
+
+
+def ablation_texts() -> Decorator:
+    """--ablation-texts N (default 32): the texts every single-head ablation is measured on."""
+    return _option("--ablation-texts", type=click.IntRange(min=1), default=32, show_default=True,
+                   help="Corpus texts every single-head ablation is measured on.")
+
+
+def random_sets() -> Decorator:
+    """--random N (default 19): random head sets of the same size that an effect is compared with."""
+    return _option("--random", "n_random", type=click.IntRange(min=1), default=19, show_default=True,
+                   help="Random head sets of the same size compared with (19 allows p = 0.05; fewer never "
+                        "can).")
+
+
+def occurrence() -> Decorator:
+    """--occurrence N (default 0): which occurrence of the query token."""
+    return _option("--occurrence", type=click.IntRange(min=0), default=0, show_default=True,
+                   help="Which occurrence of the query token (0-based: 0 is the first).")
+
+
+def texts() -> Decorator:
+    """--text (repeatable) and --target (repeatable, encoder-decoder models): the texts a command reads."""
+    return _together(
+        _option("--text", "texts", multiple=True, callback=utf8_text("--text"),
+                help="A text to read (repeatable); replaces the command's built-in examples."),
+        _option("--target", "targets", multiple=True, callback=utf8_text("--target"),
+                help="Encoder-decoder models: the decoder's text for each --text, in order (repeatable); default: "
+                     "one made from each --text."))
+
+
+def prompt(*, multiple: bool = False) -> Decorator:
+    """--prompt TEXT (required; `multiple`: repeatable): the text the model continues."""
+    return _option("--prompt", "prompts" if multiple else "prompt", required=True, multiple=multiple,
+                   callback=utf8_text("--prompt"), help="The text the model continues.")
+
+
+def treebank(*, required: bool = False) -> Decorator:
+    """--conllu FILE and --select-on FILE: the CoNLL-U treebank the syntax heads are scored on, and one to choose
+    them on."""
+    return _together(
+        _option("--conllu", "conllu_path", required=required, default=None, metavar="FILE",
+                help="The CoNLL-U treebank the syntax heads are scored on."),
+        _option("--select-on", "select_path", default=None, metavar="FILE",
+                help="A second CoNLL-U file to choose heads and offsets on (e.g. dev -> test); without it, a "
+                     "seeded random half of --conllu. Needs --conllu."))
+
+
+def induction() -> Decorator:
+    """--induction-seqs N (default 20): repeated random sequences for the induction scores."""
+    return _option("--induction-seqs", type=click.IntRange(min=0), default=20, show_default=True,
+                   help="Repeated random sequences for the induction and duplicate-token scores (decoders; 0 "
+                        "skips).")
 
 
 def select() -> Decorator:
@@ -228,17 +335,25 @@ def select() -> Decorator:
                      help="Only these heads of each layer (indices from 0, e.g. 0,3); default: all."))
 
 
+def force() -> Decorator:
+    """--force: replace an output that exists. Read first (eager), so the checks of --out and --report know it
+    (`common.outputs.forced`)."""
+    return _option("--force", is_flag=True, is_eager=True, expose_value=False, callback=remember_force,
+                   help="Replace an existing --out file or --report folder (atomically: the old one stays until the "
+                        "new one is complete); a report folder or attention file only when headscope wrote it.")
+
+
+_OUT_HELP = ("The file to write, its format by the suffix: a table (.csv, .parquet, .json), or extract's attention "
+             "maps (.safetensors, .npz, .pt, .parquet); missing folders are created.")
+
+
 def maps_out() -> Decorator:
     """--out FILE (required): attention maps, as .safetensors, .npz, .pt or .parquet by the suffix
     (`probe.mapfiles.MAP_FORMATS`), and --force to replace a maps file headscope wrote (never another file).
     Checked before any model loads."""
-    return _together(
-        _option("--force", is_flag=True, is_eager=True, expose_value=False, callback=remember_force,
-                     help="Replace an existing attention file that headscope wrote (never any other file)."),
-        _option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), required=True,
-                     callback=check_maps_path, metavar="FILE",
-                     help="The file to write: .safetensors, .npz, .pt or .parquet by the suffix (missing folders "
-                          "are created)."))
+    return _together(force(), _option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path),
+                                      required=True, default=None, callback=check_maps_path, metavar="FILE",
+                                      help=_OUT_HELP))
 
 
 def out() -> Decorator:
@@ -246,20 +361,26 @@ def out() -> Decorator:
 
     Checked before any compute; `--force` is read first (eager), so the check of --out knows it.
     """
-    return _together(
-        _option("--force", is_flag=True, is_eager=True, expose_value=False, callback=remember_force,
-                     help="Replace an existing output file (atomically: the old one stays until the new one "
-                          "is complete)."),
-        _option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
-                     callback=check_table_path, expose_value=True,
-                     help="Write the full table here: .csv, .parquet or .json by the suffix "
-                          "(missing folders are created)."))
+    return _together(force(), _option("--out", "out_path", type=click.Path(dir_okay=False, path_type=Path),
+                                      default=None, callback=check_table_path, metavar="FILE", help=_OUT_HELP))
 
 
-def figure(*, help: str = "Also write the layer × head grid (.png, .svg or .pdf).") -> Decorator:
+def report(*, required: bool = False) -> Decorator:
+    """--report DIR: the HTML report folder (run, compare), checked before any model loads, and --force. Not `--out`:
+    that name is a file wherever it appears. `required` is checked by the command (`common.outputs.report_or_fail`),
+    so that run's old spelling `--out DIR` (`renamed`) can still give it for one release."""
+    return _together(force(), _option("--report", "report_dir", type=click.Path(file_okay=False, path_type=Path),
+                                      default=None, metavar="DIR", callback=check_report_dir,
+                                      help="Write the HTML report (index.html, figures, CSV tables, run.json) into "
+                                           "this folder (created; an existing one only with --force, and only when "
+                                           "headscope wrote it)."))
+
+
+def figure() -> Decorator:
     """--figure FILE: a figure beside the text output; an existing file is refused."""
-    return _option("--figure", "figure_path", type=click.Path(dir_okay=False), default=None, help=help,
-                        callback=new_figure_or_fail)
+    return _option("--figure", "figure_path", type=click.Path(dir_okay=False), default=None,
+                   help="Also write the command's figure (.png, .svg or .pdf; never over an existing file).",
+                   callback=new_figure_or_fail)
 
 
 def json() -> Decorator:
@@ -334,7 +455,9 @@ def device() -> Decorator:
 # Every group by name, with its defaults: what `options("corpus", ...)` looks up.
 GROUPS: dict[str, Callable[[], Decorator]] = {
     "model": model, "models": models, "corpus": corpus, "limit": limit, "level": level, "special": special,
-    "batching": batching, "seed": seed, "top": top, "truncate": truncate, "head": head, "heads": heads, "select": select, "out": out, "maps_out": maps_out,
-    "figure": figure, "json": json, "quiet": quiet, "verify": verify, "image": image, "attention": attention,
-    "device": device,
+    "batching": batching, "seed": seed, "top": top, "truncate": truncate, "head": head, "heads": heads,
+    "select": select, "out": out, "maps_out": maps_out, "report": report, "force": force, "figure": figure,
+    "json": json, "quiet": quiet, "verify": verify, "image": image, "attention": attention, "device": device,
+    "permutations": permutations, "method": method, "ablation_texts": ablation_texts, "random": random_sets,
+    "occurrence": occurrence, "texts": texts, "prompt": prompt, "treebank": treebank, "induction": induction,
 }

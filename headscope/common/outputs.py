@@ -19,7 +19,7 @@ import click
 from .exits import fail
 from .interrupts import committed
 
-__all__ = ["TABLE_WRITERS", "write_table", "check_maps_path", "writable_or_fail", "new_file_or_fail", "claim_output", "check_table_path",
+__all__ = ["TABLE_WRITERS", "forced", "check_report_dir", "write_table", "check_maps_path", "writable_or_fail", "new_file_or_fail", "claim_output", "check_table_path",
            "remember_force", "new_figure_or_fail", "check_out", "echo_json", "say", "attention_note"]
 
 
@@ -52,6 +52,20 @@ _FORCE = "headscope.force"  # ctx.meta key: --force, read by --out's check
 def remember_force(ctx, param, value: bool) -> bool:
     """The click callback of `--force` (eager): it is read before `--out` is checked."""
     ctx.meta[_FORCE] = value
+    return value
+
+
+def forced() -> bool:
+    """Whether `--force` was given to the running command (`options.force`)."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.meta.get(_FORCE, False))
+
+
+def check_report_dir(ctx, param, value: Path | None) -> Path | None:
+    """The click callback of `--report DIR` (and of run's old `--out DIR`): a report folder, checked before any model
+    loads (`check_out`), --force read first."""
+    if value is not None:
+        check_out(value, ctx.meta.get(_FORCE, False), param.opts[0])
     return value
 
 
