@@ -80,7 +80,7 @@ def _commands(kind: str, files: dict) -> dict[str, list[str]]:
         "retrieval": ["retrieval", "--needles", "2", "--length", "120", "--depth", "0.5", "--random", "2", "--quiet",
                       "--out", f"{out}/retrieval.csv", "--force"],
         "run": ["run", "--corpus", corpus, "--limit", "2", "--induction-seqs", "1", "--permutations", "100",
-                "--out", f"{out}/report", "--force", *image],
+                "--report", f"{out}/report", "--force", *image],
     }
 
 

@@ -174,16 +174,17 @@ def test_top_means_rows_shown_everywhere():
 
 @pytest.fixture
 def ablate_spy(monkeypatch):
-    """`headscope ablate` up to the ablation: what it would ablate, no model loaded."""
+    """`headscope ablate` up to the façade's ablate: what it is asked to ablate, no model loaded."""
     import headscope.commands.ablate as ablate_cmd
 
     seen = {}
 
-    def stop(model_name, placement):
+    def ablate(lm, heads, **kw):
+        seen.update(kw, heads=heads)
         raise SystemExit(0)
 
-    monkeypatch.setattr(ablate_cmd, "load_or_fail", stop)
-    monkeypatch.setattr(ablate_cmd, "parse_top", lambda spec: seen.setdefault("spec", spec) and ("induction", 5))
+    monkeypatch.setattr(ablate_cmd, "load_or_fail", lambda name, placement: name)
+    monkeypatch.setattr(hs, "ablate", ablate)
     return seen
 
 
@@ -191,7 +192,7 @@ def ablate_spy(monkeypatch):
 def test_ablate_heads_by_and_its_old_spelling(flag, warned, ablate_spy):
     res = CliRunner().invoke(cli, ["ablate", "--model", "tiny:llama", flag, "induction:5", "--task", "induction"])
     assert res.exit_code == 0, res.output
-    assert ablate_spy["spec"] == "induction:5"  # both spellings give the same choice
+    assert ablate_spy["heads_by"] == "induction:5" and ablate_spy["heads"] is None  # both spellings: one choice
     if warned:
         assert res.stderr == ("headscope: ablate --top METRIC:K is deprecated: write --heads-by METRIC:K (the old "
                               "spelling works for one more release)\n")
@@ -263,3 +264,62 @@ def test_sinks_dormant_and_run_report_keep_their_old_spellings(tmp_path, monkeyp
     for flag in ("--report", "--out"):  # the old spelling is checked as the new one is, before any work
         res = CliRunner().invoke(cli, ["run", flag, str(taken)])
         assert res.exit_code == 2 and flag in res.stderr.splitlines()[-1], res.output
+
+
+# ---------------------------------------------------------------- thin commands
+
+
+# What a command may import: the façade, the CLI support package, another command (relations is coref's factory),
+# and the live explorer's server, which is itself a front end beside the CLI.
+_ALLOWED = ("headscope", "headscope.common", "headscope.commands", "headscope.serve", "headscope.guard")
+# Imports of the rooms below the façade left in the two commands whose extraction bodies another change moves into
+# the workflows (issue 47, "the source is the only way to read attention"): this list may only shrink.
+_LEFT = {
+    "heads.py": {"headscope.probe.wording", "headscope.analyses.corpus", "headscope.probe.images",
+                 "headscope.analyses.heads", "headscope.probe.extract", "headscope.probe.verify",
+                 "headscope.analyses.metrics", "headscope.probe.types"},
+    "run.py": {"headscope.analyses.relations", "headscope.workflows.run", "headscope.reports.drawing",
+               "headscope.reports.folder", "headscope.reports.canvas", "headscope.probe.images"},
+}
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """Every module `path` imports, relative imports resolved against `headscope.commands`."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            base = "headscope.commands".split(".")[: 2 - (node.level - 1)] if node.level else []
+            found.add(".".join([*base, *([node.module] if node.module else [])]))
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m.startswith("headscope")}
+
+
+def test_a_command_imports_only_the_facade_and_the_cli_support():
+    commands = sorted((ROOT / "headscope" / "commands").glob("*.py"))
+    assert len(commands) > 15
+    for path in commands:
+        inside = {m for m in _imports(path) if not any(m == a or m.startswith(a + ".") for a in _ALLOWED)}
+        assert inside <= _LEFT.get(path.name, set()), (path.name, sorted(inside - _LEFT.get(path.name, set())))
+
+
+def test_the_import_scan_sees_an_internal_import():
+    source = ROOT / "headscope" / "commands" / "ablate.py"
+    assert "headscope.common.internals" not in _imports(source) and "headscope.common" in _imports(source)
+    fake = pathlib.Path(__file__).with_name("_scan_probe_tmp.py")
+    try:
+        fake.write_text("def f():\n    from headscope.probe.types import head_name\n    from ..common import fail\n")
+        assert _imports(fake) == {"headscope.probe.types", "headscope.common"}
+    finally:
+        fake.unlink()
+
+
+def test_every_command_that_prints_a_result_writes_it_through_the_one_writer():
+    """`common.outputs.emit` writes --out, --figure and --json for every command (`run` writes its report folder;
+    `heads` is left to the change that moves its body; `serve` prints no result)."""
+    for path in sorted((ROOT / "headscope" / "commands").glob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        if path.name in ("__init__.py", "relations.py", "serve.py", "run.py", "heads.py"):
+            continue
+        assert "emit(" in text and "echo_json(" not in text, path.name
+        assert "write_table(" not in text or path.name == "syntax.py", path.name  # syntax: its --clusters table

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
+from ..common import internals as hs_
 from ..common.exits import refusals
 from ..common.loading import load_or_fail
 from ..common.options import options, top
-from ..common.outputs import echo_json, write_outputs
+from ..common.outputs import emit
 
 __all__ = ["cli"]
 
@@ -36,22 +37,19 @@ def cli(model_name, kind, k, copying, figure_path, out_path, as_json, placement,
         result = composition(lm)
         copy = None
         if copying and lm.is_causal:
-            from headscope.probe.composition import copying_scores
-
-            copy = copying_scores(lm)
+            copy = hs_.copying_scores(lm)
     kinds = [kind] if kind else ["q", "k", "v"]
     frame = result.to_frame()
-    write_outputs(result, out_path, figure_path, table=frame[frame["kind"].isin(kinds)], kind=kind or "k")
     edges = {kd: result.top(k, kind=kd) for kd in kinds}
-    if as_json:
-        echo_json({"model": result.model, "baseline": {kd: result.baseline[kd] for kd in kinds},
-                   "edges": [{"kind": kd, "sender": r.sender, "receiver": r.receiver, "score": r.score,
-                              "baseline": r.baseline, "ratio": r.ratio} for kd in kinds for r in edges[kd].itertuples()],
-                   "copying": None if copy is None else [{"head": r.head, "layer": r.layer, "copying": r.copying}
-                                                         for r in copy.to_frame().itertuples()],
-                   "summary": result.summary()})
+    payload = {"model": result.model, "baseline": {kd: result.baseline[kd] for kd in kinds},
+               "edges": [{"kind": kd, "sender": r.sender, "receiver": r.receiver, "score": r.score,
+                          "baseline": r.baseline, "ratio": r.ratio} for kd in kinds for r in edges[kd].itertuples()],
+               "copying": None if copy is None else [{"head": r.head, "layer": r.layer, "copying": r.copying}
+                                                     for r in copy.to_frame().itertuples()],
+               "summary": result.summary()}
+    if not emit(result, out_path, figure_path, as_json=as_json, payload=payload,
+                table=frame[frame["kind"].isin(kinds)], kind=kind or "k"):
         return
-    click.echo(result.summary())
     for kd in kinds:
         click.echo(f"{kd.upper()}-composition (random matrices: {result.baseline[kd]:.3f}):")
         for r in edges[kd].itertuples():

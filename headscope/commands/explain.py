@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
+from ..common import internals as hs_
 from ..common.exits import fail, refusals
 from ..common.loading import inputs_or_fail, load_or_fail
 from ..common.options import head, options, utf8_text
-from ..common.outputs import echo_json, write_table
+from ..common.outputs import emit
 
 
 def _layer_head(layer: int | None, given: tuple[int, int] | int) -> tuple[int, int]:
@@ -42,10 +43,6 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
     import pandas as pd
 
     from headscope import explain, fit_context
-    from headscope.probe.explain import permutation_check
-    from headscope.probe.images import for_input
-    from headscope.probe.explain import scale_effect as scale_table
-    from headscope.probe.types import head_name
 
     layer, head = _layer_head(layer, head_spec)
     image = list(images) if images else None
@@ -57,7 +54,7 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
         inputs_or_fail([model_name], images=True)
     lm = load_or_fail(model_name, placement)
     with refusals(model_name, RuntimeError):
-        lm = for_input(lm, images=image is not None)  # a two-tower model (CLIP, SigLIP): the tower that reads it
+        lm = hs_.for_input(lm, images=image is not None)  # a two-tower model (CLIP, SigLIP): the tower that reads it
         if image is not None and text is not None and not getattr(lm, "reads_images", False):
             fail(f"give TEXT or --image FILE, not both: {lm.name} is not a vision–language decoder")
         if image is not None:
@@ -68,10 +65,9 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
         if image is None:
             e = explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence, attention=attention,
                         budget=memory_budget)
-            scales = scale_table(lm, text, layers=[layer]) if scale_effect else None
-            perm = permutation_check(lm, text) if permutation else None
-    if out_path:
-        write_table(e.table, out_path)
+            scales = hs_.scale_effect(lm, text, layers=[layer]) if scale_effect else None
+            perm = hs_.permutation_check(lm, text) if permutation else None
+    out = None
     if as_json:
         out = {"model": lm.name, "text": text, "query": e.query, "layer": layer, "head": head, "scale": e.scale,
                "output_norm": e.output_norm, "model_weight_max_abs_err": e.model_weight_max_abs_err,
@@ -82,10 +78,10 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
             out["scale_effect"] = scales.to_dict(orient="records")
         if perm is not None:
             out["permutation"] = perm.to_dict()
-        echo_json(out)
+    if not emit(e, out_path, as_json=as_json, payload=out, table=e.table, summary=None):
         return
     with pd.option_context("display.max_rows", 500, "display.width", 120):
-        click.echo(f"{lm.name} {head_name(layer, head)}, query {e.query!r} (token {e.query_index}); scale = {e.scale:.6g}")
+        click.echo(f"{lm.name} {hs_.head_name(layer, head)}, query {e.query!r} (token {e.query_index}); scale = {e.scale:.6g}")
         click.echo(e.table.to_string(index=False, float_format=lambda x: f"{x:9.4f}"))
         click.echo(e.summary())
         if e.check is not None:

@@ -8,7 +8,7 @@ from ..common.corpus import corpus_or_fail
 from ..common.exits import fail, refusals
 from ..common.loading import load_or_fail
 from ..common.options import options, utf8_text
-from ..common.outputs import echo_json
+from ..common.outputs import emit
 
 __all__ = ["cli"]
 
@@ -58,7 +58,4 @@ def cli(model_name, texts, corpus_path, limit, images, level, layers, heads, out
         result = extract_file(lm, all_texts or None, out_path, images=list(images) or None, level=level, layers=layers,
                               heads=heads, attention=attention, budget=memory_budget, batch_size=batch_size,
                               truncate=truncate, force=True, progress=not quiet)
-    if as_json:
-        echo_json(result.to_dict())
-    else:
-        click.echo(result.summary())
+    emit(result, as_json=as_json)  # the maps file is written by extract_file, atomically, as it computes

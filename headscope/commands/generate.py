@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import click
 
+from ..common import internals as hs_
 from ..common.exits import fail
 from ..common.loading import inputs_or_fail, load_or_fail
 from ..common.options import model, options, prompt, seed, top, utf8_text
-from ..common.outputs import echo_json
+from ..common.outputs import emit
 
 __all__ = ["cli"]
 
@@ -35,7 +36,6 @@ def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, sys
     record the attention of every generated token. --model must be a decoder; --seed seeds the sampling; --top lists
     the keys each step attends to most (averaged over layers and heads)."""
     from headscope import generate_attention
-    from headscope.probe.generate import chat_prompt
 
     if system is not None and not chat:
         fail("--system goes with --chat")
@@ -51,15 +51,15 @@ def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, sys
             if chat:
                 messages = ([{"role": "system", "content": system}] if system is not None else []) + \
                     [{"role": "user", "content": prompt}]
-                prompt, turns = chat_prompt(lm, messages)
+                prompt, turns = hs_.chat_prompt(lm, messages)
             results.append((prompt, generate_attention(lm, prompt, max_new_tokens=max_new_tokens,
                                                        temperature=temperature, top_p=top_p, seed=seed, turns=turns,
                                                        **({"images": list(images)} if images else {}))))
         except (TypeError, ValueError) as exc:
             fail(str(exc))
-    if as_json:
-        dicts = [r.to_dict() for _, r in results]
-        echo_json(dicts[0] if len(dicts) == 1 else {"generations": dicts})
+    dicts = [r.to_dict() for _, r in results] if as_json else []
+    if not emit(results[0][1], as_json=as_json, payload=dicts[0] if len(dicts) == 1 else {"generations": dicts},
+                summary=None):
         return
     for prompt, result in results:
         how = "greedy" if temperature == 0 else f"sampled at temperature {temperature:g}, top-p {top_p:g}, seed {seed}"
@@ -90,12 +90,11 @@ def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, sys
 def _image_share(result) -> str:
     """Each step's share of attention (mean over layers and heads) on the prompt's image tokens, and where in the
     picture the most of it lands."""
-    from headscope.probe.vision_language import patch_label
 
     on_image = [i for i, p in enumerate(result.prompt.patches) if p is not None]
     cells = []
     for t, row in enumerate(result.steps):
         mean = row.mean(dim=(0, 1))[on_image]  # [image key]
         best = result.prompt.patches[on_image[int(mean.argmax())]]
-        cells.append(f"{result.generated_tokens[t]!r} {float(mean.sum()):.3f} (most at {patch_label(best)})")
+        cells.append(f"{result.generated_tokens[t]!r} {float(mean.sum()):.3f} (most at {hs_.patch_label(best)})")
     return f"attention on the {len(on_image)} image tokens, per step: " + ", ".join(cells)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import click
 
-from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat, choices
-
+from ..common import internals as hs_
 from ..common.exits import fail, refusals
 from ..common.loading import load_or_fail
 from ..common.options import head, options, renamed
@@ -18,7 +17,7 @@ __all__ = ["cli"]
 @options("model")
 @click.option("--pairs", "pairs_spec", default="ioi", show_default=True,
               help="A built-in pair set (ioi, agreement) or a JSONL file of {\"clean\", \"corrupt\", \"right\", \"wrong\"}.")
-@click.option("--what", type=click.Choice(choices(PatchWhat)), default="head_out", show_default=True,
+@click.option("--what", type=click.Choice(hs_.choices(hs_.PatchWhat)), default="head_out", show_default=True,
               help="What is patched: each head's output, pattern, q, k or v, each MLP's output, the residual stream "
                    "entering each layer, or path (--sender to every later head's --receivers input).")
 @head(option="--sender", name="sender")
@@ -29,9 +28,9 @@ __all__ = ["cli"]
 @click.option("--attribution", is_flag=True, default=False,
               help="Attribution patching (the gradient approximation, with --what head_out or resid), beside real "
                    "patching on the same pairs and their Spearman rank correlation.")
-@click.option("--direction", type=click.Choice(choices(PatchDirection)), default="denoise", show_default=True,
+@click.option("--direction", type=click.Choice(hs_.choices(hs_.PatchDirection)), default="denoise", show_default=True,
               help="denoise: run the corrupt prompt, patch in clean activations; noise: the reverse.")
-@click.option("--positions", type=click.Choice(choices(PatchPositions)), default="all", show_default=True,
+@click.option("--positions", type=click.Choice(hs_.choices(hs_.PatchPositions)), default="all", show_default=True,
               help="Patch at every position at once, or (with --what resid) at each position alone.")
 @click.option("--confirm", "k", type=click.IntRange(min=1), default=3, show_default=True,
               help="Heads chosen on half of the pairs (the strongest) and confirmed, patched together, on the other "

@@ -8,11 +8,12 @@ from pathlib import Path
 
 import click
 
+from ..common import internals as hs_
 from ..common.corpus import corpus_or_fail
 from ..common.exits import fail
 from ..common.loading import load_or_fail
 from ..common.options import options
-from ..common.outputs import claim_output, echo_json, say, writable_or_fail, write_table
+from ..common.outputs import claim_output, emit, say, writable_or_fail
 
 __all__ = ["cli"]
 
@@ -30,7 +31,7 @@ def _pattern_folder(ctx, param, value: Path | None) -> Path | None:
 
 
 def _phrasing(text: str):
-    from headscope.probe.kvplan import Phrasing
+    from headscope import Phrasing
 
     statement, bar, question = text.partition("|")
     if not bar or "{key}" not in statement or not question.strip() or "|" in question:
@@ -44,14 +45,13 @@ def _phrasing(text: str):
 
 
 def _write_pattern(result, folder: Path) -> None:
-    from headscope.probe.folders import write_folder
 
     def fill(tmp: Path) -> None:
         (tmp / "full_attention_heads.tsv").write_text(result.plan.pattern_table(), encoding="utf-8")
         (tmp / "config.json").write_text(json.dumps(result.plan.pattern_config(), indent=2) + "\n", encoding="utf-8")
 
     try:
-        write_folder(folder, fill)
+        hs_.write_folder(folder, fill)
     except (OSError, FileExistsError) as exc:
         fail(f"could not write --pattern {folder}: {exc}")
 
@@ -96,7 +96,7 @@ def cli(model_name, corpus_path, limit, n_needles, lengths, depths, phrasings, t
 
     --out writes the per-head table (retrieval score with counts and interval, the KV head's pooled score,
     streaming sensitivity, full or streaming)."""
-    from headscope.workflows.retrieval import retrieval
+    from headscope import retrieval
 
     own = [_phrasing(p) for p in phrasings]
     texts = corpus_or_fail(corpus_path, limit).texts if corpus_path is not None else None
@@ -108,13 +108,10 @@ def cli(model_name, corpus_path, limit, n_needles, lengths, depths, phrasings, t
                            fraction=fraction, ranking=ranking, progress=not quiet, **({"phrasings": own} if own else {}))
     except ValueError as exc:
         fail(str(exc))
-    if out_path is not None:
-        write_table(result.to_frame(), out_path)
     if pattern is not None:
         _write_pattern(result, pattern)
     d = result.to_dict()
-    if as_json:
-        echo_json(d)
+    if not emit(result, out_path, as_json=as_json, payload=d, summary=None):
         return
     sel = result.selection_correct
     click.echo(f"{lm.name}: selection needles retrieved {sum(sel)} of {len(sel)}; {d['copy_steps']} copy steps")

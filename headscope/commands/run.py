@@ -17,6 +17,7 @@ from pathlib import Path
 
 import click
 
+from ..common import internals as hs_
 from ..common.corpus import corpus_or_fail, too_long_or_fail
 from ..common.exits import fail, refusals
 from ..common.interrupts import Interrupts
@@ -79,19 +80,16 @@ def _read_treebanks(conllu_path: str | None, select_path: str | None) -> dict:
 
 
 def _check_formats(ctx, param, value: str) -> tuple[str, ...]:
-    from headscope.reports.canvas import FORMATS
-
     formats = tuple(dict.fromkeys(f.strip().lower() for f in value.split(",") if f.strip()))
-    bad = [f for f in formats if f not in FORMATS]
+    bad = [f for f in formats if f not in hs_.FIGURE_FORMATS]
     if bad or not formats:
-        fail(f"--format {value}: choose one or more of {', '.join(FORMATS)}, comma-separated (such as png,pdf)")
+        fail(f"--format {value}: choose one or more of {', '.join(hs_.FIGURE_FORMATS)}, comma-separated (such as "
+             "png,pdf)")
     return formats
 
 
 def _parse_width(value: str) -> float:
-    from headscope.reports.canvas import parse_width  # imported when the option is given: matplotlib is slow to load
-
-    return parse_width(value)
+    return hs_.parse_width(value)  # looked up when the option is given: matplotlib is slow to load
 
 
 @click.command()

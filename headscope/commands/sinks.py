@@ -7,12 +7,12 @@ from pathlib import Path
 
 import click
 
+from ..common import internals as hs_
 from ..common.corpus import corpus_or_fail
 from ..common.exits import fail
 from ..common.loading import load_or_fail
 from ..common.options import options, renamed
-from ..common.outputs import echo_json, say, write_table
-from headscope.probe.wording import counted
+from ..common.outputs import emit, say
 
 __all__ = ["cli"]
 
@@ -70,7 +70,7 @@ def cli(model_name, corpus_path, limit, k, epsilon, length, sequences, random_se
     The corpus gives the per-head shares, the sink rate and the ablations; each head's ablation is compared with
     --random other heads ablated alone. --out writes the per-head table (or, with --streaming, the loss per
     position)."""
-    from headscope.workflows.sinks import sinks, streaming as streaming_test
+    from headscope import sinks, streaming as streaming_test
 
     if streaming:
         text = _read_text(text_file)
@@ -80,11 +80,8 @@ def cli(model_name, corpus_path, limit, k, epsilon, length, sequences, random_se
                                     source=text_file)
         except ValueError as exc:
             fail(str(exc))
-        if out_path is not None:
-            write_table(result.to_frame(), out_path)
         d = result.to_dict()
-        if as_json:
-            echo_json(d)
+        if not emit(result, out_path, as_json=as_json, payload=d, summary=None):
             return
         click.echo(f"{lm.name}: {d['n_tokens']} tokens of {d['source']}, window {window}, positions as the model's own")
         click.echo(f"  dense perplexity           {d['dense_ppl']:.3f}")
@@ -96,17 +93,14 @@ def cli(model_name, corpus_path, limit, k, epsilon, length, sequences, random_se
         fail("--text-file is the long text of --streaming; give --corpus for the sink analysis")
     texts = corpus_or_fail(corpus_path, limit).texts
     lm = load_or_fail(model_name, placement)
-    say(f"{lm.name}: sinks over {counted(len(texts), 'text')}", quiet=quiet)
+    say(f"{lm.name}: sinks over {hs_.counted(len(texts), 'text')}", quiet=quiet)
     try:
         result = sinks(lm, texts, k=k, epsilon=epsilon, length=length, n_sequences=sequences,
                        n_random_sequences=random_sequences, ablation=ablation, ablation_texts=ablation_texts,
                        method=method, n_random=n_random, seed=seed, batch_size=batch_size, progress=not quiet)
     except ValueError as exc:
         fail(str(exc))
-    if out_path is not None:
-        write_table(result.to_frame(), out_path)
-    if as_json:
-        echo_json(result.to_dict())
+    if not emit(result, out_path, as_json=as_json, summary=None):
         return
     for r in result.rates:
         click.echo(f"{lm.name}: Sink_{r.k}^{r.epsilon:g} on {r.source} ({r.n_sequences} × {r.length} tokens): "

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
+from ..common import internals as hs_
 from ..common.exits import fail
 from ..common.loading import load_or_fail, models_or_fail
 from ..common.options import options, treebank
-from ..common.outputs import TABLE_WRITERS, echo_json, new_file_or_fail, say, write_figure, write_table
+from ..common.outputs import TABLE_WRITERS, emit, new_file_or_fail, say, write_figure, write_table
 from ..common.verification import finish, verify_step
 
 __all__ = ["cli", "treebank_or_fail"]
@@ -29,11 +30,9 @@ def _existing(path: str, option: str) -> Path:
 
 
 def _read(path: Path, option: str):
-    from headscope.analyses.treebank import TreebankError, read_conllu
-
     try:
-        tb = read_conllu(path)
-    except TreebankError as exc:
+        tb = hs_.read_conllu(path)
+    except hs_.TreebankError as exc:
         fail(f"{option} {exc}")
     if not len(tb):
         fail(f"{option} {path}: no sentence could be read"
@@ -77,25 +76,19 @@ def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, p
                         progress=not quiet, attention=attention, budget=memory_budget)
     except (ValueError, RuntimeError) as exc:
         fail(f"{model_name}: {exc}")
-    if out_path is not None:
-        write_table(result.to_frame(), out_path)
     if clusters_path is not None:
         _write_clusters(lm, cluster_with, test, clusters_path, n_sentences=cluster_sentences, seed=seed,
                         batch_size=batch_size, placement=placement)
         say(f"wrote {clusters_path}", quiet=quiet)
-    if as_json:
-        echo_json({**result.to_dict(), "verification": verification})
-    else:
-        click.echo(verification["summary"])
+    if emit(result, out_path, as_json=as_json, payload={**result.to_dict(), "verification": verification},
+            summary=verification["summary"]):
         _print(result)
     finish(verification)
 
 
 def _cluster_writers() -> dict:
     """File suffix -> how the clusters go there: the table (TABLE_WRITERS) or its figure (figure FORMATS)."""
-    from headscope.reports.canvas import FORMATS
-
-    return {**{suffix: "table" for suffix in TABLE_WRITERS}, **{f".{fmt}": "figure" for fmt in FORMATS}}
+    return {**{suffix: "table" for suffix in TABLE_WRITERS}, **{f".{fmt}": "figure" for fmt in hs_.FIGURE_FORMATS}}
 
 
 def _check_clusters(path: Path | None, cluster_with) -> None:
@@ -124,9 +117,8 @@ def _write_clusters(lm, others, treebank, path: Path, *, n_sentences: int, seed:
     import matplotlib
 
     matplotlib.use("Agg")
-    from headscope.reports.syntax import cluster_plot
 
-    write_figure(cluster_plot(table), path)
+    write_figure(hs_.cluster_plot(table), path)
 
 
 def _pct(x) -> str:
@@ -134,13 +126,12 @@ def _pct(x) -> str:
 
 
 def _print(r) -> None:
-    from headscope.probe.types import head_name
 
     click.echo(f"{r.model} · {r.treebank} · {r.n_sentences} test sentences ({r.n_skipped} skipped) · {r.selection}")
     click.echo(f"  {'relation':<14} {'direction':<16} {'n':>5}  {'head':<7} {'held-out':>8}  {'95% CI':<13} "
                f"{'offset':>6} {'base':>6}  {'p':>7} {'p_holm':>7}")
     for s in r.relations:
-        head = head_name(*s.best_head) if s.best_head else "-"
+        head = hs_.head_name(*s.best_head) if s.best_head else "-"
         ci = f"{s.ci95[0]:.1%}–{s.ci95[1]:.1%}" if s.ci95 else "-"
         off = f"{s.baseline_offset:+d}" if s.baseline_offset is not None else "-"
         p = f"{s.p_value:.2g}" if s.p_value is not None else "-"

@@ -7,10 +7,11 @@ import sys
 
 import click
 
+from ..common import internals as hs_
 from ..common.exits import refusals
 from ..common.loading import inputs_or_fail, load_or_fail
 from ..common.options import options
-from ..common.outputs import echo_json, write_table
+from ..common.outputs import emit
 
 
 @click.command()
@@ -22,7 +23,6 @@ def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], trunc
     --out writes the per-layer table.
     """
     from headscope import verify
-    from headscope.probe.images import TOWER_NAMES
 
     if images:
         inputs_or_fail([model_name], images=True)
@@ -30,13 +30,9 @@ def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], trunc
     with refusals(model_name):
         result = verify(lm, list(texts) or None, truncate=truncate, **({"target": list(targets)} if targets else {}),
                         **({"images": list(images)} if images else {}))
-    if out_path:
-        write_table(result.to_frame(), out_path)
-    if as_json:
-        echo_json(result.to_dict())
-    else:
+    if emit(result, out_path, as_json=as_json, summary=None):
         for name, v in result.towers or (("", result),):  # a two-tower model: each tower's line, named
-            image = lm.is_image or name == TOWER_NAMES["image"]
+            image = lm.is_image or name == hs_.TOWER_NAMES["image"]
             click.echo(f"{v.model} ({v.family}, {v.dtype}), {v.n_texts} {'images' if image else 'texts'}, "
                        f"{v.n_tokens} {'units' if image else 'tokens'}")
         width = max(len(_layer(c)) for c in result.layers) if result.layers else 5

@@ -233,7 +233,7 @@ def seed() -> Decorator:
 def top(default: int = 10) -> Decorator:
     """--top K: how many of the strongest rows the text output shows (the parameter `k`); never what is computed."""
     return _option("--top", "k", type=click.IntRange(min=1), default=default, show_default=True,
-                   help="Rows shown, the strongest first (--out and --json hold every row).")
+                   help="Rows shown, the strongest first (--out holds every row).")
 
 
 def truncate() -> Decorator:

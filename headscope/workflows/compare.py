@@ -24,7 +24,7 @@ from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DE
 from headscope.probe.progress import progress as progress_bar
 from headscope.probe.sources import source_for
 
-__all__ = ["IncompatibleModels", "compare_models", "check_compatible"]
+__all__ = ["IncompatibleModels", "compare_models", "check_compatible", "comparison_report"]
 
 
 class IncompatibleModels(ValueError):
@@ -79,3 +79,22 @@ def check_compatible(a: LoadedModel, b: LoadedModel, texts: list[str], *, trunca
         if ea.ids != eb.ids:
             raise IncompatibleModels(f"{a.name} and {b.name} tokenize the text starting {ea.text[:40]!r} differently "
                                      f"({len(ea.ids)} vs {len(eb.ids)} tokens); compare models that share a tokenizer")
+
+
+def comparison_report(result: HeadComparison, models: tuple[LoadedModel, LoadedModel], out, *, verifications=(None, None),
+                      checks: dict, source: str, force: bool = False, committed=None):
+    """The HTML report of a comparison in the folder `out` (`hs.report`): one `ModelAnalysis` per model (its
+    `Verification`, or None), B's carrying the comparison; `checks` is each model's verification line ("a", "b").
+    Returns what `hs.report` wrote; `reports.folder.ReportFolderError` / `OSError` when the folder cannot be."""
+    from headscope.reports.analysis import ModelAnalysis
+    from headscope.reports.folder import report
+
+    analyses = [ModelAnalysis(model=lm.name, verification=verification, comparison=comp,
+                              info={"source": lm.source, "layers": lm.config.num_hidden_layers,
+                                    "heads": lm.config.num_attention_heads, "verification": checks[key]["summary"]})
+                for key, lm, verification, comp in (("a", models[0], verifications[0], None),
+                                                    ("b", models[1], verifications[1], result))]
+    return report(analyses, out, force=force, title=f"headscope comparison — {result.b} vs {result.a}",
+                  settings={"corpus": source, "texts": result.n_texts, "rule": result.rule},
+                  record={"command": "compare", "corpus": source, "comparison": result.to_dict(),
+                          "verification": checks}, committed=committed)
