@@ -200,9 +200,16 @@ def test_ablate_heads_by_and_its_old_spelling(flag, warned, ablate_spy):
         assert res.stderr == ""
 
 
-def test_ablate_refuses_both_or_neither_choice_by_their_new_names():
+def test_ablate_refuses_both_or_neither_choice_by_their_new_names(monkeypatch):
+    import headscope.commands.ablate as ablate_cmd
+
+    monkeypatch.setattr(ablate_cmd, "load_or_fail", lambda *a: pytest.fail("loaded a model"))
     res = CliRunner().invoke(cli, ["ablate", "--task", "induction"])
     assert res.exit_code == 2 and "--heads-by METRIC:K" in res.stderr
+    for flag in ("--heads-by", "--top"):  # a bad choice is refused before any model loads, in either spelling
+        res = CliRunner().invoke(cli, ["ablate", flag, "bogus:3", "--task", "induction"])
+        assert res.exit_code == 2 and res.stderr.splitlines()[-1].startswith(f"headscope: {flag} 'bogus:3': unknown "
+                                                                             "metric 'bogus'"), res.stderr
 
 
 @pytest.mark.parametrize("args, old, new, value", [

@@ -8,17 +8,23 @@ from ..common import internals as hs_
 from ..common.corpus import corpus_or_fail
 from ..common.exits import fail, refusals
 from ..common.loading import load_or_fail
-from ..common.options import options, renamed
+from ..common.options import options, parsed, renamed
 from ..common.outputs import emit
 
 __all__ = ["cli"]
 
 
+def _spec(text: str) -> str:
+    """--heads-by METRIC:K, checked before any model loads (`hs.heads_by_metric` reads it)."""
+    hs_.parse_heads_by(text)
+    return text
+
+
 @click.command()
 @options("model", "heads")
-@click.option("--heads-by", "heads_by", default=None, metavar="METRIC:K",
+@click.option("--heads-by", "heads_by", default=None, metavar="METRIC:K", callback=parsed(_spec, "--heads-by"),
               help="Ablate the K heads scoring highest on METRIC, scored as `headscope heads` does (e.g. induction:5).")
-@renamed("--top", "--heads-by", "heads_by", value="METRIC:K")
+@renamed("--top", "--heads-by", "heads_by", value="METRIC:K", callback=parsed(_spec, "--top"))
 @options("method", "corpus")
 @click.option("--task", type=click.Choice(["induction"]), default=None,
               help="Measure on a built-in task: induction = loss on the second copy of repeated random tokens.")

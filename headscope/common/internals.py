@@ -40,6 +40,7 @@ _HOMES: dict[str, tuple[str, str]] = {
     "model_type_of": ("headscope.probe.loading", "model_type_of"),
     "family_table": ("headscope.probe.families", "family_table"),
     "model_table": ("headscope.probe.registry", "model_table"),
+    "parse_heads_by": ("headscope.workflows.ablation", "parse_heads_by"),
     # what a model is given: the tower of a two-tower model that reads the input, a chat turned into a prompt
     "for_input": ("headscope.probe.images", "for_input"),
     "chat_prompt": ("headscope.probe.generate", "chat_prompt"),

@@ -126,23 +126,36 @@ def _means(lm: LoadedModel, method: str, corpus, reference, batch_size: int) -> 
 HEADS_BY_TEXTS = 32  # built-in corpus texts that `heads_by_metric` scores when no corpus is given
 
 
+def parse_heads_by(spec: str) -> tuple[str, int]:
+    """`"METRIC:K"` as (metric, k): a metric of `hs.heads` and a count from 1; a `ValueError` naming `spec` else.
+
+    >>> parse_heads_by("induction:5")
+    ('induction', 5)
+    """
+    from headscope.analyses.metrics import METRICS
+
+    metric, sep, k = str(spec).partition(":")
+    if not sep or not k.strip().isdigit() or int(k) < 1:
+        raise ValueError(f"{spec!r}: write METRIC:K, e.g. induction:5")
+    if metric not in METRICS:
+        raise ValueError(f"{spec!r}: unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    return metric, int(k)
+
+
 def heads_by_metric(lm: LoadedModel, spec: str, texts: Sequence[str] | None = None, *,
              progress: bool = False) -> list[tuple[int, int]]:
     """The K heads scoring highest on METRIC, `spec` = "METRIC:K" (a metric of `hs.heads`, e.g. "induction:5"),
     scored as `hs.heads` scores them over `texts` (default: the first 32 built-in corpus texts). A `ValueError`
     for a spec that is not METRIC:K, an unknown metric, or one this model has no score for."""
-    from headscope.analyses.metrics import METRICS
-
     from .heads import heads as score_heads
 
-    metric, sep, k = str(spec).partition(":")
-    if not sep or not k.strip().isdigit() or int(k) < 1:
-        raise ValueError(f"heads_by {spec!r}: write METRIC:K, e.g. induction:5")
-    if metric not in METRICS:
-        raise ValueError(f"heads_by {spec!r}: unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    try:
+        metric, k = parse_heads_by(spec)
+    except ValueError as exc:
+        raise ValueError(f"heads_by {exc}") from None
     refuse_seq2seq(lm, "head ablation")  # before every head is scored
     texts = list(texts) if texts is not None else builtin_corpus()[:HEADS_BY_TEXTS]
-    top = score_heads(lm, texts, progress=progress, total=len(texts)).top(metric, int(k))
+    top = score_heads(lm, texts, progress=progress, total=len(texts)).top(metric, k)
     if top.empty:
         raise ValueError(f"heads_by {spec}: {lm.name} has no {metric} score (not applicable to this model)")
     return [(int(r.layer), int(r.head)) for r in top.itertuples()]
