@@ -74,7 +74,7 @@ def _commands(kind: str, files: dict) -> dict[str, list[str]]:
         "patch": ["patch", "--pairs", "ioi", "--random", "2", "--out", f"{out}/patch.csv", "--force"],
         "composition": ["composition", "--out", f"{out}/composition.csv", "--force"],
         "sinks": ["sinks", "--corpus", corpus, "--limit", "2", "--sequences", "2", "--random-sequences", "2",
-                  "--length", "12", "--out", f"{out}/sinks.csv", "--force"],
+                  "--sequence-length", "12", "--out", f"{out}/sinks.csv", "--force"],
         "extract": ["extract", *(["The cat sat on the mat."] if kind == "text" else []), *image, "--quiet", "--out",
                     f"{out}/maps.npz", "--force"],
         "retrieval": ["retrieval", "--needles", "2", "--length", "120", "--depth", "0.5", "--random", "2", "--quiet",

@@ -423,7 +423,7 @@ def test_cli_causal_check_on_a_tiny_decoder(monkeypatch):
     lm = tiny_model("llama")
     monkeypatch.setattr(coref_cmd, "load_or_fail", lambda name, *placement: lm)
     res = CliRunner().invoke(cli, ["coref", "--model", "tiny", "--data", "agreement", "--limit", "20", "--permutations",
-                                   "200", "--ablate", "--random-sets", "2", "--json"])
+                                   "200", "--ablate", "--random", "2", "--json"])
     assert res.exit_code == 0, res.output
     ablation = json.loads(res.stdout)["ablation"]
     assert ablation["n"] == 20 and len(ablation["random_deltas"]) == 2 and ablation["verdict"].startswith("ablating L")

@@ -1,32 +1,44 @@
-"""The options every command shares, each defined once here and composed by name with `options`.
+"""The options every command shares, each declared once here (a `SharedOption`) and composed by name with `options`.
 
     @click.command()
-    @options("model", "corpus", "batching", top(3, "Heads listed per metric."), "heads", "out", "json", "quiet",
-             "device")
-    def cli(model_name, corpus_path, limit, batch_size, k, heads, out_path, as_json, quiet, device, dtype,
-            max_memory, offload_folder): ...
+    @options("model", "corpus", "batching", top(3), "heads", "out", "json", "quiet", "device")
+    def cli(model_name, corpus_path, limit, batch_size, k, heads, out_path, as_json, quiet, placement): ...
 
 A group is a decorator that adds one or more options; `options` applies groups in the order given, which is
-the order `--help` lists them. A name takes the group's defaults; a call (`top(3, ...)`, `seed(help=...)`)
-sets what differs between commands (a default, what the option is for), never the option's name, type or
-parameter name. The groups and the parameter each one gives the command:
+the order `--help` lists them. Each option has one help text and one default wherever it appears; a call
+(`top(3)`, `model(default="smollm2")`) sets only a default, and only where `PER_COMMAND_DEFAULTS` says why;
+what an option does in one command goes into that command's docstring. `tests/test_option_homes.py` scans the
+command tree for an option two commands declare differently. The groups and the parameter each one gives:
 
     model       --model NAME (model_name)          models      --model NAME, repeatable (models)
     corpus      --corpus FILE, --limit N (corpus_path, limit)
     limit       --limit N alone (limit)            level       --level word|token (level)
     special     --special/--no-special (include_special)
     batching    --batch-size N (batch_size)        seed        --seed N (seed)
-    top         --top K, rows listed (k)           truncate    --truncate (truncate)
-    head        --head L1H3, one head as (layer, head) (head; `head(option=...)` for --sender)
+    top         --top K, rows shown, never what is computed (k)
+    truncate    --truncate (truncate)
+    head        --head L1H3, one head as (layer, head) (head; `head(option="--sender")` for patch's sender)
     heads       --heads L1H3,L2H0 as [(layer, head), ...] (heads)
-    select      --layers 0,2 and --heads 0,3: which layers, and which heads of each, by index (layers, heads)
+    select      --layers 0,2 and --head-indices 0,3: which layers, and which heads of each, by index (layers, heads)
     out         --out FILE, a table by its suffix, and --force (out_path)
     maps_out    --out FILE, attention maps by its suffix (probe.mapfiles), required, and --force (out_path)
+    report      --report DIR, the HTML report folder, and --force (report_dir)
+    force       --force alone, read by --out and --report (`outputs.forced`)
     figure      --figure FILE, never an existing file (figure_path)
     json        --json (as_json)                   quiet       --quiet (quiet)
     verify      --no-verify (no_verify)            image       --image FILE, repeatable (images)
     attention   --attention, --memory-budget (attention, memory_budget)
-    device      --device, --dtype, --max-memory, --offload-folder (device, dtype, max_memory, offload_folder)
+    device      --device, --dtype, --max-memory, --offload-folder, given as one `hs.Placement` (placement)
+    permutations --permutations N (permutations)   method      --method mean|zero|uniform (method)
+    ablation_texts --ablation-texts N              random      --random N, random head sets (n_random)
+    occurrence  --occurrence N                     induction   --induction-seqs N (induction_seqs)
+    texts       --text, --target, repeatable (texts, targets)
+    prompt      --prompt TEXT (prompt; `prompt(multiple=True)`: prompts)
+    treebank    --conllu FILE, --select-on FILE (conllu_path, select_path)
+
+An option renamed in this release keeps its old spelling for one release, hidden, with one line on stderr
+(`renamed`: ablate --top METRIC:K is --heads-by, patch --top K is --confirm, run --out DIR is --report, sinks
+--length is --sequence-length and --ablation/--no-ablation --dormant/--no-dormant, coref --random-sets is --random).
 
 Head names are read by `probe.types.parse_head` (the inverse of `head_name`), the parser the workflows use;
 a bad one is one line naming the option, exit 2, before any model loads.
