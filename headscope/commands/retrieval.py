@@ -12,7 +12,7 @@ from ..common import internals as hs_
 from ..common.corpus import corpus_or_fail
 from ..common.exits import fail
 from ..common.loading import load_or_fail
-from ..common.options import options
+from ..common.options import options, random_sets
 from ..common.outputs import claim_output, emit, say, writable_or_fail
 
 __all__ = ["cli"]
@@ -71,7 +71,7 @@ def _write_pattern(result, folder: Path) -> None:
                    "Default: four built-in passkey phrasings.")
 @click.option("--top-share", "top", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05,
               show_default=True, help="Share of the heads, best by retrieval score, masked in the causal check.")
-@options("random")
+@options(random_sets(10))
 @click.option("--check/--no-check", default=True, show_default=True, help="Run the causal check.")
 @click.option("--sensitivity", is_flag=True, help="Also stream each KV head alone over the held-out text.")
 @click.option("--rank-by", "ranking", type=click.Choice(["retrieval", "sensitivity"]), default="retrieval",
