@@ -243,6 +243,8 @@ def test_the_other_renamed_options_still_work_for_one_release(args, old, new, va
             assert str(value) in map(str, got.values())
         else:  # a flag pair: the old --no-ablation turns the dormant calls off as --no-dormant does
             assert got["ablation"] is False
+            assert flag == new or "sinks --ablation/--no-ablation is deprecated: write --dormant/--no-dormant" in \
+                res.stderr
         assert ("is deprecated" in res.stderr) == (flag == old), res.stderr
 
 

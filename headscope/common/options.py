@@ -166,8 +166,8 @@ def renamed(old: str, new: str, name: str, *, value: str = "", callback: Callabl
         if given is None:  # not on the command line
             return None
         shown = f" {value}" if value else ""
-        click.echo(f"headscope: {ctx.info_name} {old.split('/')[0]}{shown} is deprecated: write "
-                   f"{new.split('/')[0]}{shown} (the old spelling works for one more release)", err=True)
+        click.echo(f"headscope: {ctx.info_name} {old}{shown} is deprecated: write {new}{shown} (the old spelling "
+                   "works for one more release)", err=True)
         if callback is not None:
             given = callback(ctx, param, given)
         # Set here, outside click's own bookkeeping, so the new option's default does not replace it afterwards.
