@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
 
+from .errors import PlacementError
 from .names import DType, device_spec
 from .sizes import parse_max_memory
 
@@ -31,7 +32,7 @@ class Placement:
     layers), their `dtype`, and for accelerate's placement `max_memory` (bytes per GPU number, `cpu`, `mps`; or the
     CLI's `"0=20GiB,cpu=60GiB"`) with what fits nowhere in `offload_folder`, read from disk one layer at a time.
 
-    Values are read as the CLI reads them (a bad one is a `ValueError` naming the argument)."""
+    Values are read as the CLI reads them (a bad one is a `PlacementError`, a `ValueError`, naming the argument)."""
 
     device: str = "cpu"
     dtype: DType = "float32"
@@ -42,14 +43,15 @@ class Placement:
         try:
             object.__setattr__(self, "device", device_spec(self.device))
         except ValueError:
-            raise ValueError(f"device must be auto, cpu, cuda, cuda:N (GPU number N) or mps, got {self.device!r}") from None
+            raise PlacementError(f"device must be auto, cpu, cuda, cuda:N (GPU number N) or mps, "
+                                 f"got {self.device!r}") from None
         if self.dtype not in get_args(DType):
-            raise ValueError(f"dtype must be one of {', '.join(get_args(DType))}, got {self.dtype!r}")
+            raise PlacementError(f"dtype must be one of {', '.join(get_args(DType))}, got {self.dtype!r}")
         if self.max_memory is not None:
             try:
                 object.__setattr__(self, "max_memory", parse_max_memory(self.max_memory))
             except ValueError as exc:
-                raise ValueError(f"max_memory {exc}") from None
+                raise PlacementError(f"max_memory {exc}") from None
         if self.offload_folder is not None:
             object.__setattr__(self, "offload_folder", Path(os.fspath(self.offload_folder)).expanduser())
 

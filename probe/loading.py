@@ -288,10 +288,7 @@ def _asked_placement(given: Placement | None, **loose) -> Placement:
     if named:
         warnings.warn(f"load({', '.join(f'{k}=' for k in named)}) is kept for one release; pass "
                       "placement=headscope.Placement(...) instead", DeprecationWarning, stacklevel=3)
-    try:
-        return Placement(**named)
-    except ValueError as exc:
-        raise PlacementError(str(exc)) from None
+    return Placement(**named)  # a bad value: its PlacementError
 
 
 def load_model(
