@@ -11,7 +11,7 @@ setup: .venv/.setup-done
 	touch $@
 
 report: setup
-	.venv/bin/headscope run --model $(MODEL) --out $(OUT) --force
+	.venv/bin/headscope run --model $(MODEL) --report $(OUT) --force
 
 # Debian's Chromium for the report's browser tests (best effort: the tests skip, saying why, without it).
 browser:

@@ -47,7 +47,7 @@ from .induction import duplicate_token_pattern, induction_pattern
 
 __all__ = [
     "MetricName", "MetricKind", "Metric", "Computation", "Diagonal", "KeyShare", "RowStatistic", "Pattern", "Pairwise",
-    "METRICS", "THRESHOLDS", "ROLE_LABELS", "thresholds_of", "role_labels_of",
+    "METRICS", "THRESHOLDS", "ROLE_LABELS", "VISION_METRICS", "FIGURE_HEAD_METRICS", "thresholds_of", "role_labels_of",
     "is_punctuation", "first_unit", "leading_special", "trailing_special", "punctuation_units",
     "outside_and_seeing", "row_entropy", "row_max", "unscaled", "over_log",
     "register_units", "patch_positions", "patch_distance", "previous_patch", "neighbour_patches",
@@ -447,3 +447,9 @@ def role_labels_of(metrics: Mapping[str, Metric]) -> dict[str, str]:
 METRICS: Mapping[MetricName, Metric] = MappingProxyType({m.name: m for m in _ALL})
 THRESHOLDS: Mapping[MetricName, float] = MappingProxyType(thresholds_of(METRICS))
 ROLE_LABELS: Mapping[MetricName, str] = MappingProxyType(role_labels_of(METRICS))
+# The metrics a vision transformer's heads are summarised by (the report's Vision section): the [CLS] sink and every
+# metric that applies to images only.
+VISION_METRICS: tuple[MetricName, ...] = ("cls", *(m.name for m in _ALL if m.applies_to == "images"))
+# The head the report's attention figures show when no probe chose one: the top head of the first of these that was
+# scored (a previous-token head is the easiest pattern to read; any model has a most confident head).
+FIGURE_HEAD_METRICS: tuple[MetricName, ...] = ("previous_token", "max_weight")

@@ -55,7 +55,7 @@ def _timed(fn):
 def _load(name: str, dtype: str = "float32"):
     import headscope as hs
 
-    return hs.load(name, device="cuda", dtype=dtype)
+    return hs.load(name, placement=hs.Placement(device="cuda", dtype=dtype))
 
 
 def verification(rows: list) -> None:
@@ -141,10 +141,10 @@ def two_gpus(rows: list) -> None:
                      "skipped": f"this machine has {torch.cuda.device_count()} GPU(s); splitting one model needs 2"})
         return
     texts = corpus(32)
-    one = hs.load("smollm2", device="cuda:0")
+    one = hs.load("smollm2", placement=hs.Placement(device="cuda:0"))
     size = sum(p.numel() * p.element_size() for p in one.model.parameters())
     # GPU 0 takes about half of the weights, GPU 1 the rest: accelerate fills 0 first, then 1
-    split = hs.load("smollm2", device="auto", max_memory={0: size // 2, 1: 4 * size})
+    split = hs.load("smollm2", placement=hs.Placement(device="auto", max_memory={0: size // 2, 1: 4 * size}))
     on = {}
     for where in split.model.hf_device_map.values():
         on[str(where)] = on.get(str(where), 0) + 1

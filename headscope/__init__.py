@@ -32,6 +32,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     # models and their attention
     "load": ("headscope.probe.loading", "load_model"),
     "LoadedModel": "headscope.probe.model",
+    "Placement": "headscope.probe.device_placement",
     "extract": "headscope.probe.extract",
     "save_maps": "headscope.probe.mapfiles",
     "load_maps": "headscope.probe.mapfiles",
@@ -64,6 +65,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "syntax_clusters": "headscope.workflows.syntax",
     "ablate": "headscope.workflows.ablation",
     "ablate_each": "headscope.workflows.ablation",
+    "heads_by_metric": "headscope.workflows.ablation",
     "ablate_chosen_head": "headscope.workflows.ablation",
     "importance": "headscope.workflows.ablation",
     "choice_check": "headscope.workflows.ablation",
@@ -85,6 +87,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "retrieval": "headscope.workflows.retrieval",
     "plan_cost": "headscope.workflows.retrieval",
     "compare_models": "headscope.workflows.compare",
+    "comparison_report": "headscope.workflows.compare",
     "analyse_model": "headscope.workflows.run",
     "RunSettings": "headscope.workflows.run",
     "corpus_stats": "headscope.workflows.run",

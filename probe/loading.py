@@ -38,6 +38,7 @@ from .folders import reclaim_stale, write_folder
 from .heap import trim_after_offloaded
 from .model import LoadedModel, encoder_only, model_class
 from .names import Device, DType, device_spec
+from .device_placement import Placement
 from .registry import KNOWN_MODELS, ModelNotAvailable, ModelSpec, locate, not_available_message
 from .tiny import tiny_model, tiny_types
 
@@ -52,32 +53,11 @@ log = logging.getLogger(__name__)
 TINY_PREFIX = "tiny:"
 
 
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """Where a model's weights go: one device, or accelerate's placement over `max_memory` (bytes per GPU
-    number, `cpu`, `mps`) with what fits nowhere in `offload_folder`, read from disk one layer at a time."""
-
-    device: str = "cpu"
-    max_memory: dict | None = None
-    offload_folder: Path | None = None
-
-    @property
-    def spread(self) -> bool:
-        """Whether accelerate places the layers (`device_map="auto"`) rather than one `.to(device)`."""
-        return self.device == "auto" or self.max_memory is not None or self.offload_folder is not None
-
-    def budget(self) -> dict | None:
-        """accelerate's `max_memory`: the one given, else (on the cpu) the memory free now, else accelerate's own."""
-        if self.max_memory is None and self.device == "cpu":
-            import psutil
-
-            return {"cpu": psutil.virtual_memory().available}
-        return self.max_memory
-
-
-def placement(device: str, max_memory: dict | str | None, offload_folder: str | os.PathLike | None) -> Placement:
-    """The checked `Placement`; `PlacementError` (one line: what to change) for one that cannot be had here. Its
-    lines name the arguments (`max_memory`); the CLI writes them as its flags (`common.exits.flag_spelling`)."""
+def placement(device: str, max_memory: dict | str | None, offload_folder: str | os.PathLike | None,
+              dtype: DType = "float32") -> Placement:
+    """The checked `Placement` (`probe.device_placement`); `PlacementError` (one line: what to change) for one that cannot
+    be had here. Its lines name the arguments (`max_memory`); the CLI writes them as its flags
+    (`common.exits.flag_spelling`)."""
     try:
         device = device_spec(device)
     except ValueError:
@@ -91,7 +71,7 @@ def placement(device: str, max_memory: dict | str | None, offload_folder: str | 
     if max_memory is not None:
         max_memory = _checked_budget(max_memory)
     folder = None if offload_folder is None else _offload_folder(Path(offload_folder).expanduser())
-    spec = Placement(device, max_memory, folder)
+    spec = Placement(device=device, dtype=dtype, max_memory=max_memory, offload_folder=folder)
     if spec.spread and device not in ("auto", "cpu"):
         raise PlacementError(f"device='{device}' puts the whole model on one device; with max_memory or "
                              "offload_folder accelerate places it: give device='auto' (or cpu) and name the "
@@ -214,7 +194,7 @@ def _in_place(spec: Placement, folder: Path | str, dtype: torch.dtype, name: str
                   "needs); --max-memory / --offload-folder gain nothing here (they would hold more, not less): loading it "
                   "in place",
                   stacklevel=3)
-    return Placement()
+    return Placement(dtype=spec.dtype)
 
 
 def _cpu_only(spec: Placement) -> bool:
@@ -291,14 +271,34 @@ def cache_dir() -> Path:
     return Path(base) / "headscope"
 
 
+_checked = placement  # `load_model`'s keyword `placement` hides the function's name inside it
+
+
+def _asked_placement(given: Placement | None, **loose) -> Placement:
+    """The `Placement` that `load_model` was given: `placement=`, or the loose keywords of before (one release)."""
+    named = {k: v for k, v in loose.items() if v is not None}
+    if given is not None and named:
+        raise TypeError(f"give placement= or {', '.join(f'{k}=' for k in named)}, not both: "
+                        f"placement=Placement({', '.join(f'{k}=...' for k in named)})")
+    if given is not None:
+        if not isinstance(given, Placement):
+            raise TypeError(f"placement must be a headscope.Placement, got {type(given).__name__}")
+        return given
+    if named:
+        warnings.warn(f"load({', '.join(f'{k}=' for k in named)}) is kept for one release; pass "
+                      "placement=headscope.Placement(...) instead", DeprecationWarning, stacklevel=3)
+    return Placement(**named)  # a bad value: its PlacementError
+
+
 def load_model(
     name: str = "minilm",
     *,
-    device: Device = "cpu",
-    dtype: DType = "float32",
+    placement: Placement | None = None,
+    use_cache: bool = True,
+    device: Device | None = None,
+    dtype: DType | None = None,
     max_memory: dict | str | None = None,
     offload_folder: str | os.PathLike | None = None,
-    use_cache: bool = True,
 ) -> LoadedModel:
     """Load `name` (a packaged model, a local folder, a hub id, or `tiny:MODEL_TYPE`) with eager attention.
 
@@ -314,14 +314,18 @@ def load_model(
     `"0=20GiB,cpu=60GiB"`; sizes in bytes or as `probe.sizes.parse_size` reads them) and
     `offload_folder` (a folder for the layers that fit nowhere, read from disk one layer at a time) imply
     accelerate's placement too. A placement that cannot be had here is a `PlacementError`, before any load.
+    All four are one value, `placement=hs.Placement(device=..., dtype=..., max_memory=..., offload_folder=...)`
+    (`probe.device_placement`); the loose keywords `device=`, `dtype=`, `max_memory=`, `offload_folder=` still work
+    for one release (a `DeprecationWarning`), and may not be mixed with `placement=`.
 
     >>> m = load_model("minilm")          # doctest: +SKIP
     >>> m.config.num_hidden_layers        # doctest: +SKIP
     6
     """
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-    spec = placement(device, max_memory, offload_folder)
+    asked = _asked_placement(placement, device=device, dtype=dtype, max_memory=max_memory,
+                             offload_folder=offload_folder)
+    dtype = asked.dtype
+    spec = _checked(asked.device, asked.max_memory, asked.offload_folder, dtype)
     check_name(name)
     if name.startswith(TINY_PREFIX):
         return _tiny(name, spec=spec, dtype=dtype)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping
 
 from headscope.analyses.flow import FLOW_MAX_EDGES, FLOW_MAX_SECONDS, TokenMap, flow_fits
-from headscope.analyses.metrics import METRICS
+from headscope.analyses.metrics import FIGURE_HEAD_METRICS, METRICS
 from headscope.probe.types import head_name
 
 from .figures import (attention_heatmap, attention_mosaic, composition_graph, difference_grid, dla_grid, patch_grid,
@@ -378,11 +378,12 @@ def start_choice(section: Any) -> tuple[int, int, str]:
             return layer, head, (f"The figures show {head_name(layer, head)}, the head the {probe.task} probe "
                                  "selected on held-out folds (Coreference probe section).")
     if section.scores is not None:
-        for metric, what in (("previous_token", "previous-token"), ("max_weight", "most confident")):
+        for metric in FIGURE_HEAD_METRICS:
             top = section.scores.top(metric, k=1) if metric in section.scores.metrics else None
             if top is not None and len(top):
                 layer, head = int(top["layer"].iloc[0]), int(top["head"].iloc[0])
-                return layer, head, (f"The figures show {head_name(layer, head)}, the top {what} head ({metric} "
+                what = METRICS[metric].role or f"head by {METRICS[metric].label}"  # "previous-token head"
+                return layer, head, (f"The figures show {head_name(layer, head)}, the top {what} ({metric} "
                                      f"{float(top['value'].iloc[0]):.2f}; no probe selected a head).")
     if section.maps:
         layer, head = section.maps[0].layer_ids[0], section.maps[0].head_ids[0]

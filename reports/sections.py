@@ -17,6 +17,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import pandas as pd
 
+from headscope.analyses.metrics import VISION_METRICS
 from headscope.probe.types import head_name
 
 from .analysis import ModelAnalysis
@@ -367,7 +368,7 @@ def _vision(a: ModelAnalysis, figures: Figures) -> dict:
     if images and a.scores is not None:
         rows = [{"metric": metric, **{f"top {k + 1}": f"{head_name(r.layer, r.head)} {r.value:.2f}"
                                       for k, r in enumerate(a.scores.top(metric, 3).itertuples())}}
-                for metric in ("cls", "registers", "attention_distance", "previous_patch", "neighbour_patches")
+                for metric in VISION_METRICS
                 if metric in a.scores.metrics and a.scores.table.loc[a.scores.table["metric"] == metric, "value"].notna().any()]
         top = table_view(pd.DataFrame(rows)) if rows else None
     return {"vision": {"figures": list(figures.get("vision", [])), "images": [m.text for m in images],

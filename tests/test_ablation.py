@@ -257,9 +257,11 @@ def test_cli_ablate_json(monkeypatch, tmp_path, gpt2):
                                    "--random", "4", "--json"])
     assert res.exit_code == 0, res.output
     d = json.loads(res.stdout)  # stderr has the progress bar
-    assert d["heads"] == ["L0H0", "L1H2"] and d["random"]["n"] == 4 and d["method"] == "zero"
-    assert d["effect"] == pytest.approx(ablation.ablate(gpt2, [(0, 0), (1, 2)], corpus=TEXTS, n_random=0).effect)
-    res = _cli(monkeypatch, gpt2, ["ablate", "--top", "previous_token:2", "--task", "induction", "--random", "2",
+    # the CLI's one --method default is mean (every command that ablates: ablate, coref --ablate, sinks)
+    assert d["heads"] == ["L0H0", "L1H2"] and d["random"]["n"] == 4 and d["method"] == "mean"
+    assert d["effect"] == pytest.approx(ablation.ablate(gpt2, [(0, 0), (1, 2)], corpus=TEXTS, n_random=0,
+                                                        method="mean").effect)
+    res = _cli(monkeypatch, gpt2, ["ablate", "--heads-by", "previous_token:2", "--task", "induction", "--random", "2",
                                    "--method", "uniform"])
     assert res.exit_code == 0, res.output
     assert "random sets of 2 heads" in res.output
@@ -271,8 +273,8 @@ def test_cli_ablate_json(monkeypatch, tmp_path, gpt2):
     (["--heads", "L0H0", "--task", "induction", "--corpus", "x"], "exactly one of --corpus"),
     (["--heads", "X9", "--task", "induction"], "'X9' is not a head name"),
     (["--heads", "L7H0", "--task", "induction"], "out of range"),
-    (["--top", "induction", "--task", "induction"], "write METRIC:K"),
-    (["--top", "bogus:3", "--task", "induction"], "unknown metric 'bogus'"),
+    (["--heads-by", "induction", "--task", "induction"], "write METRIC:K"),
+    (["--heads-by", "bogus:3", "--task", "induction"], "unknown metric 'bogus'"),
 ])
 def test_cli_ablate_bad_input_is_one_line_and_nonzero(monkeypatch, gpt2, args, message):
     res = _cli(monkeypatch, gpt2, ["ablate", *args])

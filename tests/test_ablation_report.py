@@ -212,14 +212,14 @@ def test_cli_ablation_flags(monkeypatch, tmp_path, draw_only):
 
     base = ["run", "--model", "bert", "--limit", "4", "--permutations", "100", "--quiet", "--text", "The cat sat.",
             "--coref", str(builtin_path("agreement"))]
-    on = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "on"), "--ablation-texts", "2", "--json"])
+    on = CliRunner().invoke(cli, [*base, "--report", str(tmp_path / "on"), "--ablation-texts", "2", "--json"])
     assert on.exit_code == 0, on.output
     record = json.loads(on.stdout)
     assert record["models"][0]["ablation"]["n_texts"] == 2 and record["settings"]["ablation"] is None
-    off = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "off"), "--no-ablation", "--json"])
+    off = CliRunner().invoke(cli, [*base, "--report", str(tmp_path / "off"), "--no-ablation", "--json"])
     assert off.exit_code == 0, off.output
     assert json.loads(off.stdout)["models"][0]["ablation"] is None
-    bad = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "bad"), "--ablation-texts", "0"])
+    bad = CliRunner().invoke(cli, [*base, "--report", str(tmp_path / "bad"), "--ablation-texts", "0"])
     assert bad.exit_code != 0 and "--ablation-texts" in bad.output
 
 
@@ -234,10 +234,10 @@ def test_the_old_causal_flags_still_work_one_release_with_a_warning(monkeypatch,
     monkeypatch.setattr(run_mod, "models_or_fail", lambda *a, **kw: None)  # test model names are not real ones
     base = ["run", "--model", "bert", "--limit", "4", "--permutations", "100", "--quiet", "--text", "The cat sat.",
             "--coref", str(builtin_path("agreement")), "--json"]
-    old = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "old"), "--causal-texts", "2"])
+    old = CliRunner().invoke(cli, [*base, "--report", str(tmp_path / "old"), "--causal-texts", "2"])
     assert old.exit_code == 0, old.output
     assert json.loads(old.stdout)["models"][0]["ablation"]["n_texts"] == 2
     assert "deprecated" in old.stderr and "--ablation-texts" in old.stderr
-    off = CliRunner().invoke(cli, [*base, "--out", str(tmp_path / "off"), "--no-causal"])
+    off = CliRunner().invoke(cli, [*base, "--report", str(tmp_path / "off"), "--no-causal"])
     assert off.exit_code == 0 and json.loads(off.stdout)["models"][0]["ablation"] is None
     assert "--ablation/--no-ablation" in off.stderr

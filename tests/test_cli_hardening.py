@@ -70,7 +70,7 @@ def test_force_refuses_the_working_directory_and_its_ancestors(stub_run, tmp_pat
     (work / "n.txt").write_text("x")
     monkeypatch.chdir(work)
     for out in (".", "..", str(work), str(tmp_path)):
-        result = _run("--out", out, "--force")
+        result = _run("--report", out, "--force")
         assert result.exit_code == 2 and "working directory" in one_line(result)
     assert (work / "n.txt").read_text() == "x" and sorted(p.name for p in work.iterdir()) == ["n.txt"]
 
@@ -79,19 +79,19 @@ def test_force_replaces_only_a_folder_headscope_wrote(stub_run, tmp_path):
     user = tmp_path / "mine"
     user.mkdir()
     (user / "n.txt").write_text("keep")
-    result = _run("--out", str(user), "--force")
+    result = _run("--report", str(user), "--force")
     assert result.exit_code == 2 and "did not write" in one_line(result)
     assert (user / "n.txt").read_text() == "keep"
 
     report = tmp_path / "report"
-    assert _run("--out", str(report)).exit_code == 0
+    assert _run("--report", str(report)).exit_code == 0
     (report / "index.html").write_text("old")
-    assert _run("--out", str(report), "--force").exit_code == 0  # a report is replaced whole
+    assert _run("--report", str(report), "--force").exit_code == 0  # a report is replaced whole
     assert (report / "index.html").read_text() == "<p>new</p>"
 
     (report / "notes.md").write_text("mine")  # a report the user added a file to is no longer ours
     (report / "figures" / "sketch.png").write_bytes(b"png")
-    result = _run("--out", str(report), "--force")
+    result = _run("--report", str(report), "--force")
     assert result.exit_code == 2 and "figures/sketch.png" in one_line(result)
     assert (report / "notes.md").read_text() == "mine" and (report / "figures" / "sketch.png").exists()
     assert _leftovers(tmp_path) == []
@@ -124,7 +124,7 @@ def _no_model(*args, **kwargs):
 
 
 @pytest.mark.parametrize("args", [
-    ["run", "--out", "/proc/headscope-x/r"],
+    ["run", "--report", "/proc/headscope-x/r"],
     ["heads", "--out", "/proc/headscope-x/s.csv"],
     ["heads", "--out", "/proc/s.csv"],
     ["verify", "--out", "/dev/null/s.csv"],
@@ -133,7 +133,7 @@ def test_an_output_that_cannot_be_written_fails_before_the_model_loads(args, mon
     for module in ("run", "heads", "verify"):
         monkeypatch.setattr(f"headscope.commands.{module}.load_or_fail", _no_model)
     result = CliRunner().invoke(cli, args)
-    assert result.exit_code == 2 and "--out" in one_line(result)
+    assert result.exit_code == 2 and ("--report" if args[0] == "run" else "--out") in one_line(result)
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into a read-only folder anyway")
@@ -231,7 +231,7 @@ def test_heldout_errors_name_heldout(tmp_path):
 def test_a_corpus_line_too_long_for_the_model_is_named_by_file_and_line(command, tmp_path):
     corpus = tmp_path / "c.txt"
     corpus.write_text("short one\n\n" + "cat " * 300 + "\nshort two\n")  # the long text is on line 3
-    extra = ["--out", str(tmp_path / "r")] if command[0] == "run" else []
+    extra = ["--report", str(tmp_path / "r")] if command[0] == "run" else []
     result = CliRunner().invoke(cli, [*command, "--model", "tiny:bert", "--corpus", str(corpus), "--quiet", *extra])
     assert result.exit_code == 2 and f"{corpus}, line 3:" in one_line(result) and "--truncate" in result.stderr
     assert not (tmp_path / "r").exists()
@@ -249,14 +249,14 @@ def test_a_corpus_line_too_long_for_the_model_is_named_by_file_and_line(command,
     ["relations", "--model", "no-such-model-xyz"],
     ["generate", "--model", "no-such-model-xyz", "--prompt", "hi"],
     ["compare", "no-such-model-xyz", "no-such-model-abc"],
-    ["run", "--model", "no-such-model-xyz", "--out", "{tmp}/r"],
+    ["run", "--model", "no-such-model-xyz", "--report", "{tmp}/r"],
     # missing file
     ["heads", "--corpus", "{tmp}/no.txt"],
     ["coref", "--data", "{tmp}/no.jsonl"],
     ["relations", "--data", "{tmp}/no.jsonl"],
     ["compare", "a", "b", "--corpus", "{tmp}/no.txt"],
-    ["run", "--corpus", "{tmp}/no.txt", "--out", "{tmp}/r"],
-    ["run", "--coref", "{tmp}/no.jsonl", "--out", "{tmp}/r"],
+    ["run", "--corpus", "{tmp}/no.txt", "--report", "{tmp}/r"],
+    ["run", "--coref", "{tmp}/no.jsonl", "--report", "{tmp}/r"],
     # bad suffix
     ["heads", "--out", "{tmp}/s.txt"],
     ["verify", "--out", "{tmp}/s.xlsx"],
@@ -271,7 +271,7 @@ def test_a_corpus_line_too_long_for_the_model_is_named_by_file_and_line(command,
     # bad numbers
     ["heads", "--limit", "0"],
     ["heads", "--batch-size", "x"],
-    ["run", "--permutations", "5", "--out", "{tmp}/r"],
+    ["run", "--permutations", "5", "--report", "{tmp}/r"],
     ["explain", "a cat", "--token", "cat", "--head", "L0H0", "--occurrence", "-1"],
     ["coref", "--folds", "1"],
     ["compare", "a", "b", "--alpha", "2"],
@@ -398,7 +398,7 @@ _DRIVER = textwrap.dedent("""
 
 def _driven(hook: str, out: Path, *args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-c", _DRIVER, "run", "--model", "stub", "--limit", "2", "--quiet", "--coref",
-           _small_probe(), "--out", str(out), *args]
+           _small_probe(), "--report", str(out), *args]
     return subprocess.run(cmd, env={**os.environ, "HOOK": hook}, capture_output=True, text=True, timeout=120)
 
 
@@ -443,7 +443,7 @@ def test_a_report_write_killed_at_any_point_leaves_nothing_stale_after_the_next_
     reclaim_stale(out.absolute().parent, out.name)  # what the next run does first
     assert _leftovers(tmp_path) == []
     assert (out / "index.html").read_text() in ("previous", "<p>new</p>")  # never lost, never half
-    result = _run("--out", str(out), "--force")
+    result = _run("--report", str(out), "--force")
     assert result.exit_code == 0, result.output
     assert (out / "index.html").read_text() == "<p>new</p>" and _leftovers(tmp_path) == []
 

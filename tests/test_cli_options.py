@@ -65,9 +65,13 @@ def test_a_new_command_takes_its_options_from_the_groups():
     assert res.exit_code == 2 and "--heads '2' is not a head name" in res.output
     res = CliRunner().invoke(command, ["--heads", "L1H3, l2h0", "--limit", "4"])
     assert res.exit_code == 0, res.output
-    given = dict(eval(res.output))  # noqa: S307 - our own repr of plain values
+    from headscope.probe.device_placement import Placement
+
+    given = dict(eval(res.output, {"Placement": Placement}))  # noqa: S307 - our own repr of plain values
     assert given["heads"] == [(1, 3), (2, 0)] and given["limit"] == 4 and given["corpus_path"] is None
-    assert given["batch_size"] == 8 and given["seed"] == 0 and given["device"] == "cpu"
+    # --device, --dtype, --max-memory, --offload-folder reach the command as one value, the one hs.load takes
+    assert given["batch_size"] == 8 and given["seed"] == 0 and given["placement"] == Placement(device="cpu")
+    assert not {"device", "dtype", "max_memory", "offload_folder"} & set(given)
     with pytest.raises(ValueError, match="no option group 'corpora'"):
         options("corpora")
     assert {"corpus", "batching", "seed", "top", "heads", "out", "attention", "device", "quiet"} <= set(GROUPS)

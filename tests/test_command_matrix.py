@@ -74,13 +74,13 @@ def _commands(kind: str, files: dict) -> dict[str, list[str]]:
         "patch": ["patch", "--pairs", "ioi", "--random", "2", "--out", f"{out}/patch.csv", "--force"],
         "composition": ["composition", "--out", f"{out}/composition.csv", "--force"],
         "sinks": ["sinks", "--corpus", corpus, "--limit", "2", "--sequences", "2", "--random-sequences", "2",
-                  "--length", "12", "--out", f"{out}/sinks.csv", "--force"],
+                  "--sequence-length", "12", "--out", f"{out}/sinks.csv", "--force"],
         "extract": ["extract", *(["The cat sat on the mat."] if kind == "text" else []), *image, "--quiet", "--out",
                     f"{out}/maps.npz", "--force"],
         "retrieval": ["retrieval", "--needles", "2", "--length", "120", "--depth", "0.5", "--random", "2", "--quiet",
                       "--out", f"{out}/retrieval.csv", "--force"],
         "run": ["run", "--corpus", corpus, "--limit", "2", "--induction-seqs", "1", "--permutations", "100",
-                "--out", f"{out}/report", "--force", *image],
+                "--report", f"{out}/report", "--force", *image],
     }
 
 

@@ -423,13 +423,14 @@ def test_cli_causal_check_on_a_tiny_decoder(monkeypatch):
     lm = tiny_model("llama")
     monkeypatch.setattr(coref_cmd, "load_or_fail", lambda name, *placement: lm)
     res = CliRunner().invoke(cli, ["coref", "--model", "tiny", "--data", "agreement", "--limit", "20", "--permutations",
-                                   "200", "--ablate", "--random-sets", "2", "--json"])
+                                   "200", "--ablate", "--random", "2", "--json"])
     assert res.exit_code == 0, res.output
     ablation = json.loads(res.stdout)["ablation"]
     assert ablation["n"] == 20 and len(ablation["random_deltas"]) == 2 and ablation["verdict"].startswith("ablating L")
-    assert ablation["prompt_template"].endswith('refers to') and ablation["method"] == "zero"
+    # the CLI's one --method default is mean (ablate, coref --ablate, sinks)
+    assert ablation["prompt_template"].endswith('refers to') and ablation["method"] == "mean"
     res = CliRunner().invoke(cli, ["coref", "--model", "tiny", "--data", "agreement", "--limit", "20", "--permutations",
-                                   "200", "--ablate", "--method", "uniform", "--random-sets", "2"])
+                                   "200", "--ablate", "--method", "uniform", "--random", "2"])
     assert res.exit_code == 0, res.output
     assert "(uniform) flips " in res.output and "random 1-head ablations flip" in res.output
     monkeypatch.setattr(coref_cmd, "load_or_fail", lambda name, *placement: tiny_model("bert"))

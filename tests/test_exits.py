@@ -60,7 +60,7 @@ def test_a_text_argument_that_is_not_utf8_is_refused_before_the_model(tmp_path, 
     # A byte that is not UTF-8 in argv arrives as a lone surrogate (U+DC00 + byte); the tokenizer met it only
     # after the model loaded ("unexpected TypeError: TextEncodeInput ...", or after the whole run).
     out = tmp_path / "report"
-    extra = ["--out", str(out)] if args[0] == "run" else []
+    extra = ["--report", str(out)] if args[0] == "run" else []
     result = CliRunner().invoke(cli, [args[0], "--model", NO_MODEL, *args[1:], *extra])
     assert result.exit_code == 2
     line = one_line(result)

@@ -130,7 +130,7 @@ def test_a_report_named_with_glob_characters_is_replaced_and_leaves_nothing(stub
     _previous_report(out)
     neighbour = tmp_path / temporary_name("r1", "99-cafe", OLD)  # another report's backup: not ours
     neighbour.mkdir()
-    assert _run("--out", str(out), "--force").exit_code == 0
+    assert _run("--report", str(out), "--force").exit_code == 0
     assert (out / "index.html").read_text() == "<p>new</p>"
     assert _leftovers(tmp_path) == [neighbour.name]
 
@@ -142,7 +142,7 @@ def test_a_symlinked_out_is_refused_before_any_work(dangling, stub_run, tmp_path
         _previous_report(target)
     link = tmp_path / "link"
     link.symlink_to(target)
-    result = _run("--out", str(link), "--force")
+    result = _run("--report", str(link), "--force")
     assert result.exit_code == 2
     assert "is a symbolic link" in one_line(result)
     assert link.is_symlink() and _leftovers(tmp_path) == []
@@ -252,7 +252,7 @@ def test_an_out_name_too_long_for_the_file_system_is_refused_before_any_work(siz
 
     from headscope.cli import cli
 
-    result = _run("--out", str(tmp_path / ("r" * size)))
+    result = _run("--report", str(tmp_path / ("r" * size)))
     assert result.exit_code == 2 and "bytes" in one_line(result)
     table = CliRunner().invoke(cli, ["heads", "--model", "no-such-model", "--out", str(tmp_path / ("t" * size + ".csv"))])
     assert table.exit_code == 2 and "bytes" in one_line(table)
@@ -265,7 +265,7 @@ def test_an_out_name_too_long_for_the_file_system_is_refused_before_any_work(siz
 @pytest.mark.parametrize("args", [["--width", "1000in"], ["--width", "0.001pt"], ["--width", "30in", "--dpi", "1200"],
                                   ["--width", "1in", "--dpi", "10"]])
 def test_a_width_out_of_range_is_refused_before_any_work(args, stub_run, tmp_path):
-    result = _run("--out", str(tmp_path / "r"), *args)
+    result = _run("--report", str(tmp_path / "r"), *args)
     assert result.exit_code == 2 and "--width" in one_line(result)
     assert list(tmp_path.iterdir()) == []
 
@@ -300,7 +300,7 @@ def test_a_bad_second_model_is_reported_before_the_first_is_loaded(monkeypatch, 
 
     loaded = []
     monkeypatch.setattr(run_mod, "load_or_fail", lambda name, *a: loaded.append(name))
-    result = CliRunner().invoke(cli, ["run", "--model", "tiny:bert", "--model", "minilm@main", "--out",
+    result = CliRunner().invoke(cli, ["run", "--model", "tiny:bert", "--model", "minilm@main", "--report",
                                       str(tmp_path / "r"), "--quiet"])
     assert result.exit_code == 2 and "minilm is a packaged model, which has no revisions" in one_line(result)
     assert loaded == [] and list(tmp_path.iterdir()) == []

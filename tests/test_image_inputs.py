@@ -129,7 +129,7 @@ def test_run_on_an_image_scores_at_the_level_it_records(picture_file, tmp_path, 
 
     draw_only()
     out = tmp_path / "word"
-    result = _cli("run", "--model", "tiny:llava", "--image", picture_file, "--level", "word", "--out", out, "--quiet")
+    result = _cli("run", "--model", "tiny:llava", "--image", picture_file, "--level", "word", "--report", out, "--quiet")
     assert result.exit_code == 0, result.output
     assert '"level": "word"' in json.dumps(json.loads((out / "run.json").read_text()))
     table = pd.read_csv(out / "head_scores.csv")
@@ -275,7 +275,7 @@ def test_the_cli_refuses_a_slot_without_an_image_in_one_line(args, tmp_path):
     from conftest import one_line
 
     if args[0] == "run":
-        args = [*args, "--out", tmp_path / "report"]
+        args = [*args, "--report", tmp_path / "report"]
     result = _cli(*args)
     assert result.exit_code == 2 and "holds an image slot (<image>) but no image fills it" in one_line(result)
     assert not (tmp_path / "report").exists()

@@ -109,7 +109,7 @@ def test_run_mechanisms_adds_the_section(tmp_path, monkeypatch, draw_only):
     monkeypatch.setattr(run_mod, "models_or_fail", lambda *a, **kw: None)  # "llama" is a test name
     fast = ["--limit", "4", "--permutations", "100", "--induction-seqs", "0", "--quiet", "--text", "The cat sat."]
     out = tmp_path / "report"
-    res = CliRunner().invoke(cli, ["run", "--model", "llama", "--out", str(out), *fast, "--mechanisms"],
+    res = CliRunner().invoke(cli, ["run", "--model", "llama", "--report", str(out), *fast, "--mechanisms"],
                              catch_exceptions=False)
     assert res.exit_code == 0, res.output
     record = json.loads((out / "run.json").read_text())

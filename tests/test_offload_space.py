@@ -21,6 +21,7 @@ import torch
 
 from headscope.probe import offload
 from headscope.probe.errors import PlacementError
+from headscope.probe.device_placement import Placement
 from headscope.probe.loading import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,7 +57,7 @@ def test_a_disk_too_small_is_refused_before_anything_is_written(tmp_path, monkey
     (tmp_path / "mine.txt").write_text("the user's")
     monkeypatch.setattr(offload, "free_bytes", lambda folder: 100_000)
     with pytest.raises(PlacementError) as exc:
-        load_model("tiny:llama", max_memory={"cpu": 150_000}, offload_folder=tmp_path)
+        load_model("tiny:llama", placement=Placement(max_memory={"cpu": 150_000}, offload_folder=tmp_path))
     line = str(exc.value)
     assert "offload_folder" in line and "0.1 MB free" in line and "\n" not in line
     assert _left(tmp_path) == ["mine.txt"] and (tmp_path / "mine.txt").read_text() == "the user's"
@@ -76,7 +77,7 @@ def test_a_disk_that_fills_up_while_writing_is_one_line_and_its_folder_goes(tmp_
 
     monkeypatch.setattr(offload, "open", filling, raising=False)
     with pytest.raises(PlacementError, match="No space left on device"):
-        load_model("tiny:llama", max_memory={"cpu": 150_000}, offload_folder=tmp_path)
+        load_model("tiny:llama", placement=Placement(max_memory={"cpu": 150_000}, offload_folder=tmp_path))
     assert len(written) == 4 and _left(tmp_path) == []
 
 
@@ -103,6 +104,7 @@ import sys
 from headscope.cli import main
 from headscope.probe import offload
 from headscope.probe.errors import PlacementError
+from headscope.probe.device_placement import Placement
 from headscope.probe.loading import load_model
 
 folder = sys.argv[1]
@@ -112,7 +114,7 @@ except SystemExit as exc:
     print("EXIT", exc.code, flush=True)
 offload.free_bytes = lambda folder: 1 << 40  # the check fooled, as by another process filling the disk after it
 try:
-    load_model("tiny:llama", max_memory={"cpu": 150_000}, offload_folder=folder)
+    load_model("tiny:llama", placement=Placement(max_memory={"cpu": 150_000}, offload_folder=folder))
 except PlacementError as exc:
     print("REFUSED", exc, flush=True)
 """

@@ -205,7 +205,7 @@ def test_run_refuses_an_unknown_format_or_width_before_loading(tmp_path):
 
     for args, message in ((["--format", "png,gif"], "--format png,gif: choose one or more of png, svg, pdf"),
                           (["--width", "3.5furlong"], "--width '3.5furlong' is not a width")):
-        result = CliRunner().invoke(cli, ["run", "--model", "no-such-model", "--out", str(tmp_path / "r"), *args])
+        result = CliRunner().invoke(cli, ["run", "--model", "no-such-model", "--report", str(tmp_path / "r"), *args])
         assert result.exit_code == 2, result.output
         assert result.output.startswith(f"headscope: {message}") and len(result.output.strip().splitlines()) == 1
         assert not (tmp_path / "r").exists()

@@ -15,6 +15,7 @@ import headscope as hs
 from headscope.cli import cli
 from headscope.common.options import parse_max_memory
 from headscope.probe.errors import PlacementError
+from headscope.probe.device_placement import Placement
 from headscope.probe.loading import is_offloaded, load_model
 from headscope.probe.tiny import TINY_CORPUS
 from headscope.workflows.explore import Explorer
@@ -31,8 +32,8 @@ def _size(lm) -> int:
 def pair(request, tmp_path_factory):
     """(in memory, offloaded) copies of one tiny model, built once for the module."""
     ref = load_model(f"tiny:{request.param}")
-    off = load_model(f"tiny:{request.param}", max_memory={"cpu": int(_size(ref) * 0.9)},
-                     offload_folder=tmp_path_factory.mktemp("offload"))
+    off = load_model(f"tiny:{request.param}", placement=Placement(max_memory={"cpu": int(_size(ref) * 0.9)},
+                                                                  offload_folder=tmp_path_factory.mktemp("offload")))
     return ref, off
 
 
@@ -98,7 +99,7 @@ def test_whole_model_on_disk(tmp_path):
     import gc
 
     ref = load_model("tiny:llama")
-    off = load_model("tiny:llama", max_memory={"cpu": 1000}, offload_folder=tmp_path)
+    off = load_model("tiny:llama", placement=Placement(max_memory={"cpu": 1000}, offload_folder=tmp_path))
     assert set(off.model.hf_device_map.values()) == {"disk"} and any(tmp_path.iterdir())
     assert (hs.extract(ref, TEXTS[0])[0].attention - hs.extract(off, TEXTS[0])[0].attention).abs().max() <= TOL
     del off
@@ -108,7 +109,7 @@ def test_whole_model_on_disk(tmp_path):
 
 def test_budget_without_folder_is_refused():
     with pytest.raises(PlacementError, match="give offload_folder"):  # the API names its argument, the CLI its flag
-        load_model("tiny:llama", max_memory={"cpu": 1000})
+        load_model("tiny:llama", placement=Placement(max_memory={"cpu": 1000}))
 
 
 def test_parse_max_memory():
@@ -184,7 +185,7 @@ def test_half_precision_is_checked_against_float32(dtype):
     from headscope.probe.verify import HALF_ROUNDOFFS
 
     u = torch.finfo(getattr(torch, dtype)).eps / 2
-    v = hs.verify(load_model("tiny:llama", dtype=dtype), TEXTS)
+    v = hs.verify(load_model("tiny:llama", placement=Placement(dtype=dtype)), TEXTS)
     assert v.passed and v.dtype == dtype and v.tolerance == pytest.approx(HALF_ROUNDOFFS * u)
     # recomputing in the model's own dtype left errors of a whole roundoff (the last bit of the probabilities);
     # against float32 only the model's own rounding is left
@@ -247,7 +248,7 @@ def test_a_model_wholly_on_disk_trims_after_each_layer(tmp_path):
     (the model's `_no_split_modules`), so each layer that brought weights in gives them back after it ran."""
     from headscope.probe.heap import trim_after_offloaded
 
-    off = load_model("tiny:llama", max_memory={"cpu": 1000}, offload_folder=tmp_path)
+    off = load_model("tiny:llama", placement=Placement(max_memory={"cpu": 1000}, offload_folder=tmp_path))
     assert off.model.hf_device_map == {"": "disk"}
     calls = []
     hooked = trim_after_offloaded(off.model, trim=lambda: calls.append(1) or 0)
@@ -300,7 +301,7 @@ def test_a_checkpoint_mapped_in_the_runs_dtype_is_loaded_in_place(saved, tmp_pat
     folder = str(saved / "float32")
     ref = load_model(folder)
     with pytest.warns(UserWarning, match=r"^headscope: .* float32 safetensors, .* gain nothing here") as caught:
-        lm = load_model(folder, max_memory={"cpu": 1000}, offload_folder=tmp_path)
+        lm = load_model(folder, placement=Placement(max_memory={"cpu": 1000}, offload_folder=tmp_path))
     assert len(caught) == 1 and len(str(caught[0].message).splitlines()) == 1
     assert not is_offloaded(lm.model) and not getattr(lm.model, "hf_device_map", None) and _all_meta_free(lm.model)
     assert not any(tmp_path.iterdir())  # nothing was written to the offload folder
@@ -316,7 +317,8 @@ def test_a_checkpoint_converted_on_load_is_offloaded(saved, tmp_path, recwarn):
     assert not mapped_in_place(saved / "bfloat16", torch.float32) and not mapped_in_place(saved / "float32", torch.bfloat16)
     assert not mapped_in_place(tmp_path, torch.float32)  # no checkpoint there
     for folder, dtype in (("bfloat16", "float32"), ("float32", "bfloat16")):
-        lm = load_model(str(saved / folder), dtype=dtype, max_memory={"cpu": 1000}, offload_folder=tmp_path)
+        lm = load_model(str(saved / folder),
+                        placement=Placement(dtype=dtype, max_memory={"cpu": 1000}, offload_folder=tmp_path))
         assert is_offloaded(lm.model) and lm.model.hf_device_map == {"": "disk"}
     assert not [w for w in recwarn if "in place" in str(w.message)]
 

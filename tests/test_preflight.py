@@ -34,9 +34,9 @@ def _refused(r, *words: str) -> None:
 
 def test_run_checks_every_model_before_loading_the_first(picture_file, tmp_path, monkeypatch):
     r = _invoke("run", ["--model", "tiny:llava", "--model", "tiny:llama", "--image", str(picture_file),
-                        "--out", str(tmp_path / "r")], monkeypatch)
+                        "--report", str(tmp_path / "r")], monkeypatch)
     _refused(r, "tiny:llama is a text model", "not images")
-    r = _invoke("run", ["--model", "tiny:llama,tiny:vit", "--out", str(tmp_path / "r")], monkeypatch)
+    r = _invoke("run", ["--model", "tiny:llama,tiny:vit", "--report", str(tmp_path / "r")], monkeypatch)
     _refused(r, "tiny:vit is an image model", "--image FILE")
     assert not (tmp_path / "r").exists()
 
@@ -46,7 +46,7 @@ def test_a_folder_s_type_is_read_from_its_config_without_loading(tmp_path, monke
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps({"model_type": "vit"}))  # no weights at all: nothing loads
     assert loading.model_type_of(str(folder)) == "vit"
-    r = _invoke("run", ["--model", "tiny:llama", "--model", str(folder), "--out", str(tmp_path / "r")], monkeypatch)
+    r = _invoke("run", ["--model", "tiny:llama", "--model", str(folder), "--report", str(tmp_path / "r")], monkeypatch)
     _refused(r, "is an image model (vit)")
 
 

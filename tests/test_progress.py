@@ -32,7 +32,7 @@ def test_every_bar_is_the_one_helpers_plain_bar():
     assert not others, others
 
 
-@pytest.mark.parametrize("how", [["--heads", "L0H1"], ["--top", "induction:1"]])
+@pytest.mark.parametrize("how", [["--heads", "L0H1"], ["--heads-by", "induction:1"]])
 def test_ablate_shows_its_passes_and_quiet_shows_nothing(how, tmp_path):
     # Was: `headscope ablate --top induction:5 --task induction` printed nothing for minutes.
     corpus = tmp_path / "c.txt"
@@ -41,7 +41,7 @@ def test_ablate_shows_its_passes_and_quiet_shows_nothing(how, tmp_path):
     res = CliRunner().invoke(cli, args)
     assert res.exit_code == 0, res.output
     assert "tiny:gpt2 ablation" in res.stderr and "3/3" in res.stderr  # clean, the heads, 1 random set
-    if how[0] == "--top":
+    if how[0] == "--heads-by":
         assert "tiny:gpt2 heads" in res.stderr  # the scores that pick the heads
     quiet = CliRunner().invoke(cli, [*args, "--quiet"])
     assert quiet.exit_code == 0 and quiet.stderr == "" and quiet.stdout == res.stdout

@@ -126,7 +126,7 @@ def test_without_targets_each_sentence_is_its_own_target():
     (["--text", "a b", "--target", " "], "--target 1 is empty"),
 ])
 def test_cli_refuses_targets_that_do_not_pair(tmp_path, args, message):
-    result = CliRunner().invoke(cli, ["run", "--model", "tiny:t5", "--out", str(tmp_path / "r"), *args])
+    result = CliRunner().invoke(cli, ["run", "--model", "tiny:t5", "--report", str(tmp_path / "r"), *args])
     assert result.exit_code == 2 and message in result.output and len(result.output.strip().splitlines()) == 1
 
 

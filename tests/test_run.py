@@ -109,10 +109,10 @@ def test_existing_folder_needs_force_and_only_a_report_is_replaced_whole(quick_r
     out = tmp_path / "report"
     out.mkdir()
     (out / "old.txt").write_text("keep me")
-    result = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", str(out), *FAST])
+    result = CliRunner().invoke(cli, ["run", "--model", "bert", "--report", str(out), *FAST])
     assert result.exit_code == 2 and "already exists" in result.output and "--force" in result.output
     assert (out / "old.txt").read_text() == "keep me"
-    result = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", str(out), "--force", *FAST])
+    result = CliRunner().invoke(cli, ["run", "--model", "bert", "--report", str(out), "--force", *FAST])
     assert result.exit_code == 2 and "headscope did not write" in result.output  # not a report: kept
     assert (out / "old.txt").read_text() == "keep me"
     (out / "old.txt").unlink()
@@ -138,7 +138,7 @@ def test_failed_verification_is_written_then_exits_nonzero(tiny_models, tmp_path
     monkeypatch.setattr(headscope.workflows.run, "verify", broken)
     draw_only("verification")  # the failed check's own figure; the others do not depend on it
     out = tmp_path / "report"
-    result = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", str(out), *FAST])
+    result = CliRunner().invoke(cli, ["run", "--model", "bert", "--report", str(out), *FAST])
     assert result.exit_code == 1
     assert "NOT verified for tiny-bert" in result.output
     assert "Verification FAILED for tiny-bert" in (out / "index.html").read_text(encoding="utf-8")
@@ -154,14 +154,14 @@ def test_an_interrupted_write_leaves_no_half_report(quick_report, tmp_path, monk
 
     monkeypatch.setattr(Report, "write", half_then_interrupt)
     out = tmp_path / "report"
-    result = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", str(out), *FAST])
+    result = CliRunner().invoke(cli, ["run", "--model", "bert", "--report", str(out), *FAST])
     assert result.exit_code == 130 and "interrupted" in result.output  # Ctrl-C's conventional exit status
     assert not out.exists() and _leftovers(tmp_path) == []
     # With --force the previous report survives an interrupted replacement.
     out.mkdir()
     (out / "index.html").write_text("previous")
     (out / "run.json").write_text(json.dumps({"headscope": "0", "files": {"report": "index.html"}}))
-    result = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", str(out), "--force", *FAST])
+    result = CliRunner().invoke(cli, ["run", "--model", "bert", "--report", str(out), "--force", *FAST])
     assert result.exit_code == 130
     assert (out / "index.html").read_text() == "previous" and _leftovers(tmp_path) == []
 
@@ -191,7 +191,7 @@ def test_write_folder_restores_the_old_folder_when_the_move_fails(tmp_path, monk
 ])
 def test_bad_input_is_a_clear_error_before_any_work(tiny_models, tmp_path, args, message):
     out = tmp_path / "report"
-    result = CliRunner().invoke(cli, ["run", "--out", str(out), *args])
+    result = CliRunner().invoke(cli, ["run", "--report", str(out), *args])
     assert result.exit_code == 2, result.output
     assert message in result.output and "Traceback" not in result.output
     assert not out.exists()
@@ -200,12 +200,12 @@ def test_bad_input_is_a_clear_error_before_any_work(tiny_models, tmp_path, args,
 def test_a_bad_corpus_line_names_file_and_line(tiny_models, tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"text": "fine"}\n{"txt": "typo"}\n')
-    result = CliRunner().invoke(cli, ["run", "--model", "bert", "--corpus", str(corpus), "--out", str(tmp_path / "r")])
+    result = CliRunner().invoke(cli, ["run", "--model", "bert", "--corpus", str(corpus), "--report", str(tmp_path / "r")])
     assert result.exit_code == 2 and "line 2" in result.output and "Traceback" not in result.output
 
 
 def test_unknown_model_is_a_clear_error(tmp_path):
-    result = CliRunner().invoke(cli, ["run", "--model", "no-such-model-xyz", "--out", str(tmp_path / "r"), "--quiet"])
+    result = CliRunner().invoke(cli, ["run", "--model", "no-such-model-xyz", "--report", str(tmp_path / "r"), "--quiet"])
     assert result.exit_code == 2 and "no-such-model-xyz" in result.output and "Traceback" not in result.output
     assert not (tmp_path / "r").exists()
 
@@ -225,7 +225,7 @@ def test_default_model_end_to_end(tmp_path, draw_only):
     # (tests/test_notebook.py), every figure of a run by test_two_models_one_side_by_side_report
     draw_only("attention_mosaic", "rollout")
     out = tmp_path / "minilm"
-    result = CliRunner().invoke(cli, ["run", "--out", str(out), "--limit", "40", "--permutations", "1000",
+    result = CliRunner().invoke(cli, ["run", "--report", str(out), "--limit", "40", "--permutations", "1000",
                                       "--coref", _small_probe(), "--quiet"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     record = json.loads((out / "run.json").read_text())

@@ -249,8 +249,8 @@ def test_cli_sinks_and_streaming(monkeypatch, tmp_path):
     lm = _tiny("llama")
     corpus, out = tmp_path / "c.txt", tmp_path / "heads.csv"
     corpus.write_text("\n".join(TINY_CORPUS))
-    res = _cli(monkeypatch, lm, ["--corpus", str(corpus), "--length", "12", "--sequences", "3", "--random-sequences",
-                                 "2", "--no-ablation", "--json", "--out", str(out), "--quiet"])
+    res = _cli(monkeypatch, lm, ["--corpus", str(corpus), "--sequence-length", "12", "--sequences", "3", "--random-sequences",
+                                 "2", "--no-dormant", "--json", "--out", str(out), "--quiet"])
     assert res.exit_code == 0, res.output
     assert json.loads(res.output)["sink_rate"]["k"] == 1 and out.exists()
     text = tmp_path / "long.txt"

@@ -92,7 +92,7 @@ def test_run_sinks_adds_the_section_and_records_its_settings(tiny_llama, tmp_pat
     monkeypatch.setattr(run_wf, "sinks", lambda lm, texts, **kw: real_sinks(
         lm, texts, length=16, n_sequences=2, n_random_sequences=2, n_boot=20, **{**kw, "ablation_texts": 2, "n_random": 3}))
     out = tmp_path / "report"
-    res = CliRunner().invoke(cli, ["run", "--model", "llama", "--out", str(out), *FAST, "--sinks"], catch_exceptions=False)
+    res = CliRunner().invoke(cli, ["run", "--model", "llama", "--report", str(out), *FAST, "--sinks"], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     record = json.loads((out / "run.json").read_text())
     assert record["settings"]["sinks"] is True and record["settings"]["streaming_window"] == 256

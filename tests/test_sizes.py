@@ -10,6 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from headscope.probe.errors import PlacementError
+from headscope.probe.device_placement import Placement
 from headscope.probe.loading import load_model, placement
 from headscope.probe.sizes import SIZE_UNITS, parse_max_memory, parse_size
 from headscope.probe.sources import memory_budget
@@ -43,9 +44,10 @@ def test_the_api_takes_what_the_cli_takes(text, by_hand):
 
 
 def test_load_takes_a_budget_as_the_cli_writes_it(tmp_path):
-    lm = load_model("tiny:llama", max_memory={"cpu": "300MB"})  # refused before: "give a size ... got '300MB'"
+    # refused before: "give a size ... got '300MB'"
+    lm = load_model("tiny:llama", placement=Placement(max_memory={"cpu": "300MB"}))
     assert set(lm.model.hf_device_map.values()) == {"cpu"}
-    off = load_model("tiny:llama", max_memory="cpu=1kB", offload_folder=tmp_path)
+    off = load_model("tiny:llama", placement=Placement(max_memory="cpu=1kB", offload_folder=tmp_path))
     assert "disk" in off.model.hf_device_map.values()
     assert placement("cpu", {"cpu": "300MB"}, None).max_memory == {"cpu": 300_000_000}
     assert memory_budget("1GiB") == 2**30 and memory_budget(2**30) == 2**30

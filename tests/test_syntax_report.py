@@ -112,7 +112,7 @@ def test_run_with_conllu_adds_the_syntax_section(tiny_bert, tmp_path, draw_only)
 
     test, dev = _sentences_file(tmp_path, "test.conllu", 12), _sentences_file(tmp_path, "dev.conllu", 11)
     out = tmp_path / "report"
-    res = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", str(out), *FAST, "--conllu", str(test),
+    res = CliRunner().invoke(cli, ["run", "--model", "bert", "--report", str(out), *FAST, "--conllu", str(test),
                                    "--select-on", str(dev)], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     record = json.loads((out / "run.json").read_text())
@@ -137,7 +137,7 @@ def test_run_without_conllu_records_no_syntax(tiny_bert, tmp_path, draw_only):
     draw_only(*SYNTAX_FIGURES)  # a syntax figure drawn would be caught
 
     out = tmp_path / "report"
-    res = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", str(out), *FAST], catch_exceptions=False)
+    res = CliRunner().invoke(cli, ["run", "--model", "bert", "--report", str(out), *FAST], catch_exceptions=False)
     assert res.exit_code == 0, res.output
     record = json.loads((out / "run.json").read_text())
     assert not {"conllu", "select_on"} & set(record["settings"]) and "syntax" not in record["models"][0]
@@ -152,7 +152,7 @@ def test_bad_syntax_options_are_one_line_before_any_model(tiny_bert, tmp_path, a
     from headscope.cli import cli
 
     monkeypatch.chdir(tmp_path)
-    res = CliRunner().invoke(cli, ["run", "--model", "bert", "--out", "report", *FAST, *args])
+    res = CliRunner().invoke(cli, ["run", "--model", "bert", "--report", "report", *FAST, *args])
     assert res.exit_code != 0 and message in res.output and len(res.output.strip().splitlines()) == 1
 
 

@@ -133,7 +133,7 @@ def test_heads_and_explain_name_the_tower_they_read(picture):
 def test_run_reports_each_tower_given(tmp_path, picture, draw_only):
     draw_only("head_scores")
     out = tmp_path / "report"
-    r = _cli("run", "--model", "tiny:clip", "--image", picture, "--text", "A cat sat on the mat.", "--out", str(out),
+    r = _cli("run", "--model", "tiny:clip", "--image", picture, "--text", "A cat sat on the mat.", "--report", str(out),
              "--quiet", "--dpi", "20", "--limit", "2", "--permutations", "100", "--induction-seqs", "0",
              "--no-ablation", "--json")
     assert r.exit_code == 0, r.output

@@ -355,14 +355,14 @@ def test_cli_run_writes_the_vision_section_with_overlays_mosaic_rollout_and_metr
     # verification plot (the same for every model) is drawn in test_run.py
     draw_only("head_scores", *(n for n, spec in FIGURES.items() if spec.group in ("vision", "attention")))
     out = tmp_path / "report"
-    r = _cli("run", "--model", "tiny:dinov2_with_registers", "--image", picture, "--out", str(out), "--quiet", "--dpi", "30")
+    r = _cli("run", "--model", "tiny:dinov2_with_registers", "--image", picture, "--report", str(out), "--quiet", "--dpi", "30")
     assert r.exit_code == 0, r.output
     figures = {p.name for p in (out / "figures").iterdir()}
     for stem in ("vision-0-", "vision-layer-", "vision-rollout-0", "heads-attention_distance", "heads-registers"):
         assert any(stem in f for f in figures), (stem, sorted(figures))
     page = (out / "index.html").read_text(encoding="utf-8")
     assert 'id="vision"' in page and "[REG0]" in page and "random weights" in page
-    r = _cli("run", "--model", "tiny:bert", "--image", picture, "--out", str(tmp_path / "other"), "--quiet")
+    r = _cli("run", "--model", "tiny:bert", "--image", picture, "--report", str(tmp_path / "other"), "--quiet")
     assert r.exit_code == 2 and not (tmp_path / "other").exists()
 
 

@@ -361,7 +361,7 @@ def test_cli_refuses_slots_without_images_and_images_on_a_text_model(picture_fil
 def test_cli_run_with_an_image_passes_the_maps_to_the_report(picture_file, tmp_path):
     import json
 
-    result = _cli("run", "--model", "tiny:llava", "--image", picture_file, "--out", str(tmp_path / "report"), "--quiet")
+    result = _cli("run", "--model", "tiny:llava", "--image", picture_file, "--report", str(tmp_path / "report"), "--quiet")
     assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / "report" / "run.json").read_text())
     model = record["models"][0] if "models" in record else record

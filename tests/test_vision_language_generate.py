@@ -140,7 +140,7 @@ def test_cli_explain_a_decoders_image_token_and_its_refusals(picture_file):
 def test_cli_run_generates_over_each_image_into_the_report(picture_file, tmp_path):
     import json
 
-    result = _cli("run", "--model", "tiny:llava", "--image", picture_file, "--generate", "2", "--out",
+    result = _cli("run", "--model", "tiny:llava", "--image", picture_file, "--generate", "2", "--report",
                   str(tmp_path / "report"), "--quiet")
     assert result.exit_code == 0, result.output
     record = json.loads((tmp_path / "report" / "run.json").read_text())
@@ -151,7 +151,7 @@ def test_cli_run_generates_over_each_image_into_the_report(picture_file, tmp_pat
 
 
 def test_run_on_an_image_encoder_says_it_did_not_generate(picture_file, tmp_path):
-    result = _cli("run", "--model", "tiny:vit", "--image", picture_file, "--generate", "2", "--out",
+    result = _cli("run", "--model", "tiny:vit", "--image", picture_file, "--generate", "2", "--report",
                   str(tmp_path / "report"), "--quiet")
     assert result.exit_code == 0, result.output
     assert "generation was not run (2 tokens asked for)" in (tmp_path / "report" / "run.json").read_text()

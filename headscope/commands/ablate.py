@@ -4,81 +4,49 @@ from __future__ import annotations
 
 import click
 
-from headscope.probe.names import AblationMethod, choices
-
+from ..common import internals as hs_
 from ..common.corpus import corpus_or_fail
-from ..common.exits import fail
+from ..common.exits import fail, refusals
 from ..common.loading import load_or_fail
-from ..common.options import corpus, heads, options, seed
-from ..common.outputs import echo_json
-from headscope.probe.wording import counted
+from ..common.options import options, parsed, renamed
+from ..common.outputs import emit
 
-__all__ = ["cli", "parse_top"]
-
-TOP_TEXTS = 32  # built-in corpus texts scored for --top when the effect is measured on a task
+__all__ = ["cli"]
 
 
-def parse_top(spec: str) -> tuple[str, int]:
-    """`METRIC:K` -> (metric, k); the metric is one of `headscope heads`' metrics."""
-    from headscope.analyses.metrics import METRICS
-
-    metric, sep, k = spec.partition(":")
-    if not sep or not k.strip().isdigit() or int(k) < 1:
-        raise ValueError(f"--top {spec!r}: write METRIC:K, e.g. induction:5")
-    if metric not in METRICS:
-        raise ValueError(f"--top {spec!r}: unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
-    return metric, int(k)
-
-
-def _top_heads(lm, metric: str, k: int, texts: list[str], *, quiet: bool) -> list[tuple[int, int]]:
-    from headscope import heads
-
-    top = heads(lm, texts, progress=not quiet, total=len(texts)).top(metric, k)
-    if top.empty:
-        fail(f"--top {metric}:{k}: {lm.name} has no {metric} score (not applicable to this model)")
-    return [(int(r.layer), int(r.head)) for r in top.itertuples()]
+def _spec(text: str) -> str:
+    """--heads-by METRIC:K, checked before any model loads (`hs.heads_by_metric` reads it)."""
+    hs_.parse_heads_by(text)
+    return text
 
 
 @click.command()
-@options("model", heads(help="Heads to ablate, e.g. L16H0,L18H6."))
-@click.option("--top", "top_spec", default=None, help="Ablate the K heads scoring highest on METRIC (METRIC:K), "
-              "scored as `headscope heads` does.")
-@click.option("--method", type=click.Choice(choices(AblationMethod)), default="zero", show_default=True,
-              help="Zero the head, replace it by its mean output, or make its attention uniform.")
-@corpus(help="Measure on these texts (one per line, or JSONL with 'text').")
+@options("model", "heads")
+@click.option("--heads-by", "heads_by", default=None, metavar="METRIC:K", callback=parsed(_spec, "--heads-by"),
+              help="Ablate the K heads scoring highest on METRIC, scored as `headscope heads` does (e.g. induction:5).")
+@renamed("--top", "--heads-by", "heads_by", value="METRIC:K", callback=parsed(_spec, "--top"))
+@options("method", "corpus")
 @click.option("--task", type=click.Choice(["induction"]), default=None,
               help="Measure on a built-in task: induction = loss on the second copy of repeated random tokens.")
 @click.option("--word", default=None, help="Encoders: the word whose final representation is compared.")
-@click.option("--random", "n_random", type=click.IntRange(min=0), default=19, show_default=True,
-              help="Random head sets of the same size to compare with.")
-@options(seed(help="Seed of the random head sets."), "batching", "json", "quiet", "device")
-def cli(model_name, heads, top_spec, method, corpus_path, limit, task, word, n_random, seed, batch_size, as_json,
-        device, dtype, max_memory, offload_folder, quiet) -> None:
-    """Ablate heads and compare the effect with ablating random heads (mean, sd, empirical p)."""
-    from headscope import ablate, builtin_corpus
-    from headscope.probe.interventions import refuse_seq2seq
+@options("random", "seed", "batching", "json", "quiet", "device")
+def cli(model_name, heads, heads_by, method, corpus_path, limit, task, word, n_random, seed, batch_size, as_json,
+        placement, quiet) -> None:
+    """Ablate heads and compare the effect with ablating random heads (mean, sd, empirical p).
 
-    if (heads is None) == (top_spec is None):
-        fail("give exactly one of --heads L16H0,L18H6 or --top METRIC:K")
+    The heads are named (--heads) or the K top heads of a `headscope heads` metric over the corpus, or the first
+    32 built-in texts with --task (--heads-by METRIC:K)."""
+    from headscope import ablate
+
+    if (heads is None) == (heads_by is None):
+        fail("give exactly one of --heads L16H0,L18H6 or --heads-by METRIC:K")
     if (corpus_path is None) == (task is None):
         fail("give exactly one of --corpus FILE or --task induction")
-    try:
-        top = parse_top(top_spec) if top_spec is not None else None
-    except ValueError as exc:
-        fail(str(exc))
     texts = corpus_or_fail(corpus_path, limit).texts if corpus_path else None
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
-    try:
-        refuse_seq2seq(lm, "head ablation")  # before --top scores every head
-        if top is not None:
-            heads = _top_heads(lm, *top, texts or builtin_corpus()[:TOP_TEXTS], quiet=quiet)
-        result = ablate(lm, heads, method=method, corpus=texts, task=task, word=word, n_random=n_random,
-                        seed=seed, batch_size=batch_size, progress=not quiet)
-    except (TypeError, ValueError) as exc:
-        fail(str(exc))
-    if as_json:
-        echo_json(result.to_dict())
-        return
-    d = result.to_dict()
-    click.echo(f"{lm.name}: {d['effect_metric']} over {counted(d['n'], 'example')} (clean mean {d['baseline']:.4g})")
-    click.echo(result.verdict)
+    lm = load_or_fail(model_name, placement)
+    with refusals(model_name):
+        result = ablate(lm, heads, heads_by=heads_by, method=method, corpus=texts, task=task, word=word,
+                        n_random=n_random, seed=seed, batch_size=batch_size, progress=not quiet)
+    if emit(result, as_json=as_json, summary=f"{lm.name}: {result.effect_metric} over "
+                                             f"{hs_.counted(result.n, 'example')} (clean mean {result.baseline:.4g})"):
+        click.echo(result.verdict)

@@ -11,15 +11,13 @@ from typing import Sequence
 
 import click
 
-from headscope.probe.names import DEFAULT_ATTENTION, AblationMethod, choices
-
+from ..common import internals as hs_
 from ..common.exits import fail
 from ..common.loading import load_or_fail
-from ..common.options import head, level, limit, options, seed
-from ..common.outputs import echo_json, write_table
+from ..common.options import head, options, renamed
+from ..common.outputs import emit
 from ..common.runs import join_run
 from ..common.verification import finish, verify_step
-from headscope.probe.wording import counted
 
 __all__ = ["cli", "probe_command", "probe_options"]
 
@@ -31,39 +29,31 @@ def probe_options(fn):
         click.option("--heldout", "heldout_path", default=None,
                      help="Also choose the head on all of --data and score it on this file "
                           "(e.g. GAP development -> validation); the k-fold result on --data is kept under 'sets'."),
-        level(help="Attention between words (pieces summed/averaged) or raw tokens."),
+        "level",
         click.option("--head-word", is_flag=True, help="Score a multi-word name by its last word only (default: sum over it)."),
         click.option("--folds", type=click.IntRange(2, None), default=5, show_default=True, help="k of the group k-fold."),
-        click.option("--permutations", "n_perm", type=click.IntRange(100, None), default=10_000, show_default=True,
-                     help="Monte Carlo permutations per test."),
-        seed(help="Seed of the folds and permutations."),
-        limit("examples of each file (a subset: say so when you report)"),
-        "batching",
-        head(name="show_head", help="Also show this head's per-example attention to each candidate, e.g. L3H5 or 3,5 "
-                                    "(model indices, from 0)."),
+        "permutations", "seed", "limit", "batching",
+        head(name="show_head"),
         "out",
         click.option("--ablate", is_flag=True,
                      help="Ablation check (decoders): ablate the best head and compare how the model's preference "
                           "between the candidates moves, against random heads."),
-        click.option("--method", type=click.Choice(choices(AblationMethod)), default="zero", show_default=True,
-                     help="How --ablate removes the head: zero its output, replace it by its mean output over the "
-                          "first 64 built-in corpus texts, or make it attend uniformly."),
-        click.option("--random-sets", "n_random", type=click.IntRange(1, None), default=19, show_default=True,
-                     help="How many random head sets --ablate compares with (19 allows p = 0.05)."),
+        "method", "random",
+        renamed("--random-sets", "--random", "n_random", value="N", type=click.IntRange(1, None)),
         "quiet", "json", "verify", "attention", "device",
     )(fn)
 
 
 def _load_set(spec: str, limit: int | None, option: str = "--data"):
     """(task name, examples) for a built-in name or a file path; errors name `option`."""
-    from headscope.analyses.relations import BUILTIN_SETS, builtin_set, read_probe_file
+    from headscope import builtin_set, read_probe_file
 
-    if spec in BUILTIN_SETS:
-        examples, task = builtin_set(spec), BUILTIN_SETS[spec][1]
+    if spec in hs_.BUILTIN_SETS:
+        examples, task = builtin_set(spec), hs_.BUILTIN_SETS[spec][1]
     else:
         path = Path(spec)
         if not path.is_file():
-            fail(f"{option} {spec}: no such file, and not a built-in set ({', '.join(BUILTIN_SETS)})")
+            fail(f"{option} {spec}: no such file, and not a built-in set ({', '.join(hs_.BUILTIN_SETS)})")
         try:
             examples = read_probe_file(path)
         except OSError as exc:
@@ -74,32 +64,30 @@ def _load_set(spec: str, limit: int | None, option: str = "--data"):
 
 def run_command(*, builtin: Sequence[str], combined_task: str, noun: str, template: str, model_name: str,
                 data_spec: str | None, heldout_path: str | None, level: str, head_word: bool, folds: int,
-                n_perm: int, seed: int, limit: int | None, batch_size: int, show_head: tuple[int, int] | None,
+                permutations: int, seed: int, limit: int | None, batch_size: int, show_head: tuple[int, int] | None,
                 out_path: Path | None, ablate: bool, method: str, n_random: int, quiet: bool, as_json: bool,
-                no_verify: bool, device: str, dtype: str,
-                max_memory: dict | None = None, offload_folder=None, attention: str = DEFAULT_ATTENTION,
+                no_verify: bool, placement=None, attention: str,
                 memory_budget: int | None = None) -> None:
     """What `headscope coref` and `headscope probe` do, given their built-in default sets.
 
     `template` is the continuation prompt of the ablation check (`--ablate`).
     """
-    from headscope.analyses.relations import ProbeDataError
     from headscope import ablate_chosen_head, probe_sets
 
     head = show_head  # (layer, head), read by the --head option
     try:
         sets = [_load_set(name, limit) for name in ([data_spec] if data_spec is not None else builtin)]
         held = _load_set(heldout_path, limit, "--heldout") if heldout_path else None
-    except ProbeDataError as exc:
+    except hs_.ProbeDataError as exc:
         fail(str(exc))
     if held is not None and len(sets) != 1:
         fail("--heldout needs a single --data file to choose the head on")
-    world = join_run(device)
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    world = join_run(placement.device)
+    lm = load_or_fail(model_name, placement)
     verification = verify_step(lm, enabled=not no_verify)
     try:
         main, parts = probe_sets(lm, sets, heldout=held, combined_task=combined_task, level=level,
-                                 head_word=head_word, folds=folds, n_perm=n_perm, seed=seed, batch_size=batch_size,
+                                 head_word=head_word, folds=folds, n_perm=permutations, seed=seed, batch_size=batch_size,
                                  noun=noun, progress=not quiet, attention=attention, budget=memory_budget,
                                  world=world)
         if not world.is_main:  # every process of a torchrun run holds the same results; rank 0 goes on alone
@@ -125,15 +113,17 @@ def _emit(main, parts, head, out_path, as_json, ablation=None, verification=None
     import pandas as pd
 
     results = [main, *parts]
-    if out_path is not None:
-        table = pd.concat([r.heads.assign(model=r.model, task=r.task) for r in results], ignore_index=True)
-        write_table(table[["model", "task", *[c for c in table.columns if c not in ("model", "task")]]], out_path)
     drill = None
-    if head is not None:
+    if head is not None:  # a head the model does not have: refused before anything is written
         try:
             drill = main.drill_down(*head)
         except ValueError as exc:
             fail(str(exc))
+    table = None
+    if out_path is not None:
+        table = pd.concat([r.heads.assign(model=r.model, task=r.task) for r in results], ignore_index=True)
+        table = table[["model", "task", *[c for c in table.columns if c not in ("model", "task")]]]
+    obj = None
     if as_json:
         obj = main.to_dict()
         if parts:
@@ -146,10 +136,9 @@ def _emit(main, parts, head, out_path, as_json, ablation=None, verification=None
             obj["verification"] = verification
         if main.data.check is not None:
             obj["check"] = main.data.check
-        echo_json(obj)
+    if not emit(main, out_path, as_json=as_json, payload=obj, table=table,
+                summary=None if verification is None else verification["summary"]):
         return
-    if verification is not None:
-        click.echo(verification["summary"])
     if main.data.check is not None:
         click.echo(main.data.check["summary"])
     for r in parts + [main]:
@@ -163,14 +152,13 @@ def _emit(main, parts, head, out_path, as_json, ablation=None, verification=None
 
 
 def _print_result(r) -> None:
-    from headscope.probe.types import head_name
 
-    click.echo(f"{r.model} · {r.task} · {r.level} level · {counted(r.n, 'example')} · selection: {r.selection}")
+    click.echo(f"{r.model} · {r.task} · {r.level} level · {hs_.counted(r.n, 'example')} · selection: {r.selection}")
     click.echo("  baselines: " + "  ".join(f"{k} {v:.1%}" for k, v in r.baselines.items()))
     top = r.heads.sort_values(["accuracy", "layer", "head"], ascending=[False, True, True]).head(5)
     click.echo("  top heads (accuracy over all examples; intervals not corrected for choosing):")
     for row in top.itertuples():
-        click.echo(f"    {head_name(row.layer, row.head):<7} {row.accuracy:6.1%}  {row.correct}/{row.n}  "
+        click.echo(f"    {hs_.head_name(row.layer, row.head):<7} {row.accuracy:6.1%}  {row.correct}/{row.n}  "
                    f"95% CI {row.ci_low:.1%}–{row.ci_high:.1%}")
     if r.excluded:
         click.echo("  excluded: " + "; ".join(f"{v} × {k}" for k, v in r.excluded.items()))
@@ -181,9 +169,8 @@ def _print_result(r) -> None:
 
 
 def _print_drill(drill, head) -> None:
-    from headscope.probe.types import head_name
 
-    click.echo(f"{head_name(*head)}: attention from the source to each candidate (* = chosen, ✓ = answer)")
+    click.echo(f"{hs_.head_name(*head)}: attention from the source to each candidate (* = chosen, ✓ = answer)")
     for ex_id, rows in drill.groupby("example", sort=False):
         first = rows.iloc[0]
         marks = "  ".join(f"{'*' if r.chosen else ' '}{r.candidate}{'✓' if r.correct else ''} {r.attention:.3f}"
@@ -199,14 +186,12 @@ def probe_command(*, builtin: Sequence[str], combined_task: str, noun: str, data
     command runs, so `headscope --help` does not import torch.
     """
 
-    @click.command(help=doc)
+    @click.command(help=f"{doc} --head L3H5 also shows that head's attention to each candidate, per example.")
     @click.option("--data", "data_spec", default=None, help=data_help)
     @probe_options
     def command(**options) -> None:
-        from headscope.analyses import relations
-
-        run_command(builtin=builtin, combined_task=combined_task, noun=noun,
-                    template=getattr(relations, template), **options)
+        run_command(builtin=builtin, combined_task=combined_task, noun=noun, template=hs_.template(template),
+                    **options)
 
     return command
 

@@ -6,7 +6,7 @@ import click
 
 from ..common.exits import refusals
 from ..common.loading import load_or_fail
-from ..common.options import options, top, utf8_text
+from ..common.options import options, prompt, top, utf8_text
 from ..common.outputs import emit
 
 __all__ = ["cli"]
@@ -14,12 +14,11 @@ __all__ = ["cli"]
 
 @click.command()
 @options("model")
-@click.option("--prompt", required=True, callback=utf8_text("--prompt"), help="The text whose next token is explained.")
+@prompt()
 @click.option("--answer", required=True, callback=utf8_text("--answer"), help="The next token (its first token, e.g. ' Mary' with its space).")
 @click.option("--wrong", default=None, callback=utf8_text("--wrong"), help="A wrong answer: explain logit(answer) − logit(wrong).")
-@options(top(10, "Parts listed."), "figure", "out", "json", "quiet", "device")
-def cli(model_name, prompt, answer, wrong, k, figure_path, out_path, as_json, device, dtype,
-        max_memory, offload_folder, quiet) -> None:
+@options(top(10), "figure", "out", "json", "quiet", "device")
+def cli(model_name, prompt, answer, wrong, k, figure_path, out_path, as_json, placement, quiet) -> None:
     """Split the next-token logit (difference) into embeddings, heads, MLPs and biases.
 
     The final norm's scale is frozen at this run's value; the parts sum to the model's own logit
@@ -27,7 +26,7 @@ def cli(model_name, prompt, answer, wrong, k, figure_path, out_path, as_json, de
     """
     from headscope import dla
 
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     with refusals(model_name):
         result = dla(lm, prompt, answer, wrong)
     if emit(result, out_path, figure_path, as_json=as_json):

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import click
 
+from ..common import internals as hs_
 from ..common.exits import fail, refusals
 from ..common.loading import inputs_or_fail, load_or_fail
-from ..common.options import head, options, truncate, utf8_text
-from ..common.outputs import echo_json, write_table
+from ..common.options import head, options, utf8_text
+from ..common.outputs import emit
 
 
 def _layer_head(layer: int | None, given: tuple[int, int] | int) -> tuple[int, int]:
@@ -25,30 +26,23 @@ def _layer_head(layer: int | None, given: tuple[int, int] | int) -> tuple[int, i
 @click.argument("text", required=False, callback=utf8_text("TEXT"))
 @options("model")
 @click.option("--token", required=True, help="The query token (a word of TEXT; a split word starts at its first piece).")
-@click.option("--occurrence", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Which occurrence of --token (0-based: 0 is the first).")
-@head(name="head_spec", required=True, bare=True,
-      help="The head, e.g. L2H3 or 2,3 (model indices, from 0); a bare number is a head of --layer.")
+@options("occurrence", head(name="head_spec", required=True, bare=True))
 @click.option("--layer", type=int, default=None, help="The layer, when --head is a bare head number.")
 @click.option("--scale-effect", is_flag=True, help="Also show every head of the layer with and without the 1/√d scale.")
 @click.option("--permutation", is_flag=True, help="Also show that attention without positions is permutation-equivariant.")
-@truncate(help="Cut TEXT to the model's context instead of failing.")
-@options("image", "out", "json", "quiet", "attention", "device")
+@options("truncate", "image", "out", "json", "quiet", "attention", "device")
 def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, permutation, truncate, images, out_path,
-        as_json, device, dtype, max_memory, offload_folder, attention, memory_budget, quiet) -> None:
+        as_json, placement, attention, memory_budget, quiet) -> None:
     """Explain how one head builds TOKEN's output in TEXT: scores, scaling, softmax, values.
 
     A vision transformer explains one --image instead of TEXT (--token a unit such as [CLS] or r1c2); a
     vision–language decoder reads TEXT with its --image files, one per image slot (or the default prompt),
-    and --token is a word or an image token such as img0:r1c2. --out writes the per-key table.
+    and --token is a word or an image token such as img0:r1c2. --head takes a bare head number with --layer.
+    --out writes the per-key table.
     """
     import pandas as pd
 
     from headscope import explain, fit_context
-    from headscope.probe.explain import permutation_check
-    from headscope.probe.images import for_input
-    from headscope.probe.explain import scale_effect as scale_table
-    from headscope.probe.types import head_name
 
     layer, head = _layer_head(layer, head_spec)
     image = list(images) if images else None
@@ -58,9 +52,9 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
         fail("--scale-effect and --permutation take a TEXT, not --image")
     if images:
         inputs_or_fail([model_name], images=True)
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     with refusals(model_name, RuntimeError):
-        lm = for_input(lm, images=image is not None)  # a two-tower model (CLIP, SigLIP): the tower that reads it
+        lm = hs_.for_input(lm, images=image is not None)  # a two-tower model (CLIP, SigLIP): the tower that reads it
         if image is not None and text is not None and not getattr(lm, "reads_images", False):
             fail(f"give TEXT or --image FILE, not both: {lm.name} is not a vision–language decoder")
         if image is not None:
@@ -71,10 +65,9 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
         if image is None:
             e = explain(lm, text, token=token, layer=layer, head=head, occurrence=occurrence, attention=attention,
                         budget=memory_budget)
-            scales = scale_table(lm, text, layers=[layer]) if scale_effect else None
-            perm = permutation_check(lm, text) if permutation else None
-    if out_path:
-        write_table(e.table, out_path)
+            scales = hs_.scale_effect(lm, text, layers=[layer]) if scale_effect else None
+            perm = hs_.permutation_check(lm, text) if permutation else None
+    out = None
     if as_json:
         out = {"model": lm.name, "text": text, "query": e.query, "layer": layer, "head": head, "scale": e.scale,
                "output_norm": e.output_norm, "model_weight_max_abs_err": e.model_weight_max_abs_err,
@@ -85,10 +78,10 @@ def cli(text, model_name, token, occurrence, head_spec, layer, scale_effect, per
             out["scale_effect"] = scales.to_dict(orient="records")
         if perm is not None:
             out["permutation"] = perm.to_dict()
-        echo_json(out)
+    if not emit(e, out_path, as_json=as_json, payload=out, table=e.table, summary=None):
         return
     with pd.option_context("display.max_rows", 500, "display.width", 120):
-        click.echo(f"{lm.name} {head_name(layer, head)}, query {e.query!r} (token {e.query_index}); scale = {e.scale:.6g}")
+        click.echo(f"{lm.name} {hs_.head_name(layer, head)}, query {e.query!r} (token {e.query_index}); scale = {e.scale:.6g}")
         click.echo(e.table.to_string(index=False, float_format=lambda x: f"{x:9.4f}"))
         click.echo(e.summary())
         if e.check is not None:

@@ -7,8 +7,8 @@ import click
 from ..common.corpus import corpus_or_fail
 from ..common.exits import fail, refusals
 from ..common.loading import load_or_fail
-from ..common.options import corpus, level, options, utf8_text
-from ..common.outputs import echo_json
+from ..common.options import options, utf8_text
+from ..common.outputs import emit
 
 __all__ = ["cli"]
 
@@ -16,13 +16,13 @@ __all__ = ["cli"]
 @click.command()
 @options("model")
 @click.argument("texts", nargs=-1, metavar="[TEXT]...", callback=utf8_text("TEXT"))
-@options(corpus(help="Also the texts of this file (one text per line, or JSONL with a 'text' field)."), "image",
-         level(help="Units of the maps: sub-word tokens, or words (a word's keys summed, its queries averaged, "
-                    "as Clark et al. 2019); an image's units are its patches at either level."), "select", "maps_out", "attention", "batching", "truncate", "json", "quiet",
+@options("corpus", "image", "level", "select", "maps_out", "attention", "batching", "truncate", "json", "quiet",
          "device")
 def cli(model_name, texts, corpus_path, limit, images, level, layers, heads, out_path, attention, memory_budget,
-        batch_size, truncate, as_json, quiet, device, dtype, max_memory, offload_folder) -> None:
+        batch_size, truncate, as_json, quiet, placement) -> None:
     """Write the attention maps of TEXT... (and/or --corpus FILE, or --image FILE) to --out.
+
+    An image's units are its patches at either --level.
 
     \b
     One map per text (or image): [layer, head, query, key], float32, rows summing to 1, with its labels,
@@ -53,12 +53,9 @@ def cli(model_name, texts, corpus_path, limit, images, level, layers, heads, out
         all_texts += corpus_or_fail(corpus_path, limit).texts
     if not all_texts and not images:
         fail("nothing to extract: give one or more TEXT arguments, --corpus FILE or --image FILE")
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     with refusals(model_name, FileNotFoundError):
         result = extract_file(lm, all_texts or None, out_path, images=list(images) or None, level=level, layers=layers,
                               heads=heads, attention=attention, budget=memory_budget, batch_size=batch_size,
                               truncate=truncate, force=True, progress=not quiet)
-    if as_json:
-        echo_json(result.to_dict())
-    else:
-        click.echo(result.summary())
+    emit(result, as_json=as_json)  # the maps file is written by extract_file, atomically, as it computes

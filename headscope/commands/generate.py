@@ -8,35 +8,34 @@ from __future__ import annotations
 
 import click
 
+from ..common import internals as hs_
 from ..common.exits import fail
 from ..common.loading import inputs_or_fail, load_or_fail
-from ..common.options import model, options, seed, top, utf8_text
-from ..common.outputs import echo_json
+from ..common.options import model, options, prompt, seed, top, utf8_text
+from ..common.outputs import emit
 
 __all__ = ["cli"]
 
 
 @click.command()
-@model(default="smollm2", help="A decoder: packaged name, folder, GGUF file or hub id (NAME@REVISION).")
-@click.option("--prompt", "prompts", required=True, multiple=True, callback=utf8_text("--prompt"),
-              help="The text to continue; repeat for several prompts (each generated in turn). With --chat: the "
-                   "user's message.")
+@model(default="smollm2")
+@prompt(multiple=True)
 @click.option("--max-new-tokens", type=click.IntRange(min=1), default=20, show_default=True)
 @click.option("--temperature", type=click.FloatRange(min=0), default=0.0, show_default=True,
               help="0: greedy; above 0: sample from softmax(logits / temperature).")
 @click.option("--top-p", type=click.FloatRange(min=0, max=1, min_open=True), default=1.0, show_default=True,
               help="Sampling: draw from the smallest set of tokens whose probability reaches this.")
-@seed(help="Sampling: the random seed (the same tokens again).")
+@seed()
 @click.option("--chat", is_flag=True, help="Apply the tokenizer's chat template: each --prompt is a user message; "
                                           "every token is labelled by its turn (system / user / assistant).")
 @click.option("--system", default=None, callback=utf8_text("--system"), help="With --chat: a system message first.")
-@options(top(3, "Keys listed per step (attention averaged over layers and heads)."), "image", "json", "quiet", "device")
-def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, system, k, images, as_json, device, dtype,
-        max_memory, offload_folder,
+@options(top(3), "image", "json", "quiet", "device")
+def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, system, k, images, as_json, placement,
         quiet) -> None:
-    """Continue each PROMPT and record the attention of every generated token."""
+    """Continue each --prompt (repeat it for several, each generated in turn; with --chat the user's message) and
+    record the attention of every generated token. --model must be a decoder; --seed seeds the sampling; --top lists
+    the keys each step attends to most (averaged over layers and heads)."""
     from headscope import generate_attention
-    from headscope.probe.generate import chat_prompt
 
     if system is not None and not chat:
         fail("--system goes with --chat")
@@ -44,7 +43,7 @@ def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, sys
         fail("--image puts the prompt in the processor's chat template already; leave out --chat")
     if images:
         inputs_or_fail([model_name], images=True)
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     results = []
     for prompt in prompts:
         try:
@@ -52,15 +51,15 @@ def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, sys
             if chat:
                 messages = ([{"role": "system", "content": system}] if system is not None else []) + \
                     [{"role": "user", "content": prompt}]
-                prompt, turns = chat_prompt(lm, messages)
+                prompt, turns = hs_.chat_prompt(lm, messages)
             results.append((prompt, generate_attention(lm, prompt, max_new_tokens=max_new_tokens,
                                                        temperature=temperature, top_p=top_p, seed=seed, turns=turns,
                                                        **({"images": list(images)} if images else {}))))
         except (TypeError, ValueError) as exc:
             fail(str(exc))
-    if as_json:
-        dicts = [r.to_dict() for _, r in results]
-        echo_json(dicts[0] if len(dicts) == 1 else {"generations": dicts})
+    dicts = [r.to_dict() for _, r in results] if as_json else []
+    if not emit(results[0][1], as_json=as_json, payload=dicts[0] if len(dicts) == 1 else {"generations": dicts},
+                summary=None):
         return
     for prompt, result in results:
         how = "greedy" if temperature == 0 else f"sampled at temperature {temperature:g}, top-p {top_p:g}, seed {seed}"
@@ -91,12 +90,11 @@ def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, sys
 def _image_share(result) -> str:
     """Each step's share of attention (mean over layers and heads) on the prompt's image tokens, and where in the
     picture the most of it lands."""
-    from headscope.probe.vision_language import patch_label
 
     on_image = [i for i, p in enumerate(result.prompt.patches) if p is not None]
     cells = []
     for t, row in enumerate(result.steps):
         mean = row.mean(dim=(0, 1))[on_image]  # [image key]
         best = result.prompt.patches[on_image[int(mean.argmax())]]
-        cells.append(f"{result.generated_tokens[t]!r} {float(mean.sum()):.3f} (most at {patch_label(best)})")
+        cells.append(f"{result.generated_tokens[t]!r} {float(mean.sum()):.3f} (most at {hs_.patch_label(best)})")
     return f"attention on the {len(on_image)} image tokens, per step: " + ", ".join(cells)

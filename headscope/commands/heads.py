@@ -7,7 +7,7 @@ import click
 from ..common.corpus import corpus_or_fail, too_long_or_fail
 from ..common.exits import fail, refusals
 from ..common.loading import inputs_or_fail, load_or_fail
-from ..common.options import options, seed, top
+from ..common.options import options, top
 from ..common.outputs import attention_note, echo_json, write_table
 from ..common.runs import join_run
 from ..common.verification import finish, verify_step
@@ -17,16 +17,13 @@ __all__ = ["cli"]
 
 
 @click.command()
-@options("model", "corpus", "level", "special", "batching", top(3, "Heads listed per metric."))
-@click.option("--induction-seqs", type=click.IntRange(min=0), default=20, show_default=True,
-              help="Repeated random sequences for the induction/duplicate scores (decoders; 0 skips).")
+@options("model", "corpus", "level", "special", "batching", top(3), "induction")
 @click.option("--induction-length", type=click.IntRange(min=2), default=50, show_default=True,
               help="Random tokens per half of each repeated sequence.")
-@options(seed(help="Seed of the random sequences."), "out", "truncate", "image", "quiet", "json", "verify", "attention",
+@options("seed", "out", "truncate", "image", "quiet", "json", "verify", "attention",
          "device")
 def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, induction_seqs, induction_length,
-        seed, out_path, truncate, images, quiet, as_json, device, dtype,
-        max_memory, offload_folder, no_verify, attention, memory_budget) -> None:
+        seed, out_path, truncate, images, quiet, as_json, placement, no_verify, attention, memory_budget) -> None:
     """Score every head over a corpus: previous/next token, self, sinks, punctuation, entropy, induction.
 
     With --json: settings, top heads and roles; the full table goes to --out.
@@ -39,10 +36,10 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
 
     corpus = corpus_or_fail(corpus_path, limit, stream=True)
     texts, total, source = corpus.texts, corpus.total, corpus.source
-    world = join_run(device)
+    world = join_run(placement.device)
     if images:
         inputs_or_fail([model_name], images=True)
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     with refusals(model_name):  # a two-tower model (CLIP, SigLIP): the tower that reads the input, named by tower
         lm = for_input(lm, images=bool(images))
     if images or getattr(lm, "is_image", False):  # a vision transformer scores its heads on the images (with the vision metrics)

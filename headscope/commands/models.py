@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import click
 
+from ..common import internals as hs_
 from ..common.options import options
-from ..common.outputs import echo_json, write_table
+from ..common.outputs import emit
 
 
 @click.command()
@@ -14,17 +15,15 @@ from ..common.outputs import echo_json, write_table
 @options("out", "json", "quiet")
 def cli(families: bool, out_path, as_json: bool, quiet) -> None:
     """List the known models, their family, where the weights come from and if they are installed."""
-    from headscope.probe.families import family_table
-    from headscope.probe.registry import model_table
-
-    rows = family_table() if families else model_table()
+    rows = hs_.family_table() if families else hs_.model_table()
+    table = None
     if out_path:
         import pandas as pd
 
-        write_table(pd.DataFrame(rows), out_path)
-    if as_json:
-        echo_json(rows)
-    elif families:
+        table = pd.DataFrame(rows)
+    if not emit(rows, out_path, as_json=as_json, payload=rows, table=table, summary=None):
+        return
+    if families:
         _print_families(rows)
     else:
         _print_models(rows)

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import click
 
-from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat, choices
-
+from ..common import internals as hs_
 from ..common.exits import fail, refusals
 from ..common.loading import load_or_fail
-from ..common.options import figure, head, options, top
+from ..common.options import head, options, renamed
 from ..common.outputs import emit
 
 __all__ = ["cli"]
@@ -18,10 +17,10 @@ __all__ = ["cli"]
 @options("model")
 @click.option("--pairs", "pairs_spec", default="ioi", show_default=True,
               help="A built-in pair set (ioi, agreement) or a JSONL file of {\"clean\", \"corrupt\", \"right\", \"wrong\"}.")
-@click.option("--what", type=click.Choice(choices(PatchWhat)), default="head_out", show_default=True,
+@click.option("--what", type=click.Choice(hs_.choices(hs_.PatchWhat)), default="head_out", show_default=True,
               help="What is patched: each head's output, pattern, q, k or v, each MLP's output, the residual stream "
                    "entering each layer, or path (--sender to every later head's --receivers input).")
-@head(option="--sender", name="sender", help="With --what path: the sender head, e.g. L9H6.")
+@head(option="--sender", name="sender")
 @click.option("--receivers", type=click.Choice(["q", "k", "v"]), default="q", show_default=True,
               help="With --what path: which input of each later head receives the sender's path.")
 @click.option("--freeze-mlps", is_flag=True, default=False,
@@ -29,22 +28,23 @@ __all__ = ["cli"]
 @click.option("--attribution", is_flag=True, default=False,
               help="Attribution patching (the gradient approximation, with --what head_out or resid), beside real "
                    "patching on the same pairs and their Spearman rank correlation.")
-@click.option("--direction", type=click.Choice(choices(PatchDirection)), default="denoise", show_default=True,
+@click.option("--direction", type=click.Choice(hs_.choices(hs_.PatchDirection)), default="denoise", show_default=True,
               help="denoise: run the corrupt prompt, patch in clean activations; noise: the reverse.")
-@click.option("--positions", type=click.Choice(choices(PatchPositions)), default="all", show_default=True,
+@click.option("--positions", type=click.Choice(hs_.choices(hs_.PatchPositions)), default="all", show_default=True,
               help="Patch at every position at once, or (with --what resid) at each position alone.")
-@top(3, "Heads chosen on half of the pairs and confirmed on the other half.")
-@click.option("--random", "n_random", type=click.IntRange(min=0), default=19, show_default=True,
-              help="Random head sets of the same size to compare the chosen heads with.")
-@options("seed", figure(help="Also write the layer × head grid of the normalised metric (.png, .svg or .pdf)."), "out",
-         "json", "quiet", "device")
+@click.option("--confirm", "k", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Heads chosen on half of the pairs (the strongest) and confirmed, patched together, on the other "
+                   "half.")
+@renamed("--top", "--confirm", "k", value="K", type=click.IntRange(min=1))
+@options("random", "seed", "figure", "out", "json", "quiet", "device")
 def cli(model_name, pairs_spec, what, sender, receivers, freeze_mlps, attribution, direction, positions, k, n_random, seed, figure_path, out_path, as_json,
-        device, dtype, max_memory, offload_folder, quiet) -> None:
+        placement, quiet) -> None:
     """Patch every head's output (or pattern, q, k, v, MLP, residual stream, or path) from one run of each pair into the other.
 
     The metric is logit(right) − logit(wrong) at the last token; normalised, 0 is the corrupt run and
     1 the clean one. For head outputs the k strongest heads on half of the pairs are patched together
-    on the other half and compared with random head sets; the verdict says whether they beat them.
+    on the other half (--confirm K) and compared with random head sets; the verdict says whether they beat them.
+    --figure draws the layer × head grid of the normalised metric.
     """
     from pathlib import Path
 
@@ -59,7 +59,7 @@ def cli(model_name, pairs_spec, what, sender, receivers, freeze_mlps, attributio
              "--positions and --sender")
     if attribution and figure_path is not None:
         fail("--figure draws real patching; leave out --attribution")
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     if attribution:
         from headscope import attribution_patch
 

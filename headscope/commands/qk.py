@@ -21,11 +21,8 @@ def _position(value: str) -> int | str:
 @options("model", head(required=True))
 @click.option("--query", required=True, help="The query token: a token of TEXT, or its index.")
 @click.option("--key", required=True, help="The key token: a token of TEXT, or its index.")
-@click.option("--occurrence", type=click.IntRange(min=0), default=0, show_default=True,
-              help="Which occurrence of --query (0-based).")
-@options(top(10, "Pairs listed."), "out", "json", "quiet", "device")
-def cli(text, model_name, head, query, key, occurrence, k, out_path, as_json, device, dtype,
-        max_memory, offload_folder, quiet) -> None:
+@options("occurrence", top(10), "out", "json", "quiet", "device")
+def cli(text, model_name, head, query, key, occurrence, k, out_path, as_json, placement, quiet) -> None:
     """Split one head's score from --query to --key over (query-side part, key-side part) pairs.
 
     The parts are the embeddings, every earlier head, every earlier MLP and the biases; the norms'
@@ -35,7 +32,7 @@ def cli(text, model_name, head, query, key, occurrence, k, out_path, as_json, de
     from headscope import qk
 
     layer, head = head
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     with refusals(model_name):
         result = qk(lm, text, layer=layer, head=head, query=_position(query), key=_position(key),
                     occurrence=occurrence)

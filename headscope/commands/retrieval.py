@@ -8,11 +8,12 @@ from pathlib import Path
 
 import click
 
+from ..common import internals as hs_
 from ..common.corpus import corpus_or_fail
 from ..common.exits import fail
 from ..common.loading import load_or_fail
-from ..common.options import corpus, options
-from ..common.outputs import claim_output, echo_json, say, writable_or_fail, write_table
+from ..common.options import options, random_sets
+from ..common.outputs import claim_output, emit, say, writable_or_fail
 
 __all__ = ["cli"]
 
@@ -30,7 +31,7 @@ def _pattern_folder(ctx, param, value: Path | None) -> Path | None:
 
 
 def _phrasing(text: str):
-    from headscope.probe.kvplan import Phrasing
+    from headscope import Phrasing
 
     statement, bar, question = text.partition("|")
     if not bar or "{key}" not in statement or not question.strip() or "|" in question:
@@ -44,21 +45,19 @@ def _phrasing(text: str):
 
 
 def _write_pattern(result, folder: Path) -> None:
-    from headscope.probe.folders import write_folder
 
     def fill(tmp: Path) -> None:
         (tmp / "full_attention_heads.tsv").write_text(result.plan.pattern_table(), encoding="utf-8")
         (tmp / "config.json").write_text(json.dumps(result.plan.pattern_config(), indent=2) + "\n", encoding="utf-8")
 
     try:
-        write_folder(folder, fill)
+        hs_.write_folder(folder, fill)
     except (OSError, FileExistsError) as exc:
         fail(f"could not write --pattern {folder}: {exc}")
 
 
 @click.command()
-@options("model", corpus(help="Haystack text (one text per line, or JSONL with 'text'): its first half makes the "
-                              "haystacks, its second half the held-out text. Default: the built-in corpus."))
+@options("model", "corpus")
 @click.option("--needles", "n_needles", type=click.IntRange(min=2), default=16, show_default=True,
               help="Needle prompts; even ones select heads, odd ones are held out.")
 @click.option("--length", "lengths", type=click.IntRange(min=16), multiple=True, default=(1200,), show_default=True,
@@ -72,8 +71,7 @@ def _write_pattern(result, folder: Path) -> None:
                    "Default: four built-in passkey phrasings.")
 @click.option("--top-share", "top", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.05,
               show_default=True, help="Share of the heads, best by retrieval score, masked in the causal check.")
-@click.option("--random", "n_random", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Random head sets of the same size masked for comparison.")
+@options(random_sets(10))
 @click.option("--check/--no-check", default=True, show_default=True, help="Run the causal check.")
 @click.option("--sensitivity", is_flag=True, help="Also stream each KV head alone over the held-out text.")
 @click.option("--rank-by", "ranking", type=click.Choice(["retrieval", "sensitivity"]), default="retrieval",
@@ -90,17 +88,19 @@ def _write_pattern(result, folder: Path) -> None:
                    "(layers × KV heads, 1 full) and config.json (sink_size, recent_size).")
 @options("seed", "out", "quiet", "json", "device")
 def cli(model_name, corpus_path, limit, n_needles, lengths, depths, phrasings, top, n_random, check, sensitivity, ranking,
-        fraction, sink, recent, pattern, seed, out_path, quiet, as_json, device, dtype, max_memory,
-        offload_folder) -> None:
+        fraction, sink, recent, pattern, seed, out_path, quiet, as_json, placement) -> None:
     """Retrieval heads of a decoder on needle prompts, the causal check, and a per-head KV-cache plan.
+
+    --corpus: the first half of its texts makes the haystacks, the second half the held-out text. --random: the
+    random head sets masked for comparison in the causal check.
 
     --out writes the per-head table (retrieval score with counts and interval, the KV head's pooled score,
     streaming sensitivity, full or streaming)."""
-    from headscope.workflows.retrieval import retrieval
+    from headscope import retrieval
 
     own = [_phrasing(p) for p in phrasings]
     texts = corpus_or_fail(corpus_path, limit).texts if corpus_path is not None else None
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     say(f"{lm.name}: {n_needles} needles at {', '.join(map(str, lengths))} tokens", quiet=quiet)
     try:
         result = retrieval(lm, n_needles=n_needles, lengths=lengths, depths=depths, corpus=texts, seed=seed, top=top,
@@ -108,13 +108,10 @@ def cli(model_name, corpus_path, limit, n_needles, lengths, depths, phrasings, t
                            fraction=fraction, ranking=ranking, progress=not quiet, **({"phrasings": own} if own else {}))
     except ValueError as exc:
         fail(str(exc))
-    if out_path is not None:
-        write_table(result.to_frame(), out_path)
     if pattern is not None:
         _write_pattern(result, pattern)
     d = result.to_dict()
-    if as_json:
-        echo_json(d)
+    if not emit(result, out_path, as_json=as_json, payload=d, summary=None):
         return
     sel = result.selection_correct
     click.echo(f"{lm.name}: selection needles retrieved {sum(sel)} of {len(sel)}; {d['copy_steps']} copy steps")

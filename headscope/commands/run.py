@@ -17,12 +17,13 @@ from pathlib import Path
 
 import click
 
+from ..common import internals as hs_
 from ..common.corpus import corpus_or_fail, too_long_or_fail
 from ..common.exits import fail, refusals
 from ..common.interrupts import Interrupts
 from ..common.loading import inputs_or_fail, load_or_fail, models_or_fail
-from ..common.options import corpus, level, options, parsed, truncate, utf8_text
-from ..common.outputs import check_out, echo_json, say
+from ..common.options import options, parsed, renamed
+from ..common.outputs import check_report_dir, echo_json, forced, say
 from ..common.runs import join_run
 
 __all__ = ["cli", "shown_settings"]
@@ -79,55 +80,33 @@ def _read_treebanks(conllu_path: str | None, select_path: str | None) -> dict:
 
 
 def _check_formats(ctx, param, value: str) -> tuple[str, ...]:
-    from headscope.reports.canvas import FORMATS
-
     formats = tuple(dict.fromkeys(f.strip().lower() for f in value.split(",") if f.strip()))
-    bad = [f for f in formats if f not in FORMATS]
+    bad = [f for f in formats if f not in hs_.FIGURE_FORMATS]
     if bad or not formats:
-        fail(f"--format {value}: choose one or more of {', '.join(FORMATS)}, comma-separated (such as png,pdf)")
+        fail(f"--format {value}: choose one or more of {', '.join(hs_.FIGURE_FORMATS)}, comma-separated (such as "
+             "png,pdf)")
     return formats
 
 
 def _parse_width(value: str) -> float:
-    from headscope.reports.canvas import parse_width  # imported when the option is given: matplotlib is slow to load
-
-    return parse_width(value)
+    return hs_.parse_width(value)  # looked up when the option is given: matplotlib is slow to load
 
 
 @click.command()
-@options("models", corpus(help="Texts for the head scores: one per line, or JSONL with a 'text' field. "
-                              "Default: the built-in corpus."))
+@options("models", "corpus")
 @click.option("--coref", "coref_path", type=click.Path(dir_okay=False), default=None,
               help="Coreference probe data (JSONL or GAP .tsv). Default: the built-in agreement and Winograd sets.")
-@click.option("--text", "texts", multiple=True, callback=utf8_text("--text"),
-              help="A sentence for the explorer and the attention figures (repeatable); replaces the defaults "
-                   "(the it→animal sentence, its 'too wide' twin, 我爱北京天安门).")
-@click.option("--target", "targets", multiple=True, callback=utf8_text("--target"),
-              help="Encoder-decoder models: the decoder's text for each --text (repeatable, paired in order). "
-                   "Default: each sentence is its own target. Other models ignore it.")
+@options("texts")
 @click.option("--generate", "generate", type=click.IntRange(min=0), default=0, show_default=True,
               help="Decoders: generate N tokens (greedy) after each --text; the explorer steps through them.")
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False, path_type=Path),
-              help="Folder to write the report into (created; must not exist unless --force).")
-@click.option("--force", is_flag=True,
-              help="Replace an existing --out folder that headscope wrote (its run.json lists every file in it).")
-@level(help="Units for head scores and the probe: words (Clark et al. 2019) or sub-word tokens.")
-@click.option("--induction-seqs", type=click.IntRange(min=0), default=20, show_default=True,
-              help="Repeated random sequences for induction scores (decoders; 0 skips).")
-@click.option("--permutations", type=click.IntRange(min=100), default=10_000, show_default=True,
-              help="Monte Carlo permutations per probe test.")
-@options("seed", "batching", truncate(help="Cut texts longer than a model's context instead of failing."))
-@click.option("--conllu", "conllu_path", default=None,
-              help="A CoNLL-U treebank: adds a Syntax section (heads that follow dependency relations, trees, "
-                   "head clusters), scored on this file.")
-@click.option("--select-on", "select_path", default=None,
-              help="A second CoNLL-U file to choose the syntax heads on (e.g. dev -> test); without it, a seeded "
-                   "half of --conllu. Needs --conllu.")
+@options("report")
+@renamed("--out", "--report", "report_dir", value="DIR", callback=check_report_dir,
+         type=click.Path(file_okay=False, path_type=Path))
+@options("level", "induction", "permutations", "seed", "batching", "truncate", "treebank")
 @click.option("--ablation/--no-ablation", default=None,
               help="Ablation evidence: ablate every head alone, gradient importance, the induction ablation and the "
                    "probes' cloze checks. Default: on for encoders (seconds), off for decoders (minutes on a CPU).")
-@click.option("--ablation-texts", type=click.IntRange(min=1), default=32, show_default=True,
-              help="Corpus texts that every single-head ablation and the importance are measured on.")
+@options("ablation_texts")
 # The names before 0.2 ("causal" now means only a decoder's mask), accepted for one release with a warning.
 @click.option("--causal/--no-causal", "old_ablation", default=None, hidden=True, deprecated="use --ablation/--no-ablation")
 @click.option("--causal-texts", "old_ablation_texts", type=click.IntRange(min=1), default=None, hidden=True,
@@ -145,13 +124,16 @@ def _parse_width(value: str) -> float:
 @click.option("--width", default=None, callback=parsed(_parse_width, "--width"),
               help="Scale every figure file to this width, keeping its aspect: 3.5in, 8.9cm, 89mm or 252pt.")
 @options("image", "quiet", "json", "attention", "device")
-def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_dir, force, level, induction_seqs,
+def cli(models, corpus_path, limit, coref_path, texts, targets, generate, report_dir, level, induction_seqs,
         permutations, seed, batch_size, truncate, conllu_path, select_path, ablation, ablation_texts, old_ablation,
         old_ablation_texts, sinks, mechanisms, formats, dpi, width, images,
-        quiet, as_json, device, dtype, max_memory, offload_folder, attention, memory_budget) -> None:
+        quiet, as_json, placement, attention, memory_budget) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
-    --json prints the run.json record. Exits 1 when a model's attention is not verified (the report
+    --report DIR is the report's folder (`--out DIR` before this release, kept one release); --text gives the
+    sentences of the explorer and the attention figures (default: the it→animal sentence, its 'too wide' twin,
+    我爱北京天安门); --conllu adds a Syntax section (heads that follow dependency relations, trees, head
+    clusters). --json prints the run.json record. Exits 1 when a model's attention is not verified (the report
     is still written and says so).
     """
     import matplotlib
@@ -186,20 +168,23 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
             check_width(width, dpi)
         except ValueError as exc:
             fail(f"--width: {exc}")
-    check_out(out_dir, force)
+    if report_dir is None:
+        fail("give --report DIR: the folder the report is written into")
+    out_dir, force = report_dir, forced()
     corpus, probe_sets, corpus_lines = _read_inputs(corpus_path, coref_path, limit)
     treebanks = _read_treebanks(conllu_path, select_path)
     settings = RunSettings(
         corpus="built-in" if corpus_path is None else str(corpus_path),
         coref=f"built-in ({', '.join(_COREF_SETS)})" if coref_path is None else str(coref_path),
         texts=tuple(texts) or REPORT_SENTENCES, level=level, limit=limit, induction_sequences=induction_seqs,
-        permutations=permutations, seed=seed, batch_size=batch_size, device=device, dtype=dtype, max_memory=max_memory,
-        offload_folder=None if offload_folder is None else str(offload_folder), truncate=truncate,
+        permutations=permutations, seed=seed, batch_size=batch_size, device=placement.device, dtype=placement.dtype,
+        max_memory=placement.max_memory,
+        offload_folder=None if placement.offload_folder is None else str(placement.offload_folder), truncate=truncate,
         attention=attention, memory_budget=memory_budget, targets=tuple(targets), generate=generate,
         conllu=conllu_path, select_on=select_path, ablation=old_ablation if ablation is None else ablation,
         ablation_texts=old_ablation_texts if old_ablation_texts is not None else ablation_texts, sinks=sinks,
         mechanisms=mechanisms, images=tuple(images))
-    world = join_run(device)
+    world = join_run(placement.device)
 
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser. The
     # figures' worker processes start now (on the process that writes the report), their imports beside the
@@ -209,7 +194,7 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, out_di
         for name in names:
             t0 = time.perf_counter()
             say(f"{name}: loading ...", quiet=quiet)
-            lm = load_or_fail(name, device, dtype, max_memory, offload_folder)
+            lm = load_or_fail(name, placement)
             load_seconds = time.perf_counter() - t0
             say(f"{lm.name}: loaded from {lm.source} ({load_seconds:.1f} s)", quiet=quiet)
             from headscope.probe.images import models_for, require_modality

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..common import internals as hs_
 from ..common.exits import fail
 from ..common.loading import load_or_fail, models_or_fail
 from ..common.outputs import say
@@ -11,8 +12,7 @@ from ..common.options import options
 
 
 @click.command()
-@click.option("--model", "models", multiple=True, default=("minilm",), show_default=True,
-              help="Packaged name, folder or hub id; repeat (or separate with commas) to serve several models.")
+@options("models")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
 @click.option("--port", type=click.IntRange(0, 65535), default=8765, show_default=True)
 @click.option("--allow-remote", is_flag=True,
@@ -24,8 +24,7 @@ from ..common.options import options
 @click.option("--max-in-flight", type=click.IntRange(1, 1000), default=8, show_default=True,
               help="Requests one client may have in flight at once; more get 429.")
 @options("image", "quiet", "attention", "device")
-def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, images, quiet, attention, memory_budget, device,
-        dtype, max_memory, offload_folder) -> None:
+def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, images, quiet, attention, memory_budget, placement) -> None:
     """Open the live explorer at http://HOST:PORT/: type a text, see any head's attention, zoom into long
     texts, click a cell for its explain terms, step through a generation. Ctrl-C stops it.
 
@@ -57,7 +56,6 @@ def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, images, qu
     models_or_fail(names)
     _served_or_fail(names, images)
     from headscope.serve import listen, serve
-    from headscope.workflows.explore import Explorer
 
     try:  # the port is taken now, before any model loads, and held until the server answers on it
         sock = listen(host, port)
@@ -76,10 +74,10 @@ def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, images, qu
         loaded = {}
         for name in names:
             say(f"loading {name} …", quiet=quiet)
-            loaded[name] = load_or_fail(name, device, dtype, max_memory, offload_folder)
+            loaded[name] = load_or_fail(name, placement)
         try:
             # --image: read once here; the page picks them by index, and no request can name another file
-            explorer = Explorer(loaded, attention=attention, budget=memory_budget, images=list(images))
+            explorer = hs_.Explorer(loaded, attention=attention, budget=memory_budget, images=list(images))
         except ValueError as exc:
             fail(str(exc))
         if host in ("0.0.0.0", "::"):  # every address of this machine: a browser opens it by this machine's name
@@ -101,20 +99,16 @@ def cli(models, host, port, allow_remote, allow_hosts, max_in_flight, images, qu
 def _served_or_fail(names: list[str], images) -> None:
     """Before any model loads: each model one the explorer can serve, its type read without loading it
     (`probe.loading.model_type_of`), and --image only where a served model reads images; the images readable."""
-    from headscope.probe.images import load_image
-    from headscope.probe.loading import model_type_of
-    from headscope.workflows.explore import no_image_reader, reads_images, unserved
-
-    types = {name: model_type_of(name) for name in names}
+    types = {name: hs_.model_type_of(name) for name in names}
     for name, model_type in types.items():
-        why = unserved(name, model_type)
+        why = hs_.unserved(name, model_type)
         if why is not None:
             fail(f"--model {why}")
     if images:
-        if not any(reads_images(t) is not False for t in types.values()):
-            fail(no_image_reader(names))
+        if not any(hs_.reads_images(t) is not False for t in types.values()):
+            fail(hs_.no_image_reader(names))
         for k, path in enumerate(images):
             try:
-                load_image(k, path)
+                hs_.load_image(k, path)
             except (OSError, ValueError, TypeError) as exc:
                 fail(str(exc))

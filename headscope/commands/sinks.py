@@ -7,14 +7,12 @@ from pathlib import Path
 
 import click
 
-from headscope.probe.names import AblationMethod, choices
-
+from ..common import internals as hs_
 from ..common.corpus import corpus_or_fail
 from ..common.exits import fail
 from ..common.loading import load_or_fail
-from ..common.options import corpus, options
-from ..common.outputs import echo_json, say, write_table
-from headscope.probe.wording import counted
+from ..common.options import options, renamed
+from ..common.outputs import emit, say
 
 __all__ = ["cli"]
 
@@ -35,26 +33,22 @@ def _read_text(path: str | None) -> str | None:
 
 
 @click.command()
-@options("model", corpus(help="Texts for the per-head shares, the sink rate and the ablations (one per line, or JSONL "
-                             "with 'text'). Default: the built-in corpus."))
+@options("model", "corpus")
 @click.option("--k", "k", type=click.IntRange(1, 4), default=1, show_default=True,
               help="Sink rate: attention on the first k positions (Gu et al. 2025).")
 @click.option("--epsilon", type=click.FloatRange(0, 1, max_open=True), default=0.3, show_default=True,
               help="Sink rate: a head is a sink when its mean attention on the first k positions exceeds this.")
-@click.option("--length", type=click.IntRange(min=4), default=64, show_default=True,
+@click.option("--sequence-length", "length", type=click.IntRange(min=4), default=64, show_default=True,
               help="Sink rate: tokens per sequence.")
+@renamed("--length", "--sequence-length", "length", value="N", type=click.IntRange(min=4))
 @click.option("--sequences", type=click.IntRange(min=1), default=32, show_default=True,
               help="Sink rate: sequences cut from the texts (at most).")
 @click.option("--random-sequences", type=click.IntRange(min=0), default=32, show_default=True,
               help="Sink rate: sequences of random tokens (0 skips).")
-@click.option("--ablation/--no-ablation", default=True, show_default=True,
+@click.option("--dormant/--no-dormant", "ablation", default=True, show_default=True,
               help="Ablate every head alone to call sink heads dormant (no call without it).")
-@click.option("--ablation-texts", type=click.IntRange(min=1), default=16, show_default=True,
-              help="Texts every single-head ablation is measured on.")
-@click.option("--method", type=click.Choice(choices(AblationMethod)), default="mean", show_default=True,
-              help="How a head is ablated.")
-@click.option("--random", "n_random", type=click.IntRange(min=1), default=19, show_default=True,
-              help="Other heads ablated alone that each head is compared with.")
+@renamed("--ablation/--no-ablation", "--dormant/--no-dormant", "ablation")
+@options("ablation_texts", "method", "random")
 @click.option("--streaming", is_flag=True,
               help="Run the StreamingLLM test instead: perplexity under dense attention, a window, and the window "
                    "plus the first tokens (decoders).")
@@ -69,26 +63,25 @@ def _read_text(path: str | None) -> str | None:
 @options("seed", "batching", "out", "quiet", "json", "device")
 def cli(model_name, corpus_path, limit, k, epsilon, length, sequences, random_sequences, ablation, ablation_texts,
         method, n_random, streaming, window, keep, text_file, max_tokens, seed, batch_size, out_path, quiet, as_json,
-        device, dtype, max_memory, offload_folder) -> None:
+        placement) -> None:
     """Attention sinks: per-head first-position shares, value norms, dormant calls from ablation, the sink rate
     (texts, random tokens, first token replaced) and massive activations; --streaming: the StreamingLLM test.
 
-    --out writes the per-head table (or, with --streaming, the loss per position)."""
-    from headscope.workflows.sinks import sinks, streaming as streaming_test
+    The corpus gives the per-head shares, the sink rate and the ablations; each head's ablation is compared with
+    --random other heads ablated alone. --out writes the per-head table (or, with --streaming, the loss per
+    position)."""
+    from headscope import sinks, streaming as streaming_test
 
     if streaming:
         text = _read_text(text_file)
-        lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+        lm = load_or_fail(model_name, placement)
         try:
             result = streaming_test(lm, text, window=window, keep=keep, max_tokens=max_tokens,
                                     source=text_file)
         except ValueError as exc:
             fail(str(exc))
-        if out_path is not None:
-            write_table(result.to_frame(), out_path)
         d = result.to_dict()
-        if as_json:
-            echo_json(d)
+        if not emit(result, out_path, as_json=as_json, payload=d, summary=None):
             return
         click.echo(f"{lm.name}: {d['n_tokens']} tokens of {d['source']}, window {window}, positions as the model's own")
         click.echo(f"  dense perplexity           {d['dense_ppl']:.3f}")
@@ -99,18 +92,15 @@ def cli(model_name, corpus_path, limit, k, epsilon, length, sequences, random_se
     if text_file is not None:
         fail("--text-file is the long text of --streaming; give --corpus for the sink analysis")
     texts = corpus_or_fail(corpus_path, limit).texts
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
-    say(f"{lm.name}: sinks over {counted(len(texts), 'text')}", quiet=quiet)
+    lm = load_or_fail(model_name, placement)
+    say(f"{lm.name}: sinks over {hs_.counted(len(texts), 'text')}", quiet=quiet)
     try:
         result = sinks(lm, texts, k=k, epsilon=epsilon, length=length, n_sequences=sequences,
                        n_random_sequences=random_sequences, ablation=ablation, ablation_texts=ablation_texts,
                        method=method, n_random=n_random, seed=seed, batch_size=batch_size, progress=not quiet)
     except ValueError as exc:
         fail(str(exc))
-    if out_path is not None:
-        write_table(result.to_frame(), out_path)
-    if as_json:
-        echo_json(result.to_dict())
+    if not emit(result, out_path, as_json=as_json, summary=None):
         return
     for r in result.rates:
         click.echo(f"{lm.name}: Sink_{r.k}^{r.epsilon:g} on {r.source} ({r.n_sequences} × {r.length} tokens): "

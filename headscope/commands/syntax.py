@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
+from ..common import internals as hs_
 from ..common.exits import fail
 from ..common.loading import load_or_fail, models_or_fail
-from ..common.options import limit, options, seed
-from ..common.outputs import TABLE_WRITERS, echo_json, new_file_or_fail, say, write_figure, write_table
+from ..common.options import options, treebank
+from ..common.outputs import TABLE_WRITERS, emit, new_file_or_fail, say, write_figure, write_table
 from ..common.verification import finish, verify_step
 
 __all__ = ["cli", "treebank_or_fail"]
@@ -29,11 +30,9 @@ def _existing(path: str, option: str) -> Path:
 
 
 def _read(path: Path, option: str):
-    from headscope.analyses.treebank import TreebankError, read_conllu
-
     try:
-        tb = read_conllu(path)
-    except TreebankError as exc:
+        tb = hs_.read_conllu(path)
+    except hs_.TreebankError as exc:
         fail(f"{option} {exc}")
     if not len(tb):
         fail(f"{option} {path}: no sentence could be read"
@@ -44,19 +43,12 @@ def _read(path: Path, option: str):
 @click.command(help="Which heads follow which dependency relations on a CoNLL-U treebank: per relation the head "
                     "chosen on --select-on scored on --conllu against the best fixed offset, and trees decoded "
                     "from single heads against right-branching.")
-@options("model")
-@click.option("--conllu", "conllu_path", required=True, help="The treebank the heads are scored on (CoNLL-U).")
-@click.option("--select-on", "select_path", default=None,
-              help="A second CoNLL-U file to choose heads and offsets on (e.g. dev -> test). "
-                   "Without it, a seeded random half of --conllu is used for choosing.")
+@options("model", treebank(required=True))
 @click.option("--subtypes", is_flag=True, help="Keep relation subtypes apart (nmod:poss); default: folded (nmod).")
 @click.option("--tree-sample", type=click.IntRange(1, None), default=500, show_default=True,
               help="Selection sentences (seeded sample) on which every head's trees are decoded to choose one.")
 @click.option("--no-trees", is_flag=True, help="Skip decoding trees.")
-@click.option("--permutations", "n_perm", type=click.IntRange(100, None), default=10_000, show_default=True,
-              help="Monte Carlo permutations per test.")
-@options(seed(help="Seed of the split, tie-breaks, sample, tests."),
-         limit("sentences of each file (a subset: say so when you report)"), "batching")
+@options("permutations", "seed", "limit", "batching")
 @click.option("--clusters", "clusters_path", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also place every head by the Jensen-Shannon distance between its attention and the others' "
                    "(metric MDS) on the first --cluster-sentences sentences of --conllu, labelled by each head's "
@@ -68,43 +60,35 @@ def _read(path: Path, option: str):
 @click.option("--cluster-sentences", type=click.IntRange(2, None), default=100, show_default=True,
               help="Sentences the clusters are computed on.")
 @options("out", "json", "quiet", "verify", "attention", "device")
-def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, n_perm, seed, limit, batch_size,
-        clusters_path, cluster_with, cluster_sentences, out_path, as_json, quiet, no_verify, device, dtype,
-        max_memory, offload_folder, attention,
+def cli(model_name, conllu_path, select_path, subtypes, tree_sample, no_trees, permutations, seed, limit, batch_size,
+        clusters_path, cluster_with, cluster_sentences, out_path, as_json, quiet, no_verify, placement, attention,
         memory_budget) -> None:
     from headscope import syntax
 
     _check_clusters(clusters_path, cluster_with)
     test = _read(_existing(conllu_path, "--conllu"), "--conllu")
     select = _read(_existing(select_path, "--select-on"), "--select-on") if select_path else None
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     verification = verify_step(lm, enabled=not no_verify)
     try:
         result = syntax(lm, test, select_on=select, subtypes=subtypes, trees=not no_trees, tree_sample=tree_sample,
-                        n_perm=n_perm, seed=seed, batch_size=batch_size, limit=limit,
+                        n_perm=permutations, seed=seed, batch_size=batch_size, limit=limit,
                         progress=not quiet, attention=attention, budget=memory_budget)
     except (ValueError, RuntimeError) as exc:
         fail(f"{model_name}: {exc}")
-    if out_path is not None:
-        write_table(result.to_frame(), out_path)
     if clusters_path is not None:
         _write_clusters(lm, cluster_with, test, clusters_path, n_sentences=cluster_sentences, seed=seed,
-                        batch_size=batch_size, device=device, dtype=dtype, max_memory=max_memory,
-                        offload_folder=offload_folder)
+                        batch_size=batch_size, placement=placement)
         say(f"wrote {clusters_path}", quiet=quiet)
-    if as_json:
-        echo_json({**result.to_dict(), "verification": verification})
-    else:
-        click.echo(verification["summary"])
+    if emit(result, out_path, as_json=as_json, payload={**result.to_dict(), "verification": verification},
+            summary=verification["summary"]):
         _print(result)
     finish(verification)
 
 
 def _cluster_writers() -> dict:
     """File suffix -> how the clusters go there: the table (TABLE_WRITERS) or its figure (figure FORMATS)."""
-    from headscope.reports.canvas import FORMATS
-
-    return {**{suffix: "table" for suffix in TABLE_WRITERS}, **{f".{fmt}": "figure" for fmt in FORMATS}}
+    return {**{suffix: "table" for suffix in TABLE_WRITERS}, **{f".{fmt}": "figure" for fmt in hs_.FIGURE_FORMATS}}
 
 
 def _check_clusters(path: Path | None, cluster_with) -> None:
@@ -117,11 +101,11 @@ def _check_clusters(path: Path | None, cluster_with) -> None:
     models_or_fail(cluster_with, "--cluster-with")  # loaded only after the syntax scores: checked now
 
 
-def _write_clusters(lm, others, treebank, path: Path, *, n_sentences: int, seed: int, batch_size: int, device: str,
-                    dtype: str, max_memory: dict | None = None, offload_folder=None) -> None:
+def _write_clusters(lm, others, treebank, path: Path, *, n_sentences: int, seed: int, batch_size: int,
+                    placement=None) -> None:
     from headscope import syntax_clusters
 
-    models = [lm, *(load_or_fail(name, device, dtype, max_memory, offload_folder) for name in others)]
+    models = [lm, *(load_or_fail(name, placement) for name in others)]
     try:
         table = syntax_clusters(models, treebank, n_sentences=n_sentences, score_roles=True, seed=seed,
                                 batch_size=batch_size)
@@ -133,9 +117,8 @@ def _write_clusters(lm, others, treebank, path: Path, *, n_sentences: int, seed:
     import matplotlib
 
     matplotlib.use("Agg")
-    from headscope.reports.syntax import cluster_plot
 
-    write_figure(cluster_plot(table), path)
+    write_figure(hs_.cluster_plot(table), path)
 
 
 def _pct(x) -> str:
@@ -143,13 +126,12 @@ def _pct(x) -> str:
 
 
 def _print(r) -> None:
-    from headscope.probe.types import head_name
 
     click.echo(f"{r.model} · {r.treebank} · {r.n_sentences} test sentences ({r.n_skipped} skipped) · {r.selection}")
     click.echo(f"  {'relation':<14} {'direction':<16} {'n':>5}  {'head':<7} {'held-out':>8}  {'95% CI':<13} "
                f"{'offset':>6} {'base':>6}  {'p':>7} {'p_holm':>7}")
     for s in r.relations:
-        head = head_name(*s.best_head) if s.best_head else "-"
+        head = hs_.head_name(*s.best_head) if s.best_head else "-"
         ci = f"{s.ci95[0]:.1%}–{s.ci95[1]:.1%}" if s.ci95 else "-"
         off = f"{s.baseline_offset:+d}" if s.baseline_offset is not None else "-"
         p = f"{s.p_value:.2g}" if s.p_value is not None else "-"

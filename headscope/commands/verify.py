@@ -7,40 +7,32 @@ import sys
 
 import click
 
+from ..common import internals as hs_
 from ..common.exits import refusals
 from ..common.loading import inputs_or_fail, load_or_fail
-from ..common.options import options, utf8_text
-from ..common.outputs import echo_json, write_table
+from ..common.options import options
+from ..common.outputs import emit
 
 
 @click.command()
 @options("model")
-@click.option("--text", "texts", multiple=True, callback=utf8_text("--text"), help="Text to verify on (repeatable); default: built-in examples.")
-@click.option("--target", "targets", multiple=True, callback=utf8_text("--target"),
-              help="Encoder-decoder models: the decoder's text for each --text, in order; default: the texts shifted by one.")
-@options("truncate", "image", "out", "json", "quiet", "device")
-def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], truncate: bool, images: tuple[str, ...], out_path, as_json: bool, device: str,
-        dtype: str, max_memory: dict | None, offload_folder, quiet) -> None:
+@options("texts", "truncate", "image", "out", "json", "quiet", "device")
+def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], truncate: bool, images: tuple[str, ...], out_path, as_json: bool, placement, quiet) -> None:
     """Exit 0 only when every head of every layer matches the from-scratch attention.
 
     --out writes the per-layer table.
     """
     from headscope import verify
-    from headscope.probe.images import TOWER_NAMES
 
     if images:
         inputs_or_fail([model_name], images=True)
-    lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
+    lm = load_or_fail(model_name, placement)
     with refusals(model_name):
         result = verify(lm, list(texts) or None, truncate=truncate, **({"target": list(targets)} if targets else {}),
                         **({"images": list(images)} if images else {}))
-    if out_path:
-        write_table(result.to_frame(), out_path)
-    if as_json:
-        echo_json(result.to_dict())
-    else:
+    if emit(result, out_path, as_json=as_json, summary=None):
         for name, v in result.towers or (("", result),):  # a two-tower model: each tower's line, named
-            image = lm.is_image or name == TOWER_NAMES["image"]
+            image = lm.is_image or name == hs_.TOWER_NAMES["image"]
             click.echo(f"{v.model} ({v.family}, {v.dtype}), {v.n_texts} {'images' if image else 'texts'}, "
                        f"{v.n_tokens} {'units' if image else 'tokens'}")
         width = max(len(_layer(c)) for c in result.layers) if result.layers else 5

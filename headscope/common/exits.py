@@ -41,7 +41,7 @@ def refusals(model_name: str, *bad: type[BaseException]):
 # Keyword arguments of the API whose CLI flag has the same name and takes the same values.
 _FLAG_KEYWORDS = ("attention", "what", "sender", "positions", "receivers", "direction", "device")
 # Arguments of the API whose flag is their name with dashes, named bare in a message (`max_memory cpu: ...`).
-_FLAG_ARGUMENTS = ("max_memory", "offload_folder", "memory_budget")
+_FLAG_ARGUMENTS = ("max_memory", "offload_folder", "memory_budget", "heads_by")
 
 
 def flag_spelling(message: str) -> str:

@@ -7,15 +7,16 @@ from .exits import fail
 __all__ = ["load_or_fail", "models_or_fail", "inputs_or_fail"]
 
 
-def load_or_fail(name: str, device: str = "cpu", dtype: str = "float32", max_memory=None, offload_folder=None):
-    """Load a model; an unknown or missing one exits with the list of offline models, one that cannot be placed
+def load_or_fail(name: str, placement=None):
+    """Load a model where `placement` (`hs.Placement`, from the one option group `common.options.device`) puts it;
+    an unknown or missing one exits with the list of offline models, one that cannot be placed
     (`probe.loading.PlacementError`) with what to change."""
     from headscope import load
     from headscope.probe.loading import PlacementError
     from headscope.probe.registry import ModelNotAvailable
 
     try:
-        return load(name, device=device, dtype=dtype, max_memory=max_memory, offload_folder=offload_folder)
+        return load(name, placement=placement)
     except (ModelNotAvailable, PlacementError, RuntimeError) as exc:
         first, *more = str(exc).splitlines() or [""]
         fail(first + ("; `headscope models` lists the models that work offline" if more else ""))

@@ -19,7 +19,7 @@ import click
 from .exits import fail
 from .interrupts import committed
 
-__all__ = ["TABLE_WRITERS", "write_table", "check_maps_path", "writable_or_fail", "new_file_or_fail", "claim_output", "check_table_path",
+__all__ = ["emit", "write_outputs", "TABLE_WRITERS", "forced", "check_report_dir", "write_table", "check_maps_path", "writable_or_fail", "new_file_or_fail", "claim_output", "check_table_path",
            "remember_force", "new_figure_or_fail", "check_out", "echo_json", "say", "attention_note"]
 
 
@@ -52,6 +52,20 @@ _FORCE = "headscope.force"  # ctx.meta key: --force, read by --out's check
 def remember_force(ctx, param, value: bool) -> bool:
     """The click callback of `--force` (eager): it is read before `--out` is checked."""
     ctx.meta[_FORCE] = value
+    return value
+
+
+def forced() -> bool:
+    """Whether `--force` was given to the running command (`options.force`)."""
+    ctx = click.get_current_context(silent=True)
+    return bool(ctx is not None and ctx.meta.get(_FORCE, False))
+
+
+def check_report_dir(ctx, param, value: Path | None) -> Path | None:
+    """The click callback of `--report DIR` (and of run's old `--out DIR`): a report folder, checked before any model
+    loads (`check_out`), --force read first."""
+    if value is not None:
+        check_out(value, ctx.meta.get(_FORCE, False), param.opts[0])
     return value
 
 
@@ -192,21 +206,25 @@ def write_outputs(result: Any, out_path: Path | None, figure_path: Path | str | 
     """A result command's files: its table (`result.to_frame()` unless `table` is given) to `--out`, its figure
     (`hs.plot(result, **figure)`) to `--figure`, each when asked for."""
     if out_path:
-        write_table(result.to_frame() if table is None else table, out_path)
+        write_table(result.to_frame() if table is None else table, Path(out_path))
     if figure_path is not None:
         from headscope.reports.figures import plot
 
         write_figure(plot(result, **figure), Path(figure_path))
 
 
-def emit(result: Any, out_path: Path | None, figure_path: Path | str | None = None, *, as_json: bool) -> bool:
-    """A result command's whole output: its files (`write_outputs`), then `--json`'s `result.to_dict()` or the
-    text's `result.summary()` line. True for text, after which the command prints its own rows."""
-    write_outputs(result, out_path, figure_path)
+def emit(result: Any, out_path: Path | None = None, figure_path: Path | str | None = None, *, as_json: bool,
+         payload: Any = None, table: Any = None, summary: bool | str | None = True, **figure: Any) -> bool:
+    """A command's whole output, the one writer every command uses: its files (`write_outputs`: the table
+    `result.to_frame()`, or `table`, to --out; `hs.plot(result, **figure)` to --figure), then --json's object
+    (`result.to_dict()`, or `payload`) or the text's first line (`result.summary()`, the string `summary`, or none
+    for None). True for text, after which the command prints its own rows."""
+    write_outputs(result, out_path, figure_path, table=table, **figure)
     if as_json:
-        echo_json(result.to_dict())
+        echo_json(result.to_dict() if payload is None else payload)
         return False
-    click.echo(result.summary())
+    if summary:
+        click.echo(result.summary() if summary is True else summary)
     return True
 
 

@@ -45,7 +45,7 @@ from headscope.probe.replay import CleanPrefix
 
 from .heads import induction_inputs
 
-__all__ = ["Choice", "Cloze", "InductionTask", "ablate", "ablation_evidence", "choice_check", "ablate_each", "effect_task", "importance",
+__all__ = ["Choice", "Cloze", "InductionTask", "ablate", "heads_by_metric", "ablation_evidence", "choice_check", "ablate_each", "effect_task", "importance",
            "ablate_chosen_head", "DEFAULT_REFERENCE_TEXTS"]
 
 DEFAULT_REFERENCE_TEXTS = 64  # built-in corpus texts behind method="mean" when no corpus is given
@@ -123,11 +123,50 @@ def _means(lm: LoadedModel, method: str, corpus, reference, batch_size: int) -> 
     return head_means(lm, reference, batch_size=batch_size)
 
 
-def ablate(lm: LoadedModel, heads: Sequence[tuple[int, int]], *, method: AblationMethod = "zero",
-           corpus: Sequence[str] | None = None, task: Task | None = None,
+HEADS_BY_TEXTS = 32  # built-in corpus texts that `heads_by_metric` scores when no corpus is given
+
+
+def parse_heads_by(spec: str) -> tuple[str, int]:
+    """`"METRIC:K"` as (metric, k): a metric of `hs.heads` and a count from 1; a `ValueError` naming `spec` else.
+
+    >>> parse_heads_by("induction:5")
+    ('induction', 5)
+    """
+    from headscope.analyses.metrics import METRICS
+
+    metric, sep, k = str(spec).partition(":")
+    if not sep or not k.strip().isdigit() or int(k) < 1:
+        raise ValueError(f"{spec!r}: write METRIC:K, e.g. induction:5")
+    if metric not in METRICS:
+        raise ValueError(f"{spec!r}: unknown metric {metric!r}; choose one of {', '.join(METRICS)}")
+    return metric, int(k)
+
+
+def heads_by_metric(lm: LoadedModel, spec: str, texts: Sequence[str] | None = None, *,
+             progress: bool = False) -> list[tuple[int, int]]:
+    """The K heads scoring highest on METRIC, `spec` = "METRIC:K" (a metric of `hs.heads`, e.g. "induction:5"),
+    scored as `hs.heads` scores them over `texts` (default: the first 32 built-in corpus texts). A `ValueError`
+    for a spec that is not METRIC:K, an unknown metric, or one this model has no score for."""
+    from .heads import heads as score_heads
+
+    try:
+        metric, k = parse_heads_by(spec)
+    except ValueError as exc:
+        raise ValueError(f"heads_by {exc}") from None
+    refuse_seq2seq(lm, "head ablation")  # before every head is scored
+    texts = list(texts) if texts is not None else builtin_corpus()[:HEADS_BY_TEXTS]
+    top = score_heads(lm, texts, progress=progress, total=len(texts)).top(metric, k)
+    if top.empty:
+        raise ValueError(f"heads_by {spec}: {lm.name} has no {metric} score (not applicable to this model)")
+    return [(int(r.layer), int(r.head)) for r in top.itertuples()]
+
+
+def ablate(lm: LoadedModel, heads: Sequence[tuple[int, int]] | None = None, *, heads_by: str | None = None,
+           method: AblationMethod = "zero", corpus: Sequence[str] | None = None, task: Task | None = None,
            word: str | None = None, reference: Sequence[str] | None = None, n_random: int = 19, seed: int = 0,
            batch_size: int = 8, progress: bool = False) -> AblationResult:
-    """Ablate `heads`, then `n_random` random sets of as many other heads, and compare the effects.
+    """Ablate `heads` (or the heads `heads_by` chooses, "METRIC:K": the K top heads of a `hs.heads` metric over
+    the corpus, see `heads_by_metric`), then `n_random` random sets of as many other heads, and compare the effects.
 
     `reference` texts give the heads' mean outputs for `method="mean"` (default: the corpus, or the
     first 64 texts of the built-in corpus for a task). With 19 random sets the smallest p is 0.05.
@@ -139,6 +178,10 @@ def ablate(lm: LoadedModel, heads: Sequence[tuple[int, int]], *, method: Ablatio
     (3, 'next_token_loss')
     """
     lm = for_input(lm, images=False)  # a two-tower model's text tower; an image model: one line
+    if (heads is None) == (heads_by is None):
+        raise TypeError("give exactly one of heads=[(layer, head), ...] or heads_by='METRIC:K'")
+    if heads_by is not None:
+        heads = heads_by_metric(lm, heads_by, corpus, progress=progress)
     heads = _checked(lm, heads, n_random)
     measure, settings = effect_task(lm, corpus=corpus, task=task, word=word, batch_size=batch_size)
     means = _means(lm, method, corpus, reference, batch_size)

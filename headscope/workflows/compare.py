@@ -19,11 +19,12 @@ from headscope.probe.encoding import check_texts, encode_many
 from headscope.probe.images import for_input
 from headscope.probe.loading import load_model
 from headscope.probe.model import LoadedModel
+from headscope.probe.device_placement import Placement
 from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Level
 from headscope.probe.progress import progress as progress_bar
 from headscope.probe.sources import source_for
 
-__all__ = ["IncompatibleModels", "compare_models", "check_compatible"]
+__all__ = ["IncompatibleModels", "compare_models", "check_compatible", "comparison_report"]
 
 
 class IncompatibleModels(ValueError):
@@ -40,20 +41,23 @@ def compare_models(
     alpha: float = ALPHA,
     batch_size: int = 8,
     truncate: bool = False,
-    device: str = "cpu",
-    dtype: str = "float32",
+    placement: Placement | None = None,
+    device: str | None = None,
+    dtype: str | None = None,
     attention: Attention = DEFAULT_ATTENTION,
     budget: int | None = None,
     progress: bool = False,
 ) -> HeadComparison:
     """Per-head metric differences B - A over `texts` (see `analyses.compare` for the rule).
 
+    `placement`: where a model given by name is loaded (`hs.Placement`; the cpu in float32 by default;
+    `device=` / `dtype=` are kept for one release, as `hs.load` keeps them).
     `attention`/`budget`: where each model's attention comes from (`probe.sources`); every text's whole
     map is scored, so a recomputed text's map is assembled from blocks. `progress`: a bar per model on stderr.
     """
     texts = check_texts(texts)
-    lm_a = a if isinstance(a, LoadedModel) else load_model(a, device=device, dtype=dtype)
-    lm_b = b if isinstance(b, LoadedModel) else load_model(b, device=device, dtype=dtype)
+    lm_a = a if isinstance(a, LoadedModel) else load_model(a, placement=placement, device=device, dtype=dtype)
+    lm_b = b if isinstance(b, LoadedModel) else load_model(b, placement=placement, device=device, dtype=dtype)
     # a two-tower model (CLIP, SigLIP): its text tower reads the texts; an image model: one line
     lm_a, lm_b = for_input(lm_a, images=False), for_input(lm_b, images=False)
     check_compatible(lm_a, lm_b, texts, truncate=truncate)
@@ -75,3 +79,22 @@ def check_compatible(a: LoadedModel, b: LoadedModel, texts: list[str], *, trunca
         if ea.ids != eb.ids:
             raise IncompatibleModels(f"{a.name} and {b.name} tokenize the text starting {ea.text[:40]!r} differently "
                                      f"({len(ea.ids)} vs {len(eb.ids)} tokens); compare models that share a tokenizer")
+
+
+def comparison_report(result: HeadComparison, models: tuple[LoadedModel, LoadedModel], out, *, verifications=(None, None),
+                      checks: dict, source: str, force: bool = False, committed=None):
+    """The HTML report of a comparison in the folder `out` (`hs.report`): one `ModelAnalysis` per model (its
+    `Verification`, or None), B's carrying the comparison; `checks` is each model's verification line ("a", "b").
+    Returns what `hs.report` wrote; `reports.folder.ReportFolderError` / `OSError` when the folder cannot be."""
+    from headscope.reports.analysis import ModelAnalysis
+    from headscope.reports.folder import report
+
+    analyses = [ModelAnalysis(model=lm.name, verification=verification, comparison=comp,
+                              info={"source": lm.source, "layers": lm.config.num_hidden_layers,
+                                    "heads": lm.config.num_attention_heads, "verification": checks[key]["summary"]})
+                for key, lm, verification, comp in (("a", models[0], verifications[0], None),
+                                                    ("b", models[1], verifications[1], result))]
+    return report(analyses, out, force=force, title=f"headscope comparison — {result.b} vs {result.a}",
+                  settings={"corpus": source, "texts": result.n_texts, "rule": result.rule},
+                  record={"command": "compare", "corpus": source, "comparison": result.to_dict(),
+                          "verification": checks}, committed=committed)

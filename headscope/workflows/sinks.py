@@ -51,7 +51,7 @@ FIRST_TOKEN_VARIANTS = ("another token", "a space", "a repeated word")
 
 def sinks(lm: LoadedModel, texts: Sequence[str] | None = None, *, k: int = 1, epsilon: float = SINK_EPSILON,
           length: int = SINK_LENGTH, n_sequences: int = 32, n_random_sequences: int = 32, ablation: bool = True,
-          ablation_texts: int = 16, method: AblationMethod = "mean", n_random: int = 19, head_texts: int = 64,
+          ablation_texts: int = 32, method: AblationMethod = "mean", n_random: int = 19, head_texts: int = 64,
           massive_sequences: int = 4, massive_top: int = 3, n_boot: int = 1000, seed: int = 0,
           batch_size: int = 8, progress: bool = False) -> SinkReport:
     """Sinks of `lm` over `texts` (default: the built-in corpus) -> `SinkReport`.
