@@ -196,7 +196,7 @@ def batches_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: 
 
 
 def _layerwise_run(lm: LoadedModel, chunk: list[Encoded], layer_idx: list[int]):
-    """`LayerwiseBatch.run` of one batch: its forward pass, each layer's weights zeroed where they are padding and
+    """`Reading.run` of one padded batch: its forward pass, each layer's weights zeroed where they are padding and
     handed to `each(i, weights)` (i: the layer's place in `layer_idx`)."""
     lengths = torch.tensor([len(e.ids) for e in chunk])
     real = torch.arange(int(lengths.max())) < lengths[:, None]  # (B, T): the texts' own units
