@@ -16,7 +16,7 @@ from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from .encoding import Encoded, check_count, check_texts, checked_stream, encode_many, encode_targets, text_units
+from .encoding import Encoded, check_count, checked_stream, encode_many, encode_targets, text_units
 from .forward import forward_batch, forward_each_layer, forward_seq2seq, is_seq2seq, learned_sinks
 from .images import encode_images, for_input, require_modality
 from .inputs import AttentionInput, InputKind
