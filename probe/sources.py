@@ -440,13 +440,11 @@ class RecomputeSource(AttentionSource):
     name = "recompute"
     refuses = MappingProxyType({
         "norm": "attention='recompute' recomputes attention probabilities in blocks of query rows; norm-based "
-                "weights (weight='norm') come from the eager forward pass: use attention='auto' or 'eager' "
-                "(CLI: --attention auto)",
+                "weights (weight='norm') come from the eager forward pass: use attention='auto' or attention='eager'",
         "images": "attention='recompute' recomputes one stack's self-attention over texts; images are read by the "
-                  "eager forward pass: use attention='auto' or 'eager' (CLI: --attention auto)",
+                  "eager forward pass: use attention='auto' or attention='eager'",
         "pairs": "attention='recompute' recomputes one stack's self-attention; an encoder-decoder's source-target "
-                 "pairs (cross-attention) come from the eager forward pass: use attention='auto' or 'eager' "
-                 "(CLI: --attention auto)",
+                 "pairs (cross-attention) come from the eager forward pass: use attention='auto' or attention='eager'",
     })
 
     def __init__(self, lm: LoadedModel, **kwargs) -> None:

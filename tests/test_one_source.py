@@ -138,9 +138,9 @@ def test_pixel_values_travel_in_their_own_field_never_in_the_ids():
 
 
 @pytest.mark.parametrize("capability, instead", [
-    ("norm", "norm-based weights .* use attention='auto' or 'eager'"),
-    ("images", "images are read by the eager forward pass: use attention='auto' or 'eager'"),
-    ("pairs", "pairs \\(cross-attention\\) come from the eager forward pass: use attention='auto' or 'eager'"),
+    ("norm", "norm-based weights .* use attention='auto' or attention='eager'$"),
+    ("images", "images are read by the eager forward pass: use attention='auto' or attention='eager'"),
+    ("pairs", "pairs \\(cross-attention\\) come from the eager forward pass: use attention='auto' or attention='eager'"),
 ])
 def test_recompute_refuses_each_capability_in_one_line_naming_what_to_use(capability, instead):
     lm = tiny_model("gpt2")
@@ -163,7 +163,7 @@ def test_a_refusal_comes_before_the_model_runs(monkeypatch):
                  lambda: recompute.maps(AttentionInput.of(["a cat"], targets=["b"])),
                  lambda: recompute.maps(AttentionInput.of(images=["x.png"])),
                  lambda: recompute.live("a cat", images=["x.png"])):
-        with pytest.raises(ValueError, match="use attention='auto' or 'eager'"):
+        with pytest.raises(ValueError, match="use attention='auto' or attention='eager'"):
             call()
     with pytest.raises(ValueError, match="a capability is one of 'norm', 'images', 'pairs'"):
         recompute.accepts("kernels")
@@ -219,3 +219,18 @@ def test_images_pairs_and_norm_weights_come_as_readings_of_maps(picture_file):
         [direct] = extract(lm, inp, weight=weight)
         whole = getattr(amap, "cross", amap)
         torch.testing.assert_close(whole.attention, getattr(direct, "cross", direct).attention, atol=0, rtol=0)
+
+
+def test_the_cli_says_a_refusal_in_one_line_with_the_flag_to_use(picture_file):
+    """`headscope heads --image` with `--attention recompute`: exit 2, one line naming `--attention auto`, instead
+    of the images read eagerly behind the user's back (as before: the command extracted them itself)."""
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+
+    result = CliRunner().invoke(cli, ["heads", "--model", "tiny:llava", "--image", picture_file, "--attention",
+                                      "recompute", "--no-verify", "--quiet"])
+    assert result.exit_code == 2, result.output
+    [line] = result.output.strip().splitlines()
+    assert line.startswith("headscope: --attention recompute recomputes") and \
+        line.endswith("use --attention auto or --attention eager"), line

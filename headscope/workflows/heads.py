@@ -129,7 +129,7 @@ def heads(
         }
     else:
         meta["induction"] = None
-    if attention != "eager":  # an eager run's output stays as it was
+    if attention != "eager" and images is None:  # an eager run's output stays as it was; images are always eager
         meta.update(merge_attention_record(attend.record()))
     return merge_head_scores(acc).result(thresholds=thresholds, meta=meta)
 
