@@ -355,6 +355,8 @@ class AttentionSource:
         """`text` held for a viewer (`probe.live`): any head's query rows, computed when asked for, eager or
         recomputed as this source obtains a text of its length (`mode`). With `images` (a vision–language
         decoder's text with its images, as this source accepts them): its whole eager map."""
+        if weight == "norm":
+            self.require("norm")
         if images:
             self.require("images")
             [amap] = self._eager(AttentionInput.of([text], images=list(images)), level=level, weight=weight)

@@ -162,7 +162,8 @@ def test_a_refusal_comes_before_the_model_runs(monkeypatch):
     for call in (lambda: recompute.read(["a cat"], weight="norm"),
                  lambda: recompute.maps(AttentionInput.of(["a cat"], targets=["b"])),
                  lambda: recompute.maps(AttentionInput.of(images=["x.png"])),
-                 lambda: recompute.live("a cat", images=["x.png"])):
+                 lambda: recompute.live("a cat", images=["x.png"]),
+                 lambda: recompute.live("a cat", weight="norm")):
         with pytest.raises(ValueError, match="use attention='auto' or attention='eager'"):
             call()
     with pytest.raises(ValueError, match="a capability is one of 'norm', 'images', 'pairs'"):
