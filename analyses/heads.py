@@ -58,7 +58,7 @@ import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -66,10 +66,13 @@ import torch
 
 from headscope.probe.names import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Level
 from headscope.probe.blocks import Block
-from headscope.probe.types import AttentionBatch, AttentionMap, LayerwiseBatch, Units, Viewable
+from headscope.probe.types import AttentionBatch, AttentionMap, Units, Viewable, head_name
 from headscope.probe.words import to_word_level
 
 from .batches import BatchRows, batch_sums, pattern_batch_sums, unit_columns
+
+if TYPE_CHECKING:  # what an attention source yields (`probe.reading`); only its fields are read here
+    from headscope.probe.reading import Reading
 from .blocks import word_blocks
 from .induction import pattern_sums
 from .metrics import (METRICS, ROLE_LABELS, THRESHOLDS, Diagonal, KeyShare, Metric, Pairwise, Pattern, RowStatistic,
@@ -289,10 +292,11 @@ class HeadScoreAccumulator:
             fold(i, a)
         fold.commit()
 
-    def batch_fold(self, batch: AttentionBatch | LayerwiseBatch, *, repeated: bool = False) -> "BatchFold":
+    def batch_fold(self, batch: AttentionBatch | Reading, *, repeated: bool = False) -> "BatchFold":
         """A padded batch folded in one layer at a time: call the fold with each layer's place in `batch.layers`
-        and its `(text, head, query, key)` weights, padding zero (`LayerwiseBatch.run(fold)` does, as the forward
-        pass gives them, so one layer of the batch is alive at a time), then `fold.commit()`, which adds the
+        and its `(text, head, query, key)` weights, padding zero (a "layers" `probe.reading.Reading`'s `run(fold)`
+        does, as the forward pass gives them, so one layer of the batch is alive at a time), then `fold.commit()`,
+        which adds the
         batch to the sums (a fold never committed adds nothing). `update_batch` (`repeated`:
         `update_repeated_batch`) of the whole batch is this fold fed every layer in turn."""
         if repeated:
@@ -410,7 +414,7 @@ class BatchFold:
     """One padded batch's sums, layer by layer (`HeadScoreAccumulator.batch_fold`): `[layer, head, metric]`
     float64 of its own, added to the accumulator's by `commit()`."""
 
-    def __init__(self, acc: HeadScoreAccumulator, batch: AttentionBatch | LayerwiseBatch, *, repeated: bool) -> None:
+    def __init__(self, acc: HeadScoreAccumulator, batch: AttentionBatch | Reading, *, repeated: bool) -> None:
         self._acc, self._repeated, self._n = acc, repeated, len(batch)
         plan = acc._plan
         self._sums = torch.zeros_like(acc._sums)

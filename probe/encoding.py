@@ -21,7 +21,7 @@ from .model import LoadedModel
 from .types import Units
 from .words import Segmenter, assign_words
 
-__all__ = ["Encoded", "image_slots", "refuse_unfilled_slots", "check_texts", "encode", "encode_many", "encode_targets", "pad_batch", "token_labels",
+__all__ = ["Encoded", "image_slots", "refuse_unfilled_slots", "check_texts", "encode", "encode_many", "encode_targets", "pad_batch", "ModelBatch", "model_batch", "token_labels",
            "tokenizer_labels", "text_units", "fit_context", "special_prefix", "ordinary_token_ids", "TOO_LONG",
            "special_ids", "bounded_text", "token_count", "checked_stream", "text_source", "check_count"]
 
@@ -236,14 +236,32 @@ def encode_targets(lm: LoadedModel, targets: Sequence[str], *, truncate: bool = 
             for e in encode_many(lm, targets, truncate=truncate)]
 
 
-def pad_batch(items: Sequence[Encoded], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Right-padded `input_ids` and `attention_mask`, both (B, T); for images, their `pixel_values`
-    (B, 3, H, W) and a mask of ones (B, T) over their units (every image of a batch has the same size)."""
+@dataclass(frozen=True, eq=False)
+class ModelBatch:
+    """One batch as the model takes it: texts as right-padded `ids` and their `mask` (B, T); images as their
+    `pixels` (B, 3, H, W), in a field of their own, and a mask of ones (B, T) over their units (`ids` None)."""
+
+    mask: torch.Tensor
+    ids: torch.Tensor | None = None
+    pixels: torch.Tensor | None = None
+
+
+def model_batch(items: Sequence[Encoded], device: torch.device) -> ModelBatch:
+    """The `ModelBatch` of encoded texts or images (every image of a batch has the same size)."""
     if items and items[0].pixels is not None:
         if len({e.pixels.shape for e in items}) > 1:
             raise ValueError("images of different patch grids cannot share a batch; run them in batches of one grid")
         pixels = torch.stack([e.pixels for e in items])  # (B, 3, H, W)
-        return pixels.to(device), torch.ones(len(items), len(items[0].ids), dtype=torch.long, device=device)
+        return ModelBatch(mask=torch.ones(len(items), len(items[0].ids), dtype=torch.long, device=device),
+                          pixels=pixels.to(device))
+    ids, mask = pad_batch(items, device)
+    return ModelBatch(mask=mask, ids=ids)
+
+
+def pad_batch(items: Sequence[Encoded], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded `input_ids` and `attention_mask` of encoded texts, both (B, T) (images: `model_batch`)."""
+    if items and items[0].pixels is not None:
+        raise ValueError("images have pixel values, not token ids; batch them with model_batch")
     t_max = max(len(e.ids) for e in items)
     ids = torch.zeros(len(items), t_max, dtype=torch.long)
     mask = torch.zeros(len(items), t_max, dtype=torch.long)

@@ -10,26 +10,30 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from typing import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
-from .encoding import Encoded, check_count, check_texts, checked_stream, encode_many, encode_targets, text_source, text_units
+from .encoding import Encoded, check_count, checked_stream, encode_many, encode_targets, text_units
 from .forward import forward_batch, forward_each_layer, forward_seq2seq, is_seq2seq, learned_sinks
-from .images import check_images, encode_images, for_input, require_modality
+from .images import encode_images, for_input, require_modality
+from .inputs import AttentionInput, InputKind
+from .reading import Reading
 from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
 from .vision_language import default_texts, encode_with_images
-from .types import AttentionMap, CrossAttentionMap, LayerwiseBatch, Level, Seq2SeqAttention, Units, Weight, whole_number
+from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight, whole_number
 from .words import Segmenter, to_word_level
 
-__all__ = ["extract", "extract_ids", "iter_extract", "extract_encoded", "batches_encoded"]
+__all__ = ["extract", "extract_ids", "iter_extract", "extract_encoded", "batches_encoded", "READERS", "ReadOptions"]
 
 
 def iter_extract(
     lm: LoadedModel,
-    texts: str | Iterable[str] | None = None,
+    texts: str | Iterable[str] | AttentionInput | None = None,
     *,
     images: object = None,
     batch_size: int = 8,
@@ -59,55 +63,101 @@ def iter_extract(
     A vision transformer takes `images` instead of texts (paths, PIL images or numpy arrays): each map's
     units are the tokens before the patches ([CLS], registers; special) and the patches, row by row, with
     their (row, column) in `positions` and the grid in `grid` (`probe.images`).
+
+    What was given is one `probe.inputs.AttentionInput` (made here, or passed as `texts`), read by the reader
+    of its kind (`READERS`).
     """
     check_count(batch_size, "batch_size")
     check_count(window, "window")
     if level not in ("token", "word"):
         raise ValueError(f"level must be 'token' or 'word', got {level!r}")
-    if texts is None and images is None:
-        raise TypeError("texts must be a str or an iterable of str (a list, a generator, ...), got NoneType; "
-                        "an image model takes images=[...] instead")
-    if images is not None:
-        images = check_images(images)  # once: an iterator is read here, not emptied by a second look
-    lm = for_input(lm, images=images is not None)  # a two-tower model: the tower that reads this input
-    if texts is not None and images is not None and not getattr(lm, "reads_images", False):
+    inp = AttentionInput.of(texts, images=images, targets=target)
+    options = ReadOptions(batch_size=batch_size, level=level, layers=layers, heads=heads, store_dtype=store_dtype,
+                          truncate=truncate, segmenter=segmenter, window=window, weight=weight)
+    return READERS[inp.kind](lm, inp, options)
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """How the maps of one input are read (`iter_extract`'s keywords)."""
+
+    batch_size: int = 8
+    level: Level = "token"
+    layers: Sequence[int] | None = None
+    heads: Sequence[int] | None = None
+    store_dtype: torch.dtype = torch.float32
+    truncate: bool = False
+    segmenter: Segmenter | None = None
+    window: int = 16
+    weight: Weight = "attention"
+
+
+def _attention_only(what: str, o: ReadOptions) -> None:
+    if o.weight != "attention":
+        raise ValueError(f"{what} are extracted with weight='attention' (norm-based weights are for texts)")
+
+
+def _read_texts(lm: LoadedModel, inp: AttentionInput, o: ReadOptions) -> Iterator[AttentionMap]:
+    lm = for_input(lm, images=False)  # a two-tower model: its text tower reads texts
+    _check_store_dtype(o.store_dtype)
+    if o.weight not in ("attention", "norm"):
+        raise ValueError(f"weight must be 'attention' or 'norm', got {o.weight!r}")
+    # Checked above, before the first text is asked for; the texts themselves are checked as they stream.
+    return _windows(lm, inp.texts, o.batch_size, o.window, o.level, select_layers(lm, o.layers),
+                    select_heads(lm, o.heads), o.store_dtype, o.truncate, o.segmenter, o.weight)
+
+
+def _read_images(lm: LoadedModel, inp: AttentionInput, o: ReadOptions) -> Iterator[AttentionMap]:
+    lm = for_input(lm, images=True)  # a two-tower model: its image tower reads images
+    if getattr(lm, "reads_images", False):  # images alone on a vision–language decoder: each with the default prompt
+        return _read_texts_with_images(lm, AttentionInput.of(default_texts(inp.images), images=inp.images), o)
+    _attention_only("images", o)
+    maps = _image_windows(lm, list(inp.images), o.batch_size, select_layers(lm, o.layers), select_heads(lm, o.heads),
+                          o.store_dtype)
+    return (to_word_level(m) for m in maps) if o.level == "word" else maps  # patches at both levels
+
+
+def _read_texts_with_images(lm: LoadedModel, inp: AttentionInput, o: ReadOptions) -> Iterator[AttentionMap]:
+    lm = for_input(lm, images=True)
+    if not getattr(lm, "reads_images", False):
         raise ValueError("pass texts or images, not both (CLIP's two towers: hs.image_text for an image-caption "
                          "pair); texts with images are for a vision–language decoder (e.g. tiny:llava)")
-    if getattr(lm, "reads_images", False) and images is not None:
-        texts = default_texts(images) if texts is None else texts  # images alone: each with the default prompt
-        if weight != "attention" or target is not None:
-            raise ValueError("texts with images are extracted with weight='attention' and no target")
-        _check_store_dtype(store_dtype)
-        encoded = encode_with_images(lm, check_texts(texts), images)
-        maps = _with_images(lm, encoded, select_layers(lm, layers), select_heads(lm, heads), store_dtype, segmenter)
-        return (to_word_level(m) for m in maps) if level == "word" else maps
-    if images is not None:
-        if weight != "attention" or target is not None:
-            raise ValueError("images are extracted with weight='attention' and no target")
-        maps = _image_windows(lm, check_images(images), batch_size, select_layers(lm, layers),
-                              select_heads(lm, heads), store_dtype)
-        return (to_word_level(m) for m in maps) if level == "word" else maps  # patches at both levels
-    _check_store_dtype(store_dtype)
-    if weight not in ("attention", "norm"):
-        raise ValueError(f"weight must be 'attention' or 'norm', got {weight!r}")
-    if target is not None and weight != "attention":
+    _attention_only("texts with images", o)
+    _check_store_dtype(o.store_dtype)
+    encoded = encode_with_images(lm, list(inp.texts), list(inp.images))
+    maps = _with_images(lm, encoded, select_layers(lm, o.layers), select_heads(lm, o.heads), o.store_dtype,
+                        o.segmenter)
+    return (to_word_level(m) for m in maps) if o.level == "word" else maps
+
+
+def _read_pairs(lm: LoadedModel, inp: AttentionInput, o: ReadOptions) -> Iterator[AttentionMap]:
+    lm = for_input(lm, images=False)
+    _check_store_dtype(o.store_dtype)
+    if o.weight != "attention":
         raise ValueError("weight='norm' is for self-attention of one stack; extract an encoder-decoder's pairs "
                          "with weight='attention'")
-    if target is not None:
-        if not is_seq2seq(lm):
-            raise ValueError(f"target= is for encoder-decoder models; {lm.name} ({lm.model_type}) has no decoder "
-                             "reading a source")
-        if layers is not None or heads is not None:
-            raise ValueError(f"{lm.name} is an encoder-decoder model; layers= and heads= select in one stack only, "
-                             "so extract all and index the maps")
-        return _iter_seq2seq(lm, text_source(texts), target, batch_size=batch_size, level=level,
-                             store_dtype=store_dtype, truncate=truncate, segmenter=segmenter)
-    layer_idx = select_layers(lm, layers)
-    head_idx = select_heads(lm, heads)
-    texts = text_source(texts)
-    # Checked above, before the first text is asked for; the texts themselves are checked as they stream.
-    return _windows(lm, texts, batch_size, window, level, layer_idx, head_idx, store_dtype, truncate, segmenter,
-                    weight)
+    if not is_seq2seq(lm):
+        raise ValueError(f"target= is for encoder-decoder models; {lm.name} ({lm.model_type}) has no decoder "
+                         "reading a source")
+    if o.layers is not None or o.heads is not None:
+        raise ValueError(f"{lm.name} is an encoder-decoder model; layers= and heads= select in one stack only, "
+                         "so extract all and index the maps")
+    return _iter_seq2seq(lm, list(inp.texts), list(inp.targets), batch_size=o.batch_size, level=o.level,
+                         store_dtype=o.store_dtype, truncate=o.truncate, segmenter=o.segmenter)
+
+
+def _read_ids(lm: LoadedModel, inp: AttentionInput, o: ReadOptions) -> Iterator[AttentionMap]:
+    _attention_only("token-id sequences", o)
+    if o.level != "token":
+        raise ValueError("token-id sequences have no words: read them with level='token'")
+    return iter(extract_ids(lm, list(inp.sequences), batch_size=o.batch_size, layers=o.layers, heads=o.heads,
+                            store_dtype=o.store_dtype))
+
+
+# Each kind of input (`probe.inputs.InputKind`) and the reader of its maps: the one place the kind is looked at.
+READERS: Mapping[InputKind, Callable[[LoadedModel, AttentionInput, ReadOptions], Iterator[AttentionMap]]] = \
+    MappingProxyType({"texts": _read_texts, "images": _read_images, "texts+images": _read_texts_with_images,
+                      "pairs": _read_pairs, "ids": _read_ids})
 
 
 def extract_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: int = 8, level: Level = "token",
@@ -122,28 +172,31 @@ def extract_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: 
 
 def batches_encoded(lm: LoadedModel, encoded: Sequence[Encoded], *, batch_size: int = 8,
                     facts: MapFacts | None = None, units: Callable[[Encoded], Units] | None = None,
-                    by_length: bool = True) -> Iterator[LayerwiseBatch]:
+                    by_length: bool = True,
+                    maps: Callable[[list[Encoded]], list[AttentionMap]] | None = None) -> Iterator[Reading]:
     """`extract_encoded`'s batches, not cut into maps: the texts sorted by length (`by_length`), `batch_size`
-    at a time, each a `LayerwiseBatch` (every layer and head) whose `run(each)` runs its forward pass and hands
-    each layer's `(text, head, query, key)` weights, padding zeroed in place, to `each` as the pass gives them
-    (`forward.forward_each_layer`), for a consumer that scores a whole batch one layer at a time
+    at a time, each a "layers" `probe.reading.Reading` (every layer and head) whose `run(each)` runs its forward
+    pass and hands each layer's `(text, head, query, key)` weights, padding zeroed in place, to `each` as the pass
+    gives them (`forward.forward_each_layer`), for a consumer that scores a whole batch one layer at a time
     (`analyses.heads.HeadScoreAccumulator.batch_fold`): one layer of the batch alive, never all of them.
-    `units`: each item's token units (`encoding.text_units` of a text by default)."""
+    `units`: each item's token units (`encoding.text_units` of a text by default); `maps`: a chunk's whole maps
+    when the reading is collected (`extract_encoded`'s by default)."""
     require_modality(lm, images=False)
     facts = facts or MapFacts.of(lm)
     units = units or (lambda e: text_units(lm, e))
     layer_idx, head_idx = select_layers(lm, None), select_heads(lm, None)
+    maps = maps or (lambda chunk: list(extract_encoded(lm, chunk, batch_size=len(chunk), facts=facts)))
     order = sorted(encoded, key=lambda e: len(e.ids)) if by_length else list(encoded)
     for start in range(0, len(order), batch_size):
         chunk = order[start : start + batch_size]
-        yield LayerwiseBatch(units=tuple(units(e) for e in chunk), causal=lm.is_causal, layers=tuple(layer_idx),
-                             heads=tuple(head_idx), n_tokens=max(len(e.ids) for e in chunk),
-                             run=_layerwise_run(lm, chunk, layer_idx), meta=dict(facts.meta),
-                             no_attention=facts.no_attention)
+        yield Reading.of_layers(units=tuple(units(e) for e in chunk), causal=lm.is_causal, layers=tuple(layer_idx),
+                                heads=tuple(head_idx), n_tokens=max(len(e.ids) for e in chunk),
+                                run=_layerwise_run(lm, chunk, layer_idx), collect_maps=lambda chunk=chunk: maps(chunk),
+                                meta=dict(facts.meta), no_attention=facts.no_attention)
 
 
 def _layerwise_run(lm: LoadedModel, chunk: list[Encoded], layer_idx: list[int]):
-    """`LayerwiseBatch.run` of one batch: its forward pass, each layer's weights zeroed where they are padding and
+    """`Reading.run` of one padded batch: its forward pass, each layer's weights zeroed where they are padding and
     handed to `each(i, weights)` (i: the layer's place in `layer_idx`)."""
     lengths = torch.tensor([len(e.ids) for e in chunk])
     real = torch.arange(int(lengths.max())) < lengths[:, None]  # (B, T): the texts' own units
@@ -261,9 +314,6 @@ def _norms(lm, texts: list[str], truncate: bool) -> list:
 
 
 def _iter_seq2seq(lm, sources, targets, *, batch_size, level, store_dtype, truncate, segmenter):
-    sources, targets = check_texts(sources), check_texts(targets)
-    if len(sources) != len(targets):
-        raise ValueError(f"{len(sources)} source texts but {len(targets)} targets; give one target per source")
     src, tgt = encode_many(lm, sources, truncate=truncate), encode_targets(lm, targets, truncate=truncate)
     for start in range(0, len(src), batch_size):
         s_items, t_items = src[start : start + batch_size], tgt[start : start + batch_size]

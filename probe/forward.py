@@ -16,7 +16,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from .encoding import Encoded, pad_batch
+from .encoding import Encoded, ModelBatch, model_batch, pad_batch
 from .images import patchify
 from .families import (NO_SOFTMAX_LAYER_TYPES, SUPPORTED_TYPES, UnsupportedArchitecture, UnsupportedFeature,
                        family_for, softmax_layers)
@@ -110,15 +110,15 @@ def extra_inputs(lm: LoadedModel, items: Sequence[Encoded]) -> dict:
             for k, v in items[0].inputs.items()}
 
 
-def forward_one_stream(lm: LoadedModel, ids: torch.Tensor, mask: torch.Tensor, *, output_attentions: bool,
-                       extra: dict | None = None):
-    """One forward pass over a batch of single texts: the base model, or an encoder–decoder's encoder
-    alone (its self-attention over the text is the model's one-text view: extract without a target).
-    An image model takes `ids` as its pixel values (B, 3, H, W) and no mask (every patch is real).
-    A vision–language decoder takes its images' inputs in `extra` (`extra_inputs`)."""
+def forward_one_stream(lm: LoadedModel, batch: ModelBatch, *, output_attentions: bool, extra: dict | None = None):
+    """One forward pass over a batch of single texts (`encoding.model_batch`): the base model, or an
+    encoder–decoder's encoder alone (its self-attention over the text is the model's one-text view: extract
+    without a target). An image model takes the batch's pixel values (B, 3, H, W) and no mask (every patch is
+    real). A vision–language decoder takes its images' inputs in `extra` (`extra_inputs`)."""
     base = base_model(lm)
-    if ids.is_floating_point():
-        return base(**pixel_inputs(base, lm, ids.to(lm.dtype)), output_attentions=output_attentions)
+    if batch.pixels is not None:
+        return base(**pixel_inputs(base, lm, batch.pixels.to(lm.dtype)), output_attentions=output_attentions)
+    ids, mask = batch.ids, batch.mask
     if is_seq2seq(lm):  # the encoder stack takes no use_cache (T5's refuses it)
         return base.get_encoder()(input_ids=ids, attention_mask=mask, output_attentions=output_attentions)
     return base(input_ids=ids, attention_mask=mask, output_attentions=output_attentions, use_cache=False,
@@ -146,10 +146,10 @@ def forward_batch(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[in
     weight. When only some layers are wanted the model is asked for none, so the other layers' O(T²)
     tensors are never kept alive.
     """
-    wanted, ids, mask, extra = _inputs(lm, items, layers)
+    wanted, batch, extra = _inputs(lm, items, layers)
     caught: dict[int, torch.Tensor] = {}
     subset = len(wanted) < lm.config.num_hidden_layers
-    _weights(lm, ids, mask, wanted, extra, caught.__setitem__, asks=(False, True) if subset else (True,))
+    _weights(lm, batch, wanted, extra, caught.__setitem__, asks=(False, True) if subset else (True,))
     return [caught[layer] for layer in wanted]
 
 
@@ -163,8 +163,8 @@ def forward_each_layer(lm: LoadedModel, items: Sequence[Encoded], each: Callable
     layer alive, never the batch's every layer. Where the attention modules give their weights only when
     asked (DeBERTa v2, MPNet) the pass asks for them (the model then keeps them until it returns); a family
     without hooks gives the model's whole output, handed over layer by layer."""
-    wanted, ids, mask, extra = _inputs(lm, items, layers)
-    _weights(lm, ids, mask, wanted, extra, each, asks=(False, True))
+    wanted, batch, extra = _inputs(lm, items, layers)
+    _weights(lm, batch, wanted, extra, each, asks=(False, True))
 
 
 def refuse_cross_reader(lm: LoadedModel) -> None:
@@ -178,30 +178,29 @@ def refuse_cross_reader(lm: LoadedModel) -> None:
 
 
 def _inputs(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[int] | None) -> tuple:
-    """(wanted layers, ids, mask, extra inputs) of one batch, the layers checked."""
+    """(wanted layers, the `ModelBatch`, extra inputs) of one batch, the layers checked."""
     refuse_cross_reader(lm)
     have = attention_layers(lm)
     wanted = list(have) if layers is None else list(layers)
     for layer in wanted:
         if layer not in have:
             raise ValueError(no_attention_reason(lm, layer))
-    ids, mask = pad_batch(items, lm.device)
-    return wanted, ids, mask, extra_inputs(lm, items)
+    return wanted, model_batch(items, lm.device), extra_inputs(lm, items)
 
 
-def _weights(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict, keep: Callable[[int, torch.Tensor], None], *,
+def _weights(lm: LoadedModel, batch: ModelBatch, wanted: list[int], extra: dict, keep: Callable[[int, torch.Tensor], None], *,
              asks: tuple[bool, ...]) -> None:
     """Every wanted layer's weights to `keep(layer, weights)`, in layer order: caught by hooks (`_catch`),
     asking the model for its attention as each of `asks` says in turn, else from its whole output."""
     for ask in asks:
-        handed = _catch(lm, ids, mask, wanted, extra, keep, output_attentions=ask)
+        handed = _catch(lm, batch, wanted, extra, keep, output_attentions=ask)
         if len(handed) == len(wanted):
             return
         if handed:  # `keep` has seen some layers: handing them again would count them twice
             raise RuntimeError(f"{lm.name}'s attention modules gave the weights of layers {handed} but not of "
                                f"layers {[layer for layer in wanted if layer not in handed]}; headscope cannot "
                                "tell which map is which layer's")
-    for layer, weights in zip(wanted, _whole(lm, ids, mask, wanted, extra)):
+    for layer, weights in zip(wanted, _whole(lm, batch, wanted, extra)):
         keep(layer, weights)
 
 
@@ -211,7 +210,7 @@ class _AllCaught(Exception):
     a pooler) is not run."""
 
 
-def _catch(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict, keep: Callable[[int, torch.Tensor], None], *,
+def _catch(lm: LoadedModel, batch: ModelBatch, wanted: list[int], extra: dict, keep: Callable[[int, torch.Tensor], None], *,
            output_attentions: bool) -> list[int]:
     """One forward pass with hooks on the wanted layers' attention modules: each layer's weights to
     `keep(layer, weights)` as the module returns them; the layers handed over, in order (all of `wanted`,
@@ -247,7 +246,7 @@ def _catch(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict, keep: Cal
 
     handles = family.hook_layers(base_model(lm), lm.config, wanted, grab, where="attention", pre=False)
     try:
-        forward_one_stream(lm, ids, mask, output_attentions=output_attentions, extra=extra)
+        forward_one_stream(lm, batch, output_attentions=output_attentions, extra=extra)
     except _AllCaught:
         pass
     finally:
@@ -256,9 +255,9 @@ def _catch(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict, keep: Cal
     return handed
 
 
-def _whole(lm: LoadedModel, ids, mask, wanted: list[int], extra: dict) -> list[torch.Tensor]:
+def _whole(lm: LoadedModel, batch: ModelBatch, wanted: list[int], extra: dict) -> list[torch.Tensor]:
     """The wanted layers' weights from the model's whole output, asked for its attention."""
-    out = forward_one_stream(lm, ids, mask, output_attentions=True, extra=extra)
+    out = forward_one_stream(lm, batch, output_attentions=True, extra=extra)
     att = getattr(out, "attentions", None)
     if not att or any(a is None for a in att):
         raise RuntimeError(

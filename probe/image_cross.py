@@ -16,7 +16,7 @@ from typing import Sequence
 
 import torch
 
-from .encoding import pad_batch
+from .encoding import model_batch
 from .families import family_for
 from .forward import base_model, extra_inputs, forward_one_stream
 from .images import check_images
@@ -66,9 +66,9 @@ def image_cross_attention(lm: LoadedModel, texts: str | Sequence[str] | None = N
                 def hook(module, args, result, key=(stack.kind, i)):
                     caught[key] = result[-1].detach()
                 handles.append(stack.attention(base, i).register_forward_hook(hook))
-        ids, mask = pad_batch([enc], lm.device)
+        batch = model_batch([enc], lm.device)
         try:
-            forward_one_stream(lm, ids, mask, output_attentions=True, extra=extra_inputs(lm, [enc]))
+            forward_one_stream(lm, batch, output_attentions=True, extra=extra_inputs(lm, [enc]))
         finally:
             for h in handles:
                 h.remove()

@@ -7,7 +7,6 @@ and forward passes under a sliding-window mask (the StreamingLLM test). The stat
                                    α_ij ‖f(x_j)‖ [layer, head, query, key] — the from-scratch attention
                                    (`scratch.attention_from_scratch`) on each layer's input caught from one
                                    real forward pass, as `probe.norms` does
-    attention_of_ids(lm, ids)      the model's own eager attention of token-id sequences (B, L, H, T, T)
     residual_stream(lm, ids)       the residual stream after every block, (B, L, T, D), by forward hooks
     window_mask(T, window, keep)   which keys a query sees: the last `window` keys (itself included)
                                    plus the first `keep` tokens, causal
@@ -27,13 +26,13 @@ from typing import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from .encoding import token_labels
+from .encoding import ModelBatch, token_labels
 from .families import family_for
 from .forward import base_model, forward_one_stream
 from .model import LoadedModel
 from .norms import norm_weights, scratch_batches
 
-__all__ = ["HeadInternals", "head_internals", "attention_of_ids", "residual_stream", "block_modules",
+__all__ = ["HeadInternals", "head_internals", "residual_stream", "block_modules",
            "window_mask", "token_nll", "special_frame"]
 
 
@@ -67,15 +66,6 @@ def head_internals(lm: LoadedModel, texts: str | Sequence[str], *, batch_size: i
 
 
 @torch.inference_mode()
-def attention_of_ids(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
-    """The model's eager attention of equal-length token-id sequences `ids` (B, T): (B, L, H, T, T), float32, CPU."""
-    ids = ids.to(lm.device)
-    out = forward_one_stream(lm, ids, torch.ones_like(ids), output_attentions=True)
-    if not out.attentions or any(a is None for a in out.attentions):
-        raise RuntimeError(f"{lm.name} returned no attention weights")
-    return torch.stack([a.float().cpu() for a in out.attentions], dim=1)
-
-
 def block_modules(lm: LoadedModel) -> list[torch.nn.Module]:
     """The transformer blocks of the base model, one per layer: the items of the module list that holds
     each layer's attention module (`Family.attention`)."""
@@ -108,7 +98,7 @@ def residual_stream(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
     handles = [b.register_forward_hook(grab(i)) for i, b in enumerate(blocks)]
     try:
         ids = ids.to(lm.device)
-        forward_one_stream(lm, ids, torch.ones_like(ids), output_attentions=False)
+        forward_one_stream(lm, ModelBatch(mask=torch.ones_like(ids), ids=ids), output_attentions=False)
     finally:
         for h in handles:
             h.remove()

@@ -12,39 +12,45 @@ headscope picks its attention *source* the same way, once per workflow call:
     auto        recompute for a text whose eager attention would need more than `budget` bytes,
                 eager otherwise (the same numbers as eager on every text that fits)
 
-Every workflow that reads attention (head scores, relation probes, syntax, explain, the report's
-sentences) asks its source, never an if-chain of its own:
+Every workflow, command and the explorer that reads attention (head scores, relation probes, syntax, the
+report's sentences, the images of a vision run, map files, the live explorer) asks its source, never
+`probe.extract`, `probe.forward` or `probe.live` itself (`tests/test_one_source.py` scans for that). What
+it reads is one `probe.inputs.AttentionInput` (texts, images, texts with images, source–target pairs,
+token-id sequences; a plain list of texts is taken as texts), and what it gets back is one type, a
+`probe.reading.Reading`, folded layer by layer or collected into maps:
 
+    source.read(input, ...)          per batch or text a `Reading`: a padded batch to fold layer by layer
+                                     (`batched=True`, eager texts), a text's recomputed blocks of rows, or
+                                     whole maps (norm weights, images, texts with images, pairs)
+    source.maps(input, ...)          whole maps, in order: eager, or assembled from blocks (`iter_maps`: lazily)
+    source.live(text, level=, weight=, images=)  one text held for a viewer (`probe.live.LiveText`): any
+                                     head's query rows when asked for, sliced from its eager map or recomputed
     source.mode(n_tokens, batch)     "eager" | "recompute" for a text of that length in a batch that size
     source.need(n_tokens, batch)     bytes eager attention would keep: batch × layers × heads × T² × itemsize
-    source.texts(texts, ...)         per text an `AttentionMap` (eager) or a `TextBlocks` (recomputed rows);
-                                     `batched=True`: the eager texts as padded `LayerwiseBatch`es
-    source.sequences(ids)            the same for token-id sequences (repeated random tokens)
     source.blocks(enc)               one encoded text as `Block`s of query rows, layer by layer
-    source.iter_maps(texts, ...)     whole `AttentionMap`s, in order: eager, or assembled from blocks
-                                     (`maps` gives them as a list)
-    source.live(text, level=, weight=)  one text held for a viewer (`probe.live.LiveText`): any head's
-                                     query rows when asked for, sliced from its eager map or recomputed
     source.checked(enc, layers=)     the first recomputed text checked against the model's eager
                                      attention on its prefix (`PrefixCheck`); a mismatch raises
     source.record()                  what results say about it: meta["attention"], meta["check"]
 
-A new source (a GPU kernel, say) is one entry: a subclass with its `name` and `mode` (and, where it
-obtains blocks another way, its own `blocks`).
+What a source can do beyond attention probabilities over texts is a capability it accepts or refuses by
+name (`CAPABILITIES`: "norm" weights ‖αf(x)‖, "images", cross-attention "pairs"): `source.accepts(name)`,
+and `source.require(name)` refuses in one line naming what to use instead (`RecomputeSource` refuses all
+three: they come from the eager forward pass).
+
+A new source (a GPU kernel, say) is one entry: a subclass with its `name`, `mode` and the capabilities it
+refuses (and, where it obtains blocks another way, its own `blocks`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
 from itertools import islice
 from types import MappingProxyType
-from typing import ClassVar, Iterable, Iterator, Mapping, Sequence
+from typing import ClassVar, Iterable, Iterator, Literal, Mapping, Sequence, get_args
 
 import torch
 
 from .encoding import Encoded, check_count, check_texts, checked_stream, encode, encode_many, text_units, token_count
-from .extract import extract as extract_eager
 from .extract import batches_encoded, extract_encoded, extract_ids, iter_extract
 from .forward import attention_layers, is_seq2seq
 from .live import EagerLive, LiveText, RecomputedLive
@@ -52,11 +58,20 @@ from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from .model import LoadedModel
 from .names import Attention, Level, Mode, Weight
 from .recompute import DEFAULT_BUDGET, Block, PrefixCheck, check_prefix, iter_blocks_encoded
-from .types import AttentionMap, LayerwiseBatch, Units
+from .inputs import AttentionInput
+from .reading import Reading
+from .types import AttentionMap, Units
 from .words import Segmenter, to_word_level
 
-__all__ = ["AttentionSource", "EagerSource", "RecomputeSource", "AutoSource", "SOURCES", "TextBlocks", "source_for",
-           "memory_budget", "eager_bytes"]
+__all__ = ["AttentionSource", "EagerSource", "RecomputeSource", "AutoSource", "SOURCES", "source_for",
+           "memory_budget", "eager_bytes", "Capability", "CAPABILITIES", "AttentionInput", "Reading"]
+
+# What a source may or may not do beyond attention probabilities over texts, each accepted or refused by name.
+Capability = Literal["norm", "images", "pairs"]
+CAPABILITIES: tuple[str, ...] = get_args(Capability)
+# The capability an input kind needs (`probe.inputs.InputKind`); texts and token ids need none.
+_NEEDS: Mapping[str, Capability | None] = MappingProxyType(
+    {"texts": None, "ids": None, "images": "images", "texts+images": "images", "pairs": "pairs"})
 
 
 def memory_budget(value: int | str | None = None) -> int:
@@ -85,18 +100,6 @@ def eager_bytes(lm: LoadedModel, n_tokens: int, *, n_layers: int | None = None, 
     return batch * n_layers * lm.config.num_attention_heads * n_tokens**2 * itemsize
 
 
-@dataclass(frozen=True, eq=False)
-class TextBlocks:
-    """One text's attention as token-level blocks of query rows (`probe.recompute.Block`), layer by layer
-    and each layer's rows in order, with the text's units; the blocks can be read once."""
-
-    units: Units
-    blocks: Iterator[Block]
-    causal: bool
-    layers: tuple[int, ...]  # the model layers the blocks cover
-    heads: tuple[int, ...]
-
-
 class AttentionSource:
     """How `lm`'s attention is obtained, for one workflow call: the shared machinery of every source.
 
@@ -120,21 +123,60 @@ class AttentionSource:
     def need(self, n_tokens: int, batch: int = 1, *, n_layers: int | None = None) -> int:
         return eager_bytes(self.lm, n_tokens, n_layers=n_layers, batch=batch)
 
-    # -- attention, one text at a time -------------------------------------------------------------
+    # -- what this source can do ------------------------------------------------------------------
 
-    def texts(self, texts: Iterable[str], *, level: Level = "token", truncate: bool = False, window: int = 4,
-              weight: Weight = "attention", batched: bool = False) -> Iterator[AttentionMap | LayerwiseBatch | TextBlocks]:
-        """Per text, its eager `AttentionMap` (at `level`) or its recomputed `TextBlocks` (token level).
+    # The capabilities this source refuses, each with the one line that names what to use instead.
+    refuses: ClassVar[Mapping[Capability, str]] = MappingProxyType({})
 
-        Texts stream in chunks of `batch_size × window`; within a chunk the eager texts come first, in
-        order, then the recomputed ones. `batched`: the eager texts come as padded batches instead
-        (`LayerwiseBatch`, token level, sorted by length within the chunk, each layer handed over as its
-        forward pass gives it), for a consumer that scores a batch at once, one layer at a time (`level` is
-        then the consumer's to apply).
-        """
-        if weight != "attention":
-            raise ValueError(f"weight={weight!r} comes from the eager forward pass; use attention='eager' with it")
-        stream, done = iter(texts), 0
+    def accepts(self, capability: Capability) -> bool:
+        """Whether this source can read `capability` ("norm" weights, "images", encoder–decoder "pairs")."""
+        if capability not in CAPABILITIES:
+            raise ValueError(f"a capability is one of {', '.join(map(repr, CAPABILITIES))}, got {capability!r}")
+        return capability not in self.refuses
+
+    def require(self, capability: Capability) -> None:
+        """A ValueError (one line: what to use instead) when this source cannot read `capability`."""
+        if not self.accepts(capability):
+            raise ValueError(self.refuses[capability])
+
+    def _require_for(self, inp: AttentionInput, weight: Weight) -> None:
+        if weight not in ("attention", "norm"):
+            raise ValueError(f"weight must be 'attention' or 'norm', got {weight!r}")
+        for capability in (_NEEDS[inp.kind], "norm" if weight == "norm" else None):
+            if capability is not None:
+                self.require(capability)
+
+    # -- attention, one reading at a time ----------------------------------------------------------
+
+    def read(self, inp: AttentionInput | str | Iterable[str], *, level: Level = "token", truncate: bool = False,
+             window: int = 4, weight: Weight = "attention", batched: bool = False) -> Iterator[Reading]:
+        """The attention of `inp` (an `AttentionInput`; texts as they are are taken as texts), one `Reading` at a
+        time: fold each (`Reading.fold`) or collect its maps. Checked before anything runs: what the input needs
+        of this source (`require`), the weight.
+
+        Texts (attention weights) stream in chunks of `batch_size × window`; within a chunk the eager texts come
+        first, in order, each its own map at `level`, then the recomputed ones (token-level blocks of rows).
+        `batched`: the eager texts come as padded batches instead (token level, sorted by length within the
+        chunk, each layer handed over as its forward pass gives it), for a consumer that scores a batch at once,
+        one layer at a time (`level` is then the consumer's to apply). Token-id sequences: `batch_size` at a
+        time, a batch eager where it fits, else each sequence's blocks. Norm weights, images, texts with images
+        and pairs: every item's eager map, each its own reading."""
+        inp = AttentionInput.of(inp)
+        self._require_for(inp, weight)
+        how = "_eager_readings" if weight == "norm" else _READ[inp.kind]
+        return getattr(self, how)(inp, level=level, truncate=truncate, window=window, weight=weight, batched=batched)
+
+    def texts(self, texts: Iterable[str], **options) -> Iterator[Reading]:
+        """`read` of texts."""
+        return self.read(AttentionInput.of(texts), **options)
+
+    def sequences(self, sequences: Sequence[Sequence[int]], *, batched: bool = False) -> Iterator[Reading]:
+        """`read` of token-id sequences (repeated random tokens)."""
+        return self.read(AttentionInput.of(sequences=sequences), batched=batched)
+
+    def _texts(self, inp: AttentionInput, *, level: Level, truncate: bool, window: int, batched: bool,
+               **_) -> Iterator[Reading]:
+        stream, done = iter(inp.texts), 0
         facts = MapFacts.of(self.lm)  # what every map carries, read off the model once for the whole stream
         while chunk := list(islice(stream, self.batch_size * window)):
             try:
@@ -147,172 +189,59 @@ class AttentionSource:
             if batched:
                 yield from batches_encoded(self.lm, eager, batch_size=self.batch_size, facts=facts)
             else:
-                yield from extract_encoded(self.lm, eager, batch_size=self.batch_size, level=level, truncate=truncate,
-                                           facts=facts)
+                for amap in extract_encoded(self.lm, eager, batch_size=self.batch_size, level=level,
+                                            truncate=truncate, facts=facts):
+                    yield Reading.of_maps([amap])
             for enc, m in zip(encoded, modes):
                 if m == "recompute":
-                    yield TextBlocks(text_units(self.lm, enc), self.blocks(enc), self.lm.is_causal, self.all_layers,
-                                     self.all_heads)
+                    yield self._blocks_reading(enc, text_units(self.lm, enc), level)
             done += len(chunk)
 
-    def sequences(self, sequences: Sequence[Sequence[int]], *,
-                  batched: bool = False) -> Iterator[AttentionMap | LayerwiseBatch | TextBlocks]:
-        """Token-id sequences (repeated random tokens), `batch_size` at a time: eager maps of a batch
-        that fits (`batched`: the padded `LayerwiseBatch`, in input order), else each sequence's
-        recomputed blocks (its units: the ids as they are)."""
-        bs = self.batch_size
+    def _sequences(self, inp: AttentionInput, *, batched: bool, **_) -> Iterator[Reading]:
+        """Token-id sequences, `batch_size` at a time: eager maps of a batch that fits (`batched`: the padded
+        batch, in input order), else each sequence's recomputed blocks (its units: the ids as they are)."""
+        bs, lm, sequences = self.batch_size, self.lm, inp.sequences
         for start in range(0, len(sequences), bs):  # one batch of maps alive at a time
             chunk = sequences[start : start + bs]
             if self.mode(max(map(len, chunk)), len(chunk)) == "eager":
                 if batched:
-                    yield from batches_encoded(self.lm, [_id_item(self.lm, s) for s in chunk], batch_size=bs,
-                                               units=_id_units, by_length=False)
+                    yield from batches_encoded(lm, [_id_item(lm, s) for s in chunk], batch_size=bs, units=_id_units,
+                                               by_length=False,
+                                               maps=lambda items: extract_ids(lm, [e.ids for e in items],
+                                                                              batch_size=len(items)))
                 else:
-                    yield from extract_ids(self.lm, chunk, batch_size=bs)
+                    yield from (Reading.of_maps([m]) for m in extract_ids(lm, chunk, batch_size=bs))
                 continue
             for seq in chunk:
-                enc = _id_item(self.lm, seq)
-                yield TextBlocks(_id_units(enc), self.blocks(enc), self.lm.is_causal, self.all_layers, self.all_heads)
+                enc = _id_item(lm, seq)
+                yield self._blocks_reading(enc, _id_units(enc), "token")
 
-    def blocks(self, enc: Encoded, *, layers: Sequence[int] | None = None,
-               heads: Sequence[int] | None = None) -> Iterator[Block]:
-        """One text's blocks of query rows; the source's first recomputed text is checked first."""
-        self.checked(enc)
-        return (block for _, block in iter_blocks_encoded(self.lm, [enc], layers=layers, heads=heads,
-                                                          budget=self.block_budget))
+    def _blocks_reading(self, enc: Encoded, units: Units, level: Level) -> Reading:
+        """One text recomputed in blocks of query rows (every layer and head); collected, its assembled map."""
+        layer_idx, head_idx = list(self.all_layers), list(self.all_heads)
+        return Reading.of_blocks(units=units, causal=self.lm.is_causal, layers=self.all_layers, heads=self.all_heads,
+                                 make_blocks=lambda: self._later_blocks(enc),
+                                 collect_maps=lambda: self._assembled([enc], layer_idx, head_idx, torch.float32, None,
+                                                                      level))
 
-    @property
-    def block_budget(self) -> int:
-        """Bytes for one block of rows and its working copies."""
-        return min(DEFAULT_BUDGET, self.budget)
+    def _later_blocks(self, enc: Encoded) -> Iterator[Block]:
+        """`blocks(enc)`, begun (checked, recomputed) only when the first block is asked for."""
+        yield from self.blocks(enc)
 
-    def checked(self, enc: Encoded, *, layers: Sequence[int] | None = None) -> PrefixCheck:
-        """The recomputation checked against the model's eager attention on `enc`'s prefix, once per source
-        (`layers`: only those; explain checks its one layer). A mismatch raises: nothing recomputed is used."""
-        if self.check is None:
-            self.check = check_prefix(self.lm, enc, layers=layers)
-            if not self.check.passed:
-                raise RuntimeError(f"{self.lm.name}: {self.check.summary()}; the recomputed attention cannot be "
-                                   "trusted, run with attention='eager'")
-        return self.check
+    def _eager_readings(self, inp: AttentionInput, *, level: Level, truncate: bool, window: int, weight: Weight,
+                        **_) -> Iterator[Reading]:
+        """Every item's eager map, each its own reading (norm weights, images, texts with images, pairs)."""
+        for amap in self._eager(inp, level=level, truncate=truncate, window=window, weight=weight):
+            yield Reading.of_maps([amap])
 
-    # -- whole maps --------------------------------------------------------------------------------
-
-    def maps(self, texts: str | Iterable[str], **options) -> list[AttentionMap]:
-        """`iter_maps` as a list."""
-        return list(self.iter_maps(texts, **options))
-
-    def iter_maps(self, texts: str | Iterable[str], *, level: Level = "token", layers: Sequence[int] | None = None,
-                  heads: Sequence[int] | None = None, store_dtype: torch.dtype = torch.float32,
-                  truncate: bool = False, segmenter: Segmenter | None = None,
-                  window: int = 16) -> Iterator[AttentionMap]:
-        """Whole `AttentionMap`s of `texts`, in order, `batch_size` at a time: a batch's eager maps where its
-        eager attention fits, else its maps assembled from recomputed blocks (`meta["attention"] =
-        "recompute"` and `meta["check"]`). For texts short enough to hold whole maps (figures, trees)."""
-        if level not in ("token", "word"):
-            raise ValueError(f"level must be 'token' or 'word', got {level!r}")
-        texts = check_texts(texts)
-        layer_idx = select_layers(self.lm, layers)
-        head_idx = select_heads(self.lm, heads)
-        for start in range(0, len(texts), self.batch_size):
-            batch = texts[start : start + self.batch_size]
-            encoded = encode_many(self.lm, batch, truncate=truncate, first_index=start)
-            if self.mode(max(len(e.ids) for e in encoded), len(encoded)) == "eager":
-                self.counts["eager"] += len(batch)
-                yield from extract_eager(self.lm, batch, batch_size=self.batch_size, level=level, layers=layers,
-                                         heads=heads, store_dtype=store_dtype, truncate=truncate, segmenter=segmenter)
-                continue
-            self.counts["recompute"] += len(batch)
-            yield from self._assembled(encoded, layer_idx, head_idx, store_dtype, segmenter, level)
-
-    def _assembled(self, encoded: list[Encoded], layer_idx: list[int], head_idx: list[int], store_dtype,
-                   segmenter: Segmenter | None, level: Level) -> list[AttentionMap]:
-        """One batch's maps filled from recomputed blocks: [layer, head, query, key]."""
-        check = self.checked(encoded[0], layers=layer_idx)
-        maps = [torch.empty(len(layer_idx), len(head_idx), len(e.ids), len(e.ids), dtype=store_dtype) for e in encoded]
-        row_of = {layer: r for r, layer in enumerate(layer_idx)}
-        for b, block in iter_blocks_encoded(self.lm, encoded, layers=layer_idx, heads=head_idx,
-                                            budget=self.block_budget):
-            maps[b][row_of[block.layer], :, block.query_start : block.query_stop] = block.probs
-        layers, heads = kept_ids(self.lm, layer_idx, head_idx)
-        out = []
-        for enc, a in zip(encoded, maps):
-            amap = make_map(self.lm, enc, a, segmenter=segmenter, layers=layers, heads=heads)
-            amap.meta.update(attention="recompute", check=check.to_dict())
-            out.append(to_word_level(amap) if level == "word" else amap)
-        return out
-
-    # -- one text, held for a viewer ----------------------------------------------------------------
-
-    def live(self, text: str, *, level: Level = "token", weight: Weight = "attention",
-             keep_layers: int = 4) -> LiveText:
-        """`text` held for a viewer (`probe.live`): any head's query rows, computed when asked for, eager or
-        recomputed as this source obtains a text of its length (`mode`)."""
-        enc = self._live_text(text, level, weight)
-        if self.mode(len(enc.ids)) == "eager":
-            return self._eager_live(text, level, weight)
-        return self._recomputed_live(enc, level, weight, keep_layers)
-
-    def _live_text(self, text: str, level: Level, weight: Weight) -> Encoded:
-        if level not in ("token", "word"):
-            raise ValueError(f"level must be 'token' or 'word', got {level!r}")
-        if weight not in ("attention", "norm"):
-            raise ValueError(f"weight must be 'attention' or 'norm', got {weight!r}")
-        if not isinstance(text, str):
-            raise TypeError(f"a live text is one str, got {type(text).__name__}")
-        [text] = check_texts(text)
-        return encode(self.lm, text)
-
-    def _eager_live(self, text: str, level: Level, weight: Weight) -> EagerLive:
-        [amap] = extract_eager(self.lm, text, level=level, weight=weight)
-        return EagerLive(self.lm, self, amap)
-
-    def _recomputed_live(self, enc: Encoded, level: Level, weight: Weight, keep_layers: int) -> RecomputedLive:
-        if weight == "norm":
-            raise ValueError("weight='norm' comes from the eager forward pass; this text is recomputed "
-                             "(use weight='attention', or attention='eager' with a larger memory budget)")
-        if level == "word":
-            raise ValueError(f"this text has {len(enc.ids):,} tokens and is recomputed in blocks of rows, which are "
-                             "token rows: use level='token'")
-        return RecomputedLive(self.lm, self, enc, text_units(self.lm, enc), keep_layers=keep_layers)
-
-    # -- bookkeeping -------------------------------------------------------------------------------
-
-    def eager_texts(self, texts: Sequence[str]) -> list[str]:
-        """The texts whose eager attention fits (all of them batched `batch_size` at a time)."""
-        encoded = encode_many(self.lm, texts)
-        return [t for t, m in zip(texts, self._modes(encoded)) if m == "eager"]
-
-    def _modes(self, encoded: Sequence[Encoded]) -> list[Mode]:
-        batch = min(self.batch_size, len(encoded))
-        modes = [self.mode(len(e.ids), batch) for e in encoded]
-        self.counts.update(modes)
-        return modes
-
-    def record(self) -> dict:
-        """What a result's `meta` says about how its attention was obtained."""
-        return {"attention": {"asked": self.name, "budget": self.budget,
-                              **{k: self.counts[k] for k in ("eager", "recompute")}},
-                "check": None if self.check is None else self.check.to_dict()}
-
-
-class EagerSource(AttentionSource):
-    """The model's own eager weights, for every text."""
-
-    name = "eager"
-
-    def mode(self, n_tokens: int, batch: int = 1) -> Mode:
-        return "eager"
-
-    def texts(self, texts: Iterable[str], *, level: Level = "token", truncate: bool = False, window: int = 4,
-              weight: Weight = "attention", batched: bool = False) -> Iterator[AttentionMap | LayerwiseBatch]:
-        """Every text eager, streamed through `probe.iter_extract` as they come (no decision to make);
-        `batched` (attention weights only): padded batches, layer by layer, as `AttentionSource.texts` gives them."""
-        if batched and weight == "attention":
-            return super().texts(self._within_budget(texts, truncate=truncate), truncate=truncate, window=window,
-                                 batched=True)
-        return iter_extract(self.lm, self._within_budget(texts, truncate=truncate), batch_size=self.batch_size,
-                            level=level, truncate=truncate, window=window, weight=weight)
+    def _eager(self, inp: AttentionInput, *, truncate: bool = False, **options) -> Iterator[AttentionMap]:
+        """`probe.extract.iter_extract` of `inp`, the texts of a "texts" input each checked against the budget
+        first (`_within_budget`), each map counted as eager."""
+        if inp.kind == "texts":
+            inp = AttentionInput("texts", texts=self._within_budget(inp.texts, truncate=truncate))
+        for amap in iter_extract(self.lm, inp, batch_size=self.batch_size, truncate=truncate, **options):
+            self.counts["eager"] += 1
+            yield amap
 
     def _within_budget(self, texts: str | Iterable[str], *, truncate: bool) -> Iterator[str]:
         """`texts`, each checked before it reaches the model: a ValueError (the need, the budget and the way
@@ -339,31 +268,186 @@ class EagerSource(AttentionSource):
                 "attention='auto' (CLI: --attention auto), which recomputes such a text in blocks, or raise "
                 "the budget (CLI: --memory-budget)")
 
-    def eager_texts(self, texts: Sequence[str]) -> list[str]:
-        return list(texts)
+    def blocks(self, enc: Encoded, *, layers: Sequence[int] | None = None,
+               heads: Sequence[int] | None = None) -> Iterator[Block]:
+        """One text's blocks of query rows; the source's first recomputed text is checked first."""
+        self.checked(enc)
+        return (block for _, block in iter_blocks_encoded(self.lm, [enc], layers=layers, heads=heads,
+                                                          budget=self.block_budget))
 
-    def live(self, text: str, *, level: Level = "token", weight: Weight = "attention",
-             keep_layers: int = 4) -> EagerLive:
+    @property
+    def block_budget(self) -> int:
+        """Bytes for one block of rows and its working copies."""
+        return min(DEFAULT_BUDGET, self.budget)
+
+    def checked(self, enc: Encoded, *, layers: Sequence[int] | None = None) -> PrefixCheck:
+        """The recomputation checked against the model's eager attention on `enc`'s prefix, once per source
+        (`layers`: only those; explain checks its one layer). A mismatch raises: nothing recomputed is used."""
+        if self.check is None:
+            self.check = check_prefix(self.lm, enc, layers=layers)
+            if not self.check.passed:
+                raise RuntimeError(f"{self.lm.name}: {self.check.summary()}; the recomputed attention cannot be "
+                                   "trusted, run with attention='eager'")
+        return self.check
+
+    # -- whole maps --------------------------------------------------------------------------------
+
+    def maps(self, inp: AttentionInput | str | Iterable[str], **options) -> list[AttentionMap]:
+        """`iter_maps` as a list."""
+        return list(self.iter_maps(inp, **options))
+
+    def iter_maps(self, inp: AttentionInput | str | Iterable[str], *, level: Level = "token",
+                  layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+                  store_dtype: torch.dtype = torch.float32, truncate: bool = False,
+                  segmenter: Segmenter | None = None, window: int = 16,
+                  weight: Weight = "attention") -> Iterator[AttentionMap]:
+        """Whole maps of `inp`, in order. Texts (attention weights), `batch_size` at a time: a batch's eager maps
+        where its eager attention fits, else its maps assembled from recomputed blocks (`meta["attention"] =
+        "recompute"` and `meta["check"]`); for texts short enough to hold whole maps (figures, trees). Norm
+        weights, images, texts with images, pairs: eager maps, as this source accepts them (`require`)."""
+        if level not in ("token", "word"):
+            raise ValueError(f"level must be 'token' or 'word', got {level!r}")
+        inp = AttentionInput.of(inp)
+        self._require_for(inp, weight)
+        options = dict(level=level, layers=layers, heads=heads, store_dtype=store_dtype, truncate=truncate,
+                       segmenter=segmenter, window=window)
+        if inp.kind == "texts" and weight == "attention":
+            return self._text_maps(inp, **options)
+        return self._eager(inp, weight=weight, **options)
+
+    def _text_maps(self, inp: AttentionInput, *, level: Level, layers, heads, store_dtype, truncate: bool,
+                   segmenter: Segmenter | None, window: int) -> Iterator[AttentionMap]:
+        texts = check_texts(inp.texts)
+        layer_idx = select_layers(self.lm, layers)
+        head_idx = select_heads(self.lm, heads)
+        for start in range(0, len(texts), self.batch_size):
+            batch = texts[start : start + self.batch_size]
+            encoded = encode_many(self.lm, batch, truncate=truncate, first_index=start)
+            if self.mode(max(len(e.ids) for e in encoded), len(encoded)) == "eager":
+                self.counts["eager"] += len(batch)
+                yield from iter_extract(self.lm, batch, batch_size=self.batch_size, level=level, layers=layers,
+                                        heads=heads, store_dtype=store_dtype, truncate=truncate, segmenter=segmenter)
+                continue
+            self.counts["recompute"] += len(batch)
+            yield from self._assembled(encoded, layer_idx, head_idx, store_dtype, segmenter, level)
+
+    def _assembled(self, encoded: list[Encoded], layer_idx: list[int], head_idx: list[int], store_dtype,
+                   segmenter: Segmenter | None, level: Level) -> list[AttentionMap]:
+        """One batch's maps filled from recomputed blocks: [layer, head, query, key]."""
+        check = self.checked(encoded[0], layers=layer_idx)
+        maps = [torch.empty(len(layer_idx), len(head_idx), len(e.ids), len(e.ids), dtype=store_dtype) for e in encoded]
+        row_of = {layer: r for r, layer in enumerate(layer_idx)}
+        for b, block in iter_blocks_encoded(self.lm, encoded, layers=layer_idx, heads=head_idx,
+                                            budget=self.block_budget):
+            maps[b][row_of[block.layer], :, block.query_start : block.query_stop] = block.probs
+        layers, heads = kept_ids(self.lm, layer_idx, head_idx)
+        out = []
+        for enc, a in zip(encoded, maps):
+            amap = make_map(self.lm, enc, a, segmenter=segmenter, layers=layers, heads=heads)
+            amap.meta.update(attention="recompute", check=check.to_dict())
+            out.append(to_word_level(amap) if level == "word" else amap)
+        return out
+
+    # -- one text, held for a viewer ----------------------------------------------------------------
+
+    def live(self, text: str, *, level: Level = "token", weight: Weight = "attention", keep_layers: int = 4,
+             images: Sequence = ()) -> LiveText:
+        """`text` held for a viewer (`probe.live`): any head's query rows, computed when asked for, eager or
+        recomputed as this source obtains a text of its length (`mode`). With `images` (a vision–language
+        decoder's text with its images, as this source accepts them): its whole eager map."""
+        if weight == "norm":
+            self.require("norm")
+        if images:
+            self.require("images")
+            [amap] = self._eager(AttentionInput.of([text], images=list(images)), level=level, weight=weight)
+            return EagerLive(self.lm, self, amap)
+        enc = self._live_text(text, level, weight)
+        if self.mode(len(enc.ids)) == "eager":
+            return self._eager_live(text, level, weight)
+        return self._recomputed_live(enc, level, weight, keep_layers)
+
+    def _live_text(self, text: str, level: Level, weight: Weight) -> Encoded:
+        if level not in ("token", "word"):
+            raise ValueError(f"level must be 'token' or 'word', got {level!r}")
+        if weight not in ("attention", "norm"):
+            raise ValueError(f"weight must be 'attention' or 'norm', got {weight!r}")
+        if not isinstance(text, str):
+            raise TypeError(f"a live text is one str, got {type(text).__name__}")
+        [text] = check_texts(text)
+        return encode(self.lm, text)
+
+    def _eager_live(self, text: str, level: Level, weight: Weight) -> EagerLive:
+        [amap] = iter_extract(self.lm, text, level=level, weight=weight)
+        return EagerLive(self.lm, self, amap)
+
+    def _recomputed_live(self, enc: Encoded, level: Level, weight: Weight, keep_layers: int) -> RecomputedLive:
+        if weight == "norm":
+            raise ValueError("weight='norm' comes from the eager forward pass; this text is recomputed "
+                             "(use weight='attention', or attention='eager' with a larger memory budget)")
+        if level == "word":
+            raise ValueError(f"this text has {len(enc.ids):,} tokens and is recomputed in blocks of rows, which are "
+                             "token rows: use level='token'")
+        return RecomputedLive(self.lm, self, enc, text_units(self.lm, enc), keep_layers=keep_layers)
+
+    # -- bookkeeping -------------------------------------------------------------------------------
+
+    def _modes(self, encoded: Sequence[Encoded]) -> list[Mode]:
+        batch = min(self.batch_size, len(encoded))
+        modes = [self.mode(len(e.ids), batch) for e in encoded]
+        self.counts.update(modes)
+        return modes
+
+    def record(self) -> dict:
+        """What a result's `meta` says about how its attention was obtained."""
+        return {"attention": {"asked": self.name, "budget": self.budget,
+                              **{k: self.counts[k] for k in ("eager", "recompute")}},
+                "check": None if self.check is None else self.check.to_dict()}
+
+
+class EagerSource(AttentionSource):
+    """The model's own eager weights, for every text."""
+
+    name = "eager"
+
+    def mode(self, n_tokens: int, batch: int = 1) -> Mode:
+        return "eager"
+
+    def _texts(self, inp: AttentionInput, *, level: Level, truncate: bool, window: int, batched: bool,
+               **_) -> Iterator[Reading]:
+        """Every text eager, streamed through `probe.iter_extract` as they come (no decision to make), each
+        checked against the budget first; `batched`: padded batches, layer by layer, as `AttentionSource` gives
+        them."""
+        if batched:
+            checked = AttentionInput("texts", texts=self._within_budget(inp.texts, truncate=truncate))
+            return super()._texts(checked, level=level, truncate=truncate, window=window, batched=True)
+        return self._eager_readings(inp, level=level, truncate=truncate, window=window, weight="attention")
+
+    def live(self, text: str, *, level: Level = "token", weight: Weight = "attention", keep_layers: int = 4,
+             images: Sequence = ()) -> EagerLive:
         """The text's whole map, extracted once and sliced (checked against the budget first)."""
+        if images:
+            return super().live(text, level=level, weight=weight, images=images)
         self._fits(0, text, len(self._live_text(text, level, weight).ids))
         return self._eager_live(text, level, weight)
 
-
-    def iter_maps(self, texts: str | Iterable[str], *, level: Level = "token", layers: Sequence[int] | None = None,
-                  heads: Sequence[int] | None = None, store_dtype: torch.dtype = torch.float32,
-                  truncate: bool = False, segmenter: Segmenter | None = None,
-                  window: int = 16) -> Iterator[AttentionMap]:
+    def _text_maps(self, inp: AttentionInput, *, truncate: bool, **options) -> Iterator[AttentionMap]:
         """`probe.iter_extract` itself: batches sorted by length within windows of `window` batches (each text
         first checked against the budget)."""
-        checked = self._within_budget(texts, truncate=truncate)
-        return iter_extract(self.lm, checked, batch_size=self.batch_size, level=level, layers=layers, heads=heads,
-                            store_dtype=store_dtype, truncate=truncate, segmenter=segmenter, window=window)
+        return self._eager(inp, truncate=truncate, **options)
 
 
 class RecomputeSource(AttentionSource):
     """Every text recomputed from scratch in blocks of query rows (one stack of self-attention)."""
 
     name = "recompute"
+    refuses = MappingProxyType({
+        "norm": "attention='recompute' recomputes attention probabilities in blocks of query rows; norm-based "
+                "weights (weight='norm') come from the eager forward pass: use attention='auto' or attention='eager'",
+        "images": "attention='recompute' recomputes one stack's self-attention over texts; images are read by the "
+                  "eager forward pass: use attention='auto' or attention='eager'",
+        "pairs": "attention='recompute' recomputes one stack's self-attention; an encoder-decoder's source-target "
+                 "pairs (cross-attention) come from the eager forward pass: use attention='auto' or attention='eager'",
+    })
 
     def __init__(self, lm: LoadedModel, **kwargs) -> None:
         if is_seq2seq(lm):  # recompute mode hooks one stack of self-attention
@@ -376,7 +460,8 @@ class RecomputeSource(AttentionSource):
 
 
 class AutoSource(AttentionSource):
-    """Recompute where eager attention would exceed the budget, eager everywhere else."""
+    """Recompute where eager attention would exceed the budget, eager everywhere else (norm weights, images and
+    pairs, which only the eager forward pass gives: each text checked against the budget first)."""
 
     name = "auto"
 
@@ -385,18 +470,10 @@ class AutoSource(AttentionSource):
             return "eager"
         return "recompute" if self.need(n_tokens, batch) > self.budget else "eager"
 
-    def texts(self, texts: Iterable[str], *, level: Level = "token", truncate: bool = False, window: int = 4,
-              weight: Weight = "attention", batched: bool = False) -> Iterator[AttentionMap | LayerwiseBatch | TextBlocks]:
-        """As `AttentionSource.texts`; norm-based weights come from the eager forward pass only, so with
-        them every text is eager, each checked against the budget first (`EagerSource`), one map per text."""
-        if weight == "attention":
-            return super().texts(texts, level=level, truncate=truncate, window=window, weight=weight, batched=batched)
-        return self._eager_weights(texts, level=level, truncate=truncate, window=window, weight=weight)
 
-    def _eager_weights(self, texts: Iterable[str], **options) -> Iterator[AttentionMap]:
-        for amap in EagerSource(self.lm, budget=self.budget, batch_size=self.batch_size).texts(texts, **options):
-            self.counts["eager"] += 1
-            yield amap
+# How each kind of input is read (`AttentionSource.read`), attention weights; norm weights are always eager maps.
+_READ: Mapping[str, str] = MappingProxyType({"texts": "_texts", "ids": "_sequences", "images": "_eager_readings",
+                                             "texts+images": "_eager_readings", "pairs": "_eager_readings"})
 
 
 SOURCES: Mapping[Attention, type[AttentionSource]] = MappingProxyType(

@@ -16,7 +16,7 @@ import torch
 
 from .names import Level, Weight
 
-__all__ = ["AttentionMap", "AttentionBatch", "LayerwiseBatch", "ImagePatch", "Units", "CrossAttentionMap", "Seq2SeqAttention", "Level", "Weight", "head_name", "parse_head",
+__all__ = ["AttentionMap", "AttentionBatch", "ImagePatch", "Units", "CrossAttentionMap", "Seq2SeqAttention", "Level", "Weight", "head_name", "parse_head",
            "parse_heads", "position", "Viewable", "json_safe", "whole_number", "seed_value", "SEED_MAX"]
 
 
@@ -380,36 +380,6 @@ class AttentionBatch:
     def n_tokens(self) -> int:
         """The padded length: every text's tokens and its padding."""
         return self.attention[0].shape[-1]
-
-
-@dataclass(frozen=True, eq=False)
-class LayerwiseBatch:
-    """A padded batch of texts whose forward pass is still to run, its layers to come one at a time: what an
-    `AttentionBatch` says of the batch (its texts' token-level `units`, `causal`, model `layers` and `heads`,
-    `meta`, `no_attention`) and its padded length `n_tokens`, without the attention. `run(each)` runs the
-    pass and calls `each(i, a)` as layer `layers[i]`'s weights come out of its attention module, in layer
-    order, `a` its `(text, head, query, key)` tensor with padding zeroed (as `AttentionBatch`'s); nothing
-    else keeps it, so a consumer that scores each layer as it comes holds one layer, never the whole batch
-    (`probe.extract.batches_encoded`, `probe.forward.forward_each_layer`). `collect()`: the whole batch."""
-
-    units: tuple[Units, ...]
-    causal: bool
-    layers: tuple[int, ...]
-    heads: tuple[int, ...]
-    n_tokens: int
-    run: Callable[[Callable[[int, torch.Tensor], None]], None]
-    meta: dict = field(default_factory=dict)
-    no_attention: tuple[int, ...] = ()
-
-    def __len__(self) -> int:
-        return len(self.units)
-
-    def collect(self) -> AttentionBatch:
-        """The batch with every layer's attention at once (runs the forward pass)."""
-        att: list[torch.Tensor | None] = [None] * len(self.layers)
-        self.run(att.__setitem__)
-        return AttentionBatch(units=self.units, attention=tuple(att), causal=self.causal, layers=self.layers,
-                              heads=self.heads, meta=dict(self.meta), no_attention=self.no_attention)
 
 
 @dataclass(frozen=True, eq=False)

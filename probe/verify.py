@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from .encoding import Encoded, check_count, check_texts, encode_many, encode_targets, pad_batch
+from .encoding import Encoded, check_count, check_texts, encode_many, encode_targets, model_batch
 from .families import Family, Stack, family_for
 from .forward import base_model, extra_inputs, forward_one_stream, seq2seq_inputs
 from .images import TOWER_NAMES, check_images, encode_images, is_two_tower, require_modality, tower
@@ -91,10 +91,11 @@ def capture(lm: LoadedModel, items: Sequence[Encoded], family: Family) -> Captur
     # one hook per module: layers that share one (ALBERT) are told apart by call order
     handles += family.hook_layers(base, lm.config, have, grab_input, where="attention", pre=True, with_kwargs=True)
     handles += family.hook_layers(base, lm.config, have, grab_output, where="out_proj", pre=False)
-    ids, mask = pad_batch(items, lm.device)
+    batch = model_batch(items, lm.device)
+    mask = batch.mask
     try:
         t0 = time.perf_counter()
-        out = forward_one_stream(lm, ids, mask, output_attentions=True, extra=extra_inputs(lm, items))  # images' pixels
+        out = forward_one_stream(lm, batch, output_attentions=True, extra=extra_inputs(lm, items))  # images' pixels
         seconds = time.perf_counter() - t0
     finally:
         for h in handles:
@@ -329,10 +330,9 @@ def _capture_stacks(lm: LoadedModel, enc: Encoded, stacks) -> tuple[dict[str, Ca
             handles.append(attn.register_forward_pre_hook(grab_input(stack, i), with_kwargs=True))
             handles.append(attn.register_forward_hook(grab_probs(stack.kind, i)))
             handles.append(stack.out_proj(base, i).register_forward_hook(grab_output(stack.kind, i)))
-    ids, mask = pad_batch([enc], lm.device)
     try:
         t0 = time.perf_counter()
-        forward_one_stream(lm, ids, mask, output_attentions=True, extra=extra_inputs(lm, [enc]))
+        forward_one_stream(lm, model_batch([enc], lm.device), output_attentions=True, extra=extra_inputs(lm, [enc]))
         seconds = time.perf_counter() - t0
     finally:
         for h in handles:

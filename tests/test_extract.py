@@ -271,14 +271,14 @@ def test_permutation_verdict_follows_the_number():
 
 
 def test_chosen_layers_are_caught_by_hooks_and_match(tiny):
-    from headscope.probe.encoding import encode, pad_batch
+    from headscope.probe.encoding import encode, model_batch
     from headscope.probe.forward import _catch
 
     enc = [encode(tiny, TEXTS[0]), encode(tiny, TEXTS[2])]
-    ids, mask = pad_batch(enc, tiny.device)
+    batch = model_batch(enc, tiny.device)
     caught = {}
     with torch.inference_mode():
-        handed = _catch(tiny, ids, mask, [1], {}, caught.__setitem__, output_attentions=False)
+        handed = _catch(tiny, batch, [1], {}, caught.__setitem__, output_attentions=False)
     if tiny.model_type in ("deberta-v2", "mpnet"):  # their attention returns weights only when asked: extract asks for all
         assert handed == [] and caught == {}
     else:
@@ -299,21 +299,21 @@ def _finished(module):
 def test_all_layers_stop_after_the_last_attention_and_match(tiny):
     """`forward_batch` of every layer catches the weights from the attention modules and stops the forward pass
     after the last one: the same tensors, bit for bit, as the whole forward pass asked for its attention."""
-    from headscope.probe.encoding import encode, pad_batch
+    from headscope.probe.encoding import encode, model_batch
     from headscope.probe.forward import _catch, attention_layers, base_model, forward_batch
 
     enc = [encode(tiny, TEXTS[0]), encode(tiny, TEXTS[2])]
-    ids, mask = pad_batch(enc, tiny.device)
+    batch = model_batch(enc, tiny.device)
     wanted = list(attention_layers(tiny))
     caught = {}
     ends, handle = _finished(base_model(tiny))
     try:
         with torch.inference_mode():
-            handed = _catch(tiny, ids, mask, wanted, {}, caught.__setitem__, output_attentions=True)
+            handed = _catch(tiny, batch, wanted, {}, caught.__setitem__, output_attentions=True)
     finally:
         handle.remove()
     with torch.inference_mode():
-        whole = base_model(tiny)(input_ids=ids, attention_mask=mask, output_attentions=True, use_cache=False).attentions
+        whole = base_model(tiny)(input_ids=batch.ids, attention_mask=batch.mask, output_attentions=True, use_cache=False).attentions
         got = forward_batch(tiny, enc)
     assert handed in ([], wanted)
     if handed:  # stopped: the model's pass never reached its end, the hooks caught every layer
@@ -325,21 +325,21 @@ def test_all_layers_stop_after_the_last_attention_and_match(tiny):
 
 def test_an_encoder_decoders_encoder_stops_after_its_last_attention_and_matches(tiny_seq2seq):
     """Without a target the encoder runs alone: its weights, caught and stopped early, are its own output's."""
-    from headscope.probe.encoding import encode, pad_batch
+    from headscope.probe.encoding import encode, model_batch
     from headscope.probe.forward import _catch, attention_layers, base_model, forward_batch
 
     lm = tiny_seq2seq
     enc = [encode(lm, TEXTS[0]), encode(lm, TEXTS[2])]
-    ids, mask = pad_batch(enc, lm.device)
+    batch = model_batch(enc, lm.device)
     wanted = list(attention_layers(lm))
     ends, handle = _finished(base_model(lm).get_encoder())
     try:
         with torch.inference_mode():
-            handed = _catch(lm, ids, mask, wanted, {}, {}.__setitem__, output_attentions=True)
+            handed = _catch(lm, batch, wanted, {}, {}.__setitem__, output_attentions=True)
     finally:
         handle.remove()
     with torch.inference_mode():
-        whole = base_model(lm).get_encoder()(input_ids=ids, attention_mask=mask, output_attentions=True).attentions
+        whole = base_model(lm).get_encoder()(input_ids=batch.ids, attention_mask=batch.mask, output_attentions=True).attentions
         got = forward_batch(lm, enc)
     assert handed == wanted and ends == [] and len(got) == len(whole)
     assert all(torch.equal(g, w) for g, w in zip(got, whole))

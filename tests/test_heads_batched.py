@@ -264,7 +264,7 @@ def test_scored_rows_are_each_texts_own_pooled_map(include_special):
 
 
 def test_layer_by_layer_folds_score_as_the_whole_batch():
-    """`hs.heads` scores each batch's layers as its forward pass gives them (`LayerwiseBatch.run` into
+    """`hs.heads` scores each batch's layers as its forward pass gives them (a "layers" `Reading`'s `run` into
     `HeadScoreAccumulator.batch_fold`): the scores of the whole-batch path (`update_batch`,
     `update_repeated_batch` of the batch with every layer at once), bit for bit, with the caller's batch
     tensors and the model untouched, and within 1e-6 of each text's and sequence's own map scored alone; a

@@ -114,13 +114,12 @@ def test_an_existing_file_is_replaced_only_when_headscope_wrote_it(tmp_path):
 
 def _no_forward(monkeypatch):
     """Any forward pass of the extraction fails the test: a refusal must come before one."""
-    import headscope.workflows.mapfile as mapfile
     from headscope.probe.sources import AttentionSource
 
     def forward(*a, **k):
         raise AssertionError("a forward pass ran before the refusal")
 
-    monkeypatch.setattr(mapfile, "extract", forward)
+    monkeypatch.setattr(AttentionSource, "iter_maps", forward)
     monkeypatch.setattr(AttentionSource, "blocks", forward)
 
 
@@ -162,14 +161,13 @@ def test_the_command_asks_for_something_to_extract_and_a_known_suffix(tmp_path):
 def test_texts_eager_only_alone_are_extracted_alone(llama, tmp_path, monkeypatch):
     # A batch of two whose eager attention exceeds the budget while each text's alone fits: each is run alone,
     # never together in one batch (which would take the memory the budget refused).
-    import headscope.workflows.mapfile as mapfile
-    from headscope.probe.sources import eager_bytes
+    from headscope.probe.sources import AttentionSource, eager_bytes
 
     texts = ["The cat sat on the mat.", "The dog sat on the rug."]
     n = max(len(llama.tokenizer(t)["input_ids"]) for t in texts)
     budget = eager_bytes(llama, n)  # one text fits exactly, two do not
-    batches, extract = [], mapfile.extract
-    monkeypatch.setattr(mapfile, "extract", lambda lm, t, **k: batches.append(len(t)) or extract(lm, t, **k))
+    batches, read = [], AttentionSource.iter_maps
+    monkeypatch.setattr(AttentionSource, "iter_maps", lambda self, t, **k: batches.append(len(t)) or read(self, t, **k))
     done = hs.extract_file(llama, texts, tmp_path / "a.npz", level="token", budget=budget)
     assert batches == [1, 1] and done.meta["attention"]["eager"] == 2
     for a, b in zip(hs.extract(llama, texts, level="token"), hs.load_maps(done.path)):

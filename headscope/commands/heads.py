@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from ..common.corpus import corpus_or_fail, too_long_or_fail
-from ..common.exits import fail, refusals
+from ..common.exits import refusals
 from ..common.loading import inputs_or_fail, load_or_fail
 from ..common.options import options, top
 from ..common.outputs import attention_note, echo_json, write_table
@@ -30,57 +30,31 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
     """
     from itertools import islice
 
-    from headscope import heads
     from headscope.analyses.corpus import iter_corpus_lines
-    from headscope.probe.images import for_input
+    from headscope.workflows.heads import checked_heads
 
     corpus = corpus_or_fail(corpus_path, limit, stream=True)
     texts, total, source = corpus.texts, corpus.total, corpus.source
     world = join_run(placement.device)
     if images:
         inputs_or_fail([model_name], images=True)
+        texts, source = None, "--image"  # a vision model scores its heads on the images (with the vision metrics)
     lm = load_or_fail(model_name, placement)
-    with refusals(model_name):  # a two-tower model (CLIP, SigLIP): the tower that reads the input, named by tower
-        lm = for_input(lm, images=bool(images))
-    if images or getattr(lm, "is_image", False):  # a vision transformer scores its heads on the images (with the vision metrics)
-        scores, source = _image_scores(lm, model_name, list(images), level, include_special, batch_size), "--image"
-        verification = _image_verification(lm, images, no_verify)
-        _report(scores, k, source, out_path, as_json, verification)
-        return
-    if corpus.path is not None:  # a text too long for the model is named by its file and line
-        too_long_or_fail(lm, islice(iter_corpus_lines(corpus.path), limit), truncate=truncate)
-    verification = verify_step(lm, enabled=not no_verify)
-    try:
-        scores = heads(lm, texts, level=level, include_special=include_special, batch_size=batch_size,
-                       induction_sequences=induction_seqs, induction_length=induction_length, seed=seed,
-                       truncate=truncate, progress=not quiet, total=total, source=source, attention=attention,
-                       budget=memory_budget, world=world)
-    except (TypeError, ValueError, RuntimeError) as exc:
-        fail(str(exc))
+
+    def check(reader) -> dict:  # on the model that reads the input: a two-tower model's tower
+        if corpus.path is not None and not images:  # a text too long for the model is named by its file and line
+            too_long_or_fail(reader, islice(iter_corpus_lines(corpus.path), limit), truncate=truncate)
+        return verify_step(reader, enabled=not no_verify, images=list(images) or None)
+
+    with refusals(model_name, RuntimeError):
+        scores, verification = checked_heads(
+            lm, texts, images=list(images) or None, check=check, level=level, include_special=include_special,
+            batch_size=batch_size, induction_sequences=induction_seqs, induction_length=induction_length, seed=seed,
+            truncate=truncate, progress=not quiet, total=total, source=source, attention=attention,
+            budget=memory_budget, world=world)
     if not world.is_main:  # every process of a torchrun run holds the merged scores; rank 0 writes them
         return
     _report(scores, k, source, out_path, as_json, verification)
-
-
-def _image_scores(lm, model_name: str, images: list[str], level, include_special: bool, batch_size: int):
-    from headscope.analyses.heads import score_corpus
-    from headscope.probe.extract import extract
-    from headscope.probe.images import require_modality
-
-    with refusals(model_name):
-        require_modality(lm, images=bool(images))
-        maps = extract(lm, images=images, level=level, batch_size=batch_size)
-    return score_corpus(maps, model=lm.name, level=level, include_special=include_special,
-                        meta={"corpus": "--image", "causal": lm.is_causal, "induction": None})
-
-
-def _image_verification(lm, images, no_verify: bool) -> dict:
-    from headscope.probe.verify import verify
-
-    if no_verify:
-        return verify_step(lm, enabled=False)
-    v = verify(lm, images=list(images))
-    return {"passed": v.passed, "summary": v.summary(), "max_abs_err": v.max_abs_err}
 
 
 def _report(scores, k, source, out_path, as_json, verification) -> None:

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from pathlib import Path
 
 import click
 
 from ..common import internals as hs_
 from ..common.corpus import corpus_or_fail, too_long_or_fail
-from ..common.exits import fail, refusals
+from ..common.exits import fail
 from ..common.interrupts import Interrupts
 from ..common.loading import inputs_or_fail, load_or_fail, models_or_fail
 from ..common.options import options, parsed, renamed
@@ -138,7 +138,8 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, report
     """
     import matplotlib
 
-    from headscope import REPORT_SENTENCES, RunSettings, analyse_model, report
+    from headscope import REPORT_SENTENCES, RunSettings, report
+    from headscope.workflows.run import analyse_models
     from headscope.workflows.run import settings_display
     from headscope.reports.drawing import DrawingPool
     from headscope.reports.folder import ReportFolderError
@@ -197,25 +198,15 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, report
             lm = load_or_fail(name, placement)
             load_seconds = time.perf_counter() - t0
             say(f"{lm.name}: loaded from {lm.source} ({load_seconds:.1f} s)", quiet=quiet)
-            from headscope.probe.images import models_for, require_modality
-
-            # a two-tower model (CLIP, SigLIP): its image tower for --image, its text tower for --text (or no image)
-            for part in models_for(lm, images=bool(images), texts=bool(texts)):
-                is_image = getattr(part, "is_image", False)  # a LoadedModel's; a stand-in of the tests may lack it
-                if is_image != bool(images) and part is lm:  # an image on a text model, or a text-only image run
-                    with refusals(name):
-                        require_modality(lm, images=bool(images))
-                if not is_image:
-                    too_long_or_fail(part, corpus_lines, truncate=truncate)
-                try:
-                    analyses.append(analyse_model(part, corpus, probe_sets,
-                                                  settings if is_image or part is lm else replace(settings, images=()),
-                                                  load_seconds=load_seconds, progress=not quiet,
-                                                  log=None if quiet else lambda line: click.echo(line, err=True),
-                                                  world=world, **treebanks))
-                except (TypeError, ValueError, RuntimeError) as exc:
-                    fail(f"{name}: {exc}")
-                del part
+            try:  # a two-tower model (CLIP, SigLIP): its image tower for --image, its text tower for --text (or no image)
+                for analysis in analyse_models(lm, corpus, probe_sets, settings, sentences_given=bool(texts),
+                                               check=lambda part: too_long_or_fail(part, corpus_lines, truncate=truncate),
+                                               load_seconds=load_seconds, progress=not quiet,
+                                               log=None if quiet else lambda line: click.echo(line, err=True),
+                                               world=world, **treebanks):
+                    analyses.append(analysis)
+            except (TypeError, ValueError, RuntimeError) as exc:
+                fail(f"{name}: {exc}")
             del lm  # one model in memory at a time
             interrupts.check()
         if not world.is_main:  # every process of a torchrun run holds the same analyses; rank 0 writes the report

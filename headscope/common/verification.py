@@ -9,12 +9,13 @@ import click
 __all__ = ["verify_step", "finish"]
 
 
-def verify_step(lm, *, enabled: bool = True, keep: list | None = None) -> dict:
+def verify_step(lm, *, enabled: bool = True, keep: list | None = None, images: list | None = None) -> dict:
     """Verify `lm`'s attention before an analysis, so every result says what it stands on.
 
     Returns {"summary", "passed", "max_abs_err"} for the output. A mismatch is reported on stderr
     and makes the command exit 1 after its output (`finish`); an architecture without a
     family is stated, not hidden. `keep`: a list that receives the `Verification` (for a report).
+    `images`: verified on these images (an image model, or a vision–language decoder reading them).
     """
     from headscope import verify
     from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
@@ -22,7 +23,7 @@ def verify_step(lm, *, enabled: bool = True, keep: list | None = None) -> dict:
     if not enabled:
         return {"summary": "attention not verified (--no-verify)", "passed": None, "max_abs_err": None}
     try:
-        v = verify(lm)
+        v = verify(lm) if images is None else verify(lm, images=images)
     except (UnsupportedArchitecture, UnsupportedFeature) as exc:
         from headscope.probe.forward import hybrid_note
 

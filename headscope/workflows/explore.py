@@ -282,20 +282,11 @@ class Explorer:
     def _live(self, name: str, m: _Model, text: Any, level: Any, weight: Any, images: Any = None):
         text = self._text(text)
         picked = self._picked(images)
-        if not picked:
-            return self._call(m.texts.get, _key(text, level, weight, []),
-                              lambda: m.source.live(text, level=level, weight=weight))
-        if (level, weight) != ("token", "attention"):
+        if picked and (level, weight) != ("token", "attention"):
             raise ExplorerError("a text with images is read at level token, weight attention")
-
-        def read():  # the text with its images: its whole map, eager (the image tokens carry their cells)
-            from headscope.probe.extract import extract
-            from headscope.probe.live import EagerLive
-
-            [amap] = extract(m.lm, [text], images=list(picked))
-            return EagerLive(m.lm, m.source, amap)
-
-        return self._call(m.texts.get, _key(text, level, weight, images), read)
+        # a text with images: its whole eager map, the image tokens carrying their cells
+        return self._call(m.texts.get, _key(text, level, weight, images if picked else []),
+                          lambda: m.source.live(text, level=level, weight=weight, images=picked))
 
     def _picked(self, images: Any) -> tuple:
         """The startup images a request picks by index (a list of whole numbers); () for none."""

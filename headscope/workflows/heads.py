@@ -1,7 +1,10 @@
 """What every head does over a corpus: `heads(lm, texts)` -> `analyses.heads.HeadScores`.
 
-    texts ──source.texts──> LayerwiseBatch | TextBlocks ──HeadScoreAccumulator──> sums per (layer, head)
-    decoders: repeated random token sequences ──source.sequences──> duplicate-token and induction sums
+    texts | images ──source.read──> Readings ──fold──> HeadScoreAccumulator ──> sums per (layer, head)
+    decoders: repeated random token sequences ──source.read──> duplicate-token and induction sums
+
+Every reading folds the same way (`probe.reading.Fold`): an eager batch layer by layer as its forward
+pass gives it, a recomputed text block by block, a whole map (norm weights, images) at once.
 
 The attention source (`probe.sources`: eager, recompute, auto) is chosen once, by `source_for`;
 the accumulator keeps float64 sums only, so memory does not grow with the corpus. In a torchrun run
@@ -10,7 +13,7 @@ each process folds its shard and the sums are added over the processes (`headsco
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Iterator, Mapping, Sequence, TypeVar
 
 from headscope.probe.progress import progress as progress_bar
 
@@ -21,18 +24,22 @@ from headscope.distributed import World, merge_attention_record, merge_head_scor
 from headscope.probe.encoding import ordinary_token_ids, special_prefix
 from headscope.probe.forward import is_seq2seq, no_attention_layers
 from headscope.probe.images import for_input
+from headscope.probe.inputs import AttentionInput
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Level, Weight
-from headscope.probe.sources import TextBlocks, source_for
-from headscope.probe.types import LayerwiseBatch
+from headscope.probe.reading import Fold, Reading
+from headscope.probe.sources import source_for
 
-__all__ = ["heads", "induction_inputs"]
+__all__ = ["heads", "checked_heads", "induction_inputs"]
+
+T = TypeVar("T")
 
 
 def heads(
     lm: LoadedModel,
-    texts: Iterable[str],
+    texts: Iterable[str] | None = None,
     *,
+    images: Sequence | None = None,
     level: Level = DEFAULT_LEVEL,
     include_special: bool = DEFAULT_INCLUDE_SPECIAL,
     batch_size: int = 8,
@@ -78,61 +85,92 @@ def heads(
     process returns the scores of the whole corpus. `metrics`: the registry scored
     (`analyses.metrics.METRICS`; `{**METRICS, "mine": Metric(...)}` adds one).
 
+    `images` (an image model, a two-tower model's image tower, or a vision–language decoder, which reads each
+    image with its text or the default prompt): the heads are scored on the images' maps (the vision metrics
+    among the rest) and no induction sequences are read.
+
     >>> from headscope.probe.tiny import tiny_model
     >>> s = heads(tiny_model("llama"), ["The cat sat.", "A dog ran!"], induction_sequences=2, induction_length=5)
     >>> s.n_texts, s.n_sequences, s.level
     (2, 2, 'word')
     """
-    lm = for_input(lm, images=False)  # a two-tower model (CLIP, SigLIP): its text tower reads the texts
+    inp = AttentionInput.of(texts, images=images)  # the one check of what was given
+    lm = for_input(lm, images=images is not None)  # a two-tower model (CLIP, SigLIP): the tower that reads it
     attend = source_for(lm, attention, budget=budget, batch_size=batch_size)
     world = world or World()
-    texts = [texts] if isinstance(texts, str) else texts  # one text, as iter_extract takes it
     acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special, metrics=metrics)
     acc.no_attention = no_attention_layers(lm)  # a hybrid stack's layers without attention, also on the blocks path
-    texts = shard(texts, world)
-    if progress:
-        total = None if total is None else shard_length(total, world)
-        texts = progress_bar(texts, total=total, desc=f"{lm.name} heads", unit="text")
+    if inp.kind == "images":  # each rank its shard of the images, as of the texts
+        inp = AttentionInput("images", images=tuple(shard(list(inp.images), world)))
+    elif inp.kind == "texts+images" and world.size > 1:
+        raise ValueError("texts with images are scored in one process; run them without torchrun")
+    elif inp.kind == "texts":
+        texts = shard(inp.texts, world)
+        if progress:
+            total = None if total is None else shard_length(total, world)
+            texts = progress_bar(texts, total=total, desc=f"{lm.name} heads", unit="text")
+        inp = AttentionInput("texts", texts=texts)
     with together(world):
-        for item in attend.texts(texts, level=level, truncate=truncate, window=window, weight=weight, batched=True):
-            if isinstance(item, TextBlocks):
-                acc.update_blocks(item.units, item.blocks, causal=item.causal, layers=item.layers, heads=item.heads)
-            elif isinstance(item, LayerwiseBatch):
-                _fold(acc, item, repeated=False)
-            else:
-                acc.update(item)
+        _fold_all(attend.read(inp, level=level, truncate=truncate, window=window, weight=weight, batched=True),
+                  _Scores(acc, repeated=False))
     meta: dict = {"corpus": source, "batch_size": batch_size, "causal": lm.is_causal}
     if is_seq2seq(lm):  # without targets, the texts are sources: the encoder's self-attention is scored
         meta["stack"] = "encoder"
     if weight != "attention":
         meta["weight"] = weight
-    if lm.is_causal and induction_sequences > 0 and weight == "attention":
+    if lm.is_causal and induction_sequences > 0 and weight == "attention" and images is None:
         sequences, prefix = induction_inputs(lm, n_sequences=induction_sequences, length=induction_length, seed=seed)
         with together(world):
-            for item in attend.sequences(shard(sequences, world), batched=True):
-                if isinstance(item, TextBlocks):
-                    acc.update_repeated_blocks(item.units.token_ids, item.blocks, causal=item.causal,
-                                               layers=item.layers, heads=item.heads)
-                elif isinstance(item, LayerwiseBatch):
-                    _fold(acc, item, repeated=True)
-                else:
-                    acc.update_repeated(item)
+            _fold_all(attend.read(AttentionInput.of(sequences=shard(sequences, world)), batched=True),
+                      _Scores(acc, repeated=True))
         meta["induction"] = {
             "sequences": induction_sequences, "length": induction_length, "seed": seed, "prefix": list(prefix),
             "prefix_tokens": lm.tokenizer.convert_ids_to_tokens(list(prefix)),
         }
     else:
         meta["induction"] = None
-    if attention != "eager":  # an eager run's output stays as it was
+    if attention != "eager" and images is None:  # an eager run's output stays as it was; images are always eager
         meta.update(merge_attention_record(attend.record()))
     return merge_head_scores(acc).result(thresholds=thresholds, meta=meta)
 
 
-def _fold(acc: HeadScoreAccumulator, batch: LayerwiseBatch, *, repeated: bool) -> None:
-    """Run one padded batch's forward pass, each layer scored as it comes out (one layer alive at a time)."""
-    fold = acc.batch_fold(batch, repeated=repeated)
-    batch.run(fold)
-    fold.commit()
+def checked_heads(lm: LoadedModel, texts: Iterable[str] | None = None, *, images: Sequence | None = None,
+                  check: Callable[[LoadedModel], T] | None = None, **options) -> tuple[HeadScores, T | None]:
+    """`heads` on the model that reads the input (a two-tower model's image tower for images, its text tower for
+    texts), with `check(model)` run on that model first (a caller's own checks and its verification, before any
+    head is scored): `(scores, what check returned)`. What `headscope heads` calls."""
+    reader = for_input(lm, images=images is not None)
+    checked = None if check is None else check(reader)
+    return heads(reader, texts, images=images, **options), checked
+
+
+def _fold_all(readings: Iterator[Reading], scores: Fold) -> None:
+    for reading in readings:
+        reading.fold(scores)
+
+
+class _Scores(Fold):
+    """The accumulator's sums of every reading: corpus texts (or images), or repeated sequences (`repeated`)."""
+
+    def __init__(self, acc: HeadScoreAccumulator, *, repeated: bool) -> None:
+        self.acc, self.repeated = acc, repeated
+
+    def map(self, amap) -> None:
+        (self.acc.update_repeated if self.repeated else self.acc.update)(amap)
+
+    def layers(self, reading: Reading) -> None:
+        """Run one padded batch's forward pass, each layer scored as it comes out (one layer alive at a time)."""
+        fold = self.acc.batch_fold(reading, repeated=self.repeated)
+        reading.run(fold)
+        fold.commit()
+
+    def blocks(self, reading: Reading, blocks) -> None:
+        [units] = reading.units
+        if self.repeated:
+            self.acc.update_repeated_blocks(units.token_ids, blocks, causal=reading.causal, layers=reading.layers,
+                                            heads=reading.heads)
+        else:
+            self.acc.update_blocks(units, blocks, causal=reading.causal, layers=reading.layers, heads=reading.heads)
 
 
 def induction_inputs(lm: LoadedModel, *, n_sequences: int = 20, length: int = 50,

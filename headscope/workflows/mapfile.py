@@ -21,8 +21,8 @@ from typing import Iterable, Iterator, Sequence
 import torch
 
 from headscope.probe.encoding import check_texts, encode_many
-from headscope.probe.extract import extract
 from headscope.probe.images import for_input
+from headscope.probe.inputs import AttentionInput
 from headscope.probe.mapfiles import MapEntry, check_target, entry_of, file_bytes, write_entries
 from headscope.probe.maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from headscope.probe.model import LoadedModel
@@ -92,9 +92,8 @@ def extract_file(lm: LoadedModel, texts: str | Iterable[str] | None, path: str |
     lm = for_input(lm, images=images is not None)  # a two-tower model (CLIP, SigLIP): the tower that reads the input
     source = source_for(lm, attention, budget=budget, batch_size=batch_size)
     if images is not None:
-        maps = extract(lm, texts, images=list(images), level=level, layers=layers, heads=heads, batch_size=batch_size)
+        maps = source.maps(AttentionInput.of(texts, images=images), level=level, layers=layers, heads=heads)
         plans = [_Plan(entry_of(m, i), None, m.text, "eager") for i, m in enumerate(maps)]
-        source.counts["eager"] += len(plans)
         made = "texts with images" if texts is not None else "images"
         layer_stream: Iterator[torch.Tensor] = (layer for m in maps for layer in m.attention)
     else:
@@ -138,7 +137,8 @@ def _plan(lm: LoadedModel, texts: list[str], source: AttentionSource, level: Lev
             shown = replace(shown, meta={**shown.meta, "attention": mode})
             entry = entry_of(shown, i, layer_ids=layer_idx, head_ids=head_idx, n_layers=len(layer_idx))
             plans.append(_Plan(entry, template, enc.text, mode, start if together else -1 - i))
-            source.counts[mode] += 1
+            if mode == "recompute":  # an eager text is counted by the source as it reads it (`iter_maps`)
+                source.counts[mode] += 1
     if any(p.mode == "eager" for p in plans) and source.name != "recompute":
         longest = max(len(p.template) for p in plans if p.mode == "eager")
         need = source.need(longest)
@@ -185,8 +185,8 @@ def _layers(lm: LoadedModel, plans: Sequence[_Plan], source: AttentionSource, le
             j = i
             while j < len(plans) and plans[j].mode == "eager" and plans[j].batch == plans[i].batch:
                 j += 1
-            for m in extract(lm, [p.text for p in plans[i:j]], batch_size=batch_size, level=level, layers=layers,
-                             heads=heads, truncate=truncate):
+            for m in source.iter_maps([p.text for p in plans[i:j]], level=level, layers=layers, heads=heads,
+                                      truncate=truncate):
                 yield from m.attention
             i = j
             continue

@@ -25,12 +25,13 @@ from headscope.analyses.coref import (CAUSAL_REASON, Excluded, ProbeResult, Prob
                                       collect_scores, concat_scores, query_rows, score_probe)
 from headscope.analyses.relations import RelationExample
 from headscope.distributed import World, sharded_probe_scores
-from headscope.probe.encoding import TOO_LONG, encode, text_units
-from headscope.probe.extract import iter_extract
+from headscope.probe.encoding import TOO_LONG
 from headscope.probe.images import for_input
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, Attention, Level
+from headscope.probe.reading import Fold, Reading
 from headscope.probe.sources import AttentionSource, source_for
+from headscope.probe.types import Units
 from headscope.probe.words import to_word_level, word_spans
 
 __all__ = ["extract_scores", "relation_probe", "coref", "probe_sets"]
@@ -89,20 +90,15 @@ def extract_scores(lm: LoadedModel, examples: Sequence[RelationExample], *, leve
     by_text: dict[str, list] = {}
     for ex in keep:
         by_text.setdefault(model_text[id(ex)], []).append(ex)
-    eager = source.eager_texts(texts)
 
     def pairs():
-        maps = iter_extract(lm, eager, level=level, batch_size=batch_size, window=2)
+        readings = source.read(texts, level=level, window=2)
         if progress:
-            maps = progress_bar(maps, total=len(eager), desc=f"{lm.name} attention", unit="text")
-        for text, amap in zip(eager, maps):
-            for ex in by_text[text]:
-                yield ex, amap
-        recomputed = set(texts) - set(eager)
-        for text in (t for t in texts if t in recomputed):
-            rows = _query_rows(source, text, by_text[text], level=level, head_word=head_word)
-            for ex in by_text[text]:
-                yield ex, rows
+            readings = progress_bar(readings, total=len(texts), desc=f"{lm.name} attention", unit="text")
+        for reading in readings:
+            found = _Found(source, by_text, level=level, head_word=head_word)
+            reading.fold(found)
+            yield from found.pairs
 
     data = collect_scores(pairs(), head_word=head_word, excluded=dict(excluded))
     if source.check is not None:
@@ -115,12 +111,29 @@ def extract_scores(lm: LoadedModel, examples: Sequence[RelationExample], *, leve
                    model=data.model or lm.name, level=level)
 
 
-def _query_rows(source: AttentionSource, text: str, examples: Sequence[RelationExample], *, level: Level,
+class _Found(Fold):
+    """Each example of a reading's text with what it is scored on: the text's eager map, or, for a text recomputed
+    in blocks, only the query rows its examples' sources need (`analyses.coref.query_rows`)."""
+
+    def __init__(self, source: AttentionSource, by_text: dict, *, level: Level, head_word: bool) -> None:
+        self.source, self.by_text, self.level, self.head_word = source, by_text, level, head_word
+        self.pairs: list = []
+
+    def map(self, amap) -> None:
+        self.pairs += [(ex, amap) for ex in self.by_text[amap.text]]
+
+    def blocks(self, reading: Reading, blocks) -> None:
+        [units] = reading.units
+        examples = self.by_text[units.text]
+        rows = _query_rows(self.source, units, blocks, examples, level=self.level, head_word=self.head_word)
+        self.pairs += [(ex, rows) for ex in examples]
+
+
+def _query_rows(source: AttentionSource, units: Units, blocks, examples: Sequence[RelationExample], *, level: Level,
                 head_word: bool):
-    """The query rows of one text that its examples' sources need, from recomputed blocks."""
+    """The query rows of one text that its examples' sources need, from its recomputed blocks (not read at all
+    when none is needed)."""
     lm = source.lm
-    enc = encode(lm, text)
-    units = text_units(lm, enc)
     scored = to_word_level(units) if level == "word" else units
     wanted: set[int] = set()
     for ex in examples:
@@ -128,8 +141,7 @@ def _query_rows(source: AttentionSource, text: str, examples: Sequence[RelationE
             wanted.update(candidate_units(scored, ex, causal=lm.is_causal, head_word=head_word)[0])
         except Excluded:  # counted when the example is scored
             pass
-    source.counts["recompute"] += 1
-    return query_rows(units, source.blocks(enc) if wanted else (), wanted, level=level, causal=lm.is_causal,
+    return query_rows(units, blocks if wanted else (), wanted, level=level, causal=lm.is_causal,
                       meta={"model": lm.name}, layers=source.all_layers, heads=source.all_heads)
 
 

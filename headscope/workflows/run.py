@@ -18,8 +18,8 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Callable, Iterator, Mapping, Sequence
 
 import pandas as pd
 
@@ -27,11 +27,11 @@ from headscope.analyses.flow import FLOW_MAX_EDGES, flow_fits
 from headscope.analyses.heads import score_corpus
 from headscope.analyses.treebank import Treebank
 from headscope.probe.encoding import fit_context, refuse_unfilled_slots
-from headscope.probe.extract import extract
 from headscope.probe.forward import hybrid_note, is_seq2seq
 from headscope.probe.families import UnsupportedArchitecture, UnsupportedFeature
 from headscope.probe.generate import GenerationAttention, generate_attention
-from headscope.probe.images import for_input, is_two_tower
+from headscope.probe.images import for_input, is_two_tower, models_for, require_modality
+from headscope.probe.inputs import AttentionInput
 from headscope.probe.vision_language import DEFAULT_PROMPT
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, Attention
@@ -48,7 +48,7 @@ from .sinks import default_streaming_text, sinks, streaming
 from .syntax import syntax, syntax_clusters
 from headscope.probe.wording import counted
 
-__all__ = ["RunSettings", "analyse_model", "corpus_stats", "REPORT_SENTENCES", "DEFAULT_TARGETS", "settings_display"]
+__all__ = ["RunSettings", "analyse_model", "analyse_models", "corpus_stats", "REPORT_SENTENCES", "DEFAULT_TARGETS", "settings_display"]
 
 # The sentences of the explorer and the attention figures: the it -> animal sentence, its "too
 # wide" twin (where "it" is the street), and the textbook 我爱北京天安门.
@@ -298,13 +298,34 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
                          streaming=streamed, mechanisms=found_mechanisms)
 
 
+def analyse_models(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[str, list]], settings: RunSettings, *,
+                   sentences_given: bool = False, check: Callable[[LoadedModel], None] | None = None,
+                   **options) -> Iterator[ModelAnalysis]:
+    """`analyse_model` of every model a run analyses in `lm`: a two-tower model's image tower for `settings.images`
+    and its text tower for the report sentences (`sentences_given`: the caller gave its own) or when no image is
+    given, each analysed and reported apart; any other model itself, once it takes the input (an image on a text
+    model, or no image for an image model, is a ValueError). `check(model)` runs on each model that reads texts
+    before it is analysed (a caller's own checks of the corpus). What `headscope run` calls for each model."""
+    images = bool(settings.images)
+    for part in models_for(lm, images=images, texts=sentences_given):
+        is_image = getattr(part, "is_image", False)  # a LoadedModel's; a stand-in of the tests may lack it
+        if is_image != images and part is lm:  # an image on a text model, or a text-only image run
+            require_modality(lm, images=images)
+        if not is_image and check is not None:
+            check(part)
+        yield analyse_model(part, texts, sets, settings if is_image or part is lm else replace(settings, images=()),
+                            **options)
+        del part
+
+
 def _analyse_images(lm: LoadedModel, settings: RunSettings, stage: _Stages, say) -> ModelAnalysis:
     """A vision transformer's run: verification on the images, their maps (patch units) and every head
     scored on them (the vision metrics among the rest). No corpus, probe, ablation or sinks: those read texts."""
     images = list(settings.images)
     verification = stage.run("verify", verify, lm, images=images, batch_size=settings.batch_size)
     say(f"{lm.name}: {verification.summary()} ({stage.seconds['verify']:.1f} s)")
-    maps = stage.run("images", extract, lm, images=images, level="token", batch_size=settings.batch_size)
+    source = source_for(lm, settings.attention, budget=settings.memory_budget, batch_size=settings.batch_size)
+    maps = stage.run("images", source.maps, AttentionInput.of(images=images), level="token")
     # the maps stay token level for the figures; the scores are at the run's level (a vision–language text's
     # words; an image model's patches are its units at both levels)
     scores = stage.run("heads", score_corpus, maps, model=lm.name, level=settings.level,
@@ -371,8 +392,11 @@ def _report_attention(lm: LoadedModel, settings: RunSettings) -> tuple[list, lis
     texts = list(settings.texts)
     source = source_for(lm, settings.attention, budget=settings.memory_budget, batch_size=8)
     maps = source.maps(texts, level="token", truncate=settings.truncate)
+    # the norm weights and the pairs come from the eager forward pass: a source that refuses them (recompute)
+    # leaves the few short report sentences to the eager source, as it always has
+    eager = source if source.accepts("norm") else source_for(lm, "eager", budget=settings.memory_budget, batch_size=8)
     try:
-        norm_maps = extract(lm, texts, level="token", weight="norm", truncate=settings.truncate)
+        norm_maps = eager.maps(texts, level="token", weight="norm", truncate=settings.truncate)
     except (UnsupportedArchitecture, UnsupportedFeature):
         norm_maps = []
     if not is_seq2seq(lm):
@@ -380,7 +404,8 @@ def _report_attention(lm: LoadedModel, settings: RunSettings) -> tuple[list, lis
     targets = list(settings.targets) or texts
     if len(targets) != len(texts):
         raise ValueError(f"{len(targets)} targets for {len(texts)} report sentences; give one target per sentence")
-    return maps, extract(lm, texts, target=targets, level="token", truncate=settings.truncate), norm_maps
+    pairs = eager.maps(AttentionInput.of(texts, targets=targets), level="token", truncate=settings.truncate)
+    return maps, pairs, norm_maps
 
 
 def _syntax_stages(lm: LoadedModel, stage: _Stages, settings: RunSettings, roles, conllu, select_on, *,

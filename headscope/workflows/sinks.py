@@ -36,7 +36,9 @@ from headscope.probe.families import family_for
 from headscope.probe.forward import attention_layers, is_seq2seq
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import AblationMethod
-from headscope.probe.sinks import attention_of_ids, head_internals, residual_stream, special_frame, token_nll
+from headscope.probe.inputs import AttentionInput
+from headscope.probe.sinks import head_internals, residual_stream, special_frame, token_nll
+from headscope.probe.sources import source_for
 from headscope.probe.types import seed_value, whole_number
 
 from .ablation import ablate_each
@@ -104,9 +106,11 @@ def sinks(lm: LoadedModel, texts: Sequence[str] | None = None, *, k: int = 1, ep
     for variant in FIRST_TOKEN_VARIANTS:
         sources[f"first: {variant}"] = _replace_first(lm, seqs, variant)
     rates = []
+    attend = source_for(lm, "eager", batch_size=batch_size)  # whole maps of equal-length token-id sequences
     for source, ids in sources.items():
-        mass = torch.cat([sequence_mass(attention_of_ids(lm, ids[i : i + batch_size]), K_MAX)
-                          for i in range(0, len(ids), batch_size)])
+        mass = torch.cat([sequence_mass(torch.stack(
+            [m.attention for m in attend.maps(AttentionInput.of(sequences=ids[i : i + batch_size].tolist()))]), K_MAX)
+            for i in range(0, len(ids), batch_size)])
         rates.append(sink_rate(mass.numpy(), k=k, epsilon=epsilon, source=source, length=length, n_boot=n_boot,
                                seed=seed))
         if source == "text":

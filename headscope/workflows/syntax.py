@@ -1,7 +1,7 @@
 """Syntactic heads on a treebank: the workflow that runs a model over CoNLL-U sentences and scores them.
 
 `syntax(lm, "test.conllu", select_on="dev.conllu")` reads both files (`analyses.treebank`), extracts
-word-level attention with the gold words as the word units (`probe.iter_extract` with a segmenter),
+word-level attention with the gold words as the word units (`source.iter_maps` with a segmenter),
 keeps per sentence only what the analyses need (`analyses.syntax.summarise`) and scores relations
 and trees (`analyses.syntax.score_syntax`). Without `select_on`, the sentences of the one file are
 split in two halves at random (fixed seed): heads and offsets are chosen on one, scored on the other.
@@ -29,7 +29,6 @@ from headscope.analyses.syntax.trees import TreeSelection, choose_tree_head
 from headscope.analyses.selection import head_rank
 from headscope.analyses.treebank import Sentence, Treebank, read_conllu, segmenter_for
 from headscope.probe.encoding import TOO_LONG
-from headscope.probe.extract import extract
 from headscope.probe.forward import attention_layers
 from headscope.probe.images import for_input
 from headscope.probe.model import LoadedModel
@@ -172,8 +171,8 @@ def syntax_clusters(models: Sequence, conllu: str | Path | Treebank, *, n_senten
     sentences = list(_treebank(conllu).sentences)
     fit = [s for s in sentences if all(len(lm.tokenizer(s.text)["input_ids"]) <= lm.max_length for lm in models)]
     chosen = fit[:n_sentences]
-    maps = [extract(lm, [s.text for s in chosen], level="word", batch_size=batch_size,
-                    segmenter=segmenter_for(chosen)) for lm in models]
+    maps = [source_for(lm, "eager", batch_size=batch_size).maps([s.text for s in chosen], level="word",
+                                                                segmenter=segmenter_for(chosen)) for lm in models]
     distance, heads = head_distances(maps)  # refuses models whose units differ, before any head scoring
     if score_roles:
         roles = pd.concat([head_scores(lm, [s.text for s in chosen], batch_size=batch_size, seed=seed).roles
