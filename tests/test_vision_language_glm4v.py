@@ -76,3 +76,29 @@ def test_glm_ocr_vision_qk_norm_is_part_of_the_recomputation():
     v = verify(lm, [TEXT], images=_pictures(), family=broken)
     assert not any(c.passed for c in v.layers if c.kind == "vision")
     assert all(c.passed for c in v.layers if c.kind == "decoder")
+
+
+def test_the_glm_hub_relations_fail_where_the_checkpoints_relation_is_lost():
+    """The fixtures' checks can fail: sections of the same sum in another ratio, a whole-head rotary where GLM-4.1V
+    rotates half, a merge the processor does not share."""
+    import copy
+    from types import SimpleNamespace
+
+    from hub_fixtures import HUB
+
+    lm = _tiny("glm4v")
+    relations = HUB["glm4v"].relations
+    sections, merge = relations["M-RoPE sections [8, 12, 12] on half of each head"], relations[
+        "2 x 2 merge of 2-frame patches, the processor's"]
+    assert sections(lm) and merge(lm)
+
+    def with_rope(**changes):
+        text = copy.deepcopy(lm.config.text_config)
+        text.rope_parameters = {**text.rope_parameters, **changes}
+        return SimpleNamespace(config=SimpleNamespace(text_config=text))
+
+    assert not sections(with_rope(mrope_section=[4, 2, 2]))  # the same 8 frequencies, t : h : w = 2 : 1 : 1
+    assert not sections(with_rope(partial_rotary_factor=1.0, mrope_section=[4, 6, 6]))  # whole heads (GLM-OCR's)
+    processor = copy.deepcopy(lm.processor)
+    processor.image_processor.merge_size = 1
+    assert not merge(SimpleNamespace(config=lm.model.config, processor=processor))
