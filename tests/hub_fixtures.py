@@ -55,6 +55,19 @@ def _internvl_shuffle(lm) -> bool:  # InternVL: pixel shuffle by downsample_rati
             and p.image_processor.crop_to_patches and p.image_processor.max_patches > 1)
 
 
+def _glm_sections(lm, ratio, partial: float) -> bool:  # GLM-4V: the sections in the checkpoint's t : h : w ratio
+    rope = lm.config.text_config.rope_parameters
+    s = rope["mrope_section"]
+    return (_mrope(lm) and float(rope.get("partial_rotary_factor", 1.0)) == partial
+            and all(a * ratio[0] == s[0] * r for a, r in zip(s, ratio)))
+
+
+def _glm_merge(lm) -> bool:  # GLM-4V: 2 x 2 merge, 2 frames per patch, the processor's patches the encoder's
+    v, images = lm.config.vision_config, lm.processor.image_processor
+    return (v.spatial_merge_size == images.merge_size == 2 and v.temporal_patch_size == images.temporal_patch_size == 2
+            and v.patch_size == images.patch_size)
+
+
 @dataclass(frozen=True)
 class HubFixture:
     mirrors: str  # the real hub checkpoint this tiny one is laid out and related as
@@ -116,6 +129,25 @@ HUB: dict[str, HubFixture] = {
     "janus": HubFixture("deepseek-community/Janus-Pro-1B"),
     "lighton_ocr": HubFixture("lightonai/LightOnOCR-1B-1025", {
         "2 x 2 merge": lambda lm: lm.config.spatial_merge_size == 2}),
+    # --- GLM-4V family (glm4v, glm4v_moe, glm46v, glm_ocr): M-RoPE sections in the checkpoints' proportions
+    "glm4v": HubFixture("zai-org/GLM-4.1V-9B-Thinking", {
+        "M-RoPE sections [8, 12, 12] on half of each head": lambda lm: _glm_sections(lm, (2, 3, 3), 0.5),
+        "2 x 2 merge of 2-frame patches, the processor's": _glm_merge}),
+    "glm4v_moe": HubFixture("zai-org/GLM-4.5V", {
+        "M-RoPE sections [8, 12, 12] on half of each head": lambda lm: _glm_sections(lm, (2, 3, 3), 0.5),
+        "2 x 2 merge of 2-frame patches, the processor's": _glm_merge,
+        "dense first layer, then mixtures of experts": lambda lm: 0 < lm.config.text_config.first_k_dense_replace
+        < lm.config.text_config.num_hidden_layers}),
+    "glm46v": HubFixture("zai-org/GLM-4.6V", {
+        "M-RoPE sections [8, 12, 12] on half of each head": lambda lm: _glm_sections(lm, (2, 3, 3), 0.5),
+        "2 x 2 merge of 2-frame patches, the processor's": _glm_merge}),
+    "glm_ocr": HubFixture("zai-org/GLM-OCR", {
+        "M-RoPE sections [16, 24, 24] on whole heads": lambda lm: _glm_sections(lm, (2, 3, 3), 1.0),
+        "heads x head_dim wider than the hidden size (16 x 128 > 1536)": lambda lm: lm.config.text_config.head_dim
+        * lm.config.text_config.num_attention_heads > lm.config.text_config.hidden_size,
+        "2 x 2 merge of 2-frame patches, the processor's": _glm_merge,
+        "QK-normed vision heads, no position embeddings": lambda lm: hasattr(lm.model.model.visual.blocks[0].attn, "q_norm")
+        and not hasattr(lm.model.model.visual, "embeddings")}),
     "mllama": HubFixture("meta-llama/Llama-3.2-11B-Vision", {
         "cross-attention layers between self-attention ones":
             lambda lm: 0 < len(lm.config.text_config.cross_attention_layers) < lm.config.text_config.num_hidden_layers}),

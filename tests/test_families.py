@@ -100,9 +100,9 @@ def test_tiny_model_by_model_type_is_its_family_model(model_type):
     assert lm.name == f"tiny-{family.name}"
     assert family_for(lm.config) is family
     assert lm.is_causal == (family.kind == "decoder")  # an encoder-decoder's one-text view is its encoder
-    # CLIP's text tower masks causally but has no next-word head; nor have the Qwen-VL decoders built alone (their
+    # CLIP's text tower masks causally but has no next-word head; nor have the Qwen-VL and GLM-4V decoders built alone (their
     # head is the whole vision-language model's)
-    if family.name not in ("clip_text", "qwen2_vl", "qwen3_vl"):
+    if family.name not in ("clip_text", "qwen2_vl", "qwen3_vl", "glm4v_text"):
         assert (family.auto_class == "AutoModel") == (family.kind == "encoder")
 
 

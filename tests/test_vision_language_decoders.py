@@ -175,6 +175,7 @@ HAND_GRID = {
 }
 HAND_GRID_OF_INPUT = {"qwen2_vl": _qwen_grid, "qwen2_5_vl": _qwen_grid, "qwen3_vl": _qwen_grid, "qwen3_vl_moe": _qwen_grid,
                       "qwen3_5": _qwen_grid, "qwen3_5_moe": _qwen_grid}
+HAND_GRID_OF_INPUT.update(dict.fromkeys(["glm4v", "glm4v_moe", "glm46v", "glm_ocr"], _qwen_grid))  # GLM-4V: Qwen-VL's merge
 
 
 def test_a_head_built_to_read_one_patch_lands_on_it(reading):
@@ -186,6 +187,12 @@ def test_a_head_built_to_read_one_patch_lands_on_it(reading):
 # InternVL's (tested there), its decoder verified
 @pytest.mark.parametrize("model_type", ["qwen2_5_vl", "qwen3_vl", "qwen3_vl_moe", "qwen3_5", "qwen3_5_moe"])
 def test_a_head_built_to_read_one_patch_lands_on_it_in_every_qwen_vl(model_type):
+    _one_patch(_tiny_type(model_type))
+
+
+# the GLM-4V types beside READING's glm4v
+@pytest.mark.parametrize("model_type", ["glm4v_moe", "glm46v", "glm_ocr"])
+def test_a_head_built_to_read_one_patch_lands_on_it_in_every_glm4v(model_type):
     _one_patch(_tiny_type(model_type))
 
 
@@ -238,6 +245,7 @@ def _one_patch(reading):
 # Every vision–language type, verified by path on a hub-fidelity folder (tests/hub_fixtures.py), as a checkpoint and
 # as an unseen one of another seed and other sizes
 VL_TYPES = sorted(t for t, f in SUPPORTED_TYPES.items() if f.vision_language is not None)
+HUB_PROCESSOR = {"glm_ocr": "Glm46VProcessor"}  # types transformers maps no processor to: their checkpoints' class
 
 
 @pytest.mark.parametrize("variant", ["hub", "hidden"])
@@ -251,7 +259,7 @@ def test_a_hub_folder_of_every_type_verifies_by_path_with_its_relations(model_ty
     names = {p.name for p in folder.iterdir()}
     assert {"config.json", "generation_config.json", "preprocessor_config.json", "processor_config.json",
             "tokenizer.json", "tokenizer_config.json"} <= names, names
-    kind = PROCESSOR_MAPPING_NAMES[model_type]
+    kind = PROCESSOR_MAPPING_NAMES.get(model_type) or HUB_PROCESSOR[model_type]  # GLM-OCR: named by its checkpoint
     assert ("video_preprocessor_config.json" in names) == ("video_processor" in getattr(transformers, kind).get_attributes())
     lm = hs.load(str(folder))
     if variant == "hidden":  # an unseen checkpoint's sizes, not the tiny default's

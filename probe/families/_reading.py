@@ -181,8 +181,9 @@ def images_only(cls):
 
 def load_images_only(path: str, at: dict):
     """A checkpoint's processor without its video processor (`images_only`), for a folder whose processor class
-    takes one (Qwen-VL, LLaVA-OneVision, SmolVLM) where the video processor cannot be built (it needs
-    torchvision): the class transformers maps the model type to, its tokenizer, its image processor on the PIL
+    takes one (Qwen-VL, GLM-4V, LLaVA-OneVision, SmolVLM) where the video processor cannot be built (it needs
+    torchvision): the class transformers maps the model type to (else the one the folder's processor_config.json
+    names: GLM-OCR's), its tokenizer, its image processor on the PIL
     path, and its own settings and chat template as `processor_config.json` and the chat template file hold them
     (a hub folder's separate files or one nested `processor_config.json` alike). A package the processor class
     itself needs (SmolVLM's num2words) still raises its ImportError."""
@@ -191,9 +192,16 @@ def load_images_only(path: str, at: dict):
     import transformers
     from transformers.models.auto.processing_auto import PROCESSOR_MAPPING_NAMES
 
+    from transformers.processing_utils import ProcessorMixin
+
     model_type = transformers.AutoConfig.from_pretrained(path, **at).model_type
-    cls = getattr(transformers, PROCESSOR_MAPPING_NAMES[model_type])
-    settings, _ = cls.get_processor_dict(path, **at)
+    settings, _ = ProcessorMixin.get_processor_dict(path, **at)
+    # the class transformers maps the type to, else the one the folder names (GLM-OCR's: GLM-4.6V's processor)
+    name = PROCESSOR_MAPPING_NAMES.get(model_type) or settings.get("processor_class")
+    if not isinstance(name, str) or not isinstance(getattr(transformers, name, None), type):
+        raise ValueError(f"{path} names no processor class this transformers has for model type {model_type!r} "
+                         f"({name!r}); give its processor_config.json the processor_class of its checkpoint")
+    cls = getattr(transformers, name)
     own = set(inspect.signature(cls.__init__).parameters) - {"self", "image_processor", "tokenizer", "video_processor"}
     return images_only(cls)(image_processor=transformers.AutoImageProcessor.from_pretrained(path, backend="pil", **at),
                             tokenizer=transformers.AutoTokenizer.from_pretrained(path, **at),
