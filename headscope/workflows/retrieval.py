@@ -55,7 +55,7 @@ from headscope.probe.model import LoadedModel
 from headscope.probe.progress import progress as progress_bar
 from headscope.probe.types import seed_value, whole_number
 
-__all__ = ["retrieval", "plan_cost", "Ranking", "Scope", "DEFAULT_DEPTHS"]
+__all__ = ["retrieval", "plan_cost", "run_section", "Ranking", "Scope", "DEFAULT_DEPTHS"]
 
 Ranking = Literal["retrieval", "sensitivity", "combined"]
 Scope = Literal["prompt", "question"]
@@ -209,6 +209,9 @@ def retrieval(lm: LoadedModel, *, n_needles: int = 16, n_selection: int | None =
                              needles=tuple(p.needle.index for p in selection))
     sens = None
     if sensitivity:
+        if sensitivity_queries is not None:  # at most the positions whose keys the window drops
+            sensitivity_queries = max(1, min(whole_number(sensitivity_queries, "sensitivity_queries", minimum=1),
+                                             len(held_ids) - sink - recent))
         n_cells = sum(layout.planned) * layout.n_kv_heads
         with progress_bar(total=n_cells, desc="KV heads streamed alone", enabled=progress, leave=False) as sbar:
             sens = stream_sensitivity(lm, held_ids, sink=sink, recent=recent, queries=sensitivity_queries,
@@ -301,3 +304,15 @@ def plan_cost(lm: LoadedModel, plans: Sequence[KVPlan], prompts: Sequence[Needle
                         max(p.n_tokens for p in prompts), scope=scope, progress=progress)
     frame["scope"] = scope
     return frame
+
+
+def run_section(lm: LoadedModel, *, seed: int = 0, phrasings: Sequence[Phrasing] = PHRASINGS,
+                progress: bool = False) -> RetrievalResult:
+    """What `headscope run --long-context` runs: 16 needles (8 selection, 8 held out) of 1,200 tokens (three
+    quarters of a shorter context) at the default depths over the built-in corpus, the causal check against 10
+    random head sets, each KV head streamed alone (its last 64 positions), and the cost curve at 25 / 50 / 75%
+    full KV heads by each ranking, with 10 random plans at 50%; masks from the question on (scope "question")."""
+    length = min(1200, (3 * lm.max_length) // 4)
+    return retrieval(lm, n_needles=16, lengths=[length], seed=seed, n_random=10, sensitivity=True,
+                     sensitivity_queries=64, scope="question", curve=(0.25, 0.5, 0.75), n_random_plans=10,
+                     random_fractions=(0.5,), phrasings=phrasings, progress=progress)
