@@ -55,7 +55,7 @@ from headscope.probe.model import LoadedModel
 from headscope.probe.progress import progress as progress_bar
 from headscope.probe.types import seed_value, whole_number
 
-__all__ = ["retrieval", "plan_cost", "run_section", "Ranking", "Scope", "DEFAULT_DEPTHS"]
+__all__ = ["retrieval", "plan_cost", "run_section", "curve_plans", "Ranking", "Scope", "DEFAULT_DEPTHS"]
 
 Ranking = Literal["retrieval", "sensitivity", "combined"]
 Scope = Literal["prompt", "question"]
@@ -128,7 +128,7 @@ def _scope(scope: str) -> Scope:
     return scope  # type: ignore[return-value]
 
 
-def _curve_plans(layout: KVLayout, rankings: dict[str, np.ndarray], fractions: Sequence[float], n_random: int, *,
+def curve_plans(layout: KVLayout, rankings: dict[str, np.ndarray], fractions: Sequence[float], n_random: int, *,
                  sink: int, recent: int, seed: int, random_fractions: Sequence[float] | None = None) -> list[KVPlan]:
     """The plans of a cost curve: each ranking at each fraction strictly between 0 and 1, `n_random` random plans
     of as many full heads at each (or at those of `random_fractions`), all streaming and all full."""
@@ -225,7 +225,7 @@ def retrieval(lm: LoadedModel, *, n_needles: int = 16, n_selection: int | None =
     chosen_heads = scores.top(k)
     sets = random_head_sets(n_layers, n_heads, chosen_heads, k, n_random, seed=seed) if check else []
     head_sets = [(), chosen_heads, *sets] if check else []
-    plans = _curve_plans(layout, rankings, curve, n_random_plans, sink=sink, recent=recent, seed=seed,
+    plans = curve_plans(layout, rankings, curve, n_random_plans, sink=sink, recent=recent, seed=seed,
                          random_fractions=random_fractions) if curve else []
     total = len(held) * (len(head_sets) + len(plans))
     with progress_bar(total=total, desc="needle answers (held out)", enabled=progress, leave=False) as hbar:
