@@ -372,3 +372,13 @@ def test_needles_can_keep_most_held_out():
     assert [n.index for n in ns if n.split == "selection"] == [0, 2]
     with pytest.raises(ValueError, match="n_selection"):
         make_needles(10, lengths=[100], depths=[0.5], n_selection=6)
+
+
+def test_a_shared_context_continues_a_sliding_window_cache():
+    from headscope.probe.longcontext import answers, prefill
+
+    lm = _tiny("gemma3")  # layers 0, 1 keep 4 keys in their cache: a copied prefix must continue the same way
+    ids = IDS[0].tolist()
+    pre = prefill(lm, ids[:8])
+    plain = answer(lm, ids, max_new_tokens=4)
+    assert [a.ids for a in answers(lm, ids, max_new_tokens=4, copies=2, prefix=pre)] == [plain.ids] * 2
