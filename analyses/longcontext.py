@@ -67,8 +67,9 @@ def curve_verdicts(costs: pd.DataFrame, *, fraction: float = 0.5, keep: float = 
         kept = acc / base_acc if base_acc else math.nan
         above = 100 * (acc - median)
         ok = kept >= keep and change <= ppl and above >= margin
+        share = f"{kept:.0%} of the full model's {base_acc:.0%}" if base_acc else "the full model retrieves none"
         out.append(f"{row['plan']} ({int(row['n_full'])} KV heads full, {float(row['kv_share']):.0%} of the full "
-                   f"cache): needle accuracy {acc:.0%} ({kept:.0%} of the full model's {base_acc:.0%}, n = "
+                   f"cache): needle accuracy {acc:.0%} ({share}, n = "
                    f"{int(row['needles'])}), perplexity {change:+.1%}, {above:+.0f} points over the median of "
                    f"{len(rnd)} random plans ({median:.0%}) — "
                    + ("meets" if ok else "misses") + f" keep ≥ {keep:.0%}, perplexity ≤ {ppl:+.0%}, ≥ {margin:.0f} "

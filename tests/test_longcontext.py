@@ -365,6 +365,9 @@ def test_curve_verdicts_say_what_a_plan_meets():
     # 0.72 / 0.8 = 90% kept, +2% perplexity, 52 points over the median 20%
     assert "retrieval 50%" in good and "(90% of" in good and "+52 points" in good and "— meets" in good
     assert "sensitivity 50%" in bad and "+5.0%" in bad and "— misses" in bad
+    costs.loc[costs["plan"] == "all full", "needle_accuracy"] = 0.0  # nothing to keep: said, never "nan%"
+    none = curve_verdicts(costs)[0]
+    assert "the full model retrieves none" in none and "nan" not in none and "— misses" in none
 
 
 def test_needles_can_keep_most_held_out():
