@@ -23,7 +23,58 @@ from headscope.probe.types import head_name
 from .ablation import ALPHA
 from .stats import format_p, wilson
 
-__all__ = ["RetrievalScores", "RetrievalCheck", "RetrievalResult", "accuracy_p"]
+__all__ = ["RetrievalScores", "RetrievalCheck", "RetrievalResult", "accuracy_p", "combined_rank", "curve_verdicts"]
+
+
+def combined_rank(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Two [layer, KV head] scores (higher: keep full) as one: the mean of each cell's rank share under each
+    (0 the lowest, 1 the highest; ties share their mean rank); NaN where either is NaN.
+
+    >>> combined_rank(np.array([[0.9, 0.1, 0.5]]), np.array([[1.0, 3.0, 2.0]])).tolist()
+    [[0.5, 0.5, 0.5]]
+    """
+    a, b = np.asarray(a, float), np.asarray(b, float)
+    if a.shape != b.shape:
+        raise ValueError(f"the two scores have shapes {a.shape} and {b.shape}")
+    ok = np.isfinite(a) & np.isfinite(b)
+    out = np.full(a.shape, np.nan)
+    if ok.sum() == 1:
+        out[ok] = 1.0
+    elif ok.any():
+        share = lambda x: (pd.Series(x).rank(method="average").to_numpy() - 1) / (x.size - 1)  # noqa: E731
+        out[ok] = (share(a[ok]) + share(b[ok])) / 2
+    return out
+
+
+def curve_verdicts(costs: pd.DataFrame, *, fraction: float = 0.5, keep: float = 0.75, ppl: float = 0.03,
+                   margin: float = 30.0) -> list[str]:
+    """In words, per ranking at `fraction` of full KV heads (the nearest the curve has): the needle accuracy kept
+    as a share of the full model's (≥ `keep`?), the perplexity change (≤ `ppl`?), and the points above the
+    median random plan of the same size (≥ `margin`?)."""
+    full = costs[costs["kind"] == "all full"]
+    if full.empty:
+        return []
+    base_acc, out = float(full["needle_accuracy"].iloc[0]), []
+    inner = costs[(costs["fraction_full"] > 0) & (costs["fraction_full"] < 1)]
+    if inner.empty:
+        return []
+    at = inner["fraction_full"].iloc[(inner["fraction_full"] - fraction).abs().argmin()]
+    here = inner[np.isclose(inner["fraction_full"], at)]
+    rnd = here[here["kind"] == "random"]
+    median = float(rnd["needle_accuracy"].median()) if not rnd.empty else math.nan
+    for _, row in here[here["kind"] != "random"].iterrows():
+        acc, change = float(row["needle_accuracy"]), float(row["perplexity_change"])
+        kept = acc / base_acc if base_acc else math.nan
+        above = 100 * (acc - median)
+        ok = kept >= keep and change <= ppl and above >= margin
+        share = f"{kept:.0%} of the full model's {base_acc:.0%}" if base_acc else "the full model retrieves none"
+        out.append(f"{row['plan']} ({int(row['n_full'])} KV heads full, {float(row['kv_share']):.0%} of the full "
+                   f"cache): needle accuracy {acc:.0%} ({share}, n = "
+                   f"{int(row['needles'])}), perplexity {change:+.1%}, {above:+.0f} points over the median of "
+                   f"{len(rnd)} random plans ({median:.0%}) — "
+                   + ("meets" if ok else "misses") + f" keep ≥ {keep:.0%}, perplexity ≤ {ppl:+.0%}, ≥ {margin:.0f} "
+                   "points over random.")
+    return out
 
 
 @dataclass(frozen=True, eq=False)
@@ -159,6 +210,7 @@ class RetrievalResult:
     ranking: str
     n_tokens: tuple[int, ...]  # each needle prompt's length
     settings: dict = field(default_factory=dict, compare=False)
+    costs: pd.DataFrame | None = None  # the cost curve (`plan_cost`'s columns), when asked for
 
     def to_frame(self) -> pd.DataFrame:
         """One row per head: its retrieval score with counts and interval, and its KV head's pooled score,
@@ -191,4 +243,6 @@ class RetrievalResult:
                 "check": None if self.check is None else self.check.to_dict(),
                 "plan": {"ranking": self.ranking, "fraction_full": self.plan.fraction_full, "n_full": self.plan.n_full,
                          "n_planned": self.plan.n_planned, **self.plan.pattern_config()},
+                "curve": None if self.costs is None else self.costs.to_dict(orient="records"),
+                "curve_verdicts": [] if self.costs is None else curve_verdicts(self.costs),
                 "settings": dict(self.settings)}

@@ -74,10 +74,12 @@ class Needle:
 
 
 def make_needles(n: int, *, lengths: Sequence[int], depths: Sequence[float], seed: int = 0, digits: int = 5,
-                 n_lines: int = 1, phrasings: Sequence[Phrasing] = PHRASINGS) -> list[Needle]:
+                 n_lines: int = 1, phrasings: Sequence[Phrasing] = PHRASINGS,
+                 n_selection: int | None = None) -> list[Needle]:
     """`n` needles over the grid `lengths` × `depths` (cycled in order), each with a fresh random key of
     `digits` digits (no leading 0, no two needles alike), a phrasing and a haystack start among `n_lines`
-    lines drawn from `seed`'s generator; needle i goes to the selection half when i is even, else held out.
+    lines drawn from `seed`'s generator; needle i goes to the selection half when i is even, else held out —
+    with `n_selection`, the first `n_selection` even needles are the selection and every other is held out.
 
     >>> ns = make_needles(4, lengths=[100], depths=[0.0, 1.0], seed=1)
     >>> [n.split for n in ns], [n.depth for n in ns], len({n.key for n in ns})
@@ -93,6 +95,10 @@ def make_needles(n: int, *, lengths: Sequence[int], depths: Sequence[float], see
         raise ValueError("every phrasing's statement must hold {key}")
     if digits < 2:
         raise ValueError(f"a key needs at least 2 digits, got {digits}")
+    n_sel = (n + 1) // 2 if n_selection is None else int(n_selection)
+    if n_selection is not None and not 1 <= n_sel <= n // 2:
+        raise ValueError(f"n_selection is 1 to {n // 2} of {n} needles (at least as many stay held out), "
+                         f"got {n_selection}")
     rng = np.random.default_rng(seed)
     grid = [(int(l), float(d)) for l in lengths for d in depths]
     seen: set[str] = set()
@@ -106,7 +112,7 @@ def make_needles(n: int, *, lengths: Sequence[int], depths: Sequence[float], see
         length, depth = grid[i % len(grid)]
         which = int(rng.integers(len(phrasings)))
         out.append(Needle(index=i, key=key, phrasing=which, length=length, depth=depth,
-                          offset=int(rng.integers(max(n_lines, 1))), split="selection" if i % 2 == 0 else "held_out",
+                          offset=int(rng.integers(max(n_lines, 1))), split="selection" if i % 2 == 0 and i // 2 < n_sel else "held_out",
                           statement=phrasings[which].statement.format(key=key), question=phrasings[which].question))
     return out
 
@@ -237,10 +243,12 @@ class KVPlan:
 
 
 def default_window(context: int) -> tuple[int, int]:
-    """DuoAttention's sink 128 and recent 256 (set for Llama-2-7B's 32k-token version) scaled to a model's
-    context, at least 4 and 16 keys.
+    """DuoAttention's sink 128 and recent 256 keys: the window it keeps on every model it serves, Llama-3-8B's
+    8k-token context the shortest; a model with a shorter context gets them scaled down by context / 8192 (at
+    least 4 and 16 keys), a longer one keeps them.
 
     >>> default_window(32768), default_window(8192), default_window(2048)
-    ((128, 256), (32, 64), (8, 16))
+    ((128, 256), (128, 256), (32, 64))
     """
-    return max(4, round(128 * context / 32768)), max(16, round(256 * context / 32768))
+    scale = min(1.0, context / 8192)
+    return max(4, round(128 * scale)), max(16, round(256 * scale))

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from headscope.analyses.evidence import AblationEvidence
+    from headscope.analyses.longcontext import RetrievalResult
     from headscope.analyses.mechanisms import MechanismsReport
     from headscope.analyses.sinks import SinkReport, StreamingResult
     from headscope.analyses.compare import HeadComparison
@@ -51,6 +52,7 @@ class ModelAnalysis:
     sinks: SinkReport | None = None  # the Sinks section (`run --sinks`)
     streaming: StreamingResult | None = None  # its StreamingLLM test (decoders)
     mechanisms: MechanismsReport | None = None  # the Mechanisms section (`run --mechanisms`)
+    long_context: RetrievalResult | None = None  # the Long context section (`run --long-context`)
     # the Vision–language section: a vision–language decoder's maps over texts with images (image tokens carry
     # `patches`), and optionally each map's value norms [layer, head, key] (`probe.sinks.head_internals`) or None
     vision_language: tuple[AttentionMap, ...] = ()
@@ -123,6 +125,8 @@ class ModelAnalysis:
                                "streaming": None if self.streaming is None else self.streaming.to_dict()}
         if self.mechanisms is not None:
             record["mechanisms"] = self.mechanisms.to_dict()
+        if self.long_context is not None:
+            record["long_context"] = self.long_context.to_dict()
         if self.vision_language:
             record["vision_language"] = [{"text": m.text, "images": len(m.pictures),
                                           "image_tokens": sum(p is not None for p in m.patches)}

@@ -22,6 +22,7 @@ from headscope.probe.types import head_name
 
 from .analysis import ModelAnalysis
 from .evidence import ablation_heads_table, evidence_view, probe_line, roles_table
+from .longcontext import long_context_frames, long_context_tables
 from .panels import plotted_metrics, start_choice, vision_language_head
 from .sinks import sinks_tables
 from .syntax import relations_frame, syntax_tables, trees_frame
@@ -269,6 +270,15 @@ def _mechanisms(a: ModelAnalysis, figures: Figures) -> dict:
     return {"mechanisms": view}
 
 
+def _long_context(a: ModelAnalysis, figures: Figures) -> dict:
+    """The needle grid, the retrieval heads, the causal check, the cost curve and its verdicts."""
+    if a.long_context is None:
+        return {"long_context": None}
+    f = long_context_frames(a.long_context)
+    return {"long_context": f | {"grid": table_view(f["grid"]), "top": table_view(f["top"]),
+                                 "curve": table_view(f["curve"])}}
+
+
 def _corpus(a: ModelAnalysis, figures: Figures) -> dict:
     return {"corpus": table_view(a.corpus)}
 
@@ -426,6 +436,8 @@ SECTIONS: Mapping[str, Section] = MappingProxyType({s.name: s for s in (
     Section("comparison", "Comparison", _comparison, _comparison_tables, shown=_any("comparison")),
     Section("sinks", "Sinks", _sinks, _sinks_tables, shown=_any("sinks", "streaming")),
     Section("mechanisms", "Mechanisms", _mechanisms, _mechanisms_tables, shown=_any("mechanisms")),
+    Section("long_context", "Long context", _long_context, lambda a: long_context_tables(a.long_context),
+            shown=_any("long_context")),
     Section("corpus", "Corpus", _corpus, _corpus_tables),
     Section("settings", "Settings & versions"),
 )})

@@ -171,7 +171,7 @@ def test_a_haystack_line_longer_than_the_prompt_is_cut_to_the_length_asked():
 def test_retrieval_hits_count_copies_and_heads_that_point_at_the_token():
     needle = Needle(index=0, key="12", phrasing=0, length=10, depth=0.5, offset=0, split="selection", statement="",
                     question="")
-    prompt = NeedlePrompt(needle=needle, ids=(1, 2, 7, 8, 3, 4), span=(2, 4), key="12")
+    prompt = NeedlePrompt(needle=needle, ids=(1, 2, 7, 8, 3, 4), span=(2, 4), key="12", context=4)
     # step 0 writes 7 (in the needle): head (0,0) points at position 2 (a 7) — a hit; head (0,1) at 3 (an 8) — none
     # step 1 writes 9 (not in the needle): no copy step; step 2 writes 8: head (0,1) at 3 — a hit
     top = np.array([[[2, 3]], [[2, 3]], [[0, 3]]])  # [step, layer, head]
@@ -266,3 +266,122 @@ def test_other_families_stream_in_their_own_attention_path(family):
         assert torch.equal(_logits(lm), clean)  # sink + recent cover the 12 keys: the model's own numbers
     with stream_heads(lm, KVPlan.all_streaming(layout.shape, sink=1, recent=2, planned=planned)):
         assert not torch.equal(_logits(lm), clean)
+
+
+def _streamed_mask(lm, n, kv_head, sink, recent, first_row=0):
+    """A 4-D additive mask by hand: query heads of `kv_head` see only sink + recent keys on rows >= first_row
+    (every layer alike), every other entry causal — the model takes a 4-D mask as given."""
+    j, q = torch.arange(n)[None], torch.arange(n)[:, None]
+    causal = j <= q
+    window = causal & ((j < sink) | (j > q - recent) | (q < first_row))
+    g = lm.config.num_attention_heads // lm.config.num_key_value_heads
+    allowed = torch.stack([window if h // g == kv_head else causal for h in range(lm.config.num_attention_heads)])
+    return torch.where(allowed, 0.0, torch.finfo(torch.float32).min)[None]
+
+
+def test_question_scope_streams_from_the_question_on_with_the_context_shared():
+    from headscope.probe.longcontext import answers, prefill
+
+    lm = _tiny("llama")
+    ids, context = IDS[0].tolist(), 7
+    plan = KVPlan(np.array([[False, True], [False, True]]), sink=1, recent=3)  # KV head 0 streams in both layers
+    pre = prefill(lm, ids[:context])
+    with stream_heads(lm, plan):
+        got = answer(lm, ids, max_new_tokens=4, prefix=pre)
+    whole = list(ids)
+    with torch.no_grad():  # greedy by whole-sequence passes under a mask written by hand: rows >= context stream
+        for _ in range(4):
+            m = _streamed_mask(lm, len(whole), 0, 1, 3, first_row=context)
+            whole.append(int(lm.model(input_ids=torch.tensor([whole]), attention_mask=m).logits[0, -1].argmax()))
+    assert list(got.ids) == whole[len(ids):]
+    # the prefix is the model's own: no plan, the answer is the plain one; a window over every key, the same
+    plain = answer(lm, ids, max_new_tokens=4)
+    assert answer(lm, ids, max_new_tokens=4, prefix=pre).ids == plain.ids
+    with stream_heads(lm, KVPlan.all_streaming((2, 2), sink=4, recent=16)):
+        assert answer(lm, ids, max_new_tokens=4, prefix=pre).ids == plain.ids
+    # plans decoded together from one copy of the context each answer as alone; the prefix is not changed
+    plans = [plan, KVPlan(np.array([[True, False], [True, True]]), sink=0, recent=2), KVPlan.all_full((2, 2), sink=1,
+                                                                                                       recent=1)]
+    alone = []
+    for p in plans:
+        with stream_heads(lm, p):
+            alone.append(answer(lm, ids, max_new_tokens=4, prefix=pre).ids)
+    with stream_heads(lm, plans):
+        together = answers(lm, ids, max_new_tokens=4, copies=3, prefix=pre)
+    assert [a.ids for a in together] == alone and alone[2] == plain.ids
+    with pytest.raises(ValueError, match="not the start of the prompt"):
+        answer(lm, [9, 9, 9], max_new_tokens=1, prefix=pre)
+
+
+def test_prompt_scope_matches_a_mask_written_by_hand():
+    lm = _tiny("llama")
+    plan = KVPlan(np.array([[True, False], [True, False]]), sink=2, recent=3)
+    with torch.no_grad():
+        ref = lm.model(input_ids=IDS, attention_mask=_streamed_mask(lm, IDS.shape[1], 1, 2, 3)).logits
+    with stream_heads(lm, plan):
+        assert torch.equal(_logits(lm), ref)
+
+
+def test_stream_sensitivity_on_the_last_queries_is_the_whole_run_there():
+    lm = _tiny("llama")
+    ids = list(range(1, 41))
+    whole = stream_sensitivity(lm, ids, sink=1, recent=4, copies=3)
+    last = stream_sensitivity(lm, ids, sink=1, recent=4, copies=2, queries=35)  # positions 5.. as the whole run
+    np.testing.assert_allclose(last, whole, rtol=1e-4, atol=1e-7)
+    with pytest.raises(ValueError, match="queries"):
+        stream_sensitivity(lm, ids, sink=1, recent=4, queries=36)
+
+
+def test_the_cost_curve_holds_its_identities():
+    from headscope.workflows.retrieval import retrieval
+
+    lm = _tiny("llama")
+    r = retrieval(lm, n_needles=6, n_selection=1, lengths=[60], depths=[0.3], n_random=2, sink=2, recent=8,
+                  phrasings=[Phrasing("Key {key}.", "Key:")], scope="question", curve=(0.5,), n_random_plans=2,
+                  perplexity_draws=1)
+    c = r.costs.set_index("plan")
+    assert list(c.index) == ["all streaming", "retrieval 50%", "random 50% #0", "random 50% #1", "all full"]
+    assert (c["needles"] == 5).all() and (c.loc[["random 50% #0", "random 50% #1"], "n_full"] == 2).all()
+    # the all-full plan is the model: its needles are the check's clean ones, its perplexity the model's
+    assert c.loc["all full", "needle_accuracy"] == sum(r.check.clean) / 5
+    assert c.loc["all full", "perplexity_change"] == 0.0 and np.isnan(c.loc["random 50% #1", "perplexity"])
+    n = max(r.n_tokens[i] for i, nd in enumerate(r.needles) if nd.split == "held_out")
+    per_head = 2 * 8 * 4  # keys and values × head size 8 × 4 bytes
+    assert c.loc["all full", "kv_bytes"] == 4 * n * per_head
+    assert c.loc["all streaming", "kv_bytes"] == 4 * 10 * per_head
+    assert c.loc["retrieval 50%", "kv_bytes"] == (2 * n + 2 * 10) * per_head
+    assert len(r.to_dict()["curve_verdicts"]) == 1
+
+
+def test_curve_verdicts_say_what_a_plan_meets():
+    from headscope.analyses.longcontext import curve_verdicts
+
+    rows = [("all full", "all full", 1.0, 0.8, 0.0), ("retrieval 50%", "retrieval", 0.5, 0.72, 0.02),
+            ("sensitivity 50%", "sensitivity", 0.5, 0.7, 0.05)]
+    rows += [(f"random 50% #{d}", "random", 0.5, a, 0.1) for d, a in enumerate((0.1, 0.2, 0.3))]
+    costs = pd.DataFrame([{"plan": p, "kind": k, "fraction_full": f, "needle_accuracy": a, "perplexity_change": c,
+                           "n_full": 4, "kv_share": 0.6, "needles": 40} for p, k, f, a, c in rows])
+    good, bad = curve_verdicts(costs)
+    # 0.72 / 0.8 = 90% kept, +2% perplexity, 52 points over the median 20%
+    assert "retrieval 50%" in good and "(90% of" in good and "+52 points" in good and "— meets" in good
+    assert "sensitivity 50%" in bad and "+5.0%" in bad and "— misses" in bad
+    costs.loc[costs["plan"] == "all full", "needle_accuracy"] = 0.0  # nothing to keep: said, never "nan%"
+    none = curve_verdicts(costs)[0]
+    assert "the full model retrieves none" in none and "nan" not in none and "— misses" in none
+
+
+def test_needles_can_keep_most_held_out():
+    ns = make_needles(10, lengths=[100], depths=[0.2, 0.4, 0.6, 0.8, 1.0], n_selection=2)
+    assert [n.index for n in ns if n.split == "selection"] == [0, 2]
+    with pytest.raises(ValueError, match="n_selection"):
+        make_needles(10, lengths=[100], depths=[0.5], n_selection=6)
+
+
+def test_a_shared_context_continues_a_sliding_window_cache():
+    from headscope.probe.longcontext import answers, prefill
+
+    lm = _tiny("gemma3")  # layers 0, 1 keep 4 keys in their cache: a copied prefix must continue the same way
+    ids = IDS[0].tolist()
+    pre = prefill(lm, ids[:8])
+    plain = answer(lm, ids, max_new_tokens=4)
+    assert [a.ids for a in answers(lm, ids, max_new_tokens=4, copies=2, prefix=pre)] == [plain.ids] * 2

@@ -74,21 +74,28 @@ def _write_pattern(result, folder: Path) -> None:
 @options(random_sets(10))
 @click.option("--check/--no-check", default=True, show_default=True, help="Run the causal check.")
 @click.option("--sensitivity", is_flag=True, help="Also stream each KV head alone over the held-out text.")
-@click.option("--rank-by", "ranking", type=click.Choice(["retrieval", "sensitivity"]), default="retrieval",
-              show_default=True, help="What orders the KV heads of the plan.")
+@click.option("--rank-by", "ranking", type=click.Choice(["retrieval", "sensitivity", "combined"]),
+              default="retrieval", show_default=True,
+              help="What orders the KV heads of the plan (combined: the mean of the two ranks).")
+@click.option("--scope", type=click.Choice(["prompt", "question"]), default="prompt", show_default=True,
+              help="Where masks apply on a needle prompt: every token, or from the question on (each needle's "
+                   "context run once by the full model and shared: much faster).")
+@click.option("--curve", "curve", type=click.FloatRange(0, 1), multiple=True,
+              help="Cost the plans at this fraction of full KV heads (repeat): each ranking, --random random "
+                   "plans, all streaming and all full.")
 @click.option("--fraction", type=click.FloatRange(0, 1), default=0.5, show_default=True,
               help="Share of the planned KV heads that keep the full cache.")
 @click.option("--sink", type=click.IntRange(min=0), default=None,
-              help="Streaming heads' first keys (default: DuoAttention's 128 scaled to the model's context).")
+              help="Streaming heads' first keys (default: DuoAttention's 128, scaled down for a context under 8k).")
 @click.option("--recent", type=click.IntRange(min=1), default=None,
-              help="Streaming heads' last keys (default: DuoAttention's 256 scaled to the model's context).")
+              help="Streaming heads' last keys (default: DuoAttention's 256, scaled down for a context under 8k).")
 @click.option("--pattern", "pattern", type=click.Path(file_okay=False, path_type=Path), default=None,
               callback=_pattern_folder,
               help="Write the plan as DuoAttention reads it: a new folder with full_attention_heads.tsv "
                    "(layers × KV heads, 1 full) and config.json (sink_size, recent_size).")
 @options("seed", "out", "quiet", "json", "device")
 def cli(model_name, corpus_path, limit, n_needles, lengths, depths, phrasings, top, n_random, check, sensitivity, ranking,
-        fraction, sink, recent, pattern, seed, out_path, quiet, as_json, placement) -> None:
+        scope, curve, fraction, sink, recent, pattern, seed, out_path, quiet, as_json, placement) -> None:
     """Retrieval heads of a decoder on needle prompts, the causal check, and a per-head KV-cache plan.
 
     --corpus: the first half of its texts makes the haystacks, the second half the held-out text. --random: the
@@ -105,7 +112,8 @@ def cli(model_name, corpus_path, limit, n_needles, lengths, depths, phrasings, t
     try:
         result = retrieval(lm, n_needles=n_needles, lengths=lengths, depths=depths, corpus=texts, seed=seed, top=top,
                            n_random=n_random, check=check, sensitivity=sensitivity, sink=sink, recent=recent,
-                           fraction=fraction, ranking=ranking, progress=not quiet, **({"phrasings": own} if own else {}))
+                           fraction=fraction, ranking=ranking, scope=scope, curve=curve, n_random_plans=n_random,
+                           progress=not quiet, **({"phrasings": own} if own else {}))
     except ValueError as exc:
         fail(str(exc))
     if pattern is not None:
@@ -120,6 +128,8 @@ def cli(model_name, corpus_path, limit, n_needles, lengths, depths, phrasings, t
         click.echo(f"  {row['head']:<8} retrieval score {row['score']:.2f} ({row['hits']} hits, 95% CI {lo:.2f}–{hi:.2f})")
     if result.check is not None:
         click.echo(result.check.verdict)
+    for line in d["curve_verdicts"]:
+        click.echo(line)
     p = d["plan"]
     click.echo(f"plan by {p['ranking']}: {p['n_full']} of {p['n_planned']} KV heads full, the rest sink {p['sink_size']} "
                f"+ recent {p['recent_size']}")

@@ -32,6 +32,7 @@ _COREF_SETS = ("agreement", "winograd")
 _SYNTAX_SETTINGS = ("conllu", "select_on")  # recorded only when given
 _SINKS_SETTINGS = ("sinks", "streaming_tokens", "streaming_window")  # recorded only with --sinks
 _MECHANISMS_SETTINGS = ("mechanisms", "mechanisms_pairs")  # recorded only with --mechanisms
+_LONG_SETTINGS = ("long_context",)  # recorded only with --long-context
 _PLACEMENT_SETTINGS = ("max_memory", "offload_folder")  # recorded only when given
 
 
@@ -42,7 +43,8 @@ def shown_settings(settings) -> dict:
     return {k: v for k, v in asdict(settings).items()
             if k not in ("texts", "targets") and not (k == "generate" and not v)
             and not (k in _SYNTAX_SETTINGS + _PLACEMENT_SETTINGS and v is None) and not (k in _SINKS_SETTINGS and not settings.sinks)
-            and not (k in _MECHANISMS_SETTINGS and not settings.mechanisms)}
+            and not (k in _MECHANISMS_SETTINGS and not settings.mechanisms)
+            and not (k in _LONG_SETTINGS and not settings.long_context)}
 
 
 # ---------------------------------------------------------------- inputs
@@ -117,6 +119,9 @@ def _parse_width(value: str) -> float:
 @click.option("--mechanisms", "mechanisms", is_flag=True,
               help="Add a Mechanisms section: direct logit attribution of each report sentence's next token and "
                    "head-output patching of 8 built-in ioi pairs (decoders), and the heads' composition graph.")
+@click.option("--long-context", "long_context", is_flag=True,
+              help="Add a Long context section (decoders): retrieval heads on needle prompts, the causal check and "
+                   "the KV-cache plans' cost curve (as headscope retrieval --scope question --curve; minutes).")
 @click.option("--format", "formats", default="png", show_default=True, callback=_check_formats,
               help="Figure files to write, comma-separated: png, svg, pdf (fonts embedded). The page inlines PNG.")
 @click.option("--dpi", type=click.IntRange(min=10, max=1200), default=100, show_default=True,
@@ -126,7 +131,7 @@ def _parse_width(value: str) -> float:
 @options("image", "quiet", "json", "attention", "device")
 def cli(models, corpus_path, limit, coref_path, texts, targets, generate, report_dir, level, induction_seqs,
         permutations, seed, batch_size, truncate, conllu_path, select_path, ablation, ablation_texts, old_ablation,
-        old_ablation_texts, sinks, mechanisms, formats, dpi, width, images,
+        old_ablation_texts, sinks, mechanisms, long_context, formats, dpi, width, images,
         quiet, as_json, placement, attention, memory_budget) -> None:
     """Verify, score every head, probe coreference and write DIR/index.html with figures, tables, run.json.
 
@@ -184,7 +189,7 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, report
         attention=attention, memory_budget=memory_budget, targets=tuple(targets), generate=generate,
         conllu=conllu_path, select_on=select_path, ablation=old_ablation if ablation is None else ablation,
         ablation_texts=old_ablation_texts if old_ablation_texts is not None else ablation_texts, sinks=sinks,
-        mechanisms=mechanisms, images=tuple(images))
+        mechanisms=mechanisms, long_context=long_context, images=tuple(images))
     world = join_run(placement.device)
 
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser. The

@@ -127,6 +127,9 @@ class RunSettings:
     # scores of every pair of heads (any model).
     mechanisms: bool = False
     mechanisms_pairs: int = 8
+    # The Long context section (`workflows.retrieval.run_section`, decoders): retrieval heads on needle prompts,
+    # the causal check and the KV-cache plans' cost curve.
+    long_context: bool = False
     # Vision transformers: the images analysed instead of the corpus, the probes and the report sentences
     # (their maps are the report's maps, scored with the vision metrics); text models take none.
     images: tuple[str, ...] = ()
@@ -288,6 +291,9 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
                                      seed=settings.seed)
         say(f"{lm.name}: mechanisms, " + ", ".join(f"{k} {v:.1f} s" for k, v in found_mechanisms.seconds.items())
             + f" ({stage.seconds['mechanisms']:.1f} s)")
+    found_long = None
+    if settings.long_context:
+        found_long = _long_context(lm, stage, settings, notes, say, progress)
     info = _model_info(lm, verification, stage.seconds)
     if pairs:
         info["targets"] = "given" if settings.targets else DEFAULT_TARGETS
@@ -295,7 +301,24 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
                          maps=tuple(maps), corpus=corpus, info=info, notes=tuple(notes), seconds=dict(stage.seconds),
                          pairs=tuple(pairs), norm_maps=tuple(norm_maps), generations=tuple(generations),
                          syntax=found, syntax_clusters=clusters, evidence=evidence, sinks=sink_report,
-                         streaming=streamed, mechanisms=found_mechanisms)
+                         streaming=streamed, mechanisms=found_mechanisms, long_context=found_long)
+
+
+def _long_context(lm: LoadedModel, stage: _Stages, settings: RunSettings, notes: list, say, progress: bool):
+    """The Long context section's result, or None with a note (not a decoder, no layer to plan)."""
+    from .retrieval import run_section
+
+    if not lm.is_causal:
+        notes.append(f"the long-context analysis was not run: {lm.name} is not a decoder (a KV-cache plan is a "
+                     "decoder's)")
+        return None
+    try:
+        found = stage.run("long_context", run_section, lm, seed=settings.seed, progress=progress)
+    except (UnsupportedFeature, ValueError) as exc:
+        notes.append(f"the long-context analysis was not run: {exc}")
+        return None
+    say(f"{lm.name}: long context, {found.check.verdict} ({stage.seconds['long_context']:.1f} s)")
+    return found
 
 
 def analyse_models(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[str, list]], settings: RunSettings, *,

@@ -1,0 +1,54 @@
+"""The Long context section's view and tables (`headscope run --long-context`): a `RetrievalResult` as the
+template reads it — the needle grid, the retrieval heads, the causal check, the cost curve and its verdicts —
+and the CSV tables beside the page (the per-head table, the per-KV-head plan in DuoAttention's 1/0 form, the
+curve). No model."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from headscope.analyses.longcontext import RetrievalResult, curve_verdicts
+from headscope.probe.types import head_name
+
+__all__ = ["long_context_frames", "grid_frame", "long_context_tables"]
+
+
+def grid_frame(r: RetrievalResult) -> pd.DataFrame:
+    """Per needle length × depth: the needles, and how many the full model retrieved (selection needles in the
+    scoring pass, held-out needles in the causal check's clean run)."""
+    clean = iter(r.check.clean) if r.check is not None else iter(())
+    sel = iter(r.selection_correct)
+    rows = []
+    for n in r.needles:
+        got = next(sel) if n.split == "selection" else next(clean, None)
+        rows.append({"length": n.length, "depth": n.depth, "split": n.split, "retrieved": got})
+    frame = pd.DataFrame(rows)
+    return (frame.groupby(["length", "depth"], as_index=False)
+            .agg(needles=("split", "size"), retrieved=("retrieved", lambda x: int(x.dropna().sum())),
+                 scored=("retrieved", lambda x: int(x.notna().sum()))))
+
+
+def long_context_frames(r: RetrievalResult) -> dict:
+    """The strings and frames the section shows."""
+    top = [{"head": head_name(l, h), "retrieval score": float(r.scores.score[l, h]),
+            "hits": int(r.scores.hits[l, h]), "95% low": r.scores.interval(l, h)[0],
+            "95% high": r.scores.interval(l, h)[1]} for l, h in r.scores.top(min(10, r.scores.hits.size))]
+    curve = None
+    if r.costs is not None:
+        curve = r.costs[["plan", "fraction_full", "n_full", "needle_accuracy", "accuracy_low", "accuracy_high",
+                         "perplexity", "perplexity_change", "kv_bytes", "kv_share"]]
+    s = r.settings
+    return {"grid": grid_frame(r), "top": pd.DataFrame(top), "curve": curve,
+            "check": None if r.check is None else r.check.verdict,
+            "verdicts": [] if r.costs is None else curve_verdicts(r.costs),
+            "setting": (f"{len(r.needles)} needles ({len(r.selection_correct)} selection, "
+                        f"{len(r.needles) - len(r.selection_correct)} held out) of {', '.join(map(str, s['lengths']))} "
+                        f"tokens; {r.scores.copies} copy steps; streaming heads keep sink {s['sink']} + recent "
+                        f"{s['recent']} keys; masks {'at every token' if s.get('scope') == 'prompt' else 'from the question on'}"),
+            "plan": (f"plan by {r.ranking}: {r.plan.n_full} of {r.plan.n_planned} KV heads full")}
+
+
+def long_context_tables(r: RetrievalResult | None) -> dict[str, pd.DataFrame | None]:
+    if r is None:
+        return {}
+    return {"long_context_heads": r.to_frame(), "long_context_kv_heads": r.kv_frame(), "long_context_curve": r.costs}

@@ -1,0 +1,71 @@
+"""The report's Long context section (`run --long-context`): shown only when asked for, its grid, curve and
+verdicts from the result, its CSV tables (the KV-head table is DuoAttention's 1/0 plan), an encoder's note, and
+the flag recorded only when given."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from headscope.reports.analysis import ModelAnalysis
+from headscope.reports.html import build_report
+
+from conftest import _tiny
+
+
+@pytest.fixture(scope="module")
+def found():
+    from headscope.probe.kvplan import Phrasing
+    from headscope.workflows.retrieval import retrieval
+
+    # run_section's settings, smaller (its 16 needles and 10 random plans take 20 s on a loaded CPU)
+    return retrieval(_tiny("llama"), n_needles=6, n_selection=2, lengths=[96], n_random=2, sensitivity=True,
+                     sensitivity_queries=64, scope="question", curve=(0.25, 0.5, 0.75), n_random_plans=3,
+                     random_fractions=(0.5,), phrasings=[Phrasing("Key {key}.", "Key:")])
+
+
+def test_section_shows_the_grid_the_curve_and_the_verdicts(found):
+    rep = build_report([ModelAnalysis(model="tiny-llama", long_context=found)])
+    html = rep.html.replace("&#39;", "'")
+    assert '<section id="long_context">' in html and '<a href="#long_context">Long context</a>' in html
+    assert found.check.verdict.split(" — ")[0][:40] in html
+    verdicts = found.to_dict()["curve_verdicts"]
+    assert len(verdicts) == 3 and all(v.split(" (")[0] in html for v in verdicts)  # retrieval, sensitivity, combined
+    t = rep.tables
+    curve = t["long_context_curve"]
+    # 3 rankings at 3 fractions, 3 random plans at 50%, all streaming, all full
+    assert len(curve) == 9 + 3 + 2 and (curve[curve["plan"].str.startswith("random")]["fraction_full"] == 0.5).all()
+    kv = t["long_context_kv_heads"]
+    assert kv["full"].sum() == found.plan.n_full
+    pattern = np.loadtxt(found.plan.pattern_table().splitlines(), delimiter="\t", ndmin=2)
+    assert pattern.astype(bool).tolist() == kv.pivot(index="layer", columns="kv_head", values="full").to_numpy().tolist()
+    assert len(t["long_context_heads"]) == 2 * 4 and json.dumps(ModelAnalysis(model="m", long_context=found).to_dict())
+    grid = t["long_context_heads"]
+    assert (grid["copy_steps"] == found.scores.copies).all() and len(found.needles) == 6
+
+
+def test_a_report_without_it_has_no_section_and_settings_record_it_only_when_given():
+    from dataclasses import replace
+
+    from headscope.commands.run import shown_settings
+    from headscope.workflows.run import RunSettings
+
+    rep = build_report([ModelAnalysis(model="toy")])
+    assert 'id="long_context"' not in rep.html and not {n for n in rep.tables if n.startswith("long_context")}
+    assert "long_context" not in ModelAnalysis(model="toy").to_dict()
+    plain = RunSettings(corpus="c", coref="p", texts=("The cat sat.",))
+    assert "long_context" not in shown_settings(plain)
+    assert shown_settings(replace(plain, long_context=True))["long_context"] is True
+
+
+def test_an_encoder_or_a_short_context_gets_a_note_not_a_section():
+    from headscope.workflows.run import RunSettings, _long_context, _Stages
+
+    settings = RunSettings(corpus="c", coref="p", texts=("The cat sat.",), long_context=True)
+    for name, says in (("bert", "not a decoder"), ("llama", "a needle and its question take")):
+        notes: list = []
+        assert _long_context(_tiny(name), _Stages(), settings, notes, lambda m: None, False) is None
+        assert len(notes) == 1 and says in notes[0] and "\n" not in notes[0]
