@@ -122,6 +122,24 @@ HUB: dict[str, HubFixture] = {
 }
 
 
+# issue 49, more types (branch i49-more): each mirrors its named checkpoint
+HUB.update({
+    "shieldgemma2": HubFixture("google/shieldgemma-2-4b-it", {
+        "sliding window wider than one image's tokens (1024 > 256)":
+            lambda lm: lm.config.text_config.sliding_window > lm.config.mm_tokens_per_image,
+        "sliding and full layers": _sliding_and_full,
+        "the given text read, not the policy prompts":
+            lambda lm: len(lm.processor(text=["a <start_of_image> b"], images=[_white()])["input_ids"]) == 1},
+        lambda cfg: {"text_config": _text(cfg, sliding_window=2 * cfg.mm_tokens_per_image)}),
+})
+
+
+def _white():
+    import numpy as np
+
+    return np.ones((8, 8, 3), dtype=np.uint8) * 255
+
+
 def _gemma2_text(cfg):
     """PaliGemma 2's Gemma 2 decoder, its window (4 here) no longer than the image tokens ahead of the prompt."""
     from headscope.probe.families import family_of_type

@@ -173,6 +173,9 @@ HAND_GRID = {
     "vipllava": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
     "janus": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
 }
+HAND_GRID.update({  # issue 49, more types (branch i49-more)
+    "shieldgemma2": lambda cfg: (int(round(cfg.mm_tokens_per_image ** 0.5)),) * 2 + ("base",),  # Gemma 3's pooled grid
+})
 HAND_GRID_OF_INPUT = {"qwen2_vl": _qwen_grid, "qwen2_5_vl": _qwen_grid, "qwen3_vl": _qwen_grid, "qwen3_vl_moe": _qwen_grid,
                       "qwen3_5": _qwen_grid, "qwen3_5_moe": _qwen_grid}
 
