@@ -16,26 +16,36 @@ the captured inputs with our probabilities (tests/test_qwen_vl.py). The decoder'
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from .scratch import LayerSpec
 
-__all__ = ["vision_layer_spec", "vision_positions", "vision_angles", "vision_segments"]
+__all__ = ["vision_layer_spec", "vision_positions", "vision_angles", "vision_segments", "visual_stack",
+           "block_output_errors"]
 
 
 def vision_layer_spec(visual, i: int, angles: torch.Tensor | None = None) -> LayerSpec:
-    """Layer `i` of a Qwen-VL vision encoder (`model.visual`): q, k and v from one fused `qkv` projection, the
-    output projection `proj`, every head sees every patch of its segment; `angles` (N, head_dim / 2) of the
-    segment's patches (`vision_angles`), or None for no rotary."""
+    """Layer `i` of a Qwen-VL-style vision encoder (`model.visual`: Qwen-VL's, GLM-4V's): q, k and v from one fused
+    `qkv` projection (with or without biases), the output projection `proj`, every head sees every patch of its
+    segment; an RMS norm of each query and key head before rotary where the module has one (GLM-OCR's `q_norm`,
+    `k_norm`); `angles` (N, head_dim / 2) of the segment's patches (`vision_angles`), or None for no rotary."""
+    from .family import linear_weights, norm_eps
+
     attn = visual.blocks[i].attn
-    w, b = attn.qkv.weight.detach(), attn.qkv.bias.detach()
+    (w, b), (wo, bo) = linear_weights(attn.qkv), linear_weights(attn.proj)
     dim = w.shape[1]
     wq, wk, wv = w.split(dim)
-    bq, bk, bv = b.split(dim)
+    bq, bk, bv = (None, None, None) if b is None else b.split(dim)
     n_heads = attn.num_heads
-    return LayerSpec(wq, wk, wv, attn.proj.weight.detach(), bq, bk, bv, attn.proj.bias.detach(), n_heads=n_heads,
-                     n_kv_heads=n_heads, head_dim=dim // n_heads, scale=float(attn.scaling), causal=False,
-                     rotary_angles=None if angles is None else (lambda T: angles[:T]))
+    norms = {}
+    if getattr(attn, "q_norm", None) is not None:  # GLM-OCR: plain-weight RMS norms per head
+        norms = dict(q_norm=attn.q_norm.weight.detach(), k_norm=attn.k_norm.weight.detach(),
+                     norm_eps=norm_eps(attn.q_norm), norm_offset=0.0, norm_scope="head")
+    return LayerSpec(wq, wk, wv, wo, bq, bk, bv, bo, n_heads=n_heads, n_kv_heads=n_heads, head_dim=dim // n_heads,
+                     scale=float(attn.scaling), causal=False,
+                     rotary_angles=None if angles is None else (lambda T: angles[:T]), **norms)
 
 
 def vision_positions(visual, grid_thw: torch.Tensor) -> torch.Tensor:
@@ -78,3 +88,55 @@ def vision_segments(visual, i: int, grid_thw: torch.Tensor) -> list[tuple[int, i
     else:
         cu = [0] + torch.cumsum(grid_thw.prod(-1), 0).tolist()
     return [(a, b) for a, b in zip(cu[:-1], cu[1:]) if b > a]
+
+
+def visual_stack(visual_of):
+    """The vision encoder's layers as a `Stack` (`visual_of(base)`: the encoder, `model.visual`): each block's
+    `attn` with its `proj`, specs by `vision_layer_spec`, `depth` layers."""
+    from .family import Stack
+
+    return Stack(kind="vision", layer_spec=lambda base, i, cfg: vision_layer_spec(visual_of(base), i),
+                 attention=lambda base, i: visual_of(base).blocks[i].attn,
+                 out_proj=lambda base, i: visual_of(base).blocks[i].attn.proj,
+                 n_layers=lambda cfg: getattr(cfg, "composite", cfg).vision_config.depth)
+
+
+def block_output_errors(stack, visual_of, base, cfg, inputs) -> list[float]:
+    """Each vision layer's relative |Δ| of its block output after `proj`, recomputed from its captured input
+    segment by segment (`stack`'s layer, turned by the 2-D rotary of the segment's patches): the vision
+    attention returns no weights to compare. `visual_of(base)`: the encoder."""
+    from .scratch import attention_from_scratch
+
+    visual = visual_of(base)
+    pixels, grid = inputs["pixel_values"], inputs["image_grid_thw"]
+    n = len(visual.blocks)
+    ins, outs, cus, handles = [None] * n, [None] * n, [None] * n, []
+
+    def grab(module, args, kwargs, i):
+        ins[i] = (args[0] if args else kwargs["hidden_states"]).detach()
+        cus[i] = kwargs.get("cu_seqlens")
+
+    for i, block in enumerate(visual.blocks):
+        handles.append(block.attn.register_forward_pre_hook(lambda m, a, k, i=i: grab(m, a, k, i), with_kwargs=True))
+        handles.append(block.attn.proj.register_forward_hook(lambda m, a, o, i=i: outs.__setitem__(i, o.detach())))
+    try:
+        with torch.inference_mode():
+            visual(pixels.to(next(visual.parameters()).dtype), grid_thw=grid)
+    finally:
+        for h in handles:
+            h.remove()
+    angles = vision_angles(visual, vision_positions(visual, grid))
+    errors = []
+    for i in range(n):
+        worst, segments = 0.0, vision_segments(visual, i, grid)
+        if cus[i] is not None and [0, *(b for _, b in segments)] != list(dict.fromkeys(cus[i].tolist())):
+            errors.append(float("inf"))  # the model's own segments (images, windows) are not ours
+            continue
+        for a, b in segments:
+            turned = angles[a:b]
+            spec = dataclasses.replace(stack.layer_spec(base, i, cfg), rotary_angles=lambda T, turned=turned: turned[:T])
+            res = attention_from_scratch(ins[i][a:b][None].float(), spec, torch.ones(1, b - a))
+            ref = outs[i][a:b].float()
+            worst = max(worst, (res.output[0] - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30))
+        errors.append(worst)
+    return errors

@@ -131,6 +131,13 @@ HUB.update({
         "the given text read, not the policy prompts":
             lambda lm: len(lm.processor(text=["a <start_of_image> b"], images=[_white()])["input_ids"]) == 1},
         lambda cfg: {"text_config": _text(cfg, sliding_window=2 * cfg.mm_tokens_per_image)}),
+    "exaone4_5": HubFixture("LGAI-EXAONE/EXAONE-4.5-33B", {
+        "windowed vision blocks": _windowed_vision, "2 x 2 merge": lambda lm: lm.config.vision_config.spatial_merge_size == 2,
+        "grouped-query vision heads (16 heads, 8 key/value)":
+            lambda lm: lm.config.vision_config.num_key_value_heads < lm.config.vision_config.num_heads,
+        "EXAONE 4 sliding and full layers": _sliding_and_full,
+        "1-D decoder positions (no M-RoPE sections)":
+            lambda lm: "mrope_section" not in (lm.config.text_config.rope_parameters or {})}),
 })
 
 

@@ -173,9 +173,6 @@ HAND_GRID = {
     "vipllava": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
     "janus": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size,) * 2 + ("base",),
 }
-HAND_GRID.update({  # issue 49, more types (branch i49-more)
-    "shieldgemma2": lambda cfg: (int(round(cfg.mm_tokens_per_image ** 0.5)),) * 2 + ("base",),  # Gemma 3's pooled grid
-})
 HAND_GRID_OF_INPUT = {"qwen2_vl": _qwen_grid, "qwen2_5_vl": _qwen_grid, "qwen3_vl": _qwen_grid, "qwen3_vl_moe": _qwen_grid,
                       "qwen3_5": _qwen_grid, "qwen3_5_moe": _qwen_grid}
 
@@ -236,6 +233,13 @@ def _one_patch(reading):
     got = int(m.attention[0, 0, query].argmax())
     assert got == target and m.attention[0, 0, query, target] > 0.9
     assert m.patches[got] == ImagePatch(0, *cell, rows, cols, view=view, box=box[0](*cell) if box else None)
+
+
+# issue 49, more types (branch i49-more): their grids by hand, as above
+HAND_GRID.update({
+    "shieldgemma2": lambda cfg: (int(round(cfg.mm_tokens_per_image ** 0.5)),) * 2 + ("base",),  # Gemma 3's pooled grid
+})
+HAND_GRID_OF_INPUT.update({"exaone4_5": _qwen_grid})  # Qwen2.5-VL's tower: the processor's grid, 2 x 2 merged
 
 
 # Every vision–language type, verified by path on a hub-fidelity folder (tests/hub_fixtures.py), as a checkpoint and

@@ -14,11 +14,8 @@ the vision encoder's layers are verified on their block outputs after `proj`, se
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
-from ..scratch import attention_from_scratch
 from ._reading import (both_refusals, grid_units, images_only, load_images_only, reading_family, text_config,
                        text_family, tiny_chat_template)
 from ..family import Stack, VisionLanguage
@@ -47,14 +44,14 @@ def _visual(base):
     return base.visual
 
 
-def _image_units(cfg, inputs: dict, image: int) -> list:
+def image_units(cfg, inputs: dict, image: int) -> list:
     """Image `image`'s merged cells, row by row: its (t, h, w) patches make (h / m) × (w / m) tokens."""
     _, h, w = (int(x) for x in inputs["image_grid_thw"][image])
     merge = cfg.vision_config.spatial_merge_size
     return grid_units(image, h // merge, w // merge)
 
 
-def _decoder_at(model, cfg, ids, inputs):
+def decoder_at(model, cfg, ids, inputs):
     """The decoder's layers at this input's own 3-D positions (the model's `get_rope_index`)."""
     from ..mrope import at_positions, qwen_vl_positions
 
@@ -65,53 +62,17 @@ def _decoder_at(model, cfg, ids, inputs):
 
 
 def _vision_outputs(stack: Stack, base, cfg, inputs) -> list[float]:
-    """Each vision layer's relative |Δ| of its block output after `proj`, recomputed from its captured input
-    segment by segment (`stack`'s layer, turned by the 2-D rotary of the segment's patches): the vision
-    attention returns no weights to compare."""
-    from ..qwen_vision import vision_angles, vision_positions, vision_segments
+    """Each vision layer's relative |Δ| of its block output after `proj` (`probe.qwen_vision.block_output_errors`):
+    the vision attention returns no weights to compare."""
+    from ..qwen_vision import block_output_errors
 
-    visual = _visual(base)
-    pixels, grid = inputs["pixel_values"], inputs["image_grid_thw"]
-    n = len(visual.blocks)
-    ins, outs, cus, handles = [None] * n, [None] * n, [None] * n, []
-
-    def grab(module, args, kwargs, i):
-        ins[i] = (args[0] if args else kwargs["hidden_states"]).detach()
-        cus[i] = kwargs.get("cu_seqlens")
-
-    for i, block in enumerate(visual.blocks):
-        handles.append(block.attn.register_forward_pre_hook(lambda m, a, k, i=i: grab(m, a, k, i), with_kwargs=True))
-        handles.append(block.attn.proj.register_forward_hook(lambda m, a, o, i=i: outs.__setitem__(i, o.detach())))
-    try:
-        with torch.inference_mode():
-            visual(pixels.to(next(visual.parameters()).dtype), grid_thw=grid)
-    finally:
-        for h in handles:
-            h.remove()
-    angles = vision_angles(visual, vision_positions(visual, grid))
-    errors = []
-    for i in range(n):
-        worst, segments = 0.0, vision_segments(visual, i, grid)
-        if cus[i] is not None and [0, *(b for _, b in segments)] != list(dict.fromkeys(cus[i].tolist())):
-            errors.append(float("inf"))  # the model's own segments (images, windows) are not ours
-            continue
-        for a, b in segments:
-            turned = angles[a:b]
-            spec = dataclasses.replace(stack.layer_spec(base, i, cfg), rotary_angles=lambda T, turned=turned: turned[:T])
-            res = attention_from_scratch(ins[i][a:b][None].float(), spec, torch.ones(1, b - a))
-            ref = outs[i][a:b].float()
-            worst = max(worst, (res.output[0] - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30))
-        errors.append(worst)
-    return errors
+    return block_output_errors(stack, _visual, base, cfg, inputs)
 
 
 def _vision_stack() -> Stack:
-    from ..qwen_vision import vision_layer_spec
+    from ..qwen_vision import visual_stack
 
-    return Stack(kind="vision", layer_spec=lambda base, i, cfg: vision_layer_spec(_visual(base), i),
-                 attention=lambda base, i: _visual(base).blocks[i].attn,
-                 out_proj=lambda base, i: _visual(base).blocks[i].attn.proj,
-                 n_layers=lambda cfg: getattr(cfg, "composite", cfg).vision_config.depth)
+    return visual_stack(_visual)
 
 
 def _tiny_config(vocab: int, model_type: str):
@@ -145,7 +106,7 @@ def _tiny_processor(cfg, tokenizer):
                                                       chat_template=tiny_chat_template(START + IMAGE + END))
 
 
-def _picture(cfg, inputs: dict, image: int) -> torch.Tensor:
+def picture(cfg, inputs: dict, image: int) -> torch.Tensor:
     """Image `image` (3, H, W) as the model saw it (normalised), from the processor's flattened patches: each row
     holds (channel, frame, p, p) of one patch, the patches block-major over the m × m merge blocks."""
     grid = inputs["image_grid_thw"]
@@ -167,8 +128,8 @@ FAMILY = reading_family(
               "returns no weights)", "one image token per 2 × 2 merged cell, row by row"),
     refuses=both_refusals()[:1],
     tiny_config=_tiny_config,
-    vision_language=VisionLanguage(vision=_vision_stack(), vision_family="qwen_vision", image_units=_image_units,
+    vision_language=VisionLanguage(vision=_vision_stack(), vision_family="qwen_vision", image_units=image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (START, IMAGE, END, VIDEO),
-                                   decoder_at=_decoder_at, vision_outputs=_vision_outputs, picture=_picture,
+                                   decoder_at=decoder_at, vision_outputs=_vision_outputs, picture=picture,
                                    load_processor=load_images_only),
 )
