@@ -138,6 +138,14 @@ HUB.update({
         "EXAONE 4 sliding and full layers": _sliding_and_full,
         "1-D decoder positions (no M-RoPE sections)":
             lambda lm: "mrope_section" not in (lm.config.text_config.rope_parameters or {})}),
+    # the transformers-format conversion of lmms-lab/LLaVA-OneVision-1.5-4B-Instruct
+    "llava_onevision1_5": HubFixture("Deep-VLM/LLaVA-OneVision-1.5-4B-Instruct-hf", {
+        "a class token before each image's patches": lambda lm: hasattr(lm.model.model.visual, "cls_embeddings"),
+        "2 x 2 merge, the processor's": lambda lm: lm.config.vision_config.spatial_merge_size
+        == lm.processor.image_processor.merge_size == 2,
+        "one frame per patch (a 2-D patch convolution)": lambda lm: lm.processor.image_processor.temporal_patch_size == 1,
+        "Qwen3 decoder at 1-D positions": lambda lm: lm.config.text_config.model_type == "qwen3"
+        and "mrope_section" not in (lm.config.text_config.rope_parameters or {})}),
 })
 
 

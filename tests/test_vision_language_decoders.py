@@ -239,7 +239,7 @@ def _one_patch(reading):
 HAND_GRID.update({
     "shieldgemma2": lambda cfg: (int(round(cfg.mm_tokens_per_image ** 0.5)),) * 2 + ("base",),  # Gemma 3's pooled grid
 })
-HAND_GRID_OF_INPUT.update({"exaone4_5": _qwen_grid})  # Qwen2.5-VL's tower: the processor's grid, 2 x 2 merged
+HAND_GRID_OF_INPUT.update({"exaone4_5": _qwen_grid, "llava_onevision1_5": _qwen_grid})  # the processor's grid, 2 x 2 merged
 
 
 # Every vision–language type, verified by path on a hub-fidelity folder (tests/hub_fixtures.py), as a checkpoint and

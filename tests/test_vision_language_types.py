@@ -200,3 +200,26 @@ def test_qianfan_ocr_reads_its_image_slot_and_its_saved_folder_loads_without_a_v
     [n] = extract(loaded, "A <image> wide one", images=[_picture(4, (30, 100, 3))])
     assert n.token_ids == m.token_ids and n.patches == m.patches
     torch.testing.assert_close(n.attention, m.attention)
+
+
+# --- issue 49, more types (branch i49-more)
+
+def test_llava_onevision1_5_class_tokens_own_rotary_is_part_of_the_recomputation(monkeypatch):
+    """RiceViT turns each image's class token by its learned angles (`class_pos_emb`): recomputed with the class token
+    unturned, the vision blocks no longer match; with its angles they do."""
+    from headscope.probe.families import llava_onevision1_5 as family
+    from headscope.probe.verify import verify
+
+    lm = _tiny("llava_onevision1_5")
+    picture = [_picture(5, (40, 52, 3))]
+    assert all(c.passed for c in verify(lm, "What is here?", images=picture).layers if c.kind == "vision")
+    real = family.vision_angles_with_cls
+
+    def unturned_class_token(visual, grid):
+        angles, segments = real(visual, grid)
+        angles = angles.clone()
+        angles[[a for a, _ in segments]] = 0.0
+        return angles, segments
+
+    monkeypatch.setattr(family, "vision_angles_with_cls", unturned_class_token)
+    assert not any(c.passed for c in verify(lm, "What is here?", images=picture).layers if c.kind == "vision")
