@@ -62,7 +62,8 @@ def _tiny_config(vocab: int, model_type: str):
     from . import family_of_type
 
     # the tokenizer's last four tokens are <|vision_start|>, <|image_pad|>, <|vision_end|>, <|video_pad|>
-    text = family_of_type("exaone4").tiny_config(vocab, "exaone4")
+    kind = AutoConfig.for_model(model_type).text_config.model_type  # the decoder type of its default config
+    text = family_of_type(kind).tiny_config(vocab, kind)
     return AutoConfig.for_model(model_type, text_config=text.to_dict(), vision_config=tiny_vision(text.hidden_size),
                                 image_token_id=vocab - 3, video_token_id=vocab - 1)
 

@@ -110,7 +110,8 @@ def _tiny_config(vocab: int, model_type: str):
     from . import family_of_type
 
     # the tokenizer's last four tokens are <|vision_start|>, <|image_pad|>, <|vision_end|>, <|video_pad|>
-    text = family_of_type("qwen3").tiny_config(vocab, "qwen3")
+    kind = AutoConfig.for_model(model_type).text_config.model_type  # the decoder type of its default config
+    text = family_of_type(kind).tiny_config(vocab, kind)
     vision = dict(depth=2, hidden_size=16, intermediate_size=32, num_heads=2, out_hidden_size=text.hidden_size,
                   patch_size=PATCH, spatial_merge_size=MERGE)
     return AutoConfig.for_model(model_type, text_config=text.to_dict(), vision_config=vision,
