@@ -146,6 +146,17 @@ HUB.update({
         "one frame per patch (a 2-D patch convolution)": lambda lm: lm.processor.image_processor.temporal_patch_size == 1,
         "Qwen3 decoder at 1-D positions": lambda lm: lm.config.text_config.model_type == "qwen3"
         and "mrope_section" not in (lm.config.text_config.rope_parameters or {})}),
+    # the transformers-format Granite Docling (ibm-granite/granite-docling-258M is Idefics3's type, verified there)
+    "granite_docling": HubFixture("ibm-granite/granite-for-docling-500m", {
+        "pixel shuffle by scale_factor 4 (64 tokens a 512-pixel tile of 16-pixel patches)":
+            lambda lm: lm.config.vision_config.scale_factor == 4
+            and lm.processor.image_seq_len == (_side(lm.config) // 4) ** 2,
+        "tiles then the global image (GOT-OCR 2 tiling)":
+            lambda lm: lm.processor.image_processor.crop_to_patches and lm.processor.image_processor.max_patches > 1,
+        "DeepStack taps of vision layers into the decoder": lambda lm: 0 < len(lm.config.vision_config
+                                                                          .deepstack_visual_indexes)
+        < lm.config.vision_config.num_hidden_layers,
+        "Granite's multipliers": lambda lm: lm.config.text_config.attention_multiplier != 1.0}),
 })
 
 

@@ -238,6 +238,10 @@ def _one_patch(reading):
 # issue 49, more types (branch i49-more): their grids by hand, as above
 HAND_GRID.update({
     "shieldgemma2": lambda cfg: (int(round(cfg.mm_tokens_per_image ** 0.5)),) * 2 + ("base",),  # Gemma 3's pooled grid
+    # Granite Docling: the 40 x 52 page fits one 64-pixel tile, read alone (no global image): its 16 x 16 patches
+    # shuffled 4 x 4 into 4 x 4 tokens
+    "granite_docling": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size
+                                    // cfg.vision_config.scale_factor,) * 2 + ("base",),
 })
 HAND_GRID_OF_INPUT.update({"exaone4_5": _qwen_grid, "llava_onevision1_5": _qwen_grid})  # the processor's grid, 2 x 2 merged
 

@@ -223,3 +223,18 @@ def test_llava_onevision1_5_class_tokens_own_rotary_is_part_of_the_recomputation
 
     monkeypatch.setattr(family, "vision_angles_with_cls", unturned_class_token)
     assert not any(c.passed for c in verify(lm, "What is here?", images=picture).layers if c.kind == "vision")
+
+
+@pytest.mark.parametrize("shape", [(100, 230, 3), (200, 120, 3), (40, 52, 3)])
+def test_granite_docling_tiles_follow_the_image_processors_grid_and_a_one_tile_page_has_no_global_image(shape):
+    """GOT-OCR 2's tiling: the tiles (rows x columns) the image processor's own `get_tile_grid` gives for the page,
+    each 4 x 4 tokens (64-pixel tiles of 4-pixel patches, shuffled 4 x 4), then the global image only when the page
+    was cut in more than one tile."""
+    lm = _tiny("granite_docling")
+    rows, cols = lm.processor.image_processor.get_tile_grid(shape[0], shape[1])
+    [m] = extract(lm, "A <image> page", images=[_picture(6, shape)])
+    cells = [p for p in m.patches if p is not None]
+    views = [f"tile {r},{c}" for r in range(rows) for c in range(cols)] + ["thumbnail"] if rows * cols > 1 else ["base"]
+    assert list(dict.fromkeys(p.view for p in cells)) == views
+    assert len(cells) == 16 * len(views) and all((p.rows, p.cols) == (4, 4) for p in cells)
+    assert ("<global-img>" in m.labels) == (rows * cols > 1)
