@@ -157,6 +157,13 @@ HUB.update({
                                                                           .deepstack_visual_indexes)
         < lm.config.vision_config.num_hidden_layers,
         "Granite's multipliers": lambda lm: lm.config.text_config.attention_multiplier != 1.0}),
+    "ovis2": HubFixture("thisisiron/Ovis2-1B-hf", {
+        "patches grouped 2 x 2 into one visual token (hidden_stride 2)": lambda lm: lm.config.vision_config.hidden_stride
+        == 2 and lm.processor.image_seq_length == (_side(lm.config) // 2) ** 2,
+        "the global image, then tiles": lambda lm: lm.processor.image_processor.crop_to_patches
+        and lm.processor.image_processor.max_patches > 1,
+        "the processor's tile grid read (grids kept)":
+            lambda lm: "grids" not in type(lm.processor).unused_input_names.fget(lm.processor)}),
 })
 
 

@@ -242,6 +242,10 @@ HAND_GRID.update({
     # shuffled 4 x 4 into 4 x 4 tokens
     "granite_docling": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size
                                     // cfg.vision_config.scale_factor,) * 2 + ("base",),
+    # Ovis2: the 40 x 52 picture takes 2 x 2 tiles of 32 pixels (fewer cover under 90% of it); the first grid is the
+    # global image's, 32 / 8 = 4 patches a side grouped 2 x 2 (hidden_stride) into 2 x 2 tokens
+    "ovis2": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size
+                          // cfg.vision_config.hidden_stride,) * 2 + ("thumbnail",),
 })
 HAND_GRID_OF_INPUT.update({"exaone4_5": _qwen_grid, "llava_onevision1_5": _qwen_grid})  # the processor's grid, 2 x 2 merged
 

@@ -238,3 +238,21 @@ def test_granite_docling_tiles_follow_the_image_processors_grid_and_a_one_tile_p
     assert list(dict.fromkeys(p.view for p in cells)) == views
     assert len(cells) == 16 * len(views) and all((p.rows, p.cols) == (4, 4) for p in cells)
     assert ("<global-img>" in m.labels) == (rows * cols > 1)
+
+
+@pytest.mark.parametrize("shape", [(100, 230, 3), (40, 52, 3), (30, 30, 3)])
+def test_ovis2_reads_the_global_image_first_then_the_tiles_of_the_image_processors_grid(shape):
+    """Ovis2: the whole picture's 2 x 2 tokens (32-pixel frames of 8-pixel patches, grouped 2 x 2) first, then the
+    tiles of the grid the image processor itself returns for the picture (`grids`, rows x columns), row by row; a
+    picture of one tile is read whole."""
+    lm = _tiny("ovis2")
+    picture = _picture(7, shape)
+    rows, cols = (int(x) for x in lm.processor.image_processor(images=[picture])["grids"][0])
+    [m] = extract(lm, "A <image> picture", images=[picture])
+    cells = [p for p in m.patches if p is not None]
+    tiles = [f"tile {r},{c}" for r in range(rows) for c in range(cols)]
+    views = ["thumbnail", *tiles] if rows * cols > 1 else ["base"]
+    assert list(dict.fromkeys(p.view for p in cells)) == views
+    assert len(cells) == 4 * len(views) and all((p.rows, p.cols) == (2, 2) for p in cells)
+    tiled = rows * cols > 1
+    assert (m.labels.count("<IMG_COL>"), m.labels.count("<IMG_ROW>")) == ((rows * (cols - 1), rows - 1) if tiled else (0, 0))
