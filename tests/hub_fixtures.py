@@ -164,6 +164,12 @@ HUB.update({
         and lm.processor.image_processor.max_patches > 1,
         "the processor's tile grid read (grids kept)":
             lambda lm: "grids" not in type(lm.processor).unused_input_names.fget(lm.processor)}),
+    "video_llama_3": HubFixture("lkhl/VideoLLaMA3-2B-Image-HF", {
+        "images unmerged (merge_size 1), one token per patch": lambda lm: lm.processor.image_processor.merge_size == 1,
+        "2-D axial rotary in the vision encoder":
+            lambda lm: lm.config.vision_config.rope_parameters["rope_type"] == "axial",
+        "Qwen2 decoder at 1-D positions": lambda lm: "mrope_section" not in (lm.config.text_config.rope_parameters
+                                                                             or {})}),
 })
 
 

@@ -250,6 +250,17 @@ HAND_GRID.update({
 HAND_GRID_OF_INPUT.update({"exaone4_5": _qwen_grid, "llava_onevision1_5": _qwen_grid})  # the processor's grid, 2 x 2 merged
 
 
+def _video_llama_3_grid(lm, images):
+    """VideoLLaMA 3: the processor's patch grid (t, h, w) of the picture, merged by the image's own merge size."""
+    out = lm.processor.image_processor(images, return_tensors="pt")
+    _, h, w = out["image_grid_thw"][0].tolist()
+    merge = int(out["image_merge_sizes"][0])
+    return h // merge, w // merge, "base"
+
+
+HAND_GRID_OF_INPUT["video_llama_3"] = _video_llama_3_grid
+
+
 # Every vision–language type, verified by path on a hub-fidelity folder (tests/hub_fixtures.py), as a checkpoint and
 # as an unseen one of another seed and other sizes
 VL_TYPES = sorted(t for t, f in SUPPORTED_TYPES.items() if f.vision_language is not None)

@@ -256,3 +256,17 @@ def test_ovis2_reads_the_global_image_first_then_the_tiles_of_the_image_processo
     assert len(cells) == 4 * len(views) and all((p.rows, p.cols) == (2, 2) for p in cells)
     tiled = rows * cols > 1
     assert (m.labels.count("<IMG_COL>"), m.labels.count("<IMG_ROW>")) == ((rows * (cols - 1), rows - 1) if tiled else (0, 0))
+
+
+def test_video_llama_3_vision_rotary_rows_and_columns_are_part_of_the_recomputation(monkeypatch):
+    """VideoLLaMA 3's vision blocks turn q and k by each patch's row and column: recomputed with the two swapped,
+    they no longer match its outputs; as they are, they do."""
+    from headscope.probe import qwen_vision
+    from headscope.probe.verify import verify
+
+    lm = _tiny("video_llama_3")
+    picture = [_picture(8, (40, 52, 3))]
+    assert all(c.passed for c in verify(lm, "What is here?", images=picture).layers if c.kind == "vision")
+    real = qwen_vision.vision_angles
+    monkeypatch.setattr(qwen_vision, "vision_angles", lambda visual, positions: real(visual, positions.flip(-1)))
+    assert not any(c.passed for c in verify(lm, "What is here?", images=picture).layers if c.kind == "vision")
