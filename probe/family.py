@@ -138,7 +138,9 @@ class VisionLanguage:
     is verified by this instead of hooks, on its block outputs recomputed with `vision`'s layers: each layer's
     relative |Δ| of the output after W_O.
     `load_processor(path, at)` loads the processor from a folder where AutoProcessor cannot build it (Qwen-VL's,
-    LLaVA-OneVision's and SmolVLM's want a video processor, which needs torchvision: `_reading.load_images_only`)."""
+    LLaVA-OneVision's and SmolVLM's want a video processor, which needs torchvision: `_reading.load_images_only`).
+    `as_reader(processor)` gives a loaded processor as one whose call encodes the text it is given, where the
+    checkpoint's own call does not (ShieldGemma 2's builds its own policy prompts); None: the processor as loaded."""
 
     vision: Stack
     vision_family: str
@@ -161,6 +163,7 @@ class VisionLanguage:
     decoder_at: Callable[[Any, Any, Any, Any], Callable[[LayerSpec], LayerSpec]] | None = None
     vision_outputs: Callable[[Stack, Any, Any, dict], list[float]] | None = None
     load_processor: Callable[[str, dict], Any] | None = None
+    as_reader: Callable[[Any], Any] | None = None
     # Whether the bidirectional blocks see themselves whole past a sliding layer's window (PaliGemma's prefix:
     # transformers ORs the block into the windowed causal mask) or only within it (Gemma 3's images).
     block_past_window: bool = False

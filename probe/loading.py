@@ -362,8 +362,9 @@ def load_model(
     if _is_image_config(model.config) or model.config.model_type in TOWERS:
         processor = _image_processor(str(path), {"revision": revision} if revision else {})
     elif _reads_images(model.config):
-        processor = _processor(str(path), {"revision": revision} if revision else {},
-                               SUPPORTED_TYPES[model.config.model_type].vision_language.load_processor)
+        reading = SUPPORTED_TYPES[model.config.model_type].vision_language
+        processor = _processor(str(path), {"revision": revision} if revision else {}, reading.load_processor)
+        processor = processor if reading.as_reader is None else reading.as_reader(processor)
         tok = getattr(processor, "tokenizer", None) or tok
     return LoadedModel(
         name=packaged.name if packaged else name,

@@ -154,6 +154,63 @@ HUB: dict[str, HubFixture] = {
 }
 
 
+# issue 49, more types (branch i49-more): each mirrors its named checkpoint
+HUB.update({
+    "shieldgemma2": HubFixture("google/shieldgemma-2-4b-it", {
+        "sliding window wider than one image's tokens (1024 > 256)":
+            lambda lm: lm.config.text_config.sliding_window > lm.config.mm_tokens_per_image,
+        "sliding and full layers": _sliding_and_full,
+        "the given text read, not the policy prompts":
+            lambda lm: len(lm.processor(text=["a <start_of_image> b"], images=[_white()])["input_ids"]) == 1},
+        lambda cfg: {"text_config": _text(cfg, sliding_window=2 * cfg.mm_tokens_per_image)}),
+    "exaone4_5": HubFixture("LGAI-EXAONE/EXAONE-4.5-33B", {
+        "windowed vision blocks": _windowed_vision, "2 x 2 merge": lambda lm: lm.config.vision_config.spatial_merge_size == 2,
+        "grouped-query vision heads (16 heads, 8 key/value)":
+            lambda lm: lm.config.vision_config.num_key_value_heads < lm.config.vision_config.num_heads,
+        "EXAONE 4 sliding and full layers": _sliding_and_full,
+        "1-D decoder positions (no M-RoPE sections)":
+            lambda lm: "mrope_section" not in (lm.config.text_config.rope_parameters or {})}),
+    # the transformers-format conversion of lmms-lab/LLaVA-OneVision-1.5-4B-Instruct
+    "llava_onevision1_5": HubFixture("Deep-VLM/LLaVA-OneVision-1.5-4B-Instruct-hf", {
+        "a class token before each image's patches": lambda lm: hasattr(lm.model.model.visual, "cls_embeddings"),
+        "2 x 2 merge, the processor's": lambda lm: lm.config.vision_config.spatial_merge_size
+        == lm.processor.image_processor.merge_size == 2,
+        "one frame per patch (a 2-D patch convolution)": lambda lm: lm.processor.image_processor.temporal_patch_size == 1,
+        "Qwen3 decoder at 1-D positions": lambda lm: lm.config.text_config.model_type == "qwen3"
+        and "mrope_section" not in (lm.config.text_config.rope_parameters or {})}),
+    # the transformers-format Granite Docling (ibm-granite/granite-docling-258M is Idefics3's type, verified there)
+    "granite_docling": HubFixture("ibm-granite/granite-for-docling-500m", {
+        "pixel shuffle by scale_factor 4 (64 tokens a 512-pixel tile of 16-pixel patches)":
+            lambda lm: lm.config.vision_config.scale_factor == 4
+            and lm.processor.image_seq_len == (_side(lm.config) // 4) ** 2,
+        "tiles then the global image (GOT-OCR 2 tiling)":
+            lambda lm: lm.processor.image_processor.crop_to_patches and lm.processor.image_processor.max_patches > 1,
+        "DeepStack taps of vision layers into the decoder": lambda lm: 0 < len(lm.config.vision_config
+                                                                          .deepstack_visual_indexes)
+        < lm.config.vision_config.num_hidden_layers,
+        "Granite's multipliers": lambda lm: lm.config.text_config.attention_multiplier != 1.0}),
+    "ovis2": HubFixture("thisisiron/Ovis2-1B-hf", {
+        "patches grouped 2 x 2 into one visual token (hidden_stride 2)": lambda lm: lm.config.vision_config.hidden_stride
+        == 2 and lm.processor.image_seq_length == (_side(lm.config) // 2) ** 2,
+        "the global image, then tiles": lambda lm: lm.processor.image_processor.crop_to_patches
+        and lm.processor.image_processor.max_patches > 1,
+        "the processor's tile grid read (grids kept)":
+            lambda lm: "grids" not in type(lm.processor).unused_input_names.fget(lm.processor)}),
+    "video_llama_3": HubFixture("lkhl/VideoLLaMA3-2B-Image-HF", {
+        "images unmerged (merge_size 1), one token per patch": lambda lm: lm.processor.image_processor.merge_size == 1,
+        "2-D axial rotary in the vision encoder":
+            lambda lm: lm.config.vision_config.rope_parameters["rope_type"] == "axial",
+        "Qwen2 decoder at 1-D positions": lambda lm: "mrope_section" not in (lm.config.text_config.rope_parameters
+                                                                             or {})}),
+})
+
+
+def _white():
+    import numpy as np
+
+    return np.ones((8, 8, 3), dtype=np.uint8) * 255
+
+
 def _gemma2_text(cfg):
     """PaliGemma 2's Gemma 2 decoder, its window (4 here) no longer than the image tokens ahead of the prompt."""
     from headscope.probe.families import family_of_type

@@ -242,6 +242,32 @@ def _one_patch(reading):
     assert m.patches[got] == ImagePatch(0, *cell, rows, cols, view=view, box=box[0](*cell) if box else None)
 
 
+# issue 49, more types (branch i49-more): their grids by hand, as above
+HAND_GRID.update({
+    "shieldgemma2": lambda cfg: (int(round(cfg.mm_tokens_per_image ** 0.5)),) * 2 + ("base",),  # Gemma 3's pooled grid
+    # Granite Docling: the 40 x 52 page fits one 64-pixel tile, read alone (no global image): its 16 x 16 patches
+    # shuffled 4 x 4 into 4 x 4 tokens
+    "granite_docling": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size
+                                    // cfg.vision_config.scale_factor,) * 2 + ("base",),
+    # Ovis2: the 40 x 52 picture takes 2 x 2 tiles of 32 pixels (fewer cover under 90% of it); the first grid is the
+    # global image's, 32 / 8 = 4 patches a side grouped 2 x 2 (hidden_stride) into 2 x 2 tokens
+    "ovis2": lambda cfg: (cfg.vision_config.image_size // cfg.vision_config.patch_size
+                          // cfg.vision_config.hidden_stride,) * 2 + ("thumbnail",),
+})
+HAND_GRID_OF_INPUT.update({"exaone4_5": _qwen_grid, "llava_onevision1_5": _qwen_grid})  # the processor's grid, 2 x 2 merged
+
+
+def _video_llama_3_grid(lm, images):
+    """VideoLLaMA 3: the processor's patch grid (t, h, w) of the picture, merged by the image's own merge size."""
+    out = lm.processor.image_processor(images, return_tensors="pt")
+    _, h, w = out["image_grid_thw"][0].tolist()
+    merge = int(out["image_merge_sizes"][0])
+    return h // merge, w // merge, "base"
+
+
+HAND_GRID_OF_INPUT["video_llama_3"] = _video_llama_3_grid
+
+
 # Every vision–language type, verified by path on a hub-fidelity folder (tests/hub_fixtures.py), as a checkpoint and
 # as an unseen one of another seed and other sizes
 VL_TYPES = sorted(t for t, f in SUPPORTED_TYPES.items() if f.vision_language is not None)

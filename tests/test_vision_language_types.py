@@ -200,3 +200,73 @@ def test_qianfan_ocr_reads_its_image_slot_and_its_saved_folder_loads_without_a_v
     [n] = extract(loaded, "A <image> wide one", images=[_picture(4, (30, 100, 3))])
     assert n.token_ids == m.token_ids and n.patches == m.patches
     torch.testing.assert_close(n.attention, m.attention)
+
+
+# --- issue 49, more types (branch i49-more)
+
+def test_llava_onevision1_5_class_tokens_own_rotary_is_part_of_the_recomputation(monkeypatch):
+    """RiceViT turns each image's class token by its learned angles (`class_pos_emb`): recomputed with the class token
+    unturned, the vision blocks no longer match; with its angles they do."""
+    from headscope.probe.families import llava_onevision1_5 as family
+    from headscope.probe.verify import verify
+
+    lm = _tiny("llava_onevision1_5")
+    picture = [_picture(5, (40, 52, 3))]
+    assert all(c.passed for c in verify(lm, "What is here?", images=picture).layers if c.kind == "vision")
+    real = family.vision_angles_with_cls
+
+    def unturned_class_token(visual, grid):
+        angles, segments = real(visual, grid)
+        angles = angles.clone()
+        angles[[a for a, _ in segments]] = 0.0
+        return angles, segments
+
+    monkeypatch.setattr(family, "vision_angles_with_cls", unturned_class_token)
+    assert not any(c.passed for c in verify(lm, "What is here?", images=picture).layers if c.kind == "vision")
+
+
+@pytest.mark.parametrize("shape", [(100, 230, 3), (200, 120, 3), (40, 52, 3)])
+def test_granite_docling_tiles_follow_the_image_processors_grid_and_a_one_tile_page_has_no_global_image(shape):
+    """GOT-OCR 2's tiling: the tiles (rows x columns) the image processor's own `get_tile_grid` gives for the page,
+    each 4 x 4 tokens (64-pixel tiles of 4-pixel patches, shuffled 4 x 4), then the global image only when the page
+    was cut in more than one tile."""
+    lm = _tiny("granite_docling")
+    rows, cols = lm.processor.image_processor.get_tile_grid(shape[0], shape[1])
+    [m] = extract(lm, "A <image> page", images=[_picture(6, shape)])
+    cells = [p for p in m.patches if p is not None]
+    views = [f"tile {r},{c}" for r in range(rows) for c in range(cols)] + ["thumbnail"] if rows * cols > 1 else ["base"]
+    assert list(dict.fromkeys(p.view for p in cells)) == views
+    assert len(cells) == 16 * len(views) and all((p.rows, p.cols) == (4, 4) for p in cells)
+    assert ("<global-img>" in m.labels) == (rows * cols > 1)
+
+
+@pytest.mark.parametrize("shape", [(100, 230, 3), (40, 52, 3), (30, 30, 3)])
+def test_ovis2_reads_the_global_image_first_then_the_tiles_of_the_image_processors_grid(shape):
+    """Ovis2: the whole picture's 2 x 2 tokens (32-pixel frames of 8-pixel patches, grouped 2 x 2) first, then the
+    tiles of the grid the image processor itself returns for the picture (`grids`, rows x columns), row by row; a
+    picture of one tile is read whole."""
+    lm = _tiny("ovis2")
+    picture = _picture(7, shape)
+    rows, cols = (int(x) for x in lm.processor.image_processor(images=[picture])["grids"][0])
+    [m] = extract(lm, "A <image> picture", images=[picture])
+    cells = [p for p in m.patches if p is not None]
+    tiles = [f"tile {r},{c}" for r in range(rows) for c in range(cols)]
+    views = ["thumbnail", *tiles] if rows * cols > 1 else ["base"]
+    assert list(dict.fromkeys(p.view for p in cells)) == views
+    assert len(cells) == 4 * len(views) and all((p.rows, p.cols) == (2, 2) for p in cells)
+    tiled = rows * cols > 1
+    assert (m.labels.count("<IMG_COL>"), m.labels.count("<IMG_ROW>")) == ((rows * (cols - 1), rows - 1) if tiled else (0, 0))
+
+
+def test_video_llama_3_vision_rotary_rows_and_columns_are_part_of_the_recomputation(monkeypatch):
+    """VideoLLaMA 3's vision blocks turn q and k by each patch's row and column: recomputed with the two swapped,
+    they no longer match its outputs; as they are, they do."""
+    from headscope.probe import qwen_vision
+    from headscope.probe.verify import verify
+
+    lm = _tiny("video_llama_3")
+    picture = [_picture(8, (40, 52, 3))]
+    assert all(c.passed for c in verify(lm, "What is here?", images=picture).layers if c.kind == "vision")
+    real = qwen_vision.vision_angles
+    monkeypatch.setattr(qwen_vision, "vision_angles", lambda visual, positions: real(visual, positions.flip(-1)))
+    assert not any(c.passed for c in verify(lm, "What is here?", images=picture).layers if c.kind == "vision")

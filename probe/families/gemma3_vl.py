@@ -18,15 +18,13 @@ from ._reading import grid_units, reading_family, tiny_chat_template, tiny_parts
 BOI, IMAGE, EOI = "<start_of_image>", "<image_soft_token>", "<end_of_image>"
 
 
-
-
-def _image_units(cfg, inputs: dict, image: int) -> list:
+def image_units(cfg, inputs: dict, image: int) -> list:
     """The pooled grid: `mm_tokens_per_image` tokens, a square, each the mean of a block of patches."""
     side = int(round(cfg.mm_tokens_per_image**0.5))
     return grid_units(image, side, side)
 
 
-def _blocks(cfg, token_type_ids, ids, layer: int):
+def image_blocks(cfg, token_type_ids, ids, layer: int):
     """One block per image: the image tokens of one run of `token_type_ids == 1` (transformers'
     `get_block_sequence_ids_for_mask`); text tokens -1. The same on full and sliding layers."""
     if token_type_ids is None:
@@ -37,7 +35,7 @@ def _blocks(cfg, token_type_ids, ids, layer: int):
     return torch.where(is_image, group, -1)
 
 
-def _tiny_config(vocab: int, model_type: str):
+def tiny_config(vocab: int, model_type: str):
     from transformers import AutoConfig
 
     # the tokenizer's last three tokens are <start_of_image>, <image_soft_token>, <end_of_image>
@@ -48,11 +46,16 @@ def _tiny_config(vocab: int, model_type: str):
 def _tiny_processor(cfg, tokenizer):
     from transformers import Gemma3Processor
 
+    return processor_on(Gemma3Processor, cfg, tokenizer)
+
+
+def processor_on(cls, cfg, tokenizer):
+    """Processor class `cls` (Gemma 3's, ShieldGemma 2's) on the tiny tokenizer and a tiny PIL image processor."""
     # named special tokens, as Gemma 3's tokenizer has them (kept by save_pretrained)
     tokenizer._set_model_specific_special_tokens(special_tokens={"boi_token": BOI, "image_token": IMAGE,
                                                                  "eoi_token": EOI})
     size = cfg.vision_config.image_size
-    return Gemma3Processor(image_processor=tiny_pil_processor(size, "Gemma3ImageProcessorPil"), tokenizer=tokenizer,
+    return cls(image_processor=tiny_pil_processor(size, "Gemma3ImageProcessorPil"), tokenizer=tokenizer,
                            image_seq_length=cfg.mm_tokens_per_image, chat_template=tiny_chat_template(BOI))
 
 
@@ -62,9 +65,9 @@ FAMILY = reading_family(
     features=("decoder: the gemma3 text family", "each image's tokens attend to each other both ways, text causal "
               "(token_type_ids blocks, then the sliding window)", "vision tower: clip_vision (SigLIP)",
               "image tokens on the pooled square grid (mm_tokens_per_image)"),
-    tiny_config=_tiny_config,
+    tiny_config=tiny_config,
     tokenizer="sentencepiece",
-    vision_language=tower_reading(image_units=_image_units,
+    vision_language=tower_reading(image_units=image_units,
                                    tiny_processor=_tiny_processor, image_tokens=lambda cfg: (BOI, IMAGE, EOI),
-                                   blocks=_blocks),
+                                   blocks=image_blocks),
 )

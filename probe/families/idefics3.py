@@ -43,7 +43,7 @@ VISION = Stack(kind="vision", layer_spec=lambda base, i, cfg: projection_spec(_l
                n_layers=lambda cfg: getattr(cfg, "composite", cfg).vision_config.num_hidden_layers)
 
 
-def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
+def runs(ids: list[int], token: int) -> list[tuple[int, int]]:
     """The (start, end) of each run of `token` in `ids`."""
     runs: list = []
     for t, i in enumerate(ids):
@@ -56,12 +56,12 @@ def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
 
 def frames(cfg, ids: list[int]) -> list[list[tuple[int, int]]]:
     """Each picture's frames (runs of image tokens) in a text's ids, tiles first, the global image last."""
-    runs = _runs(ids, cfg.image_token_id)
-    if not runs:
+    found = runs(ids, cfg.image_token_id)
+    if not found:
         return []
-    global_id = ids[runs[-1][0] - 1]  # the last run is the last picture's global image, after <global-img>
+    global_id = ids[found[-1][0] - 1]  # the last run is the last picture's global image, after <global-img>
     pictures: list = [[]]
-    for run in runs:
+    for run in found:
         pictures[-1].append(run)
         if ids[run[0] - 1] == global_id:
             pictures.append([])
@@ -88,6 +88,12 @@ def _image_units(cfg, inputs: dict, image: int) -> list:
     rows = len(tiles) // cols
     if rows * cols != len(tiles):
         raise ValueError(f"{len(tiles)} tiles in rows of {cols}; this checkpoint's image layout is not known")
+    return tile_units(image, rows, cols, g)
+
+
+def tile_units(image: int, rows: int, cols: int, g: int) -> list:
+    """A tiled picture's units: each tile's g × g grid row by row (view "tile r,c", each cell's box its place on the
+    picture), tiles row by row, then the global image's grid (view "thumbnail")."""
     units: list = []
     for r in range(rows):
         for c in range(cols):
