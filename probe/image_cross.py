@@ -11,7 +11,6 @@ key sits (`VisionLanguage.key_patches`); the gates that scale what each block ad
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -22,19 +21,9 @@ from .forward import base_model, extra_inputs, forward_one_stream
 from .images import check_images
 from .maps import make_map
 from .model import LoadedModel
-from .types import AttentionMap, CrossAttentionMap, Units
+from .types import CrossAttentionMap, ImageCrossAttention, Units
 
 __all__ = ["ImageCrossAttention", "image_cross_attention"]
-
-
-@dataclass(frozen=True, eq=False)
-class ImageCrossAttention:
-    """One text with its images: `decoder` the self-attention layers over the text (the model's own layer numbers),
-    `cross` the cross-attention layers' text query × image key map, `gates` tanh of each gate by layer."""
-
-    decoder: AttentionMap
-    cross: CrossAttentionMap
-    gates: dict
 
 
 def _key_label(patch, k: int) -> str:
