@@ -110,3 +110,66 @@ def test_save_maps_round_trips_a_pair_and_refuses_what_is_no_map(pair, tmp_path)
     with pytest.raises(TypeError, match="ImageCrossAttention"):
         hs.save_maps([pair.cross], tmp_path / "b.npz")
     assert not (tmp_path / "b.npz").exists()
+
+
+def test_the_rows_that_read_the_image_are_the_marker_and_after(pair):
+    marker = pair.decoder.labels.index(IMAGE)
+    assert pair.cross.meta["reads_image"] == [q >= marker for q in range(len(pair.decoder))]
+
+
+def _by_hand(pair, layer_pos: int, head: int) -> tuple[float, float]:
+    """Mean normalised entropy and max weight of one cross head over the rows at or after the marker, by a loop."""
+    marker = pair.decoder.labels.index(IMAGE)
+    a = pair.cross.attention[layer_pos, head].double().numpy()
+    ents, tops = [], []
+    for q in range(marker, a.shape[0]):
+        row = a[q][a[q] > 0]
+        ents.append(float(-(row * np.log(row)).sum() / np.log(len(row))))
+        tops.append(float(row.max()))
+    return sum(ents) / len(ents), sum(tops) / len(tops)
+
+
+def test_heads_scores_the_self_attention_heads_and_the_cross_heads_apart(mllama, pair):
+    import headscope as hs
+
+    scores = hs.heads(mllama, [f"before {IMAGE} after"], images=[_picture(3)], level="token")
+    assert set(scores.table["layer"]) == set(pair.decoder.layers)  # the self-attention layers, model numbers
+    cross = scores.meta["cross_attention"]
+    assert {(r["layer"], r["head"]) for r in cross} == {(1, h) for h in range(mllama.config.text_config.num_attention_heads)}
+    for r in cross:
+        entropy, top = _by_hand(pair, 0, r["head"])
+        assert r["image_entropy"] == pytest.approx(entropy, abs=1e-6)
+        assert r["max_weight"] == pytest.approx(top, abs=1e-6)
+        assert 0 < r["patch_share"] < 1  # the tiles' CLS tokens take the rest
+    from headscope.analyses.heads import HeadScoreAccumulator
+
+    acc = HeadScoreAccumulator(model="m", level="token", include_special=scores.include_special)
+    acc.update(pair.decoder)  # the self-attention map alone, scored as any text's
+    want = acc.result().table
+    for metric in ("previous_token", "entropy"):
+        got = scores.table[scores.table["metric"] == metric]["value"].to_numpy()
+        assert np.allclose(got, want[want["metric"] == metric]["value"].to_numpy())
+
+
+def test_run_with_an_image_writes_the_cross_attention_section(tmp_path):
+    from click.testing import CliRunner
+    from PIL import Image
+
+    from headscope.cli import cli
+
+    path = tmp_path / "p.png"
+    Image.fromarray((_picture(1) * 255).astype("uint8")).save(path)
+    out = tmp_path / "report"
+    result = CliRunner().invoke(cli, ["run", "--model", "tiny:mllama", "--image", str(path), "--report", str(out),
+                                      "--quiet"])
+    assert result.exit_code == 0, result.output
+    page = (out / "index.html").read_text()
+    assert 'id="vision_language"' in page and "Cross-attention heads" in page
+    assert "Which text token reads which image cell" in page
+    import pandas as pd
+
+    heads = pd.read_csv(out / "cross_attention_heads.csv")
+    assert set(heads["layer"]) == {1} and heads["image_entropy"].between(0, 1).all()
+    reads = pd.read_csv(out / "cross_attention_reads.csv")
+    assert len(reads) and reads["view"].str.startswith("tile ").all()
+    assert any(p.name.startswith("tiny-mllama-vision-language-cross-") for p in (out / "figures").iterdir())

@@ -19,6 +19,7 @@ from headscope.probe.progress import progress as progress_bar
 
 from headscope.analyses.heads import HeadScoreAccumulator, HeadScores
 from headscope.analyses.induction import repeated_random_tokens
+from headscope.analyses.vision_language import CrossHeadSums
 from headscope.analyses.metrics import METRICS, Metric
 from headscope.distributed import World, merge_attention_record, merge_head_scores, shard, shard_length, together
 from headscope.probe.encoding import ordinary_token_ids, special_prefix
@@ -29,6 +30,7 @@ from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Level, Weight
 from headscope.probe.reading import Fold, Reading
 from headscope.probe.sources import source_for
+from headscope.probe.types import ImageCrossAttention
 
 __all__ = ["heads", "checked_heads", "induction_inputs"]
 
@@ -110,10 +112,12 @@ def heads(
             total = None if total is None else shard_length(total, world)
             texts = progress_bar(texts, total=total, desc=f"{lm.name} heads", unit="text")
         inp = AttentionInput("texts", texts=texts)
+    corpus = _Scores(acc, repeated=False)
     with together(world):
-        _fold_all(attend.read(inp, level=level, truncate=truncate, window=window, weight=weight, batched=True),
-                  _Scores(acc, repeated=False))
+        _fold_all(attend.read(inp, level=level, truncate=truncate, window=window, weight=weight, batched=True), corpus)
     meta: dict = {"corpus": source, "batch_size": batch_size, "causal": lm.is_causal}
+    if corpus.cross.n:  # the cross-attention layers' heads over the image keys (`cross_attention_heads`)
+        meta["cross_attention"] = corpus.cross.frame().to_dict("records")
     if is_seq2seq(lm):  # without targets, the texts are sources: the encoder's self-attention is scored
         meta["stack"] = "encoder"
     if weight != "attention":
@@ -154,8 +158,12 @@ class _Scores(Fold):
 
     def __init__(self, acc: HeadScoreAccumulator, *, repeated: bool) -> None:
         self.acc, self.repeated = acc, repeated
+        self.cross = CrossHeadSums()  # a cross-attention reader's cross layers (Mllama's), scored apart
 
     def map(self, amap) -> None:
+        if isinstance(amap, ImageCrossAttention):  # Mllama: its self-attention heads as a text's, its cross apart
+            self.cross.add(amap.cross)
+            amap = amap.decoder
         (self.acc.update_repeated if self.repeated else self.acc.update)(amap)
 
     def layers(self, reading: Reading) -> None:
