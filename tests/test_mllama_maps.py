@@ -173,3 +173,32 @@ def test_run_with_an_image_writes_the_cross_attention_section(tmp_path):
     reads = pd.read_csv(out / "cross_attention_reads.csv")
     assert len(reads) and reads["view"].str.startswith("tile ").all()
     assert any(p.name.startswith("tiny-mllama-vision-language-cross-") for p in (out / "figures").iterdir())
+
+
+def test_explain_a_self_attention_head_with_the_image_is_the_extracted_row(mllama, pair):
+    import headscope as hs
+
+    e = hs.explain(mllama, f"before {IMAGE} after", token="after", layer=2, head=1, images=[_picture(3)])
+    q = e.query_index
+    assert q > pair.decoder.labels.index(IMAGE) and pair.decoder.labels[q] in e.query
+    got = torch.tensor(e.table["weight"].to_numpy(), dtype=torch.float32)  # recomputed from scratch by explain
+    assert torch.allclose(got, pair.decoder.attention[pair.decoder.layers.index(2), 1, q], atol=1e-6)
+    assert e.model_weight_max_abs_err < 1e-5
+
+
+def test_explain_a_cross_attention_layer_says_what_it_reads(mllama, tmp_path):
+    from click.testing import CliRunner
+    from PIL import Image
+
+    import headscope as hs
+    from headscope.cli import cli
+
+    with pytest.raises(ValueError, match=r"layer 1 of .* is a cross-attention layer: its text queries read the "
+                                         r"image's 34 tile tokens .* self-attention layers \(0, 2\)"):
+        hs.explain(mllama, f"{IMAGE} a cat", token="cat", layer=1, head=0, images=[_picture(1)])
+    path = tmp_path / "p.png"
+    Image.fromarray((_picture(1) * 255).astype("uint8")).save(path)
+    result = CliRunner().invoke(cli, ["explain", "--model", "tiny:mllama", f"{IMAGE} a cat", "--token", "cat",
+                                      "--head", "L1H0", "--image", str(path)])
+    assert result.exit_code == 2 and "is a cross-attention layer" in result.output
+    assert len(result.output.strip().splitlines()) == 1
