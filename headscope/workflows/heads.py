@@ -23,7 +23,7 @@ from headscope.analyses.vision_language import CrossHeadSums
 from headscope.analyses.metrics import METRICS, Metric
 from headscope.distributed import World, merge_attention_record, merge_head_scores, shard, shard_length, together
 from headscope.probe.encoding import ordinary_token_ids, special_prefix
-from headscope.probe.forward import is_seq2seq, no_attention_layers
+from headscope.probe.forward import is_cross_reader, is_seq2seq, no_attention_layers
 from headscope.probe.images import for_input
 from headscope.probe.inputs import AttentionInput
 from headscope.probe.model import LoadedModel
@@ -102,6 +102,8 @@ def heads(
     world = world or World()
     acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special, metrics=metrics)
     acc.no_attention = no_attention_layers(lm)  # a hybrid stack's layers without attention, also on the blocks path
+    if inp.kind in ("images", "texts+images") and world.size > 1 and is_cross_reader(lm):
+        raise ValueError(f"{lm.name}'s cross-attention heads are scored in one process; run it without torchrun")
     if inp.kind == "images":  # each rank its shard of the images, as of the texts
         inp = AttentionInput("images", images=tuple(shard(list(inp.images), world)))
     elif inp.kind == "texts+images" and world.size > 1:
