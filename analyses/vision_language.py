@@ -31,13 +31,14 @@ import numpy as np
 import pandas as pd
 import torch
 
-from headscope.probe.types import AttentionMap, ImagePatch, head_name
+from headscope.probe.types import AttentionMap, CrossAttentionMap, ImageCrossAttention, ImagePatch, head_name, position
 
 from .flow import rollout
 from .metrics import image_tokens, outside_and_seeing, text_tokens
 from .sinks import SINK_EPSILON
 
-__all__ = ["ViewGrid", "has_images", "image_units", "text_query", "view_grids", "image_share", "image_to_text",
+__all__ = ["ViewGrid", "has_images", "image_units", "text_query", "view_grids", "patch_grids", "cross_attention_heads", "CrossHeadSums",
+           "cross_attention_reads", "image_share", "image_to_text",
            "vision_language_heads", "image_rollout", "visual_sinks", "VISUAL_SINKS_TOP"]
 
 VISUAL_SINKS_TOP = 3  # patches listed per head in the visual sinks table
@@ -109,11 +110,16 @@ def view_grids(amap: AttentionMap, weights) -> tuple[ViewGrid, ...]:
     ([[0.2, 0.3]], [[1, 2]], (0.0, 0.0, 1.0, 1.0))
     """
     _check(amap)
+    return patch_grids(amap.patches, weights)
+
+
+def patch_grids(patches: Sequence[ImagePatch | None], weights) -> tuple[ViewGrid, ...]:
+    """`view_grids` of any units carrying `patches` (a map's, or a cross-attention map's image keys)."""
     w = weights.detach().float().cpu().numpy() if isinstance(weights, torch.Tensor) else np.asarray(weights, float)
-    if w.shape[-1] != len(amap):
-        raise ValueError(f"weights have {w.shape[-1]} entries on their last axis, the map has {len(amap)} units")
+    if w.shape[-1] != len(patches):
+        raise ValueError(f"weights have {w.shape[-1]} entries on their last axis, the map has {len(patches)} units")
     views: dict[tuple[int, str], list[tuple[int, ImagePatch]]] = {}
-    for i, p in enumerate(amap.patches):
+    for i, p in enumerate(patches):
         if p is not None:
             views.setdefault((p.image, p.view), []).append((i, p))
     out = []
@@ -258,3 +264,92 @@ def visual_sinks(amap: AttentionMap, value_norms: torch.Tensor | None = None, *,
                              "sink": bool(share[li, hi, j] > epsilon)})
     return pd.DataFrame(rows, columns=["layer", "head", "head_name", "rank", "unit", "label", "image", "view", "row",
                                        "col", "received", "image_share", "value_norm_ratio", "sink"])
+
+
+# ---------------------------------------------------------------- cross-attention readers (Mllama)
+
+
+def _reading_rows(cross: CrossAttentionMap) -> list[int]:
+    """The text rows the model's mask lets read an image (`meta["reads_image"]`; every row where not recorded)."""
+    reads = cross.meta.get("reads_image")
+    return [q for q in range(len(cross.queries)) if reads is None or reads[q]]
+
+
+def cross_attention_heads(pairs: Sequence[ImageCrossAttention]) -> pd.DataFrame:
+    """Per cross-attention head (the model's own layer numbers), over the text rows the mask lets read an image:
+    `image_entropy` (each row's entropy over the image keys it sees, over the log of how many it sees: 0 all on
+    one key, 1 spread evenly), `max_weight` (each row's largest weight), `patch_share` (the share on keys with a
+    cell of the picture, not a tile's CLS token) — each the mean over the rows; `n` the rows.
+
+    >>> import torch
+    >>> from headscope.probe.types import ImagePatch, Units
+    >>> q = Units("a", "token", ("a",), ((0, 1),), (False,))
+    >>> k = Units("", "token", ("cls", "p"), ((0, 0),) * 2, (True, False), patches=(None, ImagePatch(0, 0, 0, 1, 1)))
+    >>> c = CrossAttentionMap(queries=q, keys=k, attention=torch.tensor([[[[0.5, 0.5]]]]), layers=(3,))
+    >>> d = AttentionMap(text="a", level="token", labels=("a",), spans=((0, 1),), special=(False,),
+    ...                  attention=torch.ones(1, 1, 1, 1), causal=True)
+    >>> cross_attention_heads([ImageCrossAttention(decoder=d, cross=c)])[["layer", "image_entropy", "patch_share"]].values.tolist()
+    [[3.0, 1.0, 0.5]]
+    """
+    sums = CrossHeadSums()
+    for pair in pairs:
+        sums.add(pair.cross)
+    return sums.frame()
+
+
+class CrossHeadSums:
+    """The sums behind `cross_attention_heads`, one cross-attention map at a time (`add`), so a corpus of images
+    is scored without holding its maps; `frame()` the table."""
+
+    COLUMNS = ("layer", "head", "head_name", "image_entropy", "max_weight", "patch_share", "n")
+
+    def __init__(self) -> None:
+        self.totals: torch.Tensor | None = None
+        self.n = 0
+        self.layers: tuple[int, ...] = ()
+        self.heads: tuple[int, ...] = ()
+
+    def add(self, cross: CrossAttentionMap) -> None:
+        rows = _reading_rows(cross)
+        if not rows:
+            return
+        a = cross.attention[:, :, rows].double()  # [layer, head, row, key]
+        seen = (a > 0).sum(-1).clamp(min=2).double()  # the keys the row sees (the mask's are exact zeros)
+        entropy = -(a * a.clamp(min=1e-300).log()).sum(-1) / seen.log()
+        cells = torch.tensor([p is not None for p in cross.keys.patches], dtype=torch.bool)
+        stats = torch.stack([entropy.sum(-1), a.amax(-1).sum(-1), a[..., cells].sum(-1).sum(-1)], -1)
+        if self.totals is None:
+            self.totals, self.layers, self.heads = stats, tuple(cross.layer_ids), tuple(cross.head_ids)
+        elif (tuple(cross.layer_ids), tuple(cross.head_ids)) != (self.layers, self.heads):
+            raise ValueError(f"this cross map has layers {cross.layer_ids} and heads {cross.head_ids}, the earlier "
+                             f"ones {self.layers} and {self.heads}")
+        else:
+            self.totals = self.totals + stats
+        self.n += len(rows)
+
+    def frame(self) -> pd.DataFrame:
+        if self.totals is None:
+            return pd.DataFrame(columns=list(self.COLUMNS))
+        mean = (self.totals / self.n).numpy()
+        return pd.DataFrame([{"layer": layer, "head": head, "head_name": head_name(layer, head),
+                              "image_entropy": mean[li, hi, 0], "max_weight": mean[li, hi, 1],
+                              "patch_share": mean[li, hi, 2], "n": self.n}
+                             for li, layer in enumerate(self.layers) for hi, head in enumerate(self.heads)],
+                            columns=list(self.COLUMNS))
+
+
+def cross_attention_reads(pair: ImageCrossAttention, layer: int, head: int) -> pd.DataFrame:
+    """Which text token reads which image cell in one cross-attention head: per text row the mask lets read an
+    image, its largest weight on a cell of the picture (image, view, row, column) and that weight."""
+    cross = pair.cross
+    a = cross.attention[position(cross.layer_ids, layer, "layer"), position(cross.head_ids, head, "head")]
+    cells = [k for k, p in enumerate(cross.keys.patches) if p is not None]
+    out = []
+    for q in _reading_rows(cross):
+        if cross.queries.special[q] or not cells:
+            continue
+        k = cells[int(a[q, cells].argmax())]
+        p = cross.keys.patches[k]
+        out.append({"text": cross.queries.text, "query": q, "token": cross.queries.labels[q], "image": p.image,
+                    "view": p.view, "row": p.row, "col": p.col, "key": cross.keys.labels[k], "weight": float(a[q, k])})
+    return pd.DataFrame(out, columns=["text", "query", "token", "image", "view", "row", "col", "key", "weight"])

@@ -51,7 +51,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "image_text": "headscope.probe.towers",
     "ImageText": "headscope.probe.towers",
     "image_cross_attention": "headscope.probe.image_cross",
-    "ImageCrossAttention": "headscope.probe.image_cross",
+    "ImageCrossAttention": "headscope.probe.types",
     # the workflows
     "extract_file": "headscope.workflows.mapfile",
     "ExtractedFile": "headscope.workflows.mapfile",

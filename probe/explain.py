@@ -119,7 +119,8 @@ def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer
     if isinstance(occurrence, bool) or not isinstance(occurrence, int) or occurrence < 0:
         raise ValueError(f"occurrence must be 0 (the first), 1 (the second), ...; got {occurrence!r}")
     image = _images_argument(images, image)
-    refuse_cross_reader(lm)  # Mllama's layers are not one map over the text each
+    if image is None:
+        refuse_cross_reader(lm)  # Mllama's layers are not one map over the text each: its images say which is which
     if image is not None:
         image = check_images(image)  # once: an iterator is read here, not emptied by a second look
         require_modality(lm, images=True)  # an image on a text model: that, not "give exactly one of them"
@@ -143,6 +144,8 @@ def explain(lm: LoadedModel, text: str | None = None, *, token: str | int, layer
     n_layers, n_heads = family.n_layers(lm.config), lm.config.num_attention_heads
     if not (0 <= layer < n_layers and 0 <= head < n_heads):
         raise ValueError(f"layer {layer}, head {head} out of range: {lm.name} has {n_layers} layers x {n_heads} heads")
+    if reads and layer in _cross_layers(family, lm.config):
+        raise ValueError(_cross_reason(lm, family, enc, layer))
     if layer not in family.attention_layers(lm.config):
         raise ValueError(no_attention_reason(lm, layer))
     labels = list(enc.labels) if image is not None else list(token_labels(lm, enc))
@@ -295,3 +298,20 @@ def _capture_without_positions(lm: LoadedModel, family: Family, enc: Encoded):
         return capture(lm, [enc], family)
     finally:
         handle.remove()
+
+
+def _cross_layers(family: Family, config) -> tuple[int, ...]:
+    """The cross-attention layers of a decoder that reads its images through them (Mllama); () for any other."""
+    cross = family.vision_language.cross if family.vision_language is not None else None
+    return tuple(cross.layer_numbers(config)) if cross is not None else ()
+
+
+def _cross_reason(lm: LoadedModel, family: Family, enc: Encoded, layer: int) -> str:
+    """One line: what a cross-attention layer reads, and where its heads' rows are."""
+    keys = family.vision_language.key_patches(lm.config, enc.inputs)
+    cells = sum(p is not None for p in keys)
+    self_layers = ", ".join(map(str, family.attention_layers(lm.config)))
+    return (f"layer {layer} of {lm.name} is a cross-attention layer: its text queries read the image's {len(keys)} "
+            f"tile tokens ({cells} picture cells on their image, tile, row and column; the rest the tiles' CLS and "
+            f"padding), not the text; explain covers its self-attention layers ({self_layers}), and a cross head's "
+            f"rows over the image are in hs.extract(lm, text, images=[...])[0].cross")

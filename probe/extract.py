@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Callable, Iterable, Iterator, Mapping, Sequence
 
 import torch
 
 from .encoding import Encoded, check_count, checked_stream, encode_many, encode_targets, text_units
-from .forward import forward_batch, forward_each_layer, forward_seq2seq, is_seq2seq, learned_sinks
+from .forward import forward_batch, forward_each_layer, forward_seq2seq, is_cross_reader, is_seq2seq, learned_sinks
 from .images import encode_images, for_input, require_modality
 from .inputs import AttentionInput, InputKind
 from .reading import Reading
@@ -25,7 +25,7 @@ from .maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from .model import LoadedModel
 from .norms import norm_attention, norm_weighted
 from .vision_language import default_texts, encode_with_images
-from .types import AttentionMap, CrossAttentionMap, Level, Seq2SeqAttention, Units, Weight, whole_number
+from .types import AttentionMap, CrossAttentionMap, ImageCrossAttention, Level, Seq2SeqAttention, Units, Weight, whole_number
 from .words import Segmenter, to_word_level
 
 __all__ = ["extract", "extract_ids", "iter_extract", "extract_encoded", "batches_encoded", "READERS", "ReadOptions"]
@@ -124,10 +124,31 @@ def _read_texts_with_images(lm: LoadedModel, inp: AttentionInput, o: ReadOptions
                          "pair); texts with images are for a vision–language decoder (e.g. tiny:llava)")
     _attention_only("texts with images", o)
     _check_store_dtype(o.store_dtype)
+    if is_cross_reader(lm):  # Mllama: its self-attention and cross-attention layers apart, one pair per text
+        return _read_cross(lm, inp, o)
     encoded = encode_with_images(lm, list(inp.texts), list(inp.images))
     maps = _with_images(lm, encoded, select_layers(lm, o.layers), select_heads(lm, o.heads), o.store_dtype,
                         o.segmenter)
     return (to_word_level(m) for m in maps) if o.level == "word" else maps
+
+
+def _read_cross(lm: LoadedModel, inp: AttentionInput, o: ReadOptions) -> Iterator[ImageCrossAttention]:
+    """A decoder that reads its images through cross-attention layers: one `ImageCrossAttention` per text (the
+    self-attention layers' map over the text, the cross-attention layers' map over the image keys)."""
+    from .image_cross import image_cross_attention
+
+    if o.layers is not None or o.heads is not None:
+        raise ValueError(f"{lm.name} reads its images through cross-attention layers; layers= and heads= select in "
+                         "one stack only, so extract all and index the maps (.decoder, .cross)")
+    pairs = _stored(image_cross_attention(lm, list(inp.texts), images=list(inp.images)), o.store_dtype)
+    return iter([to_word_level(p) for p in pairs] if o.level == "word" else pairs)  # image keys: units at both
+
+
+def _stored(pairs: list[ImageCrossAttention], store_dtype: torch.dtype) -> list[ImageCrossAttention]:
+    if store_dtype == torch.float32:
+        return pairs
+    return [replace(p, decoder=replace(p.decoder, attention=p.decoder.attention.to(store_dtype)),
+                    cross=replace(p.cross, attention=p.cross.attention.to(store_dtype))) for p in pairs]
 
 
 def _read_pairs(lm: LoadedModel, inp: AttentionInput, o: ReadOptions) -> Iterator[AttentionMap]:

@@ -22,7 +22,7 @@ from .families import (NO_SOFTMAX_LAYER_TYPES, SUPPORTED_TYPES, UnsupportedArchi
                        family_for, softmax_layers)
 from .model import LoadedModel
 
-__all__ = ["refuse_cross_reader", "base_model", "is_seq2seq", "learned_sinks", "attention_layers", "hybrid_note", "no_attention_layers",
+__all__ = ["refuse_cross_reader", "is_cross_reader", "base_model", "is_seq2seq", "learned_sinks", "attention_layers", "hybrid_note", "no_attention_layers",
            "no_attention_reason",
            "NO_SOFTMAX_LAYER_TYPES", "forward_one_stream", "extra_inputs", "pixel_inputs", "forward_batch", "forward_each_layer", "forward_seq2seq", "seq2seq_inputs"]
 
@@ -167,14 +167,20 @@ def forward_each_layer(lm: LoadedModel, items: Sequence[Encoded], each: Callable
     _weights(lm, batch, wanted, extra, each, asks=(False, True))
 
 
-def refuse_cross_reader(lm: LoadedModel) -> None:
-    """A clear error for a decoder that reads its images through cross-attention layers (Mllama): its layers are
-    not one map over the text each, so the per-layer maps of `forward_batch` would mix them."""
+def is_cross_reader(lm: LoadedModel) -> bool:
+    """Whether `lm` reads its images through cross-attention layers (Mllama), not through image tokens in its text."""
     family = SUPPORTED_TYPES.get(getattr(lm.config, "model_type", None))
-    if family is not None and family.vision_language is not None and family.vision_language.cross is not None:
-        raise ValueError(f"{lm.name} reads its images through cross-attention layers; its maps come from "
-                         "probe.image_cross.image_cross_attention (self-attention and cross-attention apart); "
-                         "extract, heads, explain and run do not take it yet (verify does)")
+    return family is not None and family.vision_language is not None and family.vision_language.cross is not None
+
+
+def refuse_cross_reader(lm: LoadedModel) -> None:
+    """A clear error for a decoder that reads its images through cross-attention layers (Mllama) asked for one
+    map per layer: its layers are not one map over the text each, so the per-layer maps of `forward_batch` would
+    mix them."""
+    if is_cross_reader(lm):
+        raise ValueError(f"{lm.name} reads its images through cross-attention layers; give it its images "
+                         "(hs.extract(lm, texts, images=[...]); CLI: --image FILE), which read its self-attention "
+                         "and cross-attention layers apart")
 
 
 def _inputs(lm: LoadedModel, items: Sequence[Encoded], layers: Sequence[int] | None) -> tuple:

@@ -35,7 +35,7 @@ import torch
 
 from .encoding import encode
 from .extract import extract
-from .forward import extra_inputs, is_seq2seq
+from .forward import extra_inputs, is_cross_reader, is_seq2seq
 from .images import check_images, require_modality
 from .model import LoadedModel
 from .results import GenerationAttention, Stop
@@ -72,6 +72,10 @@ def generate_attention(lm: LoadedModel, prompt: str, *, max_new_tokens: int = 20
         raise ValueError(f"{lm.name} is an encoder-decoder model; generate follows a decoder-only model's one "
                          "stream — pick a decoder such as smollm2, or extract(lm, source, target=...) for all three "
                          "kinds of attention")
+    if is_cross_reader(lm):  # each new token's row would be one map over the text: Mllama's layers are not
+        raise ValueError(f"{lm.name} reads its images through cross-attention layers; generate does not follow them "
+                         "yet (it keeps one map per layer over the text); hs.extract(lm, text, images=[...]) gives "
+                         "its self-attention and cross-attention maps apart")
     if not lm.is_causal:
         raise ValueError(f"{lm.name} is an encoder (bidirectional attention) and does not generate text; "
                          "pick a decoder such as smollm2 or gemma3-270m")

@@ -11,7 +11,6 @@ key sits (`VisionLanguage.key_patches`); the gates that scale what each block ad
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Sequence
 
 import torch
@@ -22,19 +21,9 @@ from .forward import base_model, extra_inputs, forward_one_stream
 from .images import check_images
 from .maps import make_map
 from .model import LoadedModel
-from .types import AttentionMap, CrossAttentionMap, Units
+from .types import CrossAttentionMap, ImageCrossAttention, Units
 
 __all__ = ["ImageCrossAttention", "image_cross_attention"]
-
-
-@dataclass(frozen=True, eq=False)
-class ImageCrossAttention:
-    """One text with its images: `decoder` the self-attention layers over the text (the model's own layer numbers),
-    `cross` the cross-attention layers' text query × image key map, `gates` tanh of each gate by layer."""
-
-    decoder: AttentionMap
-    cross: CrossAttentionMap
-    gates: dict
 
 
 def _key_label(patch, k: int) -> str:
@@ -82,8 +71,11 @@ def image_cross_attention(lm: LoadedModel, texts: str | Sequence[str] | None = N
                                f"has {len(patches)}; this checkpoint's image layout is not known")
         keys = Units(text="", level="token", labels=tuple(_key_label(p, k) for k, p in enumerate(patches)),
                      spans=((0, 0),) * len(patches), special=tuple(p is None for p in patches), patches=patches)
+        mask = enc.inputs.get("cross_attention_mask")  # [1, text, image, tile]: which text rows may read a tile
+        reads = [True] * len(decoder) if mask is None else [bool(x) for x in mask[0].flatten(1).gt(0).any(-1)]
+        # a row the mask gives no image is still a softmax over every key, but the model zeroes what it adds
         cross = CrossAttentionMap(queries=Units.of(decoder), keys=keys, attention=a_cross, layers=cross_layers,
-                                  meta=dict(decoder.meta))
+                                  meta={**decoder.meta, "reads_image": reads})
         out.append(ImageCrossAttention(decoder=decoder, cross=cross,
                                        gates={} if reading.gates is None else reading.gates(base, cfg)))
     return out

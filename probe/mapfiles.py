@@ -34,6 +34,13 @@ The JSON (`FILE_KIND`, version `VERSION`):
                                                                   # a vision-language text's image tokens
                "meta": {...}, "sinks": false, "no_attention": [...]}, ...]}
 
+A decoder that reads its images through cross-attention layers (Mllama: `ImageCrossAttention`) is two entries:
+its self-attention map as above, then its cross-attention map, shape [L, H, Q, K] (the text's Q tokens over the
+image's K keys), with `"kind": "cross"`, `"of": "<its self-attention entry's name>"`, the queries' `labels` and
+the keys' `"keys": {"labels", "special", "patches"}` (each key's image, tile, row and column), and
+`"gates"`: the tanh of each cross-attention layer's gates. `load_maps` gives the pair back as one
+`ImageCrossAttention`.
+
 `special` marks the special units ([CLS], [SEP], <bos>, an image's [CLS] and registers). The pictures themselves
 are not stored (`image`, `pictures` come back as None / empty). A file is recognised as headscope's own by that
 JSON: `is_map_file`; `check_target` refuses to replace any other file.
@@ -54,10 +61,10 @@ from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence, get_arg
 import torch
 
 from .names import Level
-from .types import AttentionMap, ImagePatch, json_safe
+from .types import AttentionMap, CrossAttentionMap, ImageCrossAttention, ImagePatch, Units, json_safe
 
 __all__ = ["MapFormat", "MapEntry", "MAP_FORMATS", "FILE_KIND", "VERSION", "save_maps", "load_maps", "read_header",
-           "is_map_file", "check_target", "entry_of", "file_bytes", "map_format", "write_entries"]
+           "is_map_file", "check_target", "entry_of", "entries_of", "file_bytes", "map_format", "write_entries"]
 
 FILE_KIND = "headscope-attention"
 VERSION = 1
@@ -97,13 +104,66 @@ def entry_of(amap: AttentionMap, index: int, *, layer_ids: Sequence[int] | None 
         "word_spans": [list(s) for s in amap.word_spans], "token_ids": list(amap.token_ids),
         "grid": None if amap.grid is None else list(amap.grid),
         "positions": [None if p is None else list(p) for p in amap.positions],
-        "patches": [None if p is None else {"image": p.image, "row": p.row, "col": p.col, "rows": p.rows,
-                                            "cols": p.cols, "view": p.view, "box": list(p.box)}
-                    for p in amap.patches],
+        "patches": [_patch_json(p) for p in amap.patches],
         "meta": json_safe(amap.meta), "sinks": bool(amap.sinks), "no_attention": list(amap.no_attention),
     }
     shape = (len(layer_ids) if n_layers is None else n_layers, len(head_ids), n, n)
     return MapEntry(f"map{index}", shape, info)
+
+
+def _patch_json(p: ImagePatch | None) -> dict | None:
+    return None if p is None else {"image": p.image, "row": p.row, "col": p.col, "rows": p.rows, "cols": p.cols,
+                                   "view": p.view, "box": list(p.box)}
+
+
+def _patch_of(p: dict | None) -> ImagePatch | None:
+    return None if p is None else ImagePatch(image=p["image"], row=p["row"], col=p["col"], rows=p["rows"],
+                                             cols=p["cols"], view=p["view"], box=tuple(p["box"]))
+
+
+def _cross_entry(pair: ImageCrossAttention, index: int, of: str) -> MapEntry:
+    """The cross-attention map of `pair` as map `index` of a file, read together with its self-attention entry `of`."""
+    cross = pair.cross
+    info = {"kind": "cross", "of": of, "text": cross.queries.text, "level": cross.level,
+            "labels": list(cross.queries.labels), "layer_ids": list(cross.layer_ids), "head_ids": list(cross.head_ids),
+            "keys": {"labels": list(cross.keys.labels), "special": [bool(x) for x in cross.keys.special],
+                     "patches": [_patch_json(p) for p in cross.keys.patches]},
+            "gates": json_safe({kind: {str(k): v for k, v in by.items()} for kind, by in pair.gates.items()}),
+            "meta": json_safe(cross.meta)}
+    return MapEntry(f"map{index}", tuple(cross.attention.shape), info)
+
+
+def entries_of(maps: Sequence[AttentionMap | ImageCrossAttention]) -> tuple[list[MapEntry], Layers]:
+    """The entries of a file holding `maps` and their layers in file order: an `AttentionMap` is one entry, an
+    `ImageCrossAttention` two (its self-attention map, then its cross-attention map)."""
+    entries, tensors = [], []
+    for i, m in enumerate(maps):
+        if isinstance(m, ImageCrossAttention):
+            entries.append(entry_of(m.decoder, len(entries)))
+            entries.append(_cross_entry(m, len(entries), entries[-1].name))
+            tensors += [m.decoder.attention, m.cross.attention]
+        elif isinstance(m, AttentionMap):
+            entries.append(entry_of(m, len(entries)))
+            tensors.append(m.attention)
+        else:
+            raise TypeError(f"maps[{i}] is a {type(m).__name__}; a map file holds AttentionMaps and "
+                            "ImageCrossAttentions (hs.extract's)")
+    return entries, (layer for a in tensors for layer in a)
+
+
+def _cross_of(info: dict, attention: torch.Tensor, decoder: AttentionMap) -> ImageCrossAttention:
+    """The `ImageCrossAttention` of a cross entry and its self-attention map."""
+    keys = info["keys"]
+    patches = tuple(_patch_of(p) for p in keys["patches"])
+    n = len(keys["labels"])
+    units = Units(text="", level=info["level"], labels=tuple(keys["labels"]), spans=((0, 0),) * n,
+                  special=tuple(keys["special"]), patches=patches,
+                  word_index=tuple(range(n)) if info["level"] == "word" else ())  # each image key a word of its own
+    layers = tuple(info["layer_ids"])
+    cross = CrossAttentionMap(queries=Units.of(decoder), keys=units, attention=attention, layers=layers,
+                              meta=dict(info["meta"]))
+    gates = {kind: {int(k): v for k, v in by.items()} for kind, by in info.get("gates", {}).items()}
+    return ImageCrossAttention(decoder=decoder, cross=cross, gates=gates)
 
 
 def _header(entries: Sequence[MapEntry]) -> dict:
@@ -122,9 +182,7 @@ def _map_of(info: dict, attention: torch.Tensor) -> AttentionMap:
     if info["level"] not in get_args(Level):
         raise ValueError(f"level {info['level']!r}, neither of {', '.join(map(repr, get_args(Level)))}")
     pairs = lambda xs: tuple(tuple(x) for x in xs)  # noqa: E731
-    patches = tuple(None if p is None else ImagePatch(image=p["image"], row=p["row"], col=p["col"], rows=p["rows"],
-                                                      cols=p["cols"], view=p["view"], box=tuple(p["box"]))
-                    for p in info.get("patches", ()))
+    patches = tuple(_patch_of(p) for p in info.get("patches", ()))
     return AttentionMap(
         text=info["text"], level=info["level"], labels=tuple(info["labels"]), spans=pairs(info["spans"]),
         special=tuple(info["special"]), attention=attention, causal=info["causal"],
@@ -256,9 +314,10 @@ def _write_parquet(path: Path, entries: Sequence[MapEntry], layers: Layers) -> N
                        metadata={_KEY: json.dumps(_header(entries), ensure_ascii=False)})
     with pq.ParquetWriter(path, schema) as writer:
         for e, layer, a in _checked(entries, layers):
-            n_h, t, _ = a.shape
-            head, query, key = (g.reshape(-1) for g in np.indices((n_h, t, t), dtype=np.int32))
+            n_h, t, k = a.shape
+            head, query, key = (g.reshape(-1) for g in np.indices((n_h, t, k), dtype=np.int32))
             labels = pa.array(e.info["labels"], pa.string())
+            key_labels = pa.array(e.info["keys"]["labels"], pa.string()) if "keys" in e.info else labels
             index = int(e.name.removeprefix("map"))
             writer.write_table(pa.table({
                 "map": pa.array(np.full(head.size, index, np.int32)),
@@ -266,7 +325,7 @@ def _write_parquet(path: Path, entries: Sequence[MapEntry], layers: Layers) -> N
                 "layer": pa.array(np.full(head.size, e.info["layer_ids"][layer], np.int32)),
                 "head": pa.array(np.asarray(e.info["head_ids"], np.int32)[head]),
                 "query": pa.array(query), "query_label": labels.take(pa.array(query)),
-                "key": pa.array(key), "key_label": labels.take(pa.array(key)),
+                "key": pa.array(key), "key_label": key_labels.take(pa.array(key)),
                 "weight": pa.array(a.numpy().reshape(-1)),
             }, schema=schema))
 
@@ -405,18 +464,15 @@ def save_maps(maps: AttentionMap | Sequence[AttentionMap], path: str | Path, *, 
     >>> back.labels, torch.equal(back.attention, m.attention)
     (('hi', 'you'), True)
     """
-    maps = [maps] if isinstance(maps, AttentionMap) else list(maps)
-    for i, m in enumerate(maps):
-        if not isinstance(m, AttentionMap):
-            raise TypeError(f"maps[{i}] is a {type(m).__name__}; save_maps takes AttentionMaps (hs.extract's)")
+    maps = [maps] if isinstance(maps, (AttentionMap, ImageCrossAttention)) else list(maps)
+    entries, layers = entries_of(maps)  # a TypeError for anything else, before any file is touched
     path = Path(path)
     check_target(path, force=force)
-    entries = [entry_of(m, i) for i, m in enumerate(maps)]
-    return write_entries(path, entries, (layer for m in maps for layer in m.attention))
+    return write_entries(path, entries, layers)
 
 
-def load_maps(path: str | Path) -> list[AttentionMap]:
-    """The `AttentionMap`s of a file `headscope extract` or `save_maps` wrote (.safetensors, .npz, .pt,
+def load_maps(path: str | Path) -> list[AttentionMap | ImageCrossAttention]:
+    """The `AttentionMap`s (and `ImageCrossAttention`s: a cross-attention reader's pairs) of a file `headscope extract` or `save_maps` wrote (.safetensors, .npz, .pt,
     .parquet), each with its labels, spans, special marks, layer and head ids and image positions; a
     file headscope did not write is a ValueError. The format of each file is described in `headscope.probe.mapfiles`.
     """
@@ -440,10 +496,16 @@ def load_maps(path: str | Path) -> list[AttentionMap]:
     if version > VERSION:
         raise ValueError(f"{path} was written by a newer headscope (file version {version}); upgrade "
                          "headscope to read it")
-    maps = []
+    maps: list = []
+    at: dict[str, int] = {}  # each self-attention entry's place in `maps`
     for i, e in enumerate(header["maps"]):
         try:
+            if e.get("kind") == "cross":  # the cross-attention map of the self-attention map just read
+                j = at[e["of"]]
+                maps[j] = _cross_of(e, tensors[e["name"]], maps[j])
+                continue
             maps.append(_map_of(e, tensors[e["name"]]))
+            at[e["name"]] = len(maps) - 1
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as exc:
             raise ValueError(f"{path}: map {i} of its header is damaged ({_why(exc)}); write the file again "
                              "(headscope extract, hs.save_maps)") from None

@@ -94,9 +94,8 @@ class Reading:
     @classmethod
     def of_maps(cls, maps: list, *, mode: Mode = "eager") -> "Reading":
         """Whole maps already obtained (one reading per map: each item folds on its own)."""
-        first = maps[0]
-        head = getattr(first, "encoder", first)  # an encoder–decoder pair: its encoder's map names the grid
-        return cls(units=tuple(Units.of(getattr(m, "encoder", m)) for m in maps), causal=head.causal,
+        head = _head(maps[0])
+        return cls(units=tuple(Units.of(_head(m)) for m in maps), causal=head.causal,
                    layers=tuple(head.layer_ids), heads=tuple(head.head_ids), mode=mode, form="maps",
                    collect_maps=lambda: list(maps), meta=dict(head.meta), no_attention=head.no_attention)
 
@@ -111,6 +110,15 @@ class Reading:
                   make_blocks, collect_maps) -> "Reading":
         return cls(units=(units,), causal=causal, layers=layers, heads=heads, mode="recompute", form="blocks",
                    collect_maps=collect_maps, make_blocks=make_blocks)
+
+
+def _head(item):
+    """The self-attention map that names an item's grid: an encoder–decoder pair's encoder map, a cross-attention
+    reader's decoder map (`ImageCrossAttention`), a map itself."""
+    for part in ("encoder", "decoder"):
+        if hasattr(item, part) and hasattr(item, "cross"):
+            return getattr(item, part)
+    return item
 
 
 def _fold_maps(reading: Reading, into: Fold) -> None:

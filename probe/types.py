@@ -16,7 +16,7 @@ import torch
 
 from .names import Level, Weight
 
-__all__ = ["AttentionMap", "AttentionBatch", "ImagePatch", "Units", "CrossAttentionMap", "Seq2SeqAttention", "Level", "Weight", "head_name", "parse_head",
+__all__ = ["AttentionMap", "AttentionBatch", "ImagePatch", "Units", "CrossAttentionMap", "Seq2SeqAttention", "ImageCrossAttention", "Level", "Weight", "head_name", "parse_head",
            "parse_heads", "position", "Viewable", "json_safe", "whole_number", "seed_value", "SEED_MAX"]
 
 
@@ -430,6 +430,26 @@ class Seq2SeqAttention:
     @property
     def level(self) -> Level:
         return self.encoder.level
+
+
+@dataclass(frozen=True, eq=False)
+class ImageCrossAttention:
+    """All attention of a decoder that reads its images through cross-attention layers (Mllama) on one text with
+    its images: `decoder` the self-attention layers' map over the text (the model's own layer numbers), `cross`
+    the cross-attention layers' map of text queries over the image keys (each key's `ImagePatch`: image, tile,
+    row, column; None for a tile's CLS or padding), `gates` the tanh of each cross-attention layer's gates."""
+
+    decoder: AttentionMap
+    cross: CrossAttentionMap
+    gates: dict = field(default_factory=dict)
+
+    @property
+    def level(self) -> Level:
+        return self.decoder.level
+
+    @property
+    def text(self) -> str:
+        return self.decoder.text
 
 
 def _norm(s: str) -> str:

@@ -101,6 +101,8 @@ def capture(lm: LoadedModel, items: Sequence[Encoded], family: Family) -> Captur
         for h in handles:
             h.remove()
     att = out.attentions or ()
+    if len(att) == n > len(have):  # every layer's weights (Mllama's cross-attention layers among them): its own only
+        att = tuple(att[i] for i in have)
     if (len(att) != len(have) or any(a is None for a in att)
             or any(inputs[i] is None or outputs[i] is None for i in have)):
         raise RuntimeError(f"{lm.name}: the forward pass did not expose every layer's attention to the hooks")

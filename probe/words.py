@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 import regex
 import torch
 
-from .types import AttentionMap, CrossAttentionMap, Seq2SeqAttention, Units
+from .types import AttentionMap, CrossAttentionMap, ImageCrossAttention, Seq2SeqAttention, Units
 
 __all__ = ["word_spans", "assign_words", "to_word_level", "Segmenter"]
 
@@ -285,8 +285,23 @@ def _seq2seq_to_words(s: Seq2SeqAttention) -> Seq2SeqAttention:
                             cross=_cross_to_words(s.cross))
 
 
+def _image_cross_to_words(p: ImageCrossAttention) -> ImageCrossAttention:
+    """A cross-attention reader's pair at word level: the text's words (queries averaged over their tokens), each
+    image key a unit of its own at both levels (as an image's patches are)."""
+    cmap = p.cross
+    if cmap.level == "word":
+        return p
+    _check_word_index(cmap.queries)
+    keys = range(len(cmap.keys))
+    words = _pool(cmap.attention, cmap.queries.word_index, keys)
+    cross = CrossAttentionMap(queries=_units_to_words(cmap.queries), attention=words, layers=cmap.layers,
+                              heads=cmap.heads, meta=dict(cmap.meta),
+                              keys=dataclasses.replace(cmap.keys, level="word", word_index=tuple(keys)))
+    return ImageCrossAttention(decoder=_map_to_words(p.decoder), cross=cross, gates=p.gates)
+
+
 _TO_WORDS = {AttentionMap: _map_to_words, CrossAttentionMap: _cross_to_words, Seq2SeqAttention: _seq2seq_to_words,
-             Units: _units_to_words}
+             ImageCrossAttention: _image_cross_to_words, Units: _units_to_words}
 
 
 def _union(units, unit: int) -> tuple[int, int]:

@@ -57,6 +57,9 @@ class ModelAnalysis:
     # `patches`), and optionally each map's value norms [layer, head, key] (`probe.sinks.head_internals`) or None
     vision_language: tuple[AttentionMap, ...] = ()
     vision_language_value_norms: tuple[Any, ...] = ()
+    # a decoder that reads its images through cross-attention layers (Mllama): each text's self-attention and
+    # cross-attention maps (`probe.types.ImageCrossAttention`), shown in the Vision–language section
+    image_cross: tuple[Any, ...] = ()
     info: Mapping[str, Any] = field(default_factory=dict)  # family, layers, heads, dtype, source, timings
     notes: tuple[str, ...] = ()  # problems to show prominently (a stage that could not run, ...)
     seconds: Mapping[str, float] = field(default_factory=dict)  # wall time of each stage
@@ -131,6 +134,10 @@ class ModelAnalysis:
             record["vision_language"] = [{"text": m.text, "images": len(m.pictures),
                                           "image_tokens": sum(p is not None for p in m.patches)}
                                          for m in self.vision_language]
+        if self.image_cross:
+            record["image_cross"] = [{"text": p.text, "images": len(p.decoder.pictures), "cross_layers":
+                                      list(p.cross.layer_ids), "image_keys": len(p.cross.keys)}
+                                     for p in self.image_cross]
         return record
 
 

@@ -23,7 +23,7 @@ from .figures import (attention_heatmap, attention_mosaic, composition_graph, di
 from .sinks import massive_figure, sink_share_grid, streaming_figure
 from .syntax import cluster_plot, relation_bars, relation_grid, tree_figure
 from .vision import layer_overlays, patch_overlay, patch_rollout
-from .vision_language import MOSAIC_MAX, image_mosaic, image_overlay, image_rollout_figure
+from .vision_language import MOSAIC_MAX, cross_head, cross_overlay, image_mosaic, image_overlay, image_rollout_figure
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -189,6 +189,14 @@ def _vl_rollout_panels(section: Any) -> Iterable[Panel]:
         yield Panel((amap,), _vl_words(amap, i), amap)
 
 
+def _cross_panels(section: Any) -> Iterable[Panel]:
+    pairs = getattr(section, "image_cross", ())
+    if pairs:
+        layer, head = cross_head(pairs)
+        for i, pair in enumerate(pairs):
+            yield Panel((pair, layer, head), {"i": i, "text": pair.text, "head": head_name(layer, head)}, pair)
+
+
 def _vl_mosaic(amap: Any) -> Figure:
     return image_mosaic(amap, most=MOSAIC_MAX)
 
@@ -327,6 +335,10 @@ FIGURES: Mapping[str, FigureSpec] = {spec.name: spec for spec in (
     FigureSpec("image_overlay", "vision_language", "vision_language", image_overlay, _vl_overlay_panels,
                "vision-language-{i}-{head}", "{head}, the head whose text queries look most at the image: its "
                "attention from “{from}” onto the image tokens of “{text}”, over the picture(s) as the model saw them."),
+    FigureSpec("cross_overlay", "image_cross", "vision_language", cross_overlay, _cross_panels,
+               "vision-language-cross-{i}-{head}", "{head}, the cross-attention head most focused on the picture: "
+               "its attention from the last text token that reads the image in “{text}” onto the image keys, over "
+               "the picture (each tile on its part)."),
     FigureSpec("image_mosaic", "vision_language", "vision_language", _vl_mosaic, _vl_mosaic_panels,
                "vision-language-mosaic", "Every head (at most {most} layers and {most} heads, evenly spaced) on "
                "“{text}”: attention from “{from}” over the first picture, each cell on its own scale."),

@@ -26,7 +26,7 @@ from .longcontext import long_context_frames, long_context_tables
 from .panels import plotted_metrics, start_choice, vision_language_head
 from .sinks import sinks_tables
 from .syntax import relations_frame, syntax_tables, trees_frame
-from .vision_language import vision_language_tables
+from .vision_language import cross_head, cross_tables, vision_language_tables
 from headscope.probe.wording import counted, numbers
 
 __all__ = ["Section", "SECTIONS", "Table", "table_view", "flat", "report_tables"]
@@ -387,6 +387,8 @@ def _vision(a: ModelAnalysis, figures: Figures) -> dict:
 
 def _vision_language(a: ModelAnalysis, figures: Figures) -> dict:
     """The texts with images, the heads that read the image most, the visual sink patches, the figures."""
+    if a.image_cross:
+        return {"vision_language": _cross_view(a, figures)}
     maps = a.vision_language
     if not maps:
         return {"vision_language": None}
@@ -396,7 +398,7 @@ def _vision_language(a: ModelAnalysis, figures: Figures) -> dict:
     sinks = sinks[sinks["sink"]].sort_values("image_share", ascending=False)
     layer, head = vision_language_head(a)
     return {"vision_language": {
-        "figures": list(figures.get("vision_language", [])),
+        "cross": False, "figures": list(figures.get("vision_language", [])),
         "texts": [f"{m.text} ({len(m.pictures)} image(s), {sum(p is not None for p in m.patches)} image tokens)"
                   for m in maps],
         "head": head_name(layer, head),
@@ -408,7 +410,23 @@ def _vision_language(a: ModelAnalysis, figures: Figures) -> dict:
     }}
 
 
+def _cross_view(a: ModelAnalysis, figures: Figures) -> dict:
+    """A cross-attention reader (Mllama): its texts, every cross head's focus on the picture, which text token
+    reads which image cell in the head the figures show."""
+    tables = cross_tables(a.image_cross)
+    layer, head = cross_head(a.image_cross)
+    heads = tables["cross_attention_heads"].sort_values("image_entropy")
+    return {"cross": True, "figures": list(figures.get("vision_language", [])), "head": head_name(layer, head),
+            "texts": [f"{p.text} ({len(p.decoder.pictures)} image(s), {len(p.cross.keys)} image keys in cross "
+                      f"layers {', '.join(map(str, p.cross.layer_ids))})" for p in a.image_cross],
+            "heads": table_view(heads[["head_name", "image_entropy", "max_weight", "patch_share", "n"]], max_rows=10),
+            "reads": table_view(tables["cross_attention_reads"][["text", "token", "image", "view", "row", "col",
+                                                                 "weight"]], max_rows=20)}
+
+
 def _vision_language_tables(a: ModelAnalysis) -> dict:
+    if a.image_cross:
+        return cross_tables(a.image_cross)
     return vision_language_tables(a.vision_language, a.vision_language_value_norms)
 
 
@@ -431,7 +449,7 @@ SECTIONS: Mapping[str, Section] = MappingProxyType({s.name: s for s in (
     Section("attention", "Attention figures", lambda a, figures: {"chosen": start_choice(a)[2]}),
     Section("vision", "Vision", _vision, shown=_shows_images),
     Section("vision_language", "Vision–language", _vision_language, _vision_language_tables,
-            shown=lambda analyses: any(a.vision_language for a in analyses)),
+            shown=lambda analyses: any(a.vision_language or a.image_cross for a in analyses)),
     Section("syntax", "Syntax", _syntax, _syntax_tables, shown=_any("syntax", "syntax_clusters")),
     Section("comparison", "Comparison", _comparison, _comparison_tables, shown=_any("comparison")),
     Section("sinks", "Sinks", _sinks, _sinks_tables, shown=_any("sinks", "streaming")),

@@ -15,9 +15,10 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 import pandas as pd
 
-from headscope.analyses.vision_language import (ViewGrid, image_rollout, image_units, text_query, view_grids,
+from headscope.analyses.vision_language import (ViewGrid, cross_attention_heads, cross_attention_reads, image_rollout,
+                                                image_units, patch_grids, text_query, view_grids,
                                                 vision_language_heads, visual_sinks)
-from headscope.probe.types import AttentionMap, head_name, position
+from headscope.probe.types import AttentionMap, ImageCrossAttention, head_name, position
 
 from .canvas import new_figure, report_figure
 from .fonts import font_context
@@ -27,7 +28,7 @@ if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
 __all__ = ["image_overlay", "image_mosaic", "image_rollout_figure", "panel_groups", "vision_language_tables",
-           "MOSAIC_MAX"]
+           "MOSAIC_MAX", "cross_overlay", "cross_head", "cross_tables"]
 
 MOSAIC_MAX = 12  # layers (and heads) a report's mosaic draws at most, evenly spaced
 
@@ -59,6 +60,62 @@ def _overlap(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
 
 def _picture(amap: AttentionMap, image: int) -> np.ndarray | None:
     return amap.pictures[image] if image < len(amap.pictures) and amap.pictures[image] is not None else None
+
+
+def cross_head(pairs: Sequence[ImageCrossAttention]) -> tuple[int, int]:
+    """The cross-attention head a report shows: the one whose reading rows are most focused on the picture's
+    cells (the lowest `image_entropy` of `analyses.vision_language.cross_attention_heads`)."""
+    frame = cross_attention_heads(pairs)
+    if not len(frame) or not frame["image_entropy"].notna().any():
+        return pairs[0].cross.layer_ids[0], pairs[0].cross.head_ids[0]
+    best = frame.loc[frame["image_entropy"].idxmin()]
+    return int(best["layer"]), int(best["head"])
+
+
+def cross_overlay(pair: ImageCrossAttention, layer: int, head: int, *, query: int | str | None = None,
+                  ax: Axes | None = None, cmap: str = "inferno") -> Figure:
+    """One cross-attention head's attention from a text token (`query`: a unit index or a label; by default the
+    last text token the mask lets read the image) over the image keys, drawn over the picture where each key's
+    cell sits (each tile on its part of the picture)."""
+    cross = pair.cross
+    reads = cross.meta.get("reads_image") or [True] * len(cross.queries)
+    if query is None:
+        candidates = [q for q in range(len(cross.queries)) if reads[q] and not cross.queries.special[q]]
+        q = candidates[-1] if candidates else len(cross.queries) - 1
+    else:
+        q = text_query(pair.decoder, query)
+    li, hi = position(cross.layer_ids, layer, "layer"), position(cross.head_ids, head, "head")
+    row = cross.attention[li, hi, q].detach().float().cpu().numpy()
+    panels = panel_groups(patch_grids(cross.keys.patches, row))
+    cells = float(sum(row[k] for k, p in enumerate(cross.keys.patches) if p is not None))
+    title = f"{head_name(layer, head)} (cross) from “{cross.queries.labels[q]}” · {cells:.2f} on the cells"
+    several = len({p[0].image for p in panels}) > 1
+    with font_context(pair.text):
+        if ax is not None or len(panels) == 1:
+            fig, axis = new_figure(4.0, 4.2, ax)
+            axes, panels = [axis], panels[:1]
+        else:
+            cols = min(len(panels), 3)
+            fig = report_figure(3.4 * cols, 3.5 * -(-len(panels) // cols) + 0.4)
+            grid = fig.subplots(-(-len(panels) // cols), cols, squeeze=False)
+            for extra in grid.flat[len(panels):]:
+                extra.axis("off")
+            axes = list(grid.flat)
+            fig.suptitle(title, fontsize=10)
+        for axis, panel in zip(axes, panels):  # no query cell to outline: the query is a text token (-2: none)
+            _draw_panel(axis, pair.decoder, panel, query=-2, cmap=cmap,
+                        title=title if len(axes) == 1 else _panel_name(panel, several) or title)
+    return fig
+
+
+def cross_tables(pairs: Sequence[ImageCrossAttention]) -> dict[str, pd.DataFrame]:
+    """The CSV tables of a cross-attention reader's section: every cross head's focus on the picture
+    (`cross_attention_heads`) and, in the head the report shows, which text token reads which image cell."""
+    layer, head = cross_head(pairs)
+    reads = pd.concat([cross_attention_reads(p, layer, head).assign(i=i) for i, p in enumerate(pairs)],
+                      ignore_index=True)
+    return {"cross_attention_heads": cross_attention_heads(pairs),
+            "cross_attention_reads": reads.assign(head_name=head_name(layer, head))}
 
 
 def _draw_panel(ax: Axes, amap: AttentionMap, panel: list[ViewGrid], *, query: int, cmap: str, title: str,

@@ -35,7 +35,8 @@ _VLM = _TEXT_READERS | {"extract", "generate", "ablate", "importance", "dla", "q
 WORKS = {TEXT_DECODER: "all", HYBRID: {"verify", "heads", "coref", "syntax", "compare", "generate", "importance", "run"},
          ENCODER: _TEXT_READERS | {"ablate", "importance", "sinks", "run"}, SEQ2SEQ: _TEXT_READERS | {"run"},
          IMAGE: {"verify", "extract", "heads", "run"}, TOWERS: _TEXT_READERS | {"importance", "run"},
-         "mllama": {"verify", "ablate", "importance"}, **{m: _VLM for m in VLMS if m != "mllama"}}
+         "mllama": {"verify", "ablate", "importance", "extract", "heads", "run"},
+         **{m: _VLM for m in VLMS if m != "mllama"}}
 
 CONLLU = """# text = The cat sat .
 1	The	the	DET	DT	_	2	det	_	_

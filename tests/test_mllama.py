@@ -181,23 +181,13 @@ def test_a_model_whose_image_tokens_stand_in_the_text_is_told_to_use_extract():
         image_cross_attention(_tiny("llava"), "a <image> b", images=[_picture(1)])
 
 
-def test_extract_and_the_commands_say_where_mllama_maps_come_from(mllama, tmp_path):
-    """The per-layer maps of hs.extract would mix self- and cross-attention layers: one clear line instead, and
-    exit 2 from a command."""
-    from click.testing import CliRunner
-    from PIL import Image
-
-    from headscope.cli import cli
+def test_texts_without_images_and_the_commands_say_where_mllama_maps_come_from(mllama, tmp_path):
+    """The per-layer maps of a text alone would mix self- and cross-attention layers: one clear line naming the
+    images' road instead."""
     from headscope.probe.extract import extract
 
-    with pytest.raises(ValueError, match="image_cross_attention"):
-        extract(mllama, f"{IMAGE} a cat", images=[_picture(1)])
-    path = tmp_path / "p.png"
-    Image.fromarray((_picture(1) * 255).astype("uint8")).save(path)
-    result = CliRunner().invoke(cli, ["heads", "--model", "tiny:mllama", "--image", str(path)])
-    assert result.exit_code == 2 and "cross-attention layers" in result.output
-    result = CliRunner().invoke(cli, ["verify", "--model", "tiny:mllama", "--image", str(path)])
-    assert result.exit_code == 0, result.output
+    with pytest.raises(ValueError, match="give it its images"):
+        extract(mllama, "a cat")
 
 
 def _other_config(vocab: int, model_type: str):

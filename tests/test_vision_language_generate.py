@@ -159,12 +159,15 @@ def test_run_on_an_image_encoder_says_it_did_not_generate(picture_file, tmp_path
 
 @pytest.mark.parametrize("family", CROSS)
 def test_generation_and_explain_refuse_a_cross_reader_in_words(family):
-    """Mllama reads its images through cross-attention layers: generating or explaining over an image is refused,
-    naming where its maps come from, before any step is taken."""
+    """Mllama reads its images through cross-attention layers: generating over an image, or explaining a
+    cross-attention layer (its self-attention layers are explained: tests/test_mllama_maps.py), is refused in words,
+    naming what it reads or where its maps come from, before any step is taken."""
     from headscope.probe.explain import explain
+    from headscope.probe.families import FAMILIES
 
     lm = _tiny(family)
     with pytest.raises(ValueError, match="cross-attention"):
         generate_attention(lm, "a cat", images=[_picture()], max_new_tokens=2)
-    with pytest.raises(ValueError, match="cross-attention"):
-        explain(lm, "a cat", token="cat", layer=0, head=0, images=[_picture()])
+    cross = FAMILIES[family].vision_language.cross.layer_numbers(lm.config)[0]
+    with pytest.raises(ValueError, match="is a cross-attention layer"):
+        explain(lm, "a cat", token="cat", layer=cross, head=0, images=[_picture()])

@@ -96,6 +96,11 @@ def _print(scores, k: int, source: str, out_path) -> None:
         n = int(scores.table.loc[scores.table["metric"] == m, "n"].iloc[0])
         cells = "   ".join(f"{head_name(r.layer, r.head)} {r.value:.3f}" for r in top.itertuples()) or "n/a"
         click.echo(f"{m:<19} {n:>7}  {cells}")
+    if cross := scores.meta.get("cross_attention"):  # a cross-attention reader's cross layers, over the image keys
+        rows = sorted(cross, key=lambda r: r["image_entropy"])[:k]
+        click.echo(f"cross-attention heads over the image keys ({counted(rows[0]['n'], 'text row')} that read an "
+                   f"image; lowest image entropy first): " + "   ".join(
+                       f"{r['head_name']} entropy {r['image_entropy']:.3f} max {r['max_weight']:.3f}" for r in rows))
     click.echo(f"roles (a head's score >= the threshold; {len(scores.roles)} in all):" if len(scores.roles)
                else "roles: no head reaches a threshold")
     for (role, metric), rows in scores.roles.groupby(["role", "metric"], sort=False):

@@ -19,16 +19,18 @@ from headscope.probe.progress import progress as progress_bar
 
 from headscope.analyses.heads import HeadScoreAccumulator, HeadScores
 from headscope.analyses.induction import repeated_random_tokens
+from headscope.analyses.vision_language import CrossHeadSums
 from headscope.analyses.metrics import METRICS, Metric
 from headscope.distributed import World, merge_attention_record, merge_head_scores, shard, shard_length, together
 from headscope.probe.encoding import ordinary_token_ids, special_prefix
-from headscope.probe.forward import is_seq2seq, no_attention_layers
+from headscope.probe.forward import is_cross_reader, is_seq2seq, no_attention_layers
 from headscope.probe.images import for_input
 from headscope.probe.inputs import AttentionInput
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Attention, Level, Weight
 from headscope.probe.reading import Fold, Reading
 from headscope.probe.sources import source_for
+from headscope.probe.types import ImageCrossAttention
 
 __all__ = ["heads", "checked_heads", "induction_inputs"]
 
@@ -100,6 +102,8 @@ def heads(
     world = world or World()
     acc = HeadScoreAccumulator(model=lm.name, level=level, include_special=include_special, metrics=metrics)
     acc.no_attention = no_attention_layers(lm)  # a hybrid stack's layers without attention, also on the blocks path
+    if inp.kind in ("images", "texts+images") and world.size > 1 and is_cross_reader(lm):
+        raise ValueError(f"{lm.name}'s cross-attention heads are scored in one process; run it without torchrun")
     if inp.kind == "images":  # each rank its shard of the images, as of the texts
         inp = AttentionInput("images", images=tuple(shard(list(inp.images), world)))
     elif inp.kind == "texts+images" and world.size > 1:
@@ -110,10 +114,12 @@ def heads(
             total = None if total is None else shard_length(total, world)
             texts = progress_bar(texts, total=total, desc=f"{lm.name} heads", unit="text")
         inp = AttentionInput("texts", texts=texts)
+    corpus = _Scores(acc, repeated=False)
     with together(world):
-        _fold_all(attend.read(inp, level=level, truncate=truncate, window=window, weight=weight, batched=True),
-                  _Scores(acc, repeated=False))
+        _fold_all(attend.read(inp, level=level, truncate=truncate, window=window, weight=weight, batched=True), corpus)
     meta: dict = {"corpus": source, "batch_size": batch_size, "causal": lm.is_causal}
+    if corpus.cross.n:  # the cross-attention layers' heads over the image keys (`cross_attention_heads`)
+        meta["cross_attention"] = corpus.cross.frame().to_dict("records")
     if is_seq2seq(lm):  # without targets, the texts are sources: the encoder's self-attention is scored
         meta["stack"] = "encoder"
     if weight != "attention":
@@ -154,8 +160,12 @@ class _Scores(Fold):
 
     def __init__(self, acc: HeadScoreAccumulator, *, repeated: bool) -> None:
         self.acc, self.repeated = acc, repeated
+        self.cross = CrossHeadSums()  # a cross-attention reader's cross layers (Mllama's), scored apart
 
     def map(self, amap) -> None:
+        if isinstance(amap, ImageCrossAttention):  # Mllama: its self-attention heads as a text's, its cross apart
+            self.cross.add(amap.cross)
+            amap = amap.decoder
         (self.acc.update_repeated if self.repeated else self.acc.update)(amap)
 
     def layers(self, reading: Reading) -> None:

@@ -23,7 +23,7 @@ import torch
 from headscope.probe.encoding import check_texts, encode_many
 from headscope.probe.images import for_input
 from headscope.probe.inputs import AttentionInput
-from headscope.probe.mapfiles import MapEntry, check_target, entry_of, file_bytes, write_entries
+from headscope.probe.mapfiles import MapEntry, check_target, entries_of, entry_of, file_bytes, write_entries
 from headscope.probe.maps import MapFacts, kept_ids, make_map, select_heads, select_layers
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, DEFAULT_LEVEL, Attention, Level
@@ -93,9 +93,9 @@ def extract_file(lm: LoadedModel, texts: str | Iterable[str] | None, path: str |
     source = source_for(lm, attention, budget=budget, batch_size=batch_size)
     if images is not None:
         maps = source.maps(AttentionInput.of(texts, images=images), level=level, layers=layers, heads=heads)
-        plans = [_Plan(entry_of(m, i), None, m.text, "eager") for i, m in enumerate(maps)]
+        image_entries, layer_stream = entries_of(maps)  # a cross-attention reader's pair: two entries
+        plans = [_Plan(e, None, e.info["text"], "eager") for e in image_entries]
         made = "texts with images" if texts is not None else "images"
-        layer_stream: Iterator[torch.Tensor] = (layer for m in maps for layer in m.attention)
     else:
         if texts is None:
             raise TypeError("texts must be a str or an iterable of str; an image model takes images=[...] instead")

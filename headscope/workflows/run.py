@@ -36,6 +36,7 @@ from headscope.probe.vision_language import DEFAULT_PROMPT
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import DEFAULT_ATTENTION, Attention
 from headscope.probe.sources import source_for
+from headscope.probe.types import ImageCrossAttention
 from headscope.probe.verify import Verification, verify
 from headscope.probe.words import word_spans
 from headscope.reports.analysis import ModelAnalysis
@@ -349,6 +350,9 @@ def _analyse_images(lm: LoadedModel, settings: RunSettings, stage: _Stages, say)
     say(f"{lm.name}: {verification.summary()} ({stage.seconds['verify']:.1f} s)")
     source = source_for(lm, settings.attention, budget=settings.memory_budget, batch_size=settings.batch_size)
     maps = stage.run("images", source.maps, AttentionInput.of(images=images), level="token")
+    image_cross = tuple(m for m in maps if isinstance(m, ImageCrossAttention))  # Mllama: self and cross maps apart
+    if image_cross:
+        maps = [p.decoder for p in image_cross]  # the self-attention layers' maps: scored and explored as texts
     # the maps stay token level for the figures; the scores are at the run's level (a vision–language text's
     # words; an image model's patches are its units at both levels)
     scores = stage.run("heads", score_corpus, maps, model=lm.name, level=settings.level,
@@ -369,7 +373,8 @@ def _analyse_images(lm: LoadedModel, settings: RunSettings, stage: _Stages, say)
                     f"{DEFAULT_PROMPT!r} and the heads are scored on those texts; the corpus, the coreference probe, "
                     "ablation and sinks were not run")
         info["images"] = list(images)
-        reading = {"vision_language": tuple(maps)}  # the Vision–language section's maps
+        # the Vision–language section's maps (a cross-attention reader's pairs: its cross maps over the picture)
+        reading = {"image_cross": image_cross} if image_cross else {"vision_language": tuple(maps)}
         if settings.generate:  # each image's prompt continued: every new token's row over the picture
             reading["generations"] = stage.run("generate", lambda: tuple(
                 generate_attention(lm, DEFAULT_PROMPT, images=[image], max_new_tokens=settings.generate)
