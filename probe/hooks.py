@@ -16,7 +16,7 @@ detached where it is a tensor). Hooks are removed on every exit, an exception in
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Mapping
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import Any, Literal
 
@@ -53,16 +53,33 @@ def catch(modules: Mapping[Hashable, torch.nn.Module], *, what: What = "output",
     """Within the block, `take(value)` of each module's input, arguments or output is kept under its key in the yielded
     dict (the last call's, where a module runs more than once)."""
     caught: dict = {}
-
-    def keep(key):
-        if what == "input":
-            return lambda module, args, kwargs: caught.__setitem__(key, take(first_input(args, kwargs)))
-        if what == "arguments":
-            return lambda module, args, kwargs: caught.__setitem__(key, take((args, kwargs)))
-        return lambda module, args, out: caught.__setitem__(key, take(out))
-
-    with hooked({key: (module, keep(key)) for key, module in modules.items()}, what=what):
+    with hooked({key: (module, _keeper(caught, key, what, take)) for key, module in modules.items()}, what=what):
         yield caught
+
+
+@contextmanager
+def catch_layers(family, base: torch.nn.Module, config, layers: Sequence[int], *,
+                 where: Literal["attention", "out_proj"], what: What = "output",
+                 take: Callable[[Any], Any] = _detached) -> Iterator[dict]:
+    """`catch` on the family's attention module (or out-projection) of each of `layers`, keyed by layer. Where
+    several layers run one module object (ALBERT), each call is told apart by its order (`Family.hook_layers`)."""
+    caught: dict = {}
+    handles = family.hook_layers(base, config, list(layers), lambda layer: _keeper(caught, layer, what, take),
+                                 where=where, pre=what != "output", with_kwargs=what != "output")
+    try:
+        yield caught
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _keeper(caught: dict, key, what: What, take: Callable):
+    """The hook that keeps `take(...)` of one module's input, arguments or output in `caught[key]`."""
+    if what == "input":
+        return lambda module, args, kwargs: caught.__setitem__(key, take(first_input(args, kwargs)))
+    if what == "arguments":
+        return lambda module, args, kwargs: caught.__setitem__(key, take((args, kwargs)))
+    return lambda module, args, out: caught.__setitem__(key, take(out))
 
 
 @contextmanager

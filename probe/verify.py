@@ -26,8 +26,8 @@ import torch
 
 from .encoding import Encoded, check_count, check_texts, encode_many, encode_targets, model_batch
 from .families import Family, Stack, family_for
-from .hooks import catch
 from .forward import base_model, extra_inputs, forward_one_stream, seq2seq_inputs
+from .hooks import catch, catch_layers
 from .images import TOWER_NAMES, check_images, encode_images, is_two_tower, require_modality, tower
 from .model import LoadedModel
 from .results import LayerCheck, Verification
@@ -76,32 +76,15 @@ def capture(lm: LoadedModel, items: Sequence[Encoded], family: Family) -> Captur
     base = base_model(lm)
     n = family.n_layers(lm.config)
     have = family.attention_layers(lm.config)
-    inputs: list = [None] * n
-    outputs: list = [None] * n
-    handles = []
-
-    def grab_input(i):
-        def hook(module, args, kwargs):
-            inputs[i] = (args[0] if args else kwargs["hidden_states"]).detach()
-        return hook
-
-    def grab_output(i):
-        def hook(module, args, out):
-            outputs[i] = out.detach()
-        return hook
-
-    # one hook per module: layers that share one (ALBERT) are told apart by call order
-    handles += family.hook_layers(base, lm.config, have, grab_input, where="attention", pre=True, with_kwargs=True)
-    handles += family.hook_layers(base, lm.config, have, grab_output, where="out_proj", pre=False)
     batch = model_batch(items, lm.device)
     mask = batch.mask
-    try:
+    # layers that share one module (ALBERT) are told apart by call order
+    with catch_layers(family, base, lm.config, have, where="attention", what="input") as ins, \
+            catch_layers(family, base, lm.config, have, where="out_proj") as outs:
         t0 = time.perf_counter()
         out = forward_one_stream(lm, batch, output_attentions=True, extra=extra_inputs(lm, items))  # images' pixels
         seconds = time.perf_counter() - t0
-    finally:
-        for h in handles:
-            h.remove()
+    inputs, outputs = ([got.get(i) for i in range(n)] for got in (ins, outs))
     att = out.attentions or ()
     if (len(att) != len(have) or any(a is None for a in att)
             or any(inputs[i] is None or outputs[i] is None for i in have)):

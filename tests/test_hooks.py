@@ -14,6 +14,10 @@ def _net():
     return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
 
 
+def _hook_count(net):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in net.modules())
+
+
 def _no_hooks(net):
     return all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())
 
@@ -76,3 +80,27 @@ def test_replace_refuses_arguments():
     with pytest.raises(ValueError, match="hooked"):
         with replace({0: _net()}, lambda k, v: v, what="arguments"):
             pass
+
+
+def test_catch_layers_tells_apart_layers_that_share_one_module():
+    """ALBERT runs one layer module for every layer: each layer's attention input is still its own, the hidden
+    state the model reports before that layer (an independent reading: output_hidden_states)."""
+    from conftest import _tiny
+    from headscope.probe.families import family_for
+    from headscope.probe.forward import base_model
+    from headscope.probe.hooks import catch_layers
+
+    lm = _tiny("albert")
+    family, base = family_for(lm), base_model(lm)
+    layers = family.attention_layers(lm.config)
+    assert len({id(family.attention(base, i)) for i in layers}) == 1 < len(layers)  # really one shared module
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.inference_mode():  # transformers installs its own output-recording hooks on a first call
+        base(input_ids=ids, output_hidden_states=True)
+    before = _hook_count(base)
+    with torch.inference_mode(), catch_layers(family, base, lm.config, layers, where="attention", what="input") as ins:
+        states = base(input_ids=ids, output_hidden_states=True).hidden_states
+    assert sorted(ins) == list(layers)
+    for i in layers:
+        assert torch.equal(ins[i], states[i])
+    assert _hook_count(base) == before  # the model's own hooks (transformers registers some) only
