@@ -43,6 +43,11 @@ def first_input(args: tuple, kwargs: dict):
     return args[0] if args else kwargs["hidden_states"]
 
 
+def first_output(out):
+    """A module's main output: the first element where it returns a tuple (a block's hidden states)."""
+    return out[0] if isinstance(out, tuple) else out
+
+
 def _detached(value):
     return value.detach() if isinstance(value, torch.Tensor) else value
 
