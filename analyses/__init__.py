@@ -1,18 +1,32 @@
-"""analyses"""
-__all__: list[str] = []
+"""analyses
 
-# coreference / relation probes
-from .coref import ProbeResult, ProbeScores, score_probe  # noqa: E402
-from .relations import RelationExample, builtin_set, read_gap, read_jsonl, read_probe_file  # noqa: E402
+The package's names are looked up in their modules on first use (PEP 562), so importing one module
+(`headscope.analyses.heads`) does not load the others (coref's relation probes, and what they import)."""
+from __future__ import annotations
 
-__all__ += ["ProbeResult", "ProbeScores", "score_probe", "RelationExample", "builtin_set", "read_gap", "read_jsonl",
-            "read_probe_file"]
+import importlib
 
-# per-head pattern analyses
-from .corpus import CorpusError, builtin_corpus, iter_corpus, read_corpus  # noqa: E402
-from .heads import METRICS, THRESHOLDS, HeadScoreAccumulator, HeadScores, assign_roles, score_corpus  # noqa: E402
-from .induction import detection_pattern, pattern_score, repeated_random_tokens  # noqa: E402
+_HOMES = {
+    # coreference / relation probes
+    "ProbeResult": "coref", "ProbeScores": "coref", "score_probe": "coref",
+    "RelationExample": "relations", "builtin_set": "relations", "read_gap": "relations", "read_jsonl": "relations",
+    "read_probe_file": "relations",
+    # per-head pattern analyses
+    "CorpusError": "corpus", "builtin_corpus": "corpus", "iter_corpus": "corpus", "read_corpus": "corpus",
+    "METRICS": "heads", "THRESHOLDS": "heads", "HeadScoreAccumulator": "heads", "HeadScores": "heads",
+    "assign_roles": "heads", "score_corpus": "heads",
+    "detection_pattern": "induction", "pattern_score": "induction", "repeated_random_tokens": "induction",
+}
+__all__: list[str] = list(_HOMES)
 
-__all__ += ["CorpusError", "builtin_corpus", "iter_corpus", "read_corpus", "METRICS", "THRESHOLDS",
-            "HeadScoreAccumulator", "HeadScores", "assign_roles", "score_corpus", "detection_pattern", "pattern_score",
-            "repeated_random_tokens"]
+
+def __getattr__(name: str):
+    if name not in _HOMES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_HOMES[name]}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_HOMES})

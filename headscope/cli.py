@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import copy
 import gc
+import importlib
 import os
+import pkgutil
 import signal
 import sys
 import threading
@@ -19,9 +21,7 @@ from contextlib import contextmanager, nullcontext, redirect_stderr, redirect_st
 
 import click
 
-from . import __version__
-from .commands import (ablate, compare, composition, coref, dla, explain, extract, generate, heads, importance, models,
-                       patch, qk, relations, retrieval, run, serve, sinks, syntax, verify)
+from . import __version__, commands
 from .common.interrupts import Interrupts
 
 
@@ -41,6 +41,15 @@ def _warning_line(message, category, filename, lineno, file=None, line=None, *, 
 
 
 class _Group(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted({*super().list_commands(ctx), *_command_files()})
+
+    def get_command(self, ctx: click.Context, name: str):
+        """A command file added to `headscope.commands` after import (a plug-in folder on its path) is found too."""
+        if name not in self.commands and name in _command_files():
+            self.add_command(importlib.import_module(f"{commands.__name__}.{name}").cli, name=name)
+        return super().get_command(ctx, name)
+
     def invoke(self, ctx: click.Context):
         debug = ctx.params.get("debug", False)
         try:
@@ -93,17 +102,17 @@ def cli(debug: bool) -> None:
     """Look inside the attention heads of real pretrained models."""
 
 
-# In the order `headscope --help` lists them.
-_COMMANDS = {
-    "models": models, "extract": extract, "verify": verify, "explain": explain, "heads": heads, "coref": coref, "relations": relations,
-    "syntax": syntax, "run": run, "compare": compare, "generate": generate, "ablate": ablate, "importance": importance,
-    "dla": dla, "qk": qk, "patch": patch, "composition": composition, "sinks": sinks,
-    "retrieval": retrieval, "serve": serve,
-}
+def _command_files() -> list[str]:
+    """The commands are the files of `headscope.commands` (one module per command, each exposing a click
+    command named `cli`): a new command is one file there, found by its name like a family file."""
+    return sorted(info.name for info in pkgutil.iter_modules(commands.__path__) if not info.name.startswith("_"))
+
+
+_COMMANDS = {name: importlib.import_module(f"{commands.__name__}.{name}") for name in _command_files()}
 for _name, _module in _COMMANDS.items():
     cli.add_command(_module.cli, name=_name)
 # The name before 0.2, for one release: `headscope probe` runs `headscope relations` after a warning.
-cli.add_command(copy.copy(relations.cli), name="probe")
+cli.add_command(copy.copy(_COMMANDS["relations"].cli), name="probe")
 cli.commands["probe"].hidden = True
 cli.commands["probe"].deprecated = "use `headscope relations`"
 

@@ -41,6 +41,7 @@ from .encoding import check_texts, encode
 from .errors import UnsupportedFeature
 from .families import SUPPORTED_TYPES, Family, family_for
 from .forward import base_model
+from .hooks import catch, first_output
 from .model import LoadedModel
 from .placement import onloaded
 from .results import DLAResult, QKAttribution
@@ -192,45 +193,31 @@ def trace(lm: LoadedModel, text: str) -> Trace:
     ids = torch.tensor([enc.ids], device=lm.device)
     layers = decoder_layers(lm, family)
     n = len(layers)
-    got: dict = {"in": {}, "out": {}, "attn_in": {}, "heads": {}, "attn_out": {}, "norms": {}}
     head = getattr(lm.model, "get_output_embeddings", lambda: None)() if lm.is_causal else None
+    inside = {id(m) for layer in layers for m in layer.modules()}
+    norms_at = {**{(l, name): child for l, layer in enumerate(layers) for name, child in layer.named_modules()
+                   if name and _is_norm(child)},
+                **{(None, name): child for name, child in base.named_modules() if _is_norm(child) and id(child) not in inside}}
+    blocks, attns, projs = dict(enumerate(layers)), {l: family.attention(base, l) for l in range(n)}, \
+        {l: family.out_proj(base, l) for l in range(n)}
 
-    def grab_in(store, layer):
-        def hook(module, args, kwargs):
-            got[store][layer] = (args[0] if args else kwargs["hidden_states"])[0].detach()
-        return hook
+    def row(x):  # the one text's row
+        return x[0].detach()
 
-    def grab_out(store, layer):
-        def hook(module, args, out):
-            got[store][layer] = (out[0] if isinstance(out, tuple) else out)[0].detach()
-        return hook
-
-    def grab_norm(name):
-        def hook(module, args, out):
-            got["norms"][name] = (module, args[0][0].detach(), out[0].detach())
-        return hook
+    def out_row(out):
+        return first_output(out)[0].detach()
 
     with ExitStack() as stack, torch.inference_mode():
-        def on(module, hook, *, pre=False, kwargs=False):
-            register = module.register_forward_pre_hook if pre else module.register_forward_hook
-            stack.callback((register(hook, with_kwargs=True) if kwargs else register(hook)).remove)
+        def on(modules, what, take):
+            return stack.enter_context(catch(modules, what=what, take=take))
 
-        for l, layer in enumerate(layers):
-            on(layer, grab_in("in", l), pre=True, kwargs=True)
-            on(layer, grab_out("out", l))
-            on(family.attention(base, l), grab_in("attn_in", l), pre=True, kwargs=True)
-            on(family.out_proj(base, l), lambda m, a, l=l: got["heads"].__setitem__(l, a[0][0].detach()), pre=True)
-            on(family.out_proj(base, l), grab_out("attn_out", l))
-            for name, child in layer.named_modules():
-                if name and _is_norm(child):
-                    on(child, grab_norm((l, name)))
-        inside = {id(m) for layer in layers for m in layer.modules()}
-        for name, child in base.named_modules():
-            if _is_norm(child) and id(child) not in inside:
-                on(child, grab_norm((None, name)))
+        got = {"in": on(blocks, "input", row), "out": on(blocks, "output", out_row),
+               "attn_in": on(attns, "input", row), "heads": on(projs, "input", row),
+               "attn_out": on(projs, "output", out_row)}
+        norm_in, norm_out = on(norms_at, "input", row), on(norms_at, "output", row)
+        unembed_in = on({} if head is None else {0: head}, "input", lambda x: x[0, -1].detach())
+        logits = on({} if head is None else {0: head}, "output", lambda out: out[0, -1].detach())
         if head is not None:
-            on(head, lambda m, a: got.__setitem__("unembed_in", a[0][0, -1].detach()), pre=True)
-            on(head, lambda m, a, out: got.__setitem__("logits", out[0, -1].detach()))
             # the last position's logits, named as a tensor: an int lets Gemma 4 run its shared-KV layers on the
             # kept positions only, and every position's stream is needed here
             last = torch.tensor([ids.shape[1] - 1], device=ids.device)
@@ -242,7 +229,7 @@ def trace(lm: LoadedModel, text: str) -> Trace:
         return t.to("cpu", torch.float64)
 
     specs = tuple(family.layer_spec(base, l, lm.config) for l in range(n))
-    norms = got["norms"]
+    norms = {key: (norms_at[key], norm_in[key], y) for key, y in norm_out.items()}  # in the order they ran
     pre, post = [], []
     for l in range(n):
         mine = [(m, x, y) for (layer, _), (m, x, y) in norms.items() if layer == l]
@@ -257,7 +244,7 @@ def trace(lm: LoadedModel, text: str) -> Trace:
             raise UnsupportedFeature(f"{lm.name} normalises the residual stream after each layer (post-LN), so the "
                                      "stream is no sum of its parts; attribution covers pre-norm models")
     final = None
-    unembed_in = got.get("unembed_in")
+    unembed_in = unembed_in.get(0)
     if unembed_in is not None:
         top = [(m, x, y) for (layer, _), (m, x, y) in norms.items() if layer is None]
         final = next((freeze_norm(m, x, y) for m, x, y in top if y.shape[-1] == unembed_in.shape[-1]
@@ -273,7 +260,7 @@ def trace(lm: LoadedModel, text: str) -> Trace:
         attn_in=tuple(f64(got["attn_in"][l]) for l in range(n)), heads_in=tuple(f64(got["heads"][l]) for l in range(n)),
         attn_out=tuple(f64(got["attn_out"][l]) for l in range(n)), pre_attn=tuple(pre), post_attn=tuple(post),
         final_norm=final, unembed_in=None if unembed_in is None else f64(unembed_in),
-        logits=None if "logits" not in got else f64(got["logits"]),
+        logits=None if 0 not in logits else f64(logits[0]),
     )
 
 

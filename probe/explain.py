@@ -20,6 +20,7 @@ import torch
 from .encoding import Encoded, encode, token_labels
 from .families import Family, UnsupportedFeature, family_for
 from .forward import base_model, no_attention_reason, refuse_cross_reader
+from .hooks import replace
 from .images import check_images, encode_images, for_input, require_modality
 from .model import LoadedModel
 from .scratch import attention_from_scratch, project_qk, sink_share
@@ -292,12 +293,8 @@ def permutation_check(lm: LoadedModel, text: str, *, layer: int | None = None, s
 def _capture_without_positions(lm: LoadedModel, family: Family, enc: Encoded):
     if family.position_embedding is None:  # rotary: no position enters the layer input
         return capture(lm, [enc], family)
-    module = family.position_embedding(base_model(lm))
-    handle = module.register_forward_hook(lambda mod, args, out: torch.zeros_like(out))
-    try:
+    with replace({"positions": family.position_embedding(base_model(lm))}, lambda key, out: torch.zeros_like(out)):
         return capture(lm, [enc], family)
-    finally:
-        handle.remove()
 
 
 def _cross_layers(family: Family, config) -> tuple[int, ...]:

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from .encoding import ModelBatch, token_labels
 from .families import family_for
 from .forward import base_model, forward_one_stream
+from .hooks import catch, first_output
 from .model import LoadedModel
 from .norms import norm_weights, scratch_batches
 
@@ -88,21 +89,10 @@ def residual_stream(lm: LoadedModel, ids: torch.Tensor) -> torch.Tensor:
 
     Caught by a forward hook on every block (its output's first element), so no final norm is applied."""
     blocks = block_modules(lm)
-    caught: list[torch.Tensor | None] = [None] * len(blocks)
-
-    def grab(i):
-        def hook(module, args, out):
-            caught[i] = (out[0] if isinstance(out, tuple) else out).detach().float().cpu()
-        return hook
-
-    handles = [b.register_forward_hook(grab(i)) for i, b in enumerate(blocks)]
-    try:
-        ids = ids.to(lm.device)
+    ids = ids.to(lm.device)
+    with catch(dict(enumerate(blocks)), take=lambda out: first_output(out).detach().float().cpu()) as caught:
         forward_one_stream(lm, ModelBatch(mask=torch.ones_like(ids), ids=ids), output_attentions=False)
-    finally:
-        for h in handles:
-            h.remove()
-    return torch.stack(caught, dim=1)  # type: ignore[arg-type]
+    return torch.stack([caught.get(i) for i in range(len(blocks))], dim=1)  # type: ignore[misc]
 
 
 def window_mask(T: int, window: int | None, keep: int = 0) -> torch.Tensor:

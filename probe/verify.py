@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from typing import Sequence
 
@@ -26,6 +27,7 @@ import torch
 from .encoding import Encoded, check_count, check_texts, encode_many, encode_targets, model_batch
 from .families import Family, Stack, family_for
 from .forward import base_model, extra_inputs, forward_one_stream, seq2seq_inputs
+from .hooks import catch, catch_layers
 from .images import TOWER_NAMES, check_images, encode_images, is_two_tower, require_modality, tower
 from .model import LoadedModel
 from .results import LayerCheck, Verification
@@ -74,32 +76,15 @@ def capture(lm: LoadedModel, items: Sequence[Encoded], family: Family) -> Captur
     base = base_model(lm)
     n = family.n_layers(lm.config)
     have = family.attention_layers(lm.config)
-    inputs: list = [None] * n
-    outputs: list = [None] * n
-    handles = []
-
-    def grab_input(i):
-        def hook(module, args, kwargs):
-            inputs[i] = (args[0] if args else kwargs["hidden_states"]).detach()
-        return hook
-
-    def grab_output(i):
-        def hook(module, args, out):
-            outputs[i] = out.detach()
-        return hook
-
-    # one hook per module: layers that share one (ALBERT) are told apart by call order
-    handles += family.hook_layers(base, lm.config, have, grab_input, where="attention", pre=True, with_kwargs=True)
-    handles += family.hook_layers(base, lm.config, have, grab_output, where="out_proj", pre=False)
     batch = model_batch(items, lm.device)
     mask = batch.mask
-    try:
+    # layers that share one module (ALBERT) are told apart by call order
+    with catch_layers(family, base, lm.config, have, where="attention", what="input") as ins, \
+            catch_layers(family, base, lm.config, have, where="out_proj") as outs:
         t0 = time.perf_counter()
         out = forward_one_stream(lm, batch, output_attentions=True, extra=extra_inputs(lm, items))  # images' pixels
         seconds = time.perf_counter() - t0
-    finally:
-        for h in handles:
-            h.remove()
+    inputs, outputs = ([got.get(i) for i in range(n)] for got in (ins, outs))
     att = out.attentions or ()
     if len(att) == n > len(have):  # every layer's weights (Mllama's cross-attention layers among them): its own only
         att = tuple(att[i] for i in have)
@@ -299,46 +284,33 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
                         seconds_recompute=t_re)
 
 
+def _weights(out):
+    """An attention module's probabilities: the last element of what it returns (None where it gives none)."""
+    return out[-1].detach() if isinstance(out, tuple) and out[-1] is not None else None
+
+
 @torch.inference_mode()
 def _capture_stacks(lm: LoadedModel, enc: Encoded, stacks) -> tuple[dict[str, Captured], float]:
     """One forward pass of one text with its images, hooks on every attention block of every stack: each
     layer's input, its probabilities (the attention module's weights) and its output after W_O."""
 
     base, cfg = base_model(lm), lm.config
-    size = {s.kind: max(s.layer_numbers(cfg)) + 1 for s in stacks}
-    grabbed = {s.kind: [[None] * size[s.kind] for _ in range(4)] for s in stacks}  # inputs, probs, outputs, memory
-    handles = []
-
-    def grab_input(stack, i):
-        def hook(module, args, kwargs):
-            grabbed[stack.kind][0][i] = (args[0] if args else kwargs["hidden_states"]).detach()
-            if stack.memory is not None:
-                grabbed[stack.kind][3][i] = stack.memory(args, kwargs).detach()
-        return hook
-
-    def grab_probs(kind, i):
-        def hook(module, args, out):
-            grabbed[kind][1][i] = out[-1].detach() if isinstance(out, tuple) and out[-1] is not None else None
-        return hook
-
-    def grab_output(kind, i):
-        def hook(module, args, out):
-            grabbed[kind][2][i] = out.detach()
-        return hook
-
-    for stack in stacks:
-        for i in stack.layer_numbers(cfg):
-            attn = stack.attention(base, i)
-            handles.append(attn.register_forward_pre_hook(grab_input(stack, i), with_kwargs=True))
-            handles.append(attn.register_forward_hook(grab_probs(stack.kind, i)))
-            handles.append(stack.out_proj(base, i).register_forward_hook(grab_output(stack.kind, i)))
-    try:
+    at = {(s.kind, i): s for s in stacks for i in s.layer_numbers(cfg)}
+    attn = {key: s.attention(base, key[1]) for key, s in at.items()}
+    with ExitStack() as hooks:
+        ins = hooks.enter_context(catch(attn, what="input"))
+        probs = hooks.enter_context(catch(attn, take=_weights))
+        outs = hooks.enter_context(catch({key: s.out_proj(base, key[1]) for key, s in at.items()}))
+        memories = [hooks.enter_context(catch({key: m for key, m in attn.items() if key[0] == s.kind},
+                                              what="arguments", take=lambda call, s=s: s.memory(*call).detach()))
+                    for s in stacks if s.memory is not None]
         t0 = time.perf_counter()
         forward_one_stream(lm, model_batch([enc], lm.device), output_attentions=True, extra=extra_inputs(lm, [enc]))
         seconds = time.perf_counter() - t0
-    finally:
-        for h in handles:
-            h.remove()
+    memory = {key: value for got in memories for key, value in got.items()}
+    size = {s.kind: max(s.layer_numbers(cfg)) + 1 for s in stacks}
+    grabbed = {s.kind: [[got.get((s.kind, i)) for i in range(size[s.kind])] for got in (ins, probs, outs, memory)]
+               for s in stacks}  # inputs, probs, outputs, memory
     caps = {}
     for stack in stacks:
         ins, probs, outs, memory = grabbed[stack.kind]
@@ -399,31 +371,15 @@ def capture_seq2seq(lm: LoadedModel, sources: Sequence[Encoded], targets: Sequen
                     family: Family) -> tuple[dict[str, Captured], float]:
     """One forward pass with hooks on every attention block of every stack -> ({kind: Captured}, seconds)."""
     base = base_model(lm)
-    grabbed = {s.kind: ([None] * s.n_layers(lm.config), [None] * s.n_layers(lm.config)) for s in family.stacks}
-    handles = []
-
-    def grab_input(kind, i):
-        def hook(module, args, kwargs):
-            grabbed[kind][0][i] = (args[0] if args else kwargs["hidden_states"]).detach()
-        return hook
-
-    def grab_output(kind, i):
-        def hook(module, args, out):
-            grabbed[kind][1][i] = out.detach()
-        return hook
-
-    for stack in family.stacks:
-        for i in range(stack.n_layers(lm.config)):
-            handles.append(stack.attention(base, i).register_forward_pre_hook(grab_input(stack.kind, i), with_kwargs=True))
-            handles.append(stack.out_proj(base, i).register_forward_hook(grab_output(stack.kind, i)))
+    at = {(s.kind, i): s for s in family.stacks for i in range(s.n_layers(lm.config))}
     inputs = seq2seq_inputs(sources, targets, lm.device)
-    try:
+    with catch({key: s.attention(base, key[1]) for key, s in at.items()}, what="input") as ins, \
+            catch({key: s.out_proj(base, key[1]) for key, s in at.items()}) as outs:
         t0 = time.perf_counter()
         out = base(**inputs)
         seconds = time.perf_counter() - t0
-    finally:
-        for h in handles:
-            h.remove()
+    grabbed = {s.kind: tuple([got.get((s.kind, i)) for i in range(s.n_layers(lm.config))] for got in (ins, outs))
+               for s in family.stacks}
     masks = {"source": inputs["attention_mask"].cpu(), "target": inputs["decoder_attention_mask"].cpu()}
     probs = {"encoder": out.encoder_attentions, "decoder": out.decoder_attentions, "cross": out.cross_attentions}
     caps = {}

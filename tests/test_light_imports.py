@@ -95,7 +95,7 @@ def test_result_types_load_no_report_code(imported):
 def test_the_blocker_refuses_what_it_names(imported):
     """The check can fail: with `probe.types` blocked too, everything that reads a map is reported."""
     found = _run((*BLOCKED, "headscope.probe.types"))
-    assert found["heads"] is None and "headscope.analyses" in found["failed"]
+    assert found["heads"] is None and "headscope.analyses.heads" in found["failed"]  # (the package itself is lazy)
     assert "probe.types runs models and must not be imported here" in found["failed"]["headscope.reports.figures"]
 
 
@@ -108,3 +108,13 @@ def test_analyses_heads_imports_fast_beyond_torch_and_pandas(imported):
     while min(times) >= 0.5 and len(times) < 3:
         times.append(_run()["heads"])
     assert min(times) < 0.5, f"import headscope.analyses.heads took {times} s beyond torch and pandas"
+
+
+def test_importing_one_analyses_module_loads_not_the_others():
+    """`headscope.analyses` names its exports lazily: `analyses.heads` alone does not pull in coref's relation
+    probes (and the package still hands out every name it lists)."""
+    code = ("import sys, headscope.analyses.heads as h, headscope.analyses as a\n"
+            "print(sorted(m for m in ('headscope.analyses.coref', 'headscope.analyses.relations') if m in sys.modules))\n"
+            "print(all(getattr(a, n) is not None for n in a.__all__), a.score_probe.__module__)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == ["[]", "True headscope.analyses.coref"]

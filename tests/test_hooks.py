@@ -1,0 +1,106 @@
+"""probe/hooks.py: one way to reach a module (by path or by a family's names) and catch or replace its input or
+output, every hook removed however the block ends."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headscope.probe.hooks import catch, hooked, module_at, modules_at, replace
+
+
+def _net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+
+
+def _hook_count(net):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in net.modules())
+
+
+def _no_hooks(net):
+    return all(not m._forward_hooks and not m._forward_pre_hooks for m in net.modules())
+
+
+def test_catch_keeps_each_modules_input_and_output_by_path_and_removes_its_hooks():
+    net, x = _net(), torch.randn(5, 3)
+    where = modules_at(net, {"first": "0", "last": "2"})
+    with catch(where, what="input") as ins, catch(where) as outs:
+        y = net(x)
+    h = net[0](x)  # independently: the first layer's output, and the last layer's input is relu of it
+    assert torch.equal(ins["first"], x) and torch.equal(outs["first"], h)
+    assert torch.equal(ins["last"], torch.relu(h)) and torch.equal(outs["last"], y)
+    assert not outs["last"].requires_grad  # detached by default
+    assert _no_hooks(net)
+
+
+def test_input_by_keyword_is_the_hidden_states_argument():
+    class Takes(torch.nn.Module):
+        def forward(self, hidden_states, scale=1.0):
+            return hidden_states * scale
+
+    m, x = Takes(), torch.randn(2, 3)
+    with catch({0: m}, what="input") as ins, catch({0: m}, what="arguments", take=lambda call: call[1]["scale"]) as kw:
+        m(hidden_states=x, scale=2.0)
+    assert torch.equal(ins[0], x) and kw[0] == 2.0
+
+
+def test_replace_changes_the_output_or_input_and_none_leaves_it():
+    net, x = _net(), torch.randn(5, 3)
+    with replace({"relu": net[1]}, lambda key, out: torch.zeros_like(out)):
+        assert torch.equal(net(x), net[2].bias.expand(5, 2))  # nothing after the ReLU but the bias
+    with replace({"head": net[2]}, lambda key, inp: inp * 0, what="input"):
+        assert torch.equal(net(x), net[2].bias.expand(5, 2))
+    with replace({"head": net[2]}, lambda key, out: None):
+        assert torch.equal(net(x), net[2](torch.relu(net[0](x))))
+    assert _no_hooks(net)
+
+
+@pytest.mark.parametrize("kind", ["catch", "replace", "hooked"])
+def test_every_hook_is_removed_when_the_block_raises(kind):
+    net = _net()
+    where = {i: m for i, m in enumerate(net)}
+    block = {"catch": lambda: catch(where, what="input"),
+             "replace": lambda: replace(where, lambda k, v: v),
+             "hooked": lambda: hooked({i: (m, lambda *a: None) for i, m in where.items()}, what="output")}[kind]
+    with pytest.raises(ZeroDivisionError):
+        with block():
+            assert not _no_hooks(net)
+            net(torch.randn(1, 3))
+            1 / 0
+    assert _no_hooks(net)
+
+
+def test_a_path_with_no_module_says_which():
+    with pytest.raises(LookupError, match="Sequential has no module at '7'"):
+        module_at(_net(), "7")
+
+
+def test_replace_refuses_arguments():
+    with pytest.raises(ValueError, match="hooked"):
+        with replace({0: _net()}, lambda k, v: v, what="arguments"):
+            pass
+
+
+def test_catch_layers_tells_apart_layers_that_share_one_module():
+    """ALBERT runs one layer module for every layer: each layer's attention input is still its own, the hidden
+    state the model reports before that layer (an independent reading: output_hidden_states)."""
+    from conftest import _tiny
+    from headscope.probe.families import family_for
+    from headscope.probe.forward import base_model
+    from headscope.probe.hooks import catch_layers
+
+    lm = _tiny("albert")
+    family, base = family_for(lm), base_model(lm)
+    layers = family.attention_layers(lm.config)
+    assert len({id(family.attention(base, i)) for i in layers}) == 1 < len(layers)  # really one shared module
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.inference_mode():  # transformers installs its own output-recording hooks on a first call
+        base(input_ids=ids, output_hidden_states=True)
+    before = _hook_count(base)
+    with torch.inference_mode(), catch_layers(family, base, lm.config, layers, where="attention", what="input") as ins:
+        states = base(input_ids=ids, output_hidden_states=True).hidden_states
+    assert sorted(ins) == list(layers)
+    for i in layers:
+        assert torch.equal(ins[i], states[i])
+    assert _hook_count(base) == before  # the model's own hooks (transformers registers some) only
