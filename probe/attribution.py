@@ -43,6 +43,7 @@ from .families import SUPPORTED_TYPES, Family, family_for
 from .forward import base_model
 from .model import LoadedModel
 from .placement import onloaded
+from .progress import progress as progress_bar
 from .scratch import LayerSpec
 from .types import head_name, whole_number
 
@@ -175,8 +176,8 @@ class Trace:
     logits: torch.Tensor | None  # (V,) the LM head's output at the last position (before any softcap)
 
 
-def trace(lm: LoadedModel, text: str) -> Trace:
-    """Run `text` once through the model with hooks that catch everything the decompositions need."""
+def _traceable(lm: LoadedModel, text: str) -> Family:
+    """`lm`'s family, once `text` and `lm` are known to be what `trace` can run (else the one error that says why)."""
     if not isinstance(text, str):
         raise TypeError(f"the text must be one str, got {type(text).__name__}")
     check_texts([text])  # an empty text has no last token ("Expected tensor for argument #1 'indices' ...")
@@ -186,6 +187,13 @@ def trace(lm: LoadedModel, text: str) -> Trace:
     family = family_for(lm.config)
     if family.kind == "encoder-decoder":
         raise ValueError(f"{lm.name} is an encoder–decoder model; attribution covers one stack of self-attention")
+    return family
+
+
+def trace(lm: LoadedModel, text: str, *, progress: bool = False) -> Trace:
+    """Run `text` once through the model with hooks that catch everything the decompositions need; `progress`: a
+    bar on stderr, one step per layer of the forward pass."""
+    family = _traceable(lm, text)
     base = base_model(lm)
     enc = encode(lm, text)
     ids = torch.tensor([enc.ids], device=lm.device)
@@ -202,6 +210,8 @@ def trace(lm: LoadedModel, text: str) -> Trace:
     def grab_out(store, layer):
         def hook(module, args, out):
             got[store][layer] = (out[0] if isinstance(out, tuple) else out)[0].detach()
+            if store == "out":
+                bar.update()
         return hook
 
     def grab_norm(name):
@@ -210,6 +220,8 @@ def trace(lm: LoadedModel, text: str) -> Trace:
         return hook
 
     with ExitStack() as stack, torch.inference_mode():
+        bar = stack.enter_context(progress_bar(total=n, enabled=progress, desc=f"{lm.name} forward", unit="layer"))
+
         def on(module, hook, *, pre=False, kwargs=False):
             register = module.register_forward_pre_hook if pre else module.register_forward_hook
             stack.callback((register(hook, with_kwargs=True) if kwargs else register(hook)).remove)
@@ -411,13 +423,14 @@ def _kind(name: str) -> tuple[str, int | None, int | None]:
     return name, None, None
 
 
-def direct_logit_attribution(lm: LoadedModel, prompt: str, answer: str | int | None, wrong: str | int | None = None
-                             ) -> DLAResult:
+def direct_logit_attribution(lm: LoadedModel, prompt: str, answer: str | int | None, wrong: str | int | None = None,
+                             *, progress: bool = False) -> DLAResult:
     """Split the logit of `answer` (minus that of `wrong`) after `prompt` into the residual stream's parts;
     `answer=None`: the model's own most likely next token (the report's sentences).
 
     Each part goes through the final norm at the run's frozen scale and the unembedding; the final
     norm's bias and the unembedding's bias are parts of their own ("final_norm_bias", "unembed_bias").
+    `progress`: a bar on stderr over the traced forward pass's layers.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> r = direct_logit_attribution(tiny_model("llama"), "The cat sat on the", " mat", " dog")
@@ -427,7 +440,7 @@ def direct_logit_attribution(lm: LoadedModel, prompt: str, answer: str | int | N
     head = require_lm_head(lm, "direct logit attribution")
     a = None if answer is None else answer_token(lm, answer)
     b = None if wrong is None else answer_token(lm, wrong)
-    tr = trace(lm, prompt)
+    tr = trace(lm, prompt, progress=progress)
     if a is None:
         a = int(tr.logits.argmax())
         answer = lm.tokenizer.decode([a])
@@ -569,10 +582,11 @@ class QKAttribution:
 
 
 def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: int | str, key: int | str,
-                   occurrence: int = 0) -> QKAttribution:
+                   occurrence: int = 0, progress: bool = False) -> QKAttribution:
     """Split head `layer`.`head`'s score from `query` to `key` (token indices, or tokens of `text`) over
     the residual stream's parts on each side, with the pre-attention norm and QK-norm scales frozen at
-    this run's values and rotary applied to each part.
+    this run's values and rotary applied to each part. `progress`: a bar on stderr over the traced forward
+    pass's layers.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> r = qk_attribution(tiny_model("llama"), "The cat sat on the mat.", layer=1, head=2, query=5, key=2)
@@ -588,16 +602,19 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
     n_layers, nh = family.n_layers(lm.config), lm.config.num_attention_heads
     if not (0 <= layer < n_layers and 0 <= head < nh):
         raise ValueError(f"layer {layer}, head {head} out of range: {lm.name} has {n_layers} layers x {nh} heads")
-    tr = trace(lm, text)
-    spec = tr.specs[layer]
+    # every refusal before the forward pass: the head's kind, the tokens asked for
+    _traceable(lm, text)
+    spec = family.layer_spec(base_model(lm), layer, lm.config)
     if spec.position_scores is not None:
         raise UnsupportedFeature("content↔position scores (DeBERTa) are not bilinear in the two residual streams; "
                                  "QK attribution does not split them")
     if spec.latent is not None:
         raise UnsupportedFeature("multi-head latent attention (DeepSeek) reads keys through a normed low-rank latent; "
                                  "QK attribution does not split it yet — use headscope dla or ablation for this model")
+    from .encoding import token_labels
+
     enc = encode(lm, text)
-    labels = list(tr.labels)
+    labels = list(token_labels(lm, enc))
     i = find_token(labels, enc, query, occurrence)
     j = find_token(labels, enc, key, 0)
     if isinstance(key, str) and (same := [n for n, lab in enumerate(labels) if lab.strip().lower() == labels[j].strip().lower()
@@ -607,6 +624,7 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
     if spec.causal and j > i:
         raise ValueError(f"key {labels[j]!r} (token {j}) comes after query {labels[i]!r} (token {i}): a decoder's "
                          "query never sees it")
+    tr = trace(lm, text, progress=progress)
     hs, g = spec.head_dim, head // (spec.n_heads // spec.n_kv_heads)
     wq, wk = spec.wq.double().cpu(), spec.wk.double().cpu()
     bq = None if spec.bq is None else spec.bq.double().cpu()

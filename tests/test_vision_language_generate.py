@@ -125,7 +125,7 @@ def test_cli_explain_a_decoders_image_token_and_its_refusals(picture_file):
     result = _cli("explain", "--model", "tiny:llava", "--image", picture_file, "--token", "img0:r1c2", "--head", "L1H0",
                   "--json")
     assert result.exit_code == 0, result.output
-    record = json.loads(result.output)
+    record = json.loads(result.stdout)
     assert record["query"] == "img0:r1c2" and abs(sum(k["weight"] for k in record["keys"]) - 1) < 1e-5
     result = _cli("explain", "Look <image> at the cat", "--model", "tiny:llava", "--image", picture_file, "--token",
                   "cat", "--head", "L1H0")

@@ -33,7 +33,7 @@ def cli(model_name, kind, k, copying, figure_path, out_path, as_json, device, dt
 
     lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     with refusals(model_name):
-        result = composition(lm)
+        result = composition(lm, progress=not quiet)
         copy = None
         if copying and lm.is_causal:
             from headscope.probe.composition import copying_scores

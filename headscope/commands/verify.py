@@ -32,7 +32,8 @@ def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], trunc
         inputs_or_fail([model_name], images=True)
     lm = load_or_fail(model_name, device, dtype, max_memory, offload_folder)
     with refusals(model_name):
-        result = verify(lm, list(texts) or None, truncate=truncate, **({"target": list(targets)} if targets else {}),
+        result = verify(lm, list(texts) or None, truncate=truncate, progress=not quiet,
+                        **({"target": list(targets)} if targets else {}),
                         **({"images": list(images)} if images else {}))
     if out_path:
         write_table(result.to_frame(), out_path)
