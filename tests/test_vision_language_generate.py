@@ -78,7 +78,7 @@ def test_cli_generate_over_an_image(picture_file):
     assert result.exit_code == 0, result.output
     assert "attention on the 16 image tokens, per step" in result.output
     record = json.loads(_cli("generate", "--model", "tiny:llava", "--image", picture_file, "--prompt", "What is it?",
-                             "--max-new-tokens", "2", "--json").output)
+                             "--max-new-tokens", "2", "--json").stdout)
     assert sum(t.startswith("img0:") for t in record["prompt_tokens"]) == 16 and len(record["steps"]) == 2
 
 
