@@ -66,7 +66,7 @@ import torch
 
 from headscope.probe.names import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Level
 from headscope.probe.blocks import Block
-from headscope.probe.types import AttentionBatch, AttentionMap, Units, Viewable, head_name
+from headscope.probe.types import AttentionBatch, AttentionMap, Units, Viewable
 from headscope.probe.words import to_word_level
 
 from .batches import BatchRows, batch_sums, pattern_batch_sums, unit_columns

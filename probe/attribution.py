@@ -45,6 +45,7 @@ from .hooks import catch, first_output
 from .model import LoadedModel
 from .placement import onloaded
 from .results import DLAResult, QKAttribution
+from .progress import progress as progress_bar
 from .scratch import LayerSpec
 from .types import head_name, parse_head, whole_number
 
@@ -177,8 +178,8 @@ class Trace:
     logits: torch.Tensor | None  # (V,) the LM head's output at the last position (before any softcap)
 
 
-def trace(lm: LoadedModel, text: str) -> Trace:
-    """Run `text` once through the model with hooks that catch everything the decompositions need."""
+def _traceable(lm: LoadedModel, text: str) -> Family:
+    """`lm`'s family, once `text` and `lm` are known to be what `trace` can run (else the one error that says why)."""
     if not isinstance(text, str):
         raise TypeError(f"the text must be one str, got {type(text).__name__}")
     check_texts([text])  # an empty text has no last token ("Expected tensor for argument #1 'indices' ...")
@@ -188,6 +189,13 @@ def trace(lm: LoadedModel, text: str) -> Trace:
     family = family_for(lm.config)
     if family.kind == "encoder-decoder":
         raise ValueError(f"{lm.name} is an encoder–decoder model; attribution covers one stack of self-attention")
+    return family
+
+
+def trace(lm: LoadedModel, text: str, *, progress: bool = False) -> Trace:
+    """Run `text` once through the model with hooks that catch everything the decompositions need; `progress`: a
+    bar on stderr, one step per layer of the forward pass."""
+    family = _traceable(lm, text)
     base = base_model(lm)
     enc = encode(lm, text)
     ids = torch.tensor([enc.ids], device=lm.device)
@@ -208,10 +216,16 @@ def trace(lm: LoadedModel, text: str) -> Trace:
         return first_output(out)[0].detach()
 
     with ExitStack() as stack, torch.inference_mode():
+        bar = stack.enter_context(progress_bar(total=n, enabled=progress, desc=f"{lm.name} forward", unit="layer"))
+
         def on(modules, what, take):
             return stack.enter_context(catch(modules, what=what, take=take))
 
-        got = {"in": on(blocks, "input", row), "out": on(blocks, "output", out_row),
+        def layer_out(out):  # a block's output: one step of the bar
+            bar.update()
+            return out_row(out)
+
+        got = {"in": on(blocks, "input", row), "out": on(blocks, "output", layer_out),
                "attn_in": on(attns, "input", row), "heads": on(projs, "input", row),
                "attn_out": on(projs, "output", out_row)}
         norm_in, norm_out = on(norms_at, "input", row), on(norms_at, "output", row)
@@ -323,13 +337,14 @@ def _kind(name: str) -> tuple[str, int | None, int | None]:
     return "head", layer, head
 
 
-def direct_logit_attribution(lm: LoadedModel, prompt: str, answer: str | int | None, wrong: str | int | None = None
-                             ) -> DLAResult:
+def direct_logit_attribution(lm: LoadedModel, prompt: str, answer: str | int | None, wrong: str | int | None = None,
+                             *, progress: bool = False) -> DLAResult:
     """Split the logit of `answer` (minus that of `wrong`) after `prompt` into the residual stream's parts;
     `answer=None`: the model's own most likely next token (the report's sentences).
 
     Each part goes through the final norm at the run's frozen scale and the unembedding; the final
     norm's bias and the unembedding's bias are parts of their own ("final_norm_bias", "unembed_bias").
+    `progress`: a bar on stderr over the traced forward pass's layers.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> r = direct_logit_attribution(tiny_model("llama"), "The cat sat on the", " mat", " dog")
@@ -339,7 +354,7 @@ def direct_logit_attribution(lm: LoadedModel, prompt: str, answer: str | int | N
     head = require_lm_head(lm, "direct logit attribution")
     a = None if answer is None else answer_token(lm, answer)
     b = None if wrong is None else answer_token(lm, wrong)
-    tr = trace(lm, prompt)
+    tr = trace(lm, prompt, progress=progress)
     if a is None:
         a = int(tr.logits.argmax())
         answer = lm.tokenizer.decode([a])
@@ -422,10 +437,11 @@ def _side(tr: Trace, spec: LayerSpec, layer: int, pos: int, w: torch.Tensor, b: 
 
 
 def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: int | str, key: int | str,
-                   occurrence: int = 0) -> QKAttribution:
+                   occurrence: int = 0, progress: bool = False) -> QKAttribution:
     """Split head `layer`.`head`'s score from `query` to `key` (token indices, or tokens of `text`) over
     the residual stream's parts on each side, with the pre-attention norm and QK-norm scales frozen at
-    this run's values and rotary applied to each part.
+    this run's values and rotary applied to each part. `progress`: a bar on stderr over the traced forward
+    pass's layers.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> r = qk_attribution(tiny_model("llama"), "The cat sat on the mat.", layer=1, head=2, query=5, key=2)
@@ -441,16 +457,19 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
     n_layers, nh = family.n_layers(lm.config), lm.config.num_attention_heads
     if not (0 <= layer < n_layers and 0 <= head < nh):
         raise ValueError(f"layer {layer}, head {head} out of range: {lm.name} has {n_layers} layers x {nh} heads")
-    tr = trace(lm, text)
-    spec = tr.specs[layer]
+    # every refusal before the forward pass: the head's kind, the tokens asked for
+    _traceable(lm, text)
+    spec = family.layer_spec(base_model(lm), layer, lm.config)
     if spec.position_scores is not None:
         raise UnsupportedFeature("content↔position scores (DeBERTa) are not bilinear in the two residual streams; "
                                  "QK attribution does not split them")
     if spec.latent is not None:
         raise UnsupportedFeature("multi-head latent attention (DeepSeek) reads keys through a normed low-rank latent; "
                                  "QK attribution does not split it yet — use headscope dla or ablation for this model")
+    from .encoding import token_labels
+
     enc = encode(lm, text)
-    labels = list(tr.labels)
+    labels = list(token_labels(lm, enc))
     i = find_token(labels, enc, query, occurrence)
     j = find_token(labels, enc, key, 0)
     if isinstance(key, str) and (same := [n for n, lab in enumerate(labels) if lab.strip().lower() == labels[j].strip().lower()
@@ -460,6 +479,7 @@ def qk_attribution(lm: LoadedModel, text: str, *, layer: int, head: int, query: 
     if spec.causal and j > i:
         raise ValueError(f"key {labels[j]!r} (token {j}) comes after query {labels[i]!r} (token {i}): a decoder's "
                          "query never sees it")
+    tr = trace(lm, text, progress=progress)
     hs, g = spec.head_dim, head // (spec.n_heads // spec.n_kv_heads)
     wq, wk = spec.wq.double().cpu(), spec.wk.double().cpu()
     bq = None if spec.bq is None else spec.bq.double().cpu()

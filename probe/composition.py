@@ -35,6 +35,7 @@ from .attribution import require_lm_head, trace
 from .errors import UnsupportedFeature
 from .model import LoadedModel
 from .results import CompositionScores, CopyingScores
+from .progress import progress as progress_bar
 from .types import seed_value, whole_number
 
 __all__ = ["Factors", "head_factors", "composition_score", "composition_scores", "copying_scores"]
@@ -109,10 +110,11 @@ def _trace_norm(l1: torch.Tensor, c: torch.Tensor, r2: torch.Tensor) -> torch.Te
 
 
 def composition_scores(lm: LoadedModel, *, n_random: int = 20, seed: int = 0,
-                       layers: int | None = None) -> CompositionScores:
+                       layers: int | None = None, progress: bool = False) -> CompositionScores:
     """Q-, K- and V-composition scores between every pair of heads in different layers, with the mean
     score of `n_random` random Gaussian factor sets of the same shapes as the baseline. `layers`: only
-    the first that many layers (the cost grows with the square of the number of heads).
+    the first that many layers (the cost grows with the square of the number of heads). `progress`: a bar on
+    stderr, one step per pair of layers.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> c = composition_scores(tiny_model("llama"))
@@ -129,13 +131,15 @@ def composition_scores(lm: LoadedModel, *, n_random: int = 20, seed: int = 0,
             raise ValueError(f"layers must be between 1 and {L} for {lm.name}, got {layers}")
         L = layers
     out = {kind: np.full((L, nh, L, nh), np.nan) for kind in ("q", "k", "v")}
-    for a in range(L):
-        l1, r1 = f.v[a][:, None], f.o[a][:, None]  # (nh, 1, D, hs), (nh, 1, hs, D)
-        for b in range(a + 1, L):
-            qk_l, qk_r = f.q[b][None], f.k[b][None]  # (1, nh, D, hs), (1, nh, hs, D)
-            out["q"][a, :, b] = composition_score(l1, r1, qk_l, qk_r).numpy()
-            out["k"][a, :, b] = composition_score(l1, r1, qk_r.transpose(-1, -2), qk_l.transpose(-1, -2)).numpy()
-            out["v"][a, :, b] = composition_score(l1, r1, f.v[b][None], f.o[b][None]).numpy()
+    with progress_bar(total=L * (L - 1) // 2, enabled=progress, desc=f"{lm.name} composition", unit="layer pair") as bar:
+        for a in range(L):
+            l1, r1 = f.v[a][:, None], f.o[a][:, None]  # (nh, 1, D, hs), (nh, 1, hs, D)
+            for b in range(a + 1, L):
+                qk_l, qk_r = f.q[b][None], f.k[b][None]  # (1, nh, D, hs), (1, nh, hs, D)
+                out["q"][a, :, b] = composition_score(l1, r1, qk_l, qk_r).numpy()
+                out["k"][a, :, b] = composition_score(l1, r1, qk_r.transpose(-1, -2), qk_l.transpose(-1, -2)).numpy()
+                out["v"][a, :, b] = composition_score(l1, r1, f.v[b][None], f.o[b][None]).numpy()
+                bar.update()
     g = torch.Generator().manual_seed(seed)
     D, hs = f.q[0].shape[1], f.q[0].shape[2]
 

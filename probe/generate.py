@@ -39,6 +39,7 @@ from .forward import extra_inputs, is_cross_reader, is_seq2seq
 from .images import check_images, require_modality
 from .model import LoadedModel
 from .results import GenerationAttention, Stop
+from .progress import progress as progress_bar
 from .types import AttentionMap, seed_value, whole_number
 from .vision_language import encode_with_images
 
@@ -51,11 +52,12 @@ Turn = Literal["system", "user", "assistant"]
 def generate_attention(lm: LoadedModel, prompt: str, *, max_new_tokens: int = 20, temperature: float = 0.0,
                        top_p: float = 1.0, seed: int | None = None,
                        turns: Sequence[tuple[int, int, str]] | None = None,
-                       images: object = None) -> GenerationAttention:
+                       images: object = None, progress: bool = False) -> GenerationAttention:
     """Generation from `prompt` with the KV cache, keeping every new token's attention row: greedy, or
     sampled at `temperature` > 0 with nucleus `top_p` and a `seed`. `turns`: (start, stop, role) character
     ranges of `prompt` (`chat_prompt` gives them) that label its tokens by turn. `images`: a vision–language
-    decoder's pictures for the prompt's image slots (paths, PIL images or arrays)."""
+    decoder's pictures for the prompt's image slots (paths, PIL images or arrays). `progress`: a bar on stderr,
+    one step per generated token."""
     if not isinstance(prompt, str):  # a list reached the tokenizer: "TextEncodeInput must be Union[...]"
         raise TypeError(f"prompt must be one str, got {type(prompt).__name__}; call generate_attention once per prompt")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 <= temperature < float("inf"):
@@ -106,16 +108,18 @@ def generate_attention(lm: LoadedModel, prompt: str, *, max_new_tokens: int = 20
     ids: list[int] = []
     steps: list[torch.Tensor] = []
     stopped: Stop = "max_new_tokens"
-    for _ in range(max_new_tokens):
-        next_id = _pick(out.logits[0, -1], temperature, top_p, rng)
-        ids.append(next_id)
-        cache = out["cache"] if "cache" in out else out["past_key_values"]
-        out = lm.model(input_ids=torch.tensor([[next_id]], device=lm.device), **{cache_arg: cache},
-                       use_cache=True, output_attentions=True)
-        steps.append(_row(out.attentions, n_keys=len(enc.ids) + len(ids)))
-        if next_id in eos:
-            stopped = "eos"
-            break
+    with progress_bar(total=max_new_tokens, enabled=progress, desc=f"{lm.name} generate", unit="token") as bar:
+        for _ in range(max_new_tokens):
+            next_id = _pick(out.logits[0, -1], temperature, top_p, rng)
+            ids.append(next_id)
+            cache = out["cache"] if "cache" in out else out["past_key_values"]
+            out = lm.model(input_ids=torch.tensor([[next_id]], device=lm.device), **{cache_arg: cache},
+                           use_cache=True, output_attentions=True)
+            steps.append(_row(out.attentions, n_keys=len(enc.ids) + len(ids)))
+            bar.update()
+            if next_id in eos:
+                stopped = "eos"
+                break
     tokens = tuple(lm.tokenizer.decode([i]) for i in ids)
     sampling = {"temperature": float(temperature)}
     if temperature > 0:

@@ -46,6 +46,7 @@ from .attribution import answer_token, decoder_layers, require_lm_head
 from .encoding import encode_many, pad_batch
 from .families import family_for
 from .forward import base_model
+from .progress import extend
 from .interventions import head_dim
 from .model import LoadedModel
 from .placement import onloaded
@@ -177,11 +178,12 @@ def _setup(lm: LoadedModel, p: Prepared, direction: Direction):
 
 @torch.inference_mode()
 def patch_metrics(lm: LoadedModel, p: Prepared, jobs: Sequence[frozenset[Site] | set[Site]], *,
-                  direction: Direction = "denoise", batch_rows: int = 512) -> torch.Tensor:
+                  direction: Direction = "denoise", batch_rows: int = 512, bar=None) -> torch.Tensor:
     """The metric of every pair with each job's sites patched: `[job, pair]` (float64).
 
     `direction="denoise"` runs the corrupt prompts with clean activations patched in; `"noise"` the
-    clean prompts with corrupt ones. An empty job is the base run itself.
+    clean prompts with corrupt ones. An empty job is the base run itself. `bar`: a `probe.progress` bar that
+    gains one step per forward pass of the jobs.
     """
     family, base, layers, run_ids, src_ids = _setup(lm, p, direction)
     n_layers, nh = len(layers), lm.config.num_attention_heads
@@ -195,14 +197,16 @@ def patch_metrics(lm: LoadedModel, p: Prepared, jobs: Sequence[frozenset[Site] |
             raise ValueError(f"position {x} is outside the prompts ({p.clean.shape[1]} tokens)")
     wanted = set().union(*jobs) if jobs else set()
     source = _source(lm, family, layers, src_ids, p.mask, wanted) if wanted else {}  # no site: no source run
-    return _run_jobs(lm, p, jobs, run_ids, source, family, base, layers, batch_rows)
+    return _run_jobs(lm, p, jobs, run_ids, source, family, base, layers, batch_rows, bar)
 
 
-def _run_jobs(lm, p: Prepared, jobs, run_ids, source, family, base, layers, batch_rows) -> torch.Tensor:
-    """The metric of the base run `run_ids` with each job's sites overwritten from `source`: `[job, pair]`."""
+def _run_jobs(lm, p: Prepared, jobs, run_ids, source, family, base, layers, batch_rows, bar=None) -> torch.Tensor:
+    """The metric of the base run `run_ids` with each job's sites overwritten from `source`: `[job, pair]`;
+    `bar` gains one step per forward pass."""
     metric = _Metric(lm)
     N = p.n
     per = max(1, batch_rows // N)
+    extend(bar, -(-len(jobs) // per))
     out = []
     for start in range(0, len(jobs), per):
         chunk = jobs[start : start + per]
@@ -223,13 +227,15 @@ def _run_jobs(lm, p: Prepared, jobs, run_ids, source, family, base, layers, batc
             hidden = base(input_ids=run_ids.repeat(k, 1), attention_mask=p.mask.repeat(k, 1),
                           use_cache=False).last_hidden_state  # (k*N, T, D)
         out.append(metric(hidden, p, k))
+        if bar is not None:
+            bar.update()
     return torch.cat(out) if out else torch.zeros(0, N, dtype=torch.float64)
 
 
 @torch.inference_mode()
 def path_patch_metrics(lm: LoadedModel, p: Prepared, sender: tuple[int, int],
                        receivers: Sequence[frozenset[Site] | set[Site]], *, direction: Direction = "denoise",
-                       freeze_mlps: bool = False, batch_rows: int = 512) -> torch.Tensor:
+                       freeze_mlps: bool = False, batch_rows: int = 512, bar=None) -> torch.Tensor:
     """Path patching (Wang et al. 2022): the metric with the path sender head → each job's receiver
     q, k or v inputs patched, and nothing else: `[job, pair]` (float64).
 
@@ -240,6 +246,7 @@ def path_patch_metrics(lm: LoadedModel, p: Prepared, sender: tuple[int, int],
        downstream of the receivers recomputed as usual.
 
     Sites are ("q" | "k" | "v", layer, head) with layer after the sender's. An empty job is the base run.
+    `bar`: a `probe.progress` bar that gains one step per forward pass of the jobs.
     """
     family, base, layers, run_ids, src_ids = _setup(lm, p, direction)
     n_layers, nh = len(layers), lm.config.num_attention_heads
@@ -273,7 +280,7 @@ def path_patch_metrics(lm: LoadedModel, p: Prepared, sender: tuple[int, int],
                     lambda m, a, kw, l=l: after.__setitem__(("attn", l), (a[0] if a else kw["hidden_states"])
                                                             .detach().clone()), with_kwargs=True).remove)
         base(input_ids=run_ids, attention_mask=p.mask, use_cache=False)
-    return _run_jobs(lm, p, jobs, run_ids, after, family, base, layers, batch_rows)
+    return _run_jobs(lm, p, jobs, run_ids, after, family, base, layers, batch_rows, bar)
 
 
 def attribution_estimates(lm: LoadedModel, p: Prepared, what: PatchWhat = "head_out", *,

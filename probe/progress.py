@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Iterable
 
-__all__ = ["progress"]
+__all__ = ["progress", "extend"]
 
 
 def progress(iterable: Iterable | None = None, *, enabled: bool | None = True, total: int | None = None,
@@ -27,3 +27,17 @@ def progress(iterable: Iterable | None = None, *, enabled: bool | None = True, t
     return tqdm(iterable, total=total, desc=desc, unit=unit, leave=leave, file=sys.stderr,
                 disable=None if enabled is None else not enabled,
                 dynamic_ncols=True, **options)
+
+
+def extend(bar, steps: int) -> None:
+    """Add `steps` to the total of `bar` (a `progress(...)` bar, or None: nothing), for work that learns its size
+    stage by stage (patching: each stage adds its forward passes as it starts).
+
+    >>> bar = progress(total=None, enabled=False)
+    >>> extend(bar, 3); extend(bar, 2); bar.total
+    5
+    """
+    if bar is None:
+        return
+    bar.total = (bar.total or 0) + steps
+    bar.refresh()

@@ -31,6 +31,7 @@ from .hooks import catch, catch_layers
 from .images import TOWER_NAMES, check_images, encode_images, is_two_tower, require_modality, tower
 from .model import LoadedModel
 from .results import LayerCheck, Verification
+from .progress import progress as progress_bar
 from .scratch import LayerSpec, attention_from_scratch
 
 __all__ = ["Captured", "capture", "verify", "DEFAULT_TEXTS", "tolerances", "default_images"]
@@ -116,8 +117,10 @@ def verify(
     truncate: bool = False,
     family: Family | None = None,
     target: str | Sequence[str] | None = None,
+    progress: bool = False,
 ) -> Verification:
-    """Recompute every layer of `lm` from scratch on `texts` and compare with the model.
+    """Recompute every layer of `lm` from scratch on `texts` and compare with the model; `progress`: a bar on
+    stderr, one step per layer recomputed on a batch.
 
     An encoder–decoder model reads `texts` as sources and `target` as the decoder's texts (by
     default the sources shifted by one, so the two sides pad differently).
@@ -138,12 +141,12 @@ def verify(
             raise ValueError(f"target= is for encoder-decoder models; {lm.name} is a two-tower model (CLIP, SigLIP)")
         if family is not None:
             raise ValueError(f"{lm.name} is a two-tower model: give family= to one tower (hs.towers(lm))")
-        return _verify_towers(lm, texts, images, batch_size=batch_size, truncate=truncate)
+        return _verify_towers(lm, texts, images, batch_size=batch_size, truncate=truncate, progress=progress)
     family = family or family_for(lm.config)
     if family.vision_language is not None:
         if target is not None:
             raise ValueError(f"target= is for encoder-decoder models; {lm.name} is a vision–language decoder")
-        return _verify_reading(lm, texts, images, family)
+        return _verify_reading(lm, texts, images, family, progress=progress)
     if images is not None:
         require_modality(lm, images=True)  # an image on a text model: say that first
     if images is not None and texts is not None:
@@ -151,31 +154,37 @@ def verify(
     if images is not None or (texts is None and getattr(lm, "is_image", False)):
         require_modality(lm, images=True)
         encoded = encode_images(lm, check_images(default_images() if images is None else images))
-        return _verify_one_stack(lm, encoded, family, batch_size=batch_size)
+        return _verify_one_stack(lm, encoded, family, batch_size=batch_size, progress=progress)
     require_modality(lm, images=False)
     texts = check_texts(DEFAULT_TEXTS if texts is None else texts)
     if family.kind == "encoder-decoder":
-        return _verify_seq2seq(lm, texts, target, family, batch_size=batch_size, truncate=truncate)
+        return _verify_seq2seq(lm, texts, target, family, batch_size=batch_size, truncate=truncate, progress=progress)
     if target is not None:
         raise ValueError(f"target= is for encoder-decoder models; {lm.name} is a {family.kind}")
-    return _verify_one_stack(lm, encode_many(lm, texts, truncate=truncate), family, batch_size=batch_size)
+    return _verify_one_stack(lm, encode_many(lm, texts, truncate=truncate), family, batch_size=batch_size,
+                             progress=progress)
 
 
-def _verify_one_stack(lm: LoadedModel, encoded: list[Encoded], family: Family, *, batch_size: int) -> Verification:
+def _verify_one_stack(lm: LoadedModel, encoded: list[Encoded], family: Family, *, batch_size: int,
+                      progress: bool = False) -> Verification:
     have = family.attention_layers(lm.config)
     worst = {i: [0.0, 0.0, 0.0, 0.0] for i in have}  # abs, rel, abs_out, rel_out
     t_fwd = t_re = 0.0
     grids = {e.grid for e in encoded}
-    for start in range(0, len(encoded), 1 if len(grids) > 1 else batch_size):  # one batch holds one image grid
-        batch = encoded[start : start + (1 if len(grids) > 1 else batch_size)]
-        cap = capture(lm, batch, family)
-        t_fwd += cap.seconds
-        t0 = time.perf_counter()
-        for i in have:
-            lengths = [len(e.ids) for e in batch]
-            errs = _compare_layer(family.layer_spec(base_model(lm), i, lm.config), cap, i, lengths, lengths)
-            worst[i] = [max(a, b) for a, b in zip(worst[i], errs)]
-        t_re += time.perf_counter() - t0
+    step = 1 if len(grids) > 1 else batch_size  # one batch holds one image grid
+    with progress_bar(total=-(-len(encoded) // step) * len(have), enabled=progress, desc=f"{lm.name} verify",
+                      unit="layer") as bar:
+        for start in range(0, len(encoded), step):
+            batch = encoded[start : start + step]
+            cap = capture(lm, batch, family)
+            t_fwd += cap.seconds
+            t0 = time.perf_counter()
+            for i in have:
+                lengths = [len(e.ids) for e in batch]
+                errs = _compare_layer(family.layer_spec(base_model(lm), i, lm.config), cap, i, lengths, lengths)
+                worst[i] = [max(a, b) for a, b in zip(worst[i], errs)]
+                bar.update()
+            t_re += time.perf_counter() - t0
     tol_p, tol_o = tolerances(lm.dtype)
     checks = tuple(
         LayerCheck(i, *w, passed=bool(w[0] <= tol_p and w[3] <= tol_o)) for i, w in worst.items()
@@ -196,11 +205,13 @@ def _verify_one_stack(lm: LoadedModel, encoded: list[Encoded], family: Family, *
     )
 
 
-def _verify_towers(lm: LoadedModel, texts, images, *, batch_size: int, truncate: bool) -> Verification:
+def _verify_towers(lm: LoadedModel, texts, images, *, batch_size: int, truncate: bool,
+                   progress: bool = False) -> Verification:
     """Both towers of a two-tower model, each on its own input, as one `Verification` whose rows name their tower."""
     parts = ((TOWER_NAMES["image"], verify(tower(lm, "image"), images=default_images() if images is None else images,
-                                           batch_size=batch_size)),
-             (TOWER_NAMES["text"], verify(tower(lm, "text"), texts, batch_size=batch_size, truncate=truncate)))
+                                           batch_size=batch_size, progress=progress)),
+             (TOWER_NAMES["text"], verify(tower(lm, "text"), texts, batch_size=batch_size, truncate=truncate,
+                                          progress=progress)))
     vs = [v for _, v in parts]
     return Verification(
         model=lm.name, family=" + ".join(v.family for v in vs), dtype=vs[0].dtype, tolerance=vs[0].tolerance,
@@ -234,7 +245,7 @@ def _compare_layer(spec: LayerSpec, cap: Captured, i: int, q_lengths: list[int],
 # --- vision–language decoders ---------------------------------------------------------------
 
 
-def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verification:
+def _verify_reading(lm: LoadedModel, texts, images, family: Family, *, progress: bool = False) -> Verification:
     """Both stacks of a vision–language decoder, one text (and its images) at a time: the vision tower's layers
     on the pixels by its image-encoder family, the decoder's on the merged text and image embeddings with the
     model's own mask (`VisionLanguage.blocks`) by its text family."""
@@ -252,7 +263,7 @@ def _verify_reading(lm: LoadedModel, texts, images, family: Family) -> Verificat
     kinds = {s.kind: s for s in (reading.vision, *stacks)}  # the vision tower's rows, hooked or checked on outputs
     worst = {kind: {i: [0.0] * 4 for i in s.layer_numbers(cfg)} for kind, s in kinds.items()}
     t_fwd = t_re = 0.0
-    for enc in encoded:
+    for enc in progress_bar(encoded, enabled=progress, desc=f"{lm.name} verify", unit="text"):
         caps, seconds = _capture_stacks(lm, enc, stacks)
         t_fwd += seconds
         t0 = time.perf_counter()
@@ -329,26 +340,29 @@ def _capture_stacks(lm: LoadedModel, enc: Encoded, stacks) -> tuple[dict[str, Ca
 
 
 def _verify_seq2seq(lm: LoadedModel, sources: list[str], targets, family: Family, *, batch_size: int,
-                    truncate: bool) -> Verification:
+                    truncate: bool, progress: bool = False) -> Verification:
     targets = sources[1:] + sources[:1] if targets is None else check_texts(targets)
     if len(targets) != len(sources):
         raise ValueError(f"{len(sources)} source texts but {len(targets)} targets; give one target per source")
     src, tgt = encode_many(lm, sources, truncate=truncate), encode_targets(lm, targets, truncate=truncate)
     worst = {s.kind: [[0.0] * 4 for _ in range(s.n_layers(lm.config))] for s in family.stacks}
     t_fwd = t_re = 0.0
-    for start in range(0, len(src), batch_size):
-        s_items, t_items = src[start : start + batch_size], tgt[start : start + batch_size]
-        caps, seconds = capture_seq2seq(lm, s_items, t_items, family)
-        t_fwd += seconds
-        t0 = time.perf_counter()
-        lengths = {"source": [len(e.ids) for e in s_items], "target": [len(e.ids) for e in t_items]}
-        for stack in family.stacks:
-            q_side, k_side = _sides(stack)
-            for i, w in enumerate(worst[stack.kind]):
-                spec = stack.layer_spec(base_model(lm), i, lm.config)
-                errs = _compare_layer(spec, caps[stack.kind], i, lengths[q_side], lengths[k_side])
-                w[:] = [max(a, b) for a, b in zip(w, errs)]
-        t_re += time.perf_counter() - t0
+    with progress_bar(total=-(-len(src) // batch_size) * sum(map(len, worst.values())), enabled=progress,
+                      desc=f"{lm.name} verify", unit="layer") as bar:
+        for start in range(0, len(src), batch_size):
+            s_items, t_items = src[start : start + batch_size], tgt[start : start + batch_size]
+            caps, seconds = capture_seq2seq(lm, s_items, t_items, family)
+            t_fwd += seconds
+            t0 = time.perf_counter()
+            lengths = {"source": [len(e.ids) for e in s_items], "target": [len(e.ids) for e in t_items]}
+            for stack in family.stacks:
+                q_side, k_side = _sides(stack)
+                for i, w in enumerate(worst[stack.kind]):
+                    spec = stack.layer_spec(base_model(lm), i, lm.config)
+                    errs = _compare_layer(spec, caps[stack.kind], i, lengths[q_side], lengths[k_side])
+                    w[:] = [max(a, b) for a, b in zip(w, errs)]
+                    bar.update()
+            t_re += time.perf_counter() - t0
     tol_p, tol_o = tolerances(lm.dtype)
     checks = tuple(LayerCheck(i, *w, passed=bool(w[0] <= tol_p and w[3] <= tol_o), kind=kind)
                    for kind, rows in worst.items() for i, w in enumerate(rows))

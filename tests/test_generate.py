@@ -61,7 +61,7 @@ def test_cli(monkeypatch):
     res = CliRunner().invoke(cli, ["generate", "--model", "tiny-gpt2", "--prompt", PROMPT, "--max-new-tokens", "3",
                                    "--json"])
     assert res.exit_code == 0, res.output
-    obj = json.loads(res.output)
+    obj = json.loads(res.stdout)
     assert len(obj["steps"]) == len(obj["generated_ids"]) and obj["steps"][0]["step"] == 0
     n_prompt = len(obj["prompt_tokens"])
     assert [len(s["attention"][0][0]) for s in obj["steps"]] == [n_prompt + t + 1 for t in range(len(obj["steps"]))]

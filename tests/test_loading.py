@@ -102,7 +102,7 @@ def test_cache_dir_env_override(monkeypatch, tmp_path):
 def test_cli_verify_json_minilm():
     res = CliRunner().invoke(cli, ["verify", "--model", "minilm", "--json"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output)
+    out = json.loads(res.stdout)
     for key in ("model", "family", "dtype", "tolerance", "passed", "max_abs_err", "max_abs_err_output", "layers"):
         assert key in out
     assert out["passed"] and out["family"] == "bert" and len(out["layers"]) == 6

@@ -55,3 +55,54 @@ def test_importance_shows_its_texts_and_quiet_shows_nothing(tmp_path):
     assert res.exit_code == 0 and "tiny:gpt2 importance" in res.stderr and "3/3" in res.stderr, res.output
     quiet = CliRunner().invoke(cli, [*args, "--quiet"])
     assert quiet.exit_code == 0 and quiet.stderr == "" and quiet.stdout == res.stdout
+
+
+def _pairs(tmp_path) -> str:
+    path = tmp_path / "pairs.jsonl"
+    path.write_text('{"clean": "When Mary and John went to the store, John gave a drink to", '
+                    '"corrupt": "When Mary and John went to the store, Mary gave a drink to", '
+                    '"right": " Mary", "wrong": " John"}\n', encoding="utf-8")
+    return str(path)
+
+
+def _verify_steps() -> str:
+    from headscope.probe.verify import DEFAULT_TEXTS
+
+    return f"{-(-len(DEFAULT_TEXTS) // 8) * 2}/{-(-len(DEFAULT_TEXTS) // 8) * 2}"  # batches of 8 × tiny:llama's 2 layers
+
+
+PROMPT = "When Mary and John went to the store, John gave a drink to"
+# (command, the bar's name, its last count): tiny:llama has 2 layers × 4 heads; one pair of patching is the clean
+# run, the corrupt run and one forward for all 8 heads (no held-out check under 4 pairs)
+BARS = {
+    "verify": (["verify", "--model", "tiny:llama"], "tiny:llama verify", _verify_steps),
+    "composition": (["composition", "--model", "tiny:llama"], "tiny:llama composition", lambda: "1/1"),
+    "generate": (["generate", "--model", "tiny:llama", "--prompt", "The cat", "--max-new-tokens", "3"],
+                 "tiny:llama generate", lambda: "/3"),
+    "dla": (["dla", "--model", "tiny:llama", "--prompt", PROMPT, "--answer", " Mary", "--wrong", " John"],
+            "tiny:llama forward", lambda: "2/2"),
+    "qk": (["qk", PROMPT, "--model", "tiny:llama", "--head", "L1H0", "--query", "3", "--key", "1"],
+           "tiny:llama forward", lambda: "2/2"),
+    "patch": (["patch", "--model", "tiny:llama", "--pairs", "PAIRS"], "tiny:llama patch head_out", lambda: "3/3"),
+    "patch --attribution": (["patch", "--model", "tiny:llama", "--pairs", "PAIRS", "--attribution"],
+                            "tiny:llama attribution patching", lambda: "3/3"),
+}
+
+
+@pytest.mark.parametrize("name", BARS)
+def test_a_command_shows_a_bar_and_quiet_shows_nothing(name, tmp_path):
+    # Was: patch, composition, verify, generate, dla and qk ran for seconds to minutes on smollm2 without a word.
+    args, desc, count = BARS[name]
+    args = [_pairs(tmp_path) if a == "PAIRS" else a for a in args]
+    res = CliRunner().invoke(cli, args)
+    assert res.exit_code == 0, res.output
+    assert desc in res.stderr and count() in res.stderr, res.stderr
+    quiet = CliRunner().invoke(cli, [*args, "--quiet"])
+    assert quiet.exit_code == 0 and quiet.stderr == ""
+    assert _numbers_masked(quiet.stdout) == _numbers_masked(res.stdout)  # the same output (timings aside)
+
+
+def _numbers_masked(text: str) -> str:
+    import re
+
+    return re.sub(r"\d+(\.\d+)?", "#", text)

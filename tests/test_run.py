@@ -261,3 +261,18 @@ def test_run_json_prints_the_run_record(tiny_models, tmp_path, draw_only):
     printed = json.loads(result.stdout)
     assert printed == json.loads((out / "run.json").read_text())
     assert printed["versions"] == hs.versions()
+
+
+def test_analyse_model_without_probe_sets_has_no_probe_stage_and_reports(tmp_path, draw_only):
+    """`hs.analyse_model(lm, texts, [], settings)`: no probe sets is no probe stage (it failed in pandas'
+    concat with "No objects to concatenate"), and the report of it is written, with no probe section."""
+    from dataclasses import asdict
+
+    draw_only()
+    settings = hs.RunSettings(corpus="c", coref="none", texts=("The cat sat.",), permutations=100,
+                              induction_sequences=0)
+    analysis = hs.analyse_model(_tiny("llama"), ["A dog ran."] * 4, [], settings)
+    assert analysis.probes == () and "coref" not in analysis.seconds
+    assert analysis.verification.passed and analysis.scores.n_texts == 4
+    folder = hs.report([analysis], tmp_path / "r", settings=asdict(settings), workers=1)
+    assert json.loads((folder.path / "run.json").read_text())["models"][0]["probes"] == []

@@ -48,7 +48,7 @@ def test_a_saved_two_tower_folder_verifies_from_the_cli_and_names_both_towers(sa
     # the built-in texts (verify always checks both towers, each with its own family)
     r = _cli("verify", "--model", saved, "--image", picture, "--json")
     assert r.exit_code == 0, r.output
-    out = json.loads(r.output)
+    out = json.loads(r.stdout)
     assert out["passed"] and set(out["towers"]) == {"image tower", "text tower"}
     image, text = out["towers"]["image tower"], out["towers"]["text tower"]
     assert image["family"] == "clip_vision" and text["family"] in ("clip_text", "siglip_text")

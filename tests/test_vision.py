@@ -334,7 +334,7 @@ def test_cli_verify_heads_and_explain_take_an_image_and_refuse_a_mismatch(pictur
 
     r = _cli("verify", "--model", "tiny:deit", "--image", picture, "--json")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["passed"] and json.loads(r.output)["n_tokens"] == 18
+    assert json.loads(r.stdout)["passed"] and json.loads(r.stdout)["n_tokens"] == 18
     r = _cli("heads", "--model", "tiny:dinov2_with_registers", "--image", picture, "--json")
     assert r.exit_code == 0, r.output
     top = json.loads(r.output)

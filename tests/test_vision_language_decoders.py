@@ -377,7 +377,7 @@ def test_cli_verify_reads_an_image_with_a_text_or_alone(picture_file):
     import json
 
     result = _cli("verify", "--model", "tiny:llava", "--image", picture_file, "--json")
-    record = json.loads(result.output)
+    record = json.loads(result.stdout)
     assert result.exit_code == 0 and record["passed"] and {r["kind"] for r in record["layers"]} == {"vision", "decoder"}
     result = _cli("verify", "--model", "tiny:gemma3", "--image", picture_file, "--text", "A <start_of_image> cat")
     assert result.exit_code == 0 and "2 vision + 3 decoder layers" in result.output

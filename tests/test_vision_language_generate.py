@@ -78,7 +78,7 @@ def test_cli_generate_over_an_image(picture_file):
     assert result.exit_code == 0, result.output
     assert "attention on the 16 image tokens, per step" in result.output
     record = json.loads(_cli("generate", "--model", "tiny:llava", "--image", picture_file, "--prompt", "What is it?",
-                             "--max-new-tokens", "2", "--json").output)
+                             "--max-new-tokens", "2", "--json").stdout)
     assert sum(t.startswith("img0:") for t in record["prompt_tokens"]) == 16 and len(record["steps"]) == 2
 
 
@@ -125,7 +125,7 @@ def test_cli_explain_a_decoders_image_token_and_its_refusals(picture_file):
     result = _cli("explain", "--model", "tiny:llava", "--image", picture_file, "--token", "img0:r1c2", "--head", "L1H0",
                   "--json")
     assert result.exit_code == 0, result.output
-    record = json.loads(result.output)
+    record = json.loads(result.stdout)
     assert record["query"] == "img0:r1c2" and abs(sum(k["weight"] for k in record["keys"]) - 1) < 1e-5
     result = _cli("explain", "Look <image> at the cat", "--model", "tiny:llava", "--image", picture_file, "--token",
                   "cat", "--head", "L1H0")

@@ -34,7 +34,7 @@ def cli(model_name, kind, k, copying, figure_path, out_path, as_json, placement,
 
     lm = load_or_fail(model_name, placement)
     with refusals(model_name):
-        result = composition(lm)
+        result = composition(lm, progress=not quiet)
         copy = None
         if copying and lm.is_causal:
             copy = hs_.copying_scores(lm)

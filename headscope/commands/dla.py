@@ -28,7 +28,7 @@ def cli(model_name, prompt, answer, wrong, k, figure_path, out_path, as_json, pl
 
     lm = load_or_fail(model_name, placement)
     with refusals(model_name):
-        result = dla(lm, prompt, answer, wrong)
+        result = dla(lm, prompt, answer, wrong, progress=not quiet)
     if emit(result, out_path, figure_path, as_json=as_json):
         for r in result.top(k).itertuples():
             click.echo(f"  {r.component:>16}  {r.value:+.4f}")

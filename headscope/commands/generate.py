@@ -54,6 +54,7 @@ def cli(model_name, prompts, max_new_tokens, temperature, top_p, seed, chat, sys
                 prompt, turns = hs_.chat_prompt(lm, messages)
             results.append((prompt, generate_attention(lm, prompt, max_new_tokens=max_new_tokens,
                                                        temperature=temperature, top_p=top_p, seed=seed, turns=turns,
+                                                       progress=not quiet,
                                                        **({"images": list(images)} if images else {}))))
         except (TypeError, ValueError) as exc:
             fail(str(exc))

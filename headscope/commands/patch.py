@@ -64,11 +64,11 @@ def cli(model_name, pairs_spec, what, sender, receivers, freeze_mlps, attributio
         from headscope import attribution_patch
 
         with refusals(model_name):
-            approx = attribution_patch(lm, pairs_spec, what=what, direction=direction)
+            approx = attribution_patch(lm, pairs_spec, what=what, direction=direction, progress=not quiet)
         emit(approx, out_path, as_json=as_json)
         return
     with refusals(model_name):
         result = patch(lm, pairs_spec, what=what, direction=direction, positions=positions, k=k, n_random=n_random,
-                       seed=seed, sender=sender, receivers=receivers, freeze_mlps=freeze_mlps)
+                       seed=seed, sender=sender, receivers=receivers, freeze_mlps=freeze_mlps, progress=not quiet)
     if emit(result, out_path, figure_path, as_json=as_json):
         click.echo(f"{result.forwards} batched forward passes in {result.seconds:.1f} s")

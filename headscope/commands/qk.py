@@ -35,7 +35,7 @@ def cli(text, model_name, head, query, key, occurrence, k, out_path, as_json, pl
     lm = load_or_fail(model_name, placement)
     with refusals(model_name):
         result = qk(lm, text, layer=layer, head=head, query=_position(query), key=_position(key),
-                    occurrence=occurrence)
+                    occurrence=occurrence, progress=not quiet)
     if not emit(result, out_path, as_json=as_json):
         return
     for r in result.top(k).itertuples():

@@ -28,7 +28,8 @@ def cli(model_name: str, texts: tuple[str, ...], targets: tuple[str, ...], trunc
         inputs_or_fail([model_name], images=True)
     lm = load_or_fail(model_name, placement)
     with refusals(model_name):
-        result = verify(lm, list(texts) or None, truncate=truncate, **({"target": list(targets)} if targets else {}),
+        result = verify(lm, list(texts) or None, truncate=truncate, progress=not quiet,
+                        **({"target": list(targets)} if targets else {}),
                         **({"images": list(images)} if images else {}))
     if emit(result, out_path, as_json=as_json, summary=None):
         for name, v in result.towers or (("", result),):  # a two-tower model: each tower's line, named

@@ -20,6 +20,7 @@ error of that identity.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Literal, Sequence, get_args
 
 import numpy as np
@@ -34,6 +35,7 @@ from headscope.probe.forward import attention_layers
 from headscope.probe.model import LoadedModel
 from headscope.probe.names import PatchDirection, PatchPositions, PatchWhat
 from headscope.probe.results import CompositionScores, DLAResult, QKAttribution
+from headscope.probe.progress import progress as progress_bar
 from headscope.probe.patching import (attribution_estimates, patch_metrics, path_patch_metrics, prepare_pairs,
                                      sweep_sites)
 from headscope.probe.types import head_name, parse_head, seed_value, whole_number
@@ -43,41 +45,45 @@ __all__ = ["dla", "qk", "composition", "patch", "patch_pairs", "attribution_patc
 REPORT_PAIRS = 8  # pairs of the built-in set the report patches: enough for the held-out check (4 + 4)
 
 
-def dla(lm: LoadedModel, prompt: str, answer: str | int | None, wrong: str | int | None = None) -> DLAResult:
+def dla(lm: LoadedModel, prompt: str, answer: str | int | None, wrong: str | int | None = None, *,
+        progress: bool = False) -> DLAResult:
     """Direct logit attribution (decoders): the logit of `answer` (None: the model's own most likely next
     token) after `prompt`, minus that of `wrong` if given, split into the residual stream's parts with the final norm's scale frozen at this run's
-    value (`probe.attribution.direct_logit_attribution`). `.summary()` states the identity's error.
+    value (`probe.attribution.direct_logit_attribution`). `.summary()` states the identity's error. `progress`: a bar
+    on stderr, one step per layer of the traced forward pass.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> r = dla(tiny_model("gpt2"), "The cat sat on the", " mat")
     >>> r.identity_abs_err < 1e-5, r.grid().shape
     (True, (2, 4))
     """
-    return direct_logit_attribution(lm, prompt, answer, wrong)
+    return direct_logit_attribution(lm, prompt, answer, wrong, progress=progress)
 
 
 def qk(lm: LoadedModel, text: str, *, layer: int, head: int, query: int | str, key: int | str,
-       occurrence: int = 0) -> QKAttribution:
+       occurrence: int = 0, progress: bool = False) -> QKAttribution:
     """QK attribution: head `layer`.`head`'s pre-softmax score from `query` to `key` in `text` split
     over (query-side part, key-side part) pairs of the residual stream, with the norms' scales frozen
     and rotary applied to each part; the terms sum to the verified from-scratch score
     (`probe.attribution.qk_attribution`). `weight_without` gives the key's softmax weight with one
-    part removed from one side.
+    part removed from one side. `progress`: a bar on stderr, one step per layer of the traced forward pass.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> r = qk(tiny_model("gemma3"), "The cat sat on the mat.", layer=2, head=1, query=5, key=2)
     >>> r.identity_abs_err < 1e-5, r.terms.shape[0] == r.terms.shape[1]
     (True, True)
     """
-    return qk_attribution(lm, text, layer=layer, head=head, query=query, key=key, occurrence=occurrence)
+    return qk_attribution(lm, text, layer=layer, head=head, query=query, key=key, occurrence=occurrence,
+                          progress=progress)
 
 
-def composition(lm: LoadedModel, *, n_random: int = 20, seed: int = 0, layers: int | None = None) -> CompositionScores:
+def composition(lm: LoadedModel, *, n_random: int = 20, seed: int = 0, layers: int | None = None,
+                progress: bool = False) -> CompositionScores:
     """Q-, K- and V-composition scores (Elhage et al. 2021) between every earlier and later head, from the
     weights alone (the pre-attention norm weight folded in), with the mean score of random matrices of
     the same shapes as the baseline (`probe.composition.composition_scores`); `layers`: only the first
-    that many layers."""
-    return composition_scores(lm, n_random=n_random, seed=seed, layers=layers)
+    that many layers. `progress`: a bar on stderr, one step per pair of layers."""
+    return composition_scores(lm, n_random=n_random, seed=seed, layers=layers, progress=progress)
 
 
 def patch_pairs(lm: LoadedModel, pairs: str | Sequence[PatchPair]) -> tuple[list[PatchPair], int]:
@@ -109,7 +115,7 @@ def patch_pairs(lm: LoadedModel, pairs: str | Sequence[PatchPair]) -> tuple[list
 def patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what: PatchWhat = "head_out",
           direction: PatchDirection = "denoise", positions: PatchPositions = "all", k: int = 3,
           n_random: int = 19, seed: int = 0, batch_rows: int = 512, sender: str | tuple[int, int] | None = None,
-          receivers: Literal["q", "k", "v"] = "q", freeze_mlps: bool = False) -> PatchResult:
+          receivers: Literal["q", "k", "v"] = "q", freeze_mlps: bool = False, progress: bool = False) -> PatchResult:
     """Activation patching of every site of one kind on clean/corrupt pairs, in one `direction`.
 
     `what`: each head's output ("head_out"), its attention pattern, its queries, keys or values
@@ -127,6 +133,7 @@ def patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what: PatchWhat 
     For head outputs with at least 4 pairs the result also holds an honest check
     (`analyses.patching.Confirmation`): the `k` heads that move the metric most on a random half of
     the pairs, patched together on the other half, against `n_random` random sets of `k` heads.
+    `progress`: a bar on stderr, one step per forward pass (each stage adds its passes as it starts).
 
     >>> from headscope.probe.tiny import tiny_model
     >>> from headscope.analyses.patching import PatchPair
@@ -169,8 +176,18 @@ def patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what: PatchWhat 
                              f"these have {sorted(set(p.lengths))}")
         n_positions = p.lengths[0]
     start = time.perf_counter()
-    clean = patch_metrics(lm, p, [frozenset()], direction="noise")[0].numpy()
-    corrupt = patch_metrics(lm, p, [frozenset()], direction="denoise")[0].numpy()
+    with progress_bar(desc=f"{lm.name} patch {what}", unit="forward", enabled=progress) as bar:
+        result = _patch_all(lm, p, chosen, dropped, what=what, direction=direction, k=k, n_random=n_random, seed=seed,
+                            batch_rows=batch_rows, sender=sender, receivers=receivers, freeze_mlps=freeze_mlps,
+                            n_positions=n_positions, bar=bar)
+    return replace(result, seconds=time.perf_counter() - start)
+
+
+def _patch_all(lm, p, chosen, dropped, *, what, direction, k, n_random, seed, batch_rows, sender, receivers,
+               freeze_mlps, n_positions, bar) -> PatchResult:
+    """`patch`'s forward passes, each a step of `bar`."""
+    clean = patch_metrics(lm, p, [frozenset()], direction="noise", bar=bar)[0].numpy()
+    corrupt = patch_metrics(lm, p, [frozenset()], direction="denoise", bar=bar)[0].numpy()
     if what == "path":
         n_layers, nh = lm.config.num_hidden_layers, lm.config.num_attention_heads
         if not (0 <= sender[0] < n_layers - 1 and 0 <= sender[1] < nh):
@@ -178,21 +195,21 @@ def patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what: PatchWhat 
                              f"{lm.name} ({n_layers} layers × {nh} heads)")
         sites = [(receivers, l, h) for l in range(sender[0] + 1, n_layers) for h in range(nh)]
         values = path_patch_metrics(lm, p, sender, [frozenset([s]) for s in sites], direction=direction,
-                                    freeze_mlps=freeze_mlps, batch_rows=batch_rows).numpy()
+                                    freeze_mlps=freeze_mlps, batch_rows=batch_rows, bar=bar).numpy()
         forwards = 2 + 3 + -(-len(sites) // max(1, batch_rows // p.n))  # clean, corrupt, base + source + frozen run
     else:
         sites = sweep_sites(lm, what, n_positions=n_positions)
         values = patch_metrics(lm, p, [frozenset([s]) for s in sites], direction=direction,
-                               batch_rows=batch_rows).numpy()
+                               batch_rows=batch_rows, bar=bar).numpy()
         forwards = 2 + 1 + -(-len(sites) // max(1, batch_rows // p.n))  # clean, corrupt, the source run, the patches
     confirmation = None
     if what == "head_out" and p.n >= 4 and k > 0:
         confirmation = _confirm(lm, p, sites, values, clean, corrupt, direction=direction, k=k, n_random=n_random,
-                                seed=seed, batch_rows=batch_rows)
+                                seed=seed, batch_rows=batch_rows, bar=bar)
         forwards += 1 + -(-(1 + n_random) // max(1, batch_rows // len(confirmation.heldout)))  # source + patches
     return PatchResult(model=lm.name, what=what, direction=direction, sites=tuple(sites), values=values, clean=clean,
                        corrupt=corrupt, pairs=tuple(chosen), confirmation=confirmation, dropped=dropped,
-                       seconds=time.perf_counter() - start, forwards=forwards, sender=sender)
+                       seconds=0.0, forwards=forwards, sender=sender)
 
 
 def _prepared(lm: LoadedModel, chosen: Sequence[PatchPair]):
@@ -211,7 +228,7 @@ def _prepared(lm: LoadedModel, chosen: Sequence[PatchPair]):
     return p
 
 
-def _confirm(lm, p, sites, values, clean, corrupt, *, direction, k, n_random, seed, batch_rows) -> Confirmation:
+def _confirm(lm, p, sites, values, clean, corrupt, *, direction, k, n_random, seed, batch_rows, bar=None) -> Confirmation:
     """Choose the k strongest heads on one half of the pairs; patch them together on the other half,
     and as many random heads `n_random` times."""
     sel, held = split_halves(p.n, seed=seed)
@@ -221,7 +238,7 @@ def _confirm(lm, p, sites, values, clean, corrupt, *, direction, k, n_random, se
     sets = random_head_sets(attention_layers(lm), lm.config.num_attention_heads, heads, k, n_random, seed=seed)
     jobs = [frozenset(("head", l, h) for l, h in s) for s in (heads, *sets)]
     sub = p.subset(held.tolist())
-    v = patch_metrics(lm, sub, jobs, direction=direction, batch_rows=batch_rows).numpy()  # [job, held-out pair]
+    v = patch_metrics(lm, sub, jobs, direction=direction, batch_rows=batch_rows, bar=bar).numpy()  # [job, held-out pair]
     moved = strength(v, clean[held], corrupt[held], direction)  # [job, pair]
     sign = 1.0 if float(np.mean(clean - corrupt)) >= 0 else -1.0
     gap = sign * (clean[held] - corrupt[held])
@@ -234,12 +251,13 @@ def _confirm(lm, p, sites, values, clean, corrupt, *, direction, k, n_random, se
 
 def attribution_patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what: Literal["head_out", "resid"] = "head_out",
                       direction: PatchDirection = "denoise", compare: bool = True,
-                      batch_rows: int = 512) -> AttributionPatching:
+                      batch_rows: int = 512, progress: bool = False) -> AttributionPatching:
     """Attribution patching: every head's output (or the residual stream entering each layer) patched
     to first order — (source − base) · gradient of the metric at the base run — from one forward
     pass of the source run and one forward + backward pass of the base run
     (`probe.patching.attribution_estimates`). With `compare` (the default) real patching runs on the
-    same pairs too and `.spearman` is the rank correlation of the two over sites.
+    same pairs too and `.spearman` is the rank correlation of the two over sites. `progress`: a bar on stderr, one
+    step per forward pass of the patches.
 
     >>> from headscope.probe.tiny import tiny_model
     >>> from headscope.analyses.patching import PatchPair
@@ -252,8 +270,14 @@ def attribution_patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what
     batch_rows = whole_number(batch_rows, "batch_rows", minimum=1)
     chosen, dropped = patch_pairs(lm, pairs)
     p = _prepared(lm, chosen)
-    clean = patch_metrics(lm, p, [frozenset()], direction="noise")[0].numpy()
-    corrupt = patch_metrics(lm, p, [frozenset()], direction="denoise")[0].numpy()
+    with progress_bar(desc=f"{lm.name} attribution patching", unit="forward", enabled=progress) as bar:
+        return _attribution_patch(lm, p, chosen, dropped, what=what, direction=direction, compare=compare,
+                                  batch_rows=batch_rows, bar=bar)
+
+
+def _attribution_patch(lm, p, chosen, dropped, *, what, direction, compare, batch_rows, bar) -> AttributionPatching:
+    clean = patch_metrics(lm, p, [frozenset()], direction="noise", bar=bar)[0].numpy()
+    corrupt = patch_metrics(lm, p, [frozenset()], direction="denoise", bar=bar)[0].numpy()
     start = time.perf_counter()
     sites, values = attribution_estimates(lm, p, what, direction=direction)
     estimate = PatchResult(model=lm.name, what=what, direction=direction, sites=tuple(sites), values=values.numpy(),
@@ -262,7 +286,8 @@ def attribution_patch(lm: LoadedModel, pairs: str | Sequence[PatchPair], *, what
     real = None
     if compare:
         start = time.perf_counter()
-        v = patch_metrics(lm, p, [frozenset([s]) for s in sites], direction=direction, batch_rows=batch_rows).numpy()
+        v = patch_metrics(lm, p, [frozenset([s]) for s in sites], direction=direction, batch_rows=batch_rows,
+                          bar=bar).numpy()
         real = PatchResult(model=lm.name, what=what, direction=direction, sites=tuple(sites), values=v, clean=clean,
                            corrupt=corrupt, pairs=tuple(chosen), dropped=dropped, seconds=time.perf_counter() - start,
                            forwards=1 + -(-len(sites) // max(1, batch_rows // p.n)))

@@ -165,8 +165,8 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
                   *, load_seconds: float = 0.0, progress: bool = False,
                   log: Callable[[str], None] | None = None, conllu: Treebank | None = None,
                   select_on: Treebank | None = None, world=None) -> ModelAnalysis:
-    """Verification, head scores over `texts`, the probe sets `[(task, examples), ...]` and the maps
-    of the report sentences, for one loaded model; with `settings.conllu`, the syntax analysis
+    """Verification, head scores over `texts`, the probe sets `[(task, examples), ...]` (none: no probe stage
+    and no probe section in the report) and the maps of the report sentences, for one loaded model; with `settings.conllu`, the syntax analysis
     (`workflows.syntax`) and its head clusters, labelled by the head scores' roles.
 
     An architecture that cannot be verified is noted, not fatal. `log` receives one line per
@@ -215,17 +215,19 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
     if scores.meta.get("check"):
         say(f"{lm.name}: {scores.meta['check']['summary']}")
 
-    main, parts = stage.run("coref", probe_sets, lm, sets,
-                            combined_task="coref-builtin", level=settings.level, folds=settings.folds,
-                            n_perm=settings.permutations, seed=settings.seed, batch_size=settings.batch_size,
-                            noun="pronouns", attention=settings.attention, budget=settings.memory_budget,
-                            world=world, progress=progress)
-    probes = [main, *parts]  # the combined result first when there are several sets
+    probes: list = []
+    if sets:  # no probe sets: no probe stage, and the report has no probe section
+        main, parts = stage.run("coref", probe_sets, lm, sets,
+                                combined_task="coref-builtin", level=settings.level, folds=settings.folds,
+                                n_perm=settings.permutations, seed=settings.seed, batch_size=settings.batch_size,
+                                noun="pronouns", attention=settings.attention, budget=settings.memory_budget,
+                                world=world, progress=progress)
+        probes = [main, *parts]  # the combined result first when there are several sets
+        say(f"{lm.name}: coreference probe ({stage.seconds['coref']:.1f} s)")
     for p in probes:
         if not p.n:  # its tables would be empty and its rates nan
             why = "; ".join(f"{v} × {k}" for k, v in p.excluded.items()) or "none was kept"
             notes.append(f"probe {p.task}: nothing to score, no example could be scored ({why})")
-    say(f"{lm.name}: coreference probe ({stage.seconds['coref']:.1f} s)")
     for p in probes:
         say(f"  {p.task}: {p.verdict}")
 
