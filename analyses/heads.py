@@ -354,7 +354,7 @@ class HeadScoreAccumulator:
         out._layers, out._heads = units
         out._sums, out._counts = sums.clone(), counts.clone()
         out._n_texts, out._n_sequences = int(n[0]), int(n[1])
-        out.no_attention = self.no_attention
+        out.no_attention, out.images = self.no_attention, self.images
         return out
 
     def result(self, *, thresholds: Mapping[str, float] | None = None, meta: Mapping | None = None) -> HeadScores:

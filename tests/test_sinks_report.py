@@ -114,5 +114,5 @@ def test_settings_without_sinks_record_what_they_always_did():
     assert with_sinks["sinks"] is True and with_sinks["streaming_tokens"] == 1024
     assert set(shown_settings(plain)) == set(asdict(plain)) - {"texts", "targets", "generate", "conllu", "select_on",
                                                                "sinks", "streaming_tokens", "streaming_window",
-                                                               "mechanisms", "mechanisms_pairs", "max_memory",
+                                                               "mechanisms", "mechanisms_pairs", "long_context", "max_memory",
                                                                "offload_folder"}

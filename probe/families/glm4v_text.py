@@ -45,7 +45,7 @@ def _tiny_config(vocab: int, model_type: str):
                        "mrope_section": list(TINY_SECTIONS.get(model_type, [2, 3, 3]))}
     return AutoConfig.for_model(model_type, vocab_size=vocab, hidden_size=128 if not full else 96,
                                 intermediate_size=64, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-                                head_dim=32, max_position_embeddings=256, rope_parameters=rope_parameters,
+                                head_dim=32, max_position_embeddings=128, rope_parameters=rope_parameters,
                                 **(TINY_MOE if model_type in HALF_SPLIT else {}))
 
 
