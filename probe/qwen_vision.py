@@ -105,8 +105,6 @@ def block_output_errors(stack, visual_of, base, cfg, inputs) -> list[float]:
     """Each vision layer's relative |Δ| of its block output after `proj`, recomputed from its captured input
     segment by segment (`stack`'s layer, turned by the 2-D rotary of the segment's patches): the vision
     attention returns no weights to compare. `visual_of(base)`: the encoder."""
-    from .scratch import attention_from_scratch
-
     visual = visual_of(base)
     pixels, grid = inputs["pixel_values"], inputs["image_grid_thw"]
     n = len(visual.blocks)
@@ -128,15 +126,26 @@ def block_output_errors(stack, visual_of, base, cfg, inputs) -> list[float]:
     angles = vision_angles(visual, vision_positions(visual, grid))
     errors = []
     for i in range(n):
-        worst, segments = 0.0, vision_segments(visual, i, grid)
+        segments = vision_segments(visual, i, grid)
         if cus[i] is not None and [0, *(b for _, b in segments)] != list(dict.fromkeys(cus[i].tolist())):
             errors.append(float("inf"))  # the model's own segments (images, windows) are not ours
             continue
-        for a, b in segments:
-            turned = angles[a:b]
-            spec = dataclasses.replace(stack.layer_spec(base, i, cfg), rotary_angles=lambda T, turned=turned: turned[:T])
-            res = attention_from_scratch(ins[i][a:b][None].float(), spec, torch.ones(1, b - a))
-            ref = outs[i][a:b].float()
-            worst = max(worst, (res.output[0] - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30))
-        errors.append(worst)
+        errors.append(segment_error(stack.layer_spec(base, i, cfg), ins[i], outs[i], angles, segments))
     return errors
+
+
+def segment_error(spec: LayerSpec, x: torch.Tensor, y: torch.Tensor, angles: torch.Tensor,
+                  segments: list[tuple[int, int]]) -> float:
+    """The largest relative error of one vision layer's output recomputed from scratch on each segment (an image,
+    a window) alone, each token turned by its own rotary angles: `x` the layer's input, `y` its output,
+    `[tokens, width]`. The check of every vision tower whose attention gives no weights (Qwen-VL's and its kin)."""
+    from .scratch import attention_from_scratch
+
+    worst = 0.0
+    for a, b in segments:
+        turned = angles[a:b]
+        seg = dataclasses.replace(spec, rotary_angles=lambda T, turned=turned: turned[:T])
+        res = attention_from_scratch(x[a:b][None].float(), seg, torch.ones(1, b - a))
+        ref = y[a:b].float()
+        worst = max(worst, (res.output[0] - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30))
+    return worst

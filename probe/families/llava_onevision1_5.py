@@ -13,11 +13,11 @@ is dropped before the merger, so no image token stands for it.
 
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 
 from ..family import VisionLanguage
+from ..qwen_vision import segment_error
 from ._reading import both_refusals, images_only, load_images_only, reading_family, tiny_chat_template
 from .qwen_vl import END, IMAGE, START, VIDEO, image_units
 
@@ -55,7 +55,6 @@ def vision_angles_with_cls(visual, grid: torch.Tensor) -> tuple[torch.Tensor, li
 def _vision_outputs(stack, base, cfg, inputs) -> list[float]:
     """Each vision block's relative |Δ| of its output after `proj`, recomputed from its captured input image by image
     (class token included) with the angles of `vision_angles_with_cls`."""
-    from ..scratch import attention_from_scratch
 
     visual = _visual(base)
     pixels, grid = inputs["pixel_values"], inputs["image_grid_thw"]
@@ -81,14 +80,7 @@ def _vision_outputs(stack, base, cfg, inputs) -> list[float]:
         if cus[i] is not None and [0, *(b for _, b in segments)] != cus[i].tolist():
             errors.append(float("inf"))  # the model's own segments are not ours
             continue
-        worst = 0.0
-        for a, b in segments:
-            turned = angles[a:b]
-            spec = dataclasses.replace(stack.layer_spec(base, i, cfg), rotary_angles=lambda T, turned=turned: turned[:T])
-            res = attention_from_scratch(ins[i][a:b][None].float(), spec, torch.ones(1, b - a))
-            ref = outs[i][a:b].float()
-            worst = max(worst, (res.output[0] - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30))
-        errors.append(worst)
+        errors.append(segment_error(stack.layer_spec(base, i, cfg), ins[i], outs[i], angles, segments))
     return errors
 
 

@@ -12,12 +12,12 @@ rotary of each patch's row and column (`probe.qwen_vision.vision_angles`); the d
 
 from __future__ import annotations
 
-import dataclasses
 from types import SimpleNamespace
 
 import torch
 
 from ..family import Stack, VisionLanguage
+from ..qwen_vision import segment_error
 from ._reading import both_refusals, grid_units, images_only, load_images_only, reading_family, tiny_chat_template
 from ._vision import projection_spec
 
@@ -67,7 +67,6 @@ def _vision_outputs(stack: Stack, base, cfg, inputs) -> list[float]:
     from transformers.vision_utils import get_vision_position_ids
 
     from ..qwen_vision import vision_angles
-    from ..scratch import attention_from_scratch
 
     visual = _visual(base)
     pixels, grid, merges = inputs["pixel_values"], inputs["image_grid_thw"], inputs["image_merge_sizes"]
@@ -100,14 +99,7 @@ def _vision_outputs(stack: Stack, base, cfg, inputs) -> list[float]:
         if cus[i] is not None and [0, *(b for _, b in segments)] != cus[i].tolist():
             errors.append(float("inf"))  # the model's own segments are not ours
             continue
-        worst = 0.0
-        for a, b in segments:
-            turned = angles[a:b]
-            spec = dataclasses.replace(stack.layer_spec(base, i, cfg), rotary_angles=lambda T, turned=turned: turned[:T])
-            res = attention_from_scratch(ins[i][a:b][None].float(), spec, torch.ones(1, b - a))
-            ref = outs[i][a:b].float()
-            worst = max(worst, (res.output[0] - ref).abs().max().item() / max(ref.abs().max().item(), 1e-30))
-        errors.append(worst)
+        errors.append(segment_error(stack.layer_spec(base, i, cfg), ins[i], outs[i], angles, segments))
     return errors
 
 
