@@ -4,6 +4,8 @@
 Retrieval score (Wu et al. 2024, "Retrieval Head"): while the model generates its answer greedily, a step
 whose new token w occurs in the needle is a copy step; head h hits at that step when its top-attended key
 lies inside the needle and holds the token w. The score is hits / copy steps, with a Wilson 95% interval.
+With no copy step (the model wrote no token of any needle) the score is undefined: NaN in the arrays and
+tables (an empty CSV cell), null in `to_dict`, and `NO_COPIES` in words wherever heads would be ranked.
 A KV cache stores keys per KV head, so a grouped-query model's score per KV head is the largest score of the
 query heads that read it (the cache must keep a key if any of its readers retrieves through it).
 """
@@ -23,7 +25,10 @@ from headscope.probe.types import head_name
 from .ablation import ALPHA
 from .stats import format_p, wilson
 
-__all__ = ["RetrievalScores", "RetrievalCheck", "RetrievalResult", "accuracy_p", "combined_rank", "curve_verdicts"]
+__all__ = ["NO_COPIES", "RetrievalScores", "RetrievalCheck", "RetrievalResult", "accuracy_p", "combined_rank", "curve_verdicts"]
+
+
+NO_COPIES = "no copy steps: the model copied no needle token, so no head has a retrieval score"
 
 
 def combined_rank(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -88,7 +93,13 @@ class RetrievalScores:
     needles: tuple[int, ...] = ()  # the needles scored
 
     @property
+    def scored(self) -> bool:
+        """Whether any step copied a needle token: without one no head has a score (`NO_COPIES`)."""
+        return self.copies > 0
+
+    @property
     def score(self) -> np.ndarray:
+        """[layer, head] hits / copy steps; NaN everywhere when there is no copy step (undefined, not 0)."""
         return self.hits / self.copies if self.copies else np.full(self.hits.shape, np.nan)
 
     def interval(self, layer: int, head: int) -> tuple[float, float]:
@@ -99,7 +110,10 @@ class RetrievalScores:
         return pool_kv(self.score, self.n_kv_heads)
 
     def top(self, k: int) -> tuple[tuple[int, int], ...]:
-        """The k heads with the highest score (ties: the later layer, then the lower head)."""
+        """The k heads with the highest score (ties: the later layer, then the lower head); a ValueError
+        (`NO_COPIES`) when there is no copy step, since then no order is meaningful."""
+        if not self.scored:
+            raise ValueError(NO_COPIES)
         s = self.score
         cells = sorted(np.ndindex(s.shape), key=lambda c: (-s[c], -c[0], c[1]))
         return tuple((int(l), int(h)) for l, h in cells[:k])
@@ -233,10 +247,11 @@ class RetrievalResult:
         return pd.DataFrame(rows)
 
     def to_dict(self) -> dict:
-        top = self.scores.top(min(10, self.scores.hits.size))
+        """JSON-ready: with no copy step `top_heads` is empty and `retrieval_note` says why (never a NaN score)."""
+        top = self.scores.top(min(10, self.scores.hits.size)) if self.scores.scored else ()
         return {"model": self.model, "needles": [n.to_dict() for n in self.needles],
                 "prompt_tokens": list(self.n_tokens), "selection_correct": list(self.selection_correct),
-                "copy_steps": self.scores.copies,
+                "copy_steps": self.scores.copies, "retrieval_note": None if self.scores.scored else NO_COPIES,
                 "top_heads": [{"head": head_name(l, h), "score": float(self.scores.score[l, h]),
                                "hits": int(self.scores.hits[l, h]), "interval": list(self.scores.interval(l, h))}
                               for l, h in top],

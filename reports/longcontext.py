@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from headscope.analyses.longcontext import RetrievalResult, curve_verdicts
+from headscope.analyses.longcontext import NO_COPIES, RetrievalResult, curve_verdicts
 from headscope.probe.types import head_name
 
 __all__ = ["long_context_frames", "grid_frame", "long_context_tables"]
@@ -30,15 +30,17 @@ def grid_frame(r: RetrievalResult) -> pd.DataFrame:
 
 def long_context_frames(r: RetrievalResult) -> dict:
     """The strings and frames the section shows."""
+    ranked = r.scores.top(min(10, r.scores.hits.size)) if r.scores.scored else ()  # no copy step: no ranking
     top = [{"head": head_name(l, h), "retrieval score": float(r.scores.score[l, h]),
             "hits": int(r.scores.hits[l, h]), "95% low": r.scores.interval(l, h)[0],
-            "95% high": r.scores.interval(l, h)[1]} for l, h in r.scores.top(min(10, r.scores.hits.size))]
+            "95% high": r.scores.interval(l, h)[1]} for l, h in ranked]
     curve = None
     if r.costs is not None:
         curve = r.costs[["plan", "fraction_full", "n_full", "needle_accuracy", "accuracy_low", "accuracy_high",
                          "perplexity", "perplexity_change", "kv_bytes", "kv_share"]]
     s = r.settings
-    return {"grid": grid_frame(r), "top": pd.DataFrame(top), "curve": curve,
+    return {"grid": grid_frame(r), "top": pd.DataFrame(top) if top else None, "curve": curve,
+            "no_copies": None if r.scores.scored else NO_COPIES,
             "check": None if r.check is None else r.check.verdict,
             "verdicts": [] if r.costs is None else curve_verdicts(r.costs),
             "setting": (f"{len(r.needles)} needles ({len(r.selection_correct)} selection, "

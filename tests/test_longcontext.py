@@ -336,8 +336,9 @@ def test_the_cost_curve_holds_its_identities():
     from headscope.workflows.retrieval import retrieval
 
     lm = _tiny("llama")
+    # a phrasing tiny-llama copies a token of (with none, no head has a score: nothing ranks the plan)
     r = retrieval(lm, n_needles=6, n_selection=1, lengths=[60], depths=[0.3], n_random=2, sink=2, recent=8,
-                  phrasings=[Phrasing("Key {key}.", "Key:")], scope="question", curve=(0.5,), n_random_plans=2,
+                  phrasings=[Phrasing("Key {key}. Remember it.", "Key:")], scope="question", curve=(0.5,), n_random_plans=2,
                   perplexity_draws=1)
     c = r.costs.set_index("plan")
     assert list(c.index) == ["all streaming", "retrieval 50%", "random 50% #0", "random 50% #1", "all full"]
@@ -385,3 +386,58 @@ def test_a_shared_context_continues_a_sliding_window_cache():
     pre = prefill(lm, ids[:8])
     plain = answer(lm, ids, max_new_tokens=4)
     assert [a.ids for a in answers(lm, ids, max_new_tokens=4, copies=2, prefix=pre)] == [plain.ids] * 2
+
+
+# -- no copy step: the retrieval score is undefined, said so on every surface ---------------------------------
+
+_GPT2_NEEDLES = ["--needles", "2", "--length", "100", "--depth", "0.5", "--phrasing", "Key {key}.|Key:", "--sink",
+                 "2", "--recent", "8", "--quiet"]
+
+
+def test_no_copy_step_is_said_in_one_line_never_nan(monkeypatch, tmp_path):
+    """Tiny GPT-2's greedy answers copy no needle token: every score is 0/0. It printed "retrieval score nan
+    (0 hits, 95% CI nan–nan)" with exit 0, ranked heads by NaN for the causal check and the plan, and to_dict
+    held NaN. Now: nothing to rank is one line and exit 2; planning by streaming alone still runs and says why
+    no head has a score (null in JSON, an empty CSV cell, no table of top heads)."""
+    from headscope.analyses.longcontext import NO_COPIES
+    from headscope.reports.analysis import ModelAnalysis
+    from headscope.reports.html import build_report
+    from headscope.workflows.retrieval import retrieval
+
+    lm = _tiny("gpt2")
+    # the premise, checked independently of the scores: no generated token occurs in its needle
+    phr = [Phrasing("Key {key}.", "Key:")]
+    [sel, _] = make_needles(2, lengths=[100], depths=[0.5], phrasings=phr)
+    from headscope.analyses.corpus import builtin_corpus
+
+    lines = builtin_corpus()[: len(builtin_corpus()) // 2]
+    prompt = needle_prompt(lm, sel, lines)
+    steps = 2 + len(lm.tokenizer(" " + prompt.key, add_special_tokens=False)["input_ids"])
+    made = answer(lm, prompt.ids, max_new_tokens=steps).ids
+    assert not set(made) & set(prompt.ids[prompt.span[0]:prompt.span[1]])
+
+    refused = _cli(monkeypatch, lm, [*_GPT2_NEEDLES, "--random", "1"])
+    assert refused.exit_code == 2 and one_line(refused).startswith(f"headscope: {NO_COPIES} (")
+    assert "--rank-by sensitivity" in one_line(refused) and "nan" not in refused.output
+
+    import headscope
+
+    out, kept = tmp_path / "heads.csv", []  # the command's result, kept to check its other surfaces
+    monkeypatch.setattr(headscope, "retrieval", lambda *a, _real=retrieval, **kw: kept.append(_real(*a, **kw)) or kept[0])
+    args = [*_GPT2_NEEDLES, "--no-check", "--sensitivity", "--rank-by", "sensitivity", "--out", str(out)]
+    text = _cli(monkeypatch, lm, args)
+    assert text.exit_code == 0, text.output
+    assert NO_COPIES in text.stdout and "nan" not in text.stdout.lower() and "(0 hits" not in text.stdout
+    frame = pd.read_csv(out, keep_default_na=False)
+    assert (frame["copy_steps"] == 0).all() and (frame["retrieval_hits"] == 0).all()
+    assert set(frame["retrieval_score"]) == {""} and set(frame["kv_retrieval_score"]) == {""}  # missing, not "nan"
+
+    [r] = kept
+    assert r.scores.copies == 0 and np.isnan(r.scores.score).all()
+    d = json.loads(json.dumps(r.to_dict(), allow_nan=False))  # strict JSON as it is, not only after --json's cleaning
+    assert d["copy_steps"] == 0 and d["top_heads"] == [] and d["retrieval_note"] == NO_COPIES
+    with pytest.raises(ValueError, match="no copy steps"):
+        r.scores.top(1)
+    rep = build_report([ModelAnalysis(model="tiny-gpt2", long_context=r)])
+    section = rep.html.split('<section id="long_context">')[1].split("</section>")[0]
+    assert f"{NO_COPIES}." in section and "nan" not in section.lower() and "95% low" not in section

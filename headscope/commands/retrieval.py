@@ -123,6 +123,8 @@ def cli(model_name, corpus_path, limit, n_needles, lengths, depths, phrasings, t
         return
     sel = result.selection_correct
     click.echo(f"{lm.name}: selection needles retrieved {sum(sel)} of {len(sel)}; {d['copy_steps']} copy steps")
+    if d["retrieval_note"]:
+        click.echo(d["retrieval_note"])
     for row in d["top_heads"][:5]:
         lo, hi = row["interval"]
         click.echo(f"  {row['head']:<8} retrieval score {row['score']:.2f} ({row['hits']} hits, 95% CI {lo:.2f}–{hi:.2f})")

@@ -44,13 +44,13 @@ from contextlib import nullcontext
 
 from headscope.analyses.ablation import random_head_sets
 from headscope.analyses.corpus import builtin_corpus
-from headscope.analyses.longcontext import RetrievalCheck, RetrievalResult, RetrievalScores, combined_rank
+from headscope.analyses.longcontext import NO_COPIES, RetrievalCheck, RetrievalResult, RetrievalScores, combined_rank
 from headscope.analyses.stats import wilson
 from headscope.probe.encoding import check_texts
 from headscope.probe.interventions import ablate
 from headscope.probe.kvplan import PHRASINGS, KVPlan, Phrasing, default_window, make_needles
-from headscope.probe.longcontext import (KVLayout, NeedlePrompt, answer, answers, kv_layout, needle_prompt, prefill,
-                                         retrieval_hits, stream_heads, stream_sensitivity, token_losses)
+from headscope.probe.longcontext import (KVLayout, NeedlePrompt, answer, answers, kv_layout, needle_prompt,
+                                         prefill, retrieval_hits, stream_heads, stream_sensitivity, token_losses)
 from headscope.probe.model import LoadedModel
 from headscope.probe.progress import progress as progress_bar
 from headscope.probe.types import seed_value, whole_number
@@ -207,6 +207,11 @@ def retrieval(lm: LoadedModel, *, n_needles: int = 16, n_selection: int | None =
     bar.close()
     scores = RetrievalScores(model=lm.name, hits=hits, copies=copies, n_kv_heads=layout.n_kv_heads,
                              needles=tuple(p.needle.index for p in selection))
+    if not scores.scored and (check or ranking != "sensitivity"):
+        raise ValueError(f"{NO_COPIES} ({lm.name} answered {sum(selection_correct)} of {len(selection)} selection "
+                         "needles); nothing to rank heads by: give more or other needles (lengths, --phrasing), a "
+                         "model that answers them, or plan by streaming alone (--sensitivity --rank-by sensitivity "
+                         "--no-check)")
     sens = None
     if sensitivity:
         if sensitivity_queries is not None:  # at most the positions whose keys the window drops
@@ -216,13 +221,16 @@ def retrieval(lm: LoadedModel, *, n_needles: int = 16, n_selection: int | None =
         with progress_bar(total=n_cells, desc="KV heads streamed alone", enabled=progress, leave=False) as sbar:
             sens = stream_sensitivity(lm, held_ids, sink=sink, recent=recent, queries=sensitivity_queries,
                                       progress=sbar.update)
-    rankings = {"retrieval": scores.kv_score()}
+    # no copy step: no retrieval ranking (only streaming alone gets here, see above)
+    rankings = {"retrieval": scores.kv_score()} if scores.scored else {}
     if sens is not None:
-        rankings |= {"sensitivity": sens, "combined": combined_rank(rankings["retrieval"], sens)}
+        rankings["sensitivity"] = sens
+        if scores.scored:
+            rankings["combined"] = combined_rank(rankings["retrieval"], sens)
     planned = np.array(layout.planned)
     plan = KVPlan.from_ranking(rankings[ranking], fraction, sink=sink, recent=recent, planned=planned,
                                own_window=layout.own_window, name=f"{ranking} {fraction:.0%}")
-    chosen_heads = scores.top(k)
+    chosen_heads = scores.top(k) if check else ()
     sets = random_head_sets(n_layers, n_heads, chosen_heads, k, n_random, seed=seed) if check else []
     head_sets = [(), chosen_heads, *sets] if check else []
     plans = curve_plans(layout, rankings, curve, n_random_plans, sink=sink, recent=recent, seed=seed,
