@@ -28,7 +28,7 @@ from typing import Literal, Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["Phrasing", "PHRASINGS", "Needle", "make_needles", "KVPlan", "pool_kv", "default_window"]
+__all__ = ["Phrasing", "PHRASINGS", "Needle", "make_needles", "typed_needle", "KVPlan", "pool_kv", "default_window"]
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,27 @@ def make_needles(n: int, *, lengths: Sequence[int], depths: Sequence[float], see
                           offset=int(rng.integers(max(n_lines, 1))), split="selection" if i % 2 == 0 and i // 2 < n_sel else "held_out",
                           statement=phrasings[which].statement.format(key=key), question=phrasings[which].question))
     return out
+
+
+def typed_needle(statement: str, question: str, *, length: int, depth: float, key: str | None = None,
+                 offset: int = 0) -> Needle:
+    """A needle a user types: the sentence, the question the answer follows and optionally the key the answer
+    should hold (it must occur in the sentence; without one, `key` is "" and nothing says retrieved or not).
+    `phrasing` is -1 (none of `PHRASINGS`).
+
+    >>> typed_needle("The code is 4711.", "The code is", length=100, depth=0.5, key="4711").to_dict()["phrasing"]
+    -1
+    """
+    for name, text in (("needle sentence", statement), ("question", question)):
+        if not isinstance(text, str) or not text.strip():
+            raise ValueError(f"the {name} is empty; type one (e.g. 'The code is 4711.' and 'The code is')")
+    if key is not None and (not isinstance(key, str) or not key.strip() or key.strip() not in statement):
+        raise ValueError(f"the key {key!r} is not in the needle sentence; give a key the sentence holds, or none")
+    if not 0 <= depth <= 1:
+        raise ValueError(f"depth is where the needle sits, a fraction of the haystack in [0, 1], got {depth}")
+    return Needle(index=0, key="" if key is None else key.strip(), phrasing=-1, length=int(length), depth=float(depth),
+                  offset=int(offset), split="selection", statement=" ".join(statement.split()),
+                  question=" ".join(question.split()))
 
 
 def pool_kv(per_head: np.ndarray, n_kv_heads: int) -> np.ndarray:

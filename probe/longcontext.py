@@ -18,6 +18,8 @@ needle prompts, greedy answers with each head's top-attended key, and each KV he
     answer(lm, prompt, ...)        greedy generation with the KV cache; optionally each step's top-attended key
                                    of every head (Wu et al.'s copy-paste test, `retrieval_hits`); `copies` rows
                                    at once (one per plan of `stream_heads(lm, [plans])`), one answer each
+    copy_steps(prompt, answer)     Wu et al.'s copy-paste test step by step: which steps copy a needle token and
+                                   which heads' top keys hold it there (`retrieval_hits` is its sum)
     stream_sensitivity(lm, ids, plan_shape, ...)  each KV head streamed alone: the mean KL divergence of the
                                    model's next-token distribution from the full model's, over the positions
                                    whose keys the window drops (or the last `queries` positions, the text
@@ -40,7 +42,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .encoding import encode
+from .encoding import encode, token_labels
 from .errors import UnsupportedFeature
 from .families import family_for
 from .forward import attention_layers, base_model
@@ -49,7 +51,7 @@ from .kvplan import KVPlan, Needle
 from .model import LoadedModel
 
 __all__ = ["KVLayout", "kv_layout", "stream_heads", "NeedlePrompt", "needle_prompt", "Prefix", "prefill", "Answer",
-           "answer", "answers", "retrieval_hits", "stream_sensitivity", "token_losses"]
+           "answer", "answers", "copy_steps", "retrieval_hits", "stream_sensitivity", "token_losses"]
 
 
 @dataclass(frozen=True)
@@ -172,14 +174,15 @@ def stream_heads(lm: LoadedModel, plan: KVPlan | Sequence[KVPlan]) -> Iterator[N
 
 @dataclass(frozen=True)
 class NeedlePrompt:
-    """A needle's prompt as token ids, the needle sentence's token range [start, stop), the key's text and
-    `context`, the tokens before the question (the haystack with the needle)."""
+    """A needle's prompt as token ids, the needle sentence's token range [start, stop), the key's text,
+    `context`, the tokens before the question (the haystack with the needle), and each token's display label."""
 
     needle: Needle
     ids: tuple[int, ...]
     span: tuple[int, int]
     key: str
     context: int
+    labels: tuple[str, ...] = ()
 
     @property
     def n_tokens(self) -> int:
@@ -224,7 +227,8 @@ def needle_prompt(lm: LoadedModel, needle: Needle, lines: Sequence[str]) -> Need
     # the question's first token: the first whose text starts at or after it (the newline may join either side)
     context = next((t for t, (a, b) in enumerate(enc.spans) if b > a and a >= asked), len(enc.ids) - 1)
     context = max(inside[-1] + 1, min(context, len(enc.ids) - 1))
-    return NeedlePrompt(needle=needle, ids=enc.ids, span=(inside[0], inside[-1] + 1), key=needle.key, context=context)
+    return NeedlePrompt(needle=needle, ids=enc.ids, span=(inside[0], inside[-1] + 1), key=needle.key, context=context,
+                        labels=token_labels(lm, enc))
 
 
 @dataclass(frozen=True, eq=False)
@@ -342,24 +346,27 @@ def answers(lm: LoadedModel, ids: Sequence[int], *, max_new_tokens: int, copies:
     return result
 
 
-def retrieval_hits(prompt: NeedlePrompt, ans: Answer) -> tuple[np.ndarray, int]:
-    """Wu et al.'s copy-paste counts for one answer: ([layer, head] hits, copy steps). A step copies when its
-    token occurs in the needle; a head hits when its top key is in the needle and holds that token."""
+def copy_steps(prompt: NeedlePrompt, ans: Answer) -> tuple[np.ndarray, np.ndarray]:
+    """Wu et al.'s copy-paste test per step of one answer: ([step] copied, [step, layer, head] hit). A step copies
+    when its token occurs in the needle; a head hits at a copy step when its top key is in the needle and holds
+    that token (never at a step that copies nothing)."""
     if ans.top_keys is None:
         raise ValueError("the answer was generated without top_keys=True")
     start, stop = prompt.span
     needle = set(prompt.ids[start:stop])
     full = np.array(prompt.ids + ans.ids)
-    hits = np.zeros(ans.top_keys.shape[1:], dtype=np.int64)
-    copies = 0
-    for step, w in enumerate(ans.ids):
-        if w not in needle:
-            continue
-        copies += 1
+    copied = np.array([w in needle for w in ans.ids], dtype=bool)
+    hit = np.zeros(ans.top_keys.shape, dtype=bool)
+    for step in np.flatnonzero(copied):
         top = ans.top_keys[step]
-        inside = (top >= start) & (top < stop)
-        hits += inside & (full[np.clip(top, 0, len(full) - 1)] == w)
-    return hits, copies
+        hit[step] = (top >= start) & (top < stop) & (full[np.clip(top, 0, len(full) - 1)] == ans.ids[step])
+    return copied, hit
+
+
+def retrieval_hits(prompt: NeedlePrompt, ans: Answer) -> tuple[np.ndarray, int]:
+    """Wu et al.'s copy-paste counts for one answer: ([layer, head] hits, copy steps), `copy_steps` summed."""
+    copied, hit = copy_steps(prompt, ans)
+    return hit.sum(0, dtype=np.int64), int(copied.sum())
 
 
 @torch.inference_mode()
