@@ -25,7 +25,7 @@ from headscope.probe.types import head_name
 from .ablation import ALPHA
 from .stats import format_p, wilson
 
-__all__ = ["NO_COPIES", "RetrievalScores", "RetrievalCheck", "RetrievalResult", "accuracy_p", "combined_rank", "curve_verdicts"]
+__all__ = ["NO_COPIES", "NeedleHits", "RetrievalScores", "RetrievalCheck", "RetrievalResult", "accuracy_p", "combined_rank", "curve_verdicts"]
 
 
 NO_COPIES = "no copy steps: the model copied no needle token, so no head has a retrieval score"
@@ -127,6 +127,51 @@ class RetrievalScores:
                          "retrieval_hits": int(self.hits[l, h]), "copy_steps": self.copies,
                          "retrieval_score": float(self.score[l, h]), "retrieval_low": lo, "retrieval_high": hi})
         return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True, eq=False)
+class NeedleHits:
+    """One needle prompt answered greedily, step by step (what the explorer shows): the prompt's labels, the
+    needle's token range [start, stop), each generated token, whether each step copied a needle token, each
+    head's top-attended key per step (`[step, layer, head]`, -1 for a layer without attention) and whether it
+    hit (`probe.longcontext.copy_steps`). `retrieved`: the key in the answer (None for a needle without one)."""
+
+    model: str
+    needle: Needle
+    labels: tuple[str, ...]  # the prompt's tokens
+    span: tuple[int, int]
+    tokens: tuple[str, ...]  # the answer's tokens
+    answer: str
+    retrieved: bool | None
+    copied: np.ndarray  # [step] bool
+    top_keys: np.ndarray  # [step, layer, head] int
+    hits: np.ndarray  # [step, layer, head] bool
+
+    @property
+    def scores(self) -> RetrievalScores:
+        """Every head's retrieval score on this one prompt."""
+        return RetrievalScores(model=self.model, hits=self.hits.sum(0, dtype=np.int64), copies=int(self.copied.sum()),
+                               n_kv_heads=self.hits.shape[2], needles=(self.needle.index,))
+
+    def head(self, layer: int, head: int) -> dict:
+        """JSON-ready: one head's top key at each step (its position and label: a prompt token, or an answer token
+        written before it), whether the step copied and whether the head hit; its hits / copies and score (None
+        with no copy step, and `note` says why); and every head's score on the prompt ([layer][head], None alike)."""
+        n = len(self.labels)
+        keys = self.labels + self.tokens
+        steps = []
+        for t, tok in enumerate(self.tokens):
+            k = int(self.top_keys[t, layer, head])
+            steps.append({"token": tok, "copied": bool(self.copied[t]), "top": k,
+                          "top_label": keys[k] if 0 <= k < len(keys) else None, "in_prompt": 0 <= k < n,
+                          "in_needle": bool(self.span[0] <= k < self.span[1]), "hit": bool(self.hits[t, layer, head])})
+        sc = self.scores
+        grid = [[float(v) if sc.scored else None for v in row] for row in sc.score]
+        lo, hi = sc.interval(layer, head) if sc.scored else (None, None)
+        return {"layer": layer, "head": head, "name": head_name(layer, head), "steps": steps,
+                "hits": int(sc.hits[layer, head]), "copies": sc.copies,
+                "score": grid[layer][head], "interval": [lo, hi], "scores": grid,
+                "note": None if sc.scored else f"{NO_COPIES} on this prompt"}
 
 
 def accuracy_p(chosen: Sequence[float], random_sets: Sequence[Sequence[float]], *, n_perm: int = 10_000,

@@ -19,6 +19,9 @@
         curve         optional (`curve`: fractions of full KV heads): the cost of the plans by each ranking at
                       each fraction, of `n_random_plans` random plans at each, all streaming and all full —
                       held-out needle accuracy, perplexity of the held-out text, KV bytes (`plan_cost`'s table)
+    needle_hits(lm, ...)  -> analyses.longcontext.NeedleHits: one needle prompt (generated from the built-in
+                      text, or a sentence typed), answered greedily with every head's top key per step — what the
+                      explorer shows of a head's retrieval hits
     plan_cost(lm, plans, prompts, text_ids)  -> a DataFrame: per plan, held-out needle accuracy (Wilson interval),
                       perplexity of the held-out text and the KV bytes at the prompt length
 
@@ -44,18 +47,18 @@ from contextlib import nullcontext
 
 from headscope.analyses.ablation import random_head_sets
 from headscope.analyses.corpus import builtin_corpus
-from headscope.analyses.longcontext import NO_COPIES, RetrievalCheck, RetrievalResult, RetrievalScores, combined_rank
+from headscope.analyses.longcontext import NO_COPIES, NeedleHits, RetrievalCheck, RetrievalResult, RetrievalScores, combined_rank
 from headscope.analyses.stats import wilson
 from headscope.probe.encoding import check_texts
 from headscope.probe.interventions import ablate
-from headscope.probe.kvplan import PHRASINGS, KVPlan, Phrasing, default_window, make_needles
-from headscope.probe.longcontext import (KVLayout, NeedlePrompt, answer, answers, kv_layout, needle_prompt,
+from headscope.probe.kvplan import PHRASINGS, KVPlan, Phrasing, default_window, make_needles, typed_needle
+from headscope.probe.longcontext import (KVLayout, NeedlePrompt, answer, answers, copy_steps, kv_layout, needle_prompt,
                                          prefill, retrieval_hits, stream_heads, stream_sensitivity, token_losses)
 from headscope.probe.model import LoadedModel
 from headscope.probe.progress import progress as progress_bar
 from headscope.probe.types import seed_value, whole_number
 
-__all__ = ["retrieval", "plan_cost", "run_section", "curve_plans", "Ranking", "Scope", "DEFAULT_DEPTHS"]
+__all__ = ["retrieval", "needle_hits", "plan_cost", "run_section", "curve_plans", "Ranking", "Scope", "DEFAULT_DEPTHS"]
 
 Ranking = Literal["retrieval", "sensitivity", "combined"]
 Scope = Literal["prompt", "question"]
@@ -260,6 +263,52 @@ def retrieval(lm: LoadedModel, *, n_needles: int = 16, n_selection: int | None =
     return RetrievalResult(model=lm.name, needles=tuple(needles), selection_correct=tuple(selection_correct),
                            scores=scores, check=result_check, sensitivity=sens, plan=plan, ranking=ranking,
                            n_tokens=tuple(p.n_tokens for p in prompts), settings=settings, costs=costs)
+
+
+def needle_hits(lm: LoadedModel, *, statement: str | None = None, question: str | None = None, key: str | None = None,
+                length: int = 256, depth: float = 0.5, seed: int = 0, max_new_tokens: int | None = None,
+                corpus: Sequence[str] | None = None) -> NeedleHits:
+    """One needle prompt answered greedily with every head's top-attended key at each step (`answer(top_keys=True)`)
+    and Wu et al.'s copy-paste test per step (`copy_steps`). The needle is generated (`statement` None: a random
+    key in one of the built-in phrasings, drawn from `seed`) or typed (`statement`, `question`, optionally the
+    `key`); the haystack is cut from `corpus` (default: the first half of the built-in text, as `retrieval`'s),
+    from a line drawn from `seed`. `max_new_tokens` default: the key's tokens and two more (8 without a key).
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> h = needle_hits(tiny_model("llama"), length=100, depth=0.5)
+    >>> h.top_keys.shape[1:], h.span[0] < h.span[1] <= len(h.labels) == 100
+    ((2, 4), True)
+    """
+    if not lm.is_causal:
+        raise ValueError(f"a needle prompt needs a decoder that answers it; {lm.name} is an encoder "
+                         f"({lm.config.model_type}): pick a decoder (e.g. tiny:llama)")
+    length = whole_number(length, "length", minimum=16)
+    if isinstance(depth, bool) or not isinstance(depth, (int, float)) or not 0 <= depth <= 1:
+        raise ValueError(f"depth is where the needle sits, a fraction of the haystack in [0, 1], got {depth!r}")
+    seed = seed_value(seed)
+    lines, _ = _halves(lm, corpus, None)
+    if statement is None:
+        if question is not None or key is not None:
+            raise ValueError("a question or key goes with a needle sentence; give the sentence too, or neither "
+                             "for a generated needle")
+        needle = make_needles(2, lengths=[length], depths=[float(depth)], seed=seed, n_lines=len(lines))[0]
+    else:
+        needle = typed_needle(statement, question if question is not None else "", length=length, depth=float(depth),
+                              key=key, offset=int(np.random.default_rng(seed).integers(len(lines))))
+    if max_new_tokens is None:
+        max_new_tokens = 2 + len(lm.tokenizer(" " + needle.key, add_special_tokens=False)["input_ids"]) if needle.key \
+            else 8
+    max_new_tokens = whole_number(max_new_tokens, "max_new_tokens", minimum=1)
+    if length + max_new_tokens > lm.max_length:
+        raise ValueError(f"a needle prompt of {length} tokens and {max_new_tokens} answer tokens pass {lm.name}'s "
+                         f"limit of {lm.max_length}; ask for a length of at most {lm.max_length - max_new_tokens}")
+    prompt = needle_prompt(lm, needle, lines)
+    ans = answer(lm, prompt.ids, max_new_tokens=max_new_tokens, top_keys=True)
+    copied, hit = copy_steps(prompt, ans)
+    return NeedleHits(model=lm.name, needle=needle, labels=prompt.labels, span=prompt.span,
+                      tokens=tuple(lm.tokenizer.decode([t]) for t in ans.ids), answer=ans.text,
+                      retrieved=ans.retrieved(prompt.key) if prompt.key else None, copied=copied,
+                      top_keys=ans.top_keys, hits=hit)
 
 
 def _cost_frame(lm: LoadedModel, layout: KVLayout, plans: Sequence[KVPlan], outcomes: Sequence[Sequence[int]],
