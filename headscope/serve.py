@@ -12,6 +12,9 @@ one page without a framework's extras, and its TestClient (httpx) tests the API 
     POST /api/heads        {"model", "text"} → the text's head metrics, [layer][head] per metric
     POST /api/generate     {"model", "prompt", "max_new_tokens", "layer", "head", "chat", "temperature", "top_p",
                             "seed"} → each generated token's row, each prompt token's turn (chat)
+    POST /api/needle       {"model", "layer", "head", "needle", "question", "key", "length", "depth", "seed"} → a
+                           needle prompt's labels and needle range, the answer, the head's top key per step, its
+                           hits, copy steps and retrieval score on the prompt (every head's too)
 
 Every request passes `headscope.guard` first: its own Host and Origin only, POST bodies only as JSON, the
 token under `--allow-remote`, a bound on each client's requests in flight. A bad request gets a 4xx and
@@ -39,6 +42,7 @@ _FIELDS = {  # route → (required fields, optional fields)
     "heads": (("model", "text"), ("layer", "head", "level", "weight", "images")),
     "generate": (("model", "prompt", "layer", "head"), ("max_new_tokens", "chat", "temperature", "top_p", "seed",
                                                         "images")),
+    "needle": (("model", "layer", "head"), ("needle", "question", "key", "length", "depth", "seed")),
 }
 _IGNORED = {"explain": ("level", "weight"), "heads": ("layer", "head", "level", "weight")}  # the page sends them
 

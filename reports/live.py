@@ -32,6 +32,9 @@ table.terms td, table.terms th { padding: 1px 6px; text-align: right; font-size:
 .tok { display: inline-block; margin: 1px; padding: 0 3px; border-radius: 3px; }
 .muted { color: #666; }
 input.num { width: 4em; }
+.tok.needle { background: #e6f4ea; box-shadow: inset 0 -2px #2ca02c; }
+.tok.top { background: #fdd0a2; } .tok.top.hit { background: #d62728; color: #fff; }
+tr.copied td { font-weight: bold; } td.hit { color: #d62728; }
 """
 
 LIVE_CSP = CSP.replace("connect-src 'none'", "connect-src 'self'")

@@ -29,7 +29,7 @@ def server():
     from headscope.workflows.explore import Explorer
 
     lm = _tiny("gpt2")
-    with served(app(Explorer({"tiny": lm}, attention="recompute"))) as (base, _):
+    with served(app(Explorer({"tiny": lm, "llama": _tiny("llama")}, attention="recompute"))) as (base, _):
         yield base, lm
 
 
@@ -103,6 +103,42 @@ def test_step_through_a_generation(page, server):
     page.click("#next")
     expect(page.locator("#generation .tok")).to_have_count(n + 2)
     assert page.locator("#step").inner_text().startswith("step 2 of 3")
+
+
+def test_a_head_s_retrieval_hits_on_a_needle_prompt(page):
+    """Tiny-llama on a generated needle (120 tokens, at the end, seed 2) copies a needle token at two steps and
+    L1H0's top key holds it at one of them (`test_serve_needle` checks those numbers against the copy-paste test by
+    hand): the needle's tokens and the hit are marked in the prompt, a click on another head's cell shows that head."""
+    from headscope.workflows.retrieval import needle_hits
+
+    found = needle_hits(_tiny("llama"), length=120, depth=1.0, seed=2)
+    copies, hits = int(found.copied.sum()), found.hits.sum(0)
+    page.select_option("#model", "llama")
+    page.fill("#layer", "1")
+    page.fill("#head", "0")
+    page.fill("#needle-length", "120")
+    page.fill("#needle-depth", "1")
+    page.fill("#needle-seed", "2")
+    page.click("#run-needle")
+    expect(page.locator("#needle-summary")).to_contain_text(
+        f"L1H0 on this prompt: {hits[1, 0]} hits of {copies} copy steps (retrieval score {hits[1, 0] / copies:.2f})")
+    expect(page.locator("#needle-prompt .tok")).to_have_count(len(found.labels))
+    assert page.locator("#needle-prompt .tok.needle").count() == found.span[1] - found.span[0]
+    landed = {int(k) for k, c in zip(found.top_keys[:, 1, 0], found.copied) if c}
+    assert page.locator("#needle-prompt .tok.top").count() == len(landed)
+    assert page.locator("#needle-prompt .tok.top.hit").count() == hits[1, 0] >= 1  # the hit, inside the needle
+    assert page.locator("#needle-prompt .tok.needle.top.hit").count() == hits[1, 0]
+    assert page.locator("#needle-table tr").count() == len(found.tokens) + 1
+    assert page.locator("#needle-table tr.copied").count() == copies
+    page.click("#needle-scores td[data-layer='0'][data-head='3']")  # another head: the same answer, its keys
+    expect(page.locator("#needle-summary")).to_contain_text(f"L0H3 on this prompt: {hits[0, 3]} hits of {copies}")
+    assert page.locator("#layer").input_value() == "0" and page.locator("#head").input_value() == "3"
+    page.fill("#needle", '<img src=x onerror=alert(1)> 4711.')  # a typed needle stays text
+    page.fill("#question", "Q:")
+    page.fill("#needle-depth", "0")
+    page.click("#run-needle")
+    expect(page.locator("#needle-prompt .tok.needle").first).to_contain_text("<")
+    assert page.locator("img").count() == 0 and page.locator("#error").inner_text() == ""
 
 
 def test_a_text_file_is_read_in_the_page(page, tmp_path):

@@ -16,6 +16,10 @@ Each method takes plain JSON values and returns a JSON-ready dict:
     heads(model, text)                          the text's head metrics, layer × head
     generate(model, prompt, max_new_tokens, layer, head, chat, temperature, top_p, seed)
                                                 each generated token's row (chat: each token's turn)
+    needle(model, layer, head, needle=None, question=None, key=None, length=256, depth=0.5, seed=0)
+                                                a needle prompt answered greedily (`workflows.retrieval.needle_hits`):
+                                                the head's top-attended key at each step, which steps copied a needle
+                                                token and where it hit, its retrieval score on the prompt
 
 A vision–language decoder (LLaVA, Gemma 3, PaliGemma) reads a text with images: the server is started with
 `images` (`headscope serve --image FILE`, read once at start), and attention, overview, explain and generate
@@ -64,6 +68,7 @@ class Limits:
     max_new_tokens: int = 64
     keep_texts: int = 2  # texts kept per model
     max_images: int = 16  # images picked by one request (each is encoded and read by the vision tower)
+    max_needle_tokens: int = 4096  # a needle prompt's length (its prefill's attention is length² per head)
 
 
 @dataclass
@@ -71,7 +76,8 @@ class _Model:
     lm: LoadedModel
     source: Any
     texts: LRU  # _key(text, level, weight, images) -> LiveText
-    generations: LRU  # _key(prompt, max_new_tokens, chat, temperature, top_p, seed, images) -> GenerationAttention
+    generations: LRU  # _key(prompt, max_new_tokens, chat, temperature, top_p, seed, images) -> GenerationAttention,
+    #                   _key("needle", needle, question, key, length, depth, seed) -> NeedleHits
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -264,6 +270,37 @@ class Explorer:
                     "turns": list(gen.prompt_turns), "sampling": gen.sampling, "stopped": gen.stopped,
                     "rows": [row.tolist() for row in rows],
                     **({"images": image_payload(gen.prompt)} if gen.prompt.patches else {})}
+
+    def needle(self, model: str, layer: int, head: int, *, needle: str | None = None, question: str | None = None,
+               key: str | None = None, length: int = 256, depth: float = 0.5, seed: int = 0) -> dict:
+        from headscope.workflows.retrieval import needle_hits
+
+        m = self._model(model)
+        c = m.lm.config
+        layer = self._int(layer, "layer", 0, c.num_hidden_layers - 1)
+        head = self._int(head, "head", 0, c.num_attention_heads - 1)
+        for name, value in (("needle", needle), ("question", question), ("key", key)):
+            if value is not None and not isinstance(value, str):
+                raise ExplorerError(f"{name} must be a string or null, got {value!r}")
+            if value is not None and len(value) > self.limits.max_chars:
+                raise ExplorerError(f"the {name} has {len(value):,} characters; at most {self.limits.max_chars:,}", 413)
+        # past the model's context the workflow says so (400); within it, past this server's bound: 413
+        if (isinstance(length, int) and not isinstance(length, bool)
+                and self.limits.max_needle_tokens < length <= m.lm.max_length):
+            raise ExplorerError(f"length asks for a needle prompt of {length:,} tokens; at most "
+                                f"{self.limits.max_needle_tokens:,} here", 413)
+        with m.lock:
+            # an empty key is none; the question and key are a typed needle's (null: a generated needle)
+            key = (key.strip() or None) if isinstance(key, str) else key
+            key_ = _key("needle", needle, question, key, length, depth, seed)
+            found = self._call(m.generations.get, key_, lambda: needle_hits(
+                m.lm, statement=needle, question=question, key=key, length=length, depth=depth, seed=seed))
+            n = found.needle
+            return {"model": model, "labels": list(found.labels), "span": list(found.span),
+                    "needle": {"sentence": n.statement, "question": n.question, "key": n.key or None,
+                               "length": n.length, "depth": n.depth, "generated": n.phrasing >= 0},
+                    "tokens": list(found.tokens), "answer": found.answer, "retrieved": found.retrieved,
+                    **found.head(layer, head)}
 
     # -- helpers -----------------------------------------------------------------------------------
 

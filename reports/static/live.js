@@ -45,6 +45,9 @@
     b.textContent = (m.verified ? "verified: " : "unverified: ") + m.verification + " — " + m.layers + " layers × " +
       m.heads + " heads";
     $("layer").max = m.layers - 1; $("head").max = m.heads - 1;
+    $("needle-length").max = m.max_tokens;
+    $("run-needle").disabled = !m.causal;  // a needle prompt is answered: a decoder only
+    $("run-needle").title = m.causal ? "" : "an encoder does not answer: pick a decoder";
   }
   // A heatmap of rows × keys: cells[r][k] in 0..1; qlab/klab their labels; onCell(r, k) on click.
   function heatmap(svg, cells, qlab, klab, onCell, cls) {
@@ -204,6 +207,75 @@
     if (!state.gen) { return; }
     state.step = Math.max(0, Math.min(state.gen.tokens.length - 1, state.step + d)); drawStep();
   }
+  // A needle prompt answered greedily: the chosen head's top key at each step, the needle's tokens marked, the
+  // keys its top attention landed on at copy steps marked (red: a hit, the copied token itself), every head's score.
+  function needleBody() {
+    var text = function (id) { var v = $(id).value; return v.trim() ? v : null; };
+    var body = { model: $("model").value, layer: parseInt($("layer").value, 10) || 0,
+      head: parseInt($("head").value, 10) || 0, length: parseInt($("needle-length").value, 10),
+      depth: parseFloat($("needle-depth").value), seed: parseInt($("needle-seed").value, 10) || 0 };
+    if (text("needle") !== null) { body.needle = $("needle").value; body.question = $("question").value; }
+    if (text("needle-key") !== null) { body.key = $("needle-key").value; }
+    return body;
+  }
+  function runNeedle() {
+    fail("");
+    $("needle-summary").textContent = "answering…";
+    post("/api/needle", needleBody()).then(drawNeedle).catch(function (e) {
+      $("needle-summary").textContent = ""; fail(e.message);
+    });
+  }
+  function drawNeedle(r) {
+    var score = r.score === null ? "no score" : "retrieval score " + r.score.toFixed(2);
+    $("needle-summary").textContent = r.name + " on this prompt: " + r.hits + " hits of " + r.copies +
+      " copy steps (" + score + "); answer " + JSON.stringify(r.answer) +
+      (r.retrieved === null ? "" : (r.retrieved ? " (the key retrieved)" : " (the key not retrieved)")) +
+      (r.note ? ". " + r.note + "." : "");
+    var grid = $("needle-grid"); clear(grid);
+    var table = el("table", { "class": "grid", id: "needle-scores" }), top = el("tr");
+    top.appendChild(el("th"));
+    for (var c = 0; c < r.scores[0].length; c++) { top.appendChild(el("th", null, c)); }
+    table.appendChild(top);
+    r.scores.forEach(function (row, l) {
+      var tr = el("tr"); tr.appendChild(el("th", null, "L" + l));
+      row.forEach(function (v, hh) {
+        var td = el("td", { title: "L" + l + "H" + hh + ": " + (v === null ? "no copy steps" : v.toFixed(2)),
+          "data-layer": l, "data-head": hh });
+        td.style.background = v === null ? "#eee" : blue(v);
+        if (l === r.layer && hh === r.head) { td.style.outline = "2px solid #d62728"; }
+        td.addEventListener("click", function () { $("layer").value = l; $("head").value = hh; runNeedle(); });
+        tr.appendChild(td);
+      });
+      table.appendChild(tr);
+    });
+    grid.appendChild(table);
+    var steps = $("needle-steps"); clear(steps);
+    var t = el("table", { "class": "terms", id: "needle-table" }), head = el("tr");
+    ["step", "token", "copied", "top key", "hit"].forEach(function (c) { head.appendChild(el("th", null, c)); });
+    t.appendChild(head);
+    r.steps.forEach(function (s, i) {
+      var tr = el("tr", { "class": s.copied ? "copied" : "" });
+      tr.appendChild(el("td", null, i + 1)); tr.appendChild(el("td", null, label(s.token)));
+      tr.appendChild(el("td", null, s.copied ? "yes" : ""));
+      tr.appendChild(el("td", null, s.top < 0 ? "" : label(s.top_label) + "@" + s.top + (s.in_needle ? " (needle)" : "")));
+      tr.appendChild(el("td", { "class": s.hit ? "hit" : "" }, s.hit ? "hit" : ""));
+      t.appendChild(tr);
+    });
+    steps.appendChild(t);
+    var landed = {};
+    r.steps.forEach(function (s, i) {
+      if (!s.copied || !s.in_prompt) { return; }
+      var k = landed[s.top] || (landed[s.top] = { steps: [], hit: false });
+      k.steps.push(i + 1); k.hit = k.hit || s.hit;
+    });
+    var box = $("needle-prompt"); clear(box);
+    r.labels.forEach(function (tok, i) {
+      var cls = "tok" + (i >= r.span[0] && i < r.span[1] ? " needle" : "");
+      var at = landed[i], title = "token " + i;
+      if (at) { cls += " top" + (at.hit ? " hit" : ""); title += ": top key at copy step " + at.steps.join(", "); }
+      box.appendChild(el("span", { "class": cls, title: title, "data-i": i }, label(tok)));
+    });
+  }
   fetch("/api/models").then(function (r) { return r.json(); }).then(function (j) {
     state.models = j.models;
     j.models.forEach(function (m) { $("model").appendChild(el("option", { value: m.name }, m.name)); });
@@ -232,4 +304,5 @@
   $("generate").addEventListener("click", generate);
   $("prev").addEventListener("click", function () { stepBy(-1); });
   $("next").addEventListener("click", function () { stepBy(1); });
+  $("run-needle").addEventListener("click", runNeedle);
 })();
