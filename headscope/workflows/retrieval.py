@@ -168,7 +168,7 @@ def retrieval(lm: LoadedModel, *, n_needles: int = 16, n_selection: int | None =
 
     >>> from headscope.probe.tiny import tiny_model
     >>> r = retrieval(tiny_model("llama"), n_needles=2, lengths=[100], depths=[0.5], check=False,
-    ...               phrasings=[Phrasing("Key {key}.", "Key:")], sink=2, recent=8)
+    ...               phrasings=[Phrasing("Key {key}. Remember it. {key} is the key.", "Key:")], sink=2, recent=8)
     >>> r.scores.hits.shape, r.check, r.plan.n_full, r.plan.pattern_config()
     ((2, 4), None, 2, {'sink_size': 2, 'recent_size': 8})
     """
@@ -276,7 +276,7 @@ def needle_hits(lm: LoadedModel, *, statement: str | None = None, question: str 
 
     >>> from headscope.probe.tiny import tiny_model
     >>> h = needle_hits(tiny_model("llama"), length=100, depth=0.5)
-    >>> h.top_keys.shape[1:], h.span[0] < h.span[1] <= len(h.labels) == 100
+    >>> h.top_keys.shape[1:], h.span[0] < h.span[1] <= len(h.labels) <= 100
     ((2, 4), True)
     """
     if not lm.is_causal:
