@@ -121,7 +121,7 @@ def test_a_head_s_retrieval_hits_on_a_needle_prompt(page):
     page.fill("#needle-seed", "2")
     page.click("#run-needle")
     expect(page.locator("#needle-summary")).to_contain_text(
-        f"L1H0 on this prompt: {hits[1, 0]} hits of {copies} copy steps (retrieval score {hits[1, 0] / copies:.2f})")
+        f"L1H0 on this prompt: hits at {hits[1, 0]} of {copies} copy steps (retrieval score {hits[1, 0] / copies:.2f})")
     expect(page.locator("#needle-prompt .tok")).to_have_count(len(found.labels))
     assert page.locator("#needle-prompt .tok.needle").count() == found.span[1] - found.span[0]
     landed = {int(k) for k, c in zip(found.top_keys[:, 1, 0], found.copied) if c}
@@ -131,7 +131,7 @@ def test_a_head_s_retrieval_hits_on_a_needle_prompt(page):
     assert page.locator("#needle-table tr").count() == len(found.tokens) + 1
     assert page.locator("#needle-table tr.copied").count() == copies
     page.click("#needle-scores td[data-layer='0'][data-head='3']")  # another head: the same answer, its keys
-    expect(page.locator("#needle-summary")).to_contain_text(f"L0H3 on this prompt: {hits[0, 3]} hits of {copies}")
+    expect(page.locator("#needle-summary")).to_contain_text(f"L0H3 on this prompt: hits at {hits[0, 3]} of {copies}")
     assert page.locator("#layer").input_value() == "0" and page.locator("#head").input_value() == "3"
     page.fill("#needle", '<img src=x onerror=alert(1)> 4711.')  # a typed needle stays text
     page.fill("#question", "Q:")

@@ -227,7 +227,7 @@
   }
   function drawNeedle(r) {
     var score = r.score === null ? "no score" : "retrieval score " + r.score.toFixed(2);
-    $("needle-summary").textContent = r.name + " on this prompt: " + r.hits + " hits of " + r.copies +
+    $("needle-summary").textContent = r.name + " on this prompt: hits at " + r.hits + " of " + r.copies +
       " copy steps (" + score + "); answer " + JSON.stringify(r.answer) +
       (r.retrieved === null ? "" : (r.retrieved ? " (the key retrieved)" : " (the key not retrieved)")) +
       (r.note ? ". " + r.note + "." : "");
