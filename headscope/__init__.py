@@ -86,6 +86,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "streaming": "headscope.workflows.sinks",
     "retrieval": "headscope.workflows.retrieval",
     "plan_cost": "headscope.workflows.retrieval",
+    "needle_hits": "headscope.workflows.retrieval",
     "compare_models": "headscope.workflows.compare",
     "comparison_report": "headscope.workflows.compare",
     "analyse_model": "headscope.workflows.run",
