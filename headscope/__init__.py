@@ -142,6 +142,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "DEFAULT_ATTENTION": "headscope.probe.names",
     "DEFAULT_LEVEL": "headscope.probe.names",
     "DEFAULT_INCLUDE_SPECIAL": "headscope.probe.names",
+    "DEFAULT_ABLATION_METHOD": "headscope.probe.names",
 }
 
 # Old public names, kept for one release: each warns once per use and answers with its new name.

@@ -161,6 +161,26 @@ def test_the_one_defaults_a_researcher_meets():
     assert set(found["--model"]) >= {"serve", "run"}  # serve takes the shared --model
 
 
+def test_the_api_and_the_cli_take_one_ablation_method_by_default():
+    """`--method` has one meaning: each command's default and the default of every public function with a `method`
+    (hs.ablate, hs.ablate_each, hs.sinks, ...) are one value, read from the click options and the signatures."""
+    import inspect
+
+    cli_defaults = {c: p.default for c, p in _declarations()["--method"].items()}
+    api_defaults = {}
+    for name in hs.__all__:
+        obj = getattr(hs, name)
+        if not inspect.isfunction(obj):
+            continue
+        method = inspect.signature(obj).parameters.get("method")
+        if method is not None and method.default is not inspect.Parameter.empty:
+            api_defaults[name] = method.default
+    assert {"ablate", "coref", "sinks"} <= set(cli_defaults)  # the scans see what they compare
+    assert {"ablate", "ablate_each", "choice_check", "ablate_chosen_head", "ablation_evidence", "sinks"} <= set(api_defaults)
+    assert len({*cli_defaults.values(), *api_defaults.values()}) == 1, (cli_defaults, api_defaults)
+    assert hs.DEFAULT_ABLATION_METHOD in cli_defaults.values()
+
+
 # ---------------------------------------------------------------- --top means rows shown
 
 
