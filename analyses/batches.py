@@ -17,9 +17,10 @@ Nothing here touches a model.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
+if TYPE_CHECKING:  # annotations only: torch is imported by the functions that compute with it
+    import torch
 
 from headscope.probe.names import Level
 from headscope.probe.types import Units
@@ -50,6 +51,7 @@ def unit_columns(labels: Sequence[str], special: Sequence[bool], plan: Any, *, c
     they are) for `plan` (`analyses.heads`' worked-out registry). The one home of what a text's units mean
     to each kind of metric, for one map (`update`), its blocks (`update_blocks`) and a batch (`BatchRows`).
     `patches`: a vision–language text's `ImagePatch` (or None) per unit, for the key sets that read them."""
+    import torch
     t = len(special)
     patches = list(patches) if patches else [None] * t
     members = [[bool(x) for x in (share.keys(labels, special, patches=patches) if share.patches
@@ -120,6 +122,7 @@ class BatchRows:
     def of(cls, units: Sequence[Units], plan: Any, *, causal: bool, level: Level, include_special: bool,
            n_tokens: int) -> "BatchRows":
         """The rows of a batch of texts given by their token-level `units`, right-padded to `n_tokens`."""
+        import torch
         scored, columns = [], []  # per text: the token -> scored unit index (-1: not scored) and its columns
         for u in units:
             words = to_word_level(u) if level == "word" else u
@@ -191,6 +194,7 @@ class BatchRows:
         are not the tokens, a word's query rows are summed (`index_add_`, one pass), every key column of those
         rows is one batched matmul (`pool_k`), then the rows are averaged, or renormalised over the kept keys
         where special units were removed (as `HeadScoreAccumulator.update`)."""
+        import torch
         b, h, t, _ = attention[0].shape
         x = attention[0].new_empty(b, t, len(attention), h, t, dtype=torch.float32)  # [text, query, layer, head, key]
         for layer, a in enumerate(attention):
@@ -212,6 +216,7 @@ def batch_sums(scored: torch.Tensor, rows: BatchRows, plan: Any) -> torch.Tensor
     column]` (`BatchRows.scored`: exact zeros past each text's units): the batch's counterpart of
     `analyses.heads`' `_row_sums` of each text's map, added over the texts. Each text's sums are taken in
     float32, then added in float64. A few reductions and small matmuls per batch, none per text."""
+    import torch
     b, n = scored.shape[0], rows.n_units
     if not plan.corpus:
         return scored.new_zeros(*scored.shape[2:4], 0, dtype=torch.float64)
@@ -245,6 +250,7 @@ def pattern_batch_sums(a: torch.Tensor, patterns: Sequence[torch.Tensor]) -> tup
     key]` (zeros past each sequence), for each `[text, query, key]` float64 pattern (`analyses.induction`'s
     `pattern_sums` of each sequence's map): `[pattern, text, head]` and `[text, head]`, one batched matmul
     per pattern."""
+    import torch
     b, h, n, _ = a.shape
     flat = a.double().reshape(b, h, n * n)
     matched = torch.stack([torch.bmm(flat, p.to(flat.device).reshape(b, n * n, 1))[..., 0] for p in patterns]) \

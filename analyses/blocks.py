@@ -15,9 +15,10 @@ the very computation that scores whole maps (`analyses.metrics.METRICS`). Nothin
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Iterable, Iterator, Protocol, Sequence
 
-import torch
+if TYPE_CHECKING:  # annotations only: torch is imported by the functions that compute with it
+    import torch
 
 from headscope.probe.blocks import Block, Buffers
 
@@ -40,6 +41,7 @@ def feed(blocks: Iterable[Block], *consumers: BlockConsumer) -> None:
 class HeadMap:
     """The full `[query, key]` map of one head of one layer, assembled from blocks.
 
+    >>> import torch
     >>> hm = HeadMap(layer=0, head=2, n_tokens=3)
     >>> hm.consume(Block(0, (1, 2), 0, torch.tensor([[[1., 0, 0], [.5, .5, 0]], [[1., 0, 0], [0, 1., 0]]])))
     >>> hm.consume(Block(0, (1, 2), 2, torch.tensor([[[.2, .3, .5]], [[0., 0, 1]]])))
@@ -50,6 +52,7 @@ class HeadMap:
     """
 
     def __init__(self, *, layer: int, head: int, n_tokens: int) -> None:
+        import torch
         self.layer, self.head = int(layer), int(head)
         self._map = torch.zeros(n_tokens, n_tokens)  # [query, key]
         self._filled = torch.zeros(n_tokens, dtype=torch.bool)
@@ -76,6 +79,7 @@ def word_blocks(blocks: Iterable[Block], word_index: Sequence[int]) -> Iterator[
     order (as `iter_blocks` gives them). Word blocks have `query_start` in words and keys over words;
     each holds only the words its rows' keys reach (`Block.banded`: a causal or sliding band of words).
     """
+    import torch
     idx = torch.as_tensor(list(word_index), dtype=torch.long)
     n_units = int(idx.max()) + 1
     pieces = torch.bincount(idx, minlength=n_units)  # tokens per word

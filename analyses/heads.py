@@ -60,10 +60,6 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
-import numpy as np
-import pandas as pd
-import torch
-
 from headscope.probe.names import DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, Level
 from headscope.probe.blocks import Block
 from headscope.probe.types import AttentionBatch, AttentionMap, Units, Viewable
@@ -71,8 +67,11 @@ from headscope.probe.words import to_word_level
 
 from .batches import BatchRows, batch_sums, pattern_batch_sums, unit_columns
 
-if TYPE_CHECKING:  # what an attention source yields (`probe.reading`); only its fields are read here
-    from headscope.probe.reading import Reading
+if TYPE_CHECKING:  # annotations only: torch and pandas are imported by the functions that compute with them
+    import pandas as pd
+    import torch
+
+    from headscope.probe.reading import Reading  # what an attention source yields; only its fields are read here
 from .blocks import word_blocks
 from .induction import pattern_sums
 from .metrics import (METRICS, ROLE_LABELS, THRESHOLDS, Diagonal, KeyShare, Metric, Pairwise, Pattern, RowStatistic,
@@ -213,6 +212,7 @@ class HeadScoreAccumulator:
 
     def __init__(self, *, model: str | None = None, level: Level = DEFAULT_LEVEL,
                  include_special: bool = DEFAULT_INCLUDE_SPECIAL, metrics: Mapping[str, Metric] = METRICS) -> None:
+        import torch
         if level not in ("token", "word"):
             raise ValueError(f"level must be 'token' or 'word', got {level!r}")
         self.model = model
@@ -311,6 +311,7 @@ class HeadScoreAccumulator:
                                layers: Sequence[int], heads: Sequence[int]) -> None:
         """`update_repeated` from blocks of query rows: `Σ A⊙P` and `Σ A` are summed over a sequence's
         blocks, then divided, as the whole map would give them."""
+        import torch
         _check_causal(causal)
         self._start(tuple(layers), tuple(heads))
         plan = self._plan
@@ -340,6 +341,7 @@ class HeadScoreAccumulator:
         so the merged sums are the sums one process would have: sums of sums, never means of means.
         `units` (layer ids, head ids) sizes the zero totals of an accumulator that saw no map.
         """
+        import torch
         units = self.units or units
         if units is None:
             raise ValueError("no attention maps were given; pass at least one text")
@@ -394,6 +396,7 @@ class HeadScoreAccumulator:
         self._start(amap.layer_ids, amap.head_ids)
 
     def _start(self, layers: tuple[int, ...], heads: tuple[int, ...]) -> None:
+        import torch
         if self._sums is None:
             self._layers, self._heads = layers, heads
             self._sums = torch.zeros(len(layers), len(heads), len(self.metrics), dtype=torch.float64)
@@ -403,6 +406,7 @@ class HeadScoreAccumulator:
 
     def _place(self, block: Block) -> tuple[int, torch.Tensor]:
         """Where a block's rows go in the sums: its layer's row and its heads' columns."""
+        import torch
         try:
             return self._layers.index(block.layer), torch.tensor([self._heads.index(h) for h in block.heads])
         except ValueError:
@@ -415,6 +419,7 @@ class BatchFold:
     float64 of its own, added to the accumulator's by `commit()`."""
 
     def __init__(self, acc: HeadScoreAccumulator, batch: AttentionBatch | Reading, *, repeated: bool) -> None:
+        import torch
         self._acc, self._repeated, self._n = acc, repeated, len(batch)
         plan = acc._plan
         self._sums = torch.zeros_like(acc._sums)
@@ -568,6 +573,7 @@ class _Plan:
 
     @classmethod
     def of(cls, metrics: Mapping[str, Metric]) -> "_Plan":
+        import torch
         kinds = (Diagonal, KeyShare, RowStatistic, Pattern, Pairwise)
         for name, m in metrics.items():
             if not isinstance(m, Metric) or m.name != name:
@@ -609,6 +615,7 @@ class _Plan:
         """The row weights of a text of `t` units, `[unit, weight]` float32 (each `RowStatistic.weight` of
         the keys the row sees: q + 1 for a causal row, t otherwise), and how many rows see at least a given
         number of keys. They depend on `t` and `causal` only: worked out once per length, not per text."""
+        import torch
         key = (t, causal)
         if key not in self._row_weights:
             visible = [i + 1 if causal else t for i in range(t)]  # the keys each row can see
@@ -620,12 +627,14 @@ class _Plan:
 
     def patterns(self, token_ids: Sequence[int]) -> list[torch.Tensor]:
         """The 0/1 `[query, key]` pattern of each pattern metric (in `pattern` order) for `token_ids`."""
+        import torch
         ids = torch.as_tensor(token_ids, dtype=torch.long).reshape(-1)
         return [self.metrics[n].computation.pattern(ids) for n in self.pattern]
 
 
 def _columns(js: list[int]) -> slice | torch.Tensor:
     """Columns `js` as a slice where they are adjacent and increasing (a view), else an index."""
+    import torch
     if js == list(range(js[0], js[0] + len(js))):
         return slice(js[0], js[0] + len(js))
     return torch.tensor(js, dtype=torch.long)
@@ -650,6 +659,7 @@ class _TextRows:
 
     @classmethod
     def of(cls, units: Units, plan: _Plan, *, causal: bool, include_special: bool) -> "_TextRows":
+        import torch
         labels, special = list(units.labels), list(units.special)
         patches = list(units.patches) or [None] * len(labels)  # a vision–language text's image cells
         keep = None
@@ -694,6 +704,7 @@ def _banded(block: Block) -> tuple[torch.Tensor, _Band]:
 def _drop_special(a: torch.Tensor, query_start: int, keep: torch.Tensor) -> tuple[torch.Tensor, int]:
     """Rows `a[..., row, key]` (units `query_start ..`) with only the `keep` queries and keys, each row
     renormalised to 1, and the first kept row's index among the kept units."""
+    import torch
     lo, hi = (int(torch.searchsorted(keep, q)) for q in (query_start, query_start + a.shape[-2]))
     a = a.index_select(-2, keep[lo:hi] - query_start).index_select(-1, keep)
     return a / a.sum(-1, keepdim=True).clamp_min(torch.finfo(a.dtype).tiny), lo
@@ -712,6 +723,7 @@ def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Pla
     its keys), and a statistic that is not zero-free gets the whole rows (`band.block.probs`). `active`:
     the key sets that count a query of this text (None: every set); the others sum to exactly 0 unread.
     """
+    import torch
     r, k = a.shape[-2:]
     t = k if band is None else band.n_keys
     if r == 0 or t == 0 or not plan.corpus:
@@ -750,6 +762,9 @@ def _row_sums(a: torch.Tensor, query_start: int, table: torch.Tensor, plan: _Pla
 
 def _tidy(model: str, layers: Sequence[int], heads: Sequence[int], names: Sequence[str], values: torch.Tensor,
           counts: torch.Tensor) -> pd.DataFrame:
+    import numpy as np
+    import pandas as pd
+
     n_l, n_h, n_m = values.shape  # [layer, head, metric]
     metric_major = values.permute(2, 0, 1).reshape(-1).numpy()
     return pd.DataFrame({

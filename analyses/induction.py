@@ -22,9 +22,10 @@ prefix tokens + `k` random tokens + the same `k` again — 0.5 without a BOS, ju
 from __future__ import annotations
 
 from types import MappingProxyType
-from typing import Callable, Literal, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Literal, Mapping, Sequence
 
-import torch
+if TYPE_CHECKING:  # annotations only: torch is imported by the functions that compute with it
+    import torch
 
 __all__ = ["PatternKind", "PATTERNS", "previous_token_pattern", "duplicate_token_pattern", "induction_pattern",
            "detection_pattern", "pattern_score", "pattern_sums", "repeated_random_tokens"]
@@ -34,17 +35,20 @@ PatternKind = Literal["previous_token", "duplicate_token", "induction"]
 
 def previous_token_pattern(ids: torch.Tensor) -> torch.Tensor:
     """`P[q, q - 1] = 1`: the key just before the query."""
+    import torch
     n = ids.numel()
     return torch.diag(torch.ones(max(n - 1, 0)), -1) if n else torch.zeros(0, 0)
 
 
 def duplicate_token_pattern(ids: torch.Tensor) -> torch.Tensor:
     """`P[q, k] = 1` when `ids[k] == ids[q]` and `k < q`: an earlier copy of the query's token."""
+    import torch
     return torch.tril((ids[:, None] == ids[None, :]).float(), diagonal=-1)  # [query, key], diagonal cleared
 
 
 def induction_pattern(ids: torch.Tensor) -> torch.Tensor:
     """`P[q, k] = 1` when `ids[k - 1] == ids[q]`, `1 <= k <= q`: the token after an earlier copy."""
+    import torch
     dup = duplicate_token_pattern(ids)
     ind = torch.zeros_like(dup)
     ind[:, 1:] = dup[:, :-1]  # key k marks ids[k - 1] == ids[query]
@@ -71,6 +75,7 @@ def detection_pattern(token_ids: Sequence[int] | torch.Tensor, kind: PatternKind
     >>> detection_pattern([5, 7, 5, 7], "duplicate_token")[3]
     tensor([0., 1., 0., 0.])
     """
+    import torch
     if kind not in PATTERNS:
         raise ValueError(f"kind must be one of {', '.join(PATTERNS)}, got {kind!r}")
     return PATTERNS[kind](torch.as_tensor(token_ids, dtype=torch.long).reshape(-1))
@@ -79,6 +84,7 @@ def detection_pattern(token_ids: Sequence[int] | torch.Tensor, kind: PatternKind
 def pattern_score(attention: torch.Tensor, pattern: torch.Tensor) -> torch.Tensor:
     """`Σ A⊙P / Σ A` per head: attention `[layer, head, query, key]`, pattern `[query, key]` -> `[layer, head]`.
 
+    >>> import torch
     >>> a = torch.tensor([[[[1.0, 0.0], [1.0, 0.0]]]])   # every query looks at key 0
     >>> pattern_score(a, detection_pattern([3, 4], "previous_token"))
     tensor([[0.5000]], dtype=torch.float64)
@@ -115,6 +121,7 @@ def repeated_random_tokens(
     >>> repeated_random_tokens(range(100, 200), n_sequences=1, length=3, seed=0, prefix=[1])
     [(1, 144, 139, 133, 144, 139, 133)]
     """
+    import torch
     pool = torch.as_tensor(list(candidates), dtype=torch.long)
     if pool.numel() < 2:
         raise ValueError("need at least 2 candidate token ids to draw random sequences from")

@@ -39,9 +39,10 @@ import re
 import unicodedata
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Callable, ClassVar, Literal, Mapping, Sequence, Union
+from typing import TYPE_CHECKING, Callable, ClassVar, Literal, Mapping, Sequence, Union
 
-import torch
+if TYPE_CHECKING:  # annotations only: torch is imported by the functions that compute with it
+    import torch
 
 from .induction import duplicate_token_pattern, induction_pattern
 
@@ -141,6 +142,7 @@ def _positions(labels: tuple[str, ...], special: tuple[bool, ...]) -> tuple[tupl
 
 
 def _pairs(labels, special, weight: Callable[[int, int, int, int], float]) -> tuple[torch.Tensor | None, list[bool]]:
+    import torch
     pos = patch_positions(labels, special)
     t = len(pos)
     if all(p is None for p in pos):  # a text: no patch, no row counted, and no T × T weights to build
@@ -229,9 +231,11 @@ _ENTROPY_CHUNK = 1 << 18  # elements of `a` per step of `row_entropy` (1 MB of f
 def row_entropy(a: torch.Tensor) -> torch.Tensor:
     """`-Σ_k A[q, k] ln A[q, k]` per row, in nats: `[..., row, key]` -> `[..., row]`.
 
+    >>> import torch
     >>> row_entropy(torch.tensor([[0.5, 0.5, 0.0], [1.0, 0.0, 0.0]]))
     tensor([0.6931, -0.0000])
     """
+    import torch
     # 0·ln(tiny) = 0 stands in for 0·ln 0 (masked keys); twice as fast as torch.special.xlogy on CPU.
     # One buffer, logged and multiplied in place: the same values as a * log(a) bit for bit, one pass fewer.
     # A large `a` (a block of rows) goes a few rows at a time through one small buffer: each row's four passes

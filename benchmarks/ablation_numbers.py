@@ -123,7 +123,7 @@ def importance(name: str, out: dict, save) -> None:
 def each(name: str, out: dict, save) -> None:
     """Every head ablated alone; Spearman ρ of its induction score (and importance) with that effect."""
     with _step(name, out, save, "seconds_each") as (lm, res):
-        frame = ablation.ablate_each(lm, task=EACH_TASK, batch_size=2, progress=True)
+        frame = ablation.ablate_each(lm, method="zero", task=EACH_TASK, batch_size=2, progress=True)
         eff = {head_name(int(r.layer), int(r.head)): float(r.effect) for r in frame.itertuples()}
         res["single_head_effect"] = eff
         res["single_head_effect_top10"] = sorted(eff.items(), key=lambda kv: -kv[1])[:10]
@@ -179,7 +179,7 @@ def attrib(name: str, out: dict, save) -> None:
         check = [k for k, _ in res["attribution_effect_top10"][:3]] + keys[:: max(1, len(keys) // 3)][:3]
         real = {}
         for k in check:
-            r = ablation.ablate(lm, [parse_head(k)], task=task, n_random=0, batch_size=5)
+            r = ablation.ablate(lm, [parse_head(k)], method="zero", task=task, n_random=0, batch_size=5)
             real[k] = {"estimated": est[k], "ablated": r.effect}
             res["attribution_check"] = real
             save()
@@ -214,7 +214,7 @@ def roles(name: str, out: dict, save, k: int = 3) -> None:
             print(name, metric, r.verdict, flush=True)
             save()
         res["seconds_roles_topk"] = time.time() - t0
-        frame = ablation.ablate_each(lm, corpus=CORPUS[:32])
+        frame = ablation.ablate_each(lm, method="zero", corpus=CORPUS[:32])
         single = frame["effect"].to_numpy().reshape(lm.config.num_hidden_layers, lm.config.num_attention_heads)
         harm = single if lm.is_causal else -single  # larger = hurt more (loss up, cosine down)
         res["single_head_effect_32_texts"] = {head_name(int(r.layer), int(r.head)): float(r.effect)

@@ -56,6 +56,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "extract_file": "headscope.workflows.mapfile",
     "ExtractedFile": "headscope.workflows.mapfile",
     "heads": "headscope.workflows.heads",
+    "checked_heads": "headscope.workflows.heads",
     "induction_inputs": "headscope.workflows.heads",
     "extract_scores": "headscope.workflows.relations",
     "relation_probe": "headscope.workflows.relations",
@@ -90,6 +91,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "compare_models": "headscope.workflows.compare",
     "comparison_report": "headscope.workflows.compare",
     "analyse_model": "headscope.workflows.run",
+    "analyse_models": "headscope.workflows.run",
     "RunSettings": "headscope.workflows.run",
     "corpus_stats": "headscope.workflows.run",
     "REPORT_SENTENCES": "headscope.workflows.run",
@@ -141,6 +143,7 @@ _HOMES: dict[str, str | tuple[str, str]] = {
     "DEFAULT_ATTENTION": "headscope.probe.names",
     "DEFAULT_LEVEL": "headscope.probe.names",
     "DEFAULT_INCLUDE_SPECIAL": "headscope.probe.names",
+    "DEFAULT_ABLATION_METHOD": "headscope.probe.names",
 }
 
 # Old public names, kept for one release: each warns once per use and answers with its new name.

@@ -7,9 +7,10 @@ never load the engine that recomputes attention.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-import torch
+if TYPE_CHECKING:  # annotations only: torch is imported by the functions that compute with it
+    import torch
 
 __all__ = ["Block", "Buffers"]
 
@@ -24,6 +25,7 @@ class Block:
     `Block.banded` holds only its band: `probs` (H, R, T) is assembled the first time it is read.
     Read-only, compared by identity.
 
+    >>> import torch
     >>> b = Block.banded(0, (0,), 1, torch.tensor([[[0.5, 0.5]]]), key_start=0, n_keys=3)
     >>> b.band, b.key_stop, b.query_stop
     (tensor([[[0.5000, 0.5000]]]), 2, 2)
@@ -105,6 +107,7 @@ class Buffers:
     nothing holds its storage any more (a `for` loop still holds the block before, hence two); a
     consumer that keeps its blocks gets fresh tensors, as without buffers.
 
+    >>> import torch
     >>> buffers = Buffers()
     >>> a, b = buffers.take((2, 3), torch.zeros(1)), buffers.take((2, 3), torch.zeros(1))
     >>> c = buffers.take((2, 3), torch.zeros(1))
@@ -131,6 +134,7 @@ class Buffers:
 
 def _unshared(flat: torch.Tensor) -> bool:
     """Whether `flat`'s storage is held by `flat` alone (no view of it is alive anywhere)."""
+    import torch
     try:  # the storage's reference count: `flat` and the handle asked for here
         return torch._C._storage_Use_Count(flat.untyped_storage()._cdata) <= 2
     except (AttributeError, RuntimeError):  # no way to tell: never reuse

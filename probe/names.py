@@ -28,7 +28,7 @@ from typing import Literal, get_args
 
 __all__ = ["Level", "Weight", "Attention", "Mode", "Device", "DType", "AblationMethod", "Stronger", "PatchWhat", "PatchDirection",
            "PatchPositions", "DEFAULT_ATTENTION", "device_spec",
-           "DEFAULT_LEVEL", "DEFAULT_INCLUDE_SPECIAL", "choices"]
+           "DEFAULT_LEVEL", "DEFAULT_INCLUDE_SPECIAL", "DEFAULT_ABLATION_METHOD", "choices"]
 
 Level = Literal["token", "word"]
 Weight = Literal["attention", "norm"]
@@ -50,6 +50,10 @@ DEFAULT_ATTENTION: Attention = "auto"
 # The head analyses' default setting (Clark et al. 2019): words, with [CLS]/[SEP]/<bos> kept as units.
 DEFAULT_LEVEL: Level = "word"
 DEFAULT_INCLUDE_SPECIAL = True
+
+# How a head is ablated when no one says: its mean output over reference texts, which keeps the layer's input
+# in range (zero ablation moves it off what the model ever sees). The API and every --method read this.
+DEFAULT_ABLATION_METHOD: AblationMethod = "mean"
 
 
 def device_spec(text: str) -> str:

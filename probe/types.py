@@ -10,9 +10,10 @@ import importlib
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
-import torch
+if TYPE_CHECKING:  # annotations only: the maps hold tensors, and nothing here computes with torch
+    import torch
 
 from .names import Level, Weight
 
@@ -126,6 +127,7 @@ def seed_value(seed: object, name: str = "seed") -> int:
 def json_safe(obj: Any) -> Any:
     """Strict JSON for every output (CLI, run.json, the report's data block): NaN/inf become null.
 
+    >>> import torch
     >>> json_safe({"a": float("nan"), "b": (1, 2.5), 3: torch.tensor(1.5)})
     {'a': None, 'b': [1, 2.5], '3': 1.5}
     """
@@ -278,6 +280,7 @@ class AttentionMap(_HeadGrid, Viewable):
         """(row, column) of each unit on the patch grid, None for the special units ([CLS], registers) and
         for every unit of a text.
 
+        >>> import torch
         >>> a = torch.full((1, 1, 5, 5), 0.2)
         >>> m = AttentionMap(text="img", level="token", labels=("[CLS]", "r0c0", "r0c1", "r1c0", "r1c1"),
         ...                  spans=((0, 0),) * 5, special=(True,) + (False,) * 4, attention=a, causal=False,
@@ -387,6 +390,7 @@ class CrossAttentionMap(_HeadGrid):
     """Cross-attention of one (source, target) pair: `attention[layer, head, query, key]`, padding removed,
     queries the target's units (the decoder's input) and keys the source's (the encoder's input).
 
+    >>> import torch
     >>> src = Units("a b", "word", ("a", "b"), ((0, 1), (2, 3)), (False, False))
     >>> tgt = Units("x", "word", ("x",), ((0, 1),), (False,))
     >>> CrossAttentionMap(queries=tgt, keys=src, attention=torch.full((1, 2, 1, 2), 0.5)).n_heads

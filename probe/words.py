@@ -19,10 +19,12 @@ import dataclasses
 
 import bisect
 import re
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import regex
-import torch
+
+if TYPE_CHECKING:  # annotations only: torch is imported by the functions that compute with it
+    import torch
 
 from .types import AttentionMap, CrossAttentionMap, ImageCrossAttention, Seq2SeqAttention, Units
 
@@ -184,6 +186,7 @@ def to_word_level(amap):
 def _pool(attention: torch.Tensor, query_index: Sequence[int], key_index: Sequence[int]) -> torch.Tensor:
     """[layer, head, query token, key token] -> [layer, head, query word, key word]: mean over a query
     word's pieces, sum over a key word's pieces."""
+    import torch
     member = _membership(key_index, attention.dtype)  # [token, word]
     mean_q = member if query_index is key_index else _membership(query_index, attention.dtype)  # a map's own words
     mean_q = (mean_q / mean_q.sum(0, keepdim=True)).T  # [word, token], rows average query pieces
@@ -192,6 +195,7 @@ def _pool(attention: torch.Tensor, query_index: Sequence[int], key_index: Sequen
 
 def _membership(word_index: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """0/1 `[token, word]`: token t belongs to word `word_index[t]`."""
+    import torch
     if not len(word_index):
         return torch.zeros(0, 0, dtype=dtype)
     return torch.nn.functional.one_hot(torch.tensor(word_index, dtype=torch.long), max(word_index) + 1).to(dtype)

@@ -102,7 +102,7 @@ def test_ablation_check_against_heads_that_cannot_matter():
     lm = tiny_model("llama", seed=3)
     _silence_heads_except(lm, {(1, 3)})
     n_random = 4
-    check = choice_check(lm, [(1, 3)], CHOICE, n_random=n_random, seed=1)
+    check = choice_check(lm, [(1, 3)], CHOICE, method="zero", n_random=n_random, seed=1)
     before = _preference_by_hand(option_logprobs(lm, PROMPTS, OPTIONS))
     with ablate(lm, [(1, 3)]):
         after = _preference_by_hand(option_logprobs(lm, PROMPTS, OPTIONS))
@@ -123,7 +123,7 @@ def test_ablation_check_when_no_head_can_matter():
     # the p-value (1 + #ties) / (1 + n) is exactly 1.
     lm = tiny_model("llama", seed=3)
     _silence_heads_except(lm, set())
-    check = choice_check(lm, [(0, 1), (1, 2)], CHOICE, n_random=3, seed=0)
+    check = choice_check(lm, [(0, 1), (1, 2)], CHOICE, method="zero", n_random=3, seed=0)
     assert check.delta == 0.0 and check.random_deltas == (0.0, 0.0, 0.0) and check.p_value == 1.0
     assert check.after == check.before and check.flips == 0 and check.flips_p_value == 1.0
     assert check.verdict.endswith("not a larger drop than random heads give (p = 1).")

@@ -113,7 +113,7 @@ def test_a_stacked_read_that_differs_falls_back_to_one_head_at_a_time(monkeypatc
         return dataclasses.replace(task, stacked=stacked), settings
 
     monkeypatch.setattr(workflow, "effect_task", wrong)
-    frame = ablate_each(lm, corpus=TEXTS, batch_size=3)
+    frame = ablate_each(lm, method="zero", corpus=TEXTS, batch_size=3)
     assert calls == [lm.config.num_attention_heads]  # one stacked read, then none
     measure = _measure(lm)
     clean = measure.read(lm)

@@ -117,14 +117,15 @@ def test_decoder_only_effects_refuse_an_encoder(bert):
 
 def test_ablate_effect_is_the_readout_change_and_random_sets_repeat(gpt2):
     heads = [(1, 2)]
-    r = ablation.ablate(gpt2, heads, corpus=TEXTS, n_random=5, seed=3)
+    r = ablation.ablate(gpt2, heads, method="zero", corpus=TEXTS, n_random=5, seed=3)
     task = next_token_loss(gpt2, TEXTS)
     clean = task.read(gpt2)
     with ablate(gpt2, heads):
         hit = task.read(gpt2)
     assert r.effect == pytest.approx(float((hit - clean).mean()), rel=1e-6)
     assert r.baseline == pytest.approx(float(clean.mean()))
-    assert r.random_effects == ablation.ablate(gpt2, heads, corpus=TEXTS, n_random=5, seed=3).random_effects
+    assert r.random_effects == ablation.ablate(gpt2, heads, method="zero", corpus=TEXTS, n_random=5,
+                                                seed=3).random_effects
     sets = random_head_sets(2, 4, heads, 1, 5, seed=3)
     with ablate(gpt2, sets[0]):
         first = float((task.read(gpt2) - clean).mean())

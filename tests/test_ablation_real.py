@@ -25,8 +25,8 @@ def test_top_induction_heads_matter_far_more_than_random_heads_on_smollm2(smollm
     scores = run_heads(smollm2, ["The cat sat."], induction_sequences=6, induction_length=25)
     top = [(int(r.layer), int(r.head)) for r in scores.top("induction", 5).itertuples()]
     before = _weights_hash(smollm2.model)
-    r = ablation.ablate(smollm2, top, task=ablation.InductionTask(n_sequences=3, length=20), n_random=9, seed=1,
-                      batch_size=3)
+    r = ablation.ablate(smollm2, top, method="zero", task=ablation.InductionTask(n_sequences=3, length=20),
+                        n_random=9, seed=1, batch_size=3)
     assert _weights_hash(smollm2.model) == before
     assert r.p_value == pytest.approx(0.1)  # stronger than all 9 random sets: the smallest p for 9 draws
     # "Far more": above every random set, and more than three times their mean effect (a random set of 5

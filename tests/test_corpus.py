@@ -120,3 +120,18 @@ def test_jsonl_nested_too_deeply_is_invalid_json_not_a_recursion_error(tmp_path)
     f.write_text('{"text": "a"}\n' + "[" * 100_000 + "\n", encoding="utf-8")  # was: RecursionError
     with pytest.raises(CorpusError, match=r"line 2: not valid JSON \(nested too deeply"):
         read_corpus(f)
+
+
+@pytest.mark.parametrize("limit", [None, 1, 2, 9])
+def test_a_streamed_corpus_numbers_the_lines_it_scores(tmp_path, limit):
+    """`Corpus.numbered()` (the lines `heads` checks for length, as it streams the texts) are the lines a kept
+    corpus holds: the first `limit` texts, empty lines skipped, each with its line number."""
+    from headscope.common.corpus import corpus_or_fail
+
+    f = tmp_path / "c.txt"
+    f.write_text("one\n\n  two  \nthree\n", encoding="utf-8")
+    streamed, kept = corpus_or_fail(str(f), limit, stream=True), corpus_or_fail(str(f), limit)
+    expected = [("one", 1), ("two", 3), ("three", 4)][:limit]
+    assert [(c.text, c.line) for c in streamed.numbered()] == [(c.text, c.line) for c in kept.numbered()] == expected
+    assert list(streamed.texts) == [t for t, _ in expected]
+    assert list(corpus_or_fail(None, 3).numbered()) == []  # the built-in corpus has no file to name

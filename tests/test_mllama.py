@@ -270,7 +270,7 @@ def test_ablation_and_importance_take_only_the_self_attention_heads(mllama):
 
     texts = ["The cat sat on the mat.", "Mary told John that she would call him."]
     assert attention_layers(mllama) == (0, 2)
-    result = ablate(mllama, [(2, 1)], corpus=texts, n_random=3)
+    result = ablate(mllama, [(2, 1)], method="zero", corpus=texts, n_random=3)
     measure = next_token_loss(mllama, texts, batch_size=8)
     clean = measure.read(mllama)
     with ablate_heads(mllama, [(2, 1)]):  # the whole pass, nothing replayed

@@ -82,7 +82,7 @@ def test_replay_runs_only_the_layers_from_the_ablated_one(family):
 def test_ablate_each_keeps_its_numbers(family):
     """`ablate_each` (which replays) gives the effects of a loop of whole ablated passes."""
     lm = tiny_model(family)
-    frame = ablate_each(lm, corpus=TEXTS, batch_size=2)
+    frame = ablate_each(lm, method="zero", corpus=TEXTS, batch_size=2)
     measure = _measure(lm)
     clean = measure.read(lm)
     for row in frame.head(3).itertuples():  # a few heads of each family: the first layer's

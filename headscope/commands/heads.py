@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..common import internals as hs_
 from ..common.corpus import corpus_or_fail, too_long_or_fail
 from ..common.exits import refusals
 from ..common.loading import inputs_or_fail, load_or_fail
@@ -11,7 +12,6 @@ from ..common.options import options, top
 from ..common.outputs import attention_note, echo_json, write_table
 from ..common.runs import join_run
 from ..common.verification import finish, verify_step
-from headscope.probe.wording import counted
 
 __all__ = ["cli"]
 
@@ -28,10 +28,7 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
 
     With --json: settings, top heads and roles; the full table goes to --out.
     """
-    from itertools import islice
-
-    from headscope.analyses.corpus import iter_corpus_lines
-    from headscope.workflows.heads import checked_heads
+    from headscope import checked_heads
 
     corpus = corpus_or_fail(corpus_path, limit, stream=True)
     texts, total, source = corpus.texts, corpus.total, corpus.source
@@ -43,7 +40,7 @@ def cli(model_name, corpus_path, level, include_special, limit, batch_size, k, i
 
     def check(reader) -> dict:  # on the model that reads the input: a two-tower model's tower
         if corpus.path is not None and not images:  # a text too long for the model is named by its file and line
-            too_long_or_fail(reader, islice(iter_corpus_lines(corpus.path), limit), truncate=truncate)
+            too_long_or_fail(reader, corpus.numbered(), truncate=truncate)
         return verify_step(reader, enabled=not no_verify, images=list(images) or None)
 
     with refusals(model_name, RuntimeError):
@@ -72,11 +69,9 @@ def _report(scores, k, source, out_path, as_json, verification) -> None:
 
 
 def _print(scores, k: int, source: str, out_path) -> None:
-    from headscope.analyses.metrics import METRICS
-    from headscope.probe.types import head_name
-
-    what = counted(scores.n_texts, "image" if scores.images else "text")
-    click.echo(f"{scores.model}: {counted(scores.n_layers, 'layer')} × {counted(scores.n_heads, 'head')}, {what} from {source}")
+    what = hs_.counted(scores.n_texts, "image" if scores.images else "text")
+    click.echo(f"{scores.model}: {hs_.counted(scores.n_layers, 'layer')} × {hs_.counted(scores.n_heads, 'head')}, "
+               f"{what} from {source}")
     click.echo(f"setting: {scores.setting}")
     ind = scores.meta.get("induction")
     if ind:
@@ -91,21 +86,21 @@ def _print(scores, k: int, source: str, out_path) -> None:
     else:
         click.echo("induction / duplicate-token: not applicable to an encoder (bidirectional attention)")
     click.echo(f"{'metric':<19} {'n':>7}  top {k} heads (head value)")
-    for m in METRICS:
+    for m in hs_.METRICS:
         top = scores.top(m, k)
         n = int(scores.table.loc[scores.table["metric"] == m, "n"].iloc[0])
-        cells = "   ".join(f"{head_name(r.layer, r.head)} {r.value:.3f}" for r in top.itertuples()) or "n/a"
+        cells = "   ".join(f"{hs_.head_name(r.layer, r.head)} {r.value:.3f}" for r in top.itertuples()) or "n/a"
         click.echo(f"{m:<19} {n:>7}  {cells}")
     if cross := scores.meta.get("cross_attention"):  # a cross-attention reader's cross layers, over the image keys
         rows = sorted(cross, key=lambda r: r["image_entropy"])[:k]
-        click.echo(f"cross-attention heads over the image keys ({counted(rows[0]['n'], 'text row')} that read an "
+        click.echo(f"cross-attention heads over the image keys ({hs_.counted(rows[0]['n'], 'text row')} that read an "
                    f"image; lowest image entropy first): " + "   ".join(
                        f"{r['head_name']} entropy {r['image_entropy']:.3f} max {r['max_weight']:.3f}" for r in rows))
     click.echo(f"roles (a head's score >= the threshold; {len(scores.roles)} in all):" if len(scores.roles)
                else "roles: no head reaches a threshold")
     for (role, metric), rows in scores.roles.groupby(["role", "metric"], sort=False):
-        shown = ", ".join(f"{head_name(r.layer, r.head)} {r.value:.3f}" for r in rows.head(5).itertuples())
+        shown = ", ".join(f"{hs_.head_name(r.layer, r.head)} {r.value:.3f}" for r in rows.head(5).itertuples())
         more = f" (+{len(rows) - 5} more)" if len(rows) > 5 else ""
         click.echo(f"  {role} ({metric} >= {rows['threshold'].iloc[0]:g}): {len(rows)} — {shown}{more}")
     if out_path:
-        click.echo(f"wrote {counted(len(scores.table), 'row')} to {out_path}")
+        click.echo(f"wrote {hs_.counted(len(scores.table), 'row')} to {out_path}")

@@ -52,19 +52,19 @@ def shown_settings(settings) -> dict:
 
 def _read_inputs(corpus_path: str | None, coref_path: str | None, limit: int | None):
     """Corpus texts and probe sets, read (and checked) before any model is loaded."""
-    from headscope.analyses.relations import BUILTIN_SETS, ProbeDataError, builtin_set, read_probe_file
+    from headscope import builtin_set, read_probe_file
 
     corpus = corpus_or_fail(corpus_path, limit)
     texts, lines = corpus.texts, corpus.lines
     try:
         if coref_path is None:
-            sets = [(BUILTIN_SETS[name][1], builtin_set(name)) for name in _COREF_SETS]
+            sets = [(hs_.BUILTIN_SETS[name][1], builtin_set(name)) for name in _COREF_SETS]
         else:
             if not Path(coref_path).is_file():
                 fail(f"--coref {coref_path}: no such file; give a probe JSONL or a GAP .tsv, or leave --coref out "
                      "for the built-in sets")
             sets = [(Path(coref_path).stem.replace("_", "-"), read_probe_file(coref_path))]
-    except (ProbeDataError, OSError, UnicodeError, ValueError) as exc:
+    except (hs_.ProbeDataError, OSError, UnicodeError, ValueError) as exc:
         fail(f"--coref {coref_path}: {exc}")
     return texts, sets, lines
 
@@ -143,11 +143,7 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, report
     """
     import matplotlib
 
-    from headscope import REPORT_SENTENCES, RunSettings, report
-    from headscope.workflows.run import analyse_models
-    from headscope.workflows.run import settings_display
-    from headscope.reports.drawing import DrawingPool
-    from headscope.reports.folder import ReportFolderError
+    from headscope import REPORT_SENTENCES, RunSettings, analyse_models, report
 
     matplotlib.use("Agg")  # the CLI never shows a window; notebooks keep their own backend
     t_start = time.perf_counter()
@@ -168,10 +164,8 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, report
         fail(f"--target: {len(targets)} targets for {len(texts or REPORT_SENTENCES)} sentences; give one --target per "
              "--text, in the same order")
     if width is not None:
-        from headscope.reports.canvas import check_width
-
         try:
-            check_width(width, dpi)
+            hs_.check_width(width, dpi)
         except ValueError as exc:
             fail(f"--width: {exc}")
     if report_dir is None:
@@ -195,7 +189,7 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, report
     # Ctrl-C stops the run (exit 130, the previous --out untouched) even when it lands in a finaliser. The
     # figures' worker processes start now (on the process that writes the report), their imports beside the
     # model's loading and the analyses, so that the report draws on every core at once.
-    with Interrupts() as interrupts, DrawingPool(None if world.is_main else 1) as pool:
+    with Interrupts() as interrupts, hs_.DrawingPool(None if world.is_main else 1) as pool:
         analyses = []
         for name in names:
             t0 = time.perf_counter()
@@ -221,11 +215,11 @@ def cli(models, corpus_path, limit, coref_path, texts, targets, generate, report
         recorded = {**shown, "texts": list(settings.texts), **({"targets": list(settings.targets)} if settings.targets else {})}
         say(f"drawing the report's figures into {out_dir} ...", quiet=quiet)
         try:
-            written = report(analyses, out_dir, force=force, settings=settings_display(shown),
+            written = report(analyses, out_dir, force=force, settings=hs_.settings_display(shown),
                              record={"settings": recorded},
                              formats=formats, dpi=dpi, width=width, check=interrupts.check,
                              committed=lambda: interrupts.commit(str(out_dir)), started=t_start, pool=pool)
-        except ReportFolderError as exc:
+        except hs_.ReportFolderError as exc:
             fail(str(exc))
         except OSError as exc:
             fail(f"could not write the report to {out_dir}: {exc}")

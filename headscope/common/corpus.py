@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from itertools import islice
+from typing import Any, Iterable
 
 from .exits import fail
 
@@ -25,6 +26,15 @@ class Corpus:
     path: str | None
     lines: tuple = ()
 
+    def numbered(self) -> Iterable:
+        """The texts with their file and line (`CorpusLine`s): the kept `lines`, or (streamed) the file's first
+        `total` texts read again; none for the built-in corpus, which has no file."""
+        if self.lines or self.path is None:
+            return self.lines
+        from headscope.analyses.corpus import iter_corpus_lines
+
+        return islice(iter_corpus_lines(self.path), self.total)
+
 
 def corpus_or_fail(path: str | None, limit: int | None = None, *, stream: bool = False) -> Corpus:
     """The corpus of `--corpus PATH` (the first `limit` texts), or the built-in one; a bad file is one line, exit 2.
@@ -32,8 +42,6 @@ def corpus_or_fail(path: str | None, limit: int | None = None, *, stream: bool =
     A file is read once through to check every line; with `stream` its texts are then read again as
     they are scored (a corpus larger than memory), else they are kept.
     """
-    from itertools import islice
-
     from headscope.analyses.corpus import CorpusError, builtin_corpus, iter_corpus, iter_corpus_lines
 
     if path is None:
@@ -62,8 +70,6 @@ def too_long_or_fail(lm, lines, *, truncate: bool, batch: int = 256) -> None:
 
     `lines` are `analyses.corpus.CorpusLine`s; counted with special tokens, as extraction counts them.
     """
-    from itertools import islice
-
     from headscope.probe.encoding import bounded_text
 
     if truncate:

@@ -36,6 +36,7 @@ _HOMES: dict[str, tuple[str, str]] = {
     "TreebankError": ("headscope.analyses.treebank", "TreebankError"),
     "FIGURE_FORMATS": ("headscope.reports.canvas", "FORMATS"),
     "parse_width": ("headscope.reports.canvas", "parse_width"),
+    "check_width": ("headscope.reports.canvas", "check_width"),
     "load_image": ("headscope.probe.images", "load_image"),
     "model_type_of": ("headscope.probe.loading", "model_type_of"),
     "family_table": ("headscope.probe.families", "family_table"),
@@ -50,6 +51,8 @@ _HOMES: dict[str, tuple[str, str]] = {
     # writing
     "write_folder": ("headscope.probe.folders", "write_folder"),
     "ReportFolderError": ("headscope.reports.folder", "ReportFolderError"),
+    "DrawingPool": ("headscope.reports.drawing", "DrawingPool"),
+    "settings_display": ("headscope.workflows.run", "settings_display"),
     "cluster_plot": ("headscope.reports.syntax", "cluster_plot"),
     # the live explorer
     "Explorer": ("headscope.workflows.explore", "Explorer"),

@@ -52,8 +52,8 @@ from typing import Any, Callable
 
 import click
 
-from headscope.probe.names import (DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL, AblationMethod, Attention,
-                                   DType, Level, choices, device_spec)
+from headscope.probe.names import (DEFAULT_ABLATION_METHOD, DEFAULT_ATTENTION, DEFAULT_INCLUDE_SPECIAL, DEFAULT_LEVEL,
+                                   AblationMethod, Attention, DType, Level, choices, device_spec)
 from headscope.probe.sizes import parse_max_memory, parse_size  # the API's own readers: one value, one meaning
 
 from .exits import fail
@@ -278,8 +278,9 @@ def permutations() -> Decorator:
 
 
 def method() -> Decorator:
-    """--method zero|mean|uniform (default mean): how a head is ablated."""
-    return _option("--method", type=click.Choice(choices(AblationMethod, first="mean")), default="mean",
+    """--method mean|zero|uniform (default `DEFAULT_ABLATION_METHOD`, mean, as the API's): how a head is ablated."""
+    return _option("--method", type=click.Choice(choices(AblationMethod, first=DEFAULT_ABLATION_METHOD)),
+                   default=DEFAULT_ABLATION_METHOD,
                    show_default=True,
                    help="How a head is ablated: its mean output (over the corpus, else the first 64 built-in "
                         "texts), zero, or uniform attention.")

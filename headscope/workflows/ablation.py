@@ -41,6 +41,7 @@ from headscope.probe.importance import gradient_importance
 from headscope.probe.interventions import (AblationMethod, ablate as ablate_heads, ablate_copies, check_heads, head_means,
                                           refuse_seq2seq)
 from headscope.probe.model import LoadedModel
+from headscope.probe.names import DEFAULT_ABLATION_METHOD
 from headscope.probe.replay import CleanPrefix
 
 from .heads import induction_inputs
@@ -162,14 +163,15 @@ def heads_by_metric(lm: LoadedModel, spec: str, texts: Sequence[str] | None = No
 
 
 def ablate(lm: LoadedModel, heads: Sequence[tuple[int, int]] | None = None, *, heads_by: str | None = None,
-           method: AblationMethod = "zero", corpus: Sequence[str] | None = None, task: Task | None = None,
-           word: str | None = None, reference: Sequence[str] | None = None, n_random: int = 19, seed: int = 0,
-           batch_size: int = 8, progress: bool = False) -> AblationResult:
+           method: AblationMethod = DEFAULT_ABLATION_METHOD, corpus: Sequence[str] | None = None,
+           task: Task | None = None, word: str | None = None, reference: Sequence[str] | None = None,
+           n_random: int = 19, seed: int = 0, batch_size: int = 8, progress: bool = False) -> AblationResult:
     """Ablate `heads` (or the heads `heads_by` chooses, "METRIC:K": the K top heads of a `hs.heads` metric over
     the corpus, see `heads_by_metric`), then `n_random` random sets of as many other heads, and compare the effects.
 
-    `reference` texts give the heads' mean outputs for `method="mean"` (default: the corpus, or the
-    first 64 texts of the built-in corpus for a task). With 19 random sets the smallest p is 0.05.
+    `method` is how a head is switched off: by default its mean output (`DEFAULT_ABLATION_METHOD`, as the CLI's
+    `--method`) over the `reference` texts (default: the corpus, or the first 64 texts of the built-in corpus for
+    a task). With 19 random sets the smallest p is 0.05.
     `progress`: a bar on stderr, one step per pass (the clean one, the heads', each random set's).
 
     >>> from headscope.probe.tiny import tiny_model
@@ -196,8 +198,8 @@ def ablate(lm: LoadedModel, heads: Sequence[tuple[int, int]] | None = None, *, h
 
 
 def choice_check(lm: LoadedModel, heads: Sequence[tuple[int, int]], choice: Choice, *,
-                 method: AblationMethod = "zero", reference: Sequence[str] | None = None, n_random: int = 19,
-                 seed: int = 0, batch_size: int = 8, progress: bool = False) -> ChoiceCheck:
+                 method: AblationMethod = DEFAULT_ABLATION_METHOD, reference: Sequence[str] | None = None,
+                 n_random: int = 19, seed: int = 0, batch_size: int = 8, progress: bool = False) -> ChoiceCheck:
     """Ablate `heads`, then `n_random` random sets of as many other heads, and keep every example's preference.
 
     The random sets are `ablate`'s for the same seed; with 19 of them the smallest p is 0.05.
@@ -246,8 +248,8 @@ def _readouts(lm: LoadedModel, heads, measure: EffectTask, *, method: AblationMe
         return clean, ablated, sets, tuple(read_with(s) for s in sets)
 
 
-def ablate_each(lm: LoadedModel, *, method: AblationMethod = "zero", corpus: Sequence[str] | None = None,
-                task: Task | None = None, word: str | None = None,
+def ablate_each(lm: LoadedModel, *, method: AblationMethod = DEFAULT_ABLATION_METHOD,
+                corpus: Sequence[str] | None = None, task: Task | None = None, word: str | None = None,
                 reference: Sequence[str] | None = None, batch_size: int = 8, progress: bool = False):
     """The effect of ablating every head alone: a tidy frame `(model, layer, head, effect_metric, effect)`.
 
@@ -302,7 +304,7 @@ def importance(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, tr
 
 
 def ablation_evidence(lm: LoadedModel, texts: Sequence[str], scores=None, probes: Sequence = (), *,
-                    method: AblationMethod = "zero", n_random: int = 19, induction_k: int = 5,
+                    method: AblationMethod = DEFAULT_ABLATION_METHOD, n_random: int = 19, induction_k: int = 5,
                     induction: InductionTask = InductionTask(n_sequences=5, length=25), cloze_examples: int = 40,
                     seed: int = 0, batch_size: int = 8, progress: bool = False):
     """Every head ablated alone on `texts`, gradient importance over them, for a decoder the top
@@ -327,9 +329,9 @@ def ablation_evidence(lm: LoadedModel, texts: Sequence[str], scores=None, probes
                           importance_loss=imp.loss, induction=top, choices=choices, n_random=n_random, seed=seed)
 
 
-def ablate_chosen_head(lm: LoadedModel, result, *, template: str | None = None, method: AblationMethod = "zero",
-                       n_random: int = 19, seed: int = 0, batch_size: int = 8,
-                       max_examples: int | None = None) -> dict:
+def ablate_chosen_head(lm: LoadedModel, result, *, template: str | None = None,
+                       method: AblationMethod = DEFAULT_ABLATION_METHOD, n_random: int = 19, seed: int = 0,
+                       batch_size: int = 8, max_examples: int | None = None) -> dict:
     """Ablate a relation probe's chosen head (`result`, an `analyses.coref.ProbeResult`) and compare the
     model's preference between the candidates with random head sets (decoders), on the examples the
     head was chosen on -> a dict.

@@ -65,6 +65,7 @@ Scope = Literal["prompt", "question"]
 PLAN_BATCH = 8  # plans decoded together from one shared context (scope "question")
 PPL_TOKENS = 256  # scope "question": the perplexity of the held-out text's last tokens, the rest its context
 DEFAULT_DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
+CHECK_METHOD = "zero"  # the causal check zeroes the chosen heads (as its check records and the docs say)
 
 
 def _halves(lm: LoadedModel, corpus: Sequence[str] | None, text: str | None) -> tuple[list[str], str]:
@@ -100,7 +101,7 @@ def _outcomes(lm: LoadedModel, prompts: Sequence[NeedlePrompt], steps: int, *, s
         for p in prompts:
             pre = prefill(lm, p.ids[: p.context])
             for i, heads in enumerate(head_sets):
-                with ablate(lm, heads) if heads else nullcontext():
+                with ablate(lm, heads, method=CHECK_METHOD) if heads else nullcontext():
                     sets_out[i].append(int(answer(lm, p.ids, max_new_tokens=steps, prefix=pre).retrieved(p.key)))
                 tick()
             for j in range(0, len(plans), PLAN_BATCH):
@@ -112,7 +113,7 @@ def _outcomes(lm: LoadedModel, prompts: Sequence[NeedlePrompt], steps: int, *, s
                 tick(len(chunk))
         return sets_out, plans_out
     for i, heads in enumerate(head_sets):
-        with ablate(lm, heads) if heads else nullcontext():
+        with ablate(lm, heads, method=CHECK_METHOD) if heads else nullcontext():
             for p in prompts:
                 sets_out[i].append(int(answer(lm, p.ids, max_new_tokens=steps).retrieved(p.key)))
                 tick()
@@ -246,7 +247,7 @@ def retrieval(lm: LoadedModel, *, n_needles: int = 16, n_selection: int | None =
         result_check = RetrievalCheck(model=lm.name, heads=chosen_heads, clean=tuple(set_out[0]),
                                       chosen=tuple(set_out[1]), random_sets=tuple(sets),
                                       random=tuple(tuple(o) for o in set_out[2:]),
-                                      extra={"method": "zero", "top": top, "seed": seed, "scope": scope})
+                                      extra={"method": CHECK_METHOD, "top": top, "seed": seed, "scope": scope})
     costs = None
     if plans:
         draws = n_random_plans if perplexity_draws is None else whole_number(perplexity_draws, "perplexity_draws",

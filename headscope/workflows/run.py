@@ -237,7 +237,7 @@ def analyse_model(lm: LoadedModel, texts: Sequence[str], sets: Sequence[tuple[st
                      "models")
     elif settings.ablation or (settings.ablation is None and not lm.is_causal and not is_seq2seq(lm)):
         ablation_texts = [fit_context(lm, t) if settings.truncate else t for t in texts[: settings.ablation_texts]]
-        evidence = stage.run("ablation", ablation_evidence, lm, ablation_texts, scores, probes,
+        evidence = stage.run("ablation", ablation_evidence, lm, ablation_texts, scores, probes, method="zero",
                              n_random=settings.ablation_random, induction_k=settings.induction_k,
                              cloze_examples=settings.ablation_examples, seed=settings.seed,
                              batch_size=settings.batch_size, progress=progress)

@@ -35,7 +35,7 @@ from headscope.probe.encoding import check_texts
 from headscope.probe.families import family_for
 from headscope.probe.forward import attention_layers, is_seq2seq
 from headscope.probe.model import LoadedModel
-from headscope.probe.names import AblationMethod
+from headscope.probe.names import DEFAULT_ABLATION_METHOD, AblationMethod
 from headscope.probe.inputs import AttentionInput
 from headscope.probe.sinks import head_internals, residual_stream, special_frame, token_nll
 from headscope.probe.sources import source_for
@@ -53,8 +53,8 @@ FIRST_TOKEN_VARIANTS = ("another token", "a space", "a repeated word")
 
 def sinks(lm: LoadedModel, texts: Sequence[str] | None = None, *, k: int = 1, epsilon: float = SINK_EPSILON,
           length: int = SINK_LENGTH, n_sequences: int = 32, n_random_sequences: int = 32, ablation: bool = True,
-          ablation_texts: int = 32, method: AblationMethod = "mean", n_random: int = 19, head_texts: int = 64,
-          massive_sequences: int = 4, massive_top: int = 3, n_boot: int = 1000, seed: int = 0,
+          ablation_texts: int = 32, method: AblationMethod = DEFAULT_ABLATION_METHOD, n_random: int = 19,
+          head_texts: int = 64, massive_sequences: int = 4, massive_top: int = 3, n_boot: int = 1000, seed: int = 0,
           batch_size: int = 8, progress: bool = False) -> SinkReport:
     """Sinks of `lm` over `texts` (default: the built-in corpus) -> `SinkReport`.
 
