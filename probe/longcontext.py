@@ -106,6 +106,29 @@ def _check_plan(layout: KVLayout, plan: KVPlan) -> None:
                          "have no attention); their heads must stay as the model runs them")
 
 
+def _mask_of(lm: LoadedModel, kwargs: dict) -> torch.Tensor:
+    mask = kwargs.get("attention_mask")
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
+        raise UnsupportedFeature(f"{lm.name}'s attention was not called with a 4-D mask (attn_implementation "
+                                 f"{lm.config._attn_implementation!r}); streaming heads need the eager path")
+    return mask
+
+
+def _streamed(mask: torch.Tensor, kwargs: dict, heads: torch.Tensor, sink: torch.Tensor,
+              recent: torch.Tensor) -> torch.Tensor:
+    """The attention's 4-D mask with the keys outside row b's first `sink[b]` and last `recent[b]` set to the
+    dtype's minimum for the query heads `heads[b]` (bool, (B, n_heads)); every other entry the model's own."""
+    B, Tq, K = heads.shape[0], mask.shape[-2], mask.shape[-1]
+    pos = kwargs.get("position_ids")
+    q = (pos.to("cpu") if isinstance(pos, torch.Tensor) else torch.arange(K - Tq, K)[None]).reshape(-1, Tq)
+    q = q.expand(B, Tq) if q.shape[0] == 1 else q  # (B, Tq) absolute query positions
+    j = torch.arange(K)
+    drop = ~((j[None, None] < sink[:, None, None]) | (j[None, None] > q[..., None] - recent[:, None, None]))
+    hit = drop[:, None] & heads[:, :, None, None]  # (B, nh, Tq, K)
+    low = torch.tensor(torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device)
+    return torch.where(hit.to(mask.device), low, mask)
+
+
 @contextmanager
 def stream_heads(lm: LoadedModel, plan: KVPlan | Sequence[KVPlan]) -> Iterator[None]:
     """Within the block the plan's streaming KV heads see only their sink and recent keys (see the module).
@@ -139,27 +162,14 @@ def stream_heads(lm: LoadedModel, plan: KVPlan | Sequence[KVPlan]) -> Iterator[N
         heads = torch.from_numpy(np.repeat(streamed[:, layer], layout.group, axis=1))
 
         def hook(module, args, kwargs):
-            mask = kwargs.get("attention_mask")
-            if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
-                raise UnsupportedFeature(f"{lm.name}'s attention was not called with a 4-D mask (attn_implementation "
-                                         f"{lm.config._attn_implementation!r}); streaming heads need the eager path")
-            x = args[0] if args else kwargs["hidden_states"]
-            B, Tq, K = x.shape[0], mask.shape[-2], mask.shape[-1]
+            mask = _mask_of(lm, kwargs)
+            B = (args[0] if args else kwargs["hidden_states"]).shape[0]
             copies = len(plans)
             if B % copies:
                 raise ValueError(f"a batch of {B} rows is not {copies} stacked copies")
             rows = B // copies
-            pos = kwargs.get("position_ids")
-            q = (pos.to("cpu") if isinstance(pos, torch.Tensor) else torch.arange(K - Tq, K)[None]).reshape(-1, Tq)
-            q = q.expand(B, Tq) if q.shape[0] == 1 else q  # (B, Tq) absolute query positions
-            j = torch.arange(K)
-            sink = sinks.repeat_interleave(rows)[:, None, None]
-            recent = recents.repeat_interleave(rows)[:, None, None]
-            drop = ~((j[None, None] < sink) | (j[None, None] > q[..., None] - recent))  # (B, Tq, K)
-            hit = drop[:, None] & heads.repeat_interleave(rows, 0)[:, :, None, None]  # (B, nh, Tq, K)
-            low = torch.finfo(mask.dtype).min
-            kwargs["attention_mask"] = torch.where(hit.to(mask.device), torch.tensor(low, dtype=mask.dtype,
-                                                                                      device=mask.device), mask)
+            kwargs["attention_mask"] = _streamed(mask, kwargs, heads.repeat_interleave(rows, 0),
+                                                 sinks.repeat_interleave(rows), recents.repeat_interleave(rows))
             return args, kwargs
         return hook
 
