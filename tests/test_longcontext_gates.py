@@ -134,3 +134,60 @@ def test_hooks_are_removed_after_an_error_and_bad_calls_say_what_to_do():
         optimise_gates(lm, [([1, 2, 3], 3)], sink=1, recent=2, steps=1)
     with pytest.raises(ValueError, match="steps"):
         optimise_gates(lm, [([1, 2, 3], 2)], sink=1, recent=2, steps=0)
+
+
+def test_retrieval_ranks_by_learned_gates_on_the_selection_needles_only():
+    from headscope.probe.kvplan import Phrasing
+    from headscope.workflows.retrieval import gate_examples, retrieval
+
+    lm = _tiny("llama")
+    kw = dict(n_needles=4, lengths=[60], depths=[0.5], check=False, sink=2, recent=8, seed=1,
+              phrasings=[Phrasing("Key {key}.", "Key:")])
+    r = retrieval(lm, gate_steps=3, ranking="gate", fraction=0.5, curve=(0.5,), n_random_plans=1,
+                  scope="question", **kw)
+    # the same optimisation run by hand on the selection needles' prompts and keys (never a held-out needle)
+    from headscope.probe.longcontext import needle_prompt
+    from headscope.analyses.corpus import builtin_corpus
+
+    lines = builtin_corpus()[: len(builtin_corpus()) // 2]
+    prompts = [needle_prompt(lm, n, lines) for n in r.needles if n.split == "selection"]
+    examples = gate_examples(lm, prompts)
+    assert [e[0][e[1]:] for e in examples] == [tuple(lm.tokenizer(" " + p.key, add_special_tokens=False)["input_ids"])
+                                               for p in prompts]
+    fit = optimise_gates(lm, examples, sink=2, recent=8, steps=3, seed=1)
+    assert np.array_equal(r.gates, fit.gates)
+    g = r.settings["gates"]
+    assert (g["steps"], g["l1"], g["lr"], g["tokens"]) == (3, 0.05, 0.1, fit.settings["tokens"])
+    assert np.array_equal(r.plan.full, KVPlan.from_ranking(fit.gates, 0.5, sink=2, recent=8).full)
+    assert r.ranking == "gate" and "gate 50%" in set(r.costs["plan"]) and "gate" in set(r.costs["kind"])
+    kv = r.kv_frame()
+    assert np.array_equal(kv["gate"].to_numpy().reshape(2, 2), fit.gates)
+    assert (r.to_frame().groupby(["layer", "kv_head"])["gate"].nunique() == 1).all()
+    with pytest.raises(ValueError, match="gate_steps"):
+        retrieval(lm, ranking="gate", **kw)
+
+
+def test_cli_gates_write_the_learned_gates_beside_the_pattern(monkeypatch, tmp_path):
+    import pandas as pd
+    from click.testing import CliRunner
+
+    from headscope.cli import cli
+    from headscope.commands import retrieval as retrieval_cmd
+
+    lm = _tiny("llama")
+    monkeypatch.setattr(retrieval_cmd, "load_or_fail", lambda name, *placement: lm)
+    out, pattern = tmp_path / "heads.csv", tmp_path / "pattern"
+    res = CliRunner().invoke(cli, ["retrieval", "--needles", "2", "--length", "60", "--depth", "0.5", "--no-check",
+                                   "--phrasing", "Key {key}.|Key:", "--sink", "2", "--recent", "8", "--gates", "2",
+                                   "--rank-by", "gate", "--fraction", "0.25", "--out", str(out), "--pattern",
+                                   str(pattern)])
+    assert res.exit_code == 0, res.output
+    assert "gates: 2 steps" in res.output and "plan by gate" in res.output
+    gates = np.loadtxt(pattern / "gates.tsv", delimiter="\t", ndmin=2)  # as DuoAttention loads it
+    frame = pd.read_csv(out)
+    kv = frame.groupby(["layer", "kv_head"])["gate"].first().to_numpy().reshape(2, 2)
+    np.testing.assert_allclose(gates, kv, rtol=1e-5)
+    full = np.loadtxt(pattern / "full_attention_heads.tsv", delimiter="\t", ndmin=2)
+    assert full.sum() == 1 and gates[full == 1].item() == gates.max()  # the plan keeps a highest gate
+    refused = CliRunner().invoke(cli, ["retrieval", "--needles", "2", "--rank-by", "gate"])
+    assert refused.exit_code == 2 and "--gates STEPS" in refused.output
