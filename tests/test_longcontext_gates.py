@@ -163,6 +163,11 @@ def test_retrieval_ranks_by_learned_gates_on_the_selection_needles_only():
     kv = r.kv_frame()
     assert np.array_equal(kv["gate"].to_numpy().reshape(2, 2), fit.gates)
     assert (r.to_frame().groupby(["layer", "kv_head"])["gate"].nunique() == 1).all()
+    from headscope.reports.analysis import ModelAnalysis
+    from headscope.reports.html import build_report
+
+    html = build_report([ModelAnalysis(model="tiny-llama", long_context=r)]).html
+    assert f"3 Adam steps (lr 0.1) over 2 selection needles, {fit.settings['tokens']:,} tokens in all, λ = 0.05" in html
     with pytest.raises(ValueError, match="gate_steps"):
         retrieval(lm, ranking="gate", **kw)
 
