@@ -255,7 +255,7 @@ def default_window(context: int) -> tuple[int, int]:
 
 
 def gate_table(gates: np.ndarray) -> str:
-    """Learned gates [layer, KV head] as DuoAttention's training writes `full_attention_heads.tsv` (its loader
+    r"""Learned gates [layer, KV head] as DuoAttention's training writes `full_attention_heads.tsv` (its loader
     clips to [0, 1] and keeps the heads above a threshold or a sparsity): one line per layer, tab-separated; a
     layer not planned (NaN) is 1, run as the model runs it.
 
