@@ -189,13 +189,14 @@ def stream_heads(lm: LoadedModel, plan: KVPlan | Sequence[KVPlan]) -> Iterator[N
         yield
 
 
-def _two_copies(value, batch: int):
-    """A batch-shaped argument of the attention (a tensor whose first dimension is the batch, or a tuple of them:
-    rotary cos / sin, position ids) as two stacked copies; anything else as it is."""
-    if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] == batch:
+def _two_copies(value, batch: int, heads: int):
+    """A batch-shaped keyword argument of the attention as two stacked copies: a tensor whose first dimension is
+    the batch (rotary cos / sin, position ids) or the batch × heads, batch outer (Bloom's ALiBi biases), or a
+    tuple of them; anything else as it is."""
+    if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] in (batch, batch * heads):
         return torch.cat([value, value])
     if isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) for v in value):
-        return tuple(_two_copies(v, batch) for v in value)
+        return tuple(_two_copies(v, batch, heads) for v in value)
     return value
 
 
@@ -206,7 +207,8 @@ def gate_heads(lm: LoadedModel, gates: torch.Tensor, *, sink: int, recent: int) 
     The attention module of each planned layer is called once on two stacked copies of its input: copy 0 with
     the model's own mask, copy 1 with every head's keys cut to the first `sink` and last `recent` (the mask
     `stream_heads` applies); a pre-hook on W_O then writes α·copy 0 + (1 − α)·copy 1 per query head, α the
-    gate of the KV head it reads, so the layer returns one batch. `gates` [layer, KV head] (float; entries of a
+    gate of the KV head it reads, so the layer returns one batch (a residual passed in after the hidden states,
+    Bloom's, is added to that one batch as it is). `gates` [layer, KV head] (float; entries of a
     layer not planned are not read). No KV cache: call the model with `use_cache=False`.
 
     >>> from headscope.probe.tiny import tiny_model
@@ -241,7 +243,7 @@ def gate_heads(lm: LoadedModel, gates: torch.Tensor, *, sink: int, recent: int) 
             every = torch.ones(B, nh, dtype=torch.bool)
             streamed = _streamed(mask, kwargs, every, torch.full((B,), sink), torch.full((B,), recent))
             full = mask.expand(B, nh, *mask.shape[-2:])
-            kwargs = {k: _two_copies(v, B) for k, v in kwargs.items()}
+            kwargs = {k: _two_copies(v, B, nh) for k, v in kwargs.items()}
             kwargs["attention_mask"] = torch.cat([full, streamed])
             if args:
                 args = (torch.cat([x, x]), *args[1:])

@@ -23,7 +23,8 @@ def _hooks(lm):
     return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in lm.model.modules())
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3"])  # grouped-query (4 query heads over 2 KV), sliding layers
+# grouped-query (4 query heads over 2 KV), sliding layers, ALiBi biases passed per batch × head, a hybrid stack
+@pytest.mark.parametrize("family", ["llama", "gemma3", "bloom", "qwen3_next"])
 def test_gates_at_one_are_the_model_and_at_zero_the_all_streaming_plan(family):
     lm = _tiny(family)
     layout = kv_layout(lm)
