@@ -306,8 +306,8 @@ def optimise_gates(lm: LoadedModel, examples: Sequence[tuple[Sequence[int], int]
     if not lr > 0 or not l1 >= 0:
         raise ValueError(f"the learning rate is > 0 and the L1 weight >= 0; got lr {lr}, l1 {l1}")
     base = base_model(lm)
-    planned = torch.tensor(layout.planned)
-    gates = torch.ones(layout.shape, dtype=torch.float32, requires_grad=True)
+    planned = torch.tensor(layout.planned, device=lm.device)
+    gates = torch.ones(layout.shape, dtype=torch.float32, device=lm.device, requires_grad=True)
     opt = torch.optim.Adam([gates], lr=lr)
     rng = np.random.default_rng(seed)
     order = np.concatenate([rng.permutation(len(examples)) for _ in range(-(-int(steps) // len(examples)))])
