@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
-from headscope.probe.kvplan import KVPlan, Needle, pool_kv
+from headscope.probe.kvplan import KVPlan, Needle, gate_table, pool_kv
 from headscope.probe.types import head_name
 
 from .ablation import ALPHA
@@ -257,7 +257,7 @@ class RetrievalCheck:
 class RetrievalResult:
     """`headscope retrieval`: the needles, the retrieval scores on the selection half, the causal check on the
     held-out half, each KV head streamed alone (optional) and the plan that keeps `plan.fraction_full` of the
-    KV heads full, ranked by `ranking`."""
+    KV heads full, ranked by `ranking`; DuoAttention's learned gates (optional)."""
 
     model: str
     needles: tuple[Needle, ...]
@@ -270,24 +270,30 @@ class RetrievalResult:
     n_tokens: tuple[int, ...]  # each needle prompt's length
     settings: dict = field(default_factory=dict, compare=False)
     costs: pd.DataFrame | None = None  # the cost curve (`plan_cost`'s columns), when asked for
+    gates: np.ndarray | None = None  # [layer, KV head] DuoAttention's learned gates, NaN where not planned
 
     def to_frame(self) -> pd.DataFrame:
         """One row per head: its retrieval score with counts and interval, and its KV head's pooled score,
         streaming sensitivity and place in the plan."""
         frame = self.scores.to_frame()
         kv = self.kv_frame().set_index(["layer", "kv_head"])
-        for col in ("kv_retrieval_score", "stream_sensitivity", "full"):
+        for col in ("kv_retrieval_score", "stream_sensitivity", "gate", "full"):
             frame[col] = [kv.loc[(l, k), col] for l, k in zip(frame["layer"], frame["kv_head"])]
         return frame
 
+    def gate_table(self) -> str | None:
+        """The learned gates as DuoAttention's training writes them (`probe.kvplan.gate_table`); None without."""
+        return None if self.gates is None else gate_table(self.gates)
+
     def kv_frame(self) -> pd.DataFrame:
         """One row per (layer, KV head): the pooled retrieval score (largest of its query heads'), the streaming
-        sensitivity and whether the plan keeps it full."""
+        sensitivity, DuoAttention's learned gate and whether the plan keeps it full."""
         pooled = self.scores.kv_score()
         rows = []
         for l, k in np.ndindex(pooled.shape):
             rows.append({"layer": l, "kv_head": k, "kv_retrieval_score": float(pooled[l, k]),
                          "stream_sensitivity": math.nan if self.sensitivity is None else float(self.sensitivity[l, k]),
+                         "gate": math.nan if self.gates is None else float(self.gates[l, k]),
                          "planned": bool(self.plan.planned[l]), "full": bool(self.plan.full[l, k])})
         return pd.DataFrame(rows)
 

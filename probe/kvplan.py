@@ -10,7 +10,7 @@ the last `recent` keys, DuoAttention's streaming heads); layers a model already 
 layers) are not planned. Its bytes are arithmetic: a head keeps min(n, sink + recent) or n keys of n,
 times 2 (keys and values) × head size × bytes per number. `pattern_table` is DuoAttention's
 `full_attention_heads.tsv` (layers × KV heads, 1 full, 0 streaming) beside `config.json`'s sink and recent
-sizes.
+sizes; `gate_table` the same layout with DuoAttention's learned gates in [0, 1], as its training writes it.
 
 >>> plan = KVPlan.from_ranking(np.array([[0.9, 0.1], [0.2, 0.5]]), 0.5, sink=2, recent=4)
 >>> plan.full.astype(int).tolist(), plan.n_full
@@ -28,7 +28,8 @@ from typing import Literal, Sequence
 import numpy as np
 import pandas as pd
 
-__all__ = ["Phrasing", "PHRASINGS", "Needle", "make_needles", "typed_needle", "KVPlan", "pool_kv", "default_window"]
+__all__ = ["Phrasing", "PHRASINGS", "Needle", "make_needles", "typed_needle", "KVPlan", "pool_kv", "default_window",
+           "gate_table"]
 
 
 @dataclass(frozen=True)
@@ -273,3 +274,15 @@ def default_window(context: int) -> tuple[int, int]:
     """
     scale = min(1.0, context / 8192)
     return max(4, round(128 * scale)), max(16, round(256 * scale))
+
+
+def gate_table(gates: np.ndarray) -> str:
+    r"""Learned gates [layer, KV head] as DuoAttention's training writes `full_attention_heads.tsv` (its loader
+    clips to [0, 1] and keeps the heads above a threshold or a sparsity): one line per layer, tab-separated; a
+    layer not planned (NaN) is 1, run as the model runs it.
+
+    >>> gate_table(np.array([[0.25, 1.0], [np.nan, np.nan]]))
+    '0.25\t1\n1\t1\n'
+    """
+    g = np.where(np.isfinite(gates), gates, 1.0)
+    return "".join("\t".join(f"{v:.6g}" for v in row) + "\n" for row in g)

@@ -20,6 +20,14 @@ needle prompts, greedy answers with each head's top-attended key, and each KV he
                                    at once (one per plan of `stream_heads(lm, [plans])`), one answer each
     copy_steps(prompt, answer)     Wu et al.'s copy-paste test step by step: which steps copy a needle token and
                                    which heads' top keys hold it there (`retrieval_hits` is its sum)
+    gate_heads(lm, gates, ...)     DuoAttention's training-time mixing: every planned layer's attention runs on two
+                                   stacked copies of its input, one with the model's mask and one with every head
+                                   streaming, and W_O reads α·full + (1 − α)·streaming per query head, α the gate of
+                                   its KV head (`gates[layer, kv_head]`, a tensor that may require grad)
+    optimise_gates(lm, examples, ...)  DuoAttention's gate optimisation: the gates (initialised at 1) trained with
+                                   Adam to keep the last hidden states of passkey answers as the full model's (mean
+                                   squared distance) under an L1 penalty on the gates, clamped to [0, 1] after each
+                                   step; the model's weights frozen (only the gates get a gradient)
     stream_sensitivity(lm, ids, plan_shape, ...)  each KV head streamed alone: the mean KL divergence of the
                                    model's next-token distribution from the full model's, over the positions
                                    whose keys the window drops (or the last `queries` positions, the text
@@ -35,8 +43,8 @@ from __future__ import annotations
 import copy
 import inspect
 from contextlib import ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass
-from typing import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import torch
@@ -50,8 +58,9 @@ from .generate import cache_argument, eos_ids
 from .kvplan import KVPlan, Needle
 from .model import LoadedModel
 
-__all__ = ["KVLayout", "kv_layout", "stream_heads", "NeedlePrompt", "needle_prompt", "Prefix", "prefill", "Answer",
-           "answer", "answers", "copy_steps", "retrieval_hits", "stream_sensitivity", "token_losses"]
+__all__ = ["KVLayout", "kv_layout", "stream_heads", "gate_heads", "GateFit", "optimise_gates", "NeedlePrompt",
+           "needle_prompt", "Prefix", "prefill", "Answer", "answer", "answers", "copy_steps", "retrieval_hits",
+           "stream_sensitivity", "token_losses"]
 
 
 @dataclass(frozen=True)
@@ -108,6 +117,29 @@ def _check_plan(layout: KVLayout, plan: KVPlan) -> None:
                          "have no attention); their heads must stay as the model runs them")
 
 
+def _mask_of(lm: LoadedModel, kwargs: dict) -> torch.Tensor:
+    mask = kwargs.get("attention_mask")
+    if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
+        raise UnsupportedFeature(f"{lm.name}'s attention was not called with a 4-D mask (attn_implementation "
+                                 f"{lm.config._attn_implementation!r}); streaming heads need the eager path")
+    return mask
+
+
+def _streamed(mask: torch.Tensor, kwargs: dict, heads: torch.Tensor, sink: torch.Tensor,
+              recent: torch.Tensor) -> torch.Tensor:
+    """The attention's 4-D mask with the keys outside row b's first `sink[b]` and last `recent[b]` set to the
+    dtype's minimum for the query heads `heads[b]` (bool, (B, n_heads)); every other entry the model's own."""
+    B, Tq, K = heads.shape[0], mask.shape[-2], mask.shape[-1]
+    pos = kwargs.get("position_ids")
+    q = (pos.to("cpu") if isinstance(pos, torch.Tensor) else torch.arange(K - Tq, K)[None]).reshape(-1, Tq)
+    q = q.expand(B, Tq) if q.shape[0] == 1 else q  # (B, Tq) absolute query positions
+    j = torch.arange(K)
+    drop = ~((j[None, None] < sink[:, None, None]) | (j[None, None] > q[..., None] - recent[:, None, None]))
+    hit = drop[:, None] & heads[:, :, None, None]  # (B, nh, Tq, K)
+    low = torch.tensor(torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device)
+    return torch.where(hit.to(mask.device), low, mask)
+
+
 @contextmanager
 def stream_heads(lm: LoadedModel, plan: KVPlan | Sequence[KVPlan]) -> Iterator[None]:
     """Within the block the plan's streaming KV heads see only their sink and recent keys (see the module).
@@ -141,27 +173,14 @@ def stream_heads(lm: LoadedModel, plan: KVPlan | Sequence[KVPlan]) -> Iterator[N
         heads = torch.from_numpy(np.repeat(streamed[:, layer], layout.group, axis=1))
 
         def hook(module, args, kwargs):
-            mask = kwargs.get("attention_mask")
-            if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
-                raise UnsupportedFeature(f"{lm.name}'s attention was not called with a 4-D mask (attn_implementation "
-                                         f"{lm.config._attn_implementation!r}); streaming heads need the eager path")
-            x = args[0] if args else kwargs["hidden_states"]
-            B, Tq, K = x.shape[0], mask.shape[-2], mask.shape[-1]
+            mask = _mask_of(lm, kwargs)
+            B = (args[0] if args else kwargs["hidden_states"]).shape[0]
             copies = len(plans)
             if B % copies:
                 raise ValueError(f"a batch of {B} rows is not {copies} stacked copies")
             rows = B // copies
-            pos = kwargs.get("position_ids")
-            q = (pos.to("cpu") if isinstance(pos, torch.Tensor) else torch.arange(K - Tq, K)[None]).reshape(-1, Tq)
-            q = q.expand(B, Tq) if q.shape[0] == 1 else q  # (B, Tq) absolute query positions
-            j = torch.arange(K)
-            sink = sinks.repeat_interleave(rows)[:, None, None]
-            recent = recents.repeat_interleave(rows)[:, None, None]
-            drop = ~((j[None, None] < sink) | (j[None, None] > q[..., None] - recent))  # (B, Tq, K)
-            hit = drop[:, None] & heads.repeat_interleave(rows, 0)[:, :, None, None]  # (B, nh, Tq, K)
-            low = torch.finfo(mask.dtype).min
-            kwargs["attention_mask"] = torch.where(hit.to(mask.device), torch.tensor(low, dtype=mask.dtype,
-                                                                                      device=mask.device), mask)
+            kwargs["attention_mask"] = _streamed(mask, kwargs, heads.repeat_interleave(rows, 0),
+                                                 sinks.repeat_interleave(rows), recents.repeat_interleave(rows))
             return args, kwargs
         return hook
 
@@ -170,6 +189,164 @@ def stream_heads(lm: LoadedModel, plan: KVPlan | Sequence[KVPlan]) -> Iterator[N
                                          with_kwargs=True):
             stack.callback(handle.remove)
         yield
+
+
+def _two_copies(value, batch: int, heads: int):
+    """A batch-shaped keyword argument of the attention as two stacked copies: a tensor whose first dimension is
+    the batch (rotary cos / sin, position ids) or the batch × heads, batch outer (Bloom's ALiBi biases), or a
+    tuple of them; anything else as it is."""
+    if isinstance(value, torch.Tensor) and value.dim() >= 2 and value.shape[0] in (batch, batch * heads):
+        return torch.cat([value, value])
+    if isinstance(value, tuple) and value and all(isinstance(v, torch.Tensor) for v in value):
+        return tuple(_two_copies(v, batch, heads) for v in value)
+    return value
+
+
+@contextmanager
+def gate_heads(lm: LoadedModel, gates: torch.Tensor, *, sink: int, recent: int) -> Iterator[None]:
+    """Within the block every planned layer mixes full and streaming attention per KV head (see the module).
+
+    The attention module of each planned layer is called once on two stacked copies of its input: copy 0 with
+    the model's own mask, copy 1 with every head's keys cut to the first `sink` and last `recent` (the mask
+    `stream_heads` applies); a pre-hook on W_O then writes α·copy 0 + (1 − α)·copy 1 per query head, α the
+    gate of the KV head it reads, so the layer returns one batch (a residual passed in after the hidden states,
+    Bloom's, is added to that one batch as it is). `gates` [layer, KV head] (float; entries of a
+    layer not planned are not read). No KV cache: call the model with `use_cache=False`.
+
+    >>> from headscope.probe.tiny import tiny_model
+    >>> lm = tiny_model("llama"); ids = torch.tensor([[1, 5, 6, 7, 8, 9, 10, 11]])
+    >>> with torch.no_grad():
+    ...     clean = lm.model(ids, use_cache=False).logits
+    ...     with gate_heads(lm, torch.ones(2, 2), sink=1, recent=2):
+    ...         ones = lm.model(ids, use_cache=False).logits
+    ...     with gate_heads(lm, torch.tensor([[1.0, 1.0], [0.5, 1.0]]), sink=1, recent=2):
+    ...         half = lm.model(ids, use_cache=False).logits
+    >>> torch.equal(ones, clean), bool((half[0, 3:] != clean[0, 3:]).any())
+    (True, True)
+    """
+    layout = kv_layout(lm)
+    if not isinstance(gates, torch.Tensor) or tuple(gates.shape) != layout.shape:
+        shape = tuple(gates.shape) if isinstance(gates, torch.Tensor) else type(gates).__name__
+        raise ValueError(f"gates are a tensor [layer, KV head] of {layout.shape} for {lm.name}; got {shape}")
+    if sink < 0 or recent < 1:
+        raise ValueError(f"a streaming head keeps sink >= 0 and recent >= 1 keys; got sink {sink}, recent {recent}")
+    layers = [l for l, p in enumerate(layout.planned) if p]
+    family, base = family_for(lm.config), base_model(lm)
+    widths = {l: family.layer_spec(base, l, lm.config).value_head_dim for l in layers}
+    nh = layout.n_heads
+
+    def attention_hook(layer):
+        def hook(module, args, kwargs):
+            if any(kwargs.get(k) is not None for k in ("cache", "past_key_values", "past_key_value", "layer_past")):
+                raise ValueError("gated attention runs without a KV cache: call the model with use_cache=False")
+            mask = _mask_of(lm, kwargs)
+            x = args[0] if args else kwargs["hidden_states"]
+            B = x.shape[0]
+            every = torch.ones(B, nh, dtype=torch.bool)
+            streamed = _streamed(mask, kwargs, every, torch.full((B,), sink), torch.full((B,), recent))
+            full = mask.expand(B, nh, *mask.shape[-2:])
+            kwargs = {k: _two_copies(v, B, nh) for k, v in kwargs.items()}
+            kwargs["attention_mask"] = torch.cat([full, streamed])
+            if args:
+                args = (torch.cat([x, x]), *args[1:])
+            else:
+                kwargs["hidden_states"] = torch.cat([x, x])
+            return args, kwargs
+        return hook
+
+    def out_hook(layer):
+        def hook(module, args):
+            y = args[0]
+            B = y.shape[0] // 2
+            if y.shape[-1] != nh * widths[layer] or 2 * B != y.shape[0]:
+                raise RuntimeError(f"layer {layer}'s W_O was called with {tuple(y.shape)}, not two stacked copies of "
+                                   f"{nh} heads × {widths[layer]}")
+            a = gates[layer].to(y.device, y.dtype).repeat_interleave(layout.group * widths[layer])
+            return (a * y[:B] + (1 - a) * y[B:], *args[1:])
+        return hook
+
+    with ExitStack() as stack:
+        for handle in family.hook_layers(base, lm.config, layers, attention_hook, where="attention", pre=True,
+                                         with_kwargs=True):
+            stack.callback(handle.remove)
+        for handle in family.hook_layers(base, lm.config, layers, out_hook, where="out_proj", pre=True):
+            stack.callback(handle.remove)
+        yield
+
+
+@dataclass(frozen=True, eq=False)
+class GateFit:
+    """Learned gates [layer, KV head] (NaN where a layer is not planned; high: keep the full cache), per step the
+    loss and its distillation part, and the recipe (steps, tokens, λ, ...)."""
+
+    gates: np.ndarray
+    losses: tuple[float, ...]
+    distill: tuple[float, ...]
+    settings: dict = field(default_factory=dict)
+
+
+def optimise_gates(lm: LoadedModel, examples: Sequence[tuple[Sequence[int], int]], *, sink: int, recent: int,
+                   steps: int = 30, lr: float = 0.1, l1: float = 0.05, seed: int = 0,
+                   progress: Callable[[int], None] | None = None) -> GateFit:
+    """DuoAttention's gate optimisation (Xiao et al. 2024) on `examples`: (token ids, `answer`) pairs, a passkey
+    prompt followed by its answer's tokens from position `answer` on. Per step one example (a seeded order,
+    every example once per round): the full model's last hidden states at the positions that predict the answer
+    (answer − 1 … end − 1) are the target (computed once per example); under `gate_heads` the loss is their
+    mean squared distance (mean over the hidden size, then over positions: DuoAttention's distillation) plus
+    `l1` × the mean gate over planned KV heads (its L1 term, λ = 0.05 there). Adam (`lr`; DuoAttention's default
+    0.1), gates initialised at 1 and clamped to [0, 1] after each step. Only the gates get a gradient
+    (`torch.autograd.grad`): the model's weights and their `.grad` are never touched."""
+    layout = kv_layout(lm)
+    if not examples:
+        raise ValueError("gate optimisation needs at least one passkey example")
+    for ids, ans in examples:
+        if not 1 <= ans < len(ids):
+            raise ValueError(f"an example's answer starts at {ans}: it must lie in 1 .. {len(ids) - 1} (its ids "
+                             "hold the prompt and then the answer)")
+    if int(steps) != steps or steps < 1:
+        raise ValueError(f"steps is a whole number >= 1, got {steps}")
+    if not lr > 0 or not l1 >= 0:
+        raise ValueError(f"the learning rate is > 0 and the L1 weight >= 0; got lr {lr}, l1 {l1}")
+    base = base_model(lm)
+    planned = torch.tensor(layout.planned, device=lm.device)
+    gates = torch.ones(layout.shape, dtype=torch.float32, device=lm.device, requires_grad=True)
+    opt = torch.optim.Adam([gates], lr=lr)
+    rng = np.random.default_rng(seed)
+    order = np.concatenate([rng.permutation(len(examples)) for _ in range(-(-int(steps) // len(examples)))])
+    targets: dict[int, torch.Tensor] = {}
+    losses, distills, tokens = [], [], 0
+
+    def hidden(x: torch.Tensor, first: int) -> torch.Tensor:
+        return base(input_ids=x, use_cache=False).last_hidden_state[0, first - 1 : -1].float()
+
+    for step in range(int(steps)):
+        i = int(order[step])
+        ids, ans = examples[i]
+        x = torch.tensor([list(ids)], device=lm.device)
+        if i not in targets:
+            with torch.no_grad():
+                targets[i] = hidden(x, ans)
+        with torch.enable_grad(), gate_heads(lm, gates, sink=sink, recent=recent):
+            distill = (hidden(x, ans) - targets[i]).pow(2).mean(-1).mean()
+            loss = distill + l1 * gates[planned].mean()
+            (grad,) = torch.autograd.grad(loss, gates)
+        gates.grad = grad
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        with torch.no_grad():
+            gates.clamp_(0, 1)
+        losses.append(float(loss.detach()))
+        distills.append(float(distill.detach()))
+        tokens += len(ids)
+        if progress is not None:
+            progress(1)
+    out = gates.detach().cpu().numpy().astype(float)
+    out[~np.array(layout.planned)] = np.nan
+    settings = {"steps": int(steps), "lr": float(lr), "l1": float(l1), "seed": int(seed), "sink": int(sink),
+                "recent": int(recent), "examples": len(examples), "tokens": int(tokens),
+                "tokens_per_step": tokens / int(steps), "optimiser": "Adam", "init": 1.0,
+                "loss": "mean squared distance of the last hidden states at the answer's positions + l1 × mean gate"}
+    return GateFit(gates=out, losses=tuple(losses), distill=tuple(distills), settings=settings)
 
 
 @dataclass(frozen=True)

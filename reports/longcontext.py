@@ -47,7 +47,17 @@ def long_context_frames(r: RetrievalResult) -> dict:
                         f"{len(r.needles) - len(r.selection_correct)} held out) of {', '.join(map(str, s['lengths']))} "
                         f"tokens; {r.scores.copies} copy steps; streaming heads keep sink {s['sink']} + recent "
                         f"{s['recent']} keys; masks {'at every token' if s.get('scope') == 'prompt' else 'from the question on'}"),
-            "plan": (f"plan by {r.ranking}: {r.plan.n_full} of {r.plan.n_planned} KV heads full")}
+            "plan": (f"plan by {r.ranking}: {r.plan.n_full} of {r.plan.n_planned} KV heads full"),
+            "gates": _gate_line(s.get("gates"))}
+
+
+def _gate_line(g: dict | None) -> str | None:
+    """DuoAttention's gate optimisation in words: its steps, tokens and λ (the issue asks them said)."""
+    if not g:
+        return None
+    return (f"gates: DuoAttention's gate optimisation, {g['steps']} Adam steps (lr {g['lr']:g}) over {g['examples']} "
+            f"selection needles, {g['tokens']:,} tokens in all, λ = {g['l1']:g} on the mean gate; loss "
+            f"{g['loss_first']:.3g} → {g['loss_last']:.3g}")
 
 
 def long_context_tables(r: RetrievalResult | None) -> dict[str, pd.DataFrame | None]:

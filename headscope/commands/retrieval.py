@@ -49,6 +49,8 @@ def _write_pattern(result, folder: Path) -> None:
     def fill(tmp: Path) -> None:
         (tmp / "full_attention_heads.tsv").write_text(result.plan.pattern_table(), encoding="utf-8")
         (tmp / "config.json").write_text(json.dumps(result.plan.pattern_config(), indent=2) + "\n", encoding="utf-8")
+        if result.gates is not None:  # the learned gates as DuoAttention's training writes them, 1 where not planned
+            (tmp / "gates.tsv").write_text(result.gate_table(), encoding="utf-8")
 
     try:
         hs_.write_folder(folder, fill)
@@ -74,9 +76,13 @@ def _write_pattern(result, folder: Path) -> None:
 @options(random_sets(10))
 @click.option("--check/--no-check", default=True, show_default=True, help="Run the causal check.")
 @click.option("--sensitivity", is_flag=True, help="Also stream each KV head alone over the held-out text.")
-@click.option("--rank-by", "ranking", type=click.Choice(["retrieval", "sensitivity", "combined"]),
+@click.option("--gates", "gate_steps", type=click.IntRange(min=0), default=0, show_default=True, metavar="STEPS",
+              help="Also learn DuoAttention's gate per KV head: STEPS steps of its gate optimisation on the "
+                   "selection needles (0: none).")
+@click.option("--rank-by", "ranking", type=click.Choice(["retrieval", "sensitivity", "combined", "gate"]),
               default="retrieval", show_default=True,
-              help="What orders the KV heads of the plan (combined: the mean of the two ranks).")
+              help="What orders the KV heads of the plan (combined: the mean of the retrieval and sensitivity "
+                   "ranks; gate: needs --gates).")
 @click.option("--scope", type=click.Choice(["prompt", "question"]), default="prompt", show_default=True,
               help="Where masks apply on a needle prompt: every token, or from the question on (each needle's "
                    "context run once by the full model and shared: much faster).")
@@ -94,17 +100,20 @@ def _write_pattern(result, folder: Path) -> None:
               help="Write the plan as DuoAttention reads it: a new folder with full_attention_heads.tsv "
                    "(layers × KV heads, 1 full) and config.json (sink_size, recent_size).")
 @options("seed", "out", "quiet", "json", "device")
-def cli(model_name, corpus_path, limit, n_needles, lengths, depths, phrasings, top, n_random, check, sensitivity, ranking,
-        scope, curve, fraction, sink, recent, pattern, seed, out_path, quiet, as_json, placement) -> None:
+def cli(model_name, corpus_path, limit, n_needles, lengths, depths, phrasings, top, n_random, check, sensitivity,
+        gate_steps, ranking, scope, curve, fraction, sink, recent, pattern, seed, out_path, quiet, as_json,
+        placement) -> None:
     """Retrieval heads of a decoder on needle prompts, the causal check, and a per-head KV-cache plan.
 
     --corpus: the first half of its texts makes the haystacks, the second half the held-out text. --random: the
     random head sets masked for comparison in the causal check.
 
     --out writes the per-head table (retrieval score with counts and interval, the KV head's pooled score,
-    streaming sensitivity, full or streaming)."""
+    streaming sensitivity, learned gate, full or streaming)."""
     from headscope import retrieval
 
+    if ranking == "gate" and not gate_steps:
+        fail("--rank-by gate needs --gates STEPS (the steps of DuoAttention's gate optimisation, e.g. --gates 20)")
     own = [_phrasing(p) for p in phrasings]
     texts = corpus_or_fail(corpus_path, limit).texts if corpus_path is not None else None
     lm = load_or_fail(model_name, placement)
@@ -113,7 +122,7 @@ def cli(model_name, corpus_path, limit, n_needles, lengths, depths, phrasings, t
         result = retrieval(lm, n_needles=n_needles, lengths=lengths, depths=depths, corpus=texts, seed=seed, top=top,
                            n_random=n_random, check=check, sensitivity=sensitivity, sink=sink, recent=recent,
                            fraction=fraction, ranking=ranking, scope=scope, curve=curve, n_random_plans=n_random,
-                           progress=not quiet, **({"phrasings": own} if own else {}))
+                           gate_steps=gate_steps, progress=not quiet, **({"phrasings": own} if own else {}))
     except ValueError as exc:
         fail(str(exc))
     if pattern is not None:
@@ -133,5 +142,9 @@ def cli(model_name, corpus_path, limit, n_needles, lengths, depths, phrasings, t
     for line in d["curve_verdicts"]:
         click.echo(line)
     p = d["plan"]
+    if d["settings"].get("gates"):
+        g = d["settings"]["gates"]
+        click.echo(f"gates: {g['steps']} steps, {g['tokens']:,} tokens, λ {g['l1']:g}; loss {g['loss_first']:.3g} → "
+                   f"{g['loss_last']:.3g}")
     click.echo(f"plan by {p['ranking']}: {p['n_full']} of {p['n_planned']} KV heads full, the rest sink {p['sink_size']} "
                f"+ recent {p['recent_size']}")

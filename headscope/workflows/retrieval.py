@@ -10,12 +10,16 @@
         check         the top `top` share of heads by that score zeroed (`probe.interventions.ablate`) against
                       `n_random` random sets of as many heads, needle accuracy on the held-out needles, a paired
                       permutation p-value and the verdict in words
+        gates         optional (`gate_steps`): DuoAttention's gate optimisation (`optimise_gates`) on the selection
+                      needles, each prompt followed by its key: `gate_steps` steps of Adam (`gate_lr`) on the
+                      distillation of the answer's last hidden states plus `gate_l1` × the mean gate; the learned
+                      gate of each KV head ranks it (steps, tokens and λ in `settings["gates"]`)
         sensitivity   optional: each KV head streamed alone (sink + recent keys), the mean KL divergence of the
                       next-token distribution from the full model's over a held-out text (the second half of
                       the built-in text, or `text`); `sensitivity_queries`: its last positions only
         plan          `fraction` of the planned KV heads full, ranked by `ranking` (the retrieval score pooled
-                      per KV head as the largest of its query heads', the streaming sensitivity, or both
-                      combined: the mean of the two ranks); the rest streaming; DuoAttention's pattern
+                      per KV head as the largest of its query heads', the streaming sensitivity, both
+                      combined: the mean of the two ranks, or the learned gate); the rest streaming; DuoAttention's pattern
         curve         optional (`curve`: fractions of full KV heads): the cost of the plans by each ranking at
                       each fraction, of `n_random_plans` random plans at each, all streaming and all full —
                       held-out needle accuracy, perplexity of the held-out text, KV bytes (`plan_cost`'s table)
@@ -53,14 +57,17 @@ from headscope.probe.encoding import check_texts
 from headscope.probe.interventions import ablate
 from headscope.probe.kvplan import PHRASINGS, KVPlan, Phrasing, default_window, make_needles, typed_needle
 from headscope.probe.longcontext import (KVLayout, NeedlePrompt, answer, answers, copy_steps, kv_layout, needle_prompt,
-                                         prefill, retrieval_hits, stream_heads, stream_sensitivity, token_losses)
+                                         optimise_gates, prefill, retrieval_hits, stream_heads, stream_sensitivity,
+                                         token_losses)
 from headscope.probe.model import LoadedModel
 from headscope.probe.progress import progress as progress_bar
 from headscope.probe.types import seed_value, whole_number
 
-__all__ = ["retrieval", "needle_hits", "plan_cost", "run_section", "curve_plans", "Ranking", "Scope", "DEFAULT_DEPTHS"]
+__all__ = ["retrieval", "needle_hits", "plan_cost", "run_section", "curve_plans", "gate_examples", "Ranking",
+           "RANKINGS", "Scope", "DEFAULT_DEPTHS"]
 
-Ranking = Literal["retrieval", "sensitivity", "combined"]
+Ranking = Literal["retrieval", "sensitivity", "combined", "gate"]
+RANKINGS: tuple[str, ...] = ("retrieval", "sensitivity", "combined", "gate")
 Scope = Literal["prompt", "question"]
 PLAN_BATCH = 8  # plans decoded together from one shared context (scope "question")
 PPL_TOKENS = 256  # scope "question": the perplexity of the held-out text's last tokens, the rest its context
@@ -84,6 +91,13 @@ def _halves(lm: LoadedModel, corpus: Sequence[str] | None, text: str | None) -> 
 def _max_new(lm: LoadedModel, prompts: Sequence[NeedlePrompt]) -> int:
     """Enough steps for the longest key as the model writes it after a space, and two more."""
     return 2 + max(len(lm.tokenizer(" " + p.key, add_special_tokens=False)["input_ids"]) for p in prompts)
+
+
+def gate_examples(lm: LoadedModel, prompts: Sequence[NeedlePrompt]) -> list[tuple[tuple[int, ...], int]]:
+    """DuoAttention's synthetic passkey data from needle prompts: each prompt followed by its key as the model
+    writes it after a space, and where that answer starts (`optimise_gates`' examples)."""
+    return [(tuple(p.ids) + tuple(lm.tokenizer(" " + p.key, add_special_tokens=False)["input_ids"]), len(p.ids))
+            for p in prompts]
 
 
 def _outcomes(lm: LoadedModel, prompts: Sequence[NeedlePrompt], steps: int, *, scope: Scope,
@@ -160,12 +174,15 @@ def retrieval(lm: LoadedModel, *, n_needles: int = 16, n_selection: int | None =
               sink: int | None = None, recent: int | None = None, fraction: float = 0.5,
               ranking: Ranking = "retrieval", scope: Scope = "prompt", curve: Sequence[float] = (),
               n_random_plans: int = 10, random_fractions: Sequence[float] | None = None,
-              perplexity_draws: int | None = None, progress: bool = False) -> RetrievalResult:
+              perplexity_draws: int | None = None, gate_steps: int = 0, gate_lr: float = 0.1, gate_l1: float = 0.05,
+              progress: bool = False) -> RetrievalResult:
     """Retrieval heads, the causal check, a KV plan and optionally its cost curve (see the module). `sink` /
     `recent`: a streaming head's first and last keys; `n_selection`: needles in the selection half (default half,
     the rest held out) (default `default_window` of the model's context);
     `perplexity_draws`: how many of each fraction's random plans also get the perplexity (a forward over the
-    whole text each; default all); `random_fractions`: the curve's fractions that get random plans (default all).
+    whole text each; default all); `random_fractions`: the curve's fractions that get random plans (default all);
+    `gate_steps`: DuoAttention's gate optimisation on the selection needles (0: none; `gate_lr`, `gate_l1` its
+    Adam step and λ, DuoAttention's 0.1 and 0.05).
 
     >>> from headscope.probe.tiny import tiny_model
     >>> r = retrieval(tiny_model("llama"), n_needles=2, lengths=[100], depths=[0.5], check=False,
@@ -180,10 +197,15 @@ def retrieval(lm: LoadedModel, *, n_needles: int = 16, n_selection: int | None =
     scope = _scope(scope)
     if not 0 < top < 1:
         raise ValueError(f"top is a share of the heads in (0, 1), got {top}")
-    if ranking not in ("retrieval", "sensitivity", "combined"):
-        raise ValueError(f"ranking must be 'retrieval', 'sensitivity' or 'combined', got {ranking!r}")
-    if ranking != "retrieval" and not sensitivity:
+    gate_steps = whole_number(gate_steps, "gate_steps", minimum=0)
+    if ranking not in RANKINGS:
+        raise ValueError(f"ranking must be one of {', '.join(map(repr, RANKINGS))}, got {ranking!r}")
+    if ranking in ("sensitivity", "combined") and not sensitivity:
         raise ValueError(f"ranking={ranking!r} needs sensitivity=True (each KV head streamed alone)")
+    if ranking == "gate" and not gate_steps:
+        raise ValueError("ranking='gate' needs gate_steps >= 1 (DuoAttention's gate optimisation)")
+    if gate_steps and not (gate_lr > 0 and gate_l1 >= 0):
+        raise ValueError(f"gate_lr is > 0 and gate_l1 >= 0; got {gate_lr} and {gate_l1}")
     if any(not 0 <= f <= 1 for f in curve):
         raise ValueError(f"the curve's fractions of full KV heads are in [0, 1], got {list(curve)}")
     layout = kv_layout(lm)
@@ -225,12 +247,19 @@ def retrieval(lm: LoadedModel, *, n_needles: int = 16, n_selection: int | None =
         with progress_bar(total=n_cells, desc="KV heads streamed alone", enabled=progress, leave=False) as sbar:
             sens = stream_sensitivity(lm, held_ids, sink=sink, recent=recent, queries=sensitivity_queries,
                                       progress=sbar.update)
+    fit = None
+    if gate_steps:
+        with progress_bar(total=gate_steps, desc="gate optimisation steps", enabled=progress, leave=False) as gbar:
+            fit = optimise_gates(lm, gate_examples(lm, selection), sink=sink, recent=recent, steps=gate_steps,
+                                 lr=gate_lr, l1=gate_l1, seed=seed, progress=gbar.update)
     # no copy step: no retrieval ranking (only streaming alone gets here, see above)
     rankings = {"retrieval": scores.kv_score()} if scores.scored else {}
     if sens is not None:
         rankings["sensitivity"] = sens
         if scores.scored:
             rankings["combined"] = combined_rank(rankings["retrieval"], sens)
+    if fit is not None:
+        rankings["gate"] = fit.gates
     planned = np.array(layout.planned)
     plan = KVPlan.from_ranking(rankings[ranking], fraction, sink=sink, recent=recent, planned=planned,
                                own_window=layout.own_window, name=f"{ranking} {fraction:.0%}")
@@ -260,9 +289,13 @@ def retrieval(lm: LoadedModel, *, n_needles: int = 16, n_selection: int | None =
                 "top": top, "k": k, "n_random": n_random, "sink": sink, "recent": recent, "fraction": fraction,
                 "max_new_tokens": steps, "pooling": "a KV head's score is the largest of its query heads'",
                 "held_out_text_tokens": len(held_ids), "scope": scope, "sensitivity_queries": sensitivity_queries,
-                "curve": [float(f) for f in curve], "n_random_plans": n_random_plans if curve else 0}
+                "curve": [float(f) for f in curve], "n_random_plans": n_random_plans if curve else 0,
+                "gates": None if fit is None else fit.settings | {"loss_first": fit.losses[0], "loss_last": fit.losses[-1],
+                                                                   "losses": list(fit.losses),
+                                                                   "distill": list(fit.distill)}}
     return RetrievalResult(model=lm.name, needles=tuple(needles), selection_correct=tuple(selection_correct),
                            scores=scores, check=result_check, sensitivity=sens, plan=plan, ranking=ranking,
+                           gates=None if fit is None else fit.gates,
                            n_tokens=tuple(p.n_tokens for p in prompts), settings=settings, costs=costs)
 
 
@@ -335,8 +368,7 @@ def _cost_frame(lm: LoadedModel, layout: KVLayout, plans: Sequence[KVPlan], outc
     for i, (plan, ok) in enumerate(zip(plans, outcomes)):
         lo, hi = wilson(sum(ok), len(ok)) if ok else (math.nan, math.nan)
         b = plan.kv_bytes(n_tokens, head_dim=layout.head_dim, bytes_per_value=layout.bytes_per_value)
-        kind = plan.name.split(" ")[0] if plan.name.split(" ")[0] in ("retrieval", "sensitivity", "combined",
-                                                                        "random") else plan.name
+        kind = plan.name.split(" ")[0] if plan.name.split(" ")[0] in (*RANKINGS, "random") else plan.name
         p = ppl.get(i, math.nan)
         rows.append({"plan": plan.name, "kind": kind, "fraction_full": plan.fraction_full, "n_full": plan.n_full,
                      "needle_accuracy": sum(ok) / len(ok) if ok else math.nan, "accuracy_low": lo,
