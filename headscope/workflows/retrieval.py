@@ -233,11 +233,11 @@ def retrieval(lm: LoadedModel, *, n_needles: int = 16, n_selection: int | None =
     bar.close()
     scores = RetrievalScores(model=lm.name, hits=hits, copies=copies, n_kv_heads=layout.n_kv_heads,
                              needles=tuple(p.needle.index for p in selection))
-    if not scores.scored and (check or ranking != "sensitivity"):
+    if not scores.scored and (check or ranking in ("retrieval", "combined")):
         raise ValueError(f"{NO_COPIES} ({lm.name} answered {sum(selection_correct)} of {len(selection)} selection "
                          "needles); nothing to rank heads by: give more or other needles (lengths, --phrasing), a "
                          "model that answers them, or plan by streaming alone (--sensitivity --rank-by sensitivity "
-                         "--no-check)")
+                         "--no-check) or by learned gates (--gates STEPS --rank-by gate --no-check)")
     sens = None
     if sensitivity:
         if sensitivity_queries is not None:  # at most the positions whose keys the window drops
