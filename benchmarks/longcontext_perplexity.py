@@ -1,6 +1,6 @@
 """The cost curve's perplexity on a second held-out text, apart from the one the sensitivity ranking was made on.
 
-    nice -n 10 python benchmarks/longcontext_perplexity.py RUN.json OUT.json [question|prompt]
+    nice -n 10 python benchmarks/longcontext_perplexity.py RUN.json OUT.json [question|prompt] [TEXT_FILE [TOKENS]]
 
 RUN.json is `longcontext_numbers.py`'s output. Its sensitivity ranking streamed each KV head over the last 64
 positions of the first LENGTH tokens of the corpus's second half, and its perplexities were of the last 256 of
@@ -10,6 +10,12 @@ the tokens after those (the rest of the corpus's second half): with "question" (
 tokens under each plan, the text before them run once by the full model (as in the run); with "prompt" the
 plan over the whole text (DuoAttention's streaming from the first token), for the plans at 50%, 3 of the
 random ones and all streaming only (a forward over the whole text each; all full is the model's own).
+
+TEXT_FILE: score a long coherent document instead (its first TOKENS tokens, default the run's needle length):
+the built-in corpus is short unrelated passages, where far keys barely help prediction, so every plan keeps
+its perplexity; a document that refers back to itself (a licence's defined terms, a chapter's names) is where
+streaming heads should cost something. The GNU GPL v3 text (https://www.gnu.org/licenses/gpl-3.0.txt, about
+7,500 tokens) is one such public document.
 """
 
 from __future__ import annotations
@@ -44,8 +50,14 @@ def main() -> None:
                 "combined": combined_rank(grid["kv_retrieval_score"], grid["stream_sensitivity"])}
     plans = curve_plans(layout, rankings, settings["curve"], settings["n_random_plans"], sink=settings["sink"],
                         recent=settings["recent"], seed=settings["seed"], random_fractions=(0.5,))
-    lines = hs.builtin_corpus()
-    text = list(lm.tokenizer(" ".join(lines[len(lines) // 2:]))["input_ids"])[settings["held_out_text_tokens"]:]
+    if len(sys.argv) > 4:
+        tokens = int(sys.argv[5]) if len(sys.argv) > 5 else settings["lengths"][0]
+        with open(sys.argv[4], encoding="utf-8") as f:
+            document = " ".join(f.read().split())  # one paragraph: the file's line breaks are layout, not text
+        text = list(lm.tokenizer(document)["input_ids"])[:tokens]
+    else:
+        lines = hs.builtin_corpus()
+        text = list(lm.tokenizer(" ".join(lines[len(lines) // 2:]))["input_ids"])[settings["held_out_text_tokens"]:]
     pre = prefill(lm, text[: len(text) - PPL_TOKENS]) if scope == "question" else None
     if scope == "prompt":
         keep = ["retrieval 50%", "sensitivity 50%", "combined 50%", "all streaming",
@@ -58,6 +70,7 @@ def main() -> None:
         rows.append({"plan": plan.name, "n_full": plan.n_full, "perplexity": ppl, "perplexity_change": ppl / dense - 1})
         with open(path, "w") as f:
             json.dump(json_safe({"model": run["model"], "scope": scope, "text_tokens": len(text),
+                                 "text": sys.argv[4] if len(sys.argv) > 4 else "built-in corpus, second half, after the run's",
                                  "scored_tokens": PPL_TOKENS if pre is not None else len(text) - 1,
                                  "dense": dense, "plans": rows}), f, indent=2)
         print(rows[-1], flush=True)
