@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Iterator, Sequence
 
@@ -45,6 +45,7 @@ from .errors import UnsupportedFeature
 from .families import family_for
 from .forward import attention_layers, base_model
 from .generate import cache_argument, eos_ids
+from .hooks import LayerModules, first_input, replace
 from .kvplan import KVPlan, Needle
 from .model import LoadedModel
 
@@ -134,39 +135,33 @@ def stream_heads(lm: LoadedModel, plan: KVPlan | Sequence[KVPlan]) -> Iterator[N
     sinks = torch.tensor([p.sink for p in plans])
     recents = torch.tensor([p.recent for p in plans])
 
-    def make_hook(layer):
-        # (copies, n_heads): query head h streams when its KV head does
-        heads = torch.from_numpy(np.repeat(streamed[:, layer], layout.group, axis=1))
+    # (copies, n_heads) per layer: query head h streams when its KV head does
+    heads = {layer: torch.from_numpy(np.repeat(streamed[:, layer], layout.group, axis=1)) for layer in layers}
 
-        def hook(module, args, kwargs):
-            mask = kwargs.get("attention_mask")
-            if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
-                raise UnsupportedFeature(f"{lm.name}'s attention was not called with a 4-D mask (attn_implementation "
-                                         f"{lm.config._attn_implementation!r}); streaming heads need the eager path")
-            x = args[0] if args else kwargs["hidden_states"]
-            B, Tq, K = x.shape[0], mask.shape[-2], mask.shape[-1]
-            copies = len(plans)
-            if B % copies:
-                raise ValueError(f"a batch of {B} rows is not {copies} stacked copies")
-            rows = B // copies
-            pos = kwargs.get("position_ids")
-            q = (pos.to("cpu") if isinstance(pos, torch.Tensor) else torch.arange(K - Tq, K)[None]).reshape(-1, Tq)
-            q = q.expand(B, Tq) if q.shape[0] == 1 else q  # (B, Tq) absolute query positions
-            j = torch.arange(K)
-            sink = sinks.repeat_interleave(rows)[:, None, None]
-            recent = recents.repeat_interleave(rows)[:, None, None]
-            drop = ~((j[None, None] < sink) | (j[None, None] > q[..., None] - recent))  # (B, Tq, K)
-            hit = drop[:, None] & heads.repeat_interleave(rows, 0)[:, :, None, None]  # (B, nh, Tq, K)
-            low = torch.finfo(mask.dtype).min
-            kwargs["attention_mask"] = torch.where(hit.to(mask.device), torch.tensor(low, dtype=mask.dtype,
-                                                                                      device=mask.device), mask)
-            return args, kwargs
-        return hook
+    def stream(layer, call):
+        args, kwargs = call
+        mask = kwargs.get("attention_mask")
+        if not isinstance(mask, torch.Tensor) or mask.dim() != 4:
+            raise UnsupportedFeature(f"{lm.name}'s attention was not called with a 4-D mask (attn_implementation "
+                                     f"{lm.config._attn_implementation!r}); streaming heads need the eager path")
+        x = first_input(args, kwargs)
+        B, Tq, K = x.shape[0], mask.shape[-2], mask.shape[-1]
+        copies = len(plans)
+        if B % copies:
+            raise ValueError(f"a batch of {B} rows is not {copies} stacked copies")
+        rows = B // copies
+        pos = kwargs.get("position_ids")
+        q = (pos.to("cpu") if isinstance(pos, torch.Tensor) else torch.arange(K - Tq, K)[None]).reshape(-1, Tq)
+        q = q.expand(B, Tq) if q.shape[0] == 1 else q  # (B, Tq) absolute query positions
+        j = torch.arange(K)
+        sink = sinks.repeat_interleave(rows)[:, None, None]
+        recent = recents.repeat_interleave(rows)[:, None, None]
+        drop = ~((j[None, None] < sink) | (j[None, None] > q[..., None] - recent))  # (B, Tq, K)
+        hit = drop[:, None] & heads[layer].repeat_interleave(rows, 0)[:, :, None, None]  # (B, nh, Tq, K)
+        low = torch.tensor(torch.finfo(mask.dtype).min, dtype=mask.dtype, device=mask.device)
+        return args, {**kwargs, "attention_mask": torch.where(hit.to(mask.device), low, mask)}
 
-    with ExitStack() as stack:
-        for handle in family.hook_layers(base, lm.config, layers, make_hook, where="attention", pre=True,
-                                         with_kwargs=True):
-            stack.callback(handle.remove)
+    with replace(LayerModules(family, base, lm.config, layers, "attention"), stream, what="arguments"):
         yield
 
 
