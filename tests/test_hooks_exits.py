@@ -21,6 +21,7 @@ from headscope.probe.kvplan import KVPlan
 from headscope.probe.longcontext import stream_heads
 from headscope.probe.recompute import iter_blocks
 from headscope.probe.replay import CleanPrefix
+from headscope.workflows.mechanisms import attribution_patch, patch
 
 TEXTS = ["The cat sat on the mat, and the dog sat on the log!", "Mary told John."]
 
@@ -117,27 +118,50 @@ def test_replaying_from_a_layer_leaves_no_hook_and_no_forward_after_an_error(lla
     assert not any("forward" in vars(m) for m in llama.model.modules())  # the replayed blocks' own forward gone
 
 
-def _broken_layer(lm, layer: int = 1):
-    """Within the block, the forward pass raises `_Boom` on entering `layer`'s attention (a hook of the test's own,
-    removed with the block)."""
-    family = family_for(lm.config)
-    return watch(LayerModules(family, base_model(lm), lm.config, [layer], "attention"), _boom, what="arguments")
+def _total(model) -> int:
+    return sum(len(m._forward_pre_hooks) + len(m._forward_hooks) for m in model.modules())
 
 
-# The probes that hook a pass of their own (no block of the caller's): the model's forward raises mid-pass.
+def _broken_layer(lm, layer: int = 1, nth: int = 1, held: list | None = None):
+    """Within the block, the forward pass raises `_Boom` on entering `layer`'s attention for the `nth` time (a hook
+    of the test's own, removed with the block); `held` gets the number of hooks the model holds then."""
+    family, calls = family_for(lm.config), []
+
+    def count(key, call):
+        calls.append(key)
+        if len(calls) == nth:
+            if held is not None:
+                held.append(_total(lm.model))
+            raise _Boom
+
+    return watch(LayerModules(family, base_model(lm), lm.config, [layer], "attention"), count, what="arguments")
+
+
+# The probes that hook passes of their own (no block of the caller's): the model's forward raises mid-pass, in the
+# pass given (patching: passes 1 and 2 are the clean and corrupt metrics, 3 the source run, 4 the first patched run;
+# path patching's 3 and 4 are its source runs, 5 its frozen run; attribution's 4 the pass it differentiates).
 PASSES = {
-    "head_means": lambda lm: iv.head_means(lm, TEXTS),
-    "extract": lambda lm: extract(lm, TEXTS),
-    "recompute blocks": lambda lm: list(iter_blocks(lm, TEXTS[0], budget=2000)),
+    "head_means": (lambda lm: iv.head_means(lm, TEXTS), 1),
+    "extract": (lambda lm: extract(lm, TEXTS), 1),
+    "recompute blocks": (lambda lm: list(iter_blocks(lm, TEXTS[0], budget=2000)), 1),
+    "patch source": (lambda lm: patch(lm, "ioi", what="mlp", n_random=1), 3),
+    "patch mlp": (lambda lm: patch(lm, "ioi", what="mlp", n_random=1), 4),
+    "patch head_out": (lambda lm: patch(lm, "ioi", what="head_out", n_random=1), 4),
+    "patch q": (lambda lm: patch(lm, "ioi", what="q", n_random=1), 4),
+    "patch resid": (lambda lm: patch(lm, "ioi", what="resid", n_random=1), 4),
+    "path patch": (lambda lm: patch(lm, "ioi", what="path", sender=(0, 1), freeze_mlps=True, n_random=1), 5),
+    "attribution resid": (lambda lm: attribution_patch(lm, "ioi", what="resid", compare=False), 4),
 }
 
 
 @pytest.mark.parametrize("name", sorted(PASSES))
 def test_an_error_in_the_forward_of_a_probes_own_pass_leaves_no_hook(llama, name):
-    PASSES[name](llama)  # transformers' recorders for what this pass asks (attention weights, say) installed
-    hooks, state = _hooks(llama.model), _state(llama.model)
-    with _broken_layer(llama), pytest.raises(_Boom):
-        PASSES[name](llama)
+    run, nth = PASSES[name]
+    run(llama)  # transformers' recorders for what this pass asks (attention weights, say) installed
+    hooks, state, held = _hooks(llama.model), _state(llama.model), []
+    with _broken_layer(llama, nth=nth, held=held), pytest.raises(_Boom):
+        run(llama)
+    assert held[0] > _total(llama.model) + 1  # it raised while the probe's hooks were in place (and ours)
     _model_as_it_was(llama, hooks, state)
 
 
@@ -151,3 +175,35 @@ def test_image_cross_attention_leaves_no_hook_after_an_error():
     with watch({"cross": reading.cross.attention(base_model(lm), cross)}, _boom), pytest.raises(_Boom):
         image_cross_attention(lm, "<|image|> a cat", images=[picture])
     _model_as_it_was(lm, hooks, state)
+
+
+class _VisionAttention(torch.nn.Module):
+    """A vision attention as Qwen-VL's towers call it: hidden states by keyword, the segments as `cu_seqlens`."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = torch.nn.Linear(4, 4)
+
+    def forward(self, hidden_states, cu_seqlens=None):
+        return self.proj(hidden_states)
+
+
+def test_vision_calls_catch_each_layer_and_leave_no_hook_when_the_tower_raises():
+    from headscope.probe.qwen_vision import vision_calls
+
+    torch.manual_seed(0)
+    layers, x, cu = [_VisionAttention(), _VisionAttention()], torch.randn(5, 4), torch.tensor([0, 2, 5])
+
+    def run(fail: bool = False):
+        h = layers[0](hidden_states=x, cu_seqlens=cu)
+        if fail:
+            raise _Boom
+        layers[1](hidden_states=h)
+
+    ins, cus, outs = vision_calls(run, layers, [a.proj for a in layers])
+    first = layers[0].proj(x).detach()  # by hand: layer 1 reads layer 0's output and is given no segments
+    assert torch.equal(ins[0], x) and torch.equal(outs[0], first) and torch.equal(ins[1], first)
+    assert torch.equal(outs[1], layers[1].proj(first)) and cus[0] is cu and cus[1] is None
+    with pytest.raises(_Boom):
+        vision_calls(lambda: run(fail=True), layers, [a.proj for a in layers])
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for a in layers for m in a.modules())
