@@ -172,3 +172,18 @@ def test_catch_layers_tells_apart_layers_that_share_one_module():
     for i in layers:
         assert torch.equal(ins[i], states[i])
     assert _hook_count(base) == before  # the model's own hooks (transformers registers some) only
+
+
+def test_no_probe_registers_a_forward_hook_but_through_hooks_py():
+    """One mechanism: every scoped hook goes through probe/hooks.py (removed on every exit); heap.py's hook lives as
+    long as the model it was loaded with, by design."""
+    from pathlib import Path
+
+    import headscope.probe as probe
+
+    root = Path(probe.__file__).resolve().parent
+    allowed = {root / "hooks.py", root / "heap.py"}
+    found = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py")) if path not in allowed
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if "register_forward_hook" in line or "register_forward_pre_hook" in line]
+    assert not found, f"hooks registered outside probe/hooks.py: {found}"
