@@ -75,8 +75,11 @@ class LayerModules:
     family: Any
     base: torch.nn.Module
     config: Any
-    layers: Sequence[int]
+    layers: tuple[int, ...]
     where: Literal["attention", "out_proj"]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "layers", tuple(int(layer) for layer in self.layers))  # any sequence, kept as a tuple
 
     def users(self) -> list[tuple[torch.nn.Module, list[int]]]:
         """Each module once, with every layer that runs it, in forward order."""
@@ -103,7 +106,7 @@ def catch_layers(family, base: torch.nn.Module, config, layers: Sequence[int], *
                  take: Callable[[Any], Any] = _detached):
     """`catch` on the family's attention module (or out-projection) of each of `layers`, keyed by layer
     (`LayerModules`: layers that share one module, ALBERT's, told apart by call order)."""
-    return catch(LayerModules(family, base, config, list(layers), where), what=what, take=take)
+    return catch(LayerModules(family, base, config, tuple(layers), where), what=what, take=take)
 
 
 @contextmanager
