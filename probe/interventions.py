@@ -76,18 +76,18 @@ def _by_layer(heads: Sequence[Head]) -> dict[int, list[int]]:
 
 
 # --- what replaces a head's slice, per method ------------------------------------------------
-# Each builder returns `replace(y, inputs, key_valid) -> y'` for one layer, where `y` is the
+# Each builder returns `fill(y, inputs, key_valid) -> y'` for one layer, where `y` is the
 # (B, T, nh*hs) input of W_O, already a copy, and `inputs` the attention inputs caught so far by layer.
 
 def _zero(lm, family, layer, cols, means):
     hs = head_dim(lm, family, layer)
 
-    def replace(y, inputs, key_valid):
+    def fill(y, inputs, key_valid):
         for h in cols:
             y[..., h * hs : (h + 1) * hs] = 0
         return y
 
-    return replace
+    return fill
 
 
 def _mean(lm, family, layer, cols, means):
@@ -95,19 +95,19 @@ def _mean(lm, family, layer, cols, means):
         raise ValueError("method='mean' needs the heads' mean outputs: pass means=head_means(lm, reference_texts)")
     hs = head_dim(lm, family, layer)
 
-    def replace(y, inputs, key_valid):
+    def fill(y, inputs, key_valid):
         for h in cols:
             y[..., h * hs : (h + 1) * hs] = means[layer, h].to(y.device, y.dtype)
         return y
 
-    return replace
+    return fill
 
 
 def _uniform(lm, family, layer, cols, means):
     spec: LayerSpec = family.layer_spec(base_model(lm), layer, lm.config)
     vs, group = spec.value_head_dim, spec.n_heads // spec.n_kv_heads
 
-    def replace(y, inputs, key_valid):
+    def fill(y, inputs, key_valid):
         x = inputs[layer]
         B, T, _ = x.shape
         allowed = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window,
@@ -123,7 +123,7 @@ def _uniform(lm, family, layer, cols, means):
             y[..., h * vs : (h + 1) * vs] = out
         return y
 
-    return replace
+    return fill
 
 
 ABLATION_METHODS: dict[str, Callable] = {"zero": _zero, "mean": _mean, "uniform": _uniform}
@@ -199,9 +199,9 @@ def ablate_copies(lm: LoadedModel, layer: int, heads: Sequence[int], *, method: 
             if rows * k != y.shape[0]:
                 raise ValueError(f"a batch of {y.shape[0]} rows is not {k} stacked copies")
             valid = state.key_valid(y)
-            for c, change in enumerate(replacers):
+            for c, fill in enumerate(replacers):
                 part = slice(c * rows, (c + 1) * rows)
-                y[part] = change(y[part], {l: x[part] for l, x in state.inputs.items()}, valid[part])
+                y[part] = fill(y[part], {l: x[part] for l, x in state.inputs.items()}, valid[part])
             return y
 
         stack.enter_context(replace(LayerModules(family, base, lm.config, [layer], "out_proj"), each_copy, what="input"))
