@@ -20,7 +20,6 @@ blocks (`blocks`). Its top-level `layer_spec`, `attention` and `out_proj` are th
 
 from __future__ import annotations
 
-import threading
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Callable, Literal
 
@@ -279,50 +278,12 @@ class Family:
             raise UnsupportedFeature(f"{what} needs one module per layer; this model runs one shared layer module "
                                      f"{self.n_layers(config)} times (ALBERT)")
 
-    def hook_layers(self, base, config, layers, make_hook, *, where: Literal["attention", "out_proj"], pre: bool,
-                    with_kwargs: bool = False) -> list:
-        """Register `make_hook(layer)` on the attention module (or out-projection) of each of `layers`; the handles.
-
-        Where several layers run one module object (ALBERT shares one layer across all of them), one hook
-        dispatches by call order: in a forward pass the k-th call of a module is the k-th of the layers that use
-        it, so every layer is caught apart, never the last repeat for all of them.
-        """
-        get = self.attention if where == "attention" else self.out_proj
-        users: dict[int, tuple[torch.nn.Module, list[int]]] = {}
-        for layer in self.attention_layers(config):
-            module = get(base, layer)
-            users.setdefault(id(module), (module, []))[1].append(layer)
-        wanted, handles = set(layers), []
-        for module, order in users.values():
-            hooks = {layer: make_hook(layer) for layer in order if layer in wanted}
-            if not hooks:
-                continue
-            fn = hooks[order[0]] if len(order) == 1 else _by_call_order(order, hooks)
-            register = module.register_forward_pre_hook if pre else module.register_forward_hook
-            handles.append(register(fn, with_kwargs=with_kwargs) if pre else register(fn))
-        return handles
-
     def check(self, config) -> None:
         """Raise `UnsupportedFeature` when `config` uses a feature this family does not reproduce."""
         for refusal in self.refuses:
             reason = refusal.reason(config)
             if reason is not None:
                 raise UnsupportedFeature(reason)
-
-
-def _by_call_order(order: list[int], hooks: dict):
-    """One hook for a module that layers `order` share: a thread's call k runs the hook of layer
-    order[k mod len(order)]. Calls are counted per thread: another thread's pass through the same model (a
-    server's, perhaps stopped after its first layer) must not shift this one's count."""
-    calls: dict[int, int] = {}
-
-    def dispatch(*args):
-        me = threading.get_ident()
-        k = calls[me] = calls.get(me, -1) + 1
-        hook = hooks.get(order[k % len(order)])
-        return None if hook is None else hook(*args)
-
-    return dispatch
 
 
 def linear_weights(m: torch.nn.Module) -> tuple[torch.Tensor, torch.Tensor | None]:

@@ -20,6 +20,7 @@ from .encoding import Encoded, ModelBatch, model_batch, pad_batch
 from .images import patchify
 from .families import (NO_SOFTMAX_LAYER_TYPES, SUPPORTED_TYPES, UnsupportedArchitecture, UnsupportedFeature,
                        family_for, softmax_layers)
+from .hooks import LayerModules, watch
 from .model import LoadedModel
 
 __all__ = ["refuse_cross_reader", "is_cross_reader", "base_model", "is_seq2seq", "learned_sinks", "attention_layers", "hybrid_note", "no_attention_layers",
@@ -233,31 +234,26 @@ def _catch(lm: LoadedModel, batch: ModelBatch, wanted: list[int], extra: dict, k
     placed = bool(getattr(lm.model, "hf_device_map", None))
     handed: list[int] = []
     missing: list[int] = []
-    mine = threading.get_ident()
 
-    def grab(layer):
-        def hook(module, args, out):
-            if threading.get_ident() != mine or missing:
-                return
-            # the weights come last: (output, weights), or (output, position_bias, weights) in T5
-            weights = out[-1] if isinstance(out, tuple) and len(out) > 1 else None
-            if isinstance(weights, torch.Tensor):
-                keep(layer, weights)
-                handed.append(layer)
-            else:
-                missing.append(layer)
-            if not placed and (missing or len(handed) == len(wanted)):
-                raise _AllCaught
-        return hook
+    def hand(layer, out):
+        if missing:
+            return
+        # the weights come last: (output, weights), or (output, position_bias, weights) in T5
+        weights = out[-1] if isinstance(out, tuple) and len(out) > 1 else None
+        if isinstance(weights, torch.Tensor):
+            keep(layer, weights)
+            handed.append(layer)
+        else:
+            missing.append(layer)
+        if not placed and (missing or len(handed) == len(wanted)):
+            raise _AllCaught
 
-    handles = family.hook_layers(base_model(lm), lm.config, wanted, grab, where="attention", pre=False)
-    try:
-        forward_one_stream(lm, batch, output_attentions=output_attentions, extra=extra)
-    except _AllCaught:
-        pass
-    finally:
-        for h in handles:
-            h.remove()
+    attention = LayerModules(family, base_model(lm), lm.config, wanted, "attention")
+    with watch(attention, hand, thread=threading.current_thread()):
+        try:
+            forward_one_stream(lm, batch, output_attentions=output_attentions, extra=extra)
+        except _AllCaught:
+            pass
     return handed
 
 

@@ -18,6 +18,7 @@ import torch
 from .encoding import model_batch
 from .families import family_for
 from .forward import base_model, extra_inputs, forward_one_stream
+from .hooks import catch
 from .images import check_images
 from .maps import make_map
 from .model import LoadedModel
@@ -48,19 +49,11 @@ def image_cross_attention(lm: LoadedModel, texts: str | Sequence[str] | None = N
     base, cfg = base_model(lm), lm.config
     out = []
     for enc in encode_with_images(lm, texts, images):
-        caught: dict = {}
-        handles = []
-        for stack in (reading.decoder, reading.cross):
-            for i in stack.layer_numbers(cfg):
-                def hook(module, args, result, key=(stack.kind, i)):
-                    caught[key] = result[-1].detach()
-                handles.append(stack.attention(base, i).register_forward_hook(hook))
+        modules = {(stack.kind, i): stack.attention(base, i)
+                   for stack in (reading.decoder, reading.cross) for i in stack.layer_numbers(cfg)}
         batch = model_batch([enc], lm.device)
-        try:
+        with catch(modules, take=lambda result: result[-1].detach()) as caught:  # the weights come last
             forward_one_stream(lm, batch, output_attentions=True, extra=extra_inputs(lm, [enc]))
-        finally:
-            for h in handles:
-                h.remove()
         self_layers, cross_layers = reading.decoder.layer_numbers(cfg), reading.cross.layer_numbers(cfg)
         a_self = torch.stack([caught[("decoder", i)][0] for i in self_layers]).float().cpu()
         a_cross = torch.stack([caught[("cross", i)][0] for i in cross_layers]).float().cpu()

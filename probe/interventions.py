@@ -26,6 +26,7 @@ from .encoding import check_count, encode_many, pad_batch
 from .errors import UnsupportedFeature
 from .families import Family, family_for
 from .forward import attention_layers, base_model, is_seq2seq, no_attention_reason
+from .hooks import LayerModules, catch, replace, watch
 from .model import LoadedModel
 from .names import AblationMethod
 from .scratch import LayerSpec, build_mask, output_gate, project_v
@@ -75,18 +76,18 @@ def _by_layer(heads: Sequence[Head]) -> dict[int, list[int]]:
 
 
 # --- what replaces a head's slice, per method ------------------------------------------------
-# Each builder returns `replace(y, inputs, key_valid) -> y'` for one layer, where `y` is the
+# Each builder returns `fill(y, inputs, key_valid) -> y'` for one layer, where `y` is the
 # (B, T, nh*hs) input of W_O, already a copy, and `inputs` the attention inputs caught so far by layer.
 
 def _zero(lm, family, layer, cols, means):
     hs = head_dim(lm, family, layer)
 
-    def replace(y, inputs, key_valid):
+    def fill(y, inputs, key_valid):
         for h in cols:
             y[..., h * hs : (h + 1) * hs] = 0
         return y
 
-    return replace
+    return fill
 
 
 def _mean(lm, family, layer, cols, means):
@@ -94,19 +95,19 @@ def _mean(lm, family, layer, cols, means):
         raise ValueError("method='mean' needs the heads' mean outputs: pass means=head_means(lm, reference_texts)")
     hs = head_dim(lm, family, layer)
 
-    def replace(y, inputs, key_valid):
+    def fill(y, inputs, key_valid):
         for h in cols:
             y[..., h * hs : (h + 1) * hs] = means[layer, h].to(y.device, y.dtype)
         return y
 
-    return replace
+    return fill
 
 
 def _uniform(lm, family, layer, cols, means):
     spec: LayerSpec = family.layer_spec(base_model(lm), layer, lm.config)
     vs, group = spec.value_head_dim, spec.n_heads // spec.n_kv_heads
 
-    def replace(y, inputs, key_valid):
+    def fill(y, inputs, key_valid):
         x = inputs[layer]
         B, T, _ = x.shape
         allowed = build_mask(key_valid, causal=spec.causal, sliding_window=spec.sliding_window,
@@ -122,7 +123,7 @@ def _uniform(lm, family, layer, cols, means):
             y[..., h * vs : (h + 1) * vs] = out
         return y
 
-    return replace
+    return fill
 
 
 ABLATION_METHODS: dict[str, Callable] = {"zero": _zero, "mean": _mean, "uniform": _uniform}
@@ -155,15 +156,9 @@ def ablate(lm: LoadedModel, heads: Iterable[Head], *, method: AblationMethod = "
     with ExitStack() as stack:
         caught = set(replacers) | {family.layer_spec(base, l, lm.config).kv_layer for l in replacers} - {None}
         state = _LayerInputs(lm, family, base, sorted(caught) if method == "uniform" else [], stack)
-
-        def make_hook(layer):
-            def hook(module, args):
-                y = replacers[layer](args[0].clone(), state.inputs, state.key_valid(args[0]))
-                return (y, *args[1:])
-            return hook
-
-        for handle in family.hook_layers(base, lm.config, list(replacers), make_hook, where="out_proj", pre=True):
-            stack.callback(handle.remove)
+        stack.enter_context(replace(LayerModules(family, base, lm.config, list(replacers), "out_proj"),
+                                    lambda layer, y: replacers[layer](y.clone(), state.inputs, state.key_valid(y)),
+                                    what="input"))
         yield
 
 
@@ -198,21 +193,18 @@ def ablate_copies(lm: LoadedModel, layer: int, heads: Sequence[int], *, method: 
         caught = {layer, family.layer_spec(base, layer, lm.config).kv_layer} - {None}
         state = _LayerInputs(lm, family, base, sorted(caught) if method == "uniform" else [], stack)
 
-        def make_hook(_layer):
-            def hook(module, args):
-                y = args[0].clone()
-                rows, k = y.shape[0] // len(replacers), len(replacers)
-                if rows * k != y.shape[0]:
-                    raise ValueError(f"a batch of {y.shape[0]} rows is not {k} stacked copies")
-                valid = state.key_valid(y)
-                for c, replace in enumerate(replacers):
-                    part = slice(c * rows, (c + 1) * rows)
-                    y[part] = replace(y[part], {l: x[part] for l, x in state.inputs.items()}, valid[part])
-                return (y, *args[1:])
-            return hook
+        def each_copy(_layer, y):
+            y = y.clone()
+            rows, k = y.shape[0] // len(replacers), len(replacers)
+            if rows * k != y.shape[0]:
+                raise ValueError(f"a batch of {y.shape[0]} rows is not {k} stacked copies")
+            valid = state.key_valid(y)
+            for c, fill in enumerate(replacers):
+                part = slice(c * rows, (c + 1) * rows)
+                y[part] = fill(y[part], {l: x[part] for l, x in state.inputs.items()}, valid[part])
+            return y
 
-        for handle in family.hook_layers(base, lm.config, [layer], make_hook, where="out_proj", pre=True):
-            stack.callback(handle.remove)
+        stack.enter_context(replace(LayerModules(family, base, lm.config, [layer], "out_proj"), each_copy, what="input"))
         yield
 
 
@@ -221,29 +213,26 @@ class _LayerInputs:
 
     def __init__(self, lm, family: Family, base, layers: list[int], stack: ExitStack) -> None:
         self.inputs: dict[int, torch.Tensor] = {}
-        self._mask: torch.Tensor | None = None
+        self._masks: dict = {}
         if not layers:
             return
-        stack.callback(base.register_forward_pre_hook(self._grab_mask, with_kwargs=True).remove)
-        for handle in family.hook_layers(base, lm.config, layers, self._grab, where="attention", pre=True,
-                                         with_kwargs=True):
-            stack.callback(handle.remove)
-
-    def _grab_mask(self, module, args, kwargs):
-        mask = kwargs.get("attention_mask")
-        self._mask = mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
-
-    def _grab(self, layer):
-        def hook(module, args, kwargs):
-            self.inputs[layer] = args[0] if args else kwargs["hidden_states"]
-        return hook
+        self._masks = stack.enter_context(catch({"base": base}, what="arguments", take=_mask_2d))
+        self.inputs = stack.enter_context(catch(LayerModules(family, base, lm.config, layers, "attention"),
+                                                what="input", take=lambda x: x))  # not detached: a gradient flows
 
     def key_valid(self, y: torch.Tensor) -> torch.Tensor:
         """(B, T) 1 for real tokens: the 2-D mask the model was called with, else all ones."""
         B, T = y.shape[:2]
-        if self._mask is not None and tuple(self._mask.shape) == (B, T):
-            return self._mask.to("cpu")
+        mask = self._masks.get("base")
+        if mask is not None and tuple(mask.shape) == (B, T):
+            return mask.to("cpu")
         return torch.ones(B, T, dtype=torch.long)
+
+
+def _mask_2d(call: tuple[tuple, dict]) -> torch.Tensor | None:
+    """The call's `attention_mask` keyword where it is a 2-D (batch, token) padding mask, else None."""
+    mask = call[1].get("attention_mask")
+    return mask if isinstance(mask, torch.Tensor) and mask.dim() == 2 else None
 
 
 @torch.inference_mode()
@@ -272,17 +261,11 @@ def head_means(lm: LoadedModel, texts: Sequence[str], *, batch_size: int = 8, tr
         ids, mask = pad_batch(encoded[start : start + batch_size], lm.device)
         real = mask.bool().cpu()
 
-        def grab(layer):
-            def hook(module, args):
-                sums[layer] += args[0].detach().to("cpu", torch.float64)[real].sum(0)
-            return hook
+        def add(layer, y):
+            sums[layer] += y.detach().to("cpu", torch.float64)[real].sum(0)
 
-        handles = family.hook_layers(base, lm.config, attention_layers(lm), grab, where="out_proj", pre=True)
-        try:
+        with watch(LayerModules(family, base, lm.config, attention_layers(lm), "out_proj"), add, what="input"):
             base(input_ids=ids, attention_mask=mask, use_cache=False)
-        finally:
-            for h in handles:
-                h.remove()
         count += int(real.sum())
     return (sums / count).float().view(n_layers, nh, hs)
 
@@ -301,19 +284,13 @@ def head_mask(lm: LoadedModel, xi: torch.Tensor) -> Iterator[None]:
     if tuple(xi.shape[-2:]) != (n_layers, nh):
         raise ValueError(f"head mask is {tuple(xi.shape)}; {lm.name} needs (..., {n_layers}, {nh})")
 
-    def make_hook(layer):
-        hs = head_dim(lm, family, layer)  # the layer's own value head size
+    layers = attention_layers(lm)  # a hybrid stack's other layers have no heads: their rows of ξ are unused
+    sizes = {layer: head_dim(lm, family, layer) for layer in layers}  # each layer's own value head size
 
-        def hook(module, args):
-            y = args[0]  # (B, T, nh*hs)
-            scale = xi[..., layer, :].to(y.dtype)  # (B, nh) or (nh,)
-            scale = scale[:, None, :, None] if scale.dim() == 2 else scale[:, None]
-            y = (y.unflatten(-1, (nh, hs)) * scale).flatten(-2)  # (B, T, nh, hs) scaled per head
-            return (y, *args[1:])
-        return hook
+    def scaled(layer, y):  # y: (B, T, nh*hs)
+        scale = xi[..., layer, :].to(y.dtype)  # (B, nh) or (nh,)
+        scale = scale[:, None, :, None] if scale.dim() == 2 else scale[:, None]
+        return (y.unflatten(-1, (nh, sizes[layer])) * scale).flatten(-2)  # (B, T, nh, hs) scaled per head
 
-    with ExitStack() as stack:
-        # a hybrid stack's other layers have no heads: their rows of ξ are unused
-        for handle in family.hook_layers(base, lm.config, attention_layers(lm), make_hook, where="out_proj", pre=True):
-            stack.callback(handle.remove)
+    with replace(LayerModules(family, base, lm.config, layers, "out_proj"), scaled, what="input"):
         yield

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import copy
 import inspect
-from contextlib import ExitStack, contextmanager, nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Sequence
 
@@ -55,6 +55,7 @@ from .errors import UnsupportedFeature
 from .families import family_for
 from .forward import attention_layers, base_model
 from .generate import cache_argument, eos_ids
+from .hooks import LayerModules, first_input, replace
 from .kvplan import KVPlan, Needle
 from .model import LoadedModel
 
@@ -168,26 +169,22 @@ def stream_heads(lm: LoadedModel, plan: KVPlan | Sequence[KVPlan]) -> Iterator[N
     sinks = torch.tensor([p.sink for p in plans])
     recents = torch.tensor([p.recent for p in plans])
 
-    def make_hook(layer):
-        # (copies, n_heads): query head h streams when its KV head does
-        heads = torch.from_numpy(np.repeat(streamed[:, layer], layout.group, axis=1))
+    # (copies, n_heads) per layer: query head h streams when its KV head does
+    heads = {layer: torch.from_numpy(np.repeat(streamed[:, layer], layout.group, axis=1)) for layer in layers}
 
-        def hook(module, args, kwargs):
-            mask = _mask_of(lm, kwargs)
-            B = (args[0] if args else kwargs["hidden_states"]).shape[0]
-            copies = len(plans)
-            if B % copies:
-                raise ValueError(f"a batch of {B} rows is not {copies} stacked copies")
-            rows = B // copies
-            kwargs["attention_mask"] = _streamed(mask, kwargs, heads.repeat_interleave(rows, 0),
-                                                 sinks.repeat_interleave(rows), recents.repeat_interleave(rows))
-            return args, kwargs
-        return hook
+    def stream(layer, call):
+        args, kwargs = call
+        mask = _mask_of(lm, kwargs)
+        B = first_input(args, kwargs).shape[0]
+        copies = len(plans)
+        if B % copies:
+            raise ValueError(f"a batch of {B} rows is not {copies} stacked copies")
+        rows = B // copies
+        return args, {**kwargs, "attention_mask": _streamed(mask, kwargs, heads[layer].repeat_interleave(rows, 0),
+                                                            sinks.repeat_interleave(rows),
+                                                            recents.repeat_interleave(rows))}
 
-    with ExitStack() as stack:
-        for handle in family.hook_layers(base, lm.config, layers, make_hook, where="attention", pre=True,
-                                         with_kwargs=True):
-            stack.callback(handle.remove)
+    with replace(LayerModules(family, base, lm.config, layers, "attention"), stream, what="arguments"):
         yield
 
 
@@ -235,42 +232,32 @@ def gate_heads(lm: LoadedModel, gates: torch.Tensor, *, sink: int, recent: int) 
     widths = {l: family.layer_spec(base, l, lm.config).value_head_dim for l in layers}
     nh = layout.n_heads
 
-    def attention_hook(layer):
-        def hook(module, args, kwargs):
-            if any(kwargs.get(k) is not None for k in ("cache", "past_key_values", "past_key_value", "layer_past")):
-                raise ValueError("gated attention runs without a KV cache: call the model with use_cache=False")
-            mask = _mask_of(lm, kwargs)
-            x = args[0] if args else kwargs["hidden_states"]
-            B = x.shape[0]
-            every = torch.ones(B, nh, dtype=torch.bool)
-            streamed = _streamed(mask, kwargs, every, torch.full((B,), sink), torch.full((B,), recent))
-            full = mask.expand(B, nh, *mask.shape[-2:])
-            kwargs = {k: _two_copies(v, B, nh) for k, v in kwargs.items()}
-            kwargs["attention_mask"] = torch.cat([full, streamed])
-            if args:
-                args = (torch.cat([x, x]), *args[1:])
-            else:
-                kwargs["hidden_states"] = torch.cat([x, x])
-            return args, kwargs
-        return hook
+    def both_masks(layer, call):
+        args, kwargs = call
+        if any(kwargs.get(k) is not None for k in ("cache", "past_key_values", "past_key_value", "layer_past")):
+            raise ValueError("gated attention runs without a KV cache: call the model with use_cache=False")
+        mask = _mask_of(lm, kwargs)
+        x = first_input(args, kwargs)
+        B = x.shape[0]
+        every = torch.ones(B, nh, dtype=torch.bool)
+        streamed = _streamed(mask, kwargs, every, torch.full((B,), sink), torch.full((B,), recent))
+        full = mask.expand(B, nh, *mask.shape[-2:])
+        kwargs = {k: _two_copies(v, B, nh) for k, v in kwargs.items()}
+        kwargs["attention_mask"] = torch.cat([full, streamed])  # copy 0 full, copy 1 streaming
+        if args:
+            return (torch.cat([x, x]), *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": torch.cat([x, x])}
 
-    def out_hook(layer):
-        def hook(module, args):
-            y = args[0]
-            B = y.shape[0] // 2
-            if y.shape[-1] != nh * widths[layer] or 2 * B != y.shape[0]:
-                raise RuntimeError(f"layer {layer}'s W_O was called with {tuple(y.shape)}, not two stacked copies of "
-                                   f"{nh} heads × {widths[layer]}")
-            a = gates[layer].to(y.device, y.dtype).repeat_interleave(layout.group * widths[layer])
-            return (a * y[:B] + (1 - a) * y[B:], *args[1:])
-        return hook
+    def mix(layer, y):  # W_O's input (2B, T, nh · d_v): α·full + (1 − α)·streaming per query head
+        B = y.shape[0] // 2
+        if y.shape[-1] != nh * widths[layer] or 2 * B != y.shape[0]:
+            raise RuntimeError(f"layer {layer}'s W_O was called with {tuple(y.shape)}, not two stacked copies of "
+                               f"{nh} heads × {widths[layer]}")
+        a = gates[layer].to(y.device, y.dtype).repeat_interleave(layout.group * widths[layer])
+        return a * y[:B] + (1 - a) * y[B:]
 
-    with ExitStack() as stack:
-        for handle in family.hook_layers(base, lm.config, layers, attention_hook, where="attention", pre=True,
-                                         with_kwargs=True):
-            stack.callback(handle.remove)
-        for handle in family.hook_layers(base, lm.config, layers, out_hook, where="out_proj", pre=True):
-            stack.callback(handle.remove)
+    with (replace(LayerModules(family, base, lm.config, tuple(layers), "attention"), both_masks, what="arguments"),
+          replace(LayerModules(family, base, lm.config, tuple(layers), "out_proj"), mix, what="input")):
         yield
 
 

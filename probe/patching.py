@@ -46,6 +46,7 @@ from .attribution import answer_token, decoder_layers, require_lm_head
 from .encoding import encode_many, pad_batch
 from .families import family_for
 from .forward import base_model
+from .hooks import catch, replace, watch
 from .progress import extend
 from .interventions import head_dim
 from .model import LoadedModel
@@ -143,27 +144,19 @@ class _Metric:
 def _source(lm: LoadedModel, family, layers, ids, mask, sites: set[Site]) -> dict:
     """The source run's activations at the sites' layers: head inputs of W_O, MLP outputs, layer inputs."""
     base = base_model(lm)
-    got: dict = {}
     need = {("attn" if kind in ATTN_KINDS else kind, l) for kind, l, _ in sites}
-    with ExitStack() as stack:
-        for kind, l in need:
-            if kind == "head":
-                hook = family.out_proj(base, l).register_forward_pre_hook(
-                    lambda m, a, l=l: got.__setitem__(("head", l), a[0].detach().clone()))
-            elif kind == "mlp":
-                hook = _mlp(layers[l], l).register_forward_hook(
-                    lambda m, a, out, l=l: got.__setitem__(("mlp", l), out.detach().clone()))
-            elif kind == "attn":  # the attention's input, for q, k, v and pattern patches
-                hook = family.attention(base, l).register_forward_pre_hook(
-                    lambda m, a, kw, l=l: got.__setitem__(
-                        ("attn", l), (a[0] if a else kw["hidden_states"]).detach().clone()), with_kwargs=True)
-            else:
-                hook = layers[l].register_forward_pre_hook(
-                    lambda m, a, kw, l=l: got.__setitem__(("resid", l), (a[0] if a else kw["hidden_states"])
-                                                          .detach().clone()), with_kwargs=True)
-            stack.callback(hook.remove)
+    inputs = {"head": lambda l: family.out_proj(base, l),  # the input of W_O: the heads' outputs
+              "attn": lambda l: family.attention(base, l),  # the attention's input, for q, k, v and pattern patches
+              "resid": lambda l: layers[l]}
+    ins = {(kind, l): inputs[kind](l) for kind, l in need if kind in inputs}
+    outs = {(kind, l): _mlp(layers[l], l) for kind, l in need if kind == "mlp"}
+    with catch(ins, what="input", take=_copy) as got, catch(outs, take=_copy) as got_out:
         base(input_ids=ids, attention_mask=mask, use_cache=False)
-    return got
+    return got | got_out
+
+
+def _copy(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().clone()
 
 
 def _setup(lm: LoadedModel, p: Prepared, direction: Direction):
@@ -220,10 +213,10 @@ def _run_jobs(lm, p: Prepared, jobs, run_ids, source, family, base, layers, batc
             for (kind, l), sites in _by_module(where).items():  # q/k/v/pattern first: a head_out patch overrides them
                 hs = head_dim(lm, family, l)  # this layer's value head size (Gemma 4's global layers differ)
                 if kind == "attn":
-                    for handle in _attn_hooks(l, sites, where, source, family, base, lm, p.mask.repeat(k, 1), N, hs):
-                        stack.callback(handle.remove)
+                    for hooks in _attn_hooks(l, sites, where, source, family, base, lm, p.mask.repeat(k, 1), N, hs):
+                        stack.enter_context(hooks)
                 else:
-                    stack.callback(_hook(kind, l, sites, where, source, family, base, layers, N, hs).remove)
+                    stack.enter_context(_hook(kind, l, sites, where, source, family, base, layers, N, hs))
             hidden = base(input_ids=run_ids.repeat(k, 1), attention_mask=p.mask.repeat(k, 1),
                           use_cache=False).last_hidden_state  # (k*N, T, D)
         out.append(metric(hidden, p, k))
@@ -270,15 +263,12 @@ def path_patch_metrics(lm: LoadedModel, p: Prepared, sender: tuple[int, int],
             y = kept[("head", l)].clone()  # (N, T, nh*hs): every head frozen at the base run's output
             if l == ls:
                 y[:, :, hs_ * hd : (hs_ + 1) * hd] = sender_src[:, :, hs_ * hd : (hs_ + 1) * hd]
-            stack.callback(family.out_proj(base, l).register_forward_pre_hook(
-                lambda m, a, y=y: (y, *a[1:])).remove)
+            stack.enter_context(replace({l: family.out_proj(base, l)}, lambda key, _, y=y: y, what="input"))
             if freeze_mlps:
-                stack.callback(_mlp(layers[l], l).register_forward_hook(
-                    lambda m, a, out, o=kept[("mlp", l)]: o.clone()).remove)
+                stack.enter_context(replace({l: _mlp(layers[l], l)}, lambda key, _, o=kept[("mlp", l)]: o.clone()))
             if l > ls:
-                stack.callback(family.attention(base, l).register_forward_pre_hook(
-                    lambda m, a, kw, l=l: after.__setitem__(("attn", l), (a[0] if a else kw["hidden_states"])
-                                                            .detach().clone()), with_kwargs=True).remove)
+                stack.enter_context(watch({("attn", l): family.attention(base, l)},
+                                          lambda key, x: after.__setitem__(key, _copy(x)), what="input"))
         base(input_ids=run_ids, attention_mask=p.mask, use_cache=False)
     return _run_jobs(lm, p, jobs, run_ids, after, family, base, layers, batch_rows, bar)
 
@@ -310,18 +300,8 @@ def attribution_estimates(lm: LoadedModel, p: Prepared, what: PatchWhat = "head_
         zeros[l] = torch.zeros_like(x, requires_grad=True)
         return x + zeros[l]  # the same values, and a leaf to take the gradient at
 
-    with torch.enable_grad(), ExitStack() as stack:
-        for l in range(n_layers):
-            if kind == "head":
-                handle = family.out_proj(base, l).register_forward_pre_hook(
-                    lambda m, a, l=l: (add_zero(l, a[0]), *a[1:]))
-            else:
-                def pre(m, a, kw, l=l):
-                    if a:
-                        return (add_zero(l, a[0]), *a[1:]), kw
-                    return a, {**kw, "hidden_states": add_zero(l, kw["hidden_states"])}
-                handle = layers[l].register_forward_pre_hook(pre, with_kwargs=True)
-            stack.callback(handle.remove)
+    modules = {l: family.out_proj(base, l) if kind == "head" else layers[l] for l in range(n_layers)}
+    with torch.enable_grad(), replace(modules, add_zero, what="input"):  # W_O's input, or the layer's
         hidden = base(input_ids=run_ids, attention_mask=p.mask, use_cache=False).last_hidden_state
         metric = _Metric(lm)(hidden, p, 1)[0]  # (N,)
         grads = torch.autograd.grad(metric.sum(), [zeros[l] for l in range(n_layers)])
@@ -351,26 +331,28 @@ def _rows(copies: list[int], N: int) -> torch.Tensor:
 
 
 def _hook(kind, l, sites, where, source, family, base, layers, N, hs):
+    """Within the block, the sites of one module (W_O's input, an MLP's output or a layer's input) overwritten
+    from `source` in the batch copies that patch them."""
     src = source[(kind, l)]
     if kind == "head":
-        def pre(module, args):
-            y = args[0].clone()  # (k*N, T, nh*hs): never the caller's tensor
+        def heads(_, y):
+            y = y.clone()  # (k*N, T, nh*hs): never the caller's tensor
             for _, _, h in sites:
                 rows = _rows(where[(kind, l, h)], N).to(y.device)
                 y[rows, :, h * hs : (h + 1) * hs] = src[:, :, h * hs : (h + 1) * hs].repeat(len(where[(kind, l, h)]), 1, 1)
-            return (y, *args[1:])
-        return family.out_proj(base, l).register_forward_pre_hook(pre)
+            return y
+        return replace({l: family.out_proj(base, l)}, heads, what="input")
     if kind == "mlp":
-        def post(module, args, out):
+        def mlp(_, out):
             out = out.clone()
             for site in sites:
                 rows = _rows(where[site], N).to(out.device)
                 out[rows] = src.repeat(len(where[site]), 1, 1)
             return out
-        return _mlp(layers[l], l).register_forward_hook(post)
+        return replace({l: _mlp(layers[l], l)}, mlp)
 
-    def pre_layer(module, args, kwargs):
-        x = (args[0] if args else kwargs["hidden_states"]).clone()
+    def resid(_, x):
+        x = x.clone()
         for site in sites:
             rows = _rows(where[site], N).to(x.device)
             pos = site[2]
@@ -378,15 +360,13 @@ def _hook(kind, l, sites, where, source, family, base, layers, N, hs):
                 x[rows] = src.repeat(len(where[site]), 1, 1)
             else:
                 x[rows, pos] = src[:, pos].repeat(len(where[site]), 1)
-        if args:
-            return (x, *args[1:]), kwargs
-        return args, {**kwargs, "hidden_states": x}
-    return layers[l].register_forward_pre_hook(pre_layer, with_kwargs=True)
+        return x
+    return replace({l: layers[l]}, resid, what="input")
 
 
 def _attn_hooks(l, sites, where, source, family, base, lm, key_valid, N, hs):
-    """Two hooks on layer l: one keeps the attention's input of this forward, the other rewrites the
-    patched heads' slices of the W_O input, recomputed from the run's and the source's q, k, v."""
+    """Two hooks on layer l (context managers, to enter in order): one keeps the attention's input of this forward,
+    the other rewrites the patched heads' slices of the W_O input, recomputed from the run's and the source's q, k, v."""
     spec = family.layer_spec(base, l, lm.config)
     group = spec.n_heads // spec.n_kv_heads
     per_head: dict[int, dict[int, set[str]]] = {}  # head -> batch copy -> the kinds patched there
@@ -395,12 +375,9 @@ def _attn_hooks(l, sites, where, source, family, base, lm, key_valid, N, hs):
             per_head.setdefault(h, {}).setdefault(j, set()).add(kind)
     now: dict = {}
 
-    def grab(module, args, kwargs):
-        now["x"] = args[0] if args else kwargs["hidden_states"]
-
-    def pre(module, args):
+    def pre(_, y):
         x = now.pop("x")
-        y = args[0].clone()  # (k*N, T, nh*hs): never the caller's tensor
+        y = y.clone()  # (k*N, T, nh*hs): never the caller's tensor
         cur = _project(x, spec)  # q (k*N, nh, T, hs), k and v (k*N, nkv, T, hs)
         src = _project(source[("attn", l)], spec)  # (N, ...)
         for h, copies in per_head.items():
@@ -422,10 +399,10 @@ def _attn_hooks(l, sites, where, source, family, base, lm, key_valid, N, hs):
                 v = side(2, "v")[:, g : g + 1]
                 _, probs = row_probs(q, k, spec, key_valid[rows], query_start=0, heads=[h])  # (n*N, 1, T, T)
                 y[rows, :, h * hs : (h + 1) * hs] = (probs @ v)[:, 0].to(y.dtype)  # (n*N, T, hs)
-        return (y, *args[1:])
+        return y
 
-    return (family.attention(base, l).register_forward_pre_hook(grab, with_kwargs=True),
-            family.out_proj(base, l).register_forward_pre_hook(pre))
+    return (watch({"x": family.attention(base, l)}, now.__setitem__, what="input"),
+            replace({l: family.out_proj(base, l)}, pre, what="input"))
 
 
 def _project(x: torch.Tensor, spec) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -17,13 +17,15 @@ the captured inputs with our probabilities (tests/test_qwen_vl.py). The decoder'
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Sequence
 
 import torch
 
+from .hooks import catch, first_input
 from .scratch import LayerSpec
 
 __all__ = ["vision_layer_spec", "vision_positions", "vision_angles", "vision_segments", "visual_stack",
-           "block_output_errors"]
+           "block_output_errors", "vision_calls", "segment_error"]
 
 
 def vision_layer_spec(visual, i: int, angles: torch.Tensor | None = None) -> LayerSpec:
@@ -108,21 +110,8 @@ def block_output_errors(stack, visual_of, base, cfg, inputs) -> list[float]:
     visual = visual_of(base)
     pixels, grid = inputs["pixel_values"], inputs["image_grid_thw"]
     n = len(visual.blocks)
-    ins, outs, cus, handles = [None] * n, [None] * n, [None] * n, []
-
-    def grab(module, args, kwargs, i):
-        ins[i] = (args[0] if args else kwargs["hidden_states"]).detach()
-        cus[i] = kwargs.get("cu_seqlens")
-
-    for i, block in enumerate(visual.blocks):
-        handles.append(block.attn.register_forward_pre_hook(lambda m, a, k, i=i: grab(m, a, k, i), with_kwargs=True))
-        handles.append(block.attn.proj.register_forward_hook(lambda m, a, o, i=i: outs.__setitem__(i, o.detach())))
-    try:
-        with torch.inference_mode():
-            visual(pixels.to(next(visual.parameters()).dtype), grid_thw=grid)
-    finally:
-        for h in handles:
-            h.remove()
+    ins, cus, outs = vision_calls(lambda: visual(pixels.to(next(visual.parameters()).dtype), grid_thw=grid),
+                                  [block.attn for block in visual.blocks], [block.attn.proj for block in visual.blocks])
     angles = vision_angles(visual, vision_positions(visual, grid))
     errors = []
     for i in range(n):
@@ -132,6 +121,22 @@ def block_output_errors(stack, visual_of, base, cfg, inputs) -> list[float]:
             continue
         errors.append(segment_error(stack.layer_spec(base, i, cfg), ins[i], outs[i], angles, segments))
     return errors
+
+
+def vision_calls(run: Callable[[], object], attentions: Sequence[torch.nn.Module],
+                 projections: Sequence[torch.nn.Module]) -> tuple[list, list, list]:
+    """From one `run()` of a vision tower (in inference mode): each layer's attention input, its `cu_seqlens`
+    keyword (the segments the model attends within; None where not given) and its output after `projections[i]`,
+    three lists by layer (None for a layer that did not run)."""
+    def input_and_segments(call):
+        return first_input(*call).detach(), call[1].get("cu_seqlens")
+
+    with catch(dict(enumerate(attentions)), what="arguments", take=input_and_segments) as called, \
+            catch(dict(enumerate(projections))) as outs, torch.inference_mode():
+        run()
+    n = len(attentions)
+    ins, cus = ([called[i][k] if i in called else None for i in range(n)] for k in (0, 1))
+    return ins, cus, [outs.get(i) for i in range(n)]
 
 
 def segment_error(spec: LayerSpec, x: torch.Tensor, y: torch.Tensor, angles: torch.Tensor,

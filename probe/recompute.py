@@ -35,6 +35,7 @@ from .blocks import Block, Buffers
 from .encoding import Encoded, check_texts, encode, pad_batch
 from .families import Family, family_for
 from .forward import attention_layers, base_model
+from .hooks import LayerModules, watch
 from .maps import select_heads, select_layers
 from .model import LoadedModel
 from .scratch import block_probs, project_qk
@@ -256,7 +257,7 @@ def _streamed(lm: LoadedModel, family: Family, items: Sequence[Encoded], layers:
     """
     handoff: queue.Queue = queue.Queue(maxsize=1)
     resume = threading.Semaphore(0)
-    state = {"stop": False, "worker": None}
+    state = {"stop": False}
     last = max(layers)
 
     caught: dict[int, dict] = {}  # layer -> its input and projections, until it is handed over
@@ -267,39 +268,27 @@ def _streamed(lm: LoadedModel, family: Family, items: Sequence[Encoded], layers:
         if state["stop"] or i == last:
             raise _Enough
 
-    def grab(i):
-        def hook(module, args, kwargs):
-            if threading.get_ident() != state["worker"]:
-                return None
-            x = (args[0] if args else kwargs["hidden_states"]).detach()
-            if i in catch:  # handed over once its projections have run
-                caught[i] = {"x": x}
-            else:
-                hand(i, x, None)
-            return None
-        return hook
+    def grab(i, x):
+        if i in catch:  # handed over once its projections have run
+            caught[i] = {"x": x.detach()}
+        else:
+            hand(i, x.detach(), None)
 
-    def projection(i, which):
-        def hook(module, args, output):
-            slot = caught.get(i) if threading.get_ident() == state["worker"] else None
-            if slot is None or which in slot:
-                return None
-            slot[which] = output.detach()
-            if "q" in slot and "k" in slot:
-                del caught[i]
-                hand(i, slot["x"], (slot["q"], slot["k"]))
-            return None
-        return hook
+    def projection(key, output):
+        i, which = key
+        slot = caught.get(i)
+        if slot is None or which in slot:
+            return
+        slot[which] = output.detach()
+        if "q" in slot and "k" in slot:
+            del caught[i]
+            hand(i, slot["x"], (slot["q"], slot["k"]))
 
-    def after(i):  # the projections were not both seen (never, for the modules `_projections` finds): x alone
-        def hook(module, args, output):
-            if threading.get_ident() == state["worker"] and i in caught:
-                hand(i, caught.pop(i)["x"], None)
-            return None
-        return hook
+    def after(i, _):  # the projections were not both seen (never, for the modules `_projections` finds): x alone
+        if i in caught:
+            hand(i, caught.pop(i)["x"], None)
 
     def work():
-        state["worker"] = threading.get_ident()
         try:
             with torch.inference_mode(), fast_attention(lm.model, implementation):
                 base(input_ids=ids, attention_mask=mask, output_attentions=False, use_cache=False)
@@ -313,36 +302,36 @@ def _streamed(lm: LoadedModel, family: Family, items: Sequence[Encoded], layers:
     base = base_model(lm)
     ids, mask = pad_batch(items, lm.device)
     catch = {i: m for i, m in catch.items() if i in set(layers)}
-    handles = family.hook_layers(base, lm.config, layers, grab, where="attention", pre=True, with_kwargs=True)
     worker = threading.Thread(target=work, name="headscope-layer-inputs", daemon=True)
-    try:
-        handles += family.hook_layers(base, lm.config, list(catch), after, where="attention", pre=False)
-        for i, (q_module, k_module) in catch.items():
-            handles += [q_module.register_forward_hook(projection(i, "q")),
-                        k_module.register_forward_hook(projection(i, "k"))]
-        worker.start()
-        while True:
-            kind, layer, got = handoff.get()
-            if kind == "error":
-                raise got
-            if kind == "done":
-                return
-            try:
-                yield layer, *got
-            finally:
-                del got
-                resume.release()
-    finally:
-        state["stop"] = True
-        resume.release()  # a worker waiting in a hook raises _Enough and ends
-        while worker.is_alive():  # drain what it hands over while it unwinds
-            try:
-                handoff.get(timeout=0.05)
-            except queue.Empty:
-                pass
-            worker.join(timeout=0.05)
-        for h in handles:
-            h.remove()
+    with contextlib.ExitStack() as hooks:  # the worker's calls only; removed once it has ended
+        hooks.enter_context(watch(LayerModules(family, base, lm.config, layers, "attention"), grab, what="input",
+                                  thread=worker))
+        hooks.enter_context(watch(LayerModules(family, base, lm.config, list(catch), "attention"), after,
+                                  thread=worker))
+        hooks.enter_context(watch({(i, which): m for i, pair in catch.items() for which, m in zip("qk", pair)},
+                                  projection, thread=worker))
+        try:
+            worker.start()
+            while True:
+                kind, layer, got = handoff.get()
+                if kind == "error":
+                    raise got
+                if kind == "done":
+                    return
+                try:
+                    yield layer, *got
+                finally:
+                    del got
+                    resume.release()
+        finally:
+            state["stop"] = True
+            resume.release()  # a worker waiting in a hook raises _Enough and ends
+            while worker.is_alive():  # drain what it hands over while it unwinds
+                try:
+                    handoff.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+                worker.join(timeout=0.05)
 
 
 def iter_blocks(

@@ -24,6 +24,7 @@ import torch
 
 from .families import family_for
 from .forward import base_model
+from .hooks import watch
 from .model import LoadedModel
 
 __all__ = ["CleanPrefix", "layer_blocks", "REPLAY_BUDGET"]
@@ -166,28 +167,21 @@ class CleanPrefix:
             return
         base = self.owner
 
-        def start(module, args, kwargs):
+        def start(_, call):
             if self.blocks is not None:  # not given up (over the budget)
-                self.calls.append(_Call(*(None if t is None else t.detach().clone() for t in _inputs(args, kwargs))))
+                self.calls.append(_Call(*(None if t is None else t.detach().clone() for t in _inputs(*call))))
 
-        def keep(layer):
-            def hook(module, args, out):
-                if not self.calls or self.blocks is None:
-                    return
-                if not _replayable(out) or self._size + _bytes(out) > self.budget:
-                    self.blocks, self.calls = None, []  # nothing will be replayed
-                    return
-                self._size += _bytes(out)
-                self.calls[-1].outputs[layer] = _copy(out)
-            return hook
+        def keep(layer, out):
+            if not self.calls or self.blocks is None:
+                return
+            if not _replayable(out) or self._size + _bytes(out) > self.budget:
+                self.blocks, self.calls = None, []  # nothing will be replayed
+                return
+            self._size += _bytes(out)
+            self.calls[-1].outputs[layer] = _copy(out)
 
-        handles = [base.register_forward_pre_hook(start, with_kwargs=True)]
-        try:
-            handles += [block.register_forward_hook(keep(layer)) for layer, block in enumerate(self.blocks)]
+        with watch({"base": base}, start, what="arguments"), watch(dict(enumerate(self.blocks)), keep):
             yield
-        finally:
-            for handle in handles:
-                handle.remove()
 
     @contextmanager
     def from_layer(self, layer: int, copies: int = 1) -> Iterator[None]:
@@ -199,11 +193,11 @@ class CleanPrefix:
         base = self.owner
         state: dict[str, Any] = {"n": 0, "call": None}
 
-        def start(module, args, kwargs):
+        def start(_, inputs):
             k = state["n"]
             state["n"] += 1
             call = self.calls[k] if k < len(self.calls) else None
-            state["call"] = call if call is not None and call.same_inputs(*_inputs(args, kwargs), copies) else None
+            state["call"] = call if call is not None and call.same_inputs(*_inputs(*inputs), copies) else None
 
         def replay(i: int, block: torch.nn.Module):
             run = block.forward
@@ -214,19 +208,18 @@ class CleanPrefix:
                 return run(*args, **kwargs) if out is None else out
             return forward
 
-        handle = base.register_forward_pre_hook(start, with_kwargs=True)
         replaced: list[torch.nn.Module] = []
-        try:
-            below = self.blocks[:layer]
-            if not any("forward" in vars(block) for block in below):  # a wrapper on the instance (accelerate): run whole
-                for i, block in enumerate(below):
-                    block.forward = replay(i, block)
-                    replaced.append(block)
-            yield
-        finally:
-            handle.remove()
-            for block in replaced:
-                del block.forward  # the instance attribute: the class's forward shows through again
+        with watch({"base": base}, start, what="arguments"):
+            try:
+                below = self.blocks[:layer]
+                if not any("forward" in vars(block) for block in below):  # a wrapper on the instance (accelerate): run whole
+                    for i, block in enumerate(below):
+                        block.forward = replay(i, block)
+                        replaced.append(block)
+                yield
+            finally:
+                for block in replaced:
+                    del block.forward  # the instance attribute: the class's forward shows through again
 
     def read(self, fn: Callable[[], torch.Tensor], layer: int, copies: int = 1) -> torch.Tensor:
         """`fn()` (a readout, under an intervention of `layer` and later layers, its calls on `copies` stacked

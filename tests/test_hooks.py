@@ -3,10 +3,12 @@ output, every hook removed however the block ends."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from headscope.probe.hooks import catch, hooked, module_at, modules_at, replace
+from headscope.probe.hooks import catch, module_at, modules_at, replace, watch
 
 
 def _net():
@@ -56,13 +58,21 @@ def test_replace_changes_the_output_or_input_and_none_leaves_it():
     assert _no_hooks(net)
 
 
-@pytest.mark.parametrize("kind", ["catch", "replace", "hooked"])
+class _Takes(torch.nn.Module):
+    """`hidden_states * scale + shift`: a module called with keyword arguments, as a model's attention is."""
+
+    def forward(self, hidden_states, scale=1.0, shift=0.0):
+        return hidden_states * scale + shift
+
+
+@pytest.mark.parametrize("kind", ["catch", "replace", "watch", "arguments"])
 def test_every_hook_is_removed_when_the_block_raises(kind):
     net = _net()
     where = {i: m for i, m in enumerate(net)}
     block = {"catch": lambda: catch(where, what="input"),
              "replace": lambda: replace(where, lambda k, v: v),
-             "hooked": lambda: hooked({i: (m, lambda *a: None) for i, m in where.items()}, what="output")}[kind]
+             "watch": lambda: watch(where, lambda k, v: None, what="input"),
+             "arguments": lambda: replace(where, lambda k, call: call, what="arguments")}[kind]
     with pytest.raises(ZeroDivisionError):
         with block():
             assert not _no_hooks(net)
@@ -76,10 +86,68 @@ def test_a_path_with_no_module_says_which():
         module_at(_net(), "7")
 
 
-def test_replace_refuses_arguments():
-    with pytest.raises(ValueError, match="hooked"):
-        with replace({0: _net()}, lambda k, v: v, what="arguments"):
-            pass
+def test_replace_changes_a_keyword_argument_or_the_input_passed_by_keyword():
+    m, x = _Takes(), torch.randn(2, 3)
+
+    def doubled_scale(key, call):
+        args, kwargs = call
+        return args, {**kwargs, "scale": kwargs["scale"] * 2}
+
+    with replace({"m": m}, doubled_scale, what="arguments"):
+        assert torch.equal(m(x, scale=3.0, shift=1.0), x * 6.0 + 1.0)
+        assert torch.equal(m(hidden_states=x, scale=0.5), x * 1.0)
+    with replace({"m": m}, lambda key, inp: inp + 1, what="input"):
+        assert torch.equal(m(hidden_states=x, shift=2.0), (x + 1) + 2.0)  # by keyword
+        assert torch.equal(m(x, 2.0), (x + 1) * 2.0)  # by position, the other arguments kept
+    assert torch.equal(m(x, scale=3.0), x * 3.0) and not m._forward_pre_hooks
+
+
+def test_watch_sees_every_call_and_changes_nothing():
+    m, x = _Takes(), torch.randn(2, 3)
+    seen = []
+    with watch({"m": m}, lambda key, out: seen.append((key, out)) or torch.zeros(1)):  # what it returns: ignored
+        first, second = m(x), m(x, scale=2.0)
+    assert torch.equal(first, x) and torch.equal(second, 2 * x)
+    assert [key for key, _ in seen] == ["m", "m"] and torch.equal(seen[1][1], 2 * x)  # both calls, not the last only
+    assert not m._forward_hooks
+
+
+def test_thread_limits_the_hooks_to_that_threads_calls():
+    """A server's pass through the same model, on another thread, is neither caught nor changed."""
+    net, x = _net(), torch.randn(4, 3)
+    clean = net(x)
+    got: dict = {}
+
+    def other():
+        got["out"] = net(x)
+
+    with catch({"last": net[2]}, thread=threading.current_thread()) as mine, \
+            replace({"relu": net[1]}, lambda key, out: out * 0, thread=threading.current_thread()):
+        worker = threading.Thread(target=other)
+        worker.start()
+        worker.join()
+        assert "last" not in mine and torch.equal(got["out"], clean)  # the other thread's call passed through
+        zeroed = net(x)
+    assert torch.equal(mine["last"], zeroed) and torch.equal(zeroed, net[2].bias.expand(4, 2))
+    assert _no_hooks(net)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_callback_that_raises_stops_the_pass_there_and_leaves_no_hook():
+    net, x = _net(), torch.randn(2, 3)
+    ran = []
+
+    def stop(key, out):
+        raise _Stop
+
+    with watch({i: m for i, m in enumerate(net)}, lambda key, v: ran.append(key), what="input"), \
+            watch({"first": net[0]}, stop):
+        with pytest.raises(_Stop):
+            net(x)
+    assert ran == [0] and _no_hooks(net)  # the ReLU and the last layer never ran
 
 
 def test_catch_layers_tells_apart_layers_that_share_one_module():
@@ -104,3 +172,18 @@ def test_catch_layers_tells_apart_layers_that_share_one_module():
     for i in layers:
         assert torch.equal(ins[i], states[i])
     assert _hook_count(base) == before  # the model's own hooks (transformers registers some) only
+
+
+def test_no_probe_registers_a_forward_hook_but_through_hooks_py():
+    """One mechanism: every scoped hook goes through probe/hooks.py (removed on every exit); heap.py's hook lives as
+    long as the model it was loaded with, by design."""
+    from pathlib import Path
+
+    import headscope.probe as probe
+
+    root = Path(probe.__file__).resolve().parent
+    allowed = {root / "hooks.py", root / "heap.py"}
+    found = [f"{path.relative_to(root)}:{n}" for path in sorted(root.rglob("*.py")) if path not in allowed
+             for n, line in enumerate(path.read_text().splitlines(), 1)
+             if "register_forward_hook" in line or "register_forward_pre_hook" in line]
+    assert not found, f"hooks registered outside probe/hooks.py: {found}"

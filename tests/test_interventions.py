@@ -6,6 +6,7 @@ and visibility written out by hand (causal, sliding window, padding).
 """
 
 import hashlib
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -14,6 +15,7 @@ from conftest import in_turn
 from headscope.probe.families import family_for
 from headscope.probe.encoding import encode_many, pad_batch
 from headscope.probe.forward import attention_layers, base_model
+from headscope.probe.hooks import LayerModules, catch, watch
 from headscope.probe.interventions import ablate, head_dim, head_mask, head_means
 from headscope.probe.scratch import attention_from_scratch
 from headscope.probe.tiny import TINY_CORPUS
@@ -44,36 +46,24 @@ def _run(lm, ids, mask):
     return out.last_hidden_state
 
 
+@contextmanager
 def _catch(lm, layer):
-    """Hook (registered last, so it sees what the ablation hook hands on) catching W_O's input and the attention input."""
+    """Within the block, W_O's input and the attention input of `layer` caught (copies), by call order where layers
+    share one module (ALBERT: this layer's call, not the last repeat's); entered last, they see what the ablation
+    hook hands on."""
     family, base = family_for(lm.config), base_model(lm)
-    seen = {}
-    # by call order where layers share one module (ALBERT): this layer's call, not the last repeat's
-    [h1] = family.hook_layers(base, lm.config, [layer], lambda l: lambda m, a: seen.__setitem__("y", a[0].clone()),
-                              where="out_proj", pre=True)
-    [h2] = family.hook_layers(
-        base, lm.config, [layer],
-        lambda l: lambda m, a, k: seen.__setitem__("x", (a[0] if a else k["hidden_states"]).clone()),
-        where="attention", pre=True, with_kwargs=True)
-    return seen, (h1, h2)
+    with catch(LayerModules(family, base, lm.config, [layer], "out_proj"), what="input", take=torch.clone) as y, \
+            catch(LayerModules(family, base, lm.config, [layer], "attention"), what="input", take=torch.clone) as x:
+        yield y, x
 
 
 def _ablated_slice(lm, layer, heads, method, means=None):
     ids, mask = _batch(lm)
-    with ablate(lm, [(layer, h) for h in heads], method=method, means=means):
-        seen, handles = _catch(lm, layer)  # registered inside: runs after the ablation hook
-        try:
-            _run(lm, ids, mask)
-        finally:
-            for h in handles:
-                h.remove()
-    seen_clean, handles = _catch(lm, layer)
-    try:
+    with ablate(lm, [(layer, h) for h in heads], method=method, means=means), _catch(lm, layer) as (y, _):
         _run(lm, ids, mask)
-    finally:
-        for h in handles:
-            h.remove()
-    return seen["y"], seen_clean["y"], seen_clean["x"], mask
+    with _catch(lm, layer) as (y_clean, x_clean):
+        _run(lm, ids, mask)
+    return y[layer], y_clean[layer], x_clean[layer], mask
 
 
 # Every family once, the methods in turn (each still meets every kind of family): ablate registers every
@@ -113,15 +103,11 @@ def test_head_means_are_the_mean_over_real_tokens(tiny):
     family, base = family_for(tiny.config), base_model(tiny)
     texts = list(TINY_CORPUS[:5])
     rows = {l: [] for l in attention_layers(tiny)}  # a hybrid stack's other layers have no heads
-    handles = family.hook_layers(base, tiny.config, list(rows),
-                                 lambda l: lambda m, a: rows[l].append(a[0][0].clone()), where="out_proj", pre=True)
-    try:
+    with watch(LayerModules(family, base, tiny.config, list(rows), "out_proj"),
+               lambda l, y: rows[l].append(y[0].clone()), what="input"):
         for t in texts:
             ids, mask = pad_batch(encode_many(tiny, [t]), tiny.device)
             _run(tiny, ids, mask)
-    finally:
-        for h in handles:
-            h.remove()
     got = head_means(tiny, texts, batch_size=3)  # batches with padding
     nh, hs = tiny.config.num_attention_heads, head_dim(tiny)
     for l, caught in rows.items():

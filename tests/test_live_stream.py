@@ -17,6 +17,7 @@ from headscope.probe.encoding import encode
 from headscope.probe.extract import extract
 from headscope.probe.families import family_for
 from headscope.probe.forward import base_model
+from headscope.probe.hooks import LayerModules, watch
 from headscope.probe.sources import source_for
 from headscope.probe.tiny import tiny_model
 
@@ -30,19 +31,12 @@ def deep():
     return tiny_model("llama", num_hidden_layers=4)
 
 
-def _counted(lm) -> tuple[Counter, list]:
-    """Calls of each layer's attention (a forward pre-hook on every attention module), and the handles."""
+def _counted(lm):
+    """Within the block, calls of each layer's attention counted (a forward pre-hook on every attention module)."""
     calls: Counter = Counter()
-
-    def make(i):
-        def hook(module, args):
-            calls[i] += 1
-        return hook
-
-    family = family_for(lm.config)
-    handles = family.hook_layers(base_model(lm), lm.config, list(range(lm.config.num_hidden_layers)), make,
-                                 where="attention", pre=True)
-    return calls, handles
+    layers = list(range(lm.config.num_hidden_layers))
+    return calls, watch(LayerModules(family_for(lm.config), base_model(lm), lm.config, layers, "attention"),
+                        lambda i, call: calls.update([i]), what="arguments")
 
 
 def _live(lm, text=TEXT, **kw):
@@ -54,20 +48,19 @@ def _live(lm, text=TEXT, **kw):
 def test_the_first_view_of_a_layer_runs_no_layer_after_it_and_a_later_layer_continues_the_pass(deep):
     [m] = extract(deep, TEXT)
     live = _live(deep)
-    calls, handles = _counted(deep)
+    calls, counting = _counted(deep)
     try:
-        blocks = list(live.blocks(1, 2))  # the explorer's overview of L1H2: every row of the head
-        assert set(calls) == {0, 1} and calls[0] == 1  # layers 2 and 3 never ran
-        torch.testing.assert_close(torch.cat([b.probs[0] for b in blocks]), m.attention[1, 2], atol=1e-6, rtol=0)
-        torch.testing.assert_close(live.rows(3, 0, 2, 5), m.attention[3, 0, 2:5], atol=1e-6, rtol=0)
-        assert calls == Counter({0: 1, 1: 1, 2: 1, 3: 1})  # the same pass went on from layer 1 to layer 3
-        for layer in (0, 2, 1):  # layers passed: read back, no forward pass
-            torch.testing.assert_close(live.rows(layer, 3, 0, len(live)), m.attention[layer, 3], atol=1e-6,
-                                       rtol=0)
-        assert calls == Counter({0: 1, 1: 1, 2: 1, 3: 1})
+        with counting:
+            blocks = list(live.blocks(1, 2))  # the explorer's overview of L1H2: every row of the head
+            assert set(calls) == {0, 1} and calls[0] == 1  # layers 2 and 3 never ran
+            torch.testing.assert_close(torch.cat([b.probs[0] for b in blocks]), m.attention[1, 2], atol=1e-6, rtol=0)
+            torch.testing.assert_close(live.rows(3, 0, 2, 5), m.attention[3, 0, 2:5], atol=1e-6, rtol=0)
+            assert calls == Counter({0: 1, 1: 1, 2: 1, 3: 1})  # the same pass went on from layer 1 to layer 3
+            for layer in (0, 2, 1):  # layers passed: read back, no forward pass
+                torch.testing.assert_close(live.rows(layer, 3, 0, len(live)), m.attention[layer, 3], atol=1e-6,
+                                           rtol=0)
+            assert calls == Counter({0: 1, 1: 1, 2: 1, 3: 1})
     finally:
-        for h in handles:
-            h.remove()
         live.close()
 
 

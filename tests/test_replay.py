@@ -10,6 +10,7 @@ import torch
 from headscope.probe.effects import next_token_loss, sentence_cosine
 from headscope.probe.families import family_for
 from headscope.probe.forward import attention_layers, base_model
+from headscope.probe.hooks import LayerModules, watch
 from headscope.probe.interventions import ablate
 from headscope.probe.replay import CleanPrefix, layer_blocks
 from headscope.probe.tiny import TINY_CORPUS, tiny_model
@@ -66,15 +67,11 @@ def test_replay_runs_only_the_layers_from_the_ablated_one(family):
     with prefix.recording():
         measure.read(lm)
     ran = []
-    handles = family.hook_layers(base, lm.config, attention_layers(lm), lambda l: lambda m, a: ran.append(l),
-                                 where="attention", pre=True)
-    try:
-        last = max(attention_layers(lm))
-        with ablate(lm, [(last, 0)]), prefix.from_layer(last):
-            measure.read(lm)
-    finally:
-        for h in handles:
-            h.remove()
+    last = max(attention_layers(lm))
+    attention = LayerModules(family, base, lm.config, attention_layers(lm), "attention")
+    with watch(attention, lambda l, call: ran.append(l), what="arguments"), ablate(lm, [(last, 0)]), \
+            prefix.from_layer(last):
+        measure.read(lm)
     assert set(ran) == {last} and len(ran) == 3  # three forward calls, each running the last layer alone
 
 

@@ -2,7 +2,7 @@
 groups of consecutive layers).
 
 Every layer of a group runs the same module object, so a hook on that module fires once per layer:
-`Family.hook_layers` tells the calls apart by their order (the k-th call in a forward pass is the group's k-th
+`hooks.LayerModules` tells the calls apart by their order (the k-th call in a forward pass is the group's k-th
 layer), and every layer is captured and verified on its own input. Positions are absolute embeddings, in the layer
 input already; the embeddings (`embedding_size` wide) are mapped to the hidden size before the first layer.
 """

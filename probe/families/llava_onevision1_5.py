@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from ..family import VisionLanguage
-from ..qwen_vision import segment_error
+from ..qwen_vision import segment_error, vision_calls
 from ._reading import both_refusals, images_only, load_images_only, reading_family, tiny_chat_template
 from .qwen_vl import END, IMAGE, START, VIDEO, image_units
 
@@ -59,21 +59,8 @@ def _vision_outputs(stack, base, cfg, inputs) -> list[float]:
     visual = _visual(base)
     pixels, grid = inputs["pixel_values"], inputs["image_grid_thw"]
     n = len(visual.blocks)
-    ins, outs, cus, handles = [None] * n, [None] * n, [None] * n, []
-
-    def grab(args, kwargs, i):
-        ins[i] = (args[0] if args else kwargs["hidden_states"]).detach()
-        cus[i] = kwargs.get("cu_seqlens")
-
-    for i, block in enumerate(visual.blocks):
-        handles.append(block.attn.register_forward_pre_hook(lambda m, a, k, i=i: grab(a, k, i), with_kwargs=True))
-        handles.append(block.attn.proj.register_forward_hook(lambda m, a, o, i=i: outs.__setitem__(i, o.detach())))
-    try:
-        with torch.inference_mode():
-            visual(pixels.to(next(visual.parameters()).dtype), grid_thw=grid)
-    finally:
-        for h in handles:
-            h.remove()
+    ins, cus, outs = vision_calls(lambda: visual(pixels.to(next(visual.parameters()).dtype), grid_thw=grid),
+                                  [block.attn for block in visual.blocks], [block.attn.proj for block in visual.blocks])
     angles, segments = vision_angles_with_cls(visual, grid)
     errors = []
     for i in range(n):

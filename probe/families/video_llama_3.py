@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import torch
 
 from ..family import Stack, VisionLanguage
-from ..qwen_vision import segment_error
+from ..qwen_vision import segment_error, vision_calls
 from ._reading import both_refusals, grid_units, images_only, load_images_only, reading_family, tiny_chat_template
 from ._vision import projection_spec
 
@@ -71,22 +71,9 @@ def _vision_outputs(stack: Stack, base, cfg, inputs) -> list[float]:
     visual = _visual(base)
     pixels, grid, merges = inputs["pixel_values"], inputs["image_grid_thw"], inputs["image_merge_sizes"]
     layers = visual.encoder.layers
-    ins, outs, cus, handles = [None] * len(layers), [None] * len(layers), [None] * len(layers), []
-
-    def grab(args, kwargs, i):
-        ins[i] = (args[0] if args else kwargs["hidden_states"]).detach()
-        cus[i] = kwargs.get("cu_seqlens")
-
-    for i, layer in enumerate(layers):
-        handles.append(layer.self_attn.register_forward_pre_hook(lambda m, a, k, i=i: grab(a, k, i), with_kwargs=True))
-        handles.append(layer.self_attn.out_proj.register_forward_hook(
-            lambda m, a, o, i=i: outs.__setitem__(i, o.detach())))
-    try:
-        with torch.inference_mode():
-            visual(pixels.to(next(visual.parameters()).dtype), grid_thw=grid, merge_sizes=merges)
-    finally:
-        for h in handles:
-            h.remove()
+    ins, cus, outs = vision_calls(
+        lambda: visual(pixels.to(next(visual.parameters()).dtype), grid_thw=grid, merge_sizes=merges),
+        [layer.self_attn for layer in layers], [layer.self_attn.out_proj for layer in layers])
     # Qwen2.5-VL's axial rotary on this config (which names its head count num_attention_heads)
     own = visual.config
     axial = SimpleNamespace(config=SimpleNamespace(hidden_size=own.hidden_size, num_heads=own.num_attention_heads,
