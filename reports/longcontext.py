@@ -10,7 +10,7 @@ import pandas as pd
 from headscope.analyses.longcontext import NO_COPIES, RetrievalResult, curve_verdicts
 from headscope.probe.types import head_name
 
-__all__ = ["long_context_frames", "grid_frame", "long_context_tables"]
+__all__ = ["long_context_frames", "grid_frame", "curve_view", "long_context_tables"]
 
 
 def grid_frame(r: RetrievalResult) -> pd.DataFrame:
@@ -28,16 +28,30 @@ def grid_frame(r: RetrievalResult) -> pd.DataFrame:
                  scored=("retrieved", lambda x: int(x.notna().sum()))))
 
 
+def curve_view(costs: pd.DataFrame) -> pd.DataFrame:
+    """The cost curve as the page shows it: held-out needles as k / n with their Wilson interval, the
+    perplexity change in percent, the KV cache in MB and as a share of full (the CSV keeps the raw columns)."""
+    def pct(x: float) -> str:
+        return "—" if pd.isna(x) else f"{100 * x:+.1f}%"
+
+    return pd.DataFrame({
+        "plan": costs["plan"],
+        "full KV heads": costs["n_full"],
+        "held-out needles": [f"{round(a * n)}/{n}" for a, n in zip(costs["needle_accuracy"], costs["needles"])],
+        "95% interval": [f"{lo:.2f}–{hi:.2f}" for lo, hi in zip(costs["accuracy_low"], costs["accuracy_high"])],
+        "perplexity": costs["perplexity"].round(2),
+        "change": [pct(x) for x in costs["perplexity_change"]],
+        "KV cache": [f"{b / 1e6:.1f} MB ({s:.0%})" for b, s in zip(costs["kv_bytes"], costs["kv_share"])],
+    })
+
+
 def long_context_frames(r: RetrievalResult) -> dict:
     """The strings and frames the section shows."""
     ranked = r.scores.top(min(10, r.scores.hits.size)) if r.scores.scored else ()  # no copy step: no ranking
     top = [{"head": head_name(l, h), "retrieval score": float(r.scores.score[l, h]),
             "hits": int(r.scores.hits[l, h]), "95% low": r.scores.interval(l, h)[0],
             "95% high": r.scores.interval(l, h)[1]} for l, h in ranked]
-    curve = None
-    if r.costs is not None:
-        curve = r.costs[["plan", "fraction_full", "n_full", "needle_accuracy", "accuracy_low", "accuracy_high",
-                         "perplexity", "perplexity_change", "kv_bytes", "kv_share"]]
+    curve = None if r.costs is None else curve_view(r.costs)
     s = r.settings
     return {"grid": grid_frame(r), "top": pd.DataFrame(top) if top else None, "curve": curve,
             "no_copies": None if r.scores.scored else NO_COPIES,

@@ -70,3 +70,17 @@ def test_an_encoder_or_a_short_context_gets_a_note_not_a_section():
         notes: list = []
         assert _long_context(_tiny(name), _Stages(), settings, notes, lambda m: None, False) is None
         assert len(notes) == 1 and says in notes[0] and "\n" not in notes[0]
+
+
+def test_the_page_reads_the_curve_as_counts_percent_and_megabytes(found):
+    from headscope.reports.longcontext import curve_view
+
+    costs = found.costs
+    view = curve_view(costs)
+    row = costs.iloc[-1]  # all full: every needle the clean model kept, perplexity change exactly 0
+    assert view.iloc[-1]["held-out needles"] == f"{sum(found.check.clean)}/{len(found.check.clean)}"
+    assert view.iloc[-1]["change"] == "+0.0%" and view.iloc[-1]["KV cache"].endswith("(100%)")
+    assert view.iloc[-1]["KV cache"].startswith(f"{row['kv_bytes'] / 1e6:.1f} MB")
+    assert list(view["plan"]) == list(costs["plan"]) and list(view["full KV heads"]) == list(costs["n_full"])
+    html = build_report([ModelAnalysis(model="tiny-llama", long_context=found)]).html
+    assert "held-out needles" in html and "needle_accuracy" not in html
