@@ -1,6 +1,6 @@
 """The cost curve of plans by DuoAttention's learned gates, on the held-out needles of a curve run (CPU).
 
-    nice -n 10 python benchmarks/longcontext_gate_plans.py RUN.json GATES.json OUT.json [THREADS]
+    nice -n 10 python benchmarks/longcontext_gate_plans.py RUN.json GATES.json OUT.json [THREADS] [prompt N]
 
 RUN.json is `longcontext_numbers.py`'s output (its needles, window and curve fractions), GATES.json
 `longcontext_gates.py`'s (the gates learned on its selection needles). The run's needles are made again from
@@ -11,6 +11,11 @@ fraction of the run's curve gets the plan by gate (`KVPlan.from_ranking` of the 
 builds it), costed by `hs.plan_cost` on the held-out needles with the run's scope and the perplexity of the
 run's held-out text (the corpus's second half, its first LENGTH tokens) — the same columns as the run's curve,
 so the rows sit beside it.
+
+With `prompt N`: the masks at every token (DuoAttention streams the prefill too; scope "prompt") on the first N
+held-out needles, for the plans at 50% by gate and by retrieval score, the run's first 3 random plans at 50%
+(the same seeds, `curve_plans`), all streaming and all full — each plan its own prefill, so a fraction of the
+question-scope curve's plans.
 """
 
 from __future__ import annotations
@@ -26,11 +31,13 @@ import headscope as hs
 from headscope.probe.kvplan import make_needles
 from headscope.probe.longcontext import kv_layout, needle_prompt
 from headscope.probe.types import json_safe
+from headscope.workflows.retrieval import curve_plans
 
 
 def main() -> None:
     run, gates_run, path = json.load(open(sys.argv[1])), json.load(open(sys.argv[2])), sys.argv[3]
     torch.set_num_threads(int(sys.argv[4]) if len(sys.argv) > 4 else 1)
+    scope = sys.argv[5] if len(sys.argv) > 5 else None
     settings, result = run["result"]["settings"], run["result"]
     lm = hs.load(run["model"])
     layout = kv_layout(lm)
@@ -51,12 +58,20 @@ def main() -> None:
     if leaked:
         raise SystemExit(f"the gates were learned on held-out needles {sorted(leaked)}")
     gates = np.array(gates_run["gates"], dtype=float)
-    plans = [hs.KVPlan.from_ranking(gates, f, sink=settings["sink"], recent=settings["recent"],
-                                    planned=np.array(layout.planned), own_window=layout.own_window,
-                                    name=f"gate {f:.0%}") for f in settings["curve"]]
+    if scope == "prompt":
+        retrieval = np.full(layout.shape, np.nan)
+        for row in run["kv_table"]:
+            retrieval[row["layer"], row["kv_head"]] = np.nan if row["kv_retrieval_score"] is None else row["kv_retrieval_score"]
+        plans = curve_plans(layout, {"gate": gates, "retrieval": retrieval}, [0.5], 3, sink=settings["sink"],
+                            recent=settings["recent"], seed=settings["seed"], random_fractions=(0.5,))
+        held = held[: int(sys.argv[6])]
+    else:
+        plans = [hs.KVPlan.from_ranking(gates, f, sink=settings["sink"], recent=settings["recent"],
+                                        planned=np.array(layout.planned), own_window=layout.own_window,
+                                        name=f"gate {f:.0%}") for f in settings["curve"]]
     text = list(lm.tokenizer(" ".join(lines[half:]))["input_ids"])[: settings["held_out_text_tokens"]]
     start = time.time()
-    frame = hs.plan_cost(lm, plans, held, text, scope=settings["scope"], progress=True)
+    frame = hs.plan_cost(lm, plans, held, text, scope=scope or settings["scope"], progress=True)
     out = {"model": run["model"], "run": sys.argv[1], "gates": sys.argv[2], "held_out": len(held),
            "gate_training_keys_in_run_selection": sorted(trained_keys & {p.key for p in prompts}),
            "gate_settings": {k: g_settings["gates"][k] for k in ("steps", "tokens", "l1", "lr")},
