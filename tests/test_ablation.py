@@ -5,7 +5,6 @@ difference, or by hand.
 """
 
 import json
-import math
 
 import numpy as np
 import pytest

@@ -9,7 +9,6 @@ import torch
 
 from headscope.analyses.longcontext import RetrievalCheck, accuracy_p
 from headscope.probe.kvplan import KVPlan, Needle, Phrasing, make_needles, pool_kv
-from headscope.probe.errors import UnsupportedFeature
 from headscope.probe.longcontext import (Answer, NeedlePrompt, answer, kv_layout, needle_prompt, retrieval_hits,
                                          stream_heads, stream_sensitivity)
 from headscope.probe.sinks import window_mask

@@ -8,7 +8,6 @@ import json
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from headscope.reports.analysis import ModelAnalysis
 from headscope.reports.html import build_report
