@@ -226,3 +226,14 @@ def run_child(script: str, args: Sequence[str], *, python: str | None = None, en
 def child_output(result: Mapping) -> None:
     """What a child prints last: one JSON line for `run_child`."""
     print(json.dumps(result), flush=True)
+
+
+def kv_grid(run: Mapping, column: str, shape: tuple[int, int]):
+    """One column of a `longcontext_numbers.py` output's per-KV-head table as a [layer, kv_head] array (NaN where
+    the run has no value: a layer not planned, a head never scored)."""
+    import numpy as np
+
+    grid = np.full(shape, np.nan)
+    for row in run["kv_table"]:
+        grid[row["layer"], row["kv_head"]] = np.nan if row[column] is None else row[column]
+    return grid

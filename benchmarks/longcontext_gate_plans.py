@@ -28,6 +28,7 @@ import numpy as np
 import torch
 
 import headscope as hs
+from common import kv_grid
 from headscope.probe.kvplan import make_needles
 from headscope.probe.longcontext import kv_layout, needle_prompt
 from headscope.probe.types import json_safe
@@ -59,10 +60,7 @@ def main() -> None:
         raise SystemExit(f"the gates were learned on held-out needles {sorted(leaked)}")
     gates = np.array(gates_run["gates"], dtype=float)
     if scope == "prompt":
-        retrieval = np.full(layout.shape, np.nan)
-        for row in run["kv_table"]:
-            retrieval[row["layer"], row["kv_head"]] = np.nan if row["kv_retrieval_score"] is None else row["kv_retrieval_score"]
-        plans = curve_plans(layout, {"gate": gates, "retrieval": retrieval}, [0.5], 3, sink=settings["sink"],
+        plans = curve_plans(layout, {"gate": gates, "retrieval": kv_grid(run, "kv_retrieval_score", layout.shape)}, [0.5], 3, sink=settings["sink"],
                             recent=settings["recent"], seed=settings["seed"], random_fractions=(0.5,))
         held = held[: int(sys.argv[6])]
     else:

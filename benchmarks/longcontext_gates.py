@@ -23,6 +23,7 @@ import pandas as pd
 import torch
 
 import headscope as hs
+from common import kv_grid
 from headscope.probe.types import json_safe
 
 DEPTHS = (0.15, 0.3, 0.45, 0.6, 0.75)
@@ -63,9 +64,9 @@ def main() -> None:
            "spearman_vs_retrieval": spearman(gates, kv), "plan_overlap_50_vs_retrieval": overlap(gates, kv),
            "n_kv_heads": int(np.isfinite(gates).sum())}
     if reference:
-        ref = pd.DataFrame(json.load(open(reference))["kv_table"])
+        ref = json.load(open(reference))
         for col in ("kv_retrieval_score", "stream_sensitivity"):
-            other = ref.pivot(index="layer", columns="kv_head", values=col).to_numpy()
+            other = kv_grid(ref, col, gates.shape)
             out[f"reference_spearman_{col}"] = spearman(gates, other)
             out[f"reference_plan_overlap_50_{col}"] = overlap(gates, other)
     with open(path, "w") as f:

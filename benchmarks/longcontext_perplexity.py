@@ -24,10 +24,10 @@ import json
 import math
 import sys
 
-import numpy as np
 import torch
 
 import headscope as hs
+from common import kv_grid
 from headscope.analyses.longcontext import combined_rank
 from headscope.probe.longcontext import kv_layout, prefill, token_losses
 from headscope.probe.types import json_safe
@@ -41,11 +41,7 @@ def main() -> None:
     lm = hs.load(run["model"])
     layout = kv_layout(lm)
     settings = run["result"]["settings"]
-    shape = layout.shape
-    grid = {k: np.full(shape, np.nan) for k in ("kv_retrieval_score", "stream_sensitivity")}
-    for row in run["kv_table"]:
-        for k in grid:
-            grid[k][row["layer"], row["kv_head"]] = np.nan if row[k] is None else row[k]
+    grid = {k: kv_grid(run, k, layout.shape) for k in ("kv_retrieval_score", "stream_sensitivity")}
     rankings = {"retrieval": grid["kv_retrieval_score"], "sensitivity": grid["stream_sensitivity"],
                 "combined": combined_rank(grid["kv_retrieval_score"], grid["stream_sensitivity"])}
     plans = curve_plans(layout, rankings, settings["curve"], settings["n_random_plans"], sink=settings["sink"],
