@@ -19,7 +19,7 @@ import torch
 from ..family import VisionLanguage
 from ..qwen_vision import segment_error, vision_calls
 from ._reading import both_refusals, images_only, load_images_only, reading_family, tiny_chat_template
-from .qwen_vl import END, IMAGE, START, VIDEO, image_units
+from .qwen_vl import END, IMAGE, START, VIDEO, grid_picture, image_units
 
 MERGE, PATCH, TINY_SIDE = 2, 2, 16  # tiny models: 16 × 16 pictures of 2-pixel patches, 4 × 4 merged tokens
 
@@ -72,15 +72,8 @@ def _vision_outputs(stack, base, cfg, inputs) -> list[float]:
 
 
 def _picture(cfg, inputs: dict, image: int) -> torch.Tensor:
-    """Image `image` (3, H, W) as the model saw it, from the processor's flattened patches: each row one patch's
-    (channel, p, p), the patches block-major over the m × m merge blocks."""
-    grid = inputs["image_grid_thw"]
-    t, h, w = (int(x) for x in grid[image])
-    first = int(grid[:image].prod(-1).sum())
-    rows = inputs["pixel_values"][first : first + t * h * w]
-    m, p = cfg.vision_config.spatial_merge_size, cfg.vision_config.patch_size
-    x = rows.reshape(t, h // m, w // m, m, m, -1, p, p)[0]  # (h/m, w/m, m, m, C, p, p)
-    return x.permute(4, 0, 2, 5, 1, 3, 6).reshape(-1, h * p, w * p)
+    """Image `image` (3, H, W) as the model saw it: Qwen-VL's patch layout, no time axis."""
+    return grid_picture(inputs, image, cfg.vision_config.spatial_merge_size, cfg.vision_config.patch_size)
 
 
 def _tiny_config(vocab: int, model_type: str):

@@ -107,14 +107,20 @@ def _tiny_processor(cfg, tokenizer):
 
 
 def picture(cfg, inputs: dict, image: int) -> torch.Tensor:
-    """Image `image` (3, H, W) as the model saw it (normalised), from the processor's flattened patches: each row
-    holds (channel, frame, p, p) of one patch, the patches block-major over the m × m merge blocks."""
+    """Image `image` (3, H, W) as the model saw it (normalised), from the processor's flattened patches."""
+    vision = cfg.vision_config
+    return grid_picture(inputs, image, vision.spatial_merge_size, vision.patch_size, vision.temporal_patch_size)
+
+
+def grid_picture(inputs: dict, image: int, merge: int, patch: int, frames: int = 1) -> torch.Tensor:
+    """Image `image` (3, H, W) from flattened patches laid out as Qwen-VL's processor writes them (also RiceViT's
+    and VideoLLaMA3's: `image_grid_thw` rows, `frames` = 1 where a patch has no time axis): each row holds
+    (channel, frame, p, p) of one patch, the patches block-major over the m × m merge blocks."""
     grid = inputs["image_grid_thw"]
     t, h, w = (int(x) for x in grid[image])
     first = int(grid[:image].prod(-1).sum())
     rows = inputs["pixel_values"][first : first + t * h * w]
-    vision = cfg.vision_config
-    m, p, frames = vision.spatial_merge_size, vision.patch_size, vision.temporal_patch_size
+    m, p = merge, patch
     x = rows.reshape(t, h // m, w // m, m, m, -1, frames, p, p)[0, :, :, :, :, :, 0]  # (h/m, w/m, m, m, C, p, p)
     return x.permute(4, 0, 2, 5, 1, 3, 6).reshape(-1, h * p, w * p)
 

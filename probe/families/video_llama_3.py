@@ -20,6 +20,7 @@ from ..family import Stack, VisionLanguage
 from ..qwen_vision import segment_error, vision_calls
 from ._reading import both_refusals, grid_units, images_only, load_images_only, reading_family, tiny_chat_template
 from ._vision import projection_spec
+from .qwen_vl import grid_picture
 
 IMAGE, VIDEO = "<|image_pad|>", "<|video_pad|>"
 PATCH, TINY_SIDE = 2, 16  # tiny models: 16 × 16 pictures of 2-pixel patches
@@ -50,15 +51,9 @@ def _image_units(cfg, inputs: dict, image: int) -> list:
 
 
 def _picture(cfg, inputs: dict, image: int) -> torch.Tensor:
-    """Image `image` (3, H, W) as the model saw it, from the processor's flattened patches: each row one patch's
-    (channel, p, p), the patches block-major over the m × m merge blocks."""
-    grid = inputs["image_grid_thw"]
-    t, h, w = (int(x) for x in grid[image])
-    first = int(grid[:image].prod(-1).sum())
-    rows = inputs["pixel_values"][first : first + t * h * w]
-    m, p = _merge(inputs, image), cfg.vision_config.patch_size
-    x = rows.reshape(t, h // m, w // m, m, m, -1, p, p)[0]  # (h/m, w/m, m, m, C, p, p)
-    return x.permute(4, 0, 2, 5, 1, 3, 6).reshape(-1, h * p, w * p)
+    """Image `image` (3, H, W) as the model saw it: Qwen-VL's patch layout at the image's own merge size, no
+    time axis."""
+    return grid_picture(inputs, image, _merge(inputs, image), cfg.vision_config.patch_size)
 
 
 def _vision_outputs(stack: Stack, base, cfg, inputs) -> list[float]:
